@@ -1,0 +1,1 @@
+"""Shared process plumbing: settings, logging, server clients and the command line."""
