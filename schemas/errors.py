@@ -9,3 +9,66 @@ class CountersinkError(Exception):
     """Root of every error countersink raises on purpose."""
 
     retriable = False
+
+
+class DefinitionError(CountersinkError):
+    """Raised when a counter definitions file is refused; the message names the file, counter and field."""
+
+    def __init__(self, source: str, counter: str, field: str, reason: str) -> None:
+        self.source = source
+        self.counter = counter
+        self.field = field
+        self.reason = reason
+        where = f"{source}: counter {counter}" if counter else source
+        if field:
+            where += f", field {field!r}"
+        super().__init__(f"{where}: {reason}")
+
+
+class InvalidEventError(CountersinkError):
+    """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path or '<event>'}: {reason}")
+
+
+class UnparseableEventError(InvalidEventError):
+    """Raised when an event is not JSON, not UTF-8, too deeply nested, or not a JSON object."""
+
+
+class OversizedEventError(InvalidEventError):
+    """Raised when an event is larger than the router's ``max_event_bytes``."""
+
+
+class MissingFieldError(InvalidEventError):
+    """Raised when a key, value, event-id or bucket field is absent or null."""
+
+
+class WrongTypeError(InvalidEventError):
+    """Raised when a field holds a JSON type the counter does not accept (``"500"`` where a number is due)."""
+
+
+class ValueOutOfRangeError(InvalidEventError):
+    """Raised when a field has the right type but an unusable value (non-finite, too large, bad Unicode)."""
+
+
+class KeyTooLongError(InvalidEventError):
+    """Raised when an encoded instance key is longer than the router's key limit."""
+
+
+class UnknownStateTagError(CountersinkError):
+    """Raised when stored state bytes carry a kind tag this build does not know, or not the expected one."""
+
+
+class UnsupportedStateVersionError(CountersinkError):
+    """Raised when stored state bytes carry a known kind tag but a format version this build cannot read."""
+
+
+class CorruptStateError(CountersinkError):
+    """Raised when stored state bytes are truncated, oversized or otherwise not a valid body."""
+
+
+class IncompatibleStateError(CountersinkError):
+    """Raised when merging two states of one kind whose parameters cannot combine (integer vs decimal sum)."""

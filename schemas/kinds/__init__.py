@@ -1,0 +1,72 @@
+"""The CRDT kinds: one module per kind, all with one small interface (see :mod:`schemas.kinds.base`).
+
+Each kind module has ``new(spec) -> State`` and ``state_from_bytes(data) -> State``; every state has
+``apply``, ``merge``, ``copy``, ``value``, ``to_bytes`` and ``size_bytes``. :data:`KINDS` maps a kind name
+to its module; :func:`new_state` and :func:`state_from_bytes` dispatch through it.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
+
+from schemas.errors import CorruptStateError, UnknownStateTagError
+from schemas.kinds import count, distinct, max, mean, min, quantiles, sum, top_k, variance
+from schemas.kinds.base import KindSpec, NumberMode, State
+
+if TYPE_CHECKING:
+    from schemas.definitions import CounterDefinition
+
+__all__ = [
+    "KINDS",
+    "KindModule",
+    "KindSpec",
+    "NumberMode",
+    "State",
+    "kind_of_bytes",
+    "new_state",
+    "state_from_bytes",
+]
+
+
+class KindModule(Protocol):
+    """What every kind module provides."""
+
+    TAG: int
+    VERSIONS: frozenset[int]
+
+    def new(self, spec: KindSpec) -> State: ...
+
+    def state_from_bytes(self, data: bytes) -> State: ...
+
+
+_MODULES: tuple[ModuleType, ...] = (count, sum, min, max, mean, variance, distinct, quantiles, top_k)
+
+KINDS: dict[str, KindModule] = {m.__name__.rsplit(".", 1)[1]: m for m in _MODULES}
+_BY_TAG: dict[int, KindModule] = {m.TAG: m for m in KINDS.values()}
+
+
+def new_state(definition: CounterDefinition | KindSpec) -> State:
+    """Return an empty state for a counter definition (or a bare :class:`KindSpec`)."""
+    spec = definition if isinstance(definition, KindSpec) else definition.spec
+    return KINDS[spec.kind].new(spec)
+
+
+def kind_of_bytes(data: bytes) -> str:
+    """Return the kind name stored bytes claim to be, from the tag byte alone."""
+    if len(data) < 2:
+        raise CorruptStateError(f"state of {len(data)} bytes has no header")
+    module = _BY_TAG.get(data[0])
+    if module is None:
+        raise UnknownStateTagError(f"state tag {data[0]} belongs to no known kind")
+    return next(name for name, m in KINDS.items() if m is module)
+
+
+def state_from_bytes(data: bytes) -> State:
+    """Decode stored bytes of any kind and any supported version."""
+    if len(data) < 2:
+        raise CorruptStateError(f"state of {len(data)} bytes has no header")
+    module = _BY_TAG.get(data[0])
+    if module is None:
+        raise UnknownStateTagError(f"state tag {data[0]} belongs to no known kind")
+    return module.state_from_bytes(data)

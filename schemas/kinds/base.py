@@ -1,0 +1,96 @@
+"""The one small interface every CRDT kind implements, and the stored-bytes header they share.
+
+Stored state is ``<<TAG:8, VERSION:8, body>>`` (riak_dt's habit). A reader that sees a tag it did not
+expect raises :class:`UnknownStateTagError`; a known tag with a version it cannot read raises
+:class:`UnsupportedStateVersionError`. A format is never changed in place: a new layout gets a new version
+number, the old version stays readable, and golden vectors of every version live under ``tests/golden``.
+
+States are mutable because the consumer's hot path applies millions of values in place. ``apply`` trusts
+its argument: :class:`schemas.events.EventRouter` has already checked the type and range, so the kinds do
+not pay for a second check per value.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Self
+
+from schemas.errors import CorruptStateError, UnknownStateTagError, UnsupportedStateVersionError
+
+NumberMode = Literal["integer", "decimal", "float"]
+
+# Larger than any body a supported configuration writes (an HLL_8 sketch at lg_k 21 is 2 MiB, a KLL
+# sketch at k 65535 a few MiB), small enough that a corrupt blob cannot make a reader allocate without bound.
+MAX_STATE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """What a kind needs from a counter definition to create an empty state."""
+
+    kind: str
+    number: NumberMode = "integer"
+    lg_k: int = 12
+    k: int = 200
+    lg_max_map_size: int = 8
+    top: int = 10
+
+
+class State(abc.ABC):
+    """One instance's CRDT state: apply values, merge other replicas, read the value, store as bytes."""
+
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]  # mutable: never a dict key
+
+    kind: ClassVar[str]
+    tag: ClassVar[int]
+    version: ClassVar[int] = 1
+
+    @abc.abstractmethod
+    def apply(self, value: object) -> None:
+        """Fold one event's value (already checked by the router) into this state."""
+
+    @abc.abstractmethod
+    def merge(self, other: Self) -> None:
+        """Fold another replica of the same instance into this one; ``other`` is left unchanged."""
+
+    @abc.abstractmethod
+    def copy(self) -> Self:
+        """Return an independent state equal to this one."""
+
+    @abc.abstractmethod
+    def value(self) -> object:
+        """Return what a reader sees: a number, ``None`` for "no value yet", or an estimate object."""
+
+    @abc.abstractmethod
+    def size_bytes(self) -> int:
+        """Return an estimate of the memory this state holds, for the mutator's memory budget."""
+
+    @abc.abstractmethod
+    def _body(self) -> bytes:
+        """Return the stored body that follows the tag and version bytes."""
+
+    def to_bytes(self) -> bytes:
+        """Return ``<<tag, version, body>>``; equal exact states give equal bytes."""
+        return bytes((self.tag, self.version)) + self._body()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.value()!r}>"
+
+
+def split_header(data: bytes, tag: int, versions: frozenset[int]) -> tuple[int, memoryview]:
+    """Check the tag, version and overall size of stored bytes; return the version and the body."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CorruptStateError(f"state must be bytes, not {type(data).__name__}")
+    if len(data) < 2:
+        raise CorruptStateError(f"state of {len(data)} bytes has no header")
+    if len(data) > MAX_STATE_BYTES:
+        raise CorruptStateError(f"state of {len(data)} bytes exceeds the {MAX_STATE_BYTES}-byte limit")
+    if data[0] != tag:
+        raise UnknownStateTagError(f"state tag {data[0]} is not the expected tag {tag}")
+    if data[1] not in versions:
+        raise UnsupportedStateVersionError(
+            f"state tag {tag} has format version {data[1]}; this build reads {sorted(versions)}"
+        )
+    return data[1], memoryview(data)[2:]

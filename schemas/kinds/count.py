@@ -1,0 +1,56 @@
+"""``count``: how many events matched the counter; the value field is not read."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from schemas.kinds._codec import Reader, put_uvarint
+from schemas.kinds.base import KindSpec, State, split_header
+
+TAG = 2
+VERSIONS = frozenset({1})
+
+
+class CountState(State):
+    """Exact event count (an int)."""
+
+    __slots__ = ("_n",)
+    kind = "count"
+    tag = TAG
+
+    def __init__(self, n: int = 0) -> None:
+        self._n = n
+
+    def apply(self, value: object = None) -> None:
+        self._n += 1
+
+    def merge(self, other: Self) -> None:
+        self._n += other._n
+
+    def copy(self) -> Self:
+        return type(self)(self._n)
+
+    def value(self) -> int:
+        return self._n
+
+    def size_bytes(self) -> int:
+        return 48
+
+    def _body(self) -> bytes:
+        out = bytearray()
+        put_uvarint(out, self._n)
+        return bytes(out)
+
+
+def new(spec: KindSpec) -> CountState:
+    """Return a count of zero."""
+    return CountState()
+
+
+def state_from_bytes(data: bytes) -> CountState:
+    """Decode bytes written by :meth:`CountState.to_bytes`."""
+    _, body = split_header(data, TAG, VERSIONS)
+    r = Reader(body)
+    state = CountState(r.uvarint())
+    r.end()
+    return state

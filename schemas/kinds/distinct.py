@@ -1,0 +1,109 @@
+"""``distinct``: estimated number of distinct values of a field, with an Apache DataSketches HLL sketch.
+
+Precision is ``lg_k`` (4..21, default 12: 4,096 one-byte registers, ≤ 4 KiB per instance once in
+estimation mode; fewer values are held as a compact list of hashes). Relative standard error (one standard
+deviation) is about ``0.8326/√k`` for a sketch filled in order (HIP estimator) and ``1.04/√k`` once it has
+been merged; at lg_k 12 that is 1.29 % and 1.63 %. Up to a few hundred values the estimate is exact
+to within a hash collision. The value carries bounds at two standard deviations (~95 %).
+
+Strings and integers are counted; an integer is counted by its decimal text, so ``5`` and ``"5"`` are one
+value. Serialized sketches depend on insertion order (coupon-list order, HIP accumulator), so stored bytes
+are equal for equal inputs in equal order only; merging is idempotent, commutative and associative on the
+estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+import datasketches as ds
+
+from schemas.errors import CorruptStateError
+from schemas.kinds.base import KindSpec, State, split_header
+
+TAG = 7
+VERSIONS = frozenset({1})
+MIN_LG_K = 4
+MAX_LG_K = 21
+_HLL_8 = ds.tgt_hll_type.HLL_8
+_BOUND_STD_DEVS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DistinctEstimate:
+    """Estimated distinct count with lower and upper bounds at two standard deviations."""
+
+    estimate: float
+    lower_bound: float
+    upper_bound: float
+
+
+def relative_standard_error(lg_k: int, *, merged: bool) -> float:
+    """Return the sketch's relative standard error (one standard deviation) at ``lg_k``."""
+    return abs(float(ds.hll_sketch.get_rel_err(False, merged, lg_k, 1)))
+
+
+class DistinctState(State):
+    """An HLL_8 sketch; the empty sketch is an exact identity for merge."""
+
+    __slots__ = ("_sketch",)
+    kind = "distinct"
+    tag = TAG
+
+    def __init__(self, sketch: ds.hll_sketch) -> None:
+        self._sketch = sketch
+
+    @property
+    def lg_k(self) -> int:
+        return int(self._sketch.lg_config_k)
+
+    def apply(self, value: object) -> None:
+        self._sketch.update(value)
+
+    def merge(self, other: Self) -> None:
+        if other._sketch.is_empty():
+            return
+        if self._sketch.is_empty() and other.lg_k <= self.lg_k:
+            self._sketch = ds.hll_sketch.deserialize(other._sketch.serialize_updatable())
+            return
+        union = ds.hll_union(max(self.lg_k, other.lg_k))
+        union.update(self._sketch)
+        union.update(other._sketch)
+        self._sketch = union.get_result(_HLL_8)
+
+    def copy(self) -> Self:
+        return type(self)(ds.hll_sketch.deserialize(self._sketch.serialize_updatable()))
+
+    def value(self) -> DistinctEstimate:
+        sk = self._sketch
+        return DistinctEstimate(
+            float(sk.get_estimate()),
+            float(sk.get_lower_bound(_BOUND_STD_DEVS)),
+            float(sk.get_upper_bound(_BOUND_STD_DEVS)),
+        )
+
+    def size_bytes(self) -> int:
+        return 96 + int(self._sketch.get_updatable_serialization_bytes())
+
+    def _body(self) -> bytes:
+        return bytes(self._sketch.serialize_compact())
+
+
+def new(spec: KindSpec) -> DistinctState:
+    """Return an empty sketch with the definition's ``lg_k``."""
+    return DistinctState(ds.hll_sketch(spec.lg_k, _HLL_8))
+
+
+def state_from_bytes(data: bytes) -> DistinctState:
+    """Decode bytes written by :meth:`DistinctState.to_bytes`."""
+    _, body = split_header(data, TAG, VERSIONS)
+    if len(body) > (1 << MAX_LG_K) + 64:
+        raise CorruptStateError(f"HLL body of {len(body)} bytes is larger than any supported sketch")
+    try:
+        sketch = ds.hll_sketch.deserialize(bytes(body))
+    except Exception as exc:  # the C++ library raises several types; all mean a bad body
+        raise CorruptStateError(f"HLL body does not decode: {exc}") from exc
+    if not MIN_LG_K <= sketch.lg_config_k <= MAX_LG_K:
+        raise CorruptStateError(f"HLL lg_k {sketch.lg_config_k} is out of range")
+    return DistinctState(sketch)
