@@ -26,7 +26,13 @@ class DefinitionError(CountersinkError):
 
 
 class InvalidEventError(CountersinkError):
-    """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic."""
+    """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
+
+    ``path`` is the dotted field path ("" for the whole event), ``reason`` says what is wrong, and
+    ``counter`` names the counter whose definition the event failed (``None`` for whole-event failures).
+    """
+
+    counter: str | None = None
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
@@ -72,3 +78,7 @@ class CorruptStateError(CountersinkError):
 
 class IncompatibleStateError(CountersinkError):
     """Raised when merging two states of one kind whose parameters cannot combine (integer vs decimal sum)."""
+
+
+class MalformedInstanceKeyError(CountersinkError):
+    """Raised by ``decode_instance_key`` for text that no ``encode_instance_key`` call can produce."""

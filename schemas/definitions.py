@@ -1,0 +1,338 @@
+"""Counter definitions: which events feed which counter, and how.
+
+A definitions file is TOML with one ``[[counter]]`` table per counter (the fields are documented in
+``docs/definitions.md``)::
+
+    [[counter]]
+    name = "shares_traded"
+    topics = ["trades"]
+    kind = "sum"
+    key = ["symbol"]
+    value = "qty"
+    where = { side = "buy" }
+
+A definition is the *meaning* of a counter's stored state. Changing an existing counter's key, value,
+filter, bucket or kind in place is not supported: a replay after the change would apply events with the new
+meaning to state built with the old one, mixing two meanings in one instance. A changed definition is a
+new counter, with a new name.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schemas.errors import DefinitionError
+from schemas.kinds.base import KindSpec, NumberMode
+
+Kind = Literal["sum", "count", "min", "max", "mean", "variance", "distinct", "quantiles", "top_k"]
+TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis"]
+WhereScalar = str | int | bool
+
+# Counter names reach CQL (as partition-key values) and metric labels, so they stay plain identifiers.
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+# Kafka's own rule for topic names.
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+MAX_PATH_SEGMENTS = 32
+MAX_PATH_LENGTH = 256
+
+_NUMERIC_KINDS = frozenset({"sum", "min", "max", "mean", "variance"})
+_DEFAULT_NUMBER: dict[str, NumberMode] = {
+    "sum": "integer",
+    "min": "integer",
+    "max": "integer",
+    "mean": "float",
+    "variance": "float",
+}
+# Options a kind accepts beyond the common fields; anything else set on that kind is refused.
+_KIND_OPTIONS: dict[str, frozenset[str]] = {
+    "sum": frozenset({"number", "coerce"}),
+    "min": frozenset({"number", "coerce"}),
+    "max": frozenset({"number", "coerce"}),
+    "mean": frozenset({"number", "coerce"}),
+    "variance": frozenset({"number", "coerce"}),
+    "quantiles": frozenset({"k", "coerce"}),
+    "distinct": frozenset({"lg_k"}),
+    "top_k": frozenset({"max_map_size", "top"}),
+    "count": frozenset(),
+}
+_ALL_OPTIONS = frozenset().union(*_KIND_OPTIONS.values())
+_BUCKET_UNITS = {"m": 60, "h": 3600, "d": 86400}
+_BUCKET_SIZE = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
+
+
+class _FieldProblem(ValueError):
+    """A cross-field check failed; ``field`` names the field to blame in the :class:`DefinitionError`."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def _check_path(path: str) -> str:
+    segments = path.split(".")
+    if len(path) > MAX_PATH_LENGTH or len(segments) > MAX_PATH_SEGMENTS or not all(segments):
+        raise ValueError(
+            f"{path!r} is not a field path: dot-separated non-empty names, at most {MAX_PATH_SEGMENTS} "
+            f"deep and {MAX_PATH_LENGTH} characters"
+        )
+    return path
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Turn TOML's dotted keys (``user.kind = "pro"`` is a nested table) back into field paths."""
+    flat: dict[str, Any] = {}
+    for k, v in table.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            flat.update(_flatten(v, path + "."))
+        else:
+            flat[path] = v
+    return flat
+
+
+class Bucket(BaseModel):
+    """Event-time bucketing: the bucket start (UTC) becomes the last component of the instance key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str
+    size: str
+    format: TimestampFormat = "iso8601"
+
+    @field_validator("field")
+    @classmethod
+    def _field_is_path(cls, v: str) -> str:
+        return _check_path(v)
+
+    @field_validator("size")
+    @classmethod
+    def _size_is_known(cls, v: str) -> str:
+        m = _BUCKET_SIZE.fullmatch(v)
+        if m is None:
+            raise ValueError(f"bucket size {v!r} is not like 1m, 5m, 1h or 1d")
+        seconds = int(m.group(1)) * _BUCKET_UNITS[m.group(2)]
+        # Sub-day buckets must tile a UTC day, so every day's buckets start at midnight.
+        if seconds < 86400 and 86400 % seconds:
+            raise ValueError(f"bucket size {v!r} does not divide a day evenly")
+        return v
+
+    @property
+    def seconds(self) -> int:
+        """Bucket width in seconds."""
+        m = _BUCKET_SIZE.fullmatch(self.size)
+        assert m is not None
+        return int(m.group(1)) * _BUCKET_UNITS[m.group(2)]
+
+
+class CounterDefinition(BaseModel):
+    """One counter: which topics feed it, its kind, how an event maps to an instance key and a value.
+
+    Frozen, because a definition is the meaning of stored state: to change it, define a new counter.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    topics: tuple[str, ...] = Field(min_length=1)
+    kind: Kind
+    key: tuple[str, ...] = ()
+    value: str | None = None
+    event_id: str | None = None
+    where: dict[str, tuple[WhereScalar, ...]] = Field(default_factory=dict)
+    bucket: Bucket | None = None
+    number: NumberMode | None = None
+    coerce: bool | None = None
+    lg_k: int | None = Field(default=None, ge=4, le=21)
+    k: int | None = Field(default=None, ge=8, le=65535)
+    max_map_size: int | None = Field(default=None, ge=8, le=65536)
+    top: int | None = Field(default=None, ge=1, le=1000)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, v: str) -> str:
+        if not NAME_PATTERN.fullmatch(v):
+            raise ValueError(f"{v!r} must match {NAME_PATTERN.pattern} (it is used in CQL and metric labels)")
+        return v
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topics_list(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_are_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for t in v:
+            if not TOPIC_PATTERN.fullmatch(t):
+                raise ValueError(f"{t!r} is not a Kafka topic name")
+        if len(set(v)) != len(v):
+            raise ValueError("a topic is listed twice")
+        return v
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key_list(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("key")
+    @classmethod
+    def _key_paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            _check_path(p)
+        if len(set(v)) != len(v):
+            raise ValueError("a key field is listed twice")
+        return v
+
+    @field_validator("value", "event_id")
+    @classmethod
+    def _single_path(cls, v: str | None) -> str | None:
+        return None if v is None else _check_path(v)
+
+    @field_validator("where", mode="before")
+    @classmethod
+    def _where_table(cls, v: object) -> object:
+        if not isinstance(v, Mapping):
+            return v
+        flat = _flatten(v)
+        out: dict[str, object] = {}
+        for path, allowed in flat.items():
+            _check_path(path)
+            items = allowed if isinstance(allowed, list | tuple) else [allowed]
+            if not items:
+                raise ValueError(f"where.{path} lists no values")
+            for item in items:
+                # Floats never compare reliably for equality, and TOML dates have no JSON counterpart.
+                if type(item) not in (str, int, bool):
+                    raise ValueError(f"where.{path}: {item!r} is not a string, integer or boolean")
+            out[path] = tuple(items)
+        return out
+
+    @model_validator(mode="after")
+    def _kind_fits_options(self) -> CounterDefinition:
+        allowed = _KIND_OPTIONS[self.kind]
+        for option in sorted(_ALL_OPTIONS - allowed):
+            if getattr(self, option) is not None:
+                raise _FieldProblem(option, f"{option} does not apply to kind {self.kind}")
+        if self.kind == "count":
+            if self.value is not None:
+                raise _FieldProblem("value", "kind count does not read a value field")
+        elif self.value is None:
+            raise _FieldProblem("value", f"kind {self.kind} needs a value field")
+        if self.max_map_size is not None and self.max_map_size & (self.max_map_size - 1):
+            raise _FieldProblem("max_map_size", f"{self.max_map_size} is not a power of two")
+        return self
+
+    @cached_property
+    def spec(self) -> KindSpec:
+        """What the kind needs to create an empty state, with per-kind defaults filled in."""
+        return KindSpec(
+            kind=self.kind,
+            number=self.number or _DEFAULT_NUMBER.get(self.kind, "integer"),
+            lg_k=self.lg_k or 12,
+            k=self.k or 200,
+            lg_max_map_size=(self.max_map_size or 256).bit_length() - 1,
+            top=self.top or 10,
+        )
+
+    @property
+    def number_mode(self) -> NumberMode | None:
+        """The effective number mode for numeric kinds, ``None`` for the others."""
+        return self.spec.number if self.kind in _NUMERIC_KINDS else None
+
+
+class CounterSet:
+    """Every counter of one definitions file, indexed by name and by topic."""
+
+    __slots__ = ("_by_name", "_by_topic", "counters", "source", "topics")
+
+    def __init__(self, counters: tuple[CounterDefinition, ...], source: str = "<string>") -> None:
+        self.source = source
+        self.counters = counters
+        self._by_name: dict[str, CounterDefinition] = {}
+        by_topic: dict[str, list[CounterDefinition]] = {}
+        for i, c in enumerate(counters):
+            if c.name in self._by_name:
+                raise DefinitionError(source, f"{c.name!r} (#{i + 1})", "name", "duplicate counter name")
+            self._by_name[c.name] = c
+            for t in c.topics:
+                by_topic.setdefault(t, []).append(c)
+        self._by_topic = {t: tuple(cs) for t, cs in by_topic.items()}
+        self.topics: tuple[str, ...] = tuple(sorted(by_topic))
+
+    def for_topic(self, topic: str) -> tuple[CounterDefinition, ...]:
+        """Return the counters fed by ``topic`` in file order (empty for an unknown topic)."""
+        return self._by_topic.get(topic, ())
+
+    def get(self, name: str) -> CounterDefinition | None:
+        """Return the counter called ``name``, or ``None``."""
+        return self._by_name.get(name)
+
+    def __getitem__(self, name: str) -> CounterDefinition:
+        return self._by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[CounterDefinition]:
+        return iter(self.counters)
+
+    def __len__(self) -> int:
+        return len(self.counters)
+
+    def __repr__(self) -> str:
+        return f"<CounterSet {self.source} {[c.name for c in self.counters]}>"
+
+
+def _label(entry: object, index: int) -> str:
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    return f"{name!r} (#{index + 1})" if isinstance(name, str) else f"#{index + 1}"
+
+
+def _definition_error(exc: ValidationError, source: str, counter: str) -> DefinitionError:
+    err = exc.errors()[0]
+    problem = err.get("ctx", {}).get("error")
+    if isinstance(problem, _FieldProblem):
+        return DefinitionError(source, counter, problem.field, problem.reason)
+    field = ".".join(str(part) for part in err["loc"])
+    reason = err["msg"].removeprefix("Value error, ")
+    extra = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+    return DefinitionError(source, counter, field, reason + extra)
+
+
+def parse_definitions(text: str, source: str = "<string>") -> CounterSet:
+    """Parse definitions from TOML text; ``source`` names the file in every :class:`DefinitionError`."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DefinitionError(source, "", "", f"not valid TOML: {exc}") from exc
+    for top in doc:
+        if top != "counter":
+            raise DefinitionError(source, "", top, "unknown top-level table (expected [[counter]])")
+    entries = doc.get("counter", [])
+    if not isinstance(entries, list) or not entries:
+        raise DefinitionError(source, "", "counter", "the file defines no [[counter]] tables")
+    counters: list[CounterDefinition] = []
+    for i, entry in enumerate(entries):
+        try:
+            counters.append(CounterDefinition.model_validate(entry))
+        except ValidationError as exc:
+            raise _definition_error(exc, source, _label(entry, i)) from exc
+    return CounterSet(tuple(counters), source)
+
+
+def load_definitions(path: str | Path) -> CounterSet:
+    """Read and parse a definitions file; an unreadable or invalid file raises :class:`DefinitionError`."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DefinitionError(source, "", "", f"cannot read the file: {exc}") from exc
+    return parse_definitions(text, source)

@@ -1,0 +1,613 @@
+"""From raw event bytes to counter updates: the consumer's hot path.
+
+:class:`EventRouter` parses each event once and runs, for every counter on the event's topic, an extractor
+compiled when the router is built (no per-event pydantic validation: ``python -m bench.apply`` measures the
+difference). An extractor applies the counter's ``where`` filter, reads the key fields, the value and the
+event id, checks their types, and returns an :class:`Update`, or ``None`` when the filter does not match.
+
+Whole-event rule: if any counter on the topic finds the event invalid, :meth:`EventRouter.route` raises and
+returns no update at all, so the event goes to the dead-letter topic as a whole and no counter ever depends
+on a partial application of one event. Filtered-out events are not errors.
+
+Instance keys: the key fields' values as text (strings as they are, integers in decimal, booleans as
+``true``/``false``), joined by ``|``; inside a component ``\\`` is written ``\\\\`` and ``|`` is written
+``\\|``. With a bucket, the bucket start in UTC (``2026-11-22T10:00Z``) is the last component. A counter
+with one key field and no bucket therefore has the plain value as its key (``IBM``); ``IBM|2026-11-22T10:00Z``
+is the ``1h`` bucket of ``IBM``. A counter without key fields has the key ``""`` (or just the bucket).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, NamedTuple
+
+from schemas.definitions import CounterDefinition, CounterSet
+from schemas.errors import (
+    InvalidEventError,
+    KeyTooLongError,
+    MalformedInstanceKeyError,
+    MissingFieldError,
+    OversizedEventError,
+    UnparseableEventError,
+    ValueOutOfRangeError,
+    WrongTypeError,
+)
+from schemas.kinds import State, new_state
+
+__all__ = [
+    "MAX_DECIMAL_EXPONENT",
+    "MAX_INTEGER",
+    "EventRouter",
+    "Update",
+    "apply_updates",
+    "decode_instance_key",
+    "encode_instance_key",
+]
+
+DEFAULT_MAX_EVENT_BYTES = 1_048_576
+DEFAULT_MAX_DEPTH = 32
+DEFAULT_MAX_KEY_BYTES = 1024
+# Single values are bounded so one event cannot make a state or a stored body grow without limit; sums of
+# many values are still exact at any size.
+MAX_INTEGER = 2**64
+MAX_DECIMAL_EXPONENT = 100
+MAX_DECIMAL_DIGITS = 100
+# 0000-01-01 cannot be formatted by gmtime everywhere; year 10000 cannot be formatted at all.
+_MAX_EPOCH_SECONDS = 253_402_300_800
+
+_MISSING: Any = object()
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+class Update(NamedTuple):
+    """One value for one instance of one counter, from one event."""
+
+    counter: str
+    key: str
+    value: object
+    event_id: str | None
+
+
+Extractor = Callable[[dict[str, Any]], Update | None]
+
+
+def _json_type(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int | float | Decimal):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def _escape(component: str) -> str:
+    if "|" in component or "\\" in component:
+        return component.replace("\\", "\\\\").replace("|", "\\|")
+    return component
+
+
+def encode_instance_key(parts: Iterable[str]) -> str:
+    """Join key components into one instance key; :func:`decode_instance_key` is its inverse."""
+    return "|".join(_escape(p) for p in parts)
+
+
+def decode_instance_key(key: str) -> tuple[str, ...]:
+    """Split an instance key into its components (``""`` is one empty component).
+
+    Raises :class:`MalformedInstanceKeyError` for a dangling or unknown escape.
+    """
+    parts: list[str] = []
+    current: list[str] = []
+    chars = iter(key)
+    for ch in chars:
+        if ch == "\\":
+            nxt = next(chars, None)
+            if nxt not in ("\\", "|"):
+                raise MalformedInstanceKeyError(f"bad escape in instance key {key!r}")
+            current.append(nxt)
+        elif ch == "|":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return tuple(parts)
+
+
+# --- field access ---------------------------------------------------------------------------------------
+
+
+def _getter(path: str) -> Callable[[dict[str, Any]], Any]:
+    """Return a function reading ``path`` from a parsed event; ``_MISSING`` when absent."""
+    parts = tuple(path.split("."))
+    if len(parts) == 1:
+        name = parts[0]
+        return lambda event: event.get(name, _MISSING)
+
+    def get(event: dict[str, Any]) -> Any:
+        node: Any = event
+        for i, part in enumerate(parts):
+            if type(node) is not dict:
+                if node is None:
+                    return _MISSING
+                raise WrongTypeError(".".join(parts[:i]), f"expected an object, got {_json_type(node)}")
+            node = node.get(part, _MISSING)
+            if node is _MISSING:
+                return _MISSING
+        return node
+
+    return get
+
+
+def _quiet_getter(path: str) -> Callable[[dict[str, Any]], Any]:
+    """Like :func:`_getter`, but a path through a non-object is simply absent (for ``where``)."""
+    get = _getter(path)
+
+    def quiet(event: dict[str, Any]) -> Any:
+        try:
+            return get(event)
+        except WrongTypeError:
+            return _MISSING
+
+    return quiet
+
+
+# --- value conversion -----------------------------------------------------------------------------------
+
+
+def _check_int(path: str, v: int) -> int:
+    if -MAX_INTEGER < v < MAX_INTEGER:
+        return v
+    raise ValueOutOfRangeError(path, f"integer {v} is outside ±2**64")
+
+
+def _check_decimal(path: str, d: Decimal) -> Decimal:
+    if not d.is_finite():
+        raise ValueOutOfRangeError(path, f"{d} is not a finite number")
+    exponent = d.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if abs(exponent) > MAX_DECIMAL_EXPONENT or d.adjusted() > MAX_DECIMAL_EXPONENT:
+        raise ValueOutOfRangeError(path, f"{d} has an exponent beyond ±{MAX_DECIMAL_EXPONENT}")
+    if len(d.as_tuple().digits) > MAX_DECIMAL_DIGITS:
+        raise ValueOutOfRangeError(path, f"decimal has more than {MAX_DECIMAL_DIGITS} digits")
+    return d.copy_abs() if d.is_zero() else d
+
+
+def _check_float(path: str, x: float) -> float:
+    if x - x != 0.0:  # true only for inf and nan, and cheaper than math.isfinite's call
+        raise ValueOutOfRangeError(path, f"{x} is not a finite number")
+    return x if x else 0.0  # -0.0 and 0.0 compare equal; keep one so min/max bytes are order-free
+
+
+def _wrong(path: str, v: object, wanted: str) -> WrongTypeError:
+    return WrongTypeError(path, f"expected {wanted}, got {_json_type(v)} {_short(v)}")
+
+
+def _short(v: object) -> str:
+    text = json.dumps(v, default=str) if not isinstance(v, str) else json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _integer_converter(path: str, coerce: bool) -> Callable[[Any], int]:
+    def convert(v: Any) -> int:
+        t = type(v)
+        if t is int:
+            return _check_int(path, v)
+        if coerce:
+            if t is str and _INT_TEXT.fullmatch(v):
+                return _check_int(path, int(v))
+            if t is float and v.is_integer():
+                return _check_int(path, int(v))
+            if t is Decimal and v.is_finite() and v == v.to_integral_value():
+                return _check_int(path, int(v))
+        raise _wrong(path, v, "an integer")
+
+    return convert
+
+
+def _float_converter(path: str, coerce: bool) -> Callable[[Any], float | int]:
+    def convert(v: Any) -> float | int:
+        t = type(v)
+        if t is float:
+            return _check_float(path, v)
+        if t is int:
+            # Kept as an int: sums and moments add integers exactly in float mode.
+            return _check_int(path, v)
+        if t is Decimal:
+            return _check_float(path, float(v))
+        if coerce and t is str and _NUMBER_TEXT.fullmatch(v):
+            return _check_float(path, float(v))
+        raise _wrong(path, v, "a number")
+
+    return convert
+
+
+def _real_converter(path: str, coerce: bool) -> Callable[[Any], float]:
+    to_number = _float_converter(path, coerce)
+
+    def convert(v: Any) -> float:
+        return float(to_number(v))
+
+    return convert
+
+
+def _decimal_converter(path: str, coerce: bool) -> Callable[[Any], Decimal]:
+    def convert(v: Any) -> Decimal:
+        t = type(v)
+        if t is Decimal:
+            return _check_decimal(path, v)
+        if t is int:
+            return Decimal(_check_int(path, v))
+        if t is float:
+            # With a decimal counter on the topic, JSON numbers arrive as Decimal; a float here can only
+            # be NaN or Infinity.
+            _check_float(path, v)
+            return _check_decimal(path, Decimal(v))
+        if coerce and t is str and _NUMBER_TEXT.fullmatch(v):
+            try:
+                return _check_decimal(path, Decimal(v))
+            except InvalidOperation as exc:
+                raise ValueOutOfRangeError(path, f"{_short(v)} is not a decimal") from exc
+        raise _wrong(path, v, "a number")
+
+    return convert
+
+
+def _item_converter(path: str, max_bytes: int | None) -> Callable[[Any], str]:
+    """Distinct and top-k items: strings, and integers by their decimal text."""
+
+    def convert(v: Any) -> str:
+        t = type(v)
+        if t is str:
+            s: str = v
+        elif t is int:
+            s = str(v)
+        else:
+            raise _wrong(path, v, "a string or an integer")
+        if not s.isascii():
+            try:
+                size = len(s.encode())
+            except UnicodeEncodeError as exc:
+                raise ValueOutOfRangeError(path, "string is not valid Unicode (lone surrogate)") from exc
+        else:
+            size = len(s)
+        if max_bytes is not None and size > max_bytes:
+            raise ValueOutOfRangeError(path, f"item of {size} bytes exceeds {max_bytes}")
+        return s
+
+    return convert
+
+
+def _value_converter(definition: CounterDefinition, max_key_bytes: int) -> Callable[[Any], Any]:
+    path = definition.value or ""
+    coerce = bool(definition.coerce)
+    kind = definition.kind
+    if kind == "distinct":
+        return _item_converter(path, None)
+    if kind == "top_k":
+        return _item_converter(path, max_key_bytes)
+    if kind == "quantiles":
+        return _real_converter(path, coerce)
+    mode = definition.spec.number
+    if mode == "integer":
+        return _integer_converter(path, coerce)
+    if mode == "decimal":
+        return _decimal_converter(path, coerce)
+    return _float_converter(path, coerce)
+
+
+# --- key components -------------------------------------------------------------------------------------
+
+
+def _key_text(path: str, v: Any) -> str:
+    t = type(v)
+    if t is str:
+        s: str = v
+        return s
+    if t is int:
+        return str(v)
+    if t is bool:
+        return "true" if v else "false"
+    if v is _MISSING or v is None:
+        raise MissingFieldError(path, "key field is missing" if v is _MISSING else "key field is null")
+    raise _wrong(path, v, "a string, integer or boolean")
+
+
+def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], str]:
+    bucket = definition.bucket
+    assert bucket is not None
+    path = bucket.field
+    get = _getter(path)
+    size = bucket.seconds
+    fmt = bucket.format
+    scale = 1000 if fmt == "epoch_millis" else 1
+    last: list[Any] = [None, ""]  # the previous bucket start and its text: events arrive in time order
+
+    def seconds_of(v: Any) -> float | int:
+        if v is _MISSING or v is None:
+            raise MissingFieldError(path, "bucket timestamp is missing" if v is _MISSING else "is null")
+        t = type(v)
+        if fmt == "iso8601":
+            if t is not str:
+                raise _wrong(path, v, "an ISO-8601 timestamp string")
+            try:
+                when = datetime.fromisoformat(v)
+            except ValueError as exc:
+                raise ValueOutOfRangeError(path, f"{_short(v)} is not an ISO-8601 timestamp") from exc
+            if when.tzinfo is None:
+                raise ValueOutOfRangeError(path, f"{_short(v)} has no UTC offset")
+            return when.timestamp()
+        if t is int:
+            return v // scale if scale > 1 else v  # type: ignore[no-any-return]
+        if t is float or t is Decimal:
+            x = float(v)
+            if x - x != 0.0:
+                raise ValueOutOfRangeError(path, f"{v} is not a finite timestamp")
+            return x / scale
+        raise _wrong(path, v, f"a number of {'milliseconds' if scale > 1 else 'seconds'} since 1970")
+
+    def read(event: dict[str, Any]) -> str:
+        seconds = seconds_of(get(event))
+        if not 0 <= seconds < _MAX_EPOCH_SECONDS:
+            raise ValueOutOfRangeError(path, "timestamp is outside 1970..9999")
+        start = math.floor(seconds) // size * size
+        if start != last[0]:
+            last[0] = start
+            last[1] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(start))
+        text: str = last[1]
+        return text
+
+    return read
+
+
+# --- per-counter extractors -----------------------------------------------------------------------------
+
+
+def _where_check(
+    get: Callable[[dict[str, Any]], Any], allowed: tuple[object, ...]
+) -> Callable[[dict[str, Any]], bool]:
+    if all(type(a) is str for a in allowed):
+        strings = frozenset(allowed)
+
+        def string_in(event: dict[str, Any]) -> bool:
+            v = get(event)
+            return type(v) is str and v in strings
+
+        return string_in
+    # Tagging with the type keeps True from matching 1 and 1 from matching 1.0.
+    tagged = frozenset((type(a), a) for a in allowed)
+
+    def tagged_in(event: dict[str, Any]) -> bool:
+        v = get(event)
+        return (type(v), v) in tagged
+
+    return tagged_in
+
+
+def _where_matcher(where: Mapping[str, tuple[object, ...]]) -> Callable[[dict[str, Any]], bool] | None:
+    if not where:
+        return None
+    checks: list[Callable[[dict[str, Any]], bool]] = []
+    for path, allowed in where.items():
+        checks.append(_where_check(_quiet_getter(path), allowed))
+    if len(checks) == 1:
+        return checks[0]
+    return lambda event: all(check(event) for check in checks)
+
+
+def _none(event: dict[str, Any]) -> None:
+    return None
+
+
+def _event_id_reader(path: str | None, max_bytes: int) -> Callable[[dict[str, Any]], str | None]:
+    if path is None:
+        return _none
+    get = _getter(path)
+
+    def event_id_of(event: dict[str, Any]) -> str | None:
+        v = get(event)
+        t = type(v)
+        if t is str:
+            if len(v) > max_bytes:
+                raise ValueOutOfRangeError(path, f"event id longer than {max_bytes}")
+            return v  # type: ignore[no-any-return]
+        if t is int:
+            return str(v)
+        if v is _MISSING or v is None:
+            raise MissingFieldError(path, "event id is missing" if v is _MISSING else "event id is null")
+        raise _wrong(path, v, "a string or an integer")
+
+    return event_id_of
+
+
+def _value_reader(definition: CounterDefinition, max_key_bytes: int) -> Callable[[dict[str, Any]], Any]:
+    path = definition.value
+    if path is None:
+        return _none
+    get = _getter(path)
+    convert = _value_converter(definition, max_key_bytes)
+
+    def value_of(event: dict[str, Any]) -> Any:
+        v = get(event)
+        if v is _MISSING or v is None:
+            raise MissingFieldError(
+                path, "value field is missing" if v is _MISSING else "value field is null"
+            )
+        return convert(v)
+
+    return value_of
+
+
+def _compile(definition: CounterDefinition, max_key_bytes: int) -> Extractor:
+    name = definition.name
+    matches = _where_matcher(definition.where)
+    key_fields = tuple((p, _getter(p)) for p in definition.key)
+    key_paths = ",".join(definition.key) or (definition.bucket.field if definition.bucket else "")
+    bucket = _bucket_reader(definition) if definition.bucket is not None else None
+    fast_key_chars = max_key_bytes // 4
+
+    def check_key(key: str) -> str:
+        if len(key) <= fast_key_chars and key.isascii():
+            return key
+        try:
+            size = len(key.encode())
+        except UnicodeEncodeError as exc:
+            raise ValueOutOfRangeError(key_paths, "key is not valid Unicode (lone surrogate)") from exc
+        if size > max_key_bytes:
+            raise KeyTooLongError(key_paths, f"instance key of {size} bytes exceeds {max_key_bytes}")
+        return key
+
+    event_id_of = _event_id_reader(definition.event_id, max_key_bytes)
+    value_of = _value_reader(definition, max_key_bytes)
+
+    # The common shapes get their own closures: one key field, no bucket is most counters.
+    if len(key_fields) == 1 and bucket is None:
+        ((kpath, kget),) = key_fields
+
+        def extract_one(event: dict[str, Any]) -> Update | None:
+            if matches is not None and not matches(event):
+                return None
+            key = _escape(_key_text(kpath, kget(event)))
+            return Update(name, check_key(key), value_of(event), event_id_of(event))
+
+        return extract_one
+
+    def extract(event: dict[str, Any]) -> Update | None:
+        if matches is not None and not matches(event):
+            return None
+        parts = [_escape(_key_text(p, get(event))) for p, get in key_fields]
+        if bucket is not None:
+            parts.append(bucket(event))
+        return Update(name, check_key("|".join(parts)), value_of(event), event_id_of(event))
+
+    return extract
+
+
+# --- the router -----------------------------------------------------------------------------------------
+
+
+def _nonfinite(literal: str) -> float:
+    # JSON has no NaN or Infinity; Python's parser accepts them, and the value checks refuse them with
+    # the field's path, which is a better dead-letter reason than a parse error.
+    return float(literal)
+
+
+_PLAIN = json.JSONDecoder(parse_constant=_nonfinite)
+_DECIMAL = json.JSONDecoder(parse_constant=_nonfinite, parse_float=Decimal)
+
+
+class _TopicPlan(NamedTuple):
+    extractors: tuple[tuple[str, Extractor], ...]
+    decoder: json.JSONDecoder
+
+
+def _too_deep(event: object, max_depth: int) -> bool:
+    stack: list[tuple[object, int]] = [(event, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        assert isinstance(children, Iterable)
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+class EventRouter:
+    """Turns one raw event into the updates of every counter on its topic, or raises one named error."""
+
+    def __init__(
+        self,
+        counter_set: CounterSet,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+    ) -> None:
+        self.counter_set = counter_set
+        self.max_event_bytes = max_event_bytes
+        self.max_depth = max_depth
+        self.max_key_bytes = max_key_bytes
+        plans: dict[str, _TopicPlan] = {}
+        for topic in counter_set.topics:
+            counters = counter_set.for_topic(topic)
+            decimals = any(c.number_mode == "decimal" for c in counters)
+            plans[topic] = _TopicPlan(
+                tuple((c.name, _compile(c, max_key_bytes)) for c in counters),
+                _DECIMAL if decimals else _PLAIN,
+            )
+        self._plans = plans
+
+    def parse(self, topic: str, raw: bytes) -> dict[str, Any]:
+        """Parse and bound one event as the topic's counters need it (decimals kept exact if any need it)."""
+        plan = self._plans.get(topic)
+        return self._parse(raw, plan.decoder if plan is not None else _PLAIN)
+
+    def _parse(self, raw: bytes, decoder: json.JSONDecoder) -> dict[str, Any]:
+        if len(raw) > self.max_event_bytes:
+            raise OversizedEventError("", f"event of {len(raw)} bytes exceeds {self.max_event_bytes}")
+        try:
+            event = decoder.decode(raw.decode("utf-8") if type(raw) is bytes else bytes(raw).decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
+        if type(event) is not dict:
+            raise UnparseableEventError("", f"event is a JSON {_json_type(event)}, not an object")
+        # Counting brackets (strings included) over-estimates depth, so only events that might be too
+        # deep pay for the walk.
+        if raw.count(b"{") + raw.count(b"[") > self.max_depth and _too_deep(event, self.max_depth):
+            raise UnparseableEventError("", f"event is nested deeper than {self.max_depth}")
+        return event
+
+    def route(self, topic: str, raw: bytes) -> list[Update]:
+        """Return the updates one event makes; ``[]`` for a topic no counter reads or a filtered event.
+
+        Raises an :class:`InvalidEventError` subclass (with ``path``, ``reason`` and ``counter``) when the
+        event is invalid for any counter; then no update of that event is applied anywhere.
+        """
+        plan = self._plans.get(topic)
+        if plan is None:
+            return []
+        event = self._parse(raw, plan.decoder)
+        updates: list[Update] = []
+        for name, extract in plan.extractors:
+            try:
+                update = extract(event)
+            except InvalidEventError as exc:
+                exc.counter = name
+                raise
+            if update is not None:
+                updates.append(update)
+        return updates
+
+
+def apply_updates(
+    states: MutableMapping[tuple[str, str], State],
+    updates: Iterable[Update],
+    counter_set: CounterSet,
+    touched: set[tuple[str, str]] | None = None,
+) -> None:
+    """Apply updates to in-memory states keyed by ``(counter, instance key)``, creating missing ones.
+
+    ``touched``, when given, collects the identities of every state changed (the mutator's dirty set).
+    """
+    for counter, key, value, _ in updates:
+        ident = (counter, key)
+        state = states.get(ident)
+        if state is None:
+            state = states[ident] = new_state(counter_set[counter])
+        state.apply(value)
+        if touched is not None:
+            touched.add(ident)
