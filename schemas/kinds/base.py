@@ -53,7 +53,14 @@ class State(abc.ABC):
 
     @abc.abstractmethod
     def merge(self, other: Self) -> None:
-        """Fold another replica of the same instance into this one; ``other`` is left unchanged."""
+        """Fold another replica of the same instance into this one; ``other``'s value is left unchanged.
+
+        For count, sum, mean, variance, quantiles and top_k this is addition of disjoint replicas (one
+        shard per mutator), so merging a state into itself counts it twice: idempotence comes from the
+        storage layout (each mutator overwrites only its own shard with whole state), not from merge.
+        min, max and distinct are semilattices and merge idempotently. The KLL library may sort
+        ``other``'s buffer while merging, which can change a flag in its bytes but never its value.
+        """
 
     @abc.abstractmethod
     def copy(self) -> Self:

@@ -14,6 +14,7 @@ frequency) and the serialized map depends on insertion order; the laws hold on t
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import Self
 
@@ -29,6 +30,26 @@ MIN_LG_MAP = 3
 MAX_LG_MAP = 16
 MAX_TOP = 1000
 _NO_FALSE_NEGATIVES = ds.frequent_items_error_type.NO_FALSE_NEGATIVES
+# DataSketches' frequent-items preamble for a non-empty sketch: preamble longs, serial version, family,
+# lg max map size, lg current map size, flags, unused, active items, unused, stream weight, offset.
+_PREAMBLE = struct.Struct("<BBBBBBHIIqq")
+_FAMILY = 10
+
+
+def _sketch_bytes(sk: ds.frequent_strings_sketch) -> bytes:
+    """Serialize, keeping the weight and error of a sketch whose purge removed every item.
+
+    The C++ library treats "no active items" as empty (apache/datasketches-cpp#527): it would serialize
+    such a sketch as a fresh one, dropping its total weight and its error offset, after which the bounds
+    of unseen items would read 0 and no longer cover their true counts. This writes the library's own
+    non-empty layout with zero items, which its reader accepts.
+    """
+    raw = bytes(sk.serialize())
+    weight = int(sk.total_weight)
+    if sk.num_active_items or not weight:
+        return raw
+    offset = int(sk.get_upper_bound(""))  # with no tracked items every item's upper bound is the offset
+    return _PREAMBLE.pack(4, 1, _FAMILY, raw[3], raw[4], 0, 0, 0, 0, weight, offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +91,26 @@ class TopKState(State):
         self._sketch.update(value)
 
     def merge(self, other: Self) -> None:
-        if not other._sketch.is_empty():
-            self._sketch.merge(other._sketch)
+        theirs = other._sketch
+        if theirs.num_active_items:
+            self._sketch.merge(theirs)
+            return
+        if not theirs.total_weight:
+            return
+        # ``theirs`` was purged to no items; the library's merge would skip it (see _sketch_bytes), so
+        # add its weight and offset to ours by hand, exactly as the library's merge would.
+        mine = _sketch_bytes(self._sketch)
+        if len(mine) < _PREAMBLE.size:
+            self._sketch = ds.frequent_strings_sketch.deserialize(_sketch_bytes(theirs))
+            return
+        fields = list(_PREAMBLE.unpack_from(mine))
+        fields[-2] += int(theirs.total_weight)
+        fields[-1] += int(theirs.get_upper_bound(""))
+        patched = _PREAMBLE.pack(*fields) + mine[_PREAMBLE.size :]
+        self._sketch = ds.frequent_strings_sketch.deserialize(patched)
 
     def copy(self) -> Self:
-        return type(self)(ds.frequent_strings_sketch.deserialize(self._sketch.serialize()), self._top)
+        return type(self)(ds.frequent_strings_sketch.deserialize(_sketch_bytes(self._sketch)), self._top)
 
     def bounds(self, item: str) -> tuple[int, int]:
         """Return the guaranteed ``(lower, upper)`` frequency bounds of any item, tracked or not."""
@@ -93,7 +129,7 @@ class TopKState(State):
     def _body(self) -> bytes:
         out = bytearray()
         put_uvarint(out, self._top)
-        out += self._sketch.serialize()
+        out += _sketch_bytes(self._sketch)
         return bytes(out)
 
 
