@@ -5,6 +5,7 @@ other versions, and a corrupt length must become :class:`CorruptStateError`, not
 """
 
 import struct
+import zlib
 from decimal import Decimal
 
 from schemas.errors import CorruptStateError
@@ -41,6 +42,18 @@ def put_fixed(out: bytearray, n: int) -> None:
     shift = (n & -n).bit_length() - 1 if n else 0
     put_int(out, n >> shift)
     put_uvarint(out, shift)
+
+
+def put_blob(out: bytearray, blob: bytes) -> None:
+    """Append a length-prefixed, CRC-32-checked blob (a sketch library's own serialization).
+
+    The sketch libraries' readers trust their input more than a store should: the KLL reader crashes the
+    process on some truncated buffers. A blob whose length or checksum does not match is refused here,
+    before the library sees it.
+    """
+    put_uvarint(out, len(blob))
+    out += zlib.crc32(blob).to_bytes(4, "big")
+    out += blob
 
 
 def put_double(out: bytearray, x: float) -> None:
@@ -101,6 +114,16 @@ class Reader:
         if shift > MAX_INT_BYTES * 8:
             raise CorruptStateError(f"fixed-point shift {shift} is out of range")
         return mantissa << shift
+
+    def blob(self, limit: int) -> bytes:
+        size = self.uvarint()
+        if size > limit:
+            raise CorruptStateError(f"blob of {size} bytes exceeds the {limit}-byte limit")
+        crc = int.from_bytes(self.take(4), "big")
+        blob = self.take(size)
+        if zlib.crc32(blob) != crc:
+            raise CorruptStateError("blob checksum does not match: the state is corrupt")
+        return blob
 
     def double(self) -> float:
         value: float = _DOUBLE.unpack(self.take(8))[0]

@@ -24,6 +24,7 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
+from schemas.kinds._codec import Reader, put_blob
 from schemas.kinds.base import KindSpec, State, split_header
 
 TAG = 7
@@ -95,7 +96,9 @@ class DistinctState(State):
         return 96 + int(self._sketch.get_updatable_serialization_bytes())
 
     def _body(self) -> bytes:
-        return bytes(self._sketch.serialize_compact())
+        out = bytearray()
+        put_blob(out, bytes(self._sketch.serialize_compact()))
+        return bytes(out)
 
 
 def new(spec: KindSpec) -> DistinctState:
@@ -106,10 +109,12 @@ def new(spec: KindSpec) -> DistinctState:
 def state_from_bytes(data: bytes) -> DistinctState:
     """Decode bytes written by :meth:`DistinctState.to_bytes`."""
     _, body = split_header(data, TAG, VERSIONS)
-    if len(body) > (1 << MAX_LG_K) + 64:
-        raise CorruptStateError(f"HLL body of {len(body)} bytes is larger than any supported sketch")
+    r = Reader(body)
+    blob = r.blob((1 << MAX_LG_K) + 64)
+    r.end()
     try:
-        sketch = ds.hll_sketch.deserialize(bytes(body))
+        sketch = ds.hll_sketch.deserialize(blob)
+        sketch.get_estimate()
     except Exception as exc:  # the C++ library raises several types; all mean a bad body
         raise CorruptStateError(f"HLL body does not decode: {exc}") from exc
     if not MIN_LG_K <= sketch.lg_config_k <= MAX_LG_K:

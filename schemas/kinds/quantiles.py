@@ -18,6 +18,7 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
+from schemas.kinds._codec import Reader, put_blob
 from schemas.kinds.base import MAX_STATE_BYTES, KindSpec, State, split_header
 
 TAG = 8
@@ -81,7 +82,31 @@ class QuantilesState(State):
         return 128 + 8 * int(self._sketch.num_retained)
 
     def _body(self) -> bytes:
-        return bytes(self._sketch.serialize())
+        out = bytearray()
+        put_blob(out, bytes(self._sketch.serialize()))
+        return bytes(out)
+
+
+_KLL_FAMILY = 15
+_KLL_MAX_LEVELS = 61
+
+
+def _check_kll_preamble(blob: bytes) -> None:
+    """Refuse KLL buffers whose header cannot describe ``blob``, before the C++ reader walks them."""
+    if len(blob) < 8 or blob[2] != _KLL_FAMILY or blob[0] not in (2, 5):
+        raise CorruptStateError("KLL body does not start with a KLL preamble")
+    k = int.from_bytes(blob[4:6], "little")
+    if not MIN_K <= k <= MAX_K:
+        raise CorruptStateError(f"KLL k {k} is out of range")
+    if blob[0] == 5:
+        if len(blob) < 20:
+            raise CorruptStateError("KLL preamble is truncated")
+        levels = blob[18]
+        if not 1 <= levels <= _KLL_MAX_LEVELS or len(blob) < 20 + 4 * levels + 16:
+            raise CorruptStateError("KLL level table does not fit the body")
+        offsets = [int.from_bytes(blob[20 + 4 * i : 24 + 4 * i], "little") for i in range(levels)]
+        if offsets != sorted(offsets) or len(blob) < 20 + 4 * levels + 16 + 8 * (max(offsets) - offsets[0]):
+            raise CorruptStateError("KLL level offsets do not fit the body")
 
 
 def new(spec: KindSpec) -> QuantilesState:
@@ -92,10 +117,14 @@ def new(spec: KindSpec) -> QuantilesState:
 def state_from_bytes(data: bytes) -> QuantilesState:
     """Decode bytes written by :meth:`QuantilesState.to_bytes`."""
     _, body = split_header(data, TAG, VERSIONS)
-    if len(body) > MAX_STATE_BYTES:
-        raise CorruptStateError(f"KLL body of {len(body)} bytes is too large")
+    r = Reader(body)
+    blob = r.blob(MAX_STATE_BYTES)
+    r.end()
+    _check_kll_preamble(blob)
     try:
-        sketch = ds.kll_doubles_sketch.deserialize(bytes(body))
+        sketch = ds.kll_doubles_sketch.deserialize(blob)
+        if not sketch.is_empty():
+            sketch.get_quantile(0.5)
     except Exception as exc:  # the C++ library raises several types; all mean a bad body
         raise CorruptStateError(f"KLL body does not decode: {exc}") from exc
     if not MIN_K <= sketch.k <= MAX_K:

@@ -21,7 +21,7 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
-from schemas.kinds._codec import Reader, put_uvarint
+from schemas.kinds._codec import Reader, put_blob, put_uvarint
 from schemas.kinds.base import MAX_STATE_BYTES, KindSpec, State, split_header
 
 TAG = 9
@@ -129,7 +129,7 @@ class TopKState(State):
     def _body(self) -> bytes:
         out = bytearray()
         put_uvarint(out, self._top)
-        out += _sketch_bytes(self._sketch)
+        put_blob(out, _sketch_bytes(self._sketch))
         return bytes(out)
 
 
@@ -145,11 +145,12 @@ def state_from_bytes(data: bytes) -> TopKState:
     top = r.uvarint()
     if not 1 <= top <= MAX_TOP:
         raise CorruptStateError(f"top_k top {top} is out of range")
-    raw = r.rest()
-    if len(raw) > MAX_STATE_BYTES:
-        raise CorruptStateError(f"frequent-items body of {len(raw)} bytes is too large")
+    raw = r.blob(MAX_STATE_BYTES)
+    r.end()
     try:
         sketch = ds.frequent_strings_sketch.deserialize(raw)
+        # The reader does not check that items are UTF-8; listing them does, so a bad item fails here.
+        sketch.get_frequent_items(_NO_FALSE_NEGATIVES)
     except Exception as exc:  # the C++ library raises several types; all mean a bad body
         raise CorruptStateError(f"frequent-items body does not decode: {exc}") from exc
     return TopKState(sketch, top)
