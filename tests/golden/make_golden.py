@@ -21,7 +21,11 @@ HERE = Path(__file__).parent
 VECTORS: dict[str, tuple[KindSpec, list[Any], bool]] = {
     "count": (KindSpec("count"), [None] * 3, True),
     "sum_integer": (KindSpec("sum", number="integer"), [5, -2, 2**70], True),
-    "sum_decimal": (KindSpec("sum", number="decimal"), [Decimal("10.50"), Decimal("0.25"), Decimal(-3)], True),
+    "sum_decimal": (
+        KindSpec("sum", number="decimal"),
+        [Decimal("10.50"), Decimal("0.25"), Decimal(-3)],
+        True,
+    ),
     "sum_float": (KindSpec("sum", number="float"), [0.1, 0.2, 1e300, -1e300, 7], True),
     "min_integer": (KindSpec("min", number="integer"), [4, -9, 12], True),
     "min_decimal": (KindSpec("min", number="decimal"), [Decimal("1.0"), Decimal("1.00"), Decimal(3)], True),

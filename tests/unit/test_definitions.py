@@ -1,0 +1,184 @@
+"""Counter definitions: good files load, and every bad file names the file, the counter and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.definitions import load_definitions, parse_definitions
+from schemas.errors import DefinitionError
+
+GOOD = """
+[[counter]]
+name = "shares_traded"
+topics = ["trades"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "trade_id"
+where = { side = "buy" }
+
+[[counter]]
+name = "notional_by_user"
+topics = ["trades", "fills"]
+kind = "sum"
+number = "decimal"
+key = ["symbol", "user.id"]
+value = "price"
+where = { side = ["buy", "sell"], user.tier = "pro" }
+bucket = { field = "ts", size = "1h" }
+
+[[counter]]
+name = "visitors"
+topics = ["clicks"]
+kind = "distinct"
+value = "user"
+lg_k = 14
+
+[[counter]]
+name = "latency"
+topics = ["clicks"]
+kind = "quantiles"
+value = "ms"
+k = 400
+
+[[counter]]
+name = "top_pages"
+topics = ["clicks"]
+kind = "top_k"
+value = "page"
+max_map_size = 64
+top = 5
+"""
+
+
+def _counter(body: str) -> str:
+    return f'[[counter]]\nname = "c"\ntopics = ["t"]\n{body}\n'
+
+
+def test_good_file_loads_with_indexes_and_defaults(tmp_path: Path) -> None:
+    """A valid file gives counters in order, sorted topics, per-topic lookup and per-kind defaults."""
+    path = tmp_path / "counters.toml"
+    path.write_text(GOOD, encoding="utf-8")
+    cs = load_definitions(path)
+    assert [c.name for c in cs.counters] == [
+        "shares_traded",
+        "notional_by_user",
+        "visitors",
+        "latency",
+        "top_pages",
+    ]
+    assert cs.topics == ("clicks", "fills", "trades")
+    assert [c.name for c in cs.for_topic("trades")] == ["shares_traded", "notional_by_user"]
+    assert cs.for_topic("nope") == ()
+    assert cs.get("missing") is None
+    shares = cs.get("shares_traded")
+    assert shares is not None
+    assert shares.spec.number == "integer"
+    notional = cs["notional_by_user"]
+    assert notional.where == {"side": ("buy", "sell"), "user.tier": ("pro",)}
+    assert notional.bucket is not None
+    assert notional.bucket.seconds == 3600
+    assert cs["visitors"].spec.lg_k == 14
+    assert cs["latency"].spec.k == 400
+    assert (cs["top_pages"].spec.lg_max_map_size, cs["top_pages"].spec.top) == (6, 5)
+
+
+def test_key_may_be_a_single_string_and_topics_a_single_topic() -> None:
+    """``key = "symbol"`` means one key field; a count needs no value."""
+    c = parse_definitions('[[counter]]\nname = "n"\ntopics = "t"\nkind = "count"\nkey = "symbol"\n')["n"]
+    assert (c.key, c.topics, c.value) == (("symbol",), ("t",), None)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ('kind = "sum"', "value", "needs a value field"),
+        ('kind = "count"\nvalue = "x"', "value", "does not read a value"),
+        ('kind = "sum"\nvalue = "x"\nlg_k = 12', "lg_k", "does not apply to kind sum"),
+        ('kind = "distinct"\nvalue = "x"\nnumber = "float"', "number", "does not apply"),
+        ('kind = "distinct"\nvalue = "x"\nlg_k = 30', "lg_k", "less than or equal to 21"),
+        ('kind = "top_k"\nvalue = "x"\nmax_map_size = 100', "max_map_size", "power of two"),
+        ('kind = "median"\nvalue = "x"', "kind", "Input should be"),
+        ('kind = "sum"\nvalue = "x"\nnumber = "money"', "number", "Input should be"),
+        ('kind = "sum"\nvalue = "a..b"', "value", "not a field path"),
+        ('kind = "count"\nkey = ["a", "a"]', "key", "listed twice"),
+        ('kind = "count"\nwhere = { side = 1.5 }', "where", "not a string, integer or boolean"),
+        ('kind = "count"\nwhere = { side = [] }', "where", "lists no values"),
+        ('kind = "count"\nbucket = { field = "ts", size = "7h" }', "bucket.size", "divide a day"),
+        ('kind = "count"\nbucket = { field = "ts", size = "1w" }', "bucket.size", "like 1m"),
+        ('kind = "count"\nbucket = { field = "ts", size = "1h", format = "rfc" }', "bucket.format", "Input"),
+        ('kind = "count"\ncolour = "red"', "colour", "Extra inputs are not permitted"),
+    ],
+)
+def test_bad_counter_names_file_counter_and_field(body: str, field: str, reason: str) -> None:
+    """Each bad counter is refused with a DefinitionError naming the file, the counter and the field."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(_counter(body), source="counters.toml")
+    err = info.value
+    assert (err.source, err.counter, err.field) == ("counters.toml", "'c' (#1)", field)
+    assert reason in err.reason
+    assert str(err).startswith("counters.toml: counter 'c' (#1), field")
+
+
+@pytest.mark.parametrize("name", ["Shares", "1st", "a-b", "x" * 49, ""])
+def test_bad_counter_name_is_refused(name: str) -> None:
+    """Counter names must be lower-case identifiers of at most 48 characters (they reach CQL)."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(f'[[counter]]\nname = "{name}"\ntopics = ["t"]\nkind = "count"\n', "f.toml")
+    assert info.value.field == "name"
+
+
+def test_counter_without_a_name_is_named_by_index() -> None:
+    """A counter with no usable name is identified by its position in the file."""
+    text = _counter('kind = "count"') + '[[counter]]\ntopics = ["t"]\nkind = "count"\n'
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(text, "f.toml")
+    assert (info.value.counter, info.value.field) == ("#2", "name")
+
+
+def test_duplicate_names_are_refused() -> None:
+    """Two counters with one name are refused, naming the second."""
+    text = _counter('kind = "count"') + _counter('kind = "count"')
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(text, "f.toml")
+    assert (info.value.counter, info.value.field) == ("'c' (#2)", "name")
+    assert "duplicate" in info.value.reason
+
+
+def test_bad_topic_is_refused() -> None:
+    """Topic names follow Kafka's rules."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions('[[counter]]\nname = "c"\ntopics = ["a b"]\nkind = "count"\n', "f.toml")
+    assert info.value.field == "topics"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "reason"),
+    [
+        ("[[counter]\n", "", "not valid TOML"),
+        ("", "counter", "defines no [[counter]]"),
+        ('title = "x"\n', "title", "unknown top-level"),
+    ],
+)
+def test_bad_file_is_refused(text: str, field: str, reason: str) -> None:
+    """Unparseable, empty or foreign files are refused with the file named."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions(text, "f.toml")
+    assert (info.value.source, info.value.field) == ("f.toml", field)
+    assert reason in info.value.reason
+
+
+def test_missing_file_is_a_definition_error(tmp_path: Path) -> None:
+    """An unreadable file is a DefinitionError naming the path."""
+    with pytest.raises(DefinitionError) as info:
+        load_definitions(tmp_path / "absent.toml")
+    assert info.value.source.endswith("absent.toml")
+
+
+def test_definitions_are_frozen() -> None:
+    """A definition cannot be changed in place: a changed meaning is a new counter."""
+    c = parse_definitions(GOOD)["shares_traded"]
+    with pytest.raises(ValueError, match="frozen"):
+        c.value = "other"  # type: ignore[misc]
