@@ -5,11 +5,11 @@ estimation mode; fewer values are held as a compact list of hashes). Until a ske
 ``k/4`` hashes (lg_k 12: a few hundred values) the estimate is exact to within a hash collision.
 
 Reads always use the library's composite estimator, whose relative standard error (one standard
-deviation) is ``1.04/√k``: 1.63 % at lg_k 12. A sketch filled in order could use the sharper HIP estimator
-(``0.8326/√k``), but HIP depends on arrival order, so two mutators that split a stream differently would
-read different values from the same set of registers. With the composite estimator the value depends only
-on the set of values seen, and merge is idempotent, commutative and associative on the value. The value
-carries bounds at two standard deviations (~95 %).
+deviation) is about ``1.04/√k``: 1.62 % at lg_k 12. A sketch filled in order could use the sharper
+HIP estimator (``0.8326/√k``), but HIP depends on arrival order, so two mutators that split a stream
+differently would read different values from the same set of registers. With the composite estimator the
+value depends only on the set of values seen, and merge is idempotent, commutative and associative on the
+value. The value carries bounds at two standard deviations (~95 %).
 
 Strings and integers are counted; an integer is counted by its decimal text, so ``5`` and ``"5"`` are one
 value. Serialized sketches depend on insertion order (coupon-list order, HIP accumulator), so stored bytes

@@ -58,8 +58,14 @@ class QuantilesState(State):
         self._sketch.update(value)
 
     def merge(self, other: Self) -> None:
-        if not other._sketch.is_empty():
-            self._sketch.merge(other._sketch)
+        if other._sketch.is_empty():
+            return
+        if self._sketch.is_empty() and other._sketch.k == self._sketch.k:
+            # The library's merge into an empty sketch may compact again (randomly); a copy keeps
+            # new() ⊔ a exactly a.
+            self._sketch = ds.kll_doubles_sketch.deserialize(other._sketch.serialize())
+            return
+        self._sketch.merge(other._sketch)
 
     def copy(self) -> Self:
         return type(self)(ds.kll_doubles_sketch.deserialize(self._sketch.serialize()))
