@@ -1,0 +1,48 @@
+# countersink — every entry point a developer or CI needs. `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: help venv lint test unit integration services-up services-down services-status demo bench chaos clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)  ## create .venv with countersink and its development tools
+
+lint: $(STAMP)  ## ruff and mypy (strict)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: lint  ## everything: lint, unit, property and integration tests (starts and stops the servers itself)
+	$(PY) -m pytest
+
+unit: $(STAMP)  ## unit and property tests only (no servers)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP)  ## integration tests only
+	$(PY) -m pytest tests/integration
+
+services-up: $(STAMP)  ## start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042) in the background
+	$(PY) -m stack up
+
+services-down: $(STAMP)  ## stop what services-up started
+	$(PY) -m stack down
+
+services-status: $(STAMP)  ## show what services-up started
+	$(PY) -m stack status
+
+bench: $(STAMP)  ## benchmarks: apply throughput per kind and bytes per state
+	$(PY) -m bench.apply
+
+clean:  ## remove the virtualenv and the local servers' data
+	-$(PY) -m stack down 2>/dev/null
+	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,261 @@
+"""A Cassandra session with bounded in-flight requests, a bounded wait for a slot, and named errors.
+
+In the spirit of a connection pool with a FIFO pending queue: at most ``max_in_flight`` requests run at
+once; a caller waits at most ``queue_timeout_s`` for a slot (asyncio's semaphore wakes waiters in FIFO
+order) and then gets :class:`CassandraOverloadedError` instead of piling up unbounded work. Node
+discovery, token-aware routing and reconnection come from the driver (acsylla, over the DataStax C++
+driver); node up/down events are logged and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import acsylla
+
+from countersink.logs import get_logger
+from countersink.metrics import METRICS
+from countersink.settings import CassandraSettings, Consistency
+from schemas import cql
+from schemas.errors import CountersinkError
+
+log = get_logger(__name__)
+
+
+class CassandraError(CountersinkError):
+    """Raised when a Cassandra request fails for a reason that retrying will not fix."""
+
+
+class CassandraUnavailableError(CassandraError):
+    """Raised when no node, or too few replicas, could serve a request, or it timed out; retry later."""
+
+    retriable = True
+
+
+class CassandraOverloadedError(CassandraUnavailableError):
+    """Raised when no in-flight slot came free within ``queue_timeout_s``."""
+
+
+_RETRIABLE = (
+    acsylla.errors.CassErrorServerUnavailable,
+    acsylla.errors.CassErrorServerWriteTimeout,
+    acsylla.errors.CassErrorServerReadTimeout,
+    acsylla.errors.CassErrorServerOverloaded,
+    acsylla.errors.CassErrorServerIsBootstrapping,
+    acsylla.errors.CassErrorServerWriteFailure,
+    acsylla.errors.CassErrorServerReadFailure,
+    acsylla.errors.CassErrorLibNoHostsAvailable,
+    acsylla.errors.CassErrorLibRequestTimedOut,
+    acsylla.errors.CassErrorLibUnableToConnect,
+    acsylla.errors.CassErrorLibRequestQueueFull,
+    acsylla.errors.CassErrorLibWriteError,
+    acsylla.errors.CassErrorLibNoStreams,
+    acsylla.errors.CassExceptionConnectionError,
+)
+
+
+def _consistency(level: Consistency | str) -> acsylla.Consistency:
+    return acsylla.Consistency[str(level)]
+
+
+class CassandraClient:
+    """One session per process. ``start()``/``stop()`` or ``async with``; ``stop()`` is safe twice.
+
+
+    Result rows come back as the driver gives them: note that uuid columns arrive as text.
+    """
+
+    def __init__(self, settings: CassandraSettings, *, use_keyspace: bool = True, app: str = "countersink"):
+        """``use_keyspace=False`` connects without selecting the keyspace (to create or drop it)."""
+        self.settings = settings
+        self.keyspace = settings.keyspace
+        self._use_keyspace = use_keyspace
+        self._app = app
+        self._session: Any = None
+        self._prepared: dict[str, Any] = {}
+        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._in_flight = 0
+
+    async def __aenter__(self) -> CassandraClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _cluster(self) -> Any:
+        s = self.settings
+        options: dict[str, Any] = {
+            "port": s.port,
+            "connect_timeout": s.connect_timeout_s,
+            "request_timeout": s.request_timeout_s,
+            "consistency": _consistency(s.write_consistency),
+            "serial_consistency": acsylla.Consistency[str(s.serial_consistency)],
+            "token_aware_routing": True,
+            "core_connections_per_host": s.connections_per_host,
+            "num_threads_io": s.io_threads,
+            "exponential_reconnect_base_delay_ms": 500,
+            "exponential_reconnect_max_delay_ms": 10_000,
+            "heartbeat_interval_sec": 5,
+            "log_level": "error",
+            "application_name": self._app,
+            "host_listener_callback": self._on_host_event,
+        }
+        if s.local_dc:
+            options["load_balance_dc_aware"] = s.local_dc
+        if s.username:
+            options["username"] = s.username
+            options["password"] = s.password.get_secret_value() if s.password else ""
+        if s.ssl_enabled:
+            options["ssl_enabled"] = True
+            verify = acsylla.SSLVerifyFlags.PEER_CERT if s.ssl_verify else acsylla.SSLVerifyFlags.NONE
+            options["ssl_verify_flags"] = verify
+            for name in ("ssl_trusted_cert", "ssl_cert", "ssl_private_key"):
+                path = getattr(s, name)
+                if path is not None:
+                    options[name] = path.read_text()
+        return acsylla.create_cluster(list(s.contact_points), **options)
+
+    async def _on_host_event(self, event: Any, host: Any) -> None:
+        """Node discovery and up/down changes, as the driver reports them (ADD, REMOVE, UP, DOWN)."""
+        change = str(getattr(event, "name", event))
+        log.info("cassandra_host_event", host=str(host), change=change)
+        METRICS.cassandra_host_events.labels(event=change).inc()
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        try:
+            self._session = await self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None)
+        except acsylla.errors.CassErrorServerBadCredentials as exc:
+            raise CassandraError(
+                "Cassandra refused the credentials (check COUNTERSINK_CASSANDRA__USERNAME and __PASSWORD)"
+            ) from exc
+        except (acsylla.errors.CassException, OSError) as exc:
+            points = ",".join(self.settings.contact_points)
+            raise CassandraUnavailableError(
+                f"cannot connect to Cassandra at {points}:{self.settings.port}: {type(exc).__name__}: {exc}"
+            ) from exc
+        log.info("cassandra_connected", contact_points=list(self.settings.contact_points), keyspace=self.keyspace)
+
+    async def stop(self) -> None:
+        session, self._session = self._session, None
+        self._prepared.clear()
+        if session is not None:
+            await session.close()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def _prepare(self, cql_text: str) -> Any:
+        prepared = self._prepared.get(cql_text)
+        if prepared is None:
+            prepared = await self._run(self._session.create_prepared(cql_text), cql_text)
+            self._prepared[cql_text] = prepared
+        return prepared
+
+    async def _run(self, awaitable: Any, what: str) -> Any:
+        """Await one driver call inside an in-flight slot, translating driver errors to ours."""
+        if self._session is None:
+            raise CassandraError("the Cassandra client is not started")
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.settings.queue_timeout_s)
+        except TimeoutError:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never awaited: close it so Python does not warn
+            METRICS.cassandra_queue_timeouts.inc()
+            raise CassandraOverloadedError(
+                f"no Cassandra request slot free within {self.settings.queue_timeout_s}s "
+                f"({self.settings.max_in_flight} in flight)"
+            ) from None
+        self._in_flight += 1
+        METRICS.cassandra_in_flight.set(self._in_flight)
+        started = time.perf_counter()
+        try:
+            return await awaitable
+        except _RETRIABLE as exc:
+            METRICS.cassandra_errors.labels(kind="retriable").inc()
+            raise CassandraUnavailableError(f"{type(exc).__name__}: {exc} [{_short(what)}]") from exc
+        except acsylla.errors.CassException as exc:
+            METRICS.cassandra_errors.labels(kind="fatal").inc()
+            raise CassandraError(f"{type(exc).__name__}: {exc} [{_short(what)}]") from exc
+        finally:
+            self._in_flight -= 1
+            METRICS.cassandra_in_flight.set(self._in_flight)
+            METRICS.cassandra_request_seconds.observe(time.perf_counter() - started)
+            self._slots.release()
+
+    async def execute(
+        self,
+        cql_text: str,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
+        *,
+        consistency: Consistency | str | None = None,
+        serial_consistency: str | None = None,
+        page_size: int | None = None,
+        page_state: bytes | None = None,
+        prepared: bool = True,
+        idempotent: bool = True,
+    ) -> Any:
+        """Run one statement (prepared once and cached by default) and return the driver's result."""
+        level = _consistency(consistency or self.settings.write_consistency)
+        if prepared:
+            statement = (await self._prepare(cql_text)).bind(page_size=page_size, page_state=page_state)
+            if isinstance(params, Mapping):
+                statement.bind_dict(dict(params))
+            elif params:
+                statement.bind_list(list(params))
+        else:
+            statement = acsylla.create_statement(cql_text, parameters=len(params) if params else None,
+                                                 page_size=page_size, page_state=page_state)
+            if params:
+                statement.bind_list(list(params))
+        statement.set_consistency(level)
+        if serial_consistency:
+            statement.set_serial_consistency(acsylla.Consistency[serial_consistency])
+        statement.set_is_idempotent(idempotent)
+        return await self._run(self._session.execute(statement), cql_text)
+
+    async def execute_batch(
+        self,
+        statements: Sequence[tuple[str, Sequence[Any]]],
+        *,
+        logged: bool = False,
+        consistency: Consistency | str | None = None,
+        timestamp_us: int | None = None,
+    ) -> Any:
+        """Run statements as one batch. An unlogged batch on one partition is applied atomically."""
+        batch = acsylla.create_batch_logged() if logged else acsylla.create_batch_unlogged()
+        for cql_text, params in statements:
+            statement = (await self._prepare(cql_text)).bind()
+            statement.bind_list(list(params))
+            batch.add_statement(statement)
+        batch.set_consistency(_consistency(consistency or self.settings.write_consistency))
+        batch.set_is_idempotent(True)
+        if timestamp_us is not None:
+            batch.set_timestamp(timestamp_us)
+        return await self._run(self._session.execute_batch(batch), "BATCH " + (statements[0][0] if statements else ""))
+
+    async def ensure_schema(self, replication: str | None = None) -> None:
+        """Create the keyspace and tables if missing (idempotent)."""
+        await self.execute(cql.create_keyspace(self.keyspace, replication or self.settings.replication),
+                           prepared=False, consistency=Consistency.ONE)
+        for statement in cql.create_tables(self.keyspace):
+            await self.execute(statement, prepared=False, consistency=Consistency.ONE)
+        await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
+
+    def driver_metrics(self) -> Any:
+        return self._session.metrics() if self._session is not None else None
+
+
+def _short(cql_text: str) -> str:
+    return " ".join(cql_text.split())[:120]
+
+
+def as_dicts(result: Any) -> list[dict[str, Any]]:
+    """All rows of one result page as dicts."""
+    return [row.as_dict() for row in result]

@@ -1,0 +1,57 @@
+"""``countersink``: one command line for every process. Each subcommand lives with its package.
+
+``countersink consume`` runs the consumer, ``countersink gc`` the GC worker; ``countersink schema``
+creates the keyspace and tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from countersink.logs import configure_logging
+from countersink.settings import Settings
+
+# subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "schema": ("countersink.schema_cli", "create the keyspace and tables (idempotent)"),
+    "consume": ("consumer.cli", "consume events and keep the counters"),
+    "gc": ("gc_worker.cli", "fold shards of retired mutators into tallies"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="countersink", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    runners: dict[str, Callable[[argparse.Namespace, Settings], int]] = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a part not built yet is simply not offered
+        command = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(command)
+        runners[name] = module.run
+    args = parser.parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level, settings.log_format)
+    return runners[args.command](args, settings)
+
+
+def run_async(coroutine: Coroutine[Any, Any, int | None]) -> int:
+    """Run a subcommand's coroutine; Ctrl-C ends it with the conventional exit code 130."""
+    try:
+        result = asyncio.run(coroutine)
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Process settings, read from ``COUNTERSINK_*`` environment variables (and an optional ``.env`` file).
+
+Nested sections use a double underscore: ``COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS``,
+``COUNTERSINK_CASSANDRA__CONTACT_POINTS``. Nothing else in countersink reads the environment.
+Secrets are :class:`pydantic.SecretStr`, so they never appear in logs or reprs.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from schemas import cql
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Consistency(StrEnum):
+    """Cassandra consistency levels countersink accepts for reads and writes."""
+
+    ONE = "ONE"
+    TWO = "TWO"
+    THREE = "THREE"
+    QUORUM = "QUORUM"
+    ALL = "ALL"
+    LOCAL_QUORUM = "LOCAL_QUORUM"
+    EACH_QUORUM = "EACH_QUORUM"
+    LOCAL_ONE = "LOCAL_ONE"
+
+
+class SerialConsistency(StrEnum):
+    """Consistency of the Paxos phase of lightweight transactions."""
+
+    SERIAL = "SERIAL"
+    LOCAL_SERIAL = "LOCAL_SERIAL"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSecurity(StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class KafkaSettings(_Section):
+    """How to reach Kafka. TLS and SASL are off by default and on with ``security_protocol``."""
+
+    bootstrap_servers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:9092"])
+    client_id: str = "countersink"
+    security_protocol: KafkaSecurity = KafkaSecurity.PLAINTEXT
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str | None = Field(default=None, pattern=r"^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$")
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+
+    _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and not (
+            self.sasl_mechanism and self.sasl_username and self.sasl_password
+        ):
+            raise ValueError("SASL needs sasl_mechanism, sasl_username and sasl_password")
+        return self
+
+
+class CassandraSettings(_Section):
+    """How to reach Cassandra, and at which consistency countersink reads and writes."""
+
+    contact_points: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1"])
+    port: int = Field(default=9042, ge=1, le=65535)
+    keyspace: str = "countersink"
+    local_dc: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    ssl_enabled: bool = False
+    ssl_trusted_cert: Path | None = None
+    ssl_cert: Path | None = None
+    ssl_private_key: Path | None = None
+    ssl_verify: bool = True
+    write_consistency: Consistency = Consistency.QUORUM
+    read_consistency: Consistency = Consistency.QUORUM
+    serial_consistency: SerialConsistency = SerialConsistency.SERIAL
+    # The GC reads a whole partition before deleting shards; ALL guarantees it sees every shard even when
+    # writes were acknowledged by fewer replicas. QUORUM is enough when writes are QUORUM too.
+    gc_read_consistency: Consistency = Consistency.ALL
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    request_timeout_s: float = Field(default=12.0, gt=0)
+    # Bounded in-flight requests per process, with a bounded wait for a slot (seed 003's pending queue).
+    max_in_flight: int = Field(default=256, ge=1, le=32_768)
+    queue_timeout_s: float = Field(default=10.0, gt=0)
+    connections_per_host: int = Field(default=1, ge=1, le=64)
+    io_threads: int = Field(default=1, ge=1, le=32)
+    replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+
+    _split = field_validator("contact_points", mode="before")(_split_csv)
+
+    # Keyspace and replication reach CQL text (they cannot be bound parameters): validate them up front.
+    @field_validator("keyspace")
+    @classmethod
+    def _valid_keyspace(cls, value: str) -> str:
+        try:
+            return cql.check_identifier(value)
+        except cql.InvalidIdentifierError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("replication")
+    @classmethod
+    def _valid_replication(cls, value: str) -> str:
+        try:
+            return cql.check_replication(value)
+        except cql.InvalidIdentifierError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class Settings(BaseSettings):
+    """Settings shared by every countersink process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="COUNTERSINK_", env_nested_delimiter="__", env_file=".env", extra="ignore", frozen=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
+    log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
+    log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

@@ -1,0 +1,90 @@
+"""``python -m stack up|down|status``: start and stop the local servers (``make services-up/-down``).
+
+``up`` starts the servers in the background and records them in ``.stack/state.json``; ``down`` stops
+exactly those. Ports and versions come from the flags or ``COUNTERSINK_STACK_*`` variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from stack.servers import (
+    CassandraCluster,
+    CassandraNode,
+    KafkaServer,
+    StackError,
+    load_state,
+    save_state,
+    stop_recorded,
+)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(f"COUNTERSINK_STACK_{name}", default))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start Kafka and Cassandra (single node, or --cassandra-nodes 3)")
+    up.add_argument("--kafka-port", type=int, default=_env_int("KAFKA_PORT", 9092))
+    up.add_argument("--kafka-controller-port", type=int, default=_env_int("KAFKA_CONTROLLER_PORT", 9093))
+    up.add_argument("--cassandra-port", type=int, default=_env_int("CASSANDRA_PORT", 9042))
+    up.add_argument("--cassandra-nodes", type=int, choices=(1, 3), default=_env_int("CASSANDRA_NODES", 1))
+    up.add_argument("--only", choices=("kafka", "cassandra"), help="start just one of the two")
+    sub.add_parser("down", help="stop what `up` started")
+    sub.add_parser("status", help="show what `up` started and whether it still runs")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "down":
+            stopped = stop_recorded()
+            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+            return 0
+        if args.command == "status":
+            for name, entry in load_state().items():
+                print(f"{name}: pid {entry['pid']} {entry['endpoint']}")
+            return 0
+        state = load_state()
+        wanted = ("kafka", "cassandra") if args.only is None else (args.only,)
+        running = [name for name in state if name.split("@")[0] in wanted]
+        if running:
+            print(f"already started: {', '.join(running)}; run `make services-down` first", file=sys.stderr)
+            return 1
+        try:
+            if args.only in (None, "kafka"):
+                kafka = KafkaServer(port=args.kafka_port, controller_port=args.kafka_controller_port)
+                seconds = kafka.start()
+                assert kafka.process is not None
+                state["kafka"] = {"pid": kafka.process.pid, "endpoint": kafka.bootstrap}
+                save_state(state)
+                print(f"kafka ready on {kafka.bootstrap} in {seconds:.1f}s (logs: {kafka.root}/logs)")
+            if args.only in (None, "cassandra"):
+                if args.cassandra_nodes == 3:
+                    cluster = CassandraCluster(native_port=args.cassandra_port)
+                    seconds = cluster.start()
+                    for node in cluster.nodes:
+                        assert node.process is not None
+                        state[f"cassandra@{node.address}"] = {
+                            "pid": node.process.pid, "endpoint": f"{node.address}:{node.native_port}"}
+                else:
+                    node = CassandraNode(native_port=args.cassandra_port)
+                    seconds = node.start()
+                    assert node.process is not None
+                    state["cassandra"] = {"pid": node.process.pid, "endpoint": f"{node.address}:{node.native_port}"}
+                save_state(state)
+                print(f"cassandra ready ({args.cassandra_nodes} node(s)) in {seconds:.1f}s")
+        except BaseException:
+            save_state(state)
+            stop_recorded()
+            raise
+        return 0
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,615 @@
+"""Real Apache Kafka (KRaft) and Apache Cassandra 5.0 as plain JVM processes, assembled from Maven artifacts.
+
+Used by ``python -m stack`` (``make services-up`` / ``make services-down``) and by the test session. Jars
+are resolved once per version into ``~/.cache/countersink/<server>-<version>/lib`` and reused without
+network afterwards. Every server gets a fresh data directory per start; readiness is a real client call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+KAFKA_VERSION = "4.3.1"
+CASSANDRA_VERSION = "5.0.9"
+# Kafka 4.x moved the broker to log4j2 but ships no SLF4J 1.x binding for it.
+LOG4J2_VERSION = "2.25.4"
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CACHE_DIR = Path(os.environ.get("COUNTERSINK_CACHE_DIR", Path.home() / ".cache" / "countersink"))
+STACK_DIR = Path(os.environ.get("COUNTERSINK_STACK_DIR", REPO / ".stack"))
+
+
+class StackError(RuntimeError):
+    """A server could not be assembled, started or reached; the message says what to do."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _say(message: str) -> None:
+    print(f"[stack] {message}", file=sys.stderr, flush=True)
+
+
+def check_java() -> str:
+    """Return the path of a Java 17 runtime, or raise with a one-line reason."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise StackError("Java 17 is required but `java` was not found (install openjdk-17-jre-headless)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)', out)
+    if not match or match.group(1) != "17":
+        found = match.group(1) if match else "unknown"
+        raise StackError(f"Java 17 is required (Cassandra 5.0 runs on 11 or 17 only); {java} is Java {found}")
+    return java
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise a one-line error when something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        if sock.connect_ex((host, port)) == 0:
+            raise StackError(f"port {host}:{port} for {what} is already taken; stop what uses it or pick another port")
+
+
+def resolve_jars(server: str, version: str, extra: Sequence[str] = ()) -> Path:
+    """Resolve a server's runtime jars into the cache (once per version) and return the lib folder."""
+    target = CACHE_DIR / f"{server}-{version}"
+    lib = target / "lib"
+    done = target / ".complete"
+    if done.exists():
+        return lib
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise StackError(f"Maven is required once to fetch {server} {version} jars but `mvn` was not found")
+    _say(f"resolving {server} {version} from Maven Central into {lib} (first time only)")
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    cmd = [
+        mvn, "-B", "-q", "-f", str(HERE / "maven" / server / "pom.xml"),
+        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={lib}",
+        f"-D{server}.version={version}", *extra,
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join([line for line in proc.stdout.splitlines() if "ERROR" in line][:5])
+        raise StackError(f"Maven could not resolve {server} {version}:\n{tail}")
+    done.write_text(json.dumps({"version": version, "seconds": round(time.monotonic() - started, 1)}))
+    _say(f"resolved {server} {version} in {time.monotonic() - started:.0f}s")
+    return lib
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the thread that started us ends (Linux prctl).
+
+    The signal follows the *thread*, not the process: start tied servers from a thread that outlives them.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclasses.dataclass
+class JvmProcess:
+    """One server JVM: its command, its folders, and the running process once started."""
+
+    name: str
+    command: list[str]
+    home: Path
+    log_file: Path
+    pid: int | None = None
+    _popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, tied_to_parent: bool) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self._popen = subprocess.Popen(
+                self.command,
+                cwd=self.home,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if tied_to_parent else None,
+            )
+        self.pid = self._popen.pid
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return self.pid is not None and _pid_alive(self.pid)
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``. Safe to call twice."""
+        if self.pid is None:
+            return
+        _terminate(self.pid, timeout)
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=1)
+        self.pid = None
+
+    def kill(self) -> None:
+        """SIGKILL at once (a crash), for failure tests."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            if self._popen is not None:
+                self._popen.wait(timeout=30)
+            self.pid = None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); look at its state.
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{pid}/stat").read_text()
+        return status.split(") ", 1)[1][:1] != "Z"
+    return True
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _wait_ready(proc: JvmProcess, probe: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``probe`` until it answers True; fail early if the JVM exits. Returns seconds waited."""
+    started = time.monotonic()
+    while True:
+        if not proc.alive():
+            raise StackError(f"{what} exited during start-up; last log lines:\n{proc.log_tail()}")
+        if probe():
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise StackError(f"{what} not ready after {timeout:.0f}s; last log lines:\n{proc.log_tail()}")
+        time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------------------------- Kafka
+
+
+@dataclasses.dataclass
+class KafkaServer:
+    """A single-node KRaft broker+controller on 127.0.0.1."""
+
+    port: int = 9092
+    controller_port: int = 9093
+    host: str = "127.0.0.1"
+    version: str = KAFKA_VERSION
+    heap: str = "512m"
+    root: Path = STACK_DIR / "kafka"
+    process: JvmProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _write_config(self, data: Path) -> Path:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(data),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            # Tests form groups constantly; the default 3 s join delay would dominate their run time.
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "delete.topic.enable": "true",
+            "log.segment.bytes": str(64 * 1024 * 1024),
+        }
+        path = self.root / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.root / "log4j2.properties").write_text(
+            "status = warn\n"
+            "appender.file.type = File\nappender.file.name = FILE\n"
+            f"appender.file.fileName = {self.root}/logs/server.log\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+            "logger.kafka.name = kafka\nlogger.kafka.level = WARN\n"
+            "logger.apache.name = org.apache.kafka\nlogger.apache.level = WARN\n"
+            # The one line that says the broker is up stays visible in the log.
+            "logger.server.name = kafka.server.KafkaRaftServer\nlogger.server.level = INFO\n"
+        )
+        return path
+
+    def start(self, *, tied_to_parent: bool = False, timeout: float = 120.0, wait: bool = True) -> float:
+        """Format fresh storage, start the broker, and (by default) wait until an admin client answers."""
+        started = time.monotonic()
+        java = check_java()
+        check_port_free(self.host, self.port, "Kafka")
+        check_port_free(self.host, self.controller_port, "the Kafka controller")
+        lib = resolve_jars("kafka", self.version, [f"-Dlog4j2.version={LOG4J2_VERSION}"])
+        shutil.rmtree(self.root, ignore_errors=True)
+        data = self.root / "data"
+        data.mkdir(parents=True)
+        config = self._write_config(data)
+        jvm = [
+            java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dkafka.logs.dir={self.root}/logs",
+            f"-Dlog4j2.configurationFile={self.root}/log4j2.properties",
+            "-cp", f"{lib}/*",
+        ]
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        fmt = subprocess.run(
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            capture_output=True, text=True, check=False, cwd=self.root,
+        )
+        if fmt.returncode != 0:
+            raise StackError(f"formatting Kafka storage failed: {fmt.stdout[-800:]}{fmt.stderr[-800:]}")
+        self.process = JvmProcess("kafka", [*jvm, "kafka.Kafka", str(config)], self.root,
+                                  self.root / "logs" / "stdout.log")
+        self.process.start(tied_to_parent=tied_to_parent)
+        if wait:
+            self.wait_ready(timeout)
+        return time.monotonic() - started
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        assert self.process is not None
+        return _wait_ready(self.process, self.answers, timeout, f"Kafka on {self.bootstrap}")
+
+    def answers(self) -> bool:
+        return asyncio.run(asyncio.wait_for(kafka_answers(self.bootstrap), 15))
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def restart(self, *, tied_to_parent: bool = False, timeout: float = 120.0) -> float:
+        """Stop and start the same broker on its existing data (a broker restart, not a new cluster)."""
+        assert self.process is not None
+        self.process.stop()
+        started = time.monotonic()
+        self.process.start(tied_to_parent=tied_to_parent)
+        _wait_ready(self.process, self.answers, timeout, f"Kafka on {self.bootstrap}")
+        return time.monotonic() - started
+
+
+async def kafka_answers(bootstrap: str) -> bool:
+    """True when the broker answers a metadata request (an admin client lists topics)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    try:
+        await asyncio.wait_for(admin.start(), 5)
+        await asyncio.wait_for(admin.list_topics(), 5)
+        return True
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+# ------------------------------------------------------------------------------------------- Cassandra
+
+_JVM17_OPTIONS = [
+    "-XX:+UseG1GC", "-XX:+ParallelRefProcEnabled", "-XX:MaxTenuringThreshold=1", "-XX:G1HeapRegionSize=16m",
+    "-XX:G1RSetUpdatingPauseTimePercent=5", "-XX:MaxGCPauseMillis=300", "-XX:InitiatingHeapOccupancyPercent=70",
+    "-Xss256k",
+    "-Djava.net.preferIPv4Stack=true", "-Djdk.attach.allowAttachSelf=true",
+    "-Dio.netty.tryReflectionSetAccessible=true", "-Dio.netty.allocator.useCacheForAllThreads=true",
+    "-Dio.netty.allocator.maxOrder=11", "-Dchronicle.analytics.disable=true",
+    "-Dcassandra-foreground=yes", "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+    # Test and demo clusters are thrown away: skip fsync of system tables so schema changes take
+    # milliseconds instead of seconds. Never set this on a node that keeps data.
+    "-Dcassandra.unsafesystem=true",
+    "-Dcassandra.superuser_setup_delay_ms=0",
+]
+_JPMS_OPTIONS = [
+    *[f"--add-exports={m}=ALL-UNNAMED" for m in (
+        "java.base/jdk.internal.misc", "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+        "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql",
+        "java.base/java.lang.ref", "jdk.unsupported/sun.misc", "jdk.compiler/com.sun.tools.javac.file",
+        "jdk.attach/sun.tools.attach")],
+    *[f"--add-opens={m}=ALL-UNNAMED" for m in (
+        "java.base/java.lang.module", "java.base/jdk.internal.loader", "java.base/jdk.internal.ref",
+        "java.base/jdk.internal.reflect", "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+        "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal",
+        "java.base/sun.nio.ch", "java.base/java.io", "java.base/java.lang.reflect",
+        "jdk.compiler/com.sun.tools.javac", "java.base/java.lang", "java.base/java.util")],
+]
+
+
+@dataclasses.dataclass
+class CassandraNode:
+    """One Cassandra 5.0 node. Several nodes share ports on different loopback addresses (as ccm does)."""
+
+    address: str = "127.0.0.1"
+    native_port: int = 9042
+    storage_port: int = 7000
+    jmx_port: int = 7199
+    seeds: str = "127.0.0.1:7000"
+    cluster_name: str = "countersink"
+    initial_token: str | None = None
+    heap: str = "1G"
+    version: str = CASSANDRA_VERSION
+    root: Path = STACK_DIR / "cassandra"
+    authenticator: str = "AllowAllAuthenticator"
+    process: JvmProcess | None = None
+
+    def _write_config(self) -> Path:
+        tokens = f"num_tokens: 1\ninitial_token: {self.initial_token}\n" if self.initial_token else "num_tokens: 4\n"
+        yaml = f"""\
+cluster_name: {self.cluster_name}
+{tokens}allocate_tokens_for_local_replication_factor: 3
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+auto_bootstrap: false
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+commitlog_segment_size: 32MiB
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "{self.seeds}"
+listen_address: {self.address}
+rpc_address: {self.address}
+storage_port: {self.storage_port}
+native_transport_port: {self.native_port}
+start_native_transport: true
+authenticator: {self.authenticator}
+authorizer: {"CassandraAuthorizer" if self.authenticator == "PasswordAuthenticator" else "AllowAllAuthorizer"}
+role_manager: CassandraRoleManager
+auto_snapshot: false
+snapshot_before_compaction: false
+hinted_handoff_enabled: true
+max_hint_window: 3h
+concurrent_reads: 16
+concurrent_writes: 16
+concurrent_counter_writes: 16
+read_request_timeout: 5000ms
+write_request_timeout: 2000ms
+cas_contention_timeout: 1000ms
+request_timeout: 10000ms
+disk_failure_policy: stop
+commit_failure_policy: stop
+"""
+        path = self.root / "conf" / "cassandra.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml)
+        (self.root / "conf" / "logback.xml").write_text(f"""\
+<configuration scan="false">
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>{self.root}/logs/system.log</file>
+    <encoder><pattern>%-5level [%thread] %date{{ISO8601}} %F:%L - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+  <logger name="org.apache.cassandra" level="INFO"/>
+  <logger name="com.thinkaurelius.thrift" level="ERROR"/>
+</configuration>
+""")
+        return path
+
+    def _command(self, java: str, lib: Path) -> list[str]:
+        jamm = next(lib.glob("jamm-*.jar"), None)
+        if jamm is None:
+            raise StackError(f"no jamm jar in {lib}; delete {lib.parent} and start again")
+        return [
+            java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *_JVM17_OPTIONS, *_JPMS_OPTIONS,
+            f"-javaagent:{jamm}",
+            f"-Dcassandra.config=file://{self.root}/conf/cassandra.yaml",
+            f"-Dcassandra.storagedir={self.root}/data",
+            f"-Dcassandra.logdir={self.root}/logs",
+            f"-Dlogback.configurationFile={self.root}/conf/logback.xml",
+            f"-Dcassandra.jmx.local.port={self.jmx_port}",
+            "-cp", f"{self.root}/conf:{lib}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    def start(self, *, tied_to_parent: bool = False, timeout: float = 240.0, wait: bool = True) -> float:
+        """Fresh data directory, start the node, and (by default) wait until CQL answers."""
+        started = time.monotonic()
+        java = check_java()
+        check_port_free(self.address, self.native_port, f"Cassandra CQL on {self.address}")
+        check_port_free(self.address, self.storage_port, f"Cassandra storage on {self.address}")
+        lib = resolve_jars("cassandra", self.version)
+        shutil.rmtree(self.root, ignore_errors=True)
+        (self.root / "data").mkdir(parents=True)
+        self._write_config()
+        self.process = JvmProcess(f"cassandra@{self.address}", self._command(java, lib), self.root,
+                                  self.root / "logs" / "stdout.log")
+        self.process.start(tied_to_parent=tied_to_parent)
+        if wait:
+            self.wait_ready(timeout)
+        return time.monotonic() - started
+
+    def wait_ready(self, timeout: float = 240.0) -> float:
+        assert self.process is not None
+        return _wait_ready(self.process, self.answers, timeout, f"Cassandra on {self.address}:{self.native_port}")
+
+    def answers(self, peers: int | None = None) -> bool:
+        return probe_cassandra(self.address, self.native_port, peers)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout=60)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def restart(self, *, tied_to_parent: bool = False, timeout: float = 240.0) -> float:
+        """Start the node again on its existing data (after stop or kill)."""
+        assert self.process is not None
+        self.process.stop(timeout=60)
+        started = time.monotonic()
+        self.process.start(tied_to_parent=tied_to_parent)
+        self.wait_ready(timeout)
+        return time.monotonic() - started
+
+
+def probe_cassandra(address: str, port: int, peers: int | None = None, timeout: float = 20.0) -> bool:
+    """Run :func:`cassandra_answers` in a child process that is killed after ``timeout`` seconds."""
+    command = [sys.executable, "-m", "stack.probe", "cassandra", address, str(port)]
+    if peers is not None:
+        command.append(str(peers))
+    try:
+        return subprocess.run(command, cwd=REPO, capture_output=True, timeout=timeout, check=False).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+async def cassandra_answers(address: str, port: int, expected_peers: int | None = None) -> bool:
+    """True when a CQL client can run ``SELECT release_version FROM system.local`` (and sees its peers)."""
+    import acsylla
+
+    cluster = acsylla.create_cluster([address], port=port, connect_timeout=2.0, request_timeout=3.0,
+                                     log_level="disabled")
+    try:
+        session = await asyncio.wait_for(cluster.create_session(), 6)
+    except Exception:
+        return False
+    try:
+        result = await session.execute(acsylla.create_statement("SELECT release_version FROM system.local"))
+        if result.first() is None:
+            return False
+        if expected_peers is not None:
+            peers = await session.execute(acsylla.create_statement("SELECT peer FROM system.peers_v2"))
+            return len(list(peers)) >= expected_peers
+        return True
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await session.close()
+
+
+@dataclasses.dataclass
+class CassandraCluster:
+    """Three nodes on 127.0.0.1-3, fixed tokens, no bootstrap: the ccm layout, for replication tests.
+
+    Uses its own ports (CQL 9142, storage 7100) so it can run beside the single node.
+    """
+
+    size: int = 3
+    native_port: int = 9142
+    storage_port: int = 7100
+    heap: str = "768M"
+    root: Path = STACK_DIR / "cassandra-cluster"
+    nodes: list[CassandraNode] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        step = 2**64 // self.size
+        self.nodes = [
+            CassandraNode(
+                address=f"127.0.0.{i + 1}", native_port=self.native_port, storage_port=self.storage_port,
+                jmx_port=7300 + i, seeds=f"127.0.0.1:{self.storage_port}", cluster_name="countersink-cluster",
+                initial_token=str(-(2**63) + i * step), heap=self.heap, root=self.root / f"node{i + 1}",
+            )
+            for i in range(self.size)
+        ]
+
+    @property
+    def contact_points(self) -> list[str]:
+        return [node.address for node in self.nodes]
+
+    def start(self, *, tied_to_parent: bool = False, timeout: float = 360.0) -> float:
+        """Start the seed first, then the others together; ready when every node sees its peers."""
+        started = time.monotonic()
+        self.nodes[0].start(tied_to_parent=tied_to_parent, timeout=timeout)
+        for node in self.nodes[1:]:
+            node.start(tied_to_parent=tied_to_parent, wait=False)
+        for node in self.nodes:
+            node.wait_ready(timeout)
+            assert node.process is not None
+            _wait_ready(node.process, lambda n=node: n.answers(peers=self.size - 1),
+                        timeout, f"Cassandra {node.address} seeing {self.size - 1} peers")
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+# -------------------------------------------------------------------------------- state for the CLI
+
+
+STATE_FILE = STACK_DIR / "state.json"
+
+
+def save_state(entries: dict[str, dict[str, object]]) -> None:
+    STACK_DIR.mkdir(parents=True, exist_ok=True)
+    STATE_FILE.write_text(json.dumps(entries, indent=2))
+
+
+def load_state() -> dict[str, dict[str, object]]:
+    try:
+        state: dict[str, dict[str, object]] = json.loads(STATE_FILE.read_text())
+        return state
+    except (OSError, ValueError):
+        return {}
+
+
+def stop_recorded() -> list[str]:
+    """Stop every server recorded by ``python -m stack up``; returns what was stopped."""
+    stopped = []
+    for name, entry in load_state().items():
+        pid = entry.get("pid")
+        if isinstance(pid, int) and _pid_alive(pid) and _is_our_jvm(pid):
+            _terminate(pid, 60)
+            stopped.append(f"{name} (pid {pid})")
+    with contextlib.suppress(OSError):
+        STATE_FILE.unlink()
+    return stopped
+
+
+def _is_our_jvm(pid: int) -> bool:
+    """Guard against a recycled pid: only stop a process whose command line points into our stack dir."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return str(STACK_DIR) in cmdline

@@ -1,0 +1,194 @@
+"""Shared fixtures: real servers for the session, a fresh keyspace and topic per test.
+
+Servers, in order of preference:
+1. named by ``COUNTERSINK_TEST_KAFKA`` (bootstrap servers) and ``COUNTERSINK_TEST_CASSANDRA`` (host:port):
+   an existing deployment; it must answer, or the session fails;
+2. otherwise the local stack (``stack/``): Kafka and Cassandra from Maven artifacts as JVM processes, on
+   ports of their own (so ``make services-up`` may run beside the tests), stopped at the end of the session.
+There is no skip: an integration test without servers fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from countersink.cassandra import CassandraClient
+from countersink.kafka import ensure_topics, make_admin
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack import servers
+
+TEST_STACK_DIR = servers.STACK_DIR / "test"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    kafka_bootstrap: str
+    cassandra_host: str
+    cassandra_port: int
+
+
+def _external_endpoints() -> Endpoints | None:
+    kafka = os.environ.get("COUNTERSINK_TEST_KAFKA")
+    cassandra = os.environ.get("COUNTERSINK_TEST_CASSANDRA")
+    if not (kafka or cassandra):
+        return None
+    if not (kafka and cassandra):
+        raise pytest.UsageError("set both COUNTERSINK_TEST_KAFKA and COUNTERSINK_TEST_CASSANDRA, or neither")
+    host, _, port = cassandra.rpartition(":")
+    return Endpoints(kafka, host or cassandra, int(port or 9042))
+
+
+@pytest.fixture(scope="session")
+def local_kafka() -> Iterator[servers.KafkaServer | None]:
+    """The session's Kafka broker when the local stack is used (None for external servers)."""
+    yield from _local_servers("kafka")
+
+
+@pytest.fixture(scope="session")
+def local_cassandra() -> Iterator[servers.CassandraNode | None]:
+    """The session's Cassandra node when the local stack is used (None for external servers)."""
+    yield from _local_servers("cassandra")
+
+
+_started: dict[str, object] = {}
+
+
+def _local_servers(which: str) -> Iterator[object]:
+    """Start both local servers together the first time either is asked for; stop them at session end."""
+    if _external_endpoints() is not None:
+        yield None
+        return
+    if not _started:
+        kafka = servers.KafkaServer(port=19092, controller_port=19093, root=TEST_STACK_DIR / "kafka")
+        cassandra = servers.CassandraNode(
+            native_port=19042, storage_port=17000, jmx_port=17199, seeds="127.0.0.1:17000",
+            cluster_name="countersink-test", root=TEST_STACK_DIR / "cassandra",
+        )
+        _started.update(kafka=kafka, cassandra=cassandra)
+        # Both boot at once (Cassandra takes tens of seconds, Kafka a few). They are spawned from this, the
+        # main thread, because a server tied to its parent dies with the thread that started it.
+        started = time.monotonic()
+        try:
+            kafka.start(tied_to_parent=True, wait=False)
+            cassandra.start(tied_to_parent=True, wait=False)
+            kafka.wait_ready()
+            print(f"\n[stack] kafka {servers.KAFKA_VERSION} ready in {time.monotonic() - started:.1f}s")
+            cassandra.wait_ready()
+            print(f"[stack] cassandra {servers.CASSANDRA_VERSION} ready in {time.monotonic() - started:.1f}s")
+        except BaseException:
+            kafka.stop()
+            cassandra.stop()
+            raise
+    yield _started[which]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_local_servers() -> Iterator[None]:
+    """Whatever the session started, it stops, however the tests ended."""
+    yield
+    for server in _started.values():
+        server.stop()  # type: ignore[attr-defined]
+    _started.clear()
+
+
+@pytest.fixture(scope="session")
+def endpoints(local_kafka: servers.KafkaServer | None, local_cassandra: servers.CassandraNode | None) -> Endpoints:
+    external = _external_endpoints()
+    if external is not None:
+        if not asyncio.run(servers.kafka_answers(external.kafka_bootstrap)):
+            pytest.fail(f"COUNTERSINK_TEST_KAFKA={external.kafka_bootstrap} does not answer")
+        if not servers.probe_cassandra(external.cassandra_host, external.cassandra_port):
+            pytest.fail(f"COUNTERSINK_TEST_CASSANDRA={external.cassandra_host}:{external.cassandra_port} is silent")
+        return external
+    assert local_kafka is not None
+    assert local_cassandra is not None
+    return Endpoints(local_kafka.bootstrap, local_cassandra.address, local_cassandra.native_port)
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(endpoints: Endpoints) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=[endpoints.kafka_bootstrap], client_id="countersink-test")
+
+
+@pytest.fixture(scope="session")
+def base_cassandra_settings(endpoints: Endpoints) -> CassandraSettings:
+    return CassandraSettings(contact_points=[endpoints.cassandra_host], port=endpoints.cassandra_port)
+
+
+@pytest.fixture
+async def keyspace_factory(
+    base_cassandra_settings: CassandraSettings,
+) -> AsyncIterator[Callable[..., Awaitable[CassandraSettings]]]:
+    """Creates fresh keyspaces with countersink's schema; drops them after the test."""
+    created: list[str] = []
+
+    async def make(replication: str | None = None) -> CassandraSettings:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        settings = base_cassandra_settings.model_copy(update={"keyspace": name})
+        async with CassandraClient(settings, use_keyspace=False) as client:
+            await client.ensure_schema(replication)
+        created.append(name)
+        return settings
+
+    yield make
+    async with CassandraClient(base_cassandra_settings, use_keyspace=False) as client:
+        for name in created:
+            await client.execute(f"DROP KEYSPACE IF EXISTS {name}", prepared=False)
+
+
+@pytest.fixture
+async def cassandra_settings(keyspace_factory: Callable[..., Awaitable[CassandraSettings]]) -> CassandraSettings:
+    """Settings naming a fresh keyspace with the schema in place."""
+    return await keyspace_factory()
+
+
+@pytest.fixture
+async def topic_factory(kafka_settings: KafkaSettings) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Creates fresh topics (name, partitions); deletes them after the test."""
+    created: list[str] = []
+
+    async def make(prefix: str = "events", partitions: int = 3) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        await ensure_topics(kafka_settings, {name: partitions})
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        admin = make_admin(kafka_settings)
+        await admin.start()
+        try:
+            await admin.delete_topics(created)
+        finally:
+            await admin.close()
+
+
+@pytest.fixture(scope="session")
+def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
+    """Three Cassandra nodes on 127.0.0.1-3 (CQL port 19142), for replication tests; started on first use."""
+    cluster = servers.CassandraCluster(native_port=19142, storage_port=17100, root=TEST_STACK_DIR / "cluster")
+    for i, node in enumerate(cluster.nodes):
+        node.jmx_port = 17300 + i
+    try:
+        seconds = cluster.start(tied_to_parent=True)
+        print(f"\n[stack] 3-node cassandra cluster ready in {seconds:.1f}s")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    external = _external_endpoints()
+    if external:
+        cassandra = f"{external.cassandra_host}:{external.cassandra_port}"
+        return f"servers: external kafka={external.kafka_bootstrap} cassandra={cassandra}"
+    versions = f"kafka {servers.KAFKA_VERSION}, cassandra {servers.CASSANDRA_VERSION}"
+    return f"servers: local stack ({versions}) in {Path(TEST_STACK_DIR)}"

@@ -1,0 +1,122 @@
+"""The servers the rest of the suite stands on: real Kafka and real Cassandra answer, and failures surface."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
+from countersink.kafka import make_consumer, make_producer
+from countersink.settings import CassandraSettings, Consistency, KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_kafka_round_trip_through_a_consumer_group(kafka_settings: KafkaSettings, topic_factory) -> None:
+    """Every record produced to a 3-partition topic comes back exactly once through a consumer group."""
+    topic = await topic_factory(partitions=3)
+    sent = {f"event-{i}".encode() for i in range(300)}
+    async with make_producer(kafka_settings) as producer:
+        await asyncio.gather(*(await asyncio.gather(*(producer.send(topic, value, key=value) for value in sent))))
+    received: list[bytes] = []
+    consumer = make_consumer(kafka_settings, topic, group_id=f"g-{uuid.uuid4().hex[:8]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    async with consumer:
+        deadline = time.monotonic() + 30
+        while len(received) < len(sent) and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            received.extend(record.value for records in batches.values() for record in records)
+        await consumer.commit()
+        assert {tp.partition for tp in consumer.assignment()} == {0, 1, 2}
+    assert sorted(received) == sorted(sent)
+
+
+async def test_cassandra_schema_rows_at_quorum_and_lwt(cassandra_settings: CassandraSettings) -> None:
+    """The schema exists in a fresh keyspace; rows written at QUORUM read back; LWTs apply once."""
+    mutator = uuid.uuid4()
+    async with CassandraClient(cassandra_settings) as client:
+        await client.execute(
+            "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?) "
+            "USING TIMESTAMP ?",
+            ["likes", "post-1", mutator, b"\x01\x01state", 41, 1_000], consistency=Consistency.QUORUM)
+        result = await client.execute(
+            "SELECT mutator, state, through_offset, writetime(state) AS ts FROM shards WHERE counter = ? AND key = ?",
+            ["likes", "post-1"], consistency=Consistency.QUORUM)
+        # The driver returns uuid columns as text; countersink's store converts them where it reads them.
+        expected = {"mutator": str(mutator), "state": b"\x01\x01state", "through_offset": 41, "ts": 1_000}
+        assert as_dicts(result) == [expected]
+
+        claim = ("INSERT INTO partitions (consumer_group, topic, partition, owner, flush_seq) VALUES (?, ?, ?, ?, 0) "
+                 "IF NOT EXISTS")
+        first = as_dicts(await client.execute(claim, ["g", "t", 0, mutator], idempotent=False))
+        second = as_dicts(await client.execute(claim, ["g", "t", 0, uuid.uuid4()], idempotent=False))
+        assert first[0]["[applied]"] is True
+        assert second[0]["[applied]"] is False
+        assert second[0]["owner"] == str(mutator)
+
+
+async def test_cassandra_down_is_a_named_retriable_error(base_cassandra_settings: CassandraSettings) -> None:
+    """Connecting where no Cassandra listens fails fast with CassandraUnavailableError, not a hang."""
+    settings = base_cassandra_settings.model_copy(update={"port": _free_port(), "connect_timeout_s": 1.0})
+    started = time.monotonic()
+    with pytest.raises(CassandraUnavailableError, match="cannot connect to Cassandra") as caught:
+        await CassandraClient(settings).start()
+    assert caught.value.retriable is True
+    assert time.monotonic() - started < 15
+
+
+async def test_kafka_down_is_a_connection_error(kafka_settings: KafkaSettings) -> None:
+    """A producer pointed where no broker listens fails to start with KafkaConnectionError."""
+    settings = kafka_settings.model_copy(update={"bootstrap_servers": [f"127.0.0.1:{_free_port()}"],
+                                                  "request_timeout_ms": 2000})
+    producer = make_producer(settings)
+    with pytest.raises(KafkaConnectionError):
+        await producer.start()
+    await producer.stop()
+
+
+@pytest.mark.cluster
+async def test_three_nodes_rf3_quorum_survives_one_node_down(cassandra_cluster) -> None:
+    """With RF=3 and one of three nodes stopped, QUORUM reads and writes succeed, ALL fails, and after the
+    node returns ALL succeeds again."""
+    settings = CassandraSettings(contact_points=cassandra_cluster.contact_points,
+                                 port=cassandra_cluster.native_port, keyspace=f"t_{uuid.uuid4().hex[:12]}",
+                                 request_timeout_s=5.0,
+                                 replication="{'class': 'SimpleStrategy', 'replication_factor': 3}")
+    insert = "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?)"
+    read = "SELECT count(*) AS n FROM shards WHERE counter = ? AND key = ?"
+    async with CassandraClient(settings, use_keyspace=False) as admin:
+        await admin.ensure_schema()
+    async with CassandraClient(settings) as client:
+        await client.execute(insert, ["c", "k", uuid.uuid4(), b"a", 1], consistency=Consistency.ALL)
+        stopped = cassandra_cluster.nodes[2]
+        stopped.stop()
+        try:
+            await client.execute(insert, ["c", "k", uuid.uuid4(), b"b", 2], consistency=Consistency.QUORUM)
+            quorum = as_dicts(await client.execute(read, ["c", "k"], consistency=Consistency.QUORUM))
+            assert quorum[0]["n"] == 2
+            with pytest.raises(CassandraUnavailableError):
+                await client.execute(read, ["c", "k"], consistency=Consistency.ALL)
+        finally:
+            stopped.restart(tied_to_parent=True)
+        deadline = time.monotonic() + 90
+        while True:  # the driver reconnects to the returned node on its own schedule
+            try:
+                everyone = as_dicts(await client.execute(read, ["c", "k"], consistency=Consistency.ALL))
+                break
+            except CassandraUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
+        assert everyone[0]["n"] == 2

@@ -1,0 +1,64 @@
+"""Settings come from COUNTERSINK_* variables, validate what reaches CQL, and never print secrets."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from countersink.settings import Consistency, Settings
+
+
+def test_nested_sections_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Double-underscore variables fill nested sections; comma lists become lists."""
+    monkeypatch.setenv("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "k1:9092, k2:9092")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "10.0.0.1,10.0.0.2")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY", "LOCAL_QUORUM")
+    settings = Settings()
+    assert settings.kafka.bootstrap_servers == ["k1:9092", "k2:9092"]
+    assert settings.cassandra.contact_points == ["10.0.0.1", "10.0.0.2"]
+    assert settings.cassandra.write_consistency is Consistency.LOCAL_QUORUM
+
+
+def test_defaults_point_at_loopback() -> None:
+    """With no environment, every setting has a working default for a local stack."""
+    settings = Settings()
+    assert settings.kafka.bootstrap_servers == ["127.0.0.1:9092"]
+    assert settings.cassandra.port == 9042
+    assert settings.cassandra.gc_read_consistency is Consistency.ALL
+
+
+@pytest.mark.parametrize("keyspace", ["Bad", "1abc", "a;DROP KEYSPACE x", "a" * 49, ""])
+def test_keyspace_must_be_a_plain_identifier(monkeypatch: pytest.MonkeyPatch, keyspace: str) -> None:
+    """A keyspace name that is not [a-z][a-z0-9_]{0,47} is refused before it reaches CQL text."""
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__KEYSPACE", keyspace)
+    with pytest.raises(ValidationError, match="keyspace"):
+        Settings()
+
+
+def test_replication_must_be_a_plain_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replication option carrying anything but a plain CQL map literal is refused."""
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__REPLICATION", "{'class': 'SimpleStrategy'}; DROP TABLE x")
+    with pytest.raises(ValidationError, match="replication"):
+        Settings()
+
+
+def test_secrets_never_appear_in_repr_or_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passwords are SecretStr: repr, str and a JSON dump hide them."""
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__USERNAME", "app")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__PASSWORD", "hunter2-cass")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_USERNAME", "app")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_PASSWORD", "hunter2-kafka")
+    settings = Settings()
+    for text in (repr(settings), str(settings), settings.model_dump_json()):
+        assert "hunter2" not in text
+    assert settings.cassandra.password is not None
+    assert settings.cassandra.password.get_secret_value() == "hunter2-cass"
+
+
+def test_sasl_without_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Choosing a SASL protocol without mechanism, user and password is a start-up error."""
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    with pytest.raises(ValidationError, match="SASL needs"):
+        Settings()
