@@ -21,6 +21,19 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.cassandra_host_events = Counter(
             "countersink_cassandra_host_events", "Cassandra node discovery and up/down events", ["event"], registry=r)
+        self.events_applied = Counter("countersink_events_applied", "Events applied to counters", registry=r)
+        self.dead_lettered = Counter("countersink_events_dead_lettered", "Invalid events sent to the dead-letter topic",
+                                     registry=r)
+        self.duplicates_dropped = Counter("countersink_duplicates_dropped", "Publisher retries dropped by event id",
+                                          registry=r)
+        self.flush_seconds = Histogram("countersink_flush_seconds", "Time to flush one mutator", registry=r)
+        self.flush_rows = Histogram("countersink_flush_rows", "Shards written by one flush", registry=r,
+                                    buckets=(1, 10, 100, 1_000, 10_000, 100_000))
+        self.flush_retries = Counter("countersink_flush_retries", "Flushes retried while Cassandra was unavailable",
+                                     registry=r)
+        self.live_mutators = Gauge("countersink_live_mutators", "Mutators owned by this process", registry=r)
+        self.ownership_changes = Counter("countersink_ownership_changes", "Partitions taken over", registry=r)
+        self.fencings = Counter("countersink_fencings", "Mutators found replaced by another owner", registry=r)
 
 
 METRICS = Metrics()

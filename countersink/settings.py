@@ -129,6 +129,28 @@ class CassandraSettings(_Section):
             raise ValueError(str(exc)) from None
 
 
+class ConsumerSettings(_Section):
+    """The consumer process: group, flushing, rotation, publisher-retry window, dead letters, shutdown."""
+
+    group_id: str = Field(default="countersink", min_length=1, max_length=200)
+    counters_file: Path = Path("counters.toml")
+    auto_offset_reset: str = Field(default="earliest", pattern=r"^(earliest|latest)$")
+    flush_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    flush_max_dirty: int = Field(default=10_000, ge=1)
+    # A mutator rotates (clean retire, fresh mutator) at this age, so the GC can fold its shards.
+    mutator_max_age_s: float = Field(default=3600.0, ge=1)
+    # Rotating frees a mutator's in-memory state; the budget bounds memory under any key cardinality.
+    mutator_memory_budget_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    retry_window_records: int = Field(default=10_000, ge=0, le=10_000_000)
+    dead_letter_topic: str = Field(default="countersink-dead-letter", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
+    max_poll_records: int = Field(default=2_000, ge=1)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    flush_retry_max_s: float = Field(default=5.0, gt=0)
+    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
+
+
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
@@ -138,5 +160,6 @@ class Settings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
+    consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

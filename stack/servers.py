@@ -43,8 +43,9 @@ class StackError(RuntimeError):
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _say(message: str) -> None:
-    print(f"[stack] {message}", file=sys.stderr, flush=True)
+def say(message: str) -> None:
+    """Progress for people: straight to the process's stderr, past any test-runner capture."""
+    print(f"[stack] {message}", file=sys.__stderr__, flush=True)
 
 
 def check_java() -> str:
@@ -79,7 +80,7 @@ def resolve_jars(server: str, version: str, extra: Sequence[str] = ()) -> Path:
     mvn = shutil.which("mvn")
     if not mvn:
         raise StackError(f"Maven is required once to fetch {server} {version} jars but `mvn` was not found")
-    _say(f"resolving {server} {version} from Maven Central into {lib} (first time only)")
+    say(f"resolving {server} {version} from Maven Central into {lib} (first time only)")
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     cmd = [
@@ -93,7 +94,7 @@ def resolve_jars(server: str, version: str, extra: Sequence[str] = ()) -> Path:
         tail = "\n".join([line for line in proc.stdout.splitlines() if "ERROR" in line][:5])
         raise StackError(f"Maven could not resolve {server} {version}:\n{tail}")
     done.write_text(json.dumps({"version": version, "seconds": round(time.monotonic() - started, 1)}))
-    _say(f"resolved {server} {version} in {time.monotonic() - started:.0f}s")
+    say(f"resolved {server} {version} in {time.monotonic() - started:.0f}s")
     return lib
 
 

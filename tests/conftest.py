@@ -80,9 +80,11 @@ def _local_servers(which: str) -> Iterator[object]:
             kafka.start(tied_to_parent=True, wait=False)
             cassandra.start(tied_to_parent=True, wait=False)
             kafka.wait_ready()
-            print(f"\n[stack] kafka {servers.KAFKA_VERSION} ready in {time.monotonic() - started:.1f}s")
+            seconds = time.monotonic() - started
+            servers.say(f"kafka {servers.KAFKA_VERSION} ready on {kafka.bootstrap} in {seconds:.1f}s")
             cassandra.wait_ready()
-            print(f"[stack] cassandra {servers.CASSANDRA_VERSION} ready in {time.monotonic() - started:.1f}s")
+            servers.say(f"cassandra {servers.CASSANDRA_VERSION} ready on 127.0.0.1:{cassandra.native_port} "
+                        f"in {time.monotonic() - started:.1f}s")
         except BaseException:
             kafka.stop()
             cassandra.stop()
@@ -94,8 +96,9 @@ def _local_servers(which: str) -> Iterator[object]:
 def _stop_local_servers() -> Iterator[None]:
     """Whatever the session started, it stops, however the tests ended."""
     yield
-    for server in _started.values():
+    for name, server in _started.items():
         server.stop()  # type: ignore[attr-defined]
+        servers.say(f"{name} stopped")
     _started.clear()
 
 
@@ -179,10 +182,11 @@ def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
         node.jmx_port = 17300 + i
     try:
         seconds = cluster.start(tied_to_parent=True)
-        print(f"\n[stack] 3-node cassandra cluster ready in {seconds:.1f}s")
+        servers.say(f"3-node cassandra cluster ready on 127.0.0.1-3:{cluster.native_port} in {seconds:.1f}s")
         yield cluster
     finally:
         cluster.stop()
+        servers.say("3-node cassandra cluster stopped")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,0 +1,65 @@
+"""Consume the topics the counter definitions name and keep every counter exact.
+
+Runs until SIGTERM or SIGINT, then flushes, releases its partitions and exits 0 (1 if that did not finish
+within COUNTERSINK_CONSUMER__SHUTDOWN_TIMEOUT_S).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+from consumer.service import ConsumerService
+from countersink.cli import run_async
+from countersink.logs import get_logger
+from countersink.settings import Settings
+from schemas.definitions import load_definitions
+from schemas.errors import DefinitionError
+
+log = get_logger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--counters", type=Path,
+                        help="counter definitions file (default: COUNTERSINK_CONSUMER__COUNTERS_FILE)")
+    parser.add_argument("--group", help="Kafka consumer group (default: COUNTERSINK_CONSUMER__GROUP_ID)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    updates = {}
+    if args.counters:
+        updates["counters_file"] = args.counters
+    if args.group:
+        updates["group_id"] = args.group
+    if updates:
+        settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
+    try:
+        counters = load_definitions(settings.consumer.counters_file)
+    except (DefinitionError, OSError) as exc:
+        log.error("definitions_refused", error=str(exc))
+        return 2
+    return run_async(consume(settings, counters))
+
+
+async def consume(settings: Settings, counters: object) -> int:
+    service = ConsumerService(settings, counters)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, service.request_stop)
+    await service.start()
+    try:
+        await service.run()
+    finally:
+        try:
+            await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)
+        except TimeoutError:
+            log.error("shutdown_timed_out", seconds=settings.consumer.shutdown_timeout_s)
+            return 1
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(signum)
+    return 0

@@ -1,0 +1,331 @@
+"""The flush / takeover / release protocol that makes every event count exactly once.
+
+Writing whole state makes a retried *write* harmless, not a redelivered *message*: a mutator that flushed
+through offset 200 and died before recording it would see 151–200 counted again by its successor. So every
+shard records the offset it is complete through, ownership of a partition moves only by LWT, and a flush
+opens a *window* (committed, intent] before writing, which a successor replays as the writer if it finds it
+open. The argument, step by step, is in the README ("Guarantees").
+
+Everything here talks to storage through :class:`~consumer.store.Store` and to Kafka through
+:class:`RecordSource`, and takes ``now_us`` as an argument: the same code runs against Cassandra and Kafka
+in production and against in-memory stand-ins in the model test.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from consumer.store import MutatorRecord, PartitionId, ShardWrite, Store
+from schemas.definitions import CounterSet
+from schemas.errors import CountersinkError, InvalidEventError
+from schemas.events import EventRouter, Update
+from schemas.kinds import State, new_state, state_from_bytes
+
+# A mutator's shard writes carry the timestamp born_us + flush_seq; the GC deletes with retired_us. Retiring
+# at least this long after birth keeps every write timestamp below the retire time for any mutator that
+# flushes less than once per microsecond on average, which a 1 s flush interval guarantees by far.
+MIN_LIFETIME_US = 1_000_000
+
+
+class FencedError(CountersinkError):
+    """Raised when a mutator's LWT did not apply: another mutator owns the partition now."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One Kafka record of the partition a mutator consumes."""
+
+    offset: int
+    value: bytes | None
+
+
+class RecordSource(Protocol):
+    """Reads a range of a partition again, for replays and for rebuilding the publisher-retry window."""
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+        """Records with first <= offset <= last, in offset order (fewer if the log was truncated)."""
+        ...
+
+
+class Outcome(enum.Enum):
+    APPLIED = "applied"
+    FILTERED = "filtered"  # valid, but no counter on this topic wants it
+    DUPLICATE = "duplicate"  # every update repeats an event id seen within the window
+    INVALID = "invalid"
+
+
+class RetryWindow:
+    """Event ids of the last ``size`` records of one partition, to drop publisher retries.
+
+    A pure function of the partition's log: whether record ``o`` is a repeat depends only on the ``size``
+    records before it. So a replay, or a successor that rebuilds the window by re-reading those records,
+    decides exactly as the original mutator did.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._recent: collections.deque[tuple[tuple[str, str], ...]] = collections.deque()
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def seen(self, counter: str, event_id: str) -> bool:
+        return (counter, event_id) in self._counts
+
+    def push(self, ids: tuple[tuple[str, str], ...]) -> None:
+        """Record one record's ids (possibly none) and forget the record that falls out of the window."""
+        if self.size <= 0:
+            return
+        self._recent.append(ids)
+        self._counts.update(ids)
+        if len(self._recent) > self.size:
+            for key in self._recent.popleft():
+                self._counts[key] -= 1
+                if self._counts[key] <= 0:
+                    del self._counts[key]
+
+
+@dataclasses.dataclass
+class Applier:
+    """Turns records into updates of in-memory states: routing, publisher-retry dropping, applying."""
+
+    router: EventRouter
+    counters: CounterSet
+    topic: str
+    partition: int
+    window: RetryWindow
+
+    def classify(self, record: Record) -> tuple[Outcome, list[Update], InvalidEventError | None]:
+        """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
+        try:
+            updates = self.router.route(self.topic, record.value or b"")
+        except InvalidEventError as exc:
+            self.window.push(())
+            return Outcome.INVALID, [], exc
+        fresh = [u for u in updates if u.event_id is None or not self.window.seen(u.counter, u.event_id)]
+        self.window.push(tuple((u.counter, u.event_id) for u in updates if u.event_id is not None))
+        if not updates:
+            return Outcome.FILTERED, [], None
+        if not fresh:
+            return Outcome.DUPLICATE, [], None
+        return Outcome.APPLIED, fresh, None
+
+    async def warm_up(self, source: RecordSource, before: int) -> None:
+        """Rebuild the retry window from the records just before offset ``before``."""
+        first = max(0, before - self.window.size)
+        if self.window.size <= 0 or before <= first:
+            return
+        for record in await source.read(self.topic, self.partition, first, before - 1):
+            self.classify(record)
+
+
+@dataclasses.dataclass
+class Mutator:
+    """The only writer of its shards: one per partition assignment, with in-memory state per instance."""
+
+    record: MutatorRecord
+    pid: PartitionId
+    applier: Applier
+    applied_through: int  # last offset whose record has been applied (or skipped)
+    flushed_through: int  # the intent offset of the last completed flush (O_k-1)
+    flush_seq: int = 0  # k-1: the number of the last flush whose window this mutator opened
+    states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
+    dirty: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # in mutator_counters already
+    state_bytes: int = 0
+    fenced: bool = False
+    released: bool = False
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.record.id
+
+    def apply(self, record: Record) -> tuple[Outcome, InvalidEventError | None]:
+        """Apply one record of this partition, in offset order. Records at or below what is applied are
+        ignored (a redelivery after a seek)."""
+        if record.offset <= self.applied_through:
+            return Outcome.FILTERED, None
+        outcome, updates, error = self.applier.classify(record)
+        for update in updates:
+            instance = (update.counter, update.key)
+            state = self.states.get(instance)
+            if state is None:
+                state = new_state(self.applier.counters[update.counter])
+                self.states[instance] = state
+                self.state_bytes += state.size_bytes()
+            state.apply(update.value)
+            self.dirty.add(instance)
+        self.applied_through = record.offset
+        return outcome, error
+
+    def needs_flush(self) -> bool:
+        return bool(self.dirty) or self.applied_through > self.flushed_through
+
+    def memory_bytes(self) -> int:
+        """An estimate of the memory held, refreshed at each flush (sketches grow as they fill)."""
+        return self.state_bytes
+
+
+async def flush(store: Store, mutator: Mutator) -> int:
+    """Flush k: open the window by LWT, write every dirty shard, then mark it done. Returns rows written.
+
+    Raises :class:`FencedError` when the LWT does not apply; the mutator must then drop its state and stop.
+    A storage error propagates; the same flush can be retried as it is (it is idempotent: the window LWT
+    is retried only if it did not apply, and shard writes carry the same timestamp and values).
+    """
+    if mutator.fenced or mutator.released:
+        raise FencedError(f"mutator {mutator.id} no longer owns {mutator.pid}")
+    if not mutator.needs_flush():
+        return 0
+    seq = mutator.flush_seq + 1
+    intent = mutator.applied_through
+    if not await store.open_window(mutator.pid, mutator.id, mutator.record.born_us, seq,
+                                   mutator.flushed_through, intent):
+        # The LWT may have applied on a previous attempt whose answer was lost; only then does the row
+        # show our own window. Anything else means we were replaced.
+        row = await store.read_partition(mutator.pid)
+        if row is None or row.owner != mutator.id or row.window_mutator != mutator.id or row.flush_seq != seq:
+            mutator.fenced = True
+            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} (owner now {row.owner if row else None})")
+    writes = [
+        ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
+                   (counter, key) not in mutator.recorded)
+        for counter, key in sorted(mutator.dirty)
+    ]
+    await store.write_shards(mutator.id, mutator.record.born_us + seq, writes)
+    mutator.recorded.update(mutator.dirty)
+    mutator.dirty.clear()
+    mutator.flush_seq = seq
+    mutator.flushed_through = intent
+    mutator.state_bytes = sum(state.size_bytes() for state in mutator.states.values())
+    return len(writes)
+
+
+async def release(store: Store, mutator: Mutator, now_us: int) -> None:
+    """Clean hand-over (revoke, shutdown, rotation): final flush, record it committed, retire."""
+    if mutator.released:
+        return
+    await flush(store, mutator)
+    if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
+        row = await store.read_partition(mutator.pid)
+        if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
+            mutator.fenced = True
+            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} before committing its last flush")
+    await store.retire_mutator(mutator.id, retire_time(mutator.record.born_us, now_us))
+    mutator.released = True
+
+
+def retire_time(born_us: int, now_us: int) -> int:
+    return max(now_us, born_us + MIN_LIFETIME_US)
+
+
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    """What a takeover did: where the new mutator starts, and what it replayed and retired."""
+
+    start_offset: int
+    replayed_records: int
+    replayed_instances: int
+    retired: tuple[uuid.UUID, ...]
+    previous_owner: uuid.UUID | None
+
+
+async def take_over(
+    store: Store,
+    source: RecordSource,
+    new: MutatorRecord,
+    applier_factory: Callable[[], Applier],
+    now_us: int,
+    initial_last_offset: int,
+    max_attempts: int = 20,
+) -> Takeover:
+    """Make ``new`` the owner of its partition, finishing whatever flush the previous owner left open.
+
+    1. claim the ownership row by LWT (or create it, the first time);
+    2. if a window is open, replay it as its writer W: same shards, same timestamp, values completed from
+       each shard's ``through_offset``;
+    3. close the window by LWT naming ``new``;
+    4. retire W and the previous owner.
+    A crash anywhere leaves a row the next claimant finishes the same way.
+    """
+    pid = PartitionId(new.consumer_group, new.topic, new.partition)
+    await store.register_mutator(new)
+    for _ in range(max_attempts):
+        row = await store.read_partition(pid)
+        if row is None:
+            if await store.create_partition(pid, new.id, new.born_us, initial_last_offset):
+                return Takeover(initial_last_offset + 1, 0, 0, (), None)
+            continue
+        if row.owner == new.id or await store.claim_partition(pid, new.id, row):
+            break
+    else:
+        raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
+
+    replayed_records = replayed_instances = 0
+    if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
+        replayed_records, replayed_instances = await _replay_window(
+            store, source, applier_factory(), row.window_mutator, row.window_born_us, row.flush_seq,
+            row.committed_offset, row.intent_offset)
+    if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
+        raise FencedError(f"{pid} was claimed by another mutator during takeover")
+    retired: list[uuid.UUID] = []
+    if row.window_mutator is not None and row.window_mutator != new.id:
+        # Only the window's writer has shards, stamped born_us(W) + seq: its retire time must exceed them
+        # even when this machine's clock is behind W's.
+        await store.retire_mutator(row.window_mutator, retire_time((row.window_born_us or 0) + row.flush_seq, now_us))
+        retired.append(row.window_mutator)
+    if row.owner is not None and row.owner not in (new.id, row.window_mutator):
+        await store.retire_mutator(row.owner, now_us)  # a claimant that died before writing anything
+        retired.append(row.owner)
+    return Takeover(row.intent_offset + 1, replayed_records, replayed_instances, tuple(retired), row.owner)
+
+
+async def _replay_window(
+    store: Store,
+    source: RecordSource,
+    applier: Applier,
+    writer: uuid.UUID,
+    writer_born_us: int,
+    seq: int,
+    committed: int,
+    intent: int,
+) -> tuple[int, int]:
+    """Write what ``writer``'s flush ``seq`` would have written, from its shards and the records again."""
+    await applier.warm_up(source, committed + 1)
+    records = await source.read(applier.topic, applier.partition, committed + 1, intent)
+    states: dict[tuple[str, str], tuple[State, int]] = {}
+    for record in records:
+        outcome, updates, _ = applier.classify(record)
+        if outcome is not Outcome.APPLIED:
+            continue
+        for update in updates:
+            instance = (update.counter, update.key)
+            if instance not in states:
+                stored = await store.read_shard(update.counter, update.key, writer)
+                if stored is None:
+                    states[instance] = (new_state(applier.counters[update.counter]), -1)
+                else:
+                    states[instance] = (state_from_bytes(stored.state), stored.through_offset)
+            state, through = states[instance]
+            if record.offset > through:
+                state.apply(update.value)
+    writes = [ShardWrite(c, k, state.to_bytes(), intent, True) for (c, k), (state, _) in sorted(states.items())]
+    await store.write_shards(writer, writer_born_us + seq, writes)
+    return len(records), len(writes)
+
+
+def apply_all(mutator: Mutator, records: Iterable[Record]) -> collections.Counter[Outcome]:
+    outcomes: collections.Counter[Outcome] = collections.Counter()
+    for record in records:
+        outcome, _ = mutator.apply(record)
+        outcomes[outcome] += 1
+    return outcomes
+
+
+__all__: Sequence[str] = (
+    "Applier", "FencedError", "Mutator", "Outcome", "Record", "RecordSource", "RetryWindow", "Takeover",
+    "flush", "release", "retire_time", "take_over",
+)

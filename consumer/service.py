@@ -1,0 +1,318 @@
+"""The consumer process: a Kafka consumer group member running one mutator per assigned partition.
+
+The loop: fetch a batch, apply it to the mutators' in-memory states (invalid events go to the dead-letter
+topic), and flush when the interval passes or too many instances are dirty. Flushing waits (and so pauses
+consumption) while Cassandra cannot take writes. Rebalances release revoked partitions cleanly and take
+assigned ones over (``consumer.protocol``). Start positions come from the ownership rows, never from
+Kafka's committed offsets, which are still committed after each flush for lag monitoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from consumer.kafka_source import KafkaRecordSource
+from consumer.protocol import (
+    Applier,
+    FencedError,
+    Mutator,
+    Outcome,
+    Record,
+    RetryWindow,
+    flush,
+    release,
+    take_over,
+)
+from consumer.store import CassandraStore, MutatorRecord, PartitionId
+from countersink.cassandra import CassandraClient, CassandraUnavailableError
+from countersink.kafka import ensure_topics, make_consumer, make_producer
+from countersink.logs import get_logger
+from countersink.metrics import METRICS
+from countersink.settings import Settings
+from schemas.definitions import CounterSet
+from schemas.errors import InvalidEventError
+from schemas.events import EventRouter
+
+log = get_logger(__name__)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1_000
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, service: ConsumerService) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.service.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.service.on_partitions_assigned(assigned)
+
+
+class ConsumerService:
+    """``start()``, ``run()`` until ``request_stop()``, ``stop()`` (safe twice); or ``async with``."""
+
+    def __init__(self, settings: Settings, counters: CounterSet) -> None:
+        self.settings = settings
+        self.config = settings.consumer
+        self.counters = counters
+        self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes)
+        self.host = f"{socket.gethostname()}:{os.getpid()}"
+        self.cassandra = CassandraClient(settings.cassandra, app="countersink-consumer")
+        self.store = CassandraStore(self.cassandra)
+        self.source = KafkaRecordSource(settings.kafka)
+        self.producer = make_producer(settings.kafka)
+        self.consumer = make_consumer(
+            settings.kafka,
+            group_id=self.config.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=self.config.auto_offset_reset,
+            isolation_level="read_committed",
+            session_timeout_ms=self.config.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, self.config.session_timeout_ms // 4),
+            max_poll_records=self.config.max_poll_records,
+        )
+        self.mutators: dict[TopicPartition, Mutator] = {}
+        self._pending_dead_letters: list[Awaitable[Any]] = []
+        self._stopping = asyncio.Event()
+        self._started = False
+        self._last_flush = time.monotonic()
+        self.ready = False
+
+    async def __aenter__(self) -> ConsumerService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await self.cassandra.start()
+        await self.cassandra.ensure_schema()
+        await ensure_topics(self.settings.kafka, {self.config.dead_letter_topic: 1})
+        await self.producer.start()
+        await self.source.start()
+        self.consumer.subscribe(topics=list(self.counters.topics), listener=_Rebalance(self))
+        await self.consumer.start()
+        self._started = True
+        log.info("consumer_started", group=self.config.group_id, topics=list(self.counters.topics), host=self.host)
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    # --------------------------------------------------------------------------------- the main loop
+
+    async def run(self) -> None:
+        """Consume until :meth:`request_stop`; then release every partition cleanly."""
+        while not self._stopping.is_set():
+            batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
+            self.ready = True
+            for tp, messages in batches.items():
+                mutator = self.mutators.get(tp)
+                if mutator is None or mutator.fenced:
+                    continue
+                await self._apply(tp, mutator, [Record(m.offset, m.value) for m in messages])
+            if self._flush_due():
+                await self.flush_all()
+                await self._rotate_if_due()
+
+    async def _apply(self, tp: TopicPartition, mutator: Mutator, records: list[Record]) -> None:
+        applied = duplicates = 0
+        for record in records:
+            outcome, error = mutator.apply(record)
+            if outcome is Outcome.APPLIED:
+                applied += 1
+            elif outcome is Outcome.DUPLICATE:
+                duplicates += 1
+            elif outcome is Outcome.INVALID and error is not None:
+                await self._dead_letter(tp, record, error)
+        METRICS.events_applied.inc(applied)
+        METRICS.duplicates_dropped.inc(duplicates)
+
+    async def _dead_letter(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+        headers = [
+            ("countersink.reason", str(error.reason).encode()[:1024]),
+            ("countersink.error", type(error).__name__.encode()),
+            ("countersink.path", str(error.path).encode()[:1024]),
+            ("countersink.source", f"{tp.topic}/{tp.partition}/{record.offset}".encode()),
+        ]
+        # send() queues the record and returns its delivery future; it is awaited before the next flush.
+        delivery = await self.producer.send(self.config.dead_letter_topic, record.value, headers=headers)
+        self._pending_dead_letters.append(delivery)
+        METRICS.dead_lettered.inc()
+
+    def _flush_due(self) -> bool:
+        if time.monotonic() - self._last_flush >= self.config.flush_interval_s:
+            return True
+        return any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values())
+
+    async def flush_all(self) -> None:
+        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too)."""
+        # Dead letters must be durable before the window that skips their records is committed.
+        if self._pending_dead_letters:
+            deliveries, self._pending_dead_letters = self._pending_dead_letters, []
+            await asyncio.gather(*deliveries)
+        for tp, mutator in list(self.mutators.items()):
+            await self._flush_one(tp, mutator)
+        self._last_flush = time.monotonic()
+        offsets = {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
+                   if m.flushed_through >= 0 and not m.fenced}
+        if offsets:
+            with contextlib.suppress(Exception):  # lag monitoring only: never let it stop counting
+                await self.consumer.commit(offsets)
+
+    async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> None:
+        delay = 0.1
+        while True:
+            started = time.perf_counter()
+            try:
+                rows = await flush(self.store, mutator)
+            except FencedError as exc:
+                self._drop(tp, mutator, str(exc))
+                return
+            except CassandraUnavailableError as exc:
+                METRICS.flush_retries.inc()
+                log.warning("flush_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
+                if self._stopping.is_set() and delay >= self.config.flush_retry_max_s:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.flush_retry_max_s)
+                continue
+            if rows:
+                METRICS.flush_seconds.observe(time.perf_counter() - started)
+                METRICS.flush_rows.observe(rows)
+            return
+
+    def _drop(self, tp: TopicPartition, mutator: Mutator, reason: str) -> None:
+        """A fenced mutator: another owner took the partition; forget its state and stop consuming it."""
+        METRICS.fencings.inc()
+        log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id), reason=reason)
+        self.mutators.pop(tp, None)
+        METRICS.live_mutators.set(len(self.mutators))
+        with contextlib.suppress(Exception):
+            self.consumer.pause(tp)
+
+    async def _rotate_if_due(self) -> None:
+        for tp, mutator in list(self.mutators.items()):
+            age_s = (now_us() - mutator.record.born_us) / 1e6
+            over_memory = mutator.memory_bytes() > self.config.mutator_memory_budget_bytes
+            if age_s >= self.config.mutator_max_age_s or over_memory:
+                reason = "memory" if over_memory else "age"
+                try:
+                    await release(self.store, mutator, now_us())
+                except FencedError as exc:
+                    self._drop(tp, mutator, str(exc))
+                    continue
+                successor = await self._take_over(tp, applier=mutator.applier)
+                log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
+                         old=str(mutator.id), new=str(successor.id))
+
+    # ------------------------------------------------------------------------------------ rebalancing
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        if self._pending_dead_letters:
+            await self.flush_all()
+        for tp in revoked:
+            mutator = self.mutators.pop(tp, None)
+            if mutator is None or mutator.fenced:
+                continue
+            try:
+                await release(self.store, mutator, now_us())
+                log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
+                         through=mutator.flushed_through)
+            except FencedError as exc:
+                METRICS.fencings.inc()
+                log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, reason=str(exc))
+            except CassandraUnavailableError as exc:
+                # The next owner's takeover replays whatever window this left open.
+                log.error("release_failed", topic=tp.topic, partition=tp.partition, error=str(exc))
+        METRICS.live_mutators.set(len(self.mutators))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            if tp in self.mutators:
+                continue
+            delay = 0.2
+            while True:
+                try:
+                    mutator = await self._take_over(tp)
+                    break
+                except CassandraUnavailableError as exc:
+                    log.warning("takeover_retry", topic=tp.topic, partition=tp.partition, error=str(exc))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                except FencedError as exc:
+                    log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
+                    mutator = None
+                    break
+            if mutator is not None:
+                self.consumer.seek(tp, mutator.applied_through + 1)
+                with contextlib.suppress(Exception):
+                    self.consumer.resume(tp)
+
+    async def _initial_last_offset(self, tp: TopicPartition) -> int:
+        """First assignment ever: continue from the group's committed offset, else the reset policy."""
+        committed = await self.consumer.committed(tp)
+        if committed is not None:
+            return int(committed) - 1
+        if self.config.auto_offset_reset == "latest":
+            return int((await self.consumer.end_offsets([tp]))[tp]) - 1
+        return int((await self.consumer.beginning_offsets([tp]))[tp]) - 1
+
+    async def _take_over(self, tp: TopicPartition, applier: Applier | None = None) -> Mutator:
+        born = now_us()
+        record = MutatorRecord(
+            id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
+            host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
+        )
+
+        def fresh_applier() -> Applier:
+            return Applier(self.router, self.counters, tp.topic, tp.partition,
+                           RetryWindow(self.config.retry_window_records))
+
+        started = time.monotonic()
+        result = await take_over(self.store, self.source, record, fresh_applier, now_us(),
+                                 await self._initial_last_offset(tp))
+        if applier is None:
+            applier = fresh_applier()
+            await applier.warm_up(self.source, result.start_offset)
+        mutator = Mutator(record, PartitionId(self.config.group_id, tp.topic, tp.partition), applier,
+                          applied_through=result.start_offset - 1, flushed_through=result.start_offset - 1)
+        self.mutators[tp] = mutator
+        METRICS.ownership_changes.inc()
+        METRICS.live_mutators.set(len(self.mutators))
+        log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(record.id),
+                 start_offset=result.start_offset, previous_owner=str(result.previous_owner),
+                 replayed_records=result.replayed_records, replayed_instances=result.replayed_instances,
+                 retired=[str(m) for m in result.retired], seconds=round(time.monotonic() - started, 3))
+        return mutator
+
+    # -------------------------------------------------------------------------------------- shutdown
+
+    async def stop(self) -> None:
+        """Final flush, ownership released, clients closed. Safe to call twice."""
+        if not self._started:
+            return
+        self._started = False
+        self._stopping.set()
+        try:
+            await self.on_partitions_revoked(list(self.mutators))
+        finally:
+            for close in (self.consumer.stop, self.source.stop, self.producer.stop, self.cassandra.stop):
+                with contextlib.suppress(Exception):
+                    await close()
+            log.info("consumer_stopped", host=self.host)

@@ -1,0 +1,229 @@
+"""What the flush/takeover protocol needs from storage, and its Cassandra implementation.
+
+The protocol (``consumer.protocol``) is written against :class:`Store`, so the same code runs on Cassandra in
+production and on an in-memory stand-in that loses, delays and reorders writes in the model test.
+
+Conventions: offsets are Kafka offsets of *records*; ``committed_offset`` and ``intent_offset`` are the last
+offset (inclusive) a window covers, ``-1`` before the first record. Times are microseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.settings import Consistency
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionRow:
+    """The ownership row of one (group, topic, partition); changed by LWT only."""
+
+    owner: uuid.UUID | None
+    window_mutator: uuid.UUID | None
+    window_born_us: int | None
+    flush_seq: int
+    committed_offset: int
+    intent_offset: int
+
+    @property
+    def window_open(self) -> bool:
+        """True when a flush may have been interrupted: its shards may be only partly written."""
+        return self.intent_offset > self.committed_offset
+
+
+@dataclasses.dataclass(frozen=True)
+class MutatorRecord:
+    """One mutator in the registry."""
+
+    id: uuid.UUID
+    consumer_group: str
+    topic: str
+    partition: int
+    host: str
+    born_us: int
+    expires_us: int
+    retired_us: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardWrite:
+    """One whole-state snapshot of one instance by one mutator."""
+
+    counter: str
+    key: str
+    state: bytes
+    through_offset: int
+    first_write: bool  # also record the instance in the GC's work list
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredShard:
+    state: bytes
+    through_offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionId:
+    consumer_group: str
+    topic: str
+    partition: int
+
+
+class Store(Protocol):
+    """Storage operations of the protocol. Methods returning bool return whether an LWT applied."""
+
+    async def read_partition(self, pid: PartitionId) -> PartitionRow | None: ...
+
+    async def create_partition(self, pid: PartitionId, owner: uuid.UUID, born_us: int, last_offset: int) -> bool: ...
+
+    async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool: ...
+
+    async def open_window(
+        self, pid: PartitionId, mutator: uuid.UUID, born_us: int, seq: int, committed: int, intent: int
+    ) -> bool: ...
+
+    async def commit_window(self, pid: PartitionId, mutator: uuid.UUID, seq: int, offset: int) -> bool: ...
+
+    async def close_window(self, pid: PartitionId, owner: uuid.UUID, born_us: int, offset: int) -> bool: ...
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None: ...
+
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None: ...
+
+    async def register_mutator(self, record: MutatorRecord) -> None: ...
+
+    async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
+
+
+def _uuid(value: object) -> uuid.UUID | None:
+    """The driver returns uuid columns as text."""
+    return None if value is None else uuid.UUID(str(value))
+
+
+class CassandraStore:
+    """:class:`Store` on countersink's tables (see ``schemas.cql``)."""
+
+    def __init__(self, client: CassandraClient) -> None:
+        self.client = client
+        self.write_cl = client.settings.write_consistency
+        self.read_cl = client.settings.read_consistency
+
+    async def _lwt(self, cql_text: str, params: list[object]) -> bool:
+        # A conditional update is not idempotent from the driver's point of view: never retried blindly.
+        result = await self.client.execute(cql_text, params, consistency=self.write_cl, idempotent=False)
+        rows = as_dicts(result)
+        return bool(rows and rows[0].get("[applied]"))
+
+    async def read_partition(self, pid: PartitionId) -> PartitionRow | None:
+        # SERIAL read: sees any LWT that was accepted by a quorum, even one whose commit did not finish.
+        result = await self.client.execute(
+            "SELECT owner, window_mutator, window_born_us, flush_seq, committed_offset, intent_offset "
+            "FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
+            [pid.consumer_group, pid.topic, pid.partition],
+            consistency=str(self.client.settings.serial_consistency),
+        )
+        rows = as_dicts(result)
+        if not rows:
+            return None
+        row = rows[0]
+        return PartitionRow(
+            owner=_uuid(row["owner"]),
+            window_mutator=_uuid(row["window_mutator"]),
+            window_born_us=row["window_born_us"],
+            flush_seq=row["flush_seq"] or 0,
+            committed_offset=row["committed_offset"] if row["committed_offset"] is not None else -1,
+            intent_offset=row["intent_offset"] if row["intent_offset"] is not None else -1,
+        )
+
+    async def create_partition(self, pid: PartitionId, owner: uuid.UUID, born_us: int, last_offset: int) -> bool:
+        return await self._lwt(
+            "INSERT INTO partitions (consumer_group, topic, partition, owner, window_mutator, window_born_us, "
+            "flush_seq, committed_offset, intent_offset) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?) IF NOT EXISTS",
+            [pid.consumer_group, pid.topic, pid.partition, owner, owner, born_us, last_offset, last_offset],
+        )
+
+    async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool:
+        return await self._lwt(
+            "UPDATE partitions SET owner = ? WHERE consumer_group = ? AND topic = ? AND partition = ? "
+            "IF owner = ? AND flush_seq = ?",
+            [owner, pid.consumer_group, pid.topic, pid.partition, seen.owner, seen.flush_seq],
+        )
+
+    async def open_window(
+        self, pid: PartitionId, mutator: uuid.UUID, born_us: int, seq: int, committed: int, intent: int
+    ) -> bool:
+        return await self._lwt(
+            "UPDATE partitions SET window_mutator = ?, window_born_us = ?, flush_seq = ?, committed_offset = ?, "
+            "intent_offset = ? WHERE consumer_group = ? AND topic = ? AND partition = ? IF owner = ? AND flush_seq = ?",
+            [mutator, born_us, seq, committed, intent, pid.consumer_group, pid.topic, pid.partition, mutator, seq - 1],
+        )
+
+    async def commit_window(self, pid: PartitionId, mutator: uuid.UUID, seq: int, offset: int) -> bool:
+        return await self._lwt(
+            "UPDATE partitions SET committed_offset = ? WHERE consumer_group = ? AND topic = ? AND partition = ? "
+            "IF owner = ? AND flush_seq = ?",
+            [offset, pid.consumer_group, pid.topic, pid.partition, mutator, seq],
+        )
+
+    async def close_window(self, pid: PartitionId, owner: uuid.UUID, born_us: int, offset: int) -> bool:
+        return await self._lwt(
+            "UPDATE partitions SET window_mutator = ?, window_born_us = ?, flush_seq = 0, committed_offset = ?, "
+            "intent_offset = ? WHERE consumer_group = ? AND topic = ? AND partition = ? IF owner = ?",
+            [owner, born_us, offset, offset, pid.consumer_group, pid.topic, pid.partition, owner],
+        )
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+        shard_cql = (
+            "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?) "
+            "USING TIMESTAMP ?"
+        )
+        work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
+        calls = []
+        for write in writes:
+            calls.append(self.client.execute(
+                shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
+                consistency=self.write_cl))
+            if write.first_write:
+                calls.append(self.client.execute(work_cql, [mutator, write.counter, write.key],
+                                                 consistency=self.write_cl))
+        # Every write must be acknowledged before the next flush opens a window: gather raises on the first
+        # failure, and the caller retries the whole (idempotent) set.
+        await asyncio.gather(*calls)
+
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
+        result = await self.client.execute(
+            "SELECT state, through_offset FROM shards WHERE counter = ? AND key = ? AND mutator = ?",
+            [counter, key, mutator], consistency=self.read_cl)
+        rows = as_dicts(result)
+        if not rows or rows[0]["state"] is None:
+            return None
+        return StoredShard(rows[0]["state"], rows[0]["through_offset"])
+
+    async def register_mutator(self, record: MutatorRecord) -> None:
+        await self.client.execute(
+            "INSERT INTO mutators (id, consumer_group, topic, partition, host, born_us, expires_us) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [record.id, record.consumer_group, record.topic, record.partition, record.host, record.born_us,
+             record.expires_us],
+            consistency=self.write_cl)
+
+    async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None:
+        # Set once: a second retirement (by a later takeover) must not move the time the GC relies on.
+        await self._lwt("UPDATE mutators SET retired_us = ? WHERE id = ? IF retired_us = null", [retired_us, mutator])
+
+
+__all__ = [
+    "CassandraStore",
+    "Consistency",
+    "MutatorRecord",
+    "PartitionId",
+    "PartitionRow",
+    "ShardWrite",
+    "Store",
+    "StoredShard",
+]

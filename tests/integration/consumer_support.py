@@ -1,0 +1,142 @@
+"""Helpers for consumer tests: definitions, event streams with known truth, waiting, reading values."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.kafka import make_consumer, make_producer
+from countersink.reader import read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+
+DEFINITIONS = """
+[[counter]]
+name = "trades_count"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "trade_id"
+
+[[counter]]
+name = "shares_traded"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "trade_id"
+
+[[counter]]
+name = "notional"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "price"
+number = "decimal"
+event_id = "trade_id"
+"""
+
+
+def write_definitions(directory: Path, topic: str) -> Path:
+    path = directory / "counters.toml"
+    path.write_text(DEFINITIONS.replace("{topic}", topic))
+    return path
+
+
+@dataclass
+class Truth:
+    """What the counters must say, computed from what was produced, independently of countersink."""
+
+    count: Counter[str] = field(default_factory=Counter)
+    qty: Counter[str] = field(default_factory=Counter)
+    notional: defaultdict[str, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
+    malformed: int = 0
+    produced: int = 0
+
+
+def make_events(n: int, *, symbols: int = 20, duplicates: int = 0, malformed: int = 0,
+                seed: int = 7) -> tuple[list[bytes], Truth]:
+    """``n`` distinct trades, plus ``duplicates`` re-sends of earlier ones and ``malformed`` bad records."""
+    rng = random.Random(seed)
+    truth = Truth()
+    events: list[bytes] = []
+    for _ in range(n):
+        symbol = f"S{rng.randrange(symbols):03d}"
+        qty = rng.randrange(1, 1000)
+        price = Decimal(rng.randrange(1, 100_000)) / 100
+        # price as a JSON number written from its exact decimal text
+        events.append(f'{{"trade_id": "{uuid.uuid4().hex}", "symbol": "{symbol}", "qty": {qty}, "price": {price}}}'
+                      .encode())
+        truth.count[symbol] += 1
+        truth.qty[symbol] += qty
+        truth.notional[symbol] += price
+    for _ in range(duplicates):  # a publisher retry: same event id, shortly after the original
+        position = rng.randrange(len(events))
+        events.insert(min(len(events), position + rng.randrange(1, 50)), events[position])
+    bad = [b"{not json", b'{"trade_id": "x", "symbol": "S001"}', b'{"trade_id": "y", "symbol": "S1", "qty": "7"}',
+           b"", b"[1, 2]"]
+    for i in range(malformed):
+        events.insert(rng.randrange(len(events) + 1), bad[i % len(bad)])
+    truth.malformed = malformed
+    truth.produced = len(events)
+    return events, truth
+
+
+async def produce(settings: KafkaSettings, topic: str, events: list[bytes]) -> None:
+    """Publish in order. The key is derived from the event, as a retrying publisher re-sends the same record
+    with the same key: a retry lands in the same partition as the original."""
+    async with make_producer(settings) as producer:
+        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest()) for event in events]
+        await asyncio.gather(*deliveries)
+
+
+async def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, int]:
+    consumer = make_consumer(settings)
+    async with consumer:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(tps)
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
+async def wait_until_flushed(cassandra: CassandraSettings, group: str, topic: str, ends: dict[int, int],
+                             within_s: float = 120.0) -> None:
+    """Until every partition's ownership row shows a flush through its last record."""
+    deadline = time.monotonic() + within_s
+    async with CassandraClient(cassandra) as client:
+        while True:
+            rows = as_dicts(await client.execute(
+                "SELECT partition, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition IN ?", [group, topic, list(ends)]))
+            through = {row["partition"]: row["intent_offset"] for row in rows}
+            if all(through.get(p, -1) >= end - 1 for p, end in ends.items()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not flushed within {within_s}s: {through} vs ends {ends}")
+            await asyncio.sleep(0.5)
+
+
+async def read_values(cassandra: CassandraSettings, truth: Truth) -> dict[str, dict[str, object]]:
+    values: dict[str, dict[str, object]] = {"trades_count": {}, "shares_traded": {}, "notional": {}}
+    async with CassandraClient(cassandra) as client:
+        for counter in values:
+            for symbol in truth.count:
+                state = await read_state(client, counter, symbol)
+                values[counter][symbol] = None if state is None else state.value()
+    return values
+
+
+def expected_values(truth: Truth) -> dict[str, dict[str, object]]:
+    return {
+        "trades_count": dict(truth.count),
+        "shares_traded": dict(truth.qty),
+        "notional": dict(truth.notional),
+    }

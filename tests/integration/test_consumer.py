@@ -1,0 +1,140 @@
+"""The consumer end to end on real Kafka and Cassandra: exact counts through redelivery, crashes and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from consumer.service import ConsumerService
+from countersink.kafka import make_consumer
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from schemas.definitions import load_definitions
+from tests.integration.consumer_support import (
+    end_offsets,
+    expected_values,
+    make_events,
+    produce,
+    read_values,
+    wait_until_flushed,
+    write_definitions,
+)
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, counters: Path, **consumer: object
+              ) -> Settings:
+    return Settings(kafka=kafka, cassandra=cassandra, consumer=ConsumerSettings(
+        group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
+        session_timeout_ms=6000, health_port=0, **consumer))
+
+
+async def _dead_letters(kafka: KafkaSettings, topic: str, expected: int) -> list:
+    consumer = make_consumer(kafka, topic, group_id=None, auto_offset_reset="earliest")
+    records = []
+    async with consumer:
+        deadline = time.monotonic() + 20
+        while len(records) < expected and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            records.extend(r for batch in batches.values() for r in batch)
+        # and nothing more than expected arrives
+        batches = await consumer.getmany(timeout_ms=1000)
+        records.extend(r for batch in batches.values() for r in batch)
+    return records
+
+
+async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Counts equal the truth exactly; publisher retries (same event id) are dropped; every malformed event
+    lands in the dead-letter topic with its reason and source, and consumption goes on."""
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    events, truth = make_events(1500, duplicates=120, malformed=25)
+    await produce(kafka_settings, topic, events)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+
+    service = ConsumerService(settings, load_definitions(counters))
+    await service.start()
+    runner = asyncio.create_task(service.run())
+    try:
+        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3))
+    finally:
+        service.request_stop()
+        await runner
+        await service.stop()
+
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
+    dead = await _dead_letters(kafka_settings, f"dlq-{group}", truth.malformed)
+    assert len(dead) == truth.malformed
+    headers = dict(dead[0].headers)
+    assert headers["countersink.source"].decode().startswith(f"{topic}/")
+    assert headers["countersink.error"].decode().endswith("Error")
+    assert headers["countersink.reason"]
+
+
+def _start_consumer(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers),
+        "COUNTERSINK_CASSANDRA__CONTACT_POINTS": ",".join(settings.cassandra.contact_points),
+        "COUNTERSINK_CASSANDRA__PORT": str(settings.cassandra.port),
+        "COUNTERSINK_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
+        "COUNTERSINK_CONSUMER__GROUP_ID": settings.consumer.group_id,
+        "COUNTERSINK_CONSUMER__COUNTERS_FILE": str(settings.consumer.counters_file),
+        "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": settings.consumer.dead_letter_topic,
+        "COUNTERSINK_CONSUMER__FLUSH_INTERVAL_S": "0.2",
+        "COUNTERSINK_CONSUMER__SESSION_TIMEOUT_MS": "6000",
+        "COUNTERSINK_CONSUMER__HEALTH_PORT": "0",
+        "COUNTERSINK_LOG_FORMAT": "json",
+    }
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+async def test_kill_9_at_random_moments_then_restart_counts_exactly(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A consumer killed with SIGKILL at random moments (mid-flush included) and restarted each time ends
+    with every counter exactly equal to the truth; a final SIGTERM exits 0."""
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    rng = random.Random(11)
+    log = tmp_path / "consumer.log"
+    all_events, truth = make_events(6000, duplicates=200, malformed=10, seed=3)
+    chunks = [all_events[i:i + 750] for i in range(0, len(all_events), 750)]
+
+    process = _start_consumer(settings, log)
+    kills = 0
+    try:
+        for chunk in chunks:
+            await produce(kafka_settings, topic, chunk)
+            await asyncio.sleep(rng.uniform(0.2, 2.5))  # kill at a random point of consuming/flushing
+            process.kill()
+            process.wait(timeout=30)
+            kills += 1
+            process = _start_consumer(settings, log)
+        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+                                 within_s=180)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert kills == len(chunks)
+    values = await read_values(cassandra_settings, truth)
+    assert values == expected_values(truth), log.read_text()[-3000:]
