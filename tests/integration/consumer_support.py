@@ -95,7 +95,8 @@ async def produce(settings: KafkaSettings, topic: str, events: list[bytes]) -> N
     """Publish in order. The key is derived from the event, as a retrying publisher re-sends the same record
     with the same key: a retry lands in the same partition as the original."""
     async with make_producer(settings) as producer:
-        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest()) for event in events]
+        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest())
+                      for event in events]
         await asyncio.gather(*deliveries)
 
 
