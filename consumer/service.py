@@ -35,6 +35,7 @@ from consumer.protocol import (
 )
 from consumer.store import CassandraStore, MutatorRecord, PartitionId
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
+from countersink.health import HealthServer
 from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
@@ -90,6 +91,7 @@ class ConsumerService:
         self._started = False
         self._last_flush = time.monotonic()
         self.ready = False
+        self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
 
     async def __aenter__(self) -> ConsumerService:
         await self.start()
@@ -108,6 +110,8 @@ class ConsumerService:
         await self.source.start()
         self.consumer.subscribe(topics=list(self.counters.topics), listener=_Rebalance(self))
         await self.consumer.start()
+        if self.config.health_port:
+            await self.health.start()
         self._started = True
         log.info("consumer_started", group=self.config.group_id, topics=list(self.counters.topics), host=self.host)
 
@@ -312,7 +316,8 @@ class ConsumerService:
         try:
             await self.on_partitions_revoked(list(self.mutators))
         finally:
-            for close in (self.consumer.stop, self.source.stop, self.producer.stop, self.cassandra.stop):
+            for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
+                          self.cassandra.stop):
                 with contextlib.suppress(Exception):
                     await close()
             log.info("consumer_stopped", host=self.host)
