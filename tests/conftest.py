@@ -46,6 +46,22 @@ def _external_endpoints() -> Endpoints | None:
     return Endpoints(kafka, host or cassandra, int(port or 9042))
 
 
+_terminal: list[object] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _terminal.append(config)
+
+
+def _announce(message: str) -> None:
+    """A line in the test log that capture does not swallow: servers starting and stopping."""
+    writer = _terminal[0].get_terminal_writer() if _terminal else None  # type: ignore[attr-defined]
+    if writer is None:
+        servers.say(message)
+    else:
+        writer.line(f"[stack] {message}")
+
+
 @pytest.fixture(scope="session")
 def local_kafka() -> Iterator[servers.KafkaServer | None]:
     """The session's Kafka broker when the local stack is used (None for external servers)."""
@@ -81,9 +97,9 @@ def _local_servers(which: str) -> Iterator[object]:
             cassandra.start(tied_to_parent=True, wait=False)
             kafka.wait_ready()
             seconds = time.monotonic() - started
-            servers.say(f"kafka {servers.KAFKA_VERSION} ready on {kafka.bootstrap} in {seconds:.1f}s")
+            _announce(f"kafka {servers.KAFKA_VERSION} ready on {kafka.bootstrap} in {seconds:.1f}s")
             cassandra.wait_ready()
-            servers.say(f"cassandra {servers.CASSANDRA_VERSION} ready on 127.0.0.1:{cassandra.native_port} "
+            _announce(f"cassandra {servers.CASSANDRA_VERSION} ready on 127.0.0.1:{cassandra.native_port} "
                         f"in {time.monotonic() - started:.1f}s")
         except BaseException:
             kafka.stop()
@@ -98,7 +114,7 @@ def _stop_local_servers() -> Iterator[None]:
     yield
     for name, server in _started.items():
         server.stop()  # type: ignore[attr-defined]
-        servers.say(f"{name} stopped")
+        _announce(f"{name} stopped")
     _started.clear()
 
 
@@ -182,11 +198,11 @@ def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
         node.jmx_port = 17300 + i
     try:
         seconds = cluster.start(tied_to_parent=True)
-        servers.say(f"3-node cassandra cluster ready on 127.0.0.1-3:{cluster.native_port} in {seconds:.1f}s")
+        _announce(f"3-node cassandra cluster ready on 127.0.0.1-3:{cluster.native_port} in {seconds:.1f}s")
         yield cluster
     finally:
         cluster.stop()
-        servers.say("3-node cassandra cluster stopped")
+        _announce("3-node cassandra cluster stopped")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -138,3 +138,82 @@ async def test_kill_9_at_random_moments_then_restart_counts_exactly(
     assert kills == len(chunks)
     values = await read_values(cassandra_settings, truth)
     assert values == expected_values(truth), log.read_text()[-3000:]
+
+
+async def test_zombie_frozen_past_its_session_then_resumed_counts_nothing_twice(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A consumer frozen (SIGSTOP) past its session timeout while another takes its partitions over, then
+    resumed (SIGCONT), is fenced: whatever it writes afterwards does not count."""
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    events, truth = make_events(4000, duplicates=50, seed=5)
+    log = tmp_path / "consumer.log"
+    zombie = _start_consumer(settings, log)
+    successor = None
+    try:
+        await produce(kafka_settings, topic, events[:1500])
+        await asyncio.sleep(3)
+        zombie.send_signal(signal.SIGSTOP)
+        await produce(kafka_settings, topic, events[1500:2500])
+        successor = _start_consumer(settings, log)
+        await asyncio.sleep(12)  # past the 6 s session timeout: the group gives everything to the successor
+        zombie.send_signal(signal.SIGCONT)
+        await produce(kafka_settings, topic, events[2500:])
+        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+                                 within_s=180)
+        for process in (zombie, successor):
+            process.send_signal(signal.SIGTERM)
+        assert zombie.wait(timeout=60) == 0
+        assert successor.wait(timeout=60) == 0
+    finally:
+        for process in (zombie, successor):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait()
+    values = await read_values(cassandra_settings, truth)
+    assert values == expected_values(truth), log.read_text()[-3000:]
+    assert "partition_taken_over" in log.read_text()
+
+
+async def test_rebalances_in_a_group_of_three_while_events_flow(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Consumers joining and leaving a group of three (clean stops and kills) while events flow end with
+    every counter exactly equal to the truth."""
+    topic = await topic_factory(partitions=6)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    events, truth = make_events(6000, duplicates=100, malformed=5, seed=9)
+    chunks = [events[i:i + 1000] for i in range(0, len(events), 1000)]
+    log = tmp_path / "consumer.log"
+    members = [_start_consumer(settings, log) for _ in range(3)]
+    rng = random.Random(4)
+    try:
+        for i, chunk in enumerate(chunks):
+            await produce(kafka_settings, topic, chunk)
+            await asyncio.sleep(rng.uniform(1.0, 3.0))
+            leaving = members.pop(rng.randrange(len(members)))
+            if i % 2:
+                leaving.send_signal(signal.SIGTERM)
+                assert leaving.wait(timeout=60) == 0
+            else:
+                leaving.kill()
+                leaving.wait(timeout=30)
+            members.append(_start_consumer(settings, log))
+        await wait_until_flushed(cassandra_settings, group, topic,
+                                 await end_offsets(kafka_settings, topic, 6), within_s=180)
+        for member in members:
+            member.send_signal(signal.SIGTERM)
+        assert [member.wait(timeout=60) for member in members] == [0, 0, 0]
+    finally:
+        for member in members:
+            if member.poll() is None:
+                member.kill()
+                member.wait()
+    values = await read_values(cassandra_settings, truth)
+    assert values == expected_values(truth), log.read_text()[-3000:]
