@@ -130,6 +130,9 @@ class ConsumerService:
                 if mutator is None or mutator.fenced:
                     continue
                 await self._apply(tp, mutator, [Record(m.offset, m.value) for m in messages])
+                highwater = self.consumer.highwater(tp)
+                if highwater is not None:
+                    METRICS.lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - messages[-1].offset - 1))
             if self._flush_due():
                 await self.flush_all()
                 await self._rotate_if_due()

@@ -31,6 +31,8 @@ class Metrics:
                                      registry=r)
         self.live_mutators = Gauge("countersink_live_mutators", "Mutators owned by this process", registry=r)
         self.ownership_changes = Counter("countersink_ownership_changes", "Partitions taken over", registry=r)
+        self.lag = Gauge("countersink_partition_lag", "Records between the consumer's position and the log end",
+                         ["topic", "partition"], registry=r)
         self.fencings = Counter("countersink_fencings", "Mutators found replaced by another owner", registry=r)
 
 

@@ -302,7 +302,11 @@ class KafkaServer:
         return _wait_ready(self.process, self.answers, timeout, f"Kafka on {self.bootstrap}")
 
     def answers(self) -> bool:
-        return asyncio.run(asyncio.wait_for(kafka_answers(self.bootstrap), 15))
+        return self.answers_at(self.bootstrap)
+
+    @staticmethod
+    def answers_at(bootstrap: str) -> bool:
+        return _probe(["kafka", bootstrap], timeout=20.0)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -494,9 +498,12 @@ commit_failure_policy: stop
 
 def probe_cassandra(address: str, port: int, peers: int | None = None, timeout: float = 20.0) -> bool:
     """Run :func:`cassandra_answers` in a child process that is killed after ``timeout`` seconds."""
-    command = [sys.executable, "-m", "stack.probe", "cassandra", address, str(port)]
-    if peers is not None:
-        command.append(str(peers))
+    return _probe(["cassandra", address, str(port), *([str(peers)] if peers is not None else [])], timeout)
+
+
+def _probe(args: list[str], timeout: float) -> bool:
+    """A readiness probe in its own process: it cannot block the caller or share its event loop."""
+    command = [sys.executable, "-m", "stack.probe", *args]
     try:
         return subprocess.run(command, cwd=REPO, capture_output=True, timeout=timeout, check=False).returncode == 0
     except subprocess.TimeoutExpired:

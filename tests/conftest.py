@@ -10,7 +10,6 @@ There is no skip: an integration test without servers fails.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
@@ -122,7 +121,7 @@ def _stop_local_servers() -> Iterator[None]:
 def endpoints(local_kafka: servers.KafkaServer | None, local_cassandra: servers.CassandraNode | None) -> Endpoints:
     external = _external_endpoints()
     if external is not None:
-        if not asyncio.run(servers.kafka_answers(external.kafka_bootstrap)):
+        if not servers.KafkaServer.answers_at(external.kafka_bootstrap):
             pytest.fail(f"COUNTERSINK_TEST_KAFKA={external.kafka_bootstrap} does not answer")
         if not servers.probe_cassandra(external.cassandra_host, external.cassandra_port):
             pytest.fail(f"COUNTERSINK_TEST_CASSANDRA={external.cassandra_host}:{external.cassandra_port} is silent")

@@ -217,3 +217,44 @@ async def test_rebalances_in_a_group_of_three_while_events_flow(
                 member.wait()
     values = await read_values(cassandra_settings, truth)
     assert values == expected_values(truth), log.read_text()[-3000:]
+
+
+async def test_kafka_broker_and_cassandra_restart_mid_stream(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+    local_kafka, local_cassandra,
+) -> None:
+    """The broker restarts, then Cassandra restarts, while a consumer runs and events keep coming: the
+    consumer waits and retries through both and ends exactly at the truth."""
+    if local_kafka is None or local_cassandra is None:
+        pytest.fail("this test restarts the servers, so it needs the local stack (unset COUNTERSINK_TEST_*)")
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    events, truth = make_events(4500, duplicates=60, malformed=6, seed=21)
+    log = tmp_path / "consumer.log"
+    process = _start_consumer(settings, log)
+    try:
+        await produce(kafka_settings, topic, events[:1500])
+        await asyncio.sleep(2)
+        # Restarted from this (main) thread so the servers stay tied to the session; the consumer under test
+        # is a separate process, so blocking this event loop meanwhile is harmless.
+        local_kafka.restart(tied_to_parent=True)
+        await produce(kafka_settings, topic, events[1500:3000])
+        await asyncio.sleep(2)
+        local_cassandra.process.stop(timeout=60)  # down while events keep coming
+        await produce(kafka_settings, topic, events[3000:])
+        await asyncio.sleep(3)
+        assert process.poll() is None, "the consumer must wait for Cassandra, not exit"
+        local_cassandra.restart(tied_to_parent=True)
+        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+                                 within_s=240)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    values = await read_values(cassandra_settings, truth)
+    assert values == expected_values(truth), log.read_text()[-3000:]
+    assert "flush_retry" in log.read_text()
