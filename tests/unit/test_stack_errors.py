@@ -1,0 +1,46 @@
+"""The local stack refuses to start with one clear line when the machine is not ready for it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from stack import servers
+
+
+def test_taken_port_is_named() -> None:
+    """A port something already listens on stops the start with a one-line error naming it."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(servers.StackError, match=rf"port 127.0.0.1:{port} for Kafka is already taken"):
+            servers.check_port_free("127.0.0.1", port, "Kafka")
+
+
+def test_missing_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a java executable the error says Java 17 is required."""
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    with pytest.raises(servers.StackError, match="Java 17 is required"):
+        servers.check_java()
+
+
+def test_wrong_java_version_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Java other than 17 is refused with the version found."""
+    fake = tmp_path / "jdk" / "bin" / "java"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho \'openjdk version "21.0.2" 2024-01-16\' >&2\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    with pytest.raises(servers.StackError, match="is Java 21"):
+        servers.check_java()
+
+
+def test_missing_maven_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Resolving jars for a version not in the cache without Maven says Maven is required."""
+    monkeypatch.setattr(servers, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(servers.StackError, match="Maven is required"):
+        servers.resolve_jars("kafka", "0.0.0-missing")
