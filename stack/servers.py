@@ -211,6 +211,15 @@ def _wait_ready(proc: JvmProcess, probe: Callable[[], bool], timeout: float, wha
 # ----------------------------------------------------------------------------------------------- Kafka
 
 
+def kraft_cluster_id() -> str:
+    """A random KRaft cluster id: 16 bytes, URL-safe base64 without padding, never starting with '-'
+    (the storage tool would read such an id as an option)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
+
+
 @dataclasses.dataclass
 class KafkaServer:
     """A single-node KRaft broker+controller on 127.0.0.1."""
@@ -283,7 +292,7 @@ class KafkaServer:
             f"-Dlog4j2.configurationFile={self.root}/log4j2.properties",
             "-cp", f"{lib}/*",
         ]
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = kraft_cluster_id()
         fmt = subprocess.run(
             [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
             capture_output=True, text=True, check=False, cwd=self.root,

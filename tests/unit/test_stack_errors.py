@@ -44,3 +44,10 @@ def test_missing_maven_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(servers.StackError, match="Maven is required"):
         servers.resolve_jars("kafka", "0.0.0-missing")
+
+
+def test_kraft_cluster_ids_never_look_like_options() -> None:
+    """Cluster ids are 22 URL-safe characters and never begin with '-', which the storage tool would
+    parse as an option (about one random id in 64 would)."""
+    ids = [servers.kraft_cluster_id() for _ in range(2000)]
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
