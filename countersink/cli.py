@@ -16,11 +16,15 @@ from typing import Any
 from countersink.logs import configure_logging
 from countersink.settings import Settings
 
-# subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``.
+# subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``,
+# or, when it serves several subcommands, ``add_<name>_arguments`` and ``run_<name>``.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("countersink.schema_cli", "create the keyspace and tables (idempotent)"),
     "consume": ("consumer.cli", "consume events and keep the counters"),
     "gc": ("gc_worker.cli", "fold shards of retired mutators into tallies"),
+    "get": ("countersink.read_cli", "print the value of one counter instance"),
+    "explain": ("countersink.read_cli", "show why an instance's value is what it is: tally, shards, mutators"),
+    "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
 }
 
 
@@ -35,9 +39,10 @@ def main(argv: list[str] | None = None) -> int:
             if exc.name != module_name:
                 raise
             continue  # a part not built yet is simply not offered
-        command = sub.add_parser(name, help=help_text, description=module.__doc__)
-        module.add_arguments(command)
-        runners[name] = module.run
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+        add_arguments(command)
+        runners[name] = getattr(module, f"run_{name}", None) or module.run
     args = parser.parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)

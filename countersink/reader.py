@@ -1,4 +1,4 @@
-"""Reading a counter instance: merge the tally and every shard of its partition, in one read.
+"""Reading counters: merge the tally and every shard of an instance's partition, in one read.
 
 Reads never coordinate with writers. A GC batch replaces shards by the tally atomically within the
 partition, so a read sees the state before it or after it, never a mix.
@@ -6,33 +6,160 @@ partition, so a read sees the state before it or after it, never a mix.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
 from schemas.kinds import State, state_from_bytes
+
+_INSTANCE = "SELECT tally, mutator, state, through_offset, writetime(state) AS written_us FROM shards " \
+            "WHERE counter = ? AND key = ?"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardView:
+    """One shard of an instance, with the mutator that wrote it (for ``explain``)."""
+
+    mutator: uuid.UUID
+    through_offset: int | None
+    written_us: int | None
+    value: object
+    topic: str | None = None
+    partition: int | None = None
+    host: str | None = None
+    born_us: int | None = None
+    retired_us: int | None = None
+    collected_us: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Why an instance's value is what it is: the tally, every shard, and their merge."""
+
+    counter: str
+    key: str
+    kind: str | None
+    tally: object
+    shards: tuple[ShardView, ...]
+    value: object
+    partitions: tuple[dict[str, Any], ...]
+
+
+def _merge(blobs: Sequence[bytes | None]) -> State | None:
+    merged: State | None = None
+    for blob in blobs:
+        if blob is None:
+            continue
+        state = state_from_bytes(blob)
+        if merged is None:
+            merged = state
+        else:
+            merged.merge(state)
+    return merged
+
+
+def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
+    # The static tally is repeated on every row of the partition: take it once.
+    return ([rows[0]["tally"]] if rows else []) + [row["state"] for row in rows]
 
 
 async def read_state(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it."""
-    result = await client.execute(
-        "SELECT tally, state FROM shards WHERE counter = ? AND key = ?",
-        [counter, key],
-        consistency=consistency or client.settings.read_consistency,
-    )
-    merged: State | None = None
-    tally_seen = False
-    for row in as_dicts(result):
-        blobs = [row["state"]]
-        if not tally_seen:
-            blobs.append(row["tally"])  # static: the same on every row of the partition
-            tally_seen = True
-        for blob in blobs:
-            if blob is None:
-                continue
-            state = state_from_bytes(blob)
-            if merged is None:
-                merged = state
-            else:
-                merged.merge(state)
-    return merged
+    level = consistency or client.settings.read_consistency
+    result = await client.execute(_INSTANCE, [counter, key], consistency=level)
+    return _merge(_blobs(as_dicts(result)))
+
+
+class CounterReader:
+    """Typed counter values: ints or Decimals for sums, floats for means, estimates with bounds for sketches."""
+
+    def __init__(self, client: CassandraClient, consistency: Consistency | None = None) -> None:
+        self.client = client
+        self.consistency = consistency or client.settings.read_consistency
+
+    async def get(self, counter: str, key: str) -> object:
+        """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
+        state = await read_state(self.client, counter, key, self.consistency)
+        return None if state is None else state.value()
+
+    async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
+        values = await asyncio.gather(*(self.get(counter, key) for key in keys))
+        return dict(zip(keys, values, strict=True))
+
+    async def explain(self, counter: str, key: str) -> Explanation:
+        rows = as_dicts(await self.client.execute(_INSTANCE, [counter, key], consistency=self.consistency))
+        tally_blob = rows[0]["tally"] if rows else None
+        tally = state_from_bytes(tally_blob) if tally_blob is not None else None
+        shards = []
+        partitions: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for row in rows:
+            if row["state"] is None:
+                continue  # a partition holding only the tally
+            mutator = uuid.UUID(str(row["mutator"]))
+            registry = as_dicts(await self.client.execute(
+                "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us FROM mutators "
+                "WHERE id = ?", [mutator], consistency=self.consistency))
+            info = registry[0] if registry else {}
+            shards.append(ShardView(
+                mutator=mutator, through_offset=row["through_offset"], written_us=row["written_us"],
+                value=state_from_bytes(row["state"]).value(), topic=info.get("topic"),
+                partition=info.get("partition"), host=info.get("host"), born_us=info.get("born_us"),
+                retired_us=info.get("retired_us"), collected_us=info.get("collected_us")))
+            if info:
+                partitions[(info["consumer_group"], info["topic"], info["partition"])] = {}
+        for group, topic, partition in partitions:
+            found = as_dicts(await self.client.execute(
+                "SELECT consumer_group, topic, partition, owner, window_mutator, flush_seq, committed_offset, "
+                "intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
+                [group, topic, partition], consistency=self.consistency))
+            partitions[(group, topic, partition)] = found[0] if found else {}
+        merged = _merge(_blobs(rows))
+        return Explanation(
+            counter=counter, key=key, kind=merged.kind if merged is not None else None,
+            tally=tally.value() if tally is not None else None, shards=tuple(shards),
+            value=merged.value() if merged is not None else None, partitions=tuple(partitions.values()))
+
+    async def list_instances(self, counter: str, limit: int = 100, page: bytes | None = None
+                             ) -> tuple[list[str], bytes | None]:
+        """Instance keys of a counter, ``limit`` at a time; pass the returned page token for more.
+
+        This walks the token ring (``SELECT DISTINCT``): an operator's tool, not a hot path.
+        """
+        keys: list[str] = []
+        while len(keys) < limit:
+            result = await self.client.execute(
+                "SELECT DISTINCT counter, key FROM shards", consistency=self.consistency,
+                page_size=max(limit, 100), page_state=page)
+            keys.extend(row["key"] for row in as_dicts(result) if row["counter"] == counter)
+            page = result.page_state() if result.has_more_pages() else None
+            if page is None:
+                break
+        return sorted(keys), page
+
+
+def to_jsonable(value: object) -> object:
+    """Values as JSON: Decimals and big integers as strings (no precision lost), dataclasses as objects."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bool) or value is None or isinstance(value, float | str):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**53 else str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {k: to_jsonable(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)

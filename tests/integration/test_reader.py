@@ -1,0 +1,77 @@
+"""Reading counters: typed values, explain, list, and the command line, on real Cassandra."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+from countersink.cassandra import CassandraClient
+from countersink.reader import CounterReader
+from countersink.settings import CassandraSettings
+from schemas.kinds import KindSpec, new_state
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def _two_shards(client: CassandraClient) -> tuple[uuid.UUID, uuid.UUID]:
+    """Two mutators of two partitions, each holding part of ``notional`` for key IBM."""
+    store = CassandraStore(client)
+    ids = []
+    for partition, amounts in ((0, ["10.25", "0.10"]), (1, ["5.05"])):
+        record = MutatorRecord(uuid.uuid4(), "g", "trades", partition, "test", 1_000_000, 9_000_000)
+        await store.register_mutator(record)
+        await store.create_partition(PartitionId("g", "trades", partition), record.id, record.born_us, 41)
+        state = new_state(KindSpec("sum", number="decimal"))
+        for amount in amounts:
+            state.apply(Decimal(amount))
+        write = ShardWrite("notional", "IBM", state.to_bytes(), 42, True)
+        await store.write_shards(record.id, record.born_us + 1, [write])
+        ids.append(record.id)
+    return ids[0], ids[1]
+
+
+async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> None:
+    """get merges every shard exactly (Decimal), explain names each shard's mutator and partition, list
+    finds the instance, and an instance never counted reads as None."""
+    async with CassandraClient(cassandra_settings) as client:
+        first, second = await _two_shards(client)
+        reader = CounterReader(client)
+        assert await reader.get("notional", "IBM") == Decimal("15.40")
+        assert await reader.get_many("notional", ["IBM", "MSFT"]) == {"IBM": Decimal("15.40"), "MSFT": None}
+        explanation = await reader.explain("notional", "IBM")
+        assert explanation.kind == "sum"
+        assert {(s.mutator, s.topic, s.partition, s.through_offset, s.value) for s in explanation.shards} == {
+            (first, "trades", 0, 42, Decimal("10.35")), (second, "trades", 1, 42, Decimal("5.05"))}
+        assert len(explanation.partitions) == 2
+        keys, page = await reader.list_instances("notional")
+        assert (keys, page) == (["IBM"], None)
+
+
+async def test_command_line_get_and_explain_json(cassandra_settings: CassandraSettings) -> None:
+    """`countersink get --json` prints exact decimals as strings; `explain --json` lists the shards."""
+    async with CassandraClient(cassandra_settings) as client:
+        await _two_shards(client)
+    env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra_settings.contact_points[0],
+           "COUNTERSINK_CASSANDRA__PORT": str(cassandra_settings.port),
+           "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra_settings.keyspace}
+
+    async def countersink(*args: str) -> dict[str, object]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "countersink.cli", *args, env=env, cwd=REPO,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == 0, err.decode()
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    assert await countersink("get", "notional", "IBM", "--json") == {"counter": "notional", "values": {"IBM": "15.40"}}
+    explained = await countersink("explain", "notional", "IBM", "--json")
+    assert len(explained["shards"]) == 2  # type: ignore[arg-type]
