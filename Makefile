@@ -40,6 +40,9 @@ services-down: $(STAMP)  ## stop what services-up started
 services-status: $(STAMP)  ## show what services-up started
 	$(PY) -m stack status
 
+demo: $(STAMP)  ## the whole pipeline on sample events, every counter kind beside the truth (exit 0 = all match)
+	$(PY) -m demo
+
 bench: $(STAMP)  ## benchmarks: apply throughput per kind and bytes per state
 	$(PY) -m bench.apply
 

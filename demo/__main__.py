@@ -1,0 +1,193 @@
+"""``python -m demo`` (``make demo``): start Kafka and Cassandra, run two consumers on a sample stream of
+trades, likes and API calls (with publisher retries and malformed events), wait until every record is
+counted, and print every counter kind beside the truth computed from the sample. Exits 0 only if every
+value matches (sketches within their stated bounds). Everything it starts, it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.kafka import ensure_topics, make_consumer, make_producer
+from countersink.reader import CounterReader
+from countersink.settings import CassandraSettings, KafkaSettings
+from demo.checks import Row, compare
+from demo.sample import make_stream
+from stack import servers
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+STACK = servers.STACK_DIR / "demo"
+GROUP = "demo"
+DEAD_LETTERS = "demo-dead-letter"
+PARTITIONS = {"demo-trades": 6, "demo-likes": 3, "demo-api-calls": 2}
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def start_servers() -> tuple[servers.KafkaServer, servers.CassandraNode]:
+    kafka = servers.KafkaServer(port=29092, controller_port=29093, root=STACK / "kafka")
+    cassandra = servers.CassandraNode(native_port=29042, storage_port=27000, jmx_port=27199, seeds="127.0.0.1:27000",
+                                      cluster_name="countersink-demo", root=STACK / "cassandra")
+    say(f"starting Kafka {servers.KAFKA_VERSION} and Cassandra {servers.CASSANDRA_VERSION} (first run fetches jars)")
+    started = time.monotonic()
+    kafka.start(tied_to_parent=True, wait=False)
+    cassandra.start(tied_to_parent=True, wait=False)
+    try:
+        kafka.wait_ready()
+        say(f"kafka ready on {kafka.bootstrap} after {time.monotonic() - started:.0f}s")
+        cassandra.wait_ready()
+        say(f"cassandra ready on 127.0.0.1:29042 after {time.monotonic() - started:.0f}s")
+    except BaseException:
+        kafka.stop()
+        cassandra.stop()
+        raise
+    return kafka, cassandra
+
+
+def consumer_env(kafka: KafkaSettings, cassandra: CassandraSettings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers[0],
+        "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra.contact_points[0],
+        "COUNTERSINK_CASSANDRA__PORT": str(cassandra.port),
+        "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra.keyspace,
+        "COUNTERSINK_CONSUMER__GROUP_ID": GROUP,
+        "COUNTERSINK_CONSUMER__COUNTERS_FILE": str(HERE / "counters.toml"),
+        "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": DEAD_LETTERS,
+        "COUNTERSINK_CONSUMER__HEALTH_PORT": "0",
+        "COUNTERSINK_LOG_FORMAT": "json",
+    }
+
+
+async def publish(kafka: KafkaSettings, stream: dict[str, list[bytes]]) -> None:
+    total = sum(len(events) for events in stream.values())
+    done = 0
+    async with make_producer(kafka) as producer:
+        for topic, events in stream.items():
+            deliveries = []
+            for event in events:
+                # Keyed by content: a publisher retry re-sends the same record to the same partition.
+                deliveries.append(await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest()))
+            await asyncio.gather(*deliveries)
+            done += len(events)
+            say(f"published {done}/{total} events ({topic}: {len(events)})")
+
+
+async def wait_for_lag_zero(kafka: KafkaSettings, cassandra: CassandraSettings, timeout_s: float = 300) -> None:
+    consumer = make_consumer(kafka)
+    async with consumer:
+        tps = [TopicPartition(t, p) for t, n in PARTITIONS.items() for p in range(n)]
+        ends = await consumer.end_offsets(tps)
+    started = time.monotonic()
+    last_report = 0.0
+    async with CassandraClient(cassandra) as client:
+        while True:
+            behind = 0
+            for topic, count in PARTITIONS.items():
+                rows = as_dicts(await client.execute(
+                    "SELECT partition, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                    "AND partition IN ?", [GROUP, topic, list(range(count))]))
+                flushed = {row["partition"]: row["intent_offset"] for row in rows}
+                behind += sum(max(0, ends[TopicPartition(topic, p)] - 1 - flushed.get(p, -1)) for p in range(count))
+            if behind == 0:
+                say(f"lag 0: every record counted and flushed after {time.monotonic() - started:.0f}s")
+                return
+            if time.monotonic() - last_report > 3:
+                say(f"waiting for the consumers: {behind} records not yet flushed")
+                last_report = time.monotonic()
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"consumers still {behind} records behind after {timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
+
+
+async def count_dead_letters(kafka: KafkaSettings) -> int:
+    consumer = make_consumer(kafka, DEAD_LETTERS, group_id=None, auto_offset_reset="earliest")
+    async with consumer:
+        tp = TopicPartition(DEAD_LETTERS, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+
+
+def start_consumers(count: int, env: dict[str, str], log_path: Path) -> list[subprocess.Popen[bytes]]:
+    with open(log_path, "ab") as log:
+        return [subprocess.Popen([sys.executable, "-m", "consumer"], cwd=ROOT, env=env, stdout=log, stderr=log)
+                for _ in range(count)]
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM (a clean release), then SIGKILL after a minute."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def print_table(rows: list[Row]) -> None:
+    width = max(len(r.value_text) for r in rows)
+    print(f"{'counter':<14}{'kind':<11}{'key':<11}{'countersink':<{width + 2}}{'truth':<28}ok")
+    print("-" * (66 + width))
+    for r in rows:
+        print(f"{r.counter:<14}{r.kind:<11}{r.key:<11}{r.value_text:<{width + 2}}{r.truth_text:<28}"
+              f"{'yes' if r.ok else 'NO'}")
+
+
+async def run() -> int:
+    kafka_server, cassandra_node = start_servers()
+    consumers: list[subprocess.Popen[bytes]] = []
+    log_path = STACK / "consumers.log"
+    try:
+        kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-demo")
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=29042, keyspace="countersink_demo")
+        async with CassandraClient(cassandra, use_keyspace=False) as client:
+            await client.ensure_schema()
+        await ensure_topics(kafka, PARTITIONS)
+        say(f"topics created: {', '.join(f'{t} ({n} partitions)' for t, n in PARTITIONS.items())}")
+        stream, truth = make_stream(trades=20_000, likes=8_000, api_calls=6_000, duplicates=400, malformed=30)
+        consumers.extend(start_consumers(2, consumer_env(kafka, cassandra), log_path))
+        say(f"two consumers started (logs: {log_path})")
+        await publish(kafka, stream)
+        await wait_for_lag_zero(kafka, cassandra)
+        async with CassandraClient(cassandra) as client:
+            rows = await compare(CounterReader(client), truth)
+        print()
+        print_table(rows)
+        dead = await count_dead_letters(kafka)
+        print()
+        say(f"dead-letter topic {DEAD_LETTERS}: {dead} records (malformed events published: {truth.malformed}); "
+            f"publisher retries dropped: {truth.duplicates}")
+        failures = [r for r in rows if not r.ok] + ([] if dead >= truth.malformed else ["dead letters"])
+        say("every value matches the truth" if not failures else f"{len(failures)} values do NOT match")
+        return 0 if not failures else 1
+    finally:
+        stop_processes(consumers)
+        say("consumers stopped; stopping the servers")
+        kafka_server.stop()
+        cassandra_node.stop()
+
+
+def main() -> int:
+    try:
+        return asyncio.run(run())
+    except servers.StackError as exc:
+        print(f"[demo] error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
