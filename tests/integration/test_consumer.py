@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from consumer.service import ConsumerService
 from countersink.kafka import make_consumer
@@ -258,3 +259,37 @@ async def test_kafka_broker_and_cassandra_restart_mid_stream(
     values = await read_values(cassandra_settings, truth)
     assert values == expected_values(truth), log.read_text()[-3000:]
     assert "flush_retry" in log.read_text()
+
+
+@pytest.mark.parametrize(("reason", "limits"), [
+    ("memory", {"mutator_memory_budget_bytes": 4096}),
+    ("age", {"mutator_max_age_s": 2.0}),
+])
+async def test_rotation_keeps_counts_exact(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+    reason: str, limits: dict[str, object],
+) -> None:
+    """Mutators rotate (clean retire, fresh mutator at the next offset) whenever their state outgrows the
+    memory budget, or reaches its maximum age; every counter stays exact through the rotations."""
+    topic = await topic_factory(partitions=2)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, **limits)
+    events, truth = make_events(5000, symbols=400, duplicates=80, seed=13)
+    service = ConsumerService(settings, load_definitions(counters))
+    await service.start()
+    runner = asyncio.create_task(service.run())
+    with capture_logs() as logs:
+        try:
+            for i in range(0, len(events), 1000):
+                await produce(kafka_settings, topic, events[i:i + 1000])
+                await asyncio.sleep(1.5)
+            await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 2))
+        finally:
+            service.request_stop()
+            await runner
+            await service.stop()
+    rotations = [entry for entry in logs if entry["event"] == "mutator_rotated"]
+    assert len(rotations) >= 2
+    assert {entry["reason"] for entry in rotations} == {reason}
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
