@@ -176,6 +176,7 @@ class ConsumerService:
         for tp, mutator in list(self.mutators.items()):
             await self._flush_one(tp, mutator)
         self._last_flush = time.monotonic()
+        self.cassandra.sample_driver_metrics()
         offsets = {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
                    if m.flushed_through >= 0 and not m.fenced}
         if offsets:

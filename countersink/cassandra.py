@@ -243,8 +243,18 @@ class CassandraClient:
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
 
-    def driver_metrics(self) -> Any:
-        return self._session.metrics() if self._session is not None else None
+    def sample_driver_metrics(self) -> None:
+        """Copy the driver's own view (open connections, timeouts) into the process metrics.
+
+        Connections drop when a node goes away and come back when the driver reconnects, so this gauge
+        shows discovery and reconnection without a callback from the driver's threads.
+        """
+        if self._session is None:
+            return
+        stats = self._session.metrics()
+        METRICS.cassandra_connections.set(stats.stats_total_connections)
+        METRICS.cassandra_driver_timeouts.labels(level="connection").set(stats.errors_connection_timeouts)
+        METRICS.cassandra_driver_timeouts.labels(level="request").set(stats.errors_request_timeouts)
 
 
 def _short(cql_text: str) -> str:

@@ -19,6 +19,10 @@ class Metrics:
         self.cassandra_request_seconds = Histogram(
             "countersink_cassandra_request_seconds", "Cassandra request latency", registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.cassandra_connections = Gauge(
+            "countersink_cassandra_connections", "Open driver connections to Cassandra nodes", registry=r)
+        self.cassandra_driver_timeouts = Gauge(
+            "countersink_cassandra_driver_timeouts", "Timeouts the driver counted since start", ["level"], registry=r)
         self.events_applied = Counter("countersink_events_applied", "Events applied to counters", registry=r)
         self.dead_lettered = Counter("countersink_events_dead_lettered", "Invalid events sent to the dead-letter topic",
                                      registry=r)

@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.kafka import make_consumer, make_producer
+from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 
 pytestmark = pytest.mark.integration
@@ -59,6 +60,8 @@ async def test_cassandra_schema_rows_at_quorum_and_lwt(cassandra_settings: Cassa
 
         claim = ("INSERT INTO partitions (consumer_group, topic, partition, owner, flush_seq) VALUES (?, ?, ?, ?, 0) "
                  "IF NOT EXISTS")
+        client.sample_driver_metrics()
+        assert METRICS.cassandra_connections._value.get() >= 1  # the driver's open connections are visible
         first = as_dicts(await client.execute(claim, ["g", "t", 0, mutator], idempotent=False))
         second = as_dicts(await client.execute(claim, ["g", "t", 0, uuid.uuid4()], idempotent=False))
         assert first[0]["[applied]"] is True
