@@ -21,7 +21,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_get_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("counter")
-    parser.add_argument("keys", nargs="+", metavar="KEY", help="instance key(s), as docs/definitions.md encodes them")
+    parser.add_argument("keys", nargs="+", metavar="KEY",
+                        help="instance key(s), encoded as the README says (Instance keys)")
     _common(parser)
 
 

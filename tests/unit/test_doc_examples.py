@@ -1,4 +1,4 @@
-"""The worked example of docs/definitions.md: the values stated there are the values these tests compute."""
+"""The worked example of the README's "Counter definitions": the values stated there are the values computed here."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ TRADES: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def states() -> dict[tuple[str, str], State]:
-    cs = parse_definitions(TOML, "docs/definitions.md")
+    cs = parse_definitions(TOML, "README.md")
     router = EventRouter(cs)
     out: dict[tuple[str, str], State] = {}
     for trade in TRADES:
