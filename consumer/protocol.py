@@ -36,6 +36,14 @@ class FencedError(CountersinkError):
     """Raised when a mutator's LWT did not apply: another mutator owns the partition now."""
 
 
+class MutatorExpiredError(CountersinkError):
+    """Raised instead of flushing when a mutator is past its expiry: it must not write any more.
+
+    Its successor (a takeover, in the same process or another) replays whatever window it left open and
+    re-reads its unflushed records from Kafka.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Record:
     """One Kafka record of the partition a mutator consumes."""
@@ -169,7 +177,7 @@ class Mutator:
         return self.state_bytes
 
 
-async def flush(store: Store, mutator: Mutator) -> int:
+async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     """Flush k: open the window by LWT, write every dirty shard, then mark it done. Returns rows written.
 
     Raises :class:`FencedError` when the LWT does not apply; the mutator must then drop its state and stop.
@@ -180,6 +188,8 @@ async def flush(store: Store, mutator: Mutator) -> int:
         raise FencedError(f"mutator {mutator.id} no longer owns {mutator.pid}")
     if not mutator.needs_flush():
         return 0
+    if now_us >= mutator.record.expires_us:
+        raise MutatorExpiredError(f"mutator {mutator.id} expired; its unflushed records will be read again")
     seq = mutator.flush_seq + 1
     intent = mutator.applied_through
     if not await store.open_window(mutator.pid, mutator.id, mutator.record.born_us, seq,
@@ -208,7 +218,7 @@ async def release(store: Store, mutator: Mutator, now_us: int) -> None:
     """Clean hand-over (revoke, shutdown, rotation): final flush, record it committed, retire."""
     if mutator.released:
         return
-    await flush(store, mutator)
+    await flush(store, mutator, now_us)
     if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
         row = await store.read_partition(mutator.pid)
         if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
@@ -326,6 +336,7 @@ def apply_all(mutator: Mutator, records: Iterable[Record]) -> collections.Counte
 
 
 __all__: Sequence[str] = (
-    "Applier", "FencedError", "Mutator", "Outcome", "Record", "RecordSource", "RetryWindow", "Takeover",
+    "Applier", "FencedError", "Mutator", "MutatorExpiredError", "Outcome", "Record", "RecordSource",
+    "RetryWindow", "Takeover",
     "flush", "release", "retire_time", "take_over",
 )

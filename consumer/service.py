@@ -26,6 +26,7 @@ from consumer.protocol import (
     Applier,
     FencedError,
     Mutator,
+    MutatorExpiredError,
     Outcome,
     Record,
     RetryWindow,
@@ -188,9 +189,12 @@ class ConsumerService:
         while True:
             started = time.perf_counter()
             try:
-                rows = await flush(self.store, mutator)
+                rows = await flush(self.store, mutator, now_us())
             except FencedError as exc:
                 self._drop(tp, mutator, str(exc))
+                return
+            except MutatorExpiredError:
+                await self._replace_expired(tp, mutator)
                 return
             except CassandraUnavailableError as exc:
                 METRICS.flush_retries.inc()
@@ -214,6 +218,16 @@ class ConsumerService:
         with contextlib.suppress(Exception):
             self.consumer.pause(tp)
 
+    async def _replace_expired(self, tp: TopicPartition, mutator: Mutator) -> None:
+        """A mutator past its expiry writes nothing more: a fresh one takes the partition over (replaying
+        any window the old one left open, then retiring it) and its unflushed records are read again."""
+        successor = await self._take_over(tp)
+        self.consumer.seek(tp, successor.applied_through + 1)
+        METRICS.expiries.inc()
+        log.warning("mutator_expired", topic=tp.topic, partition=tp.partition, old=str(mutator.id),
+                    new=str(successor.id), rereading_from=successor.applied_through + 1,
+                    dropped_through=mutator.applied_through)
+
     async def _rotate_if_due(self) -> None:
         for tp, mutator in list(self.mutators.items()):
             age_s = (now_us() - mutator.record.born_us) / 1e6
@@ -224,6 +238,9 @@ class ConsumerService:
                     await release(self.store, mutator, now_us())
                 except FencedError as exc:
                     self._drop(tp, mutator, str(exc))
+                    continue
+                except MutatorExpiredError:
+                    await self._replace_expired(tp, mutator)
                     continue
                 successor = await self._take_over(tp, applier=mutator.applier)
                 log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
@@ -245,6 +262,10 @@ class ConsumerService:
             except FencedError as exc:
                 METRICS.fencings.inc()
                 log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, reason=str(exc))
+            except MutatorExpiredError:
+                # Writes nothing more; the next owner's takeover replays its open window and retires it.
+                log.warning("release_of_expired_mutator", topic=tp.topic, partition=tp.partition,
+                            mutator=str(mutator.id))
             except CassandraUnavailableError as exc:
                 # The next owner's takeover replays whatever window this left open.
                 log.error("release_failed", topic=tp.topic, partition=tp.partition, error=str(exc))

@@ -37,6 +37,8 @@ class Metrics:
         self.ownership_changes = Counter("countersink_ownership_changes", "Partitions taken over", registry=r)
         self.lag = Gauge("countersink_partition_lag", "Records between the consumer's position and the log end",
                          ["topic", "partition"], registry=r)
+        self.expiries = Counter("countersink_mutator_expiries",
+                                "Mutators replaced because they were past their expiry", registry=r)
         self.fencings = Counter("countersink_fencings", "Mutators found replaced by another owner", registry=r)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
@@ -35,9 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, counters: Path, **consumer: object
               ) -> Settings:
-    return Settings(kafka=kafka, cassandra=cassandra, consumer=ConsumerSettings(
-        group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
-        session_timeout_ms=6000, health_port=0, **consumer))
+    options: dict[str, object] = {"dead_letter_topic": f"dlq-{group}", "flush_interval_s": 0.3,
+                                  "session_timeout_ms": 6000, "health_port": 0, **consumer}
+    return Settings(kafka=kafka, cassandra=cassandra,
+                    consumer=ConsumerSettings(group_id=group, counters_file=counters, **options))
 
 
 async def _dead_letters(kafka: KafkaSettings, topic: str, expected: int) -> list:
@@ -292,4 +294,34 @@ async def test_rotation_keeps_counts_exact(
     rotations = [entry for entry in logs if entry["event"] == "mutator_rotated"]
     assert len(rotations) >= 2
     assert {entry["reason"] for entry in rotations} == {reason}
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
+
+
+async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Mutators found past their expiry at flush time write nothing more: fresh mutators take over, the
+    unflushed records are read again from Kafka, and every counter stays exact."""
+    topic = await topic_factory(partitions=2)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, flush_interval_s=1.0)
+    events, truth = make_events(3000, duplicates=60, seed=17)
+    service = ConsumerService(settings, load_definitions(counters))
+    await service.start()
+    runner = asyncio.create_task(service.run())
+    with capture_logs() as logs:
+        try:
+            await produce(kafka_settings, topic, events[:1000])
+            await asyncio.sleep(2)
+            await produce(kafka_settings, topic, events[1000:2000])
+            for mutator in list(service.mutators.values()):  # expire them, with unflushed records in memory
+                mutator.record = dataclasses.replace(mutator.record, expires_us=0)
+            await produce(kafka_settings, topic, events[2000:])
+            await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 2))
+        finally:
+            service.request_stop()
+            await runner
+            await service.stop()
+    assert any(entry["event"] == "mutator_expired" for entry in logs)
     assert await read_values(cassandra_settings, truth) == expected_values(truth)
