@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from aiokafka.errors import KafkaConnectionError
@@ -16,6 +19,7 @@ from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:
@@ -93,33 +97,34 @@ async def test_kafka_down_is_a_connection_error(kafka_settings: KafkaSettings) -
 async def test_three_nodes_rf3_quorum_survives_one_node_down(cassandra_cluster) -> None:
     """With RF=3 and one of three nodes stopped, QUORUM reads and writes succeed, ALL fails, and after the
     node returns ALL succeeds again."""
-    settings = CassandraSettings(contact_points=cassandra_cluster.contact_points,
-                                 port=cassandra_cluster.native_port, keyspace=f"t_{uuid.uuid4().hex[:12]}",
-                                 request_timeout_s=5.0,
-                                 replication="{'class': 'SimpleStrategy', 'replication_factor': 3}")
-    insert = "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?)"
-    read = "SELECT count(*) AS n FROM shards WHERE counter = ? AND key = ?"
-    async with CassandraClient(settings, use_keyspace=False) as admin:
-        await admin.ensure_schema()
-    async with CassandraClient(settings) as client:
-        await client.execute(insert, ["c", "k", uuid.uuid4(), b"a", 1], consistency=Consistency.ALL)
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.integration.cluster_client", ",".join(cassandra_cluster.contact_points),
+        str(cassandra_cluster.native_port), cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert child.stdin is not None
+    assert child.stdout is not None
+
+    async def step() -> dict[str, object]:
+        while True:
+            line = await asyncio.wait_for(child.stdout.readline(), 180)  # type: ignore[union-attr]
+            assert line, "the client process ended early"
+            if line.startswith(b"RESULT "):
+                return json.loads(line[7:])  # type: ignore[no-any-return]
+
+    try:
+        assert (await step())["step"] == "written_at_all"
         stopped = cassandra_cluster.nodes[2]
         stopped.stop()
         try:
-            await client.execute(insert, ["c", "k", uuid.uuid4(), b"b", 2], consistency=Consistency.QUORUM)
-            quorum = as_dicts(await client.execute(read, ["c", "k"], consistency=Consistency.QUORUM))
-            assert quorum[0]["n"] == 2
-            with pytest.raises(CassandraUnavailableError):
-                await client.execute(read, ["c", "k"], consistency=Consistency.ALL)
+            child.stdin.write(b"node_stopped\n")
+            down = await step()
         finally:
             stopped.restart(tied_to_parent=True)
-        deadline = time.monotonic() + 90
-        while True:  # the driver reconnects to the returned node on its own schedule
-            try:
-                everyone = as_dicts(await client.execute(read, ["c", "k"], consistency=Consistency.ALL))
-                break
-            except CassandraUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(1)
-        assert everyone[0]["n"] == 2
+        assert down["quorum_rows"] == 2
+        assert str(down["all_while_down"]).startswith("unavailable")
+        child.stdin.write(b"node_restarted\n")
+        assert (await step())["all_rows"] == 2
+        assert await asyncio.wait_for(child.wait(), 30) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
