@@ -54,11 +54,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _announce(message: str) -> None:
     """A line in the test log that capture does not swallow: servers starting and stopping."""
-    writer = _terminal[0].get_terminal_writer() if _terminal else None  # type: ignore[attr-defined]
-    if writer is None:
+    config = _terminal[0] if _terminal else None
+    capture = config.pluginmanager.getplugin("capturemanager") if config is not None else None  # type: ignore[attr-defined]
+    if capture is None:
         servers.say(message)
-    else:
-        writer.line(f"[stack] {message}")
+        return
+    with capture.global_and_fixture_disabled():
+        print(f"\n[stack] {message}", flush=True)
 
 
 @pytest.fixture(scope="session")
