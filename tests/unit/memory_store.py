@@ -1,0 +1,407 @@
+"""In-memory stand-ins for Cassandra and Kafka, for the model test of the flush/takeover/GC protocol.
+
+:class:`MemoryStore` implements :class:`consumer.store.Store` with the semantics of the CQL in
+:class:`consumer.store.CassandraStore`: the ``partitions`` row changes only by compare-and-set, shard cells
+resolve by write timestamp (ties to the larger value bytes, tombstones winning ties, as Cassandra does), and
+the GC's tally-and-delete batch is one atomic step on one partition.
+
+Every storage operation is a *gate*: the coroutine that calls it yields an :class:`Op` to whoever drives it
+and waits for a :class:`Fault` decision before the operation takes effect. The test drives the protocol's
+coroutines one operation at a time with :class:`Task`, so it chooses the interleaving of owners, zombies and
+GC workers exactly and deterministically, and for each operation whether it fails, applies with its answer
+lost, or (a shard write) is held in flight to land later or never. No event loop is involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+import types
+import uuid
+from collections.abc import Coroutine, Generator, Sequence
+from typing import Any
+
+from consumer.protocol import Record
+from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from schemas.errors import CountersinkError
+
+Instance = tuple[str, str]
+
+
+class StoreTimeoutError(CountersinkError):
+    """Raised by a faulted storage operation: the caller cannot know whether it applied."""
+
+    retriable = True
+
+
+class Fault(enum.Enum):
+    """What happens to one storage operation."""
+
+    NONE = "none"  # applies and is acknowledged
+    FAIL = "fail"  # never applies; the caller gets a timeout
+    LOST_ANSWER = "lost_answer"  # applies; the caller gets a timeout anyway
+    HOLD = "hold"  # a shard write stays in flight and may land at any later time, or never
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """A storage operation waiting at its gate."""
+
+    name: str
+    detail: object = None
+
+
+@types.coroutine
+def _gate(op: Op) -> Generator[Op, Fault | None, Fault]:
+    decision = yield op
+    return decision or Fault.NONE
+
+
+@dataclasses.dataclass
+class Cell:
+    """One Cassandra cell: a value and its write timestamp."""
+
+    value: bytes
+    ts: int
+
+    def wins_over(self, other: Cell | None) -> bool:
+        # Cassandra's reconciliation: the higher timestamp, then the larger value bytes.
+        return other is None or (self.ts, self.value) > (other.ts, other.value)
+
+
+@dataclasses.dataclass
+class ShardRow:
+    """One clustering row of ``shards``: state and through_offset cells, and the GC's row tombstone."""
+
+    state: Cell | None = None
+    through: Cell | None = None
+    deleted_ts: int | None = None
+
+    def visible(self, cell: Cell | None) -> Cell | None:
+        # A row tombstone shadows every cell written at or before its timestamp.
+        if cell is None or (self.deleted_ts is not None and cell.ts <= self.deleted_ts):
+            return None
+        return cell
+
+
+@dataclasses.dataclass(frozen=True)
+class VisibleShard:
+    mutator: uuid.UUID
+    state: bytes
+    through_offset: int
+    write_ts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSnapshot:
+    """A whole-partition read of one instance: the tally and every visible shard."""
+
+    tally: bytes | None
+    shards: tuple[VisibleShard, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldWrite:
+    """A shard write in flight: it lands whenever the test delivers it, or never."""
+
+    mutator: uuid.UUID
+    timestamp_us: int
+    write: ShardWrite
+
+
+def _bigint(value: int) -> bytes:
+    return struct.pack(">q", value)
+
+
+class MemoryStore:
+    """:class:`consumer.store.Store` in memory, for one consumer group, with fault gates on every call."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[PartitionId, PartitionRow] = {}
+        self.shards: dict[Instance, dict[uuid.UUID, ShardRow]] = {}
+        self.tallies: dict[Instance, Cell] = {}
+        self.mutators: dict[uuid.UUID, MutatorRecord] = {}
+        self.work: set[tuple[uuid.UUID, str, str]] = set()
+        self.collected: set[uuid.UUID] = set()
+        self.held: list[HeldWrite] = []
+        # Where each mutator started consuming, recorded when its create or close LWT applied: the model
+        # test uses it to say what each shard must contain.
+        self.starts: dict[uuid.UUID, int] = {}
+        # Every partitions row in the order the LWTs applied, for monotonicity checks.
+        self.row_history: list[PartitionRow] = []
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def _set_row(self, pid: PartitionId, row: PartitionRow) -> None:
+        self.partitions[pid] = row
+        self.row_history.append(row)
+
+    @staticmethod
+    def _answer(fault: Fault, applied: bool) -> bool:
+        """Finish an LWT whose effect (if any) is done: report it, or lose the answer."""
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("LWT timed out")
+        return applied
+
+    async def _lwt(self, name: str, detail: object = None) -> Fault:
+        fault = await _gate(Op(name, detail))
+        if fault is Fault.HOLD:
+            # An LWT that times out after its Paxos round was accepted is completed by the next serial
+            # operation on the row: from every other caller's view it applied, and its answer was lost.
+            fault = Fault.LOST_ANSWER
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError(f"{name} timed out before applying")
+        return fault
+
+    async def _read(self, name: str, detail: object = None) -> None:
+        if await _gate(Op(name, detail)) is not Fault.NONE:
+            raise StoreTimeoutError(f"{name} timed out")
+
+    def land(self, mutator: uuid.UUID, timestamp_us: int, write: ShardWrite) -> None:
+        """Apply one shard write (``INSERT ... USING TIMESTAMP``) cell by cell."""
+        row = self.shards.setdefault((write.counter, write.key), {}).setdefault(mutator, ShardRow())
+        state = Cell(write.state, timestamp_us)
+        through = Cell(_bigint(write.through_offset), timestamp_us)
+        if state.wins_over(row.state):
+            row.state = state
+        if through.wins_over(row.through):
+            row.through = through
+
+    def deliver(self, index: int) -> HeldWrite:
+        held = self.held.pop(index)
+        self.land(held.mutator, held.timestamp_us, held.write)
+        return held
+
+    def drop(self, index: int) -> HeldWrite:
+        return self.held.pop(index)
+
+    # -------------------------------------------------------------------------------- partitions
+
+    async def read_partition(self, pid: PartitionId) -> PartitionRow | None:
+        await self._read("read_partition")
+        return self.partitions.get(pid)
+
+    async def create_partition(self, pid: PartitionId, owner: uuid.UUID, born_us: int, last_offset: int) -> bool:
+        fault = await self._lwt("create_partition", owner)
+        applied = pid not in self.partitions
+        if applied:
+            self._set_row(pid, PartitionRow(owner, owner, born_us, 0, last_offset, last_offset))
+            self.starts[owner] = last_offset + 1
+        return self._answer(fault, applied)
+
+    async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool:
+        fault = await self._lwt("claim_partition", owner)
+        row = self.partitions.get(pid)
+        applied = row is not None and row.owner == seen.owner and row.flush_seq == seen.flush_seq
+        if applied:
+            assert row is not None
+            self._set_row(pid, dataclasses.replace(row, owner=owner))
+        return self._answer(fault, applied)
+
+    async def open_window(
+        self, pid: PartitionId, mutator: uuid.UUID, born_us: int, seq: int, committed: int, intent: int
+    ) -> bool:
+        fault = await self._lwt("open_window", (mutator, seq))
+        row = self.partitions.get(pid)
+        applied = row is not None and self._may_open(row, mutator, seq)
+        if applied:
+            assert row is not None
+            self._set_row(pid, dataclasses.replace(
+                row, window_mutator=mutator, window_born_us=born_us, flush_seq=seq,
+                committed_offset=committed, intent_offset=intent))
+        return self._answer(fault, applied)
+
+    def _may_open(self, row: PartitionRow, mutator: uuid.UUID, seq: int) -> bool:
+        """The fence: ``IF owner = mutator AND flush_seq = seq - 1`` (a subclass removes it)."""
+        return row.owner == mutator and row.flush_seq == seq - 1
+
+    async def commit_window(self, pid: PartitionId, mutator: uuid.UUID, seq: int, offset: int) -> bool:
+        fault = await self._lwt("commit_window", (mutator, seq))
+        row = self.partitions.get(pid)
+        applied = row is not None and row.owner == mutator and row.flush_seq == seq
+        if applied:
+            assert row is not None
+            self._set_row(pid, dataclasses.replace(row, committed_offset=offset))
+        return self._answer(fault, applied)
+
+    async def close_window(self, pid: PartitionId, owner: uuid.UUID, born_us: int, offset: int) -> bool:
+        fault = await self._lwt("close_window", owner)
+        row = self.partitions.get(pid)
+        # An UPDATE ... IF on a missing row does not apply.
+        applied = row is not None and row.owner == owner
+        if applied:
+            assert row is not None
+            self._set_row(pid, dataclasses.replace(
+                row, window_mutator=owner, window_born_us=born_us, flush_seq=0,
+                committed_offset=offset, intent_offset=offset))
+            self.starts[owner] = offset + 1
+        return self._answer(fault, applied)
+
+    # -------------------------------------------------------------------------------- shards
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+        # The Cassandra store sends every statement at once and waits for all: each lands or not on its own,
+        # and the call fails if any of them was not acknowledged.
+        unacknowledged = 0
+        for write in writes:
+            fault = await _gate(Op("write_shard", (mutator, timestamp_us, write)))
+            if fault in (Fault.NONE, Fault.LOST_ANSWER):
+                self.land(mutator, timestamp_us, write)
+            elif fault is Fault.HOLD:
+                self.held.append(HeldWrite(mutator, timestamp_us, write))
+            unacknowledged += fault is not Fault.NONE
+            if write.first_write:
+                fault = await _gate(Op("write_work_row", (mutator, write.counter, write.key)))
+                if fault is not Fault.FAIL:
+                    # A held work-list insert has no timestamp of interest: landing now or later is the same.
+                    self.work.add((mutator, write.counter, write.key))
+                unacknowledged += fault is not Fault.NONE
+        if unacknowledged:
+            raise StoreTimeoutError(f"{unacknowledged} shard writes not acknowledged")
+
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
+        await self._read("read_shard", (counter, key, mutator))
+        row = self.shards.get((counter, key), {}).get(mutator)
+        if row is None:
+            return None
+        state, through = row.visible(row.state), row.visible(row.through)
+        if state is None or through is None:
+            return None
+        return StoredShard(state.value, struct.unpack(">q", through.value)[0])
+
+    # -------------------------------------------------------------------------------- registry
+
+    async def register_mutator(self, record: MutatorRecord) -> None:
+        fault = await _gate(Op("register_mutator", record.id))
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError("register_mutator timed out before applying")
+        # A plain INSERT of the other columns: a retired_us already set stays.
+        old = self.mutators.get(record.id)
+        self.mutators[record.id] = dataclasses.replace(record, retired_us=old.retired_us if old else None)
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("register_mutator applied, answer lost")
+
+    async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None:
+        fault = await self._lwt("retire_mutator", mutator)
+        record = self.mutators.get(mutator)
+        # UPDATE ... IF retired_us = null: a missing row has a null column, so the LWT creates it.
+        if record is None:
+            self.mutators[mutator] = MutatorRecord(mutator, "", "", -1, "", 0, 0, retired_us)
+        elif record.retired_us is None:
+            self.mutators[mutator] = dataclasses.replace(record, retired_us=retired_us)
+        self._answer(fault, True)
+
+    # -------------------------------------------------------------------------------- what the GC uses
+
+    async def read_registry(self) -> tuple[dict[uuid.UUID, MutatorRecord], frozenset[uuid.UUID]]:
+        """Every mutator, and those already collected."""
+        await self._read("read_registry")
+        return dict(self.mutators), frozenset(self.collected)
+
+    async def read_work(self, mutator: uuid.UUID) -> list[Instance]:
+        await self._read("read_work", mutator)
+        return sorted((c, k) for m, c, k in self.work if m == mutator)
+
+    async def read_instance(self, counter: str, key: str) -> InstanceSnapshot:
+        """The whole partition of one instance at CL ALL: tally and every visible shard, atomically."""
+        await self._read("read_instance", (counter, key))
+        return self.snapshot(counter, key)
+
+    def snapshot(self, counter: str, key: str) -> InstanceSnapshot:
+        shards = []
+        for mutator, row in sorted(self.shards.get((counter, key), {}).items()):
+            state, through = row.visible(row.state), row.visible(row.through)
+            if state is not None and through is not None:
+                shards.append(VisibleShard(mutator, state.value, struct.unpack(">q", through.value)[0],
+                                           max(state.ts, through.ts)))
+        tally = self.tallies.get((counter, key))
+        return InstanceSnapshot(tally.value if tally else None, tuple(shards))
+
+    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], ts: int) -> None:
+        """The GC batch: write the static tally and delete the folded shard rows, all ``USING TIMESTAMP ts``;
+        one partition, so Cassandra applies it atomically."""
+        fault = await _gate(Op("gc_batch", (counter, key, tuple(folded), ts)))
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError("gc batch timed out before applying")
+        cell = Cell(tally, ts)
+        if cell.wins_over(self.tallies.get((counter, key))):
+            self.tallies[(counter, key)] = cell
+        rows = self.shards.setdefault((counter, key), {})
+        for mutator in folded:
+            row = rows.setdefault(mutator, ShardRow())
+            row.deleted_ts = ts if row.deleted_ts is None else max(row.deleted_ts, ts)
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("gc batch applied, answer lost")
+
+    async def mark_collected(self, mutator: uuid.UUID) -> None:
+        fault = await _gate(Op("mark_collected", mutator))
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError("mark_collected timed out before applying")
+        self.collected.add(mutator)
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("mark_collected applied, answer lost")
+
+
+class MemoryLog:
+    """One Kafka partition's log: a :class:`consumer.protocol.RecordSource` over a list of records."""
+
+    def __init__(self, values: Sequence[bytes | None]) -> None:
+        self.records = [Record(offset, value) for offset, value in enumerate(values)]
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+        return self.records[max(first, 0):max(last + 1, 0)]
+
+
+class Task:
+    """A protocol coroutine driven one storage operation at a time.
+
+    ``pending`` is the operation the coroutine waits at; :meth:`step` lets it take effect (with a fault) and
+    runs the caller's code up to the next one. When the coroutine ends, ``done`` is set and ``result`` or
+    ``error`` holds its outcome.
+    """
+
+    def __init__(self, label: str, coro: Coroutine[Any, Any, Any]) -> None:
+        self.label = label
+        self._coro = coro
+        self.pending: Op | None = None
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._advance(None)
+
+    def _advance(self, fault: Fault | None) -> None:
+        try:
+            yielded = self._coro.send(fault)
+        except StopIteration as stop:
+            self.done, self.pending, self.result = True, None, stop.value
+        except CountersinkError as exc:  # the protocol's own errors and storage timeouts
+            self.done, self.pending, self.error = True, None, exc
+        else:
+            if not isinstance(yielded, Op):
+                raise TypeError(f"{self.label} awaited something other than a storage gate: {yielded!r}")
+            self.pending = yielded
+
+    def step(self, fault: Fault = Fault.NONE) -> None:
+        if self.done:
+            raise RuntimeError(f"{self.label} has finished")
+        self._advance(fault)
+
+    def finish(self) -> Task:
+        """Run to the end with no faults."""
+        while not self.done:
+            self.step()
+        return self
+
+    def abandon(self) -> None:
+        """The process running it dies: operations not yet at their gate never happen."""
+        self._coro.close()
+        self.done, self.pending = True, None
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine to its end without faults and return its result (or raise its error)."""
+    task = Task("run", coro).finish()
+    if task.error is not None:
+        raise task.error
+    return task.result
