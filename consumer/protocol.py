@@ -279,8 +279,9 @@ async def take_over(
         replayed_records, replayed_instances = await _replay_window(
             store, source, applier_factory(), row.window_mutator, row.window_born_us, row.flush_seq,
             row.committed_offset, row.intent_offset)
-    if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
-        raise FencedError(f"{pid} was claimed by another mutator during takeover")
+    # Retire before closing: once the close renames the window, no later claimant would know W any more.
+    # Retiring first is safe: the replay above is acknowledged, retiring is set-once, and a repeated replay
+    # writes at born_us(W) + seq, below the retire time, so the GC's deletion hides it.
     retired: list[uuid.UUID] = []
     if row.window_mutator is not None and row.window_mutator != new.id:
         # Only the window's writer has shards, stamped born_us(W) + seq: its retire time must exceed them
@@ -290,6 +291,8 @@ async def take_over(
     if row.owner is not None and row.owner not in (new.id, row.window_mutator):
         await store.retire_mutator(row.owner, now_us)  # a claimant that died before writing anything
         retired.append(row.owner)
+    if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
+        raise FencedError(f"{pid} was claimed by another mutator during takeover")
     return Takeover(row.intent_offset + 1, replayed_records, replayed_instances, tuple(retired), row.owner)
 
 

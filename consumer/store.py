@@ -148,10 +148,13 @@ class CassandraStore:
         )
 
     async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool:
+        # (owner, flush_seq) alone repeats: close_window resets flush_seq to 0 under the same owner, so a
+        # claim prepared from an older read could apply and rewind the partition. window_mutator makes the
+        # triple unique: every close renames it to the new owner, whose flush_seq then only grows.
         return await self._lwt(
             "UPDATE partitions SET owner = ? WHERE consumer_group = ? AND topic = ? AND partition = ? "
-            "IF owner = ? AND flush_seq = ?",
-            [owner, pid.consumer_group, pid.topic, pid.partition, seen.owner, seen.flush_seq],
+            "IF owner = ? AND flush_seq = ? AND window_mutator = ?",
+            [owner, pid.consumer_group, pid.topic, pid.partition, seen.owner, seen.flush_seq, seen.window_mutator],
         )
 
     async def open_window(

@@ -193,7 +193,8 @@ class MemoryStore:
     async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool:
         fault = await self._lwt("claim_partition", owner)
         row = self.partitions.get(pid)
-        applied = row is not None and row.owner == seen.owner and row.flush_seq == seen.flush_seq
+        applied = (row is not None and row.owner == seen.owner and row.flush_seq == seen.flush_seq
+                   and row.window_mutator == seen.window_mutator)
         if applied:
             assert row is not None
             self._set_row(pid, dataclasses.replace(row, owner=owner))

@@ -517,10 +517,6 @@ def test_every_event_counts_exactly_once() -> None:
     run_model(ProtocolModel, MODEL_SETTINGS)
 
 
-@pytest.mark.xfail(strict=True, raises=ProtocolViolation, reason=(
-    "take_over retires W only after close_window has renamed the window to the new owner: a takeover that "
-    "dies (or whose retire LWT fails) between the two leaves W unretired forever, so the GC never folds its "
-    "shards"))
 def test_every_retired_owner_is_eventually_collected() -> None:
     """Every mutator but the current owner is eventually retired, so the GC folds all of its shards."""
     run_model(LivenessModel, MUST_FAIL_SETTINGS)
@@ -556,9 +552,6 @@ def _consume_and_flush(store: MemoryStore, log: MemoryLog, record: MutatorRecord
     return mutator
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "claim_partition's condition (owner, flush_seq) is not unique over time: close_window resets flush_seq "
-    "to 0 under the same owner, so a claim prepared from an older read can apply and rewind the partition"))
 def test_claim_from_a_stale_read_does_not_rewind_the_partition() -> None:
     """A claimant whose read of the ownership row predates the current owner's takeover must not win the
     claim LWT and restart the partition from the old intent offset (records would be counted twice)."""
