@@ -12,10 +12,7 @@ from typing import Any, Self
 
 from schemas.errors import CorruptStateError, IncompatibleStateError
 from schemas.kinds._codec import Reader, put_decimal, put_double, put_int
-from schemas.kinds.base import NumberMode, State, split_header
-
-_MODE_BYTES: dict[str, int] = {"integer": 0, "decimal": 1, "float": 2}
-_MODES: dict[int, NumberMode] = {0: "integer", 1: "decimal", 2: "float"}
+from schemas.kinds.base import NUMBER_MODE_BYTES, NumberMode, State, read_number_mode, split_header
 
 
 class ExtremumState(State):
@@ -44,7 +41,7 @@ class ExtremumState(State):
         return 64 if self._v is None else 96
 
     def _body(self) -> bytes:
-        out = bytearray((_MODE_BYTES[self._mode],))
+        out = bytearray((NUMBER_MODE_BYTES[self._mode],))
         v = self._v
         if v is None:
             out.append(0)
@@ -62,9 +59,7 @@ class ExtremumState(State):
     def _decode(cls, data: bytes, tag: int, versions: frozenset[int]) -> Self:
         _, body = split_header(data, tag, versions)
         r = Reader(body)
-        mode = _MODES.get(r.byte())
-        if mode is None:
-            raise CorruptStateError(f"unknown {cls.kind} number mode")
+        mode = read_number_mode(r, cls.kind)
         present = r.byte()
         v: int | Decimal | float | None
         if present == 0:

@@ -19,10 +19,8 @@ from typing import Any, ClassVar, Self
 from schemas.errors import CorruptStateError, IncompatibleStateError
 from schemas.kinds import _numeric
 from schemas.kinds._codec import Reader, put_decimal, put_fixed, put_int, put_uvarint
-from schemas.kinds.base import NumberMode, State, split_header
+from schemas.kinds.base import NUMBER_MODE_BYTES, NumberMode, State, read_number_mode, split_header
 
-_MODE_BYTES: dict[str, int] = {"integer": 0, "decimal": 1, "float": 2}
-_MODES: dict[int, NumberMode] = {0: "integer", 1: "decimal", 2: "float"}
 _ZERO = Decimal(0)
 
 
@@ -106,7 +104,7 @@ class PowerSums(State):
         return _numeric.ratio_to_float(a, b * self._n)
 
     def _body(self) -> bytes:
-        out = bytearray((_MODE_BYTES[self._mode],))
+        out = bytearray((NUMBER_MODE_BYTES[self._mode],))
         put_uvarint(out, self._n)
         sums = (self._s1, self._s2) if self.squares else (self._s1,)
         for s in sums:
@@ -122,9 +120,7 @@ class PowerSums(State):
     def _decode(cls, data: bytes, tag: int, versions: frozenset[int]) -> Self:
         _, body = split_header(data, tag, versions)
         r = Reader(body)
-        mode = _MODES.get(r.byte())
-        if mode is None:
-            raise CorruptStateError(f"unknown {cls.kind} number mode")
+        mode = read_number_mode(r, cls.kind)
         n = r.uvarint()
         read = {"decimal": r.decimal, "float": r.fixed, "integer": r.int_}[mode]
         s1 = read()

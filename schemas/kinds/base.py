@@ -14,11 +14,28 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Self
+from typing import TYPE_CHECKING, ClassVar, Literal, Self
 
 from schemas.errors import CorruptStateError, UnknownStateTagError, UnsupportedStateVersionError
 
+if TYPE_CHECKING:
+    from schemas.kinds._codec import Reader
+
 NumberMode = Literal["integer", "decimal", "float"]
+
+# The number mode's byte in stored bodies (sum, min, max, mean, variance): part of every such format, so
+# defined once. Adding a mode means adding a byte here, never renumbering one.
+NUMBER_MODE_BYTES: dict[NumberMode, int] = {"integer": 0, "decimal": 1, "float": 2}
+_NUMBER_MODES: dict[int, NumberMode] = {byte: mode for mode, byte in NUMBER_MODE_BYTES.items()}
+
+
+def read_number_mode(reader: Reader, kind: str) -> NumberMode:
+    """Read a body's number-mode byte; an unknown byte is corrupt state."""
+    byte = reader.byte()
+    mode = _NUMBER_MODES.get(byte)
+    if mode is None:
+        raise CorruptStateError(f"unknown {kind} number mode {byte}")
+    return mode
 
 # Larger than any body a supported configuration writes (an HLL_8 sketch at lg_k 21 is 2 MiB, a KLL
 # sketch at k 65535 a few MiB), small enough that a corrupt blob cannot make a reader allocate without bound.

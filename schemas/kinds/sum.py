@@ -19,11 +19,10 @@ from typing import ClassVar, Self
 from schemas.errors import CorruptStateError, IncompatibleStateError
 from schemas.kinds import _numeric
 from schemas.kinds._codec import Reader, put_decimal, put_fixed, put_int
-from schemas.kinds.base import KindSpec, State, split_header
+from schemas.kinds.base import NUMBER_MODE_BYTES, KindSpec, State, read_number_mode, split_header
 
 TAG = 1
 VERSIONS = frozenset({1})
-_MODE_BYTES = {"integer": 0, "decimal": 1, "float": 2}
 
 
 class SumState(State):
@@ -65,7 +64,7 @@ class IntegerSum(SumState):
         return 56 + self._total.bit_length() // 8
 
     def _body(self) -> bytes:
-        out = bytearray((_MODE_BYTES["integer"],))
+        out = bytearray((NUMBER_MODE_BYTES["integer"],))
         put_int(out, self._total)
         return bytes(out)
 
@@ -98,7 +97,7 @@ class DecimalSum(SumState):
         return 56 if self._total is None else 160
 
     def _body(self) -> bytes:
-        out = bytearray((_MODE_BYTES["decimal"],))
+        out = bytearray((NUMBER_MODE_BYTES["decimal"],))
         if self._total is None:
             out.append(0)
         else:
@@ -137,7 +136,7 @@ class FloatSum(SumState):
         return 56 + self._units.bit_length() // 8
 
     def _body(self) -> bytes:
-        out = bytearray((_MODE_BYTES["float"],))
+        out = bytearray((NUMBER_MODE_BYTES["float"],))
         put_fixed(out, self._units)
         return bytes(out)
 
@@ -154,18 +153,16 @@ def state_from_bytes(data: bytes) -> SumState:
     """Decode bytes written by :meth:`SumState.to_bytes` of any supported version."""
     _, body = split_header(data, TAG, VERSIONS)
     r = Reader(body)
-    mode = r.byte()
+    mode = read_number_mode(r, "sum")
     state: SumState
-    if mode == 0:
+    if mode == "integer":
         state = IntegerSum(r.int_())
-    elif mode == 1:
+    elif mode == "decimal":
         present = r.byte()
         if present not in (0, 1):
             raise CorruptStateError(f"decimal sum presence byte is {present}")
         state = DecimalSum(r.decimal() if present else None)
-    elif mode == 2:
-        state = FloatSum(r.fixed())
     else:
-        raise CorruptStateError(f"unknown sum number mode {mode}")
+        state = FloatSum(r.fixed())
     r.end()
     return state
