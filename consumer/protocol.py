@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import enum
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from consumer.store import MutatorRecord, PartitionId, ShardWrite, Store
@@ -328,14 +328,6 @@ async def _replay_window(
     writes = [ShardWrite(c, k, state.to_bytes(), intent, True) for (c, k), (state, _) in sorted(states.items())]
     await store.write_shards(writer, writer_born_us + seq, writes)
     return len(records), len(writes)
-
-
-def apply_all(mutator: Mutator, records: Iterable[Record]) -> collections.Counter[Outcome]:
-    outcomes: collections.Counter[Outcome] = collections.Counter()
-    for record in records:
-        outcome, _ = mutator.apply(record)
-        outcomes[outcome] += 1
-    return outcomes
 
 
 __all__: Sequence[str] = (

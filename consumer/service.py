@@ -168,12 +168,16 @@ class ConsumerService:
             return True
         return any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values())
 
-    async def flush_all(self) -> None:
-        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too)."""
-        # Dead letters must be durable before the window that skips their records is committed.
+    async def _deliver_dead_letters(self) -> None:
+        """Wait until every dead letter sent so far is acknowledged: they must be durable before any window
+        that skips their records is committed."""
         if self._pending_dead_letters:
             deliveries, self._pending_dead_letters = self._pending_dead_letters, []
             await asyncio.gather(*deliveries)
+
+    async def flush_all(self) -> None:
+        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too)."""
+        await self._deliver_dead_letters()
         for tp, mutator in list(self.mutators.items()):
             await self._flush_one(tp, mutator)
         self._last_flush = time.monotonic()
@@ -249,8 +253,7 @@ class ConsumerService:
     # ------------------------------------------------------------------------------------ rebalancing
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if self._pending_dead_letters:
-            await self.flush_all()
+        await self._deliver_dead_letters()
         for tp in revoked:
             mutator = self.mutators.pop(tp, None)
             if mutator is None or mutator.fenced:

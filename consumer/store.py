@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.settings import Consistency
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +221,6 @@ class CassandraStore:
 
 __all__ = [
     "CassandraStore",
-    "Consistency",
     "MutatorRecord",
     "PartitionId",
     "PartitionRow",
