@@ -7,7 +7,6 @@ value matches (sketches within their stated bounds). Everything it starts, it st
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import signal
 import subprocess
@@ -17,13 +16,14 @@ from pathlib import Path
 
 from aiokafka import TopicPartition
 
-from countersink.cassandra import CassandraClient, as_dicts
-from countersink.kafka import ensure_topics, make_consumer, make_producer
+from countersink.cassandra import CassandraClient
+from countersink.kafka import ensure_topics, make_consumer
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, KafkaSettings
 from demo.checks import Row, compare
 from demo.sample import make_stream
 from stack import servers
+from stack.loading import end_offsets, publish, wait_until_flushed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -72,45 +72,20 @@ def consumer_env(kafka: KafkaSettings, cassandra: CassandraSettings) -> dict[str
     }
 
 
-async def publish(kafka: KafkaSettings, stream: dict[str, list[bytes]]) -> None:
+async def publish_stream(kafka: KafkaSettings, stream: dict[str, list[bytes]]) -> None:
     total = sum(len(events) for events in stream.values())
     done = 0
-    async with make_producer(kafka) as producer:
-        for topic, events in stream.items():
-            deliveries = []
-            for event in events:
-                # Keyed by content: a publisher retry re-sends the same record to the same partition.
-                deliveries.append(await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest()))
-            await asyncio.gather(*deliveries)
-            done += len(events)
-            say(f"published {done}/{total} events ({topic}: {len(events)})")
+    for topic, events in stream.items():
+        await publish(kafka, topic, events)
+        done += len(events)
+        say(f"published {done}/{total} events ({topic}: {len(events)})")
 
 
 async def wait_for_lag_zero(kafka: KafkaSettings, cassandra: CassandraSettings, timeout_s: float = 300) -> None:
-    consumer = make_consumer(kafka)
-    async with consumer:
-        tps = [TopicPartition(t, p) for t, n in PARTITIONS.items() for p in range(n)]
-        ends = await consumer.end_offsets(tps)
     started = time.monotonic()
-    last_report = 0.0
-    async with CassandraClient(cassandra) as client:
-        while True:
-            behind = 0
-            for topic, count in PARTITIONS.items():
-                rows = as_dicts(await client.execute(
-                    "SELECT partition, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
-                    "AND partition IN ?", [GROUP, topic, list(range(count))]))
-                flushed = {row["partition"]: row["intent_offset"] for row in rows}
-                behind += sum(max(0, ends[TopicPartition(topic, p)] - 1 - flushed.get(p, -1)) for p in range(count))
-            if behind == 0:
-                say(f"lag 0: every record counted and flushed after {time.monotonic() - started:.0f}s")
-                return
-            if time.monotonic() - last_report > 3:
-                say(f"waiting for the consumers: {behind} records not yet flushed")
-                last_report = time.monotonic()
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"consumers still {behind} records behind after {timeout_s:.0f}s")
-            await asyncio.sleep(0.5)
+    await wait_until_flushed(cassandra, GROUP, await end_offsets(kafka, PARTITIONS), timeout_s,
+                             lambda behind: say(f"waiting for the consumers: {behind} records not yet flushed"))
+    say(f"lag 0: every record counted and flushed after {time.monotonic() - started:.0f}s")
 
 
 async def count_dead_letters(kafka: KafkaSettings) -> int:
@@ -161,7 +136,7 @@ async def run() -> int:
         stream, truth = make_stream(trades=20_000, likes=8_000, api_calls=6_000, duplicates=400, malformed=30)
         consumers.extend(start_consumers(2, consumer_env(kafka, cassandra), log_path))
         say(f"two consumers started (logs: {log_path})")
-        await publish(kafka, stream)
+        await publish_stream(kafka, stream)
         await wait_for_lag_zero(kafka, cassandra)
         async with CassandraClient(cassandra) as client:
             rows = await compare(CounterReader(client), truth)

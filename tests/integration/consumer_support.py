@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import random
-import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from aiokafka import TopicPartition
-
-from countersink.cassandra import CassandraClient, as_dicts
-from countersink.kafka import make_consumer, make_producer
+from countersink.cassandra import CassandraClient
 from countersink.reader import read_state
-from countersink.settings import CassandraSettings, KafkaSettings
+from countersink.settings import CassandraSettings
 
 DEFINITIONS = """
 [[counter]]
@@ -89,40 +83,6 @@ def make_events(n: int, *, symbols: int = 20, duplicates: int = 0, malformed: in
     truth.malformed = malformed
     truth.produced = len(events)
     return events, truth
-
-
-async def produce(settings: KafkaSettings, topic: str, events: list[bytes]) -> None:
-    """Publish in order. The key is derived from the event, as a retrying publisher re-sends the same record
-    with the same key: a retry lands in the same partition as the original."""
-    async with make_producer(settings) as producer:
-        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest())
-                      for event in events]
-        await asyncio.gather(*deliveries)
-
-
-async def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, int]:
-    consumer = make_consumer(settings)
-    async with consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        ends = await consumer.end_offsets(tps)
-    return {tp.partition: offset for tp, offset in ends.items()}
-
-
-async def wait_until_flushed(cassandra: CassandraSettings, group: str, topic: str, ends: dict[int, int],
-                             within_s: float = 120.0) -> None:
-    """Until every partition's ownership row shows a flush through its last record."""
-    deadline = time.monotonic() + within_s
-    async with CassandraClient(cassandra) as client:
-        while True:
-            rows = as_dicts(await client.execute(
-                "SELECT partition, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
-                "AND partition IN ?", [group, topic, list(ends)]))
-            through = {row["partition"]: row["intent_offset"] for row in rows}
-            if all(through.get(p, -1) >= end - 1 for p, end in ends.items()):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not flushed within {within_s}s: {through} vs ends {ends}")
-            await asyncio.sleep(0.5)
 
 
 async def read_values(cassandra: CassandraSettings, truth: Truth) -> dict[str, dict[str, object]]:

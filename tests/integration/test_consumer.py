@@ -19,15 +19,8 @@ from consumer.service import ConsumerService
 from countersink.kafka import make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import load_definitions
-from tests.integration.consumer_support import (
-    end_offsets,
-    expected_values,
-    make_events,
-    produce,
-    read_values,
-    wait_until_flushed,
-    write_definitions,
-)
+from stack.loading import end_offsets, publish, wait_until_flushed
+from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +58,14 @@ async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(
     group = f"g{os.urandom(4).hex()}"
     counters = write_definitions(tmp_path, topic)
     events, truth = make_events(1500, duplicates=120, malformed=25)
-    await produce(kafka_settings, topic, events)
+    await publish(kafka_settings, topic, events)
     settings = _settings(kafka_settings, cassandra_settings, group, counters)
 
     service = ConsumerService(settings, load_definitions(counters))
     await service.start()
     runner = asyncio.create_task(service.run())
     try:
-        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3))
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
     finally:
         service.request_stop()
         await runner
@@ -124,13 +117,13 @@ async def test_kill_9_at_random_moments_then_restart_counts_exactly(
     kills = 0
     try:
         for chunk in chunks:
-            await produce(kafka_settings, topic, chunk)
+            await publish(kafka_settings, topic, chunk)
             await asyncio.sleep(rng.uniform(0.2, 2.5))  # kill at a random point of consuming/flushing
             process.kill()
             process.wait(timeout=30)
             kills += 1
             process = _start_consumer(settings, log)
-        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}),
                                  within_s=180)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -157,15 +150,15 @@ async def test_zombie_frozen_past_its_session_then_resumed_counts_nothing_twice(
     zombie = _start_consumer(settings, log)
     successor = None
     try:
-        await produce(kafka_settings, topic, events[:1500])
+        await publish(kafka_settings, topic, events[:1500])
         await asyncio.sleep(3)
         zombie.send_signal(signal.SIGSTOP)
-        await produce(kafka_settings, topic, events[1500:2500])
+        await publish(kafka_settings, topic, events[1500:2500])
         successor = _start_consumer(settings, log)
         await asyncio.sleep(12)  # past the 6 s session timeout: the group gives everything to the successor
         zombie.send_signal(signal.SIGCONT)
-        await produce(kafka_settings, topic, events[2500:])
-        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+        await publish(kafka_settings, topic, events[2500:])
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}),
                                  within_s=180)
         for process in (zombie, successor):
             process.send_signal(signal.SIGTERM)
@@ -198,7 +191,7 @@ async def test_rebalances_in_a_group_of_three_while_events_flow(
     rng = random.Random(4)
     try:
         for i, chunk in enumerate(chunks):
-            await produce(kafka_settings, topic, chunk)
+            await publish(kafka_settings, topic, chunk)
             await asyncio.sleep(rng.uniform(1.0, 3.0))
             leaving = members.pop(rng.randrange(len(members)))
             if i % 2:
@@ -208,8 +201,8 @@ async def test_rebalances_in_a_group_of_three_while_events_flow(
                 leaving.kill()
                 leaving.wait(timeout=30)
             members.append(_start_consumer(settings, log))
-        await wait_until_flushed(cassandra_settings, group, topic,
-                                 await end_offsets(kafka_settings, topic, 6), within_s=180)
+        await wait_until_flushed(cassandra_settings, group,
+                                 await end_offsets(kafka_settings, {topic: 6}), within_s=180)
         for member in members:
             member.send_signal(signal.SIGTERM)
         assert [member.wait(timeout=60) for member in members] == [0, 0, 0]
@@ -238,19 +231,19 @@ async def test_kafka_broker_and_cassandra_restart_mid_stream(
     log = tmp_path / "consumer.log"
     process = _start_consumer(settings, log)
     try:
-        await produce(kafka_settings, topic, events[:1500])
+        await publish(kafka_settings, topic, events[:1500])
         await asyncio.sleep(2)
         # Restarted from this (main) thread so the servers stay tied to the session; the consumer under test
         # is a separate process, so blocking this event loop meanwhile is harmless.
         local_kafka.restart(tied_to_parent=True)
-        await produce(kafka_settings, topic, events[1500:3000])
+        await publish(kafka_settings, topic, events[1500:3000])
         await asyncio.sleep(2)
         local_cassandra.process.stop(timeout=60)  # down while events keep coming
-        await produce(kafka_settings, topic, events[3000:])
+        await publish(kafka_settings, topic, events[3000:])
         await asyncio.sleep(3)
         assert process.poll() is None, "the consumer must wait for Cassandra, not exit"
         local_cassandra.restart(tied_to_parent=True)
-        await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 3),
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}),
                                  within_s=240)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -284,9 +277,9 @@ async def test_rotation_keeps_counts_exact(
     with capture_logs() as logs:
         try:
             for i in range(0, len(events), 1000):
-                await produce(kafka_settings, topic, events[i:i + 1000])
+                await publish(kafka_settings, topic, events[i:i + 1000])
                 await asyncio.sleep(1.5)
-            await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 2))
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
         finally:
             service.request_stop()
             await runner
@@ -312,13 +305,13 @@ async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
     runner = asyncio.create_task(service.run())
     with capture_logs() as logs:
         try:
-            await produce(kafka_settings, topic, events[:1000])
+            await publish(kafka_settings, topic, events[:1000])
             await asyncio.sleep(2)
-            await produce(kafka_settings, topic, events[1000:2000])
+            await publish(kafka_settings, topic, events[1000:2000])
             for mutator in list(service.mutators.values()):  # expire them, with unflushed records in memory
                 mutator.record = dataclasses.replace(mutator.record, expires_us=0)
-            await produce(kafka_settings, topic, events[2000:])
-            await wait_until_flushed(cassandra_settings, group, topic, await end_offsets(kafka_settings, topic, 2))
+            await publish(kafka_settings, topic, events[2000:])
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
         finally:
             service.request_stop()
             await runner

@@ -1,0 +1,59 @@
+"""Loading a topic and waiting for countersink to catch up: shared by the demo and the consumer tests."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+
+from aiokafka import TopicPartition
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.kafka import make_consumer, make_producer
+from countersink.settings import CassandraSettings, KafkaSettings
+
+
+async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes]) -> None:
+    """Publish in order, each keyed by its own content: a retrying publisher re-sends the same record with
+    the same key, so a retry lands in the same partition as the original."""
+    async with make_producer(settings) as producer:
+        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest())
+                      for event in events]
+        await asyncio.gather(*deliveries)
+
+
+async def end_offsets(settings: KafkaSettings, partitions: dict[str, int]) -> dict[TopicPartition, int]:
+    """The log-end offset of every partition of the given topics (topic -> partition count)."""
+    tps = [TopicPartition(topic, p) for topic, count in partitions.items() for p in range(count)]
+    async with make_consumer(settings) as consumer:
+        ends = await consumer.end_offsets(tps)
+    return {tp: int(offset) for tp, offset in ends.items()}
+
+
+async def unflushed(client: CassandraClient, group: str, ends: dict[TopicPartition, int]) -> int:
+    """Records below ``ends`` that the group's ownership rows do not yet show flushed."""
+    behind = 0
+    for topic in sorted({tp.topic for tp in ends}):
+        partitions = sorted(tp.partition for tp in ends if tp.topic == topic)
+        rows = as_dicts(await client.execute(
+            "SELECT partition, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+            "AND partition IN ?", [group, topic, partitions]))
+        flushed = {row["partition"]: row["intent_offset"] for row in rows}
+        behind += sum(max(0, ends[TopicPartition(topic, p)] - 1 - flushed.get(p, -1)) for p in partitions)
+    return behind
+
+
+async def wait_until_flushed(cassandra: CassandraSettings, group: str, ends: dict[TopicPartition, int],
+                             within_s: float = 120.0, progress: Callable[[int], None] | None = None) -> None:
+    """Until every partition's ownership row shows a flush through its last record; ``progress`` hears the
+    number of records still behind every 3 seconds."""
+    started = last_report = time.monotonic()
+    async with CassandraClient(cassandra) as client:
+        while (behind := await unflushed(client, group, ends)) > 0:
+            if time.monotonic() - started > within_s:
+                raise TimeoutError(f"{behind} records still not flushed after {within_s:.0f}s")
+            if progress is not None and time.monotonic() - last_report >= 3:
+                progress(behind)
+                last_report = time.monotonic()
+            await asyncio.sleep(0.5)
