@@ -89,6 +89,10 @@ class ConsumerService:
         self.mutators: dict[TopicPartition, Mutator] = {}
         self._pending_dead_letters: list[Awaitable[Any]] = []
         self._stopping = asyncio.Event()
+        # Held while a batch is applied, flushed and rotated, and by the rebalance callbacks (which aiokafka
+        # runs in its coordinator task, concurrently with this loop): a rotation must never take over a
+        # partition that a revoke is handing to another member at the same moment.
+        self._ownership = asyncio.Lock()
         self._started = False
         self._last_flush = time.monotonic()
         self.ready = False
@@ -126,17 +130,23 @@ class ConsumerService:
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
             self.ready = True
-            for tp, messages in batches.items():
-                mutator = self.mutators.get(tp)
-                if mutator is None or mutator.fenced:
-                    continue
-                await self._apply(tp, mutator, [Record(m.offset, m.value) for m in messages])
-                highwater = self.consumer.highwater(tp)
-                if highwater is not None:
-                    METRICS.lag.labels(tp.topic, str(tp.partition)).set(max(0, highwater - messages[-1].offset - 1))
-            if self._flush_due():
-                await self.flush_all()
-                await self._rotate_if_due()
+            offsets = None
+            async with self._ownership:
+                for tp, messages in batches.items():
+                    # None when the partition was revoked after this batch was fetched
+                    mutator = self.mutators.get(tp)
+                    if mutator is None or mutator.fenced:
+                        continue
+                    await self._apply(tp, mutator, [Record(m.offset, m.value) for m in messages])
+                    highwater = self.consumer.highwater(tp)
+                    if highwater is not None:
+                        METRICS.lag.labels(tp.topic, str(tp.partition)).set(
+                            max(0, highwater - messages[-1].offset - 1))
+                if self._flush_due():
+                    offsets = await self.flush_all()
+                    await self._rotate_if_due()
+            if offsets:
+                await self._commit_for_lag(offsets)
 
     async def _apply(self, tp: TopicPartition, mutator: Mutator, records: list[Record]) -> None:
         applied = duplicates = 0
@@ -175,18 +185,22 @@ class ConsumerService:
             deliveries, self._pending_dead_letters = self._pending_dead_letters, []
             await asyncio.gather(*deliveries)
 
-    async def flush_all(self) -> None:
-        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too)."""
+    async def flush_all(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too).
+        Returns the offsets to commit to Kafka for lag monitoring."""
         await self._deliver_dead_letters()
         for tp, mutator in list(self.mutators.items()):
             await self._flush_one(tp, mutator)
         self._last_flush = time.monotonic()
         self.cassandra.sample_driver_metrics()
-        offsets = {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
-                   if m.flushed_through >= 0 and not m.fenced}
-        if offsets:
-            with contextlib.suppress(Exception):  # lag monitoring only: never let it stop counting
-                await self.consumer.commit(offsets)
+        return {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
+                if m.flushed_through >= 0 and not m.fenced}
+
+    async def _commit_for_lag(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """Commit to Kafka for lag tools only (start positions come from Cassandra). Outside the ownership
+        lock: during a rebalance a commit waits for the coordinator, which may be waiting for that lock."""
+        with contextlib.suppress(Exception):  # lag monitoring only: never let it stop counting
+            await asyncio.wait_for(self.consumer.commit(offsets), self.config.session_timeout_ms / 1000)
 
     async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> None:
         delay = 0.1
@@ -253,6 +267,10 @@ class ConsumerService:
     # ------------------------------------------------------------------------------------ rebalancing
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        async with self._ownership:
+            await self._release_partitions(revoked)
+
+    async def _release_partitions(self, revoked: list[TopicPartition]) -> None:
         await self._deliver_dead_letters()
         for tp in revoked:
             mutator = self.mutators.pop(tp, None)
@@ -275,6 +293,10 @@ class ConsumerService:
         METRICS.live_mutators.set(len(self.mutators))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        async with self._ownership:
+            await self._take_partitions(assigned)
+
+    async def _take_partitions(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             if tp in self.mutators:
                 continue
@@ -342,7 +364,8 @@ class ConsumerService:
         self._started = False
         self._stopping.set()
         try:
-            await self.on_partitions_revoked(list(self.mutators))
+            async with self._ownership:
+                await self._release_partitions(list(self.mutators))
         finally:
             for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
                           self.cassandra.stop):
