@@ -7,7 +7,6 @@ value matches (sketches within their stated bounds). Everything it starts, it st
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from countersink.settings import CassandraSettings, KafkaSettings
 from demo.checks import Row, compare
 from demo.sample import make_stream
 from stack import servers
-from stack.loading import end_offsets, publish, wait_until_flushed
+from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,18 +57,9 @@ def start_servers() -> tuple[servers.KafkaServer, servers.CassandraNode]:
 
 
 def consumer_env(kafka: KafkaSettings, cassandra: CassandraSettings) -> dict[str, str]:
-    return {
-        **os.environ,
-        "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers[0],
-        "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra.contact_points[0],
-        "COUNTERSINK_CASSANDRA__PORT": str(cassandra.port),
-        "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra.keyspace,
-        "COUNTERSINK_CONSUMER__GROUP_ID": GROUP,
-        "COUNTERSINK_CONSUMER__COUNTERS_FILE": str(HERE / "counters.toml"),
-        "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": DEAD_LETTERS,
-        "COUNTERSINK_CONSUMER__HEALTH_PORT": "0",
-        "COUNTERSINK_LOG_FORMAT": "json",
-    }
+    return child_env(kafka, cassandra, consumer={
+        "group_id": GROUP, "counters_file": HERE / "counters.toml", "dead_letter_topic": DEAD_LETTERS,
+        "health_port": 0})
 
 
 async def publish_stream(kafka: KafkaSettings, stream: dict[str, list[bytes]]) -> None:

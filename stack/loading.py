@@ -1,9 +1,11 @@
-"""Loading a topic and waiting for countersink to catch up: shared by the demo and the consumer tests."""
+"""Loading a topic, starting countersink processes and waiting for them to catch up: shared by the demo, the
+benchmarks and the integration tests."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -12,6 +14,23 @@ from aiokafka import TopicPartition
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_consumer, make_producer
 from countersink.settings import CassandraSettings, KafkaSettings
+
+
+def child_env(kafka: KafkaSettings, cassandra: CassandraSettings, **sections: dict[str, object]) -> dict[str, str]:
+    """The environment of a countersink child process that talks to these servers, plus any settings given
+    per section: ``child_env(k, c, consumer={"group_id": "g"})`` sets COUNTERSINK_CONSUMER__GROUP_ID."""
+    env = {
+        **os.environ,
+        "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": ",".join(kafka.bootstrap_servers),
+        "COUNTERSINK_CASSANDRA__CONTACT_POINTS": ",".join(cassandra.contact_points),
+        "COUNTERSINK_CASSANDRA__PORT": str(cassandra.port),
+        "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra.keyspace,
+        "COUNTERSINK_CASSANDRA__REPLICATION": cassandra.replication,
+        "COUNTERSINK_LOG_FORMAT": "json",
+    }
+    for section, values in sections.items():
+        env.update({f"COUNTERSINK_{section.upper()}__{name.upper()}": str(value) for name, value in values.items()})
+    return env
 
 
 async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes]) -> None:

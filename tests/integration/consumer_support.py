@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -11,7 +13,8 @@ from pathlib import Path
 
 from countersink.cassandra import CassandraClient
 from countersink.reader import read_state
-from countersink.settings import CassandraSettings
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack.loading import child_env
 
 DEFINITIONS = """
 [[counter]]
@@ -38,6 +41,18 @@ value = "price"
 number = "decimal"
 event_id = "trade_id"
 """
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_consumer(kafka: KafkaSettings, cassandra: CassandraSettings, log: Path, **consumer: object
+                   ) -> subprocess.Popen[bytes]:
+    """``python -m consumer`` as a child process with these consumer settings, logging to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=REPO,
+                                env=child_env(kafka, cassandra, consumer={"health_port": 0, **consumer}),
+                                stdout=out, stderr=out)
 
 
 def write_definitions(directory: Path, topic: str) -> Path:

@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,13 @@ from countersink.kafka import make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import load_definitions
 from stack.loading import end_offsets, publish, wait_until_flushed
-from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
+from tests.integration.consumer_support import (
+    expected_values,
+    make_events,
+    read_values,
+    start_consumer,
+    write_definitions,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -81,22 +86,10 @@ async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(
 
 
 def _start_consumer(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers),
-        "COUNTERSINK_CASSANDRA__CONTACT_POINTS": ",".join(settings.cassandra.contact_points),
-        "COUNTERSINK_CASSANDRA__PORT": str(settings.cassandra.port),
-        "COUNTERSINK_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
-        "COUNTERSINK_CONSUMER__GROUP_ID": settings.consumer.group_id,
-        "COUNTERSINK_CONSUMER__COUNTERS_FILE": str(settings.consumer.counters_file),
-        "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": settings.consumer.dead_letter_topic,
-        "COUNTERSINK_CONSUMER__FLUSH_INTERVAL_S": "0.2",
-        "COUNTERSINK_CONSUMER__SESSION_TIMEOUT_MS": "6000",
-        "COUNTERSINK_CONSUMER__HEALTH_PORT": "0",
-        "COUNTERSINK_LOG_FORMAT": "json",
-    }
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=REPO, env=env, stdout=out, stderr=out)
+    consumer = settings.consumer
+    return start_consumer(settings.kafka, settings.cassandra, log, group_id=consumer.group_id,
+                          counters_file=consumer.counters_file, dead_letter_topic=consumer.dead_letter_topic,
+                          flush_interval_s=0.2, session_timeout_ms=6000)
 
 
 async def test_kill_9_at_random_moments_then_restart_counts_exactly(
