@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("countersink.schema_cli", "create the keyspace and tables (idempotent)"),
     "consume": ("consumer.cli", "consume events and keep the counters"),
     "gc": ("gc_worker.cli", "fold shards of retired mutators into tallies"),
+    "retire-orphans": ("gc_worker.cli", "retire mutators of partitions that no longer exist, so GC can fold them"),
     "get": ("countersink.read_cli", "print the value of one counter instance"),
     "explain": ("countersink.read_cli", "show why an instance's value is what it is: tally, shards, mutators"),
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
@@ -40,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             continue  # a part not built yet is simply not offered
         command = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments = getattr(module, f"add_{name}_arguments", None) or module.add_arguments
+        ident = name.replace("-", "_")
+        add_arguments = getattr(module, f"add_{ident}_arguments", None) or module.add_arguments
         add_arguments(command)
-        runners[name] = getattr(module, f"run_{name}", None) or module.run
+        runners[name] = getattr(module, f"run_{ident}", None) or module.run
     args = parser.parse_args(argv)
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)

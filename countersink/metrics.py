@@ -40,6 +40,19 @@ class Metrics:
         self.expiries = Counter("countersink_mutator_expiries",
                                 "Mutators replaced because they were past their expiry", registry=r)
         self.fencings = Counter("countersink_fencings", "Mutators found replaced by another owner", registry=r)
+        self.gc_instances_folded = Counter("countersink_gc_instances_folded",
+                                           "Instances whose final shards were folded into the tally", registry=r)
+        self.gc_shards_deleted = Counter("countersink_gc_shards_deleted", "Shard rows folded and deleted", registry=r)
+        self.gc_mutators_collected = Counter("countersink_gc_mutators_collected",
+                                             "Retired mutators whose every instance was folded", registry=r)
+        self.gc_instances_deferred = Counter("countersink_gc_instances_deferred",
+                                             "Instances left for a later run (replica down or a failed check)",
+                                             registry=r)
+        self.gc_runs = Counter("countersink_gc_runs", "GC runs by outcome", ["outcome"], registry=r)
+        self.gc_run_seconds = Histogram("countersink_gc_run_seconds", "Duration of one GC run", registry=r,
+                                        buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600))
+        self.gc_last_success = Gauge("countersink_gc_last_success_timestamp_seconds",
+                                     "When a GC run last finished with nothing deferred", registry=r)
 
 
 METRICS = Metrics()

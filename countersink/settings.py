@@ -151,6 +151,21 @@ class ConsumerSettings(_Section):
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
 
 
+class GcSettings(_Section):
+    """The GC worker: which mutators are final, how much it does at once, how long it keeps collected ones."""
+
+    # A mutator is final once retired for this long. It must exceed the clock skew between any two machines
+    # that run consumers or GC workers (see the README, "GC").
+    grace_s: float = Field(default=300.0, ge=0)
+    # 0 runs once and exits (for cron); a positive interval runs in a loop.
+    every_s: float = Field(default=0.0, ge=0)
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    # Registry rows of collected mutators are deleted after this long; `explain` shows them until then.
+    forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    progress_interval_s: float = Field(default=10.0, gt=0)  # how often a non-interactive run logs progress
+    health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
+
+
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
@@ -161,5 +176,6 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
+    gc: GcSettings = Field(default_factory=GcSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

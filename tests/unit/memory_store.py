@@ -19,11 +19,12 @@ import enum
 import struct
 import types
 import uuid
-from collections.abc import Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from typing import Any
 
 from consumer.protocol import Record
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from gc_worker.collector import InstanceView, RegistryEntry, ShardView
 from schemas.errors import CountersinkError
 
 Instance = tuple[str, str]
@@ -86,22 +87,6 @@ class ShardRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class VisibleShard:
-    mutator: uuid.UUID
-    state: bytes
-    through_offset: int
-    write_ts: int
-
-
-@dataclasses.dataclass(frozen=True)
-class InstanceSnapshot:
-    """A whole-partition read of one instance: the tally and every visible shard."""
-
-    tally: bytes | None
-    shards: tuple[VisibleShard, ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class HeldWrite:
     """A shard write in flight: it lands whenever the test delivers it, or never."""
 
@@ -123,7 +108,7 @@ class MemoryStore:
         self.tallies: dict[Instance, Cell] = {}
         self.mutators: dict[uuid.UUID, MutatorRecord] = {}
         self.work: set[tuple[uuid.UUID, str, str]] = set()
-        self.collected: set[uuid.UUID] = set()
+        self.collected: dict[uuid.UUID, int] = {}
         self.held: list[HeldWrite] = []
         # Where each mutator started consuming, recorded when its create or close LWT applied: the model
         # test uses it to say what each shard must contain.
@@ -295,29 +280,32 @@ class MemoryStore:
 
     # -------------------------------------------------------------------------------- what the GC uses
 
-    async def read_registry(self) -> tuple[dict[uuid.UUID, MutatorRecord], frozenset[uuid.UUID]]:
-        """Every mutator, and those already collected."""
+    async def read_registry(self) -> list[RegistryEntry]:
         await self._read("read_registry")
-        return dict(self.mutators), frozenset(self.collected)
+        return [RegistryEntry(r.id, r.consumer_group, r.topic, r.partition, r.born_us, r.expires_us, r.retired_us,
+                              self.collected.get(r.id)) for r in self.mutators.values()]
 
-    async def read_work(self, mutator: uuid.UUID) -> list[Instance]:
-        await self._read("read_work", mutator)
-        return sorted((c, k) for m, c, k in self.work if m == mutator)
+    async def read_work(self, mutator: uuid.UUID) -> AsyncIterator[Sequence[Instance]]:
+        # Two pages, so that the GC's paging is exercised too.
+        instances = sorted((c, k) for m, c, k in self.work if m == mutator)
+        for page in (instances[:1], instances[1:]):
+            await self._read("read_work", mutator)
+            yield page
 
-    async def read_instance(self, counter: str, key: str) -> InstanceSnapshot:
+    async def read_instance(self, counter: str, key: str) -> InstanceView:
         """The whole partition of one instance at CL ALL: tally and every visible shard, atomically."""
         await self._read("read_instance", (counter, key))
         return self.snapshot(counter, key)
 
-    def snapshot(self, counter: str, key: str) -> InstanceSnapshot:
+    def snapshot(self, counter: str, key: str) -> InstanceView:
         shards = []
         for mutator, row in sorted(self.shards.get((counter, key), {}).items()):
             state, through = row.visible(row.state), row.visible(row.through)
             if state is not None and through is not None:
-                shards.append(VisibleShard(mutator, state.value, struct.unpack(">q", through.value)[0],
-                                           max(state.ts, through.ts)))
+                shards.append(ShardView(mutator, state.value, struct.unpack(">q", through.value)[0],
+                                        max(state.ts, through.ts)))
         tally = self.tallies.get((counter, key))
-        return InstanceSnapshot(tally.value if tally else None, tuple(shards))
+        return InstanceView(tally.value if tally else None, tally.ts if tally else None, tuple(shards))
 
     async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], ts: int) -> None:
         """The GC batch: write the static tally and delete the folded shard rows, all ``USING TIMESTAMP ts``;
@@ -335,13 +323,16 @@ class MemoryStore:
         if fault is not Fault.NONE:
             raise StoreTimeoutError("gc batch applied, answer lost")
 
-    async def mark_collected(self, mutator: uuid.UUID) -> None:
+    async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         fault = await _gate(Op("mark_collected", mutator))
         if fault is Fault.FAIL:
             raise StoreTimeoutError("mark_collected timed out before applying")
-        self.collected.add(mutator)
+        self.collected[mutator] = collected_us
         if fault is not Fault.NONE:
             raise StoreTimeoutError("mark_collected applied, answer lost")
+
+    async def forget(self, mutator: uuid.UUID) -> None:
+        raise AssertionError("the model test keeps every mutator")
 
 
 class MemoryLog:

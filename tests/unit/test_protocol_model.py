@@ -36,7 +36,8 @@ from hypothesis.stateful import (
 
 from consumer.protocol import Applier, FencedError, Mutator, RetryWindow, Takeover, flush, release, take_over
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, StoredShard
-from schemas.definitions import CounterSet, parse_definitions
+from gc_worker.collector import Collector
+from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import new_state, state_from_bytes
 from tests.unit.memory_store import Fault, Instance, MemoryLog, MemoryStore, StoreTimeoutError, Task, run
@@ -122,26 +123,10 @@ def applier() -> Applier:
     return Applier(ROUTER, COUNTERS, TOPIC, PID.partition, RetryWindow(RETRY_WINDOW))
 
 
-async def collect(store: MemoryStore, counters: CounterSet, now_us: int, grace_us: int) -> None:
-    """One GC run as DESIGN.md describes it: for each mutator retired before ``now - grace`` and not yet
-    collected, fold every final shard of each instance it wrote into the tally and delete those shards, in one
-    batch timestamped with the latest retire time among them; then mark it collected."""
-    cutoff = now_us - grace_us
-    registry, collected = await store.read_registry()
-    final = {m: r.retired_us for m, r in registry.items() if r.retired_us is not None and r.retired_us < cutoff}
-    for mutator in sorted(m for m in final if m not in collected):
-        for counter, key in await store.read_work(mutator):
-            snapshot = await store.read_instance(counter, key)
-            # A shard written at or after its mutator's retire time would survive the deletion: leave it.
-            folded = [s for s in snapshot.shards if s.mutator in final and s.write_ts < (final[s.mutator] or 0)]
-            if not folded:
-                continue
-            tally = state_from_bytes(snapshot.tally) if snapshot.tally else new_state(counters[counter])
-            for shard in folded:
-                tally.merge(state_from_bytes(shard.state))
-            timestamp = max(final[s.mutator] or 0 for s in folded)
-            await store.fold(counter, key, tally.to_bytes(), [s.mutator for s in folded], timestamp)
-        await store.mark_collected(mutator)
+async def collect(store: MemoryStore, now_us: int) -> None:
+    """One run of the real GC (``gc_worker.collector``), one instance at a time so the test drives each step.
+    A storage timeout defers the instance, as a replica down does in production."""
+    await Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1).run(now_us)
 
 
 @dataclasses.dataclass
@@ -373,7 +358,7 @@ class ProtocolModel(RuleBasedStateMachine):
     @precondition(lambda self: len(self.gc_tasks) < 2)
     @rule(skew=st.sampled_from((0, -MAX_SKEW_US, MAX_SKEW_US)), ops=OPS, fault=FAULTS)
     def start_gc(self, skew: int, ops: int, fault: Fault) -> None:
-        task = Task("gc", collect(self.store, COUNTERS, self.now_us + skew, GRACE_US))
+        task = Task("gc", collect(self.store, self.now_us + skew))
         self.gc_tasks.append(task)
         self.drive(task, ops, fault)
 
@@ -413,8 +398,8 @@ class ProtocolModel(RuleBasedStateMachine):
                     raise self.violation(f"{counter}/{key} shard of {shard.mutator} holds {value}, but records "
                                          f"{start}..{shard.through_offset} make {expected}")
                 retired = self.store.mutators.get(shard.mutator)
-                if retired is not None and retired.retired_us is not None and shard.write_ts >= retired.retired_us:
-                    raise self.violation(f"shard of {shard.mutator} written at {shard.write_ts}, not before its "
+                if retired is not None and retired.retired_us is not None and shard.write_us >= retired.retired_us:
+                    raise self.violation(f"shard of {shard.mutator} written at {shard.write_us}, not before its "
                                          f"retire time {retired.retired_us}: the GC could not shadow it")
                 if start <= shard.through_offset:
                     ranges.append((start, shard.through_offset, shard.mutator))
@@ -458,7 +443,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     raise self.violation(f"{phase}, {instance} reads {seen.get(instance, 0)} but records "
                                          f"0..{result.start_offset - 1} make {expected.get(instance, 0)}")
             self.now_us += 10**9
-            run(collect(self.store, COUNTERS, self.now_us, GRACE_US))
+            run(collect(self.store, self.now_us))
         if self.check_liveness:
             for (counter, key) in sorted(self.store.shards):
                 for shard in self.store.snapshot(counter, key).shards:

@@ -1,0 +1,5 @@
+import sys
+
+from countersink.cli import main
+
+sys.exit(main(["gc", *sys.argv[1:]]))

@@ -1,0 +1,97 @@
+""":class:`~gc_worker.collector.GcStore` on countersink's tables (see ``schemas.cql``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.settings import Consistency
+from gc_worker.collector import Instance, InstanceView, RegistryEntry, ShardView
+
+_PAGE = 1000
+
+
+def _uuid(value: object) -> uuid.UUID:
+    return uuid.UUID(str(value))  # the driver returns uuid columns as text
+
+
+class CassandraGcStore:
+    """Reads instances at ``gc_read_consistency`` (ALL unless configured), everything else at the normal
+    read and write levels."""
+
+    def __init__(self, client: CassandraClient, *, instance_consistency: Consistency | None = None,
+                 page_size: int = _PAGE) -> None:
+        self.client = client
+        settings = client.settings
+        self.instance_cl = instance_consistency or settings.gc_read_consistency
+        self.read_cl = settings.read_consistency
+        self.write_cl = settings.write_consistency
+        self.page_size = page_size
+
+    async def _pages(self, cql_text: str, params: list[object], consistency: Consistency
+                     ) -> AsyncIterator[list[dict[str, object]]]:
+        page_state: bytes | None = None
+        while True:
+            result = await self.client.execute(cql_text, params, consistency=consistency,
+                                               page_size=self.page_size, page_state=page_state)
+            yield as_dicts(result)
+            if not result.has_more_pages():
+                return
+            page_state = result.page_state()
+
+    async def read_registry(self) -> list[RegistryEntry]:
+        entries: list[RegistryEntry] = []
+        async for rows in self._pages(
+                "SELECT id, consumer_group, topic, partition, born_us, expires_us, retired_us, collected_us "
+                "FROM mutators", [], self.read_cl):
+            entries.extend(
+                RegistryEntry(_uuid(r["id"]), str(r["consumer_group"] or ""), str(r["topic"] or ""),
+                              int(r["partition"] if r["partition"] is not None else -1),  # type: ignore[call-overload]
+                              int(r["born_us"] or 0), int(r["expires_us"] or 0),  # type: ignore[call-overload]
+                              r["retired_us"], r["collected_us"])  # type: ignore[arg-type]
+                for r in rows)
+        return entries
+
+    async def read_work(self, mutator: uuid.UUID) -> AsyncIterator[Sequence[Instance]]:
+        async for rows in self._pages("SELECT counter, key FROM mutator_counters WHERE mutator = ?",
+                                      [mutator], self.read_cl):
+            yield [(str(r["counter"]), str(r["key"])) for r in rows]
+
+    async def read_instance(self, counter: str, key: str) -> InstanceView:
+        tally: bytes | None = None
+        tally_write_us: int | None = None
+        shards = []
+        async for rows in self._pages(
+                "SELECT mutator, state, through_offset, writetime(state) AS state_us, tally, "
+                "writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ?",
+                [counter, key], self.instance_cl):
+            for r in rows:
+                if r["tally"] is not None:
+                    tally, tally_write_us = r["tally"], r["tally_us"]  # type: ignore[assignment]
+                if r["mutator"] is not None and r["state"] is not None:
+                    shards.append(ShardView(_uuid(r["mutator"]), r["state"],  # type: ignore[arg-type]
+                                            -1 if r["through_offset"] is None else int(r["through_offset"]),  # type: ignore[call-overload]
+                                            int(r["state_us"])))  # type: ignore[call-overload]
+        return InstanceView(tally, tally_write_us, tuple(shards))
+
+    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int) -> None:
+        # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
+        # takes the batch's timestamp, so repeating it changes nothing.
+        statements: list[tuple[str, Sequence[object]]] = [
+            ("UPDATE shards SET tally = ? WHERE counter = ? AND key = ?", [tally, counter, key])]
+        statements.extend(("DELETE FROM shards WHERE counter = ? AND key = ? AND mutator = ?", [counter, key, m])
+                          for m in folded)
+        await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
+
+    async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
+        await self.client.execute("UPDATE mutators SET collected_us = ? WHERE id = ?", [collected_us, mutator],
+                                  consistency=self.write_cl)
+
+    async def forget(self, mutator: uuid.UUID) -> None:
+        await self.client.execute("DELETE FROM mutator_counters WHERE mutator = ?", [mutator],
+                                  consistency=self.write_cl)
+        await self.client.execute("DELETE FROM mutators WHERE id = ?", [mutator], consistency=self.write_cl)
+
+
+__all__ = ["CassandraGcStore"]

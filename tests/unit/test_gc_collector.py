@@ -1,0 +1,249 @@
+"""The GC's decisions, one at a time, on the in-memory store (the model test runs it under faults)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import uuid
+
+import pytest
+
+from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite
+from gc_worker.cli import parse_duration
+from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry
+from gc_worker.orphans import find_orphans
+from schemas.definitions import parse_definitions
+from schemas.kinds import new_state, state_from_bytes
+from tests.unit import memory_store
+from tests.unit.memory_store import MemoryStore, StoreTimeoutError, run
+
+COUNTERS = parse_definitions("""
+[[counter]]
+name = "likes"
+topics = ["likes"]
+kind = "count"
+key = ["post"]
+
+[[counter]]
+name = "top_qty"
+topics = ["likes"]
+kind = "max"
+key = ["post"]
+value = "n"
+""")
+GRACE_US = 1_000
+NOW_US = 10_000_000
+
+
+def count_state(n: int) -> bytes:
+    state = new_state(COUNTERS["likes"])
+    for _ in range(n):
+        state.apply(1)
+    return state.to_bytes()
+
+
+def add_mutator(store: MemoryStore, *, born_us: int, retired_us: int | None, shards: dict[str, int],
+                seq: int = 1) -> uuid.UUID:
+    """A mutator that wrote count shards (key -> count) at born_us + seq and was retired at ``retired_us``."""
+    mutator = uuid.uuid4()
+    store.mutators[mutator] = MutatorRecord(mutator, "g", "likes", 0, "h", born_us, born_us + 3_600_000_000,
+                                            retired_us)
+    for key, n in shards.items():
+        store.land(mutator, born_us + seq, ShardWrite("likes", key, count_state(n), 10, True))
+        store.work.add((mutator, "likes", key))
+    return mutator
+
+
+def count_of(data: bytes) -> int:
+    counted = state_from_bytes(data).value()
+    assert isinstance(counted, int)
+    return counted
+
+
+def value(store: MemoryStore, key: str) -> int:
+    """What a reader sees: the tally plus every visible shard."""
+    view = store.snapshot("likes", key)
+    return (count_of(view.tally) if view.tally else 0) + sum(count_of(s.state) for s in view.shards)
+
+
+def collect(store: MemoryStore, **options: object) -> GcReport:
+    collector = Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1, **options)  # type: ignore[arg-type]
+    report: GcReport = run(collector.run(NOW_US))
+    return report
+
+
+def test_folds_final_shards_and_leaves_live_ones() -> None:
+    store = MemoryStore()
+    old = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 1})
+    live = add_mutator(store, born_us=5_000_000, retired_us=None, shards={"a": 2})
+    recent = add_mutator(store, born_us=6_000_000, retired_us=NOW_US - GRACE_US // 2, shards={"a": 4})
+    before = {k: value(store, k) for k in ("a", "b")}
+
+    report = collect(store)
+
+    assert {k: value(store, k) for k in ("a", "b")} == before == {"a": 9, "b": 1}
+    assert {s.mutator for s in store.snapshot("likes", "a").shards} == {live, recent}
+    assert store.snapshot("likes", "b").shards == ()
+    assert store.collected == {old: NOW_US}
+    assert (report.mutators_final, report.mutators_waiting, report.mutators_collected) == (1, 1, 1)
+    assert (report.instances_folded, report.shards_deleted, report.instances_deferred) == (2, 2, 0)
+    # The tally carries the latest retire time among what it folded.
+    assert store.tallies[("likes", "a")].ts == 2_000_000
+
+    again = collect(store)
+    assert (again.mutators_final, again.instances_folded) == (0, 0)
+    assert {k: value(store, k) for k in ("a", "b")} == before
+
+
+def test_one_batch_folds_every_final_shard_of_an_instance() -> None:
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
+    add_mutator(store, born_us=3_000_000, retired_us=4_000_000, shards={"a": 5})
+    report = collect(store)
+    assert (report.mutators_collected, report.instances_folded, report.shards_deleted) == (2, 1, 2)
+    assert store.tallies[("likes", "a")].ts == 4_000_000
+    assert value(store, "a") == 8
+
+
+def test_dry_run_writes_nothing() -> None:
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
+    report = collect(store, dry_run=True)
+    assert (report.dry_run, report.instances_folded, report.mutators_collected) == (True, 1, 1)
+    assert not store.tallies
+    assert not store.collected
+    assert len(store.snapshot("likes", "a").shards) == 1
+
+
+class FlakyStore(MemoryStore):
+    """A store whose CL ALL read of some instances fails, as with a replica down."""
+
+    def __init__(self, down: set[str]) -> None:
+        super().__init__()
+        self.down = down
+
+    async def read_instance(self, counter: str, key: str) -> InstanceView:
+        if key in self.down:
+            raise StoreTimeoutError("Cannot achieve consistency level ALL")
+        return await super().read_instance(counter, key)
+
+
+def test_an_unavailable_instance_is_deferred_and_the_run_goes_on() -> None:
+    store = FlakyStore(down={"a"})
+    mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 2})
+    report = collect(store)
+    assert (report.instances_deferred, report.instances_folded, report.mutators_collected) == (1, 1, 0)
+    assert report.deferred == ["likes/a: storage_unavailable"]
+    assert mutator not in store.collected
+    assert value(store, "a") == 3
+    assert value(store, "b") == 2
+
+    store.down.clear()
+    report = collect(store)
+    assert (report.instances_deferred, report.mutators_collected) == (0, 1)
+    assert value(store, "a") == 3
+    assert store.snapshot("likes", "a").shards == ()
+
+
+def test_a_shard_written_at_or_after_its_retire_time_is_not_folded() -> None:
+    # Its row would survive a deletion at the retire time and count twice.
+    store = MemoryStore()
+    add_mutator(store, born_us=2_000_000, retired_us=2_000_000, shards={"a": 3})
+    report = collect(store)
+    assert report.deferred == ["likes/a: shard_written_after_retirement"]
+    assert not store.tallies
+    assert value(store, "a") == 3
+
+
+def test_a_tally_newer_than_the_fold_is_not_overwritten() -> None:
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=3_000_000, shards={"a": 3})
+    collect(store)
+    late = add_mutator(store, born_us=1_500, retired_us=2_000_000, shards={"a": 4})  # retired "earlier"
+    report = collect(store)
+    assert report.deferred == ["likes/a: tally_newer_than_fold"]
+    assert late not in store.collected
+    assert value(store, "a") == 7
+
+
+def test_states_of_different_kinds_are_never_merged() -> None:
+    store = MemoryStore()
+    mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
+    other = new_state(COUNTERS["top_qty"])
+    other.apply(5)
+    store.land(mutator, 1_001, ShardWrite("likes", "a", other.to_bytes(), 10, False))
+    second = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 1})
+    report = collect(store)
+    assert report.deferred == ["likes/a: unmergeable"]
+    assert mutator not in store.collected
+    assert second not in store.collected
+
+
+def test_concurrent_settling_gives_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={str(k): k for k in range(1, 40)})
+
+    async def answer_at_once(op: memory_store.Op) -> memory_store.Fault:
+        return memory_store.Fault.NONE
+
+    # Under an event loop nobody drives the gates one by one: every storage call applies at once.
+    monkeypatch.setattr(memory_store, "_gate", answer_at_once)
+    collector = Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=8)
+    report = asyncio.run(collector.run(NOW_US))
+    assert (report.instances_folded, report.mutators_collected) == (39, 1)
+    assert all(value(store, str(k)) == k for k in range(1, 40))
+
+
+def test_forget_after_deletes_long_collected_mutators() -> None:
+    class Forgetting(MemoryStore):
+        forgotten: list[uuid.UUID]
+
+        async def forget(self, mutator: uuid.UUID) -> None:
+            self.forgotten.append(mutator)
+
+    store = Forgetting()
+    store.forgotten = []
+    old = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 1})
+    store.collected[old] = 3_000_000
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"b": 1})
+    report = collect(store, forget_after_us=NOW_US - 5_000_000)
+    assert store.forgotten == [old]
+    assert report.mutators_forgotten == 1
+
+
+def entry(*, partition: int = 0, expires_us: int = 1_000, retired_us: int | None = None,
+          topic: str = "likes") -> RegistryEntry:
+    return RegistryEntry(uuid.uuid4(), "g", topic, partition, 0, expires_us, retired_us, None)
+
+
+def test_orphans_are_expired_mutators_nobody_will_retire() -> None:
+    owner, window, bystander = entry(), entry(), entry()
+    gone_topic, gone_partition = entry(topic="deleted"), entry(partition=7)
+    unexpired, retired = entry(expires_us=NOW_US), entry(retired_us=5)
+    row = PartitionRow(owner.id, window.id, 0, 3, 9, 12)
+    rows = {PartitionId("g", "likes", 0): row, PartitionId("g", "likes", 7): None}
+    registry = [owner, window, bystander, gone_topic, gone_partition, unexpired, retired]
+    found = {o.entry.id: o for o in find_orphans(registry, rows, {"likes": 4}, NOW_US, GRACE_US)}
+    assert {k: o.reason for k, o in found.items()} == {
+        bystander.id: "never_owned", gone_topic.id: "topic_gone", gone_partition.id: "partition_gone"}
+    assert all(o.retire_us >= NOW_US for o in found.values())
+
+
+def test_an_orphaned_window_writer_is_retired_after_its_last_write() -> None:
+    writer = RegistryEntry(uuid.uuid4(), "g", "likes", 3, NOW_US - 10, 0, None, None)
+    row = PartitionRow(writer.id, writer.id, NOW_US - 10, 50, 9, 12)
+    (orphan,) = find_orphans([writer], {PartitionId("g", "likes", 3): row}, {"likes": 2}, NOW_US, 0)
+    assert orphan.reason == "partition_gone"
+    assert orphan.retire_us > writer.born_us + row.flush_seq
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("30s", 30.0), ("5m", 300.0), ("1.5h", 5400.0),
+                                               ("2d", 172_800.0), ("250ms", 0.25)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "m"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+        parse_duration(text)
