@@ -15,7 +15,7 @@ from typing import Any
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
-from schemas.kinds import State, state_from_bytes
+from schemas.kinds import State, merge_stored, state_from_bytes
 
 _INSTANCE = "SELECT tally, mutator, state, through_offset, writetime(state) AS written_us FROM shards " \
             "WHERE counter = ? AND key = ?"
@@ -50,19 +50,6 @@ class Explanation:
     partitions: tuple[dict[str, Any], ...]
 
 
-def _merge(blobs: Sequence[bytes | None]) -> State | None:
-    merged: State | None = None
-    for blob in blobs:
-        if blob is None:
-            continue
-        state = state_from_bytes(blob)
-        if merged is None:
-            merged = state
-        else:
-            merged.merge(state)
-    return merged
-
-
 def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
     # The static tally is repeated on every row of the partition: take it once.
     return ([rows[0]["tally"]] if rows else []) + [row["state"] for row in rows]
@@ -74,7 +61,7 @@ async def read_state(
     """The merged state of one instance, or None when nothing was ever counted for it."""
     level = consistency or client.settings.read_consistency
     result = await client.execute(_INSTANCE, [counter, key], consistency=level)
-    return _merge(_blobs(as_dicts(result)))
+    return merge_stored(_blobs(as_dicts(result)))
 
 
 class CounterReader:
@@ -120,7 +107,7 @@ class CounterReader:
                 "intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
                 [group, topic, partition], consistency=self.consistency))
             partitions[(group, topic, partition)] = found[0] if found else {}
-        merged = _merge(_blobs(rows))
+        merged = merge_stored(_blobs(rows))
         return Explanation(
             counter=counter, key=key, kind=merged.kind if merged is not None else None,
             tally=tally.value() if tally is not None else None, shards=tuple(shards),

@@ -32,8 +32,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from countersink.logs import get_logger
-from schemas.errors import CountersinkError, IncompatibleStateError
-from schemas.kinds import State, state_from_bytes
+from schemas.errors import CountersinkError
+from schemas.kinds import merge_stored
 
 log = get_logger(__name__)
 
@@ -226,7 +226,10 @@ class Collector:
             if view.tally_write_us is not None and view.tally_write_us >= timestamp:
                 return self._defer(report, counter, key, "tally_newer_than_fold",
                                    tally_write_us=view.tally_write_us, fold_us=timestamp)
-            tally = _merge(view.tally, [s.state for s in folded])
+            merged = merge_stored([view.tally, *(s.state for s in folded)])
+            if merged is None:
+                return Verdict.NOTHING
+            tally = merged.to_bytes()
             if not self.dry_run:
                 await self.store.fold(counter, key, tally, [s.mutator for s in folded], timestamp)
         except self.retriable as exc:
@@ -253,21 +256,6 @@ class Collector:
                 if not self.dry_run:
                     await self.store.forget(entry.id)
                 report.mutators_forgotten += 1
-
-
-def _merge(tally: bytes | None, states: Sequence[bytes]) -> bytes:
-    merged: State | None = state_from_bytes(tally) if tally is not None else None
-    for data in states:
-        state = state_from_bytes(data)
-        if merged is None:
-            merged = state
-        elif type(state) is not type(merged):
-            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(merged).__name__}")
-        else:
-            merged.merge(state)
-    if merged is None:
-        raise ValueError("nothing to merge")
-    return merged.to_bytes()
 
 
 __all__ = ["Collector", "GcReport", "GcStore", "InstanceView", "RegistryEntry", "ShardView", "Verdict"]

@@ -7,10 +7,11 @@ to its module; :func:`new_state` and :func:`state_from_bytes` dispatch through i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
-from schemas.errors import CorruptStateError, UnknownStateTagError
+from schemas.errors import CorruptStateError, IncompatibleStateError, UnknownStateTagError
 from schemas.kinds import count, distinct, max, mean, min, quantiles, sum, top_k, variance
 from schemas.kinds.base import KindSpec, NumberMode, State
 
@@ -24,6 +25,7 @@ __all__ = [
     "NumberMode",
     "State",
     "kind_of_bytes",
+    "merge_stored",
     "new_state",
     "state_from_bytes",
 ]
@@ -70,3 +72,20 @@ def state_from_bytes(data: bytes) -> State:
     if module is None:
         raise UnknownStateTagError(f"state tag {data[0]} belongs to no known kind")
     return module.state_from_bytes(data)
+
+
+def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
+    """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
+    kinds never merge: :class:`IncompatibleStateError`."""
+    merged: State | None = None
+    for blob in blobs:
+        if blob is None:
+            continue
+        state = state_from_bytes(blob)
+        if merged is None:
+            merged = state
+        elif type(state) is not type(merged):
+            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(merged).__name__}")
+        else:
+            merged.merge(state)
+    return merged
