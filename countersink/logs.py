@@ -31,6 +31,21 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
     # aiokafka logs every refused connection at ERROR while a broker restarts; our own logs say it once.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.DEBUG)
+    quiet_driver_noise()
+
+
+class _DropShardingNotice(logging.Filter):
+    """The Cassandra driver reports, at ERROR and on every connection, that the server does not describe
+    ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sharding info" not in record.getMessage()
+
+
+def quiet_driver_noise() -> None:
+    driver = logging.getLogger("acsylla")
+    if not any(isinstance(f, _DropShardingNotice) for f in driver.filters):
+        driver.addFilter(_DropShardingNotice())
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

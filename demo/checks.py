@@ -18,6 +18,11 @@ class Row:
     value_text: str
     truth_text: str
     ok: bool
+    instance: str | None = None  # the instance key read, when it is not ``key`` (top-k reads one instance)
+
+    @property
+    def instance_key(self) -> str:
+        return self.key if self.instance is None else self.instance
 
 
 async def compare(reader: CounterReader, truth: Truth) -> list[Row]:
@@ -64,7 +69,7 @@ async def compare(reader: CounterReader, truth: Truth) -> list[Row]:
         found = next((i for i in items if i.item == post), None)
         text = f"{found.estimate} [{found.lower_bound}..{found.upper_bound}]" if found else "(not reported)"
         rows.append(Row("top_posts", "top-k", post, text, str(count),
-                        found is not None and found.lower_bound <= count <= found.upper_bound))
+                        found is not None and found.lower_bound <= count <= found.upper_bound, instance=""))
     for post, count in true_top[:2]:
         got = await reader.get("likes", post)
         rows.append(Row("likes", "count", post, str(got), str(count), got == count))
