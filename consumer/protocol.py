@@ -36,6 +36,11 @@ class FencedError(CountersinkError):
     """Raised when a mutator's LWT did not apply: another mutator owns the partition now."""
 
 
+class StaleRecordError(CountersinkError):
+    """Raised by :func:`take_over` given a mutator record registered before: every takeover needs a fresh one
+    (a record retired by a later takeover must never own a partition again)."""
+
+
 class MutatorExpiredError(CountersinkError):
     """Raised instead of flushing when a mutator is past its expiry: it must not write any more.
 
@@ -144,7 +149,11 @@ class Mutator:
     dirty: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # in mutator_counters already
     state_bytes: int = 0
+    # The window a flush attempt may have opened without finishing its writes (its LWT can apply even when
+    # the caller sees a timeout); the next attempt reads the row to learn what happened.
+    window_seq: int | None = None
     fenced: bool = False
+    retiring: bool = False  # release has committed and is retiring it: it must never flush again
     released: bool = False
 
     @property
@@ -184,22 +193,14 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     A storage error propagates; the same flush can be retried as it is (it is idempotent: the window LWT
     is retried only if it did not apply, and shard writes carry the same timestamp and values).
     """
-    if mutator.fenced or mutator.released:
+    if mutator.fenced or mutator.released or mutator.retiring:
         raise FencedError(f"mutator {mutator.id} no longer owns {mutator.pid}")
     if not mutator.needs_flush():
         return 0
     if now_us >= mutator.record.expires_us:
         raise MutatorExpiredError(f"mutator {mutator.id} expired; its unflushed records will be read again")
-    seq = mutator.flush_seq + 1
     intent = mutator.applied_through
-    if not await store.open_window(mutator.pid, mutator.id, mutator.record.born_us, seq,
-                                   mutator.flushed_through, intent):
-        # The LWT may have applied on a previous attempt whose answer was lost; only then does the row
-        # show our own window. Anything else means we were replaced.
-        row = await store.read_partition(mutator.pid)
-        if row is None or row.owner != mutator.id or row.window_mutator != mutator.id or row.flush_seq != seq:
-            mutator.fenced = True
-            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} (owner now {row.owner if row else None})")
+    seq = await _open_window(store, mutator, intent)
     writes = [
         ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
                    (counter, key) not in mutator.recorded)
@@ -210,20 +211,58 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     mutator.dirty.clear()
     mutator.flush_seq = seq
     mutator.flushed_through = intent
+    mutator.window_seq = None
     mutator.state_bytes = sum(state.size_bytes() for state in mutator.states.values())
     return len(writes)
 
 
+async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
+    """Open the window of the next flush by LWT (DESIGN.md, flush step 1) and return its number.
+
+    After an attempt that may have opened a window without writing it all, the row says what happened: if it
+    shows that window with the same intent, it is reused as it is. If more records were applied since, a new
+    window follows it, still counting from the last *completed* flush, so a successor replays both; stamping
+    the old window's shards with the new intent would make a successor count the extra records twice.
+    """
+    base = mutator.flush_seq
+    if mutator.window_seq is not None:
+        row = await store.read_partition(mutator.pid)
+        if row is None or row.owner != mutator.id:
+            mutator.fenced = True
+            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} (owner now {row.owner if row else None})")
+        if row.flush_seq == mutator.window_seq and row.window_mutator == mutator.id:
+            if row.intent_offset == intent:
+                return row.flush_seq
+            base = row.flush_seq
+        elif row.flush_seq != mutator.flush_seq:
+            mutator.fenced = True
+            raise FencedError(f"mutator {mutator.id}: {mutator.pid} shows flush {row.flush_seq}, "
+                              f"expected {mutator.flush_seq} or {mutator.window_seq}")
+    seq = base + 1
+    mutator.window_seq = seq  # before the LWT: it may apply even if its answer never arrives
+    if not await store.open_window(mutator.pid, mutator.id, mutator.record.born_us, seq, mutator.flushed_through,
+                                   intent):
+        mutator.fenced = True
+        raise FencedError(f"mutator {mutator.id} lost {mutator.pid}")
+    return seq
+
+
 async def release(store: Store, mutator: Mutator, now_us: int) -> None:
-    """Clean hand-over (revoke, shutdown, rotation): final flush, record it committed, retire."""
+    """Clean hand-over (revoke, shutdown, rotation): final flush, record it committed, retire.
+
+    Safe to call again after an error: once the last flush is committed the mutator is marked retiring and
+    never flushes again, so a retire that applied with its answer lost cannot be followed by a write that the
+    GC's deletion would hide."""
     if mutator.released:
         return
-    await flush(store, mutator, now_us)
-    if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
-        row = await store.read_partition(mutator.pid)
-        if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
-            mutator.fenced = True
-            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} before committing its last flush")
+    if not mutator.retiring:
+        await flush(store, mutator, now_us)
+        if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
+            row = await store.read_partition(mutator.pid)
+            if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
+                mutator.fenced = True
+                raise FencedError(f"mutator {mutator.id} lost {mutator.pid} before committing its last flush")
+        mutator.retiring = True
     await store.retire_mutator(mutator.id, retire_time(mutator.record.born_us, now_us))
     mutator.released = True
 
@@ -262,7 +301,8 @@ async def take_over(
     A crash anywhere leaves a row the next claimant finishes the same way.
     """
     pid = PartitionId(new.consumer_group, new.topic, new.partition)
-    await store.register_mutator(new)
+    if not await store.register_mutator(new):
+        raise StaleRecordError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
     for _ in range(max_attempts):
         row = await store.read_partition(pid)
         if row is None:
@@ -332,6 +372,6 @@ async def _replay_window(
 
 __all__: Sequence[str] = (
     "Applier", "FencedError", "Mutator", "MutatorExpiredError", "Outcome", "Record", "RecordSource",
-    "RetryWindow", "Takeover",
+    "RetryWindow", "StaleRecordError", "Takeover",
     "flush", "release", "retire_time", "take_over",
 )

@@ -94,7 +94,9 @@ class Store(Protocol):
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None: ...
 
-    async def register_mutator(self, record: MutatorRecord) -> None: ...
+    async def register_mutator(self, record: MutatorRecord) -> bool:
+        """Add a new mutator to the registry; False if its id is there already."""
+        ...
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
 
@@ -206,13 +208,13 @@ class CassandraStore:
             return None
         return StoredShard(rows[0]["state"], rows[0]["through_offset"])
 
-    async def register_mutator(self, record: MutatorRecord) -> None:
-        await self.client.execute(
+    async def register_mutator(self, record: MutatorRecord) -> bool:
+        # IF NOT EXISTS: a record seen before (perhaps retired since) must never come back as a new owner.
+        return await self._lwt(
             "INSERT INTO mutators (id, consumer_group, topic, partition, host, born_us, expires_us) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
             [record.id, record.consumer_group, record.topic, record.partition, record.host, record.born_us,
-             record.expires_us],
-            consistency=self.write_cl)
+             record.expires_us])
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None:
         # Set once: a second retirement (by a later takeover) must not move the time the GC relies on.

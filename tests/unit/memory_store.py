@@ -258,15 +258,13 @@ class MemoryStore:
 
     # -------------------------------------------------------------------------------- registry
 
-    async def register_mutator(self, record: MutatorRecord) -> None:
-        fault = await _gate(Op("register_mutator", record.id))
-        if fault is Fault.FAIL:
-            raise StoreTimeoutError("register_mutator timed out before applying")
-        # A plain INSERT of the other columns: a retired_us already set stays.
-        old = self.mutators.get(record.id)
-        self.mutators[record.id] = dataclasses.replace(record, retired_us=old.retired_us if old else None)
-        if fault is not Fault.NONE:
-            raise StoreTimeoutError("register_mutator applied, answer lost")
+    async def register_mutator(self, record: MutatorRecord) -> bool:
+        fault = await self._lwt("register_mutator", record.id)
+        # INSERT ... IF NOT EXISTS
+        applied = record.id not in self.mutators
+        if applied:
+            self.mutators[record.id] = record
+        return self._answer(fault, applied)
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None:
         fault = await self._lwt("retire_mutator", mutator)

@@ -34,7 +34,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from consumer.protocol import Applier, FencedError, Mutator, RetryWindow, Takeover, flush, release, take_over
+from consumer.protocol import (
+    MIN_LIFETIME_US,
+    Applier,
+    FencedError,
+    Mutator,
+    RetryWindow,
+    StaleRecordError,
+    Takeover,
+    flush,
+    release,
+    take_over,
+)
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, StoredShard
 from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
@@ -564,3 +575,78 @@ def test_claim_from_a_stale_read_does_not_rewind_the_partition() -> None:
     assert c_task.error is not None or row_after.intent_offset >= row_before.intent_offset, (
         f"C claimed from a stale read and rewound the partition: {row_before} -> {row_after}; "
         f"C starts at {c_task.result.start_offset if c_task.result else None} although B's shards hold 3..5")
+
+
+def _ibm_log(n: int) -> MemoryLog:
+    return MemoryLog([Event("IBM", 1, f"e{o}").to_bytes() for o in range(n)])
+
+
+def _stored(store: MemoryStore, mutator: uuid.UUID) -> tuple[int, int]:
+    """(count, through_offset) of ``mutator``'s trades/IBM shard as stored."""
+    shard = next(s for s in store.snapshot("trades", "IBM").shards if s.mutator == mutator)
+    return state_from_bytes(shard.state).value(), shard.through_offset  # type: ignore[return-value]
+
+
+def test_a_takeover_refuses_a_record_registered_before() -> None:
+    """Retrying take_over with the same record could revive a mutator a later takeover has retired, whose
+    writes the GC would then delete. Every takeover needs a fresh record."""
+    store, log = MemoryStore(), _ibm_log(3)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    a_task.finish()
+    _, b_task = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US)
+    b_task.finish()
+    assert store.mutators[a.id].retired_us is not None  # B's takeover retired A
+    again = Task("a.again", take_over(store, log, a, applier, EPOCH_US + 2 * MIN_LIFETIME_US, -1)).finish()
+    assert isinstance(again.error, StaleRecordError)
+    assert store.partitions[PID].owner == uuid.UUID(int=2)
+
+
+def test_a_release_whose_retire_answer_was_lost_never_flushes_again() -> None:
+    """The retire LWT applied but its answer was lost: the mutator must not flush any more (a write after its
+    retire time would be hidden by the GC's deletion). Releasing again only retries the retire."""
+    store, log = MemoryStore(), _ibm_log(6)
+    record, task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, record, task.finish().result, 2, EPOCH_US)
+    releasing = Task("release", release(store, mutator, EPOCH_US + MIN_LIFETIME_US))
+    while releasing.pending is not None and releasing.pending.name != "retire_mutator":
+        releasing.step()
+    releasing.step(Fault.LOST_ANSWER)
+    assert isinstance(releasing.error, StoreTimeoutError)
+    assert store.mutators[record.id].retired_us is not None
+    mutator.apply(log.records[3])
+    failed = Task("flush", flush(store, mutator, EPOCH_US + MIN_LIFETIME_US + 1)).finish()
+    assert isinstance(failed.error, FencedError)
+    assert _stored(store, record.id) == (3, 2)
+    run(release(store, mutator, EPOCH_US + MIN_LIFETIME_US + 2))
+    assert mutator.released
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["window-opened", "window-not-opened"])
+def test_a_flush_retried_after_more_records_opens_a_new_window(opened: bool) -> None:
+    """A flush fails after (or before) opening window k, then more records are applied and the flush is
+    retried. Its shards must not claim the extra records under window k's intent: the retry opens window
+    k+1 from the same committed offset, and a successor replaying it counts every record once."""
+    store, log = MemoryStore(), _ibm_log(8)
+    record, task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, record, task.finish().result, 2, EPOCH_US)  # flush 1: 0..2
+    for r in log.records[3:5]:
+        mutator.apply(r)
+    first = Task("flush2", flush(store, mutator, EPOCH_US + 1))
+    assert first.pending is not None
+    if opened:
+        first.step()  # open_window applies (window 2: 3..4) ...
+        first.step(Fault.FAIL)  # ... but the first shard write never lands (the others do)
+        first.finish()
+    else:
+        first.step(Fault.FAIL)  # open_window never applies
+    assert isinstance(first.error, StoreTimeoutError)
+    for r in log.records[5:7]:
+        mutator.apply(r)
+    run(flush(store, mutator, EPOCH_US + 2))
+    row = store.partitions[PID]
+    assert (row.flush_seq, row.committed_offset, row.intent_offset) == ((3, 2, 6) if opened else (2, 2, 6))
+    assert _stored(store, record.id) == (7, 6)
+    # A successor that finds this window open (the owner died before committing it) replays it exactly.
+    _, successor = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US)
+    assert successor.finish().result.start_offset == 7
+    assert _stored(store, record.id) == (7, 6)
