@@ -246,23 +246,40 @@ class ConsumerService:
                     new=str(successor.id), rereading_from=successor.applied_through + 1,
                     dropped_through=mutator.applied_through)
 
+    def _rotation_reasons(self) -> dict[TopicPartition, str]:
+        """Mutators to rotate now: too old, over their own memory budget, or the largest ones while the
+        process is over its total budget (so memory stays bounded whatever the number of partitions)."""
+        due: dict[TopicPartition, str] = {}
+        total = 0
+        for tp, mutator in self.mutators.items():
+            total += mutator.memory_bytes()
+            if mutator.memory_bytes() > self.config.mutator_memory_budget_bytes:
+                due[tp] = "memory"
+            elif (now_us() - mutator.record.born_us) / 1e6 >= self.config.mutator_max_age_s:
+                due[tp] = "age"
+        total -= sum(self.mutators[tp].memory_bytes() for tp in due)
+        for tp, mutator in sorted(self.mutators.items(), key=lambda item: -item[1].memory_bytes()):
+            if total <= self.config.memory_budget_bytes:
+                break
+            if tp not in due:
+                due[tp] = "process_memory"
+                total -= mutator.memory_bytes()
+        return due
+
     async def _rotate_if_due(self) -> None:
-        for tp, mutator in list(self.mutators.items()):
-            age_s = (now_us() - mutator.record.born_us) / 1e6
-            over_memory = mutator.memory_bytes() > self.config.mutator_memory_budget_bytes
-            if age_s >= self.config.mutator_max_age_s or over_memory:
-                reason = "memory" if over_memory else "age"
-                try:
-                    await release(self.store, mutator, now_us())
-                except FencedError as exc:
-                    self._drop(tp, mutator, str(exc))
-                    continue
-                except MutatorExpiredError:
-                    await self._replace_expired(tp, mutator)
-                    continue
-                successor = await self._take_over(tp, applier=mutator.applier)
-                log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
-                         old=str(mutator.id), new=str(successor.id))
+        for tp, reason in self._rotation_reasons().items():
+            mutator = self.mutators[tp]
+            try:
+                await release(self.store, mutator, now_us())
+            except FencedError as exc:
+                self._drop(tp, mutator, str(exc))
+                continue
+            except MutatorExpiredError:
+                await self._replace_expired(tp, mutator)
+                continue
+            successor = await self._take_over(tp, applier=mutator.applier)
+            log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
+                     old=str(mutator.id), new=str(successor.id))
 
     # ------------------------------------------------------------------------------------ rebalancing
 

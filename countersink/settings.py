@@ -141,6 +141,8 @@ class ConsumerSettings(_Section):
     mutator_max_age_s: float = Field(default=3600.0, ge=1)
     # Rotating frees a mutator's in-memory state; the budget bounds memory under any key cardinality.
     mutator_memory_budget_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    # All mutators of the process together: past it, the largest rotate first.
+    memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     retry_window_records: int = Field(default=10_000, ge=0, le=10_000_000)
     dead_letter_topic: str = Field(default="countersink-dead-letter", pattern=r"^[A-Za-z0-9._-]{1,249}$")
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)

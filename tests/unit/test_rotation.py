@@ -1,0 +1,48 @@
+"""Which mutators a consumer rotates: too old, over their own budget, or the largest while over the total."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from aiokafka import TopicPartition
+
+from consumer.service import ConsumerService
+from countersink.settings import ConsumerSettings
+
+MIB = 1024 * 1024
+
+
+def reasons(sizes_mib: dict[int, int], *, old: frozenset[int] = frozenset(), total_mib: int = 1024,
+            each_mib: int = 256) -> dict[int, str]:
+    now_us = time.time_ns() // 1000
+    mutators = {
+        TopicPartition("t", p): SimpleNamespace(
+            memory_bytes=lambda size=size: size * MIB,
+            record=SimpleNamespace(born_us=now_us - (7200 if p in old else 1) * 1_000_000))
+        for p, size in sizes_mib.items()}
+    service = SimpleNamespace(mutators=mutators, config=ConsumerSettings(
+        memory_budget_bytes=total_mib * MIB, mutator_memory_budget_bytes=each_mib * MIB, mutator_max_age_s=3600))
+    due = ConsumerService._rotation_reasons(service)  # type: ignore[arg-type]
+    return {tp.partition: reason for tp, reason in due.items()}
+
+
+def test_nothing_rotates_within_every_budget() -> None:
+    assert reasons({0: 100, 1: 200, 2: 250}) == {}
+
+
+def test_old_and_oversized_mutators_rotate() -> None:
+    assert reasons({0: 300, 1: 10, 2: 10}, old=frozenset({1})) == {0: "memory", 1: "age"}
+
+
+def test_over_the_process_budget_the_largest_rotate_until_under() -> None:
+    # 5 × 200 + 150 + 50 = 1200 MiB > 1024: rotating one of the largest brings it to 1000.
+    assert reasons({0: 200, 1: 200, 2: 200, 3: 200, 4: 200, 5: 150, 6: 50}, total_mib=1024) == {0: "process_memory"}
+    assert reasons({0: 200, 1: 200, 2: 200, 3: 200, 4: 200, 5: 150, 6: 50}, total_mib=900) == {
+        0: "process_memory", 1: "process_memory"}
+    assert reasons({0: 100, 1: 900, 2: 100}, total_mib=1000, each_mib=1000) == {1: "process_memory"}
+
+
+def test_mutators_already_rotating_count_towards_the_budget() -> None:
+    # 0 rotates for its own size; the rest (3 × 300 = 900) fits the total of 1000.
+    assert reasons({0: 400, 1: 300, 2: 300, 3: 300}, total_mib=1000, each_mib=350) == {0: "memory"}
