@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -46,6 +47,8 @@ from schemas.errors import InvalidEventError
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 
 def now_us() -> int:
@@ -227,6 +230,20 @@ class ConsumerService:
                 METRICS.flush_rows.observe(rows)
             return
 
+    async def _until_done(self, what: str, tp: TopicPartition, step: Callable[[], Awaitable[T]]) -> T:
+        """Run one idempotent protocol step, retrying while Cassandra is unavailable (consumption waits).
+        While stopping, the error propagates once the retry pause has reached its maximum."""
+        delay = 0.1
+        while True:
+            try:
+                return await step()
+            except CassandraUnavailableError as exc:
+                log.warning(f"{what}_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
+                if self._stopping.is_set() and delay >= self.config.flush_retry_max_s:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.flush_retry_max_s)
+
     def _drop(self, tp: TopicPartition, mutator: Mutator, reason: str) -> None:
         """A fenced mutator: another owner took the partition; forget its state and stop consuming it."""
         METRICS.fencings.inc()
@@ -239,7 +256,8 @@ class ConsumerService:
     async def _replace_expired(self, tp: TopicPartition, mutator: Mutator) -> None:
         """A mutator past its expiry writes nothing more: a fresh one takes the partition over (replaying
         any window the old one left open, then retiring it) and its unflushed records are read again."""
-        successor = await self._take_over(tp)
+        # Each attempt registers a fresh mutator: a takeover never reuses a record.
+        successor = await self._until_done("takeover", tp, functools.partial(self._take_over, tp))
         self.consumer.seek(tp, successor.applied_through + 1)
         METRICS.expiries.inc()
         log.warning("mutator_expired", topic=tp.topic, partition=tp.partition, old=str(mutator.id),
@@ -266,18 +284,23 @@ class ConsumerService:
                 total -= mutator.memory_bytes()
         return due
 
+    async def _release_now(self, mutator: Mutator) -> None:
+        await release(self.store, mutator, now_us())
+
     async def _rotate_if_due(self) -> None:
         for tp, reason in self._rotation_reasons().items():
             mutator = self.mutators[tp]
             try:
-                await release(self.store, mutator, now_us())
+                # Safe to repeat after any failure: a committed release only retries its retire.
+                await self._until_done("rotation", tp, functools.partial(self._release_now, mutator))
             except FencedError as exc:
                 self._drop(tp, mutator, str(exc))
                 continue
             except MutatorExpiredError:
                 await self._replace_expired(tp, mutator)
                 continue
-            successor = await self._take_over(tp, applier=mutator.applier)
+            successor = await self._until_done("takeover", tp,
+                                               functools.partial(self._take_over, tp, applier=mutator.applier))
             log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
                      old=str(mutator.id), new=str(successor.id))
 
