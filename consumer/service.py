@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer.kafka_source import KafkaRecordSource
@@ -111,9 +112,11 @@ class ConsumerService:
     async def start(self) -> None:
         if self._started:
             return
-        await self.cassandra.start()
-        await self.cassandra.ensure_schema()
-        await ensure_topics(self.settings.kafka, {self.config.dead_letter_topic: 1})
+        # A consumer (re)started while Kafka or Cassandra is briefly away waits for them, up to
+        # startup_timeout_s, rather than exiting: both steps are idempotent.
+        await self._when_reachable("cassandra", self._prepare_cassandra)
+        await self._when_reachable("kafka", functools.partial(
+            ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: 1}))
         await self.producer.start()
         await self.source.start()
         self.consumer.subscribe(topics=list(self.counters.topics), listener=_Rebalance(self))
@@ -122,6 +125,24 @@ class ConsumerService:
             await self.health.start()
         self._started = True
         log.info("consumer_started", group=self.config.group_id, topics=list(self.counters.topics), host=self.host)
+
+    async def _prepare_cassandra(self) -> None:
+        await self.cassandra.start()
+        await self.cassandra.ensure_schema()
+
+    async def _when_reachable(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        delay = 0.5
+        while True:
+            try:
+                await step()
+                return
+            except (CassandraUnavailableError, KafkaError, OSError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("waiting_for_server", server=what, error=str(exc), wait_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def request_stop(self) -> None:
         self._stopping.set()

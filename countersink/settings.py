@@ -148,6 +148,7 @@ class ConsumerSettings(_Section):
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
     max_poll_records: int = Field(default=2_000, ge=1)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
+    startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting consumer waits for the servers
     flush_retry_max_s: float = Field(default=5.0, gt=0)
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server

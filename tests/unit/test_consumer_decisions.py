@@ -1,4 +1,5 @@
-"""Which mutators a consumer rotates: too old, over their own budget, or the largest while over the total."""
+"""Consumer decisions that need no servers: which mutators rotate (too old, over their own budget, or the
+largest while over the total), and how long a starting consumer waits for the servers."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def test_over_the_process_budget_the_largest_rotate_until_under() -> None:
 def test_mutators_already_rotating_count_towards_the_budget() -> None:
     # 0 rotates for its own size; the rest (3 × 300 = 900) fits the total of 1000.
     assert reasons({0: 400, 1: 300, 2: 300, 3: 300}, total_mib=1000, each_mib=350) == {0: "memory"}
+
+
+def test_a_starting_consumer_waits_for_a_server_that_comes_back() -> None:
+    import asyncio
+
+    from aiokafka.errors import KafkaConnectionError
+
+    attempts = []
+
+    async def flaky() -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise KafkaConnectionError("Unable to bootstrap")
+
+    service = SimpleNamespace(config=ConsumerSettings(startup_timeout_s=30))
+    asyncio.run(ConsumerService._when_reachable(service, "kafka", flaky))  # type: ignore[arg-type]
+    assert len(attempts) == 3
+
+
+def test_a_starting_consumer_gives_up_after_its_startup_timeout() -> None:
+    import asyncio
+
+    import pytest
+    from aiokafka.errors import KafkaConnectionError
+
+    async def down() -> None:
+        raise KafkaConnectionError("Unable to bootstrap")
+
+    service = SimpleNamespace(config=ConsumerSettings(startup_timeout_s=1.2))
+    started = time.monotonic()
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(ConsumerService._when_reachable(service, "kafka", down))  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
