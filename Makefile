@@ -46,6 +46,9 @@ demo: $(STAMP)  ## the whole pipeline on sample events, every counter kind besid
 bench: $(STAMP)  ## benchmarks: apply throughput per kind and bytes per state
 	$(PY) -m bench.apply
 
+chaos: $(STAMP)  ## 1M events, 3 consumers, kill -9 every few seconds, broker and Cassandra restarts, a zombie; ends with lost=0 duplicated=0
+	$(PY) -m bench.chaos
+
 clean:  ## remove the virtualenv and the local servers' data
 	-$(PY) -m stack down 2>/dev/null
 	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis
