@@ -243,6 +243,10 @@ class CassandraClient:
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
 
+    def connections(self) -> int:
+        """Open connections to Cassandra nodes right now (0 before start, after stop, or with every node down)."""
+        return 0 if self._session is None else int(self._session.metrics().stats_total_connections)
+
     def sample_driver_metrics(self) -> None:
         """Copy the driver's own view (open connections, timeouts) into the process metrics.
 

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "get": ("countersink.read_cli", "print the value of one counter instance"),
     "explain": ("countersink.read_cli", "show why an instance's value is what it is: tally, shards, mutators"),
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
+    "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
 }
 
 

@@ -53,6 +53,11 @@ class Metrics:
                                         buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600))
         self.gc_last_success = Gauge("countersink_gc_last_success_timestamp_seconds",
                                      "When a GC run last finished with nothing deferred", registry=r)
+        self.serve_requests = Counter("countersink_serve_requests", "Read API requests by route and status",
+                                      ["route", "status"], registry=r)
+        self.serve_request_seconds = Histogram(
+            "countersink_serve_request_seconds", "Read API request latency", ["route"], registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
 
 METRICS = Metrics()

@@ -169,6 +169,16 @@ class GcSettings(_Section):
     health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
 
 
+class ServeSettings(_Section):
+    """``countersink serve``: the HTTP JSON read API."""
+
+    host: str = Field(default="0.0.0.0", min_length=1, max_length=255)  # noqa: S104 - a service listens on all
+    port: int = Field(default=8082, ge=0, le=65535)
+    max_keys: int = Field(default=100, ge=1, le=10_000)  # keys one multi-get may ask for
+    concurrency: int = Field(default=64, ge=1, le=4096)  # Cassandra reads in flight across all requests
+    request_timeout_s: float = Field(default=5.0, gt=0, le=300)
+
+
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
@@ -180,5 +190,6 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     gc: GcSettings = Field(default_factory=GcSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")

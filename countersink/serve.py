@@ -1,0 +1,270 @@
+"""``countersink serve``: counters over HTTP as JSON, for services that do not speak Python.
+
+``GET /counters/{name}/{key}`` reads one instance, ``GET /counters/{name}?key=a&key=b`` several at once.
+``/openapi.json`` describes both. ``/healthz``, ``/readyz`` and ``/metrics`` are there for probes and
+Prometheus. Reads go straight to Cassandra (tally + shards, merged), like ``countersink get``; the server
+keeps no cache, so a value is as fresh as the last flush.
+
+Untrusted input is bounded: names must be counter identifiers, keys are limited in size and number, and
+a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from countersink.cassandra import CassandraClient, CassandraOverloadedError, CassandraUnavailableError
+from countersink.cli import run_async
+from countersink.logs import get_logger
+from countersink.metrics import METRICS
+from countersink.reader import read_state, to_jsonable
+from countersink.settings import Consistency, ServeSettings, Settings
+from schemas.definitions import NAME_PATTERN, CounterSet, load_definitions
+from schemas.events import DEFAULT_MAX_KEY_BYTES
+
+log = get_logger(__name__)
+
+class ReadApi:
+    """The HTTP handlers over one Cassandra client. ``counters`` (optional) turns unknown names into 404s."""
+
+    def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
+                 consistency: Consistency | None = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.counters = counters
+        self.consistency = consistency or client.settings.read_consistency
+        self._reads = asyncio.Semaphore(settings.concurrency)
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_observed], client_max_size=16 * 1024)
+        app.add_routes([
+            web.get("/counters/{name}/{key}", self.get_one),
+            web.get("/counters/{name}", self.get_many),
+            web.get("/openapi.json", self.openapi),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/metrics", self.metrics),
+        ])
+        app[_API] = self
+        return app
+
+    # --- reads
+
+    async def get_one(self, request: web.Request) -> web.Response:
+        name = self._counter(request)
+        key = _checked_key(request.match_info["key"])
+        level = _consistency(request)
+        kind, value = await self._read(name, key, level)
+        return web.json_response({"counter": name, "key": key, "kind": kind, "value": to_jsonable(value)})
+
+    async def get_many(self, request: web.Request) -> web.Response:
+        name = self._counter(request)
+        keys = list(dict.fromkeys(request.query.getall("key", [])))
+        if not keys:
+            raise _problem(web.HTTPBadRequest, "give at least one ?key=")
+        if len(keys) > self.settings.max_keys:
+            raise _problem(web.HTTPBadRequest, f"at most {self.settings.max_keys} keys per request")
+        for key in keys:
+            _checked_key(key)
+        level = _consistency(request)
+        results = await asyncio.gather(*(self._read(name, key, level) for key in keys))
+        return web.json_response({
+            "counter": name,
+            "values": {key: {"kind": kind, "value": to_jsonable(value)} for key, (kind, value) in
+                       zip(keys, results, strict=True)},
+        })
+
+    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_s), self._reads:
+                state = await read_state(self.client, name, key, level)
+        except TimeoutError:
+            raise _problem(web.HTTPGatewayTimeout,
+                           f"Cassandra did not answer within {self.settings.request_timeout_s}s") from None
+        except CassandraOverloadedError as exc:
+            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=1) from None
+        except CassandraUnavailableError as exc:
+            # e.g. too few replicas for the consistency level: the caller may retry or ask for a lower level
+            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+        if state is None:
+            definition = self.counters.get(name) if self.counters else None
+            return (definition.kind if definition else None), None
+        return state.kind, state.value()
+
+    def _counter(self, request: web.Request) -> str:
+        name = request.match_info["name"]
+        if not NAME_PATTERN.fullmatch(name):
+            raise _problem(web.HTTPBadRequest, f"counter names match {NAME_PATTERN.pattern}")
+        if self.counters is not None and self.counters.get(name) is None:
+            raise _problem(web.HTTPNotFound, f"no counter {name!r} in {self.counters.source}")
+        return name
+
+    # --- operations
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(self.settings, self.counters))
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ready = self.client.connections() > 0
+        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "not ready\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.client.sample_driver_metrics()
+        return web.Response(body=generate_latest(METRICS.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _checked_key(key: str) -> str:
+    if not key or len(key.encode()) > DEFAULT_MAX_KEY_BYTES:
+        raise _problem(web.HTTPBadRequest, f"a key is 1 to {DEFAULT_MAX_KEY_BYTES} bytes")
+    return key
+
+
+def _consistency(request: web.Request) -> Consistency:
+    raw = request.query.get("consistency")
+    api: ReadApi = request.app[_API]
+    if raw is None:
+        return api.consistency
+    try:
+        return Consistency(raw.upper())
+    except ValueError:
+        raise _problem(web.HTTPBadRequest, f"consistency is one of {', '.join(Consistency)}") from None
+
+
+def _problem(error: type[web.HTTPException], detail: str, retry_after: int | None = None) -> web.HTTPException:
+    """An RFC 9457 problem document, so clients get a reason and not just a status."""
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
+    return error(text=json.dumps({"status": error.status_code, "detail": detail}),
+                 content_type="application/problem+json", headers=headers)
+
+
+_API = web.AppKey("api", ReadApi)
+
+
+@web.middleware
+async def _observed(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        METRICS.serve_requests.labels(route=route, status=str(status)).inc()
+        METRICS.serve_request_seconds.labels(route=route).observe(time.perf_counter() - started)
+
+
+def openapi_document(settings: ServeSettings, counters: CounterSet | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 description served at ``/openapi.json``."""
+    name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN.pattern}
+    if counters is not None:
+        name_schema["enum"] = sorted(c.name for c in counters.counters)
+    key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES}
+    consistency = {"name": "consistency", "in": "query", "required": False,
+                   "schema": {"type": "string", "enum": list(Consistency)},
+                   "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
+    value = {"description": "int or decimal string for sums, number for means, an object for sketches "
+                            "(estimate with bounds), null when nothing was counted"}
+    problem = {"description": "a problem document",
+               "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+    errors = {"400": problem, "404": problem, "503": problem, "504": problem}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "countersink read API", "version": version("countersink"),
+                 "description": "Exact counters kept from Kafka events, read from Cassandra."},
+        "paths": {
+            "/counters/{name}/{key}": {"get": {
+                "summary": "The value of one counter instance",
+                "operationId": "getCounter",
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                               {"name": "key", "in": "path", "required": True, "schema": key_schema,
+                                "description": "the instance key, URL-encoded"},
+                               consistency],
+                "responses": {"200": {"description": "the value", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Instance"}}}}, **errors},
+            }},
+            "/counters/{name}": {"get": {
+                "summary": "The values of several instances of one counter",
+                "operationId": "getCounters",
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                               {"name": "key", "in": "query", "required": True, "style": "form", "explode": True,
+                                "schema": {"type": "array", "items": key_schema, "maxItems": settings.max_keys}},
+                               consistency],
+                "responses": {"200": {"description": "the values by key", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Instances"}}}}, **errors},
+            }},
+        },
+        "components": {"schemas": {
+            "Instance": {"type": "object", "required": ["counter", "key", "kind", "value"], "properties": {
+                "counter": {"type": "string"}, "key": {"type": "string"},
+                "kind": {"type": ["string", "null"]}, "value": value}},
+            "Instances": {"type": "object", "required": ["counter", "values"], "properties": {
+                "counter": {"type": "string"},
+                "values": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                    "kind": {"type": ["string", "null"]}, "value": value}}}}},
+            "Problem": {"type": "object", "properties": {"status": {"type": "integer"},
+                                                         "detail": {"type": "string"}}},
+        }},
+    }
+
+
+# --- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--counters", type=Path,
+                        help="definitions file: unknown counter names answer 404 (default: no check)")
+    parser.add_argument("--host", help="listen address (default: COUNTERSINK_SERVE__HOST)")
+    parser.add_argument("--port", type=int, help="listen port (default: COUNTERSINK_SERVE__PORT, 8082)")
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
+                        help="default read consistency (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    serve_settings = settings.serve.model_copy(update={
+        k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    counters = load_definitions(args.counters) if args.counters else None
+    return run_async(serve(settings, serve_settings, counters, args.consistency))
+
+
+async def serve(settings: Settings, serve_settings: ServeSettings, counters: CounterSet | None,
+                consistency: Consistency | None, *, stop: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or ``stop`` is set), then finish in-flight requests and exit 0."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with CassandraClient(settings.cassandra, app="countersink-serve") as client:
+        api = ReadApi(client, serve_settings, counters, consistency)
+        app = api.app()
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+        await runner.setup()
+        site = web.TCPSite(runner, serve_settings.host, serve_settings.port)
+        await site.start()
+        port = runner.addresses[0][1] if runner.addresses else serve_settings.port
+        log.info("serve_started", host=serve_settings.host, port=port,
+                 counters=str(counters.source) if counters else None)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+            log.info("serve_stopped")
+    return 0
