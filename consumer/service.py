@@ -51,6 +51,8 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
+FLUSH_BACKOFF = 2.0  # the next flush waits at least this many times the last flush's duration
+
 
 def now_us() -> int:
     return time.time_ns() // 1_000
@@ -99,6 +101,7 @@ class ConsumerService:
         self._ownership = asyncio.Lock()
         self._started = False
         self._last_flush = time.monotonic()
+        self._last_flush_took = 0.0
         self.ready = False
         self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
 
@@ -198,7 +201,13 @@ class ConsumerService:
         METRICS.dead_lettered.inc()
 
     def _flush_due(self) -> bool:
-        if time.monotonic() - self._last_flush >= self.config.flush_interval_s:
+        since = time.monotonic() - self._last_flush
+        # A flush rewrites every dirty instance whole, so its cost grows with the keys touched, not the events.
+        # While flushes are slow (a backlog over many keys), the next waits at least FLUSH_BACKOFF times the
+        # last one's duration: flushing takes at most a third of the time, and each flush folds in more events.
+        if since < self._last_flush_took * FLUSH_BACKOFF:
+            return False
+        if since >= self.config.flush_interval_s:
             return True
         return any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values())
 
@@ -212,10 +221,22 @@ class ConsumerService:
     async def flush_all(self) -> dict[TopicPartition, OffsetAndMetadata]:
         """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too).
         Returns the offsets to commit to Kafka for lag monitoring."""
+        started = time.monotonic()
         await self._deliver_dead_letters()
-        for tp, mutator in list(self.mutators.items()):
-            await self._flush_one(tp, mutator)
+        # Mutators own different partitions and rows, so their flushes overlap: one LWT's round trip no longer
+        # idles the others, and the client's in-flight slots stay full. Every flush finishes (or fails) before
+        # this returns; replacements of expired mutators read records back through the one record source, so
+        # they run one at a time afterwards.
+        mutators = list(self.mutators.items())
+        outcomes = await asyncio.gather(*(self._flush_one(tp, m) for tp, m in mutators), return_exceptions=True)
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise failures[0]
+        for (tp, mutator), expired in zip(mutators, outcomes, strict=True):
+            if expired is True:
+                await self._replace_expired(tp, mutator)
         self._last_flush = time.monotonic()
+        self._last_flush_took = self._last_flush - started
         self.cassandra.sample_driver_metrics()
         return {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
                 if m.flushed_through >= 0 and not m.fenced}
@@ -226,7 +247,9 @@ class ConsumerService:
         with contextlib.suppress(Exception):  # lag monitoring only: never let it stop counting
             await asyncio.wait_for(self.consumer.commit(offsets), self.config.session_timeout_ms / 1000)
 
-    async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> None:
+    async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> bool:
+        """Flush one mutator, retrying while Cassandra is unavailable. True when the mutator is past its expiry
+        (it wrote nothing; the caller replaces it)."""
         delay = 0.1
         while True:
             started = time.perf_counter()
@@ -234,10 +257,9 @@ class ConsumerService:
                 rows = await flush(self.store, mutator, now_us())
             except FencedError as exc:
                 self._drop(tp, mutator, str(exc))
-                return
+                return False
             except MutatorExpiredError:
-                await self._replace_expired(tp, mutator)
-                return
+                return True
             except CassandraUnavailableError as exc:
                 METRICS.flush_retries.inc()
                 log.warning("flush_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
@@ -249,7 +271,7 @@ class ConsumerService:
             if rows:
                 METRICS.flush_seconds.observe(time.perf_counter() - started)
                 METRICS.flush_rows.observe(rows)
-            return
+            return False
 
     async def _until_done(self, what: str, tp: TopicPartition, step: Callable[[], Awaitable[T]]) -> T:
         """Run one idempotent protocol step, retrying while Cassandra is unavailable (consumption waits).

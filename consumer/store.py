@@ -106,6 +106,10 @@ def _uuid(value: object) -> uuid.UUID | None:
     return None if value is None else uuid.UUID(str(value))
 
 
+# Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
+_WORK_BATCH_BYTES = 4096
+
+
 class CassandraStore:
     """:class:`Store` on countersink's tables (see ``schemas.cql``)."""
 
@@ -187,14 +191,22 @@ class CassandraStore:
             "USING TIMESTAMP ?"
         )
         work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
-        calls = []
+        calls = [self.client.execute(
+            shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
+            consistency=self.write_cl) for write in writes]
+        # The GC's work list is one partition per mutator: its new rows go as single-partition unlogged batches
+        # (applied atomically, one request per batch), kept well under Cassandra's batch size limits.
+        batch: list[tuple[str, list[object]]] = []
+        batch_bytes = 0
         for write in writes:
-            calls.append(self.client.execute(
-                shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
-                consistency=self.write_cl))
             if write.first_write:
-                calls.append(self.client.execute(work_cql, [mutator, write.counter, write.key],
-                                                 consistency=self.write_cl))
+                batch.append((work_cql, [mutator, write.counter, write.key]))
+                batch_bytes += len(write.counter) + len(write.key.encode()) + 32
+                if batch_bytes >= _WORK_BATCH_BYTES:
+                    calls.append(self.client.execute_batch(batch, consistency=self.write_cl))
+                    batch, batch_bytes = [], 0
+        if batch:
+            calls.append(self.client.execute_batch(batch, consistency=self.write_cl))
         # Every write must be acknowledged before the next flush opens a window: gather raises on the first
         # failure, and the caller retries the whole (idempotent) set.
         await asyncio.gather(*calls)

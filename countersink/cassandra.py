@@ -158,7 +158,10 @@ class CassandraClient:
         if self._session is None:
             raise CassandraError("the Cassandra client is not started")
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.settings.queue_timeout_s)
+            if self._slots.locked():
+                await asyncio.wait_for(self._slots.acquire(), self.settings.queue_timeout_s)
+            else:
+                await self._slots.acquire()  # a slot is free: no timer and no task for the common case
         except TimeoutError:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()  # never awaited: close it so Python does not warn
