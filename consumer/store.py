@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from countersink.cassandra import CassandraClient, as_dicts
@@ -108,6 +109,8 @@ def _uuid(value: object) -> uuid.UUID | None:
 
 # Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
 _WORK_BATCH_BYTES = 4096
+# Concurrent writes of one flush; mutators flush concurrently, so a process has up to this many per mutator.
+_WRITERS_PER_FLUSH = 32
 
 
 class CassandraStore:
@@ -191,8 +194,9 @@ class CassandraStore:
             "USING TIMESTAMP ?"
         )
         work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
-        calls = [self.client.execute(
-            shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
+        calls: list[Callable[[], Awaitable[object]]] = [functools.partial(
+            self.client.execute, shard_cql,
+            [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
             consistency=self.write_cl) for write in writes]
         # The GC's work list is one partition per mutator: its new rows go as single-partition unlogged batches
         # (applied atomically, one request per batch), kept well under Cassandra's batch size limits.
@@ -203,13 +207,30 @@ class CassandraStore:
                 batch.append((work_cql, [mutator, write.counter, write.key]))
                 batch_bytes += len(write.counter) + len(write.key.encode()) + 32
                 if batch_bytes >= _WORK_BATCH_BYTES:
-                    calls.append(self.client.execute_batch(batch, consistency=self.write_cl))
+                    calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
                     batch, batch_bytes = [], 0
         if batch:
-            calls.append(self.client.execute_batch(batch, consistency=self.write_cl))
-        # Every write must be acknowledged before the next flush opens a window: gather raises on the first
-        # failure, and the caller retries the whole (idempotent) set.
-        await asyncio.gather(*calls)
+            calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
+        # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
+        # (idempotent) set after a failure. A fixed number of writers per flush, not one task per row: a flush
+        # of a hundred thousand rows must not queue them all for the client's in-flight slots at once (they
+        # would time out waiting, and each retry would queue them all again).
+        pending = iter(calls)
+        failures: list[Exception] = []
+
+        async def writer() -> None:
+            for call in pending:
+                if failures:
+                    return  # the set is retried whole: stop early, but never abandon a write in flight
+                try:
+                    await call()
+                except Exception as exc:
+                    failures.append(exc)
+                    return
+
+        await asyncio.gather(*(writer() for _ in range(min(len(calls), _WRITERS_PER_FLUSH))))
+        if failures:
+            raise failures[0]
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
         result = await self.client.execute(

@@ -57,6 +57,9 @@ _RETRIABLE = (
 )
 
 
+_DEADLINE_MARGIN_S = 5.0
+
+
 def _consistency(level: Consistency | str) -> acsylla.Consistency:
     return acsylla.Consistency[str(level)]
 
@@ -174,7 +177,14 @@ class CassandraClient:
         METRICS.cassandra_in_flight.set(self._in_flight)
         started = time.perf_counter()
         try:
-            return await awaitable
+            # The driver times requests out itself; this deadline is a net under it, so that an answer lost
+            # anywhere becomes a retriable error instead of a task that waits forever.
+            async with asyncio.timeout(self.settings.request_timeout_s + _DEADLINE_MARGIN_S):
+                return await awaitable
+        except TimeoutError:
+            METRICS.cassandra_errors.labels(kind="no_answer").inc()
+            raise CassandraUnavailableError(f"no answer within {self.settings.request_timeout_s}s "
+                                            f"[{_short(what)}]") from None
         except _RETRIABLE as exc:
             METRICS.cassandra_errors.labels(kind="retriable").inc()
             raise CassandraUnavailableError(f"{type(exc).__name__}: {exc} [{_short(what)}]") from exc
