@@ -1,0 +1,639 @@
+"""``make bench``: countersink beside the limit and the alternatives, measured in one run on one stack.
+
+    python -m bench.pipeline [--events 2000000] [--symbols 100000] [--partitions 12] [--quick]
+
+It starts its own Kafka and Cassandra (ports 59092 and 59042, data under ``.stack/bench``), loads one topic
+of JSON trades keyed by symbol, and consumes that same topic four ways, one after the other:
+
+1. the limit: aiokafka ``getmany`` and discard, in one process;
+2. countersink: one consumer process with a count, an integer sum and a distinct counter over the trades,
+   exactly-once on (event ids), until every partition's last record is flushed;
+3. without countersink: aiokafka plus one Cassandra counter-column ``UPDATE`` per event (count and sum),
+   at the same number of requests in flight as countersink's client allows;
+4. Quix Streams in its exactly-once mode, counting trades and summing ``qty`` per symbol in RocksDB state,
+   until its committed offsets reach the end of the topic.
+
+Then: consumer CPU per million events; the GC folding what the countersink run left (instances per
+second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read; memory per
+live instance of each kind; and recovery after ``kill -9`` of a consumer holding 10 thousand and 1 million
+live instances, until the replacement applies events again. Figures, ratios and the targets go to stdout
+and to ``bench/results/REPORT.md`` with PNG plots. Everything it starts, it stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from countersink.cassandra import CassandraClient
+from countersink.kafka import ensure_topics, make_consumer, make_producer
+from countersink.logs import configure_logging
+from countersink.reader import read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack import servers
+from stack.loading import child_env, end_offsets, wait_until_flushed
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK = servers.STACK_DIR / "bench"
+RESULTS = ROOT / "bench" / "results"
+TOPIC = "bench-trades"
+RECOVERY_TOPIC = "bench-recovery"
+COMMAND = "make bench"
+
+
+def say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def definitions(topic: str) -> str:
+    return f"""
+[[counter]]
+name = "trades"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+
+[[counter]]
+name = "buyers"
+topics = ["{topic}"]
+kind = "distinct"
+key = ["symbol"]
+value = "buyer"
+event_id = "id"
+"""
+
+
+RECOVERY_DEFINITIONS = f"""
+[[counter]]
+name = "seen"
+topics = ["{RECOVERY_TOPIC}"]
+kind = "count"
+key = ["id"]
+"""
+
+
+@dataclass
+class Report:
+    """Every figure of the run, in the order the report prints them."""
+
+    events: int = 0
+    symbols: int = 0
+    partitions: int = 0
+    load_s: float = 0.0
+    rates: dict[str, float] = field(default_factory=dict)  # events per second by system
+    notes: dict[str, str] = field(default_factory=dict)
+    cpu_s_per_million: float = 0.0
+    gc: dict[str, float] = field(default_factory=dict)
+    read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
+    memory_bytes: dict[str, float] = field(default_factory=dict)
+    recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    profile: str = ""
+    checks: list[str] = field(default_factory=list)
+
+
+# --- loading
+
+
+def trade(i: int, rng: random.Random, symbols: int) -> tuple[bytes, bytes]:
+    symbol = f"S{rng.randrange(symbols):06d}"
+    event = (f'{{"id":"{i:012x}{rng.getrandbits(64):016x}","symbol":"{symbol}","qty":{rng.randrange(1, 10_000)},'
+             f'"buyer":"u{rng.randrange(1_000_000)}","side":"{rng.choice(("buy", "sell"))}"}}')
+    return symbol.encode(), event.encode()
+
+
+async def load(kafka: KafkaSettings, topic: str, partitions: int, n: int,
+               make: Callable[[int], tuple[bytes, bytes]], what: str) -> None:
+    """Publish ``n`` records made by ``make(i)`` in per-partition batches; a key always goes to the same
+    partition, as the key-hashing partitioner would do."""
+    async with make_producer(kafka, linger_ms=20, max_batch_size=1_048_576, enable_idempotence=True) as producer:
+        batches = {p: producer.create_batch() for p in range(partitions)}
+        pending: list[Awaitable[Any]] = []
+        last = time.monotonic()
+        for i in range(n):
+            key, value = make(i)
+            partition = zlib.crc32(key) % partitions
+            batch = batches[partition]
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+                batches[partition] = batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+            if len(pending) > 64:
+                await asyncio.gather(*pending)
+                pending.clear()
+            if time.monotonic() - last > 5:
+                say(f"{what}: published {i + 1:,}/{n:,}")
+                last = time.monotonic()
+        for partition, batch in batches.items():
+            if batch.record_count():
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*pending)
+
+
+# --- the four consumers
+
+
+async def raw_rate(kafka: KafkaSettings, partitions: int, total: int) -> float:
+    consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                             isolation_level="read_committed", max_poll_records=2_000)
+    started = time.monotonic()
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(TOPIC, p) for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        seen = 0
+        while seen < total:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=2_000)
+            seen += sum(len(records) for records in batches.values())
+    finally:
+        await consumer.stop()
+    return total / (time.monotonic() - started)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_consumer(env: dict[str, str], log_name: str, profile_to: Path | None = None) -> subprocess.Popen[bytes]:
+    command = [sys.executable, *(["-m", "cProfile", "-o", str(profile_to)] if profile_to else []), "-m", "consumer"]
+    with open(STACK / log_name, "ab") as log:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
+                           group: str, profile_to: Path | None = None, **consumer: object) -> tuple[float, float]:
+    """Events per second until the last record of every partition is flushed, and CPU seconds used."""
+    counters = STACK / "counters.toml"
+    counters.write_text(definitions(TOPIC))
+    env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters, "health_port": 0,
+                                                **consumer}, gc={"health_port": 0})
+    env["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+    ends = await end_offsets(kafka, {TOPIC: partitions})
+    started = time.monotonic()
+    process = start_consumer(env, f"{group}.log", profile_to)
+    try:
+        await wait_until_flushed(cassandra, group, ends, 1800,
+                                 lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
+        elapsed = time.monotonic() - started
+        cpu = proc_cpu_s(process.pid)
+    finally:
+        code = stop_process(process)
+    if code != 0:
+        raise RuntimeError(f"the countersink consumer exited {code}; see {STACK / f'{group}.log'}")
+    return total / elapsed, cpu
+
+
+async def native_counter_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
+                              budget_s: float) -> tuple[float, int]:
+    """aiokafka + one counter-column UPDATE per event, ``max_in_flight`` at a time, for ``budget_s`` at most."""
+    async with CassandraClient(cassandra) as client:
+        await client.execute("CREATE TABLE IF NOT EXISTS native_trades (symbol text PRIMARY KEY, trades counter, "
+                             "shares counter)", prepared=False)
+        update = "UPDATE native_trades SET trades = trades + 1, shares = shares + ? WHERE symbol = ?"
+        slots = asyncio.Semaphore(cassandra.max_in_flight)
+        consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                                 isolation_level="read_committed", max_poll_records=2_000)
+        done = 0
+        failures: list[BaseException] = []
+
+        async def one(value: bytes) -> None:
+            nonlocal done
+            try:
+                event = json.loads(value)
+                # not idempotent: a retried UPDATE may count twice, which is why this path is not exact
+                await client.execute(update, [event["qty"], event["symbol"]], idempotent=False)
+                done += 1
+            except Exception as exc:
+                failures.append(exc)
+            finally:
+                slots.release()
+
+        started = time.monotonic()
+        await consumer.start()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            consumer.assign([TopicPartition(TOPIC, p) for p in range(partitions)])
+            await consumer.seek_to_beginning()
+            seen = 0
+            while seen < total and time.monotonic() - started < budget_s and not failures:
+                for records in (await consumer.getmany(timeout_ms=1000, max_records=2_000)).values():
+                    for record in records:
+                        await slots.acquire()
+                        task = asyncio.create_task(one(record.value or b""))
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+                    seen += len(records)
+            await asyncio.gather(*tasks)
+        finally:
+            await consumer.stop()
+        if failures:
+            raise RuntimeError(f"native counter updates failed: {failures[0]!r}")
+        return done / (time.monotonic() - started), done
+
+
+async def committed_total(kafka: KafkaSettings, group: str, partitions: int) -> int:
+    consumer = make_consumer(kafka, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        total = 0
+        for p in range(partitions):
+            total += await consumer.committed(TopicPartition(TOPIC, p)) or 0
+        return total
+    finally:
+        await consumer.stop()
+
+
+async def quix_rate(kafka: KafkaSettings, partitions: int, total: int, budget_s: float) -> tuple[float, int]:
+    group = f"quix-{uuid.uuid4().hex[:8]}"
+    state_dir = STACK / "quix-state"
+    started = time.monotonic()
+    with open(STACK / "quix.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.quix_app", kafka.bootstrap_servers[0], TOPIC, group, str(state_dir)],
+            cwd=ROOT, stdout=log, stderr=log)
+    try:
+        committed = 0
+        last = time.monotonic()
+        while committed < total and time.monotonic() - started < budget_s:
+            await asyncio.sleep(1)
+            if process.poll() is not None:
+                raise RuntimeError(f"Quix Streams exited {process.returncode}; see {STACK / 'quix.log'}")
+            committed = await committed_total(kafka, group, partitions)
+            if time.monotonic() - last > 10:
+                say(f"quix streams: {committed:,}/{total:,} committed")
+                last = time.monotonic()
+        elapsed = time.monotonic() - started
+    finally:
+        stop_process(process)
+    return committed / elapsed, committed
+
+
+# --- after the runs
+
+
+async def gc_throughput(kafka: KafkaSettings, cassandra: CassandraSettings) -> dict[str, float]:
+    env = child_env(kafka, cassandra, gc={"grace_s": 0, "health_port": 0})
+    env["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gc_worker", "--once", "--json", "--no-progress", cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE)
+    out = (await process.communicate())[0].decode().strip()
+    elapsed = time.monotonic() - started
+    if process.returncode != 0 or not out:
+        raise RuntimeError(f"GC exited {process.returncode}")
+    report = json.loads(out.splitlines()[-1])
+    folded = float(report["instances_folded"])
+    return {"instances_folded": folded, "shards_deleted": float(report["shards_deleted"]), "seconds": elapsed,
+            "instances_per_s": folded / elapsed}
+
+
+async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:
+    """p50 and p99 of reading one instance with 1, 5 and 20 shards, and of a plain one-row read, interleaved
+    so that the machine's noise falls on all of them alike."""
+    from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+    from schemas.kinds import KindSpec, new_state
+
+    async with CassandraClient(cassandra) as client:
+        store = CassandraStore(client)
+        for shards in (1, 5, 20):
+            for i in range(shards):
+                record = MutatorRecord(uuid.uuid4(), "bench-read", "bench-read", i, "bench", 1_000_000, 9_000_000)
+                await store.register_mutator(record)
+                await store.create_partition(PartitionId("bench-read", f"bench-read-{shards}", i), record.id,
+                                             record.born_us, 0)
+                state = new_state(KindSpec("sum"))
+                state.apply(i + 1)
+                await store.write_shards(record.id, record.born_us + 1,
+                                         [ShardWrite("readbench", f"shards-{shards}", state.to_bytes(), 1, True)])
+        await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
+        await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
+        timings: dict[str, list[float]] = {"plain row": [], "1 shard": [], "5 shards": [], "20 shards": []}
+        for _ in range(rounds):
+            started = time.perf_counter()
+            await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"],
+                                 consistency=client.settings.read_consistency)
+            timings["plain row"].append(time.perf_counter() - started)
+            for shards, name in ((1, "1 shard"), (5, "5 shards"), (20, "20 shards")):
+                started = time.perf_counter()
+                merged = await read_state(client, "readbench", f"shards-{shards}")
+                timings[name].append(time.perf_counter() - started)
+                if merged is None or merged.value() != shards * (shards + 1) // 2:
+                    raise RuntimeError(f"the {shards}-shard instance reads {merged and merged.value()}")
+    return {name: (1000 * statistics.median(t), 1000 * statistics.quantiles(t, n=100)[98])
+            for name, t in timings.items()}
+
+
+def memory_per_instance(instances: int) -> dict[str, float]:
+    """Resident bytes per live instance of each kind, each measured in a fresh interpreter."""
+    from bench.apply import COUNTERS
+
+    out: dict[str, float] = {}
+    for name, _ in COUNTERS:
+        result = subprocess.run([sys.executable, "-m", "bench.memory", name, str(instances)], cwd=ROOT,
+                                capture_output=True, text=True, check=True)
+        out[name] = float(result.stdout.strip())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def applied_events(port: int) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("countersink_events_applied_total "):
+            return float(line.split()[1])
+    return None
+
+
+async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances: int, session_timeout_ms: int
+                   ) -> dict[str, float]:
+    """A consumer holding ``instances`` live instances is killed with -9; a replacement starts at once while
+    events keep arriving. Seconds from the kill until the replacement has applied an event."""
+    topic_group = f"recovery-{instances}-{session_timeout_ms}"
+    counters = STACK / f"{topic_group}.toml"
+    counters.write_text(RECOVERY_DEFINITIONS)
+    # a fresh topic per measurement: the replacement must apply new events, not old ones
+    topic = f"{RECOVERY_TOPIC}-{instances}-{session_timeout_ms}"
+    counters.write_text(RECOVERY_DEFINITIONS.replace(RECOVERY_TOPIC, topic))
+    await ensure_topics(kafka, {topic: 1})
+    port_a, port_b = free_port(), free_port()
+
+    def env(port: int) -> dict[str, str]:
+        e = child_env(kafka, cassandra, consumer={
+            "group_id": topic_group, "counters_file": counters, "health_port": port,
+            "session_timeout_ms": session_timeout_ms, "mutator_max_age_s": 3600,
+            # the point is a consumer holding every instance live: no rotation may free them first
+            "mutator_memory_budget_bytes": 8 << 30, "memory_budget_bytes": 16 << 30})
+        e["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+        return e
+
+    await load(kafka, topic, 1, instances, lambda i: (b"k", f'{{"id":"i{i}"}}'.encode()), f"recovery {instances:,}")
+    first = start_consumer(env(port_a), f"{topic_group}-a.log")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        ends = await end_offsets(kafka, {topic: 1})
+        await wait_until_flushed(cassandra, topic_group, ends, 900,
+                                 lambda behind: say(f"recovery: {instances - behind:,}/{instances:,} flushed"))
+        applied = None
+        for _ in range(20):  # the consumer may be busy serialising a large flush for a moment
+            if first.poll() is not None:
+                raise RuntimeError(f"the first consumer exited {first.returncode}; see {STACK / topic_group}-a.log")
+            applied = applied_events(port_a)
+            if applied is not None:
+                break
+            await asyncio.sleep(0.5)
+        if applied is None or applied < instances:
+            raise RuntimeError(f"the first consumer reports {applied} events applied, expected {instances}")
+        rss_kb = int(next(line for line in Path(f"/proc/{first.pid}/status").read_text().splitlines()
+                          if line.startswith("VmRSS")).split()[1])
+        first.kill()
+        killed = time.monotonic()
+        first.wait()
+        second = start_consumer(env(port_b), f"{topic_group}-b.log")
+        stop_trickle = asyncio.Event()
+
+        async def trickle() -> None:
+            async with make_producer(kafka) as producer:
+                i = 0
+                while not stop_trickle.is_set():
+                    await producer.send_and_wait(topic, f'{{"id":"new{i}"}}'.encode(), key=b"k")
+                    i += 1
+                    await asyncio.sleep(0.05)
+
+        feeder = asyncio.create_task(trickle())
+        answered_s = None
+        try:
+            while True:
+                await asyncio.sleep(0.1)
+                elapsed = time.monotonic() - killed
+                value = applied_events(port_b)
+                if value is not None and answered_s is None:
+                    answered_s = elapsed
+                if value:
+                    break
+                if elapsed > 120 or second.poll() is not None:
+                    raise RuntimeError(f"the replacement consumer applied nothing within {elapsed:.0f}s")
+        finally:
+            stop_trickle.set()
+            await feeder
+        return {"seconds": elapsed, "process_up_s": answered_s or 0.0, "rss_mb_before_kill": rss_kb / 1024}
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if second is not None:
+            stop_process(second)
+
+
+async def check_values(cassandra: CassandraSettings, expected: dict[str, tuple[int, int]], sample: int
+                       ) -> list[str]:
+    """Compare count and sum of a sample of symbols with the truth from what was published."""
+    problems = []
+    async with CassandraClient(cassandra) as client:
+        for symbol in sorted(expected)[:sample]:
+            count, qty = expected[symbol]
+            for counter, want in (("trades", count), ("shares", qty)):
+                state = await read_state(client, counter, symbol)
+                got = None if state is None else state.value()
+                if got != want:
+                    problems.append(f"{counter}/{symbol}: {got} != {want}")
+    return problems
+
+
+# --- the run
+
+
+async def run(args: argparse.Namespace) -> Report:
+    report = Report(events=args.events, symbols=args.symbols, partitions=args.partitions)
+    STACK.mkdir(parents=True, exist_ok=True)
+    for old in STACK.glob("*.log"):
+        old.unlink()
+    kafka_server = servers.KafkaServer(port=59092, controller_port=59093, root=STACK / "kafka")
+    cassandra_node = servers.CassandraNode(native_port=59042, storage_port=57000, jmx_port=57199,
+                                           seeds="127.0.0.1:57000", cluster_name="countersink-bench",
+                                           root=STACK / "cassandra")
+    say("starting Kafka and Cassandra")
+    kafka_server.start(tied_to_parent=True, wait=False)
+    cassandra_node.start(tied_to_parent=True, wait=False)
+    try:
+        kafka_server.wait_ready()
+        cassandra_node.wait_ready()
+        kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-bench")
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=59042, keyspace="countersink_bench",
+                                      replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
+        async with CassandraClient(cassandra, use_keyspace=False) as client:
+            await client.execute("DROP KEYSPACE IF EXISTS countersink_bench", prepared=False)
+            await client.ensure_schema()
+        await ensure_topics(kafka, {TOPIC: args.partitions})
+
+        rng = random.Random(args.seed)
+        truth: dict[str, tuple[int, int]] = {}
+
+        def make(i: int) -> tuple[bytes, bytes]:
+            key, value = trade(i, rng, args.symbols)
+            event = json.loads(value)
+            count, qty = truth.get(event["symbol"], (0, 0))
+            truth[event["symbol"]] = (count + 1, qty + event["qty"])
+            return key, value
+
+        started = time.monotonic()
+        await load(kafka, TOPIC, args.partitions, args.events, make, "trades")
+        report.load_s = time.monotonic() - started
+        say(f"loaded {args.events:,} trades over {len(truth):,} symbols into {args.partitions} partitions "
+            f"in {report.load_s:.0f}s")
+
+        say("1/4 raw aiokafka getmany")
+        report.rates["raw aiokafka"] = await raw_rate(kafka, args.partitions, args.events)
+        say(f"raw aiokafka: {report.rates['raw aiokafka']:,.0f} events/s")
+
+        say("2/4 countersink (count, sum, distinct; exactly-once)")
+        rate, cpu = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink")
+        report.rates["countersink"] = rate
+        report.cpu_s_per_million = cpu / args.events * 1_000_000
+        say(f"countersink: {rate:,.0f} events/s, {report.cpu_s_per_million:.1f} CPU s per million events")
+        report.checks = await check_values(cassandra, truth, 2000)
+        say(f"checked count and sum of 2,000 symbols against the truth: {len(report.checks)} mismatched")
+
+        say("2b/4 countersink again, flushing every 5 s instead of every second")
+        rate, _ = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink-5s",
+                                         flush_interval_s=5.0, flush_max_dirty=1_000_000)
+        report.rates["countersink, 5 s flushes"] = rate
+        report.notes["countersink, 5 s flushes"] = "`flush_interval_s=5`, `flush_max_dirty=1000000`"
+        say(f"countersink with 5 s flushes: {rate:,.0f} events/s")
+
+        say(f"3/4 Cassandra counter columns, one UPDATE per event ({args.native_seconds:.0f}s at most)")
+        rate, done = await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.native_seconds)
+        report.rates["Cassandra counter columns"] = rate
+        report.notes["Cassandra counter columns"] = f"{done:,} events in the time budget"
+        say(f"counter columns: {rate:,.0f} events/s over {done:,} events")
+
+        say(f"4/4 Quix Streams, exactly-once ({args.quix_seconds:.0f}s at most)")
+        rate, done = await quix_rate(kafka, args.partitions, args.events, args.quix_seconds)
+        report.rates["Quix Streams (exactly-once)"] = rate
+        report.notes["Quix Streams (exactly-once)"] = f"{done:,} events committed"
+        say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
+
+        say("GC of the countersink run's shards")
+        report.gc = await gc_throughput(kafka, cassandra)
+        say(f"GC: {report.gc['instances_folded']:,.0f} instances in {report.gc['seconds']:.1f}s "
+            f"({report.gc['instances_per_s']:,.0f}/s)")
+
+        say("read latency")
+        report.read_latency_ms = await read_latencies(cassandra, args.read_rounds)
+        say("memory per live instance")
+        report.memory_bytes = memory_per_instance(args.memory_instances)
+
+        for instances in args.recovery_instances:
+            say(f"recovery after kill -9 with {instances:,} live instances")
+            result = await recovery(kafka, cassandra, instances, 10_000)
+            report.recovery_s[f"{instances:,} instances, session timeout 10 s"] = result
+            say(f"recovered in {result['seconds']:.1f}s")
+        result = await recovery(kafka, cassandra, args.recovery_instances[-1], 6_000)
+        report.recovery_s[f"{args.recovery_instances[-1]:,} instances, session timeout 6 s"] = result
+        say(f"recovered in {result['seconds']:.1f}s with a 6 s session timeout")
+
+        if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
+            say("countersink is under 0.6x the raw rate: profiling a consumer run")
+            profile = STACK / "consumer.prof"
+            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", profile)
+            report.profile = top_functions(profile)
+    finally:
+        kafka_server.stop()
+        cassandra_node.stop()
+        say("servers stopped")
+    return report
+
+
+def top_functions(path: Path, limit: int = 25) -> str:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(str(path), stream=out).strip_dirs().sort_stats("tottime").print_stats(limit)
+    text = out.getvalue()
+    return text[text.find("   ncalls"):].rstrip() if "   ncalls" in text else text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--symbols", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--native-seconds", type=float, default=60.0,
+                        help="time budget of the counter-column run (it is measured over what it got through)")
+    parser.add_argument("--quix-seconds", type=float, default=240.0, help="time budget of the Quix Streams run")
+    parser.add_argument("--read-rounds", type=int, default=2_000)
+    parser.add_argument("--memory-instances", type=int, default=100_000)
+    parser.add_argument("--recovery-instances", type=int, nargs="+", default=[10_000, 1_000_000])
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the profiled consumer run made when a target is missed")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win
+        parser.set_defaults(events=200_000, symbols=10_000, native_seconds=15.0, quix_seconds=60.0, read_rounds=300,
+                            memory_instances=20_000, recovery_instances=[10_000, 100_000])
+    args = parser.parse_args(argv)
+    configure_logging("WARNING", "console")
+    command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        report = asyncio.run(run(args))
+    except servers.StackError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    from bench.report import write_report
+
+    text = write_report(report, args.out, command.strip())
+    print(text)
+    return 0 if not report.checks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

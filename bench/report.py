@@ -1,0 +1,175 @@
+"""``bench/results/REPORT.md`` and its plots, from one ``bench.pipeline`` run."""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.pipeline import Report
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _plots(report: Report, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    systems = list(report.rates)
+    ax.barh(systems[::-1], [report.rates[s] for s in systems][::-1], color="#4477aa")
+    ax.set_xlabel("events per second (one process each)")
+    ax.set_title(f"{report.events:,} trades, {report.symbols:,} symbols, {report.partitions} partitions")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    names.append("throughput.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(report.read_latency_ms)
+    ax.bar([x - 0.2 for x in range(len(labels))], [report.read_latency_ms[n][0] for n in labels], 0.4, label="p50")
+    ax.bar([x + 0.2 for x in range(len(labels))], [report.read_latency_ms[n][1] for n in labels], 0.4, label="p99")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("ms")
+    ax.set_title("read latency of one instance")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "read_latency.png", dpi=110)
+    names.append("read_latency.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    kinds = list(report.memory_bytes)
+    ax.bar(kinds, [report.memory_bytes[k] for k in kinds], color="#228833")
+    ax.set_ylabel("bytes of RSS per live instance")
+    ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(out / "memory.png", dpi=110)
+    names.append("memory.png")
+    plt.close(fig)
+    return names
+
+
+def write_report(report: Report, out: Path, command: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(report, out)
+    cs = report.rates["countersink"]
+    raw = report.rates["raw aiokafka"]
+    native = report.rates["Cassandra counter columns"]
+    quix = report.rates["Quix Streams (exactly-once)"]
+    worst_recovery = max(r["seconds"] for r in report.recovery_s.values())
+    default_recovery = [r["seconds"] for name, r in report.recovery_s.items() if "10 s" in name]
+    lines = [
+        "# countersink benchmarks",
+        "",
+        f"Made by `{command}` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, {_cpus()} CPUs, "
+        f"Python {platform.python_version()}), with Kafka and Cassandra on the same machine. Every figure below "
+        "comes from that one run; the machine is shared, so read the ratios rather than the absolute rates.",
+        "",
+        f"The topic: {report.events:,} JSON trades over {report.symbols:,} symbols, {report.partitions} "
+        f"partitions, keyed by symbol (loaded in {report.load_s:.0f} s). Each system consumes the whole topic in "
+        "one process, one after the other.",
+        "",
+        "## Throughput",
+        "",
+        "| system | events/s | ratio to countersink | note |",
+        "|---|---:|---:|---|",
+    ]
+    for name, rate in report.rates.items():
+        lines.append(f"| {name} | {rate:,.0f} | {rate / cs:.2f}× | {report.notes.get(name, '')} |")
+    lines += [
+        "",
+        "- raw aiokafka: `getmany` and discard; the limit for a Python consumer.",
+        "- countersink: one consumer process, three counters (count, integer sum, distinct) with event ids (the "
+        "publisher-retry window on), from start to the last record of every partition flushed to Cassandra.",
+        "- Cassandra counter columns: aiokafka, `json.loads`, and one `UPDATE … SET trades = trades + 1, "
+        "shares = shares + ?` per event, as many in flight as countersink's client allows. Count and sum only "
+        "(counter columns cannot keep a distinct count), and not exact: a retried update counts twice.",
+        "- Quix Streams: its exactly-once mode (Kafka transactions, RocksDB state with changelog topics), "
+        "count and sum of `qty` per symbol, no distinct; timed until its committed offsets reach the end.",
+        "",
+        f"![throughput]({plots[0]})",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | |",
+        "|---|---|---|",
+        f"| countersink ≥ 0.6× raw consumption | {cs / raw:.2f}× | {_verdict(cs >= 0.6 * raw)} |",
+        f"| ≥ 10× Cassandra counter columns | {cs / native:.1f}× | {_verdict(cs >= 10 * native)} |",
+        f"| ahead of Quix Streams (exactly-once) | {cs / quix:.1f}× | {_verdict(cs > quix)} |",
+        f"| recovery after kill -9 ≤ 10 s, whatever the state size | {worst_recovery:.1f} s worst | "
+        f"{_verdict(worst_recovery <= 10)} |",
+        "",
+        "## Exactness of the countersink run",
+        "",
+        f"Count and sum of 2,000 symbols compared with the truth computed while publishing: "
+        f"{len(report.checks)} mismatched." + ("" if not report.checks else " " + "; ".join(report.checks[:5])),
+        "",
+        "## Cost",
+        "",
+        f"- Consumer CPU: {report.cpu_s_per_million:.1f} CPU seconds per million events (user + system of the "
+        "consumer process, three counters).",
+        f"- GC: {report.gc['instances_folded']:,.0f} instances folded ({report.gc['shards_deleted']:,.0f} shards "
+        f"deleted) in {report.gc['seconds']:.1f} s: **{report.gc['instances_per_s']:,.0f} instances/s** "
+        "(`countersink gc --once`, default concurrency 16, CL ALL on one node).",
+        "",
+        "Memory per live instance, as a mutator holds it (RSS growth over 4 events per instance on average, "
+        "each kind in a fresh interpreter):",
+        "",
+        "| kind | bytes per instance |",
+        "|---|---:|",
+        *[f"| {kind} | {value:,.0f} |" for kind, value in report.memory_bytes.items()],
+        "",
+        f"![memory]({plots[2]})",
+        "",
+        "## Read latency",
+        "",
+        "One instance read (tally and every shard, merged) against a plain one-row read, sequentially, "
+        "interleaved round by round, at QUORUM on one node:",
+        "",
+        "| read | p50 ms | p99 ms | p50 ratio to the plain row |",
+        "|---|---:|---:|---:|",
+        *[f"| {name} | {p50:.2f} | {p99:.2f} | {p50 / report.read_latency_ms['plain row'][0]:.2f}× |"
+          for name, (p50, p99) in report.read_latency_ms.items()],
+        "",
+        f"![read latency]({plots[1]})",
+        "",
+        "## Recovery after kill -9",
+        "",
+        "A consumer holding every instance of a topic live in memory is killed with `kill -9`; a replacement "
+        "starts at once while events keep arriving (20 per second). Measured from the kill until the "
+        "replacement's `countersink_events_applied_total` is above 0:",
+        "",
+        "| state | seconds to apply again | replacement serving metrics after | RSS of the killed consumer |",
+        "|---|---:|---:|---:|",
+        *[f"| {name} | {r['seconds']:.1f} | {r['process_up_s']:.1f} s | {r['rss_mb_before_kill']:,.0f} MB |"
+          for name, r in report.recovery_s.items()],
+        "",
+    ]
+    if default_recovery and len(default_recovery) > 1:
+        lines += [f"With the default 10 s session timeout the state size changes recovery by "
+                  f"{max(default_recovery) - min(default_recovery):+.1f} s between the smallest and the largest "
+                  "state: a replacement starts with empty state and reads nothing back (the shards stay in "
+                  "Cassandra), so what it waits for is the group: the dead member's session must time out "
+                  "before the rebalance completes. `COUNTERSINK_CONSUMER__SESSION_TIMEOUT_MS` trades that wait "
+                  "against tolerance of pauses (Kafka's minimum is 6 s).", ""]
+    if report.profile:
+        lines += ["## Where the consumer's time goes", "",
+                  "The countersink run again under `cProfile` (which slows it; the shares matter), top functions "
+                  "by own time:", "", "```", report.profile, "```", ""]
+    text = "\n".join(lines)
+    (out / "REPORT.md").write_text(text)
+    return text
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
