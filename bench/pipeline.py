@@ -110,6 +110,7 @@ class Report:
     rates: dict[str, float] = field(default_factory=dict)  # events per second by system
     notes: dict[str, str] = field(default_factory=dict)
     cpu_s_per_million: float = 0.0
+    apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
     memory_bytes: dict[str, float] = field(default_factory=dict)
@@ -176,6 +177,27 @@ async def raw_rate(kafka: KafkaSettings, partitions: int, total: int) -> float:
     return total / (time.monotonic() - started)
 
 
+def apply_only_rate(events: int, symbols: int, seed: int) -> float:
+    """Decode, route and apply the same kind of trades to the same three counters in this process, with no
+    Kafka and no Cassandra: the ceiling of the consumer's CPU work per event (best of three)."""
+    from schemas.definitions import parse_definitions
+    from schemas.events import EventRouter, apply_updates
+    from schemas.kinds import State
+
+    counters = parse_definitions(definitions(TOPIC), "bench")
+    router = EventRouter(counters)
+    rng = random.Random(seed)
+    raws = [trade(i, rng, symbols)[1] for i in range(events)]
+    best = float("inf")
+    for _ in range(3):
+        states: dict[tuple[str, str], State] = {}
+        started = time.perf_counter()
+        for raw in raws:
+            apply_updates(states, router.route(TOPIC, raw), counters)
+        best = min(best, time.perf_counter() - started)
+    return events / best
+
+
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a live process, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -212,10 +234,12 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
     try:
         await wait_until_flushed(cassandra, group, ends, 1800,
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
-        elapsed = time.monotonic() - started
         cpu = proc_cpu_s(process.pid)
     finally:
+        # The last window's writes may still be in flight when its intent shows the end: the run ends when
+        # the consumer has shut down cleanly, its final flush written and committed.
         code = stop_process(process)
+    elapsed = time.monotonic() - started
     if code != 0:
         raise RuntimeError(f"the countersink consumer exited {code}; see {STACK / f'{group}.log'}")
     return total / elapsed, cpu
@@ -405,13 +429,13 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
     await ensure_topics(kafka, {topic: 1})
     port_a, port_b = free_port(), free_port()
 
-    def env(port: int) -> dict[str, str]:
+    def env(port: int, level: str = "WARNING") -> dict[str, str]:
         e = child_env(kafka, cassandra, consumer={
             "group_id": topic_group, "counters_file": counters, "health_port": port,
             "session_timeout_ms": session_timeout_ms, "mutator_max_age_s": 3600,
             # the point is a consumer holding every instance live: no rotation may free them first
             "mutator_memory_budget_bytes": 8 << 30, "memory_budget_bytes": 16 << 30})
-        e["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+        e["COUNTERSINK_LOG_LEVEL"] = level
         return e
 
     await load(kafka, topic, 1, instances, lambda i: (b"k", f'{{"id":"i{i}"}}'.encode()), f"recovery {instances:,}")
@@ -436,7 +460,7 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
         first.kill()
         killed = time.monotonic()
         first.wait()
-        second = start_consumer(env(port_b), f"{topic_group}-b.log")
+        second = start_consumer(env(port_b, "INFO"), f"{topic_group}-b.log")
         stop_trickle = asyncio.Event()
 
         async def trickle() -> None:
@@ -463,7 +487,12 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
         finally:
             stop_trickle.set()
             await feeder
-        return {"seconds": elapsed, "process_up_s": answered_s or 0.0, "rss_mb_before_kill": rss_kb / 1024}
+        takeover = next((json.loads(line) for line in (STACK / f"{topic_group}-b.log").read_text().splitlines()
+                         if '"partition_taken_over"' in line), {})
+        return {"seconds": elapsed, "process_up_s": answered_s or 0.0, "rss_mb_before_kill": rss_kb / 1024,
+                "replayed_records": float(takeover.get("replayed_records", 0)),
+                "replayed_instances": float(takeover.get("replayed_instances", 0)),
+                "takeover_s": float(takeover.get("seconds", 0))}
     finally:
         if first.poll() is None:
             first.kill()
@@ -558,6 +587,9 @@ async def run(args: argparse.Namespace) -> Report:
         report.rates["Quix Streams (exactly-once)"] = rate
         report.notes["Quix Streams (exactly-once)"] = f"{done:,} events committed"
         say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
+
+        report.apply_only = apply_only_rate(min(args.events, 300_000), args.symbols, args.seed)
+        say(f"decode + route + apply alone, in process: {report.apply_only:,.0f} events/s")
 
         say("GC of the countersink run's shards")
         report.gc = await gc_throughput(kafka, cassandra)

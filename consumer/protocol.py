@@ -349,21 +349,22 @@ async def _replay_window(
     """Write what ``writer``'s flush ``seq`` would have written, from its shards and the records again."""
     await applier.warm_up(source, committed + 1)
     records = await source.read(applier.topic, applier.partition, committed + 1, intent)
-    states: dict[tuple[str, str], tuple[State, int]] = {}
+    applied: list[tuple[int, list[Update]]] = []
+    instances: dict[tuple[str, str], None] = {}  # in first-seen order
     for record in records:
         outcome, updates, _ = applier.classify(record)
-        if outcome is not Outcome.APPLIED:
-            continue
+        if outcome is Outcome.APPLIED:
+            applied.append((record.offset, updates))
+            instances.update(((u.counter, u.key), None) for u in updates)
+    stored = await store.read_shards(writer, list(instances))
+    states: dict[tuple[str, str], tuple[State, int]] = {
+        (c, k): (new_state(applier.counters[c]), -1) if shard is None else
+                (state_from_bytes(shard.state), shard.through_offset)
+        for (c, k), shard in stored.items()}
+    for offset, updates in applied:
         for update in updates:
-            instance = (update.counter, update.key)
-            if instance not in states:
-                stored = await store.read_shard(update.counter, update.key, writer)
-                if stored is None:
-                    states[instance] = (new_state(applier.counters[update.counter]), -1)
-                else:
-                    states[instance] = (state_from_bytes(stored.state), stored.through_offset)
-            state, through = states[instance]
-            if record.offset > through:
+            state, through = states[(update.counter, update.key)]
+            if offset > through:
                 state.apply(update.value)
     writes = [ShardWrite(c, k, state.to_bytes(), intent, True) for (c, k), (state, _) in sorted(states.items())]
     await store.write_shards(writer, writer_born_us + seq, writes)

@@ -95,6 +95,11 @@ class Store(Protocol):
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None: ...
 
+    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+                          ) -> dict[tuple[str, str], StoredShard | None]:
+        """``read_shard`` of every (counter, key), in any order or concurrently; raises on the first failure."""
+        ...
+
     async def register_mutator(self, record: MutatorRecord) -> bool:
         """Add a new mutator to the registry; False if its id is there already."""
         ...
@@ -109,8 +114,6 @@ def _uuid(value: object) -> uuid.UUID | None:
 
 # Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
 _WORK_BATCH_BYTES = 4096
-# Concurrent writes of one flush; mutators flush concurrently, so a process has up to this many per mutator.
-_WRITERS_PER_FLUSH = 32
 
 
 class CassandraStore:
@@ -228,7 +231,10 @@ class CassandraStore:
                     failures.append(exc)
                     return
 
-        await asyncio.gather(*(writer() for _ in range(min(len(calls), _WRITERS_PER_FLUSH))))
+        # Half the client's in-flight slots per flush: one mutator alone keeps Cassandra busy, and several
+        # flushing at once wait for slots a few round trips at most, far below the queue timeout.
+        writers = max(1, self.client.settings.max_in_flight // 2)
+        await asyncio.gather(*(writer() for _ in range(min(len(calls), writers))))
         if failures:
             raise failures[0]
 
@@ -240,6 +246,30 @@ class CassandraStore:
         if not rows or rows[0]["state"] is None:
             return None
         return StoredShard(rows[0]["state"], rows[0]["through_offset"])
+
+    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+                          ) -> dict[tuple[str, str], StoredShard | None]:
+        # Concurrently, a bounded number at a time: read one after the other, a takeover replaying a window of
+        # a hundred thousand instances would keep its partition unconsumed for as many round trips.
+        found: dict[tuple[str, str], StoredShard | None] = {}
+        failures: list[Exception] = []
+        pending = iter(instances)
+
+        async def reader() -> None:
+            for counter, key in pending:
+                if failures:
+                    return
+                try:
+                    found[(counter, key)] = await self.read_shard(counter, key, mutator)
+                except Exception as exc:
+                    failures.append(exc)
+                    return
+
+        readers = max(1, self.client.settings.max_in_flight // 2)
+        await asyncio.gather(*(reader() for _ in range(min(len(instances), readers))))
+        if failures:
+            raise failures[0]
+        return found
 
     async def register_mutator(self, record: MutatorRecord) -> bool:
         # IF NOT EXISTS: a record seen before (perhaps retired since) must never come back as a new owner.

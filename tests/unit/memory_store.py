@@ -256,6 +256,11 @@ class MemoryStore:
             return None
         return StoredShard(state.value, struct.unpack(">q", through.value)[0])
 
+    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+                          ) -> dict[tuple[str, str], StoredShard | None]:
+        # one at a time: every read is a storage step the model schedules and may fail
+        return {(counter, key): await self.read_shard(counter, key, mutator) for counter, key in instances}
+
     # -------------------------------------------------------------------------------- registry
 
     async def register_mutator(self, record: MutatorRecord) -> bool:
