@@ -201,15 +201,15 @@ class ConsumerService:
         METRICS.dead_lettered.inc()
 
     def _flush_due(self) -> bool:
+        # flush_max_dirty is a hard bound: it caps what a takeover replays after a crash (the open window's
+        # instances are read and rewritten), so it holds even while flushes are being spaced out.
+        if any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values()):
+            return True
         since = time.monotonic() - self._last_flush
         # A flush rewrites every dirty instance whole, so its cost grows with the keys touched, not the events.
         # While flushes are slow (a backlog over many keys), the next waits at least FLUSH_BACKOFF times the
         # last one's duration: flushing takes at most a third of the time, and each flush folds in more events.
-        if since < self._last_flush_took * FLUSH_BACKOFF:
-            return False
-        if since >= self.config.flush_interval_s:
-            return True
-        return any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values())
+        return since >= max(self.config.flush_interval_s, self._last_flush_took * FLUSH_BACKOFF)
 
     async def _deliver_dead_letters(self) -> None:
         """Wait until every dead letter sent so far is acknowledged: they must be durable before any window
