@@ -137,7 +137,7 @@ class ConsumerSettings(_Section):
     auto_offset_reset: str = Field(default="earliest", pattern=r"^(earliest|latest)$")
     flush_interval_s: float = Field(default=1.0, gt=0, le=3600)
     # also bounds what a takeover replays after a crash: the open window's instances are read and rewritten
-    flush_max_dirty: int = Field(default=20_000, ge=1)
+    flush_max_dirty: int = Field(default=50_000, ge=1)
     # A mutator rotates (clean retire, fresh mutator) at this age, so the GC can fold its shards.
     mutator_max_age_s: float = Field(default=3600.0, ge=1)
     # Rotating frees a mutator's in-memory state; the budget bounds memory under any key cardinality.
