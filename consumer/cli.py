@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 from pathlib import Path
 
 from consumer.service import ConsumerService
-from countersink.cli import run_async
+from countersink.cli import run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.settings import Settings
 from schemas.definitions import load_definitions
@@ -41,25 +39,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except (DefinitionError, OSError) as exc:
         log.error("definitions_refused", error=str(exc))
         return 2
-    return run_async(consume(settings, counters))
+    return run_async(consume(settings, counters), graceful=True)
 
 
 async def consume(settings: Settings, counters: object) -> int:
     service = ConsumerService(settings, counters)  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, service.request_stop)
-    await service.start()
-    try:
-        await service.run()
-    finally:
+    with stop_on_signals(service.request_stop):
+        if service.stop_requested:
+            log.info("consumer_stopped_before_start")
+            return 0
+        await service.start()
         try:
-            await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)
-        except TimeoutError:
-            log.error("shutdown_timed_out", seconds=settings.consumer.shutdown_timeout_s)
-            return 1
+            await service.run()
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(Exception):
-                    loop.remove_signal_handler(signum)
+            try:
+                await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)
+            except TimeoutError:
+                log.error("shutdown_timed_out", seconds=settings.consumer.shutdown_timeout_s)
+                return 1
     return 0

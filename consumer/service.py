@@ -150,6 +150,10 @@ class ConsumerService:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stopping.is_set()
+
     # --------------------------------------------------------------------------------- the main loop
 
     async def run(self) -> None:

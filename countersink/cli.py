@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any
 
-from countersink.logs import configure_logging
-from countersink.settings import Settings
+if TYPE_CHECKING:
+    from countersink.settings import Settings
 
 # subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``,
 # or, when it serves several subcommands, ``add_<name>_arguments`` and ``run_<name>``.
@@ -31,6 +34,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    _remember_early_stop()
+    # Imported here, after the handler above, because these imports are most of a process's start-up time.
+    from countersink.logs import configure_logging
+    from countersink.settings import Settings
+
     parser = argparse.ArgumentParser(prog="countersink", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     runners: dict[str, Callable[[argparse.Namespace, Settings], int]] = {}
@@ -52,13 +60,59 @@ def main(argv: list[str] | None = None) -> int:
     return runners[args.command](args, settings)
 
 
-def run_async(coroutine: Coroutine[Any, Any, int | None]) -> int:
-    """Run a subcommand's coroutine; Ctrl-C ends it with the conventional exit code 130."""
+def run_async(coroutine: Coroutine[Any, Any, int | None], *, graceful: bool = False) -> int:
+    """Run a subcommand's coroutine; Ctrl-C ends it with the conventional exit code 130.
+
+    ``graceful`` commands stop cleanly on SIGTERM through :func:`stop_on_signals`, including a SIGTERM
+    that came while the process was starting; any other command gets the default action back first.
+    """
+    if not graceful:
+        _forget_early_stop()
     try:
         result = asyncio.run(coroutine)
     except KeyboardInterrupt:
         return 130
+    finally:
+        _forget_early_stop()
     return int(result or 0)
+
+
+# A SIGTERM that arrives while a process is still importing, connecting or joining its group (an orchestrator
+# scaling down a pod that has just started) is remembered rather than fatal, so that a long-running command
+# still releases what it holds and exits 0.
+_early_stop: list[int] = []
+
+
+def _remember_early_stop() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: _early_stop.append(signum))
+
+
+def _forget_early_stop() -> None:
+    """Give SIGTERM its default action back; deliver one that was remembered and not acted upon."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _early_stop:
+            signal.raise_signal(_early_stop.pop())
+
+
+@contextlib.contextmanager
+def stop_on_signals(callback: Callable[[], object]) -> Iterator[None]:
+    """Call ``callback`` on SIGTERM or SIGINT while the block runs, and at once if a SIGTERM came earlier."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, callback)
+    if _early_stop:
+        _early_stop.clear()
+        callback()
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
 
 
 if __name__ == "__main__":

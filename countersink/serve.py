@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from importlib.metadata import version
@@ -25,7 +24,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from countersink.cassandra import CassandraClient, CassandraOverloadedError, CassandraUnavailableError
-from countersink.cli import run_async
+from countersink.cli import run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
@@ -242,16 +241,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     serve_settings = settings.serve.model_copy(update={
         k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     counters = load_definitions(args.counters) if args.counters else None
-    return run_async(serve(settings, serve_settings, counters, args.consistency))
+    return run_async(serve(settings, serve_settings, counters, args.consistency), graceful=True)
 
 
 async def serve(settings: Settings, serve_settings: ServeSettings, counters: CounterSet | None,
                 consistency: Consistency | None, *, stop: asyncio.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set), then finish in-flight requests and exit 0."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    with stop_on_signals(stop.set):
+        return await _serve_until(stop, settings, serve_settings, counters, consistency)
+
+
+async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
+                       counters: CounterSet | None, consistency: Consistency | None) -> int:
     async with CassandraClient(settings.cassandra, app="countersink-serve") as client:
         api = ReadApi(client, serve_settings, counters, consistency)
         app = api.app()

@@ -12,14 +12,13 @@ import asyncio
 import contextlib
 import json
 import re
-import signal
 import sys
 import time
 from typing import Any
 
 from consumer.store import CassandraStore, PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError, CassandraUnavailableError
-from countersink.cli import run_async
+from countersink.cli import run_async, stop_on_signals
 from countersink.health import HealthServer
 from countersink.kafka import make_admin
 from countersink.logs import get_logger
@@ -83,7 +82,8 @@ def run_gc(args: argparse.Namespace, settings: Settings) -> int:
         updates["concurrency"] = args.concurrency
     if updates:
         settings = settings.model_copy(update={"gc": settings.gc.model_copy(update=updates)})
-    return run_async(_gc_main(settings, args))
+    # A one-shot run keeps SIGTERM's default action: every step is idempotent and the next run finishes it.
+    return run_async(_gc_main(settings, args), graceful=settings.gc.every_s > 0)
 
 
 async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
@@ -181,9 +181,11 @@ class _Progress:
 
 async def _loop(settings: Settings, args: argparse.Namespace) -> int:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    with stop_on_signals(stop.set):
+        return await _loop_until(stop, settings, args)
+
+
+async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Namespace) -> int:
     healthy = {"ok": True}
     health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"]) if settings.gc.health_port else None
     if health:
@@ -208,9 +210,6 @@ async def _loop(settings: Settings, args: argparse.Namespace) -> int:
         await client.stop()
         if health:
             await health.stop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signum)
     log.info("gc_loop_stopped")
     return 0
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -53,6 +56,22 @@ def start_consumer(kafka: KafkaSettings, cassandra: CassandraSettings, log: Path
         return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=REPO,
                                 env=child_env(kafka, cassandra, consumer={"health_port": 0, **consumer}),
                                 stdout=out, stderr=out)
+
+
+async def wait_until_started(log: Path, process: subprocess.Popen[bytes], within_s: float = 90) -> None:
+    """Until ``process`` has joined its group (its ``consumer_started`` line in ``log``): a signal sent
+    before then tests the process's start-up rather than the scenario."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"consumer {process.pid} exited with {process.returncode}"
+        text = await asyncio.to_thread(log.read_text, errors="replace")
+        # Whole lines only: the last one may be half-written.
+        started = [json.loads(line) for line in text.splitlines()
+                   if '"consumer_started"' in line and line.rstrip().endswith("}")]
+        if any(entry.get("host", "").endswith(f":{process.pid}") for entry in started):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"consumer {process.pid} did not start within {within_s} s")
 
 
 def write_definitions(directory: Path, topic: str) -> Path:

@@ -24,6 +24,7 @@ from tests.integration.consumer_support import (
     make_events,
     read_values,
     start_consumer,
+    wait_until_started,
     write_definitions,
 )
 
@@ -196,6 +197,8 @@ async def test_rebalances_in_a_group_of_three_while_events_flow(
             members.append(_start_consumer(settings, log))
         await wait_until_flushed(cassandra_settings, group,
                                  await end_offsets(kafka_settings, {topic: 6}), within_s=180)
+        for member in members:
+            await wait_until_started(log, member)
         for member in members:
             member.send_signal(signal.SIGTERM)
         assert [member.wait(timeout=60) for member in members] == [0, 0, 0]

@@ -1,0 +1,76 @@
+"""SIGTERM while a process is still starting: long-running commands stop cleanly, others keep the default.
+
+Each case runs in a child process, since signal dispositions are process-wide.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The signal is sent after the early handler is in place and before the command's own handlers exist:
+# the window in which a freshly started pod can be told to stop.
+SCRIPT = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from countersink import cli
+
+    async def command() -> int:
+        stopped = asyncio.Event()
+        with cli.stop_on_signals(stopped.set):
+            await asyncio.wait_for(stopped.wait(), 10)
+        print("stopped cleanly", flush=True)
+        return 0
+
+    cli._remember_early_stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    sys.exit(cli.run_async(command(), graceful=sys.argv[1] == "graceful"))
+""")
+
+
+def _run(mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_long_running_command_acts_on_a_sigterm_that_came_during_start_up() -> None:
+    done = _run("graceful")
+    assert (done.returncode, done.stdout.strip()) == (0, "stopped cleanly"), done.stderr
+
+
+def test_a_one_shot_command_gets_the_default_action_of_an_early_sigterm() -> None:
+    done = _run("one-shot")
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    assert "stopped cleanly" not in done.stdout
+
+
+def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_path: Path) -> None:
+    """The real ``consume`` path, with the signal sent while the service is being built (no servers needed:
+    it must not even try to reach them)."""
+    counters = tmp_path / "counters.toml"
+    counters.write_text('[[counter]]\nname = "likes"\ntopics = ["likes"]\nkind = "count"\nkey = "post_id"\n')
+    script = textwrap.dedent("""
+        import os, signal, sys
+        import consumer.cli
+        from countersink.cli import main
+
+        class SignalledWhileBuilt(consumer.cli.ConsumerService):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        consumer.cli.ConsumerService = SignalledWhileBuilt
+        sys.exit(main(["consume", "--counters", sys.argv[1]]))
+    """)
+    env = {"PATH": "/usr/bin:/bin", "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",
+           "COUNTERSINK_CASSANDRA__CONTACT_POINTS": '["127.0.0.1"]', "COUNTERSINK_CASSANDRA__PORT": "1",
+           "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
+    done = subprocess.run([sys.executable, "-c", script, str(counters)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "consumer_stopped_before_start" in done.stdout + done.stderr
+    assert "consumer_started" not in done.stdout + done.stderr
