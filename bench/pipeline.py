@@ -603,12 +603,13 @@ async def run(args: argparse.Namespace) -> Report:
 
         for instances in args.recovery_instances:
             say(f"recovery after kill -9 with {instances:,} live instances")
-            result = await recovery(kafka, cassandra, instances, 10_000)
-            report.recovery_s[f"{instances:,} instances, session timeout 10 s"] = result
+            result = await recovery(kafka, cassandra, instances, 6_000)
+            report.recovery_s[f"{instances:,} instances, session timeout 6 s (the default)"] = result
             say(f"recovered in {result['seconds']:.1f}s")
-        result = await recovery(kafka, cassandra, args.recovery_instances[-1], 6_000)
-        report.recovery_s[f"{args.recovery_instances[-1]:,} instances, session timeout 6 s"] = result
-        say(f"recovered in {result['seconds']:.1f}s with a 6 s session timeout")
+        # Most of a recovery is the group noticing the crash: the same largest state with a longer timeout.
+        result = await recovery(kafka, cassandra, args.recovery_instances[-1], 10_000)
+        report.recovery_s[f"{args.recovery_instances[-1]:,} instances, session timeout 10 s"] = result
+        say(f"recovered in {result['seconds']:.1f}s with a 10 s session timeout")
 
         if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
             say("countersink is under 0.6x the raw rate: profiling a consumer run")

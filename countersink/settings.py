@@ -151,7 +151,9 @@ class ConsumerSettings(_Section):
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting consumer waits for the servers
     flush_retry_max_s: float = Field(default=5.0, gt=0)
-    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    # How long a crashed member's partitions wait before the group moves them: the floor of recovery time.
+    # 6 s is the broker's default group.min.session.timeout.ms; heartbeats go every quarter of it.
+    session_timeout_ms: int = Field(default=6_000, ge=1_000)
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
 
 
