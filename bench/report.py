@@ -156,10 +156,13 @@ def write_report(report: Report, out: Path, command: str) -> str:
           f"{r['replayed_records']:,.0f} records, {r['replayed_instances']:,.0f} instances | "
           f"{r['rss_mb_before_kill']:,.0f} MB |" for name, r in report.recovery_s.items()],
         "",
-        "The killed consumer's last flush window is open when it dies (it is closed by the next flush), so the "
-        "replacement replays it: it reads the window's records again and rewrites its shards. Recovery time "
-        "therefore follows the size of the last window, not the state held; the instances held are not read "
-        "back at all.",
+        "The instances held are never read back: a takeover reads only the shards of the killed consumer's "
+        "last flush window, and only if that window was still open. A consumer killed while its partition is "
+        "busy leaves it open (at most `flush_max_dirty` instances per partition), and the replacement reads those "
+        "records again and rewrites their shards before applying anything new. One that had gone quiet had "
+        "recorded its last window complete at the next flush time, so there is nothing to replay."
+        + (" Here every killed consumer was quiet." if not any(r["replayed_records"] for r in
+                                                                 report.recovery_s.values()) else ""),
         "",
     ]
     if default_recovery and len(default_recovery) > 1:

@@ -152,6 +152,9 @@ class Mutator:
     # The window a flush attempt may have opened without finishing its writes (its LWT can apply even when
     # the caller sees a timeout); the next attempt reads the row to learn what happened.
     window_seq: int | None = None
+    # False from the moment a flush may open a window until that window is recorded complete, by the next
+    # flush's LWT or, when nothing new comes first, by commit_window alone.
+    window_committed: bool = True
     fenced: bool = False
     retiring: bool = False  # release has committed and is retiring it: it must never flush again
     released: bool = False
@@ -196,10 +199,13 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     if mutator.fenced or mutator.released or mutator.retiring:
         raise FencedError(f"mutator {mutator.id} no longer owns {mutator.pid}")
     if not mutator.needs_flush():
+        if not mutator.window_committed and now_us < mutator.record.expires_us:
+            await _commit_window(store, mutator)
         return 0
     if now_us >= mutator.record.expires_us:
         raise MutatorExpiredError(f"mutator {mutator.id} expired; its unflushed records will be read again")
     intent = mutator.applied_through
+    mutator.window_committed = False
     seq = await _open_window(store, mutator, intent)
     writes = [
         ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
@@ -214,6 +220,21 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     mutator.window_seq = None
     mutator.state_bytes = sum(state.size_bytes() for state in mutator.states.values())
     return len(writes)
+
+
+async def _commit_window(store: Store, mutator: Mutator) -> None:
+    """Record the last flush complete (every write of it is acknowledged) without opening another window.
+
+    A flush's window is otherwise recorded complete only by the next flush's LWT; on a partition gone quiet
+    that leaves it open, and a takeover after a crash would read its records again and rewrite its shards
+    for nothing. Idempotent: the condition is unchanged by the update itself.
+    """
+    if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
+        row = await store.read_partition(mutator.pid)
+        if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
+            mutator.fenced = True
+            raise FencedError(f"mutator {mutator.id} lost {mutator.pid} before committing its last flush")
+    mutator.window_committed = True
 
 
 async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
@@ -257,11 +278,8 @@ async def release(store: Store, mutator: Mutator, now_us: int) -> None:
         return
     if not mutator.retiring:
         await flush(store, mutator, now_us)
-        if not await store.commit_window(mutator.pid, mutator.id, mutator.flush_seq, mutator.flushed_through):
-            row = await store.read_partition(mutator.pid)
-            if row is None or row.owner != mutator.id or row.committed_offset != mutator.flushed_through:
-                mutator.fenced = True
-                raise FencedError(f"mutator {mutator.id} lost {mutator.pid} before committing its last flush")
+        if not mutator.window_committed:
+            await _commit_window(store, mutator)
         mutator.retiring = True
     await store.retire_mutator(mutator.id, retire_time(mutator.record.born_us, now_us))
     mutator.released = True

@@ -650,3 +650,41 @@ def test_a_flush_retried_after_more_records_opens_a_new_window(opened: bool) -> 
     _, successor = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US)
     assert successor.finish().result.start_offset == 7
     assert _stored(store, record.id) == (7, 6)
+
+
+def test_a_quiet_partition_leaves_no_window_to_replay() -> None:
+    """A flush with nothing new to write records the last window complete, once: a takeover after a crash
+    then replays nothing (a flush's window is otherwise closed only by the next flush, which on a quiet
+    partition may never come)."""
+    store, log = MemoryStore(), _ibm_log(4)
+    record, task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, record, task.finish().result, 2, EPOCH_US)  # flush 1: 0..2
+    assert store.partitions[PID].window_open
+    quiet = Task("flush.quiet", flush(store, mutator, EPOCH_US + 1))
+    assert quiet.pending is not None
+    assert quiet.pending.name == "commit_window"
+    quiet.step(Fault.LOST_ANSWER)  # applied, answer lost: the next quiet flush asks again
+    assert isinstance(quiet.error, StoreTimeoutError)
+    assert not store.partitions[PID].window_open
+    assert run(flush(store, mutator, EPOCH_US + 2)) == 0
+    assert mutator.window_committed
+    assert Task("flush.again", flush(store, mutator, EPOCH_US + 3)).pending is None  # nothing more to say
+    # The owner dies; its successor starts after record 2 without reading a record again.
+    _, successor = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US)
+    result = successor.finish().result
+    assert (result.start_offset, result.replayed_records, result.replayed_instances) == (3, 0, 0)
+    assert _stored(store, record.id) == (3, 2)
+
+
+def test_a_quiet_flush_by_a_replaced_owner_is_fenced() -> None:
+    """Recording a window complete is fenced like opening one: a replaced owner learns it lost the
+    partition and writes nothing."""
+    store, log = MemoryStore(), _ibm_log(4)
+    record, task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, record, task.finish().result, 2, EPOCH_US)
+    _, successor = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US)
+    successor.finish()
+    failed = Task("flush.quiet", flush(store, mutator, EPOCH_US + MIN_LIFETIME_US + 1)).finish()
+    assert isinstance(failed.error, FencedError)
+    assert mutator.fenced
+    assert store.partitions[PID].owner == uuid.UUID(int=2)
