@@ -43,7 +43,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
 from countersink.reader import read_state
@@ -416,15 +416,19 @@ def applied_events(port: int) -> float | None:
     return None
 
 
-async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances: int, session_timeout_ms: int
-                   ) -> dict[str, float]:
+async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances: int, session_timeout_ms: int,
+                   *, quiet: bool = True) -> dict[str, float]:
     """A consumer holding ``instances`` live instances is killed with -9; a replacement starts at once while
-    events keep arriving. Seconds from the kill until the replacement has applied an event."""
-    topic_group = f"recovery-{instances}-{session_timeout_ms}"
+    events keep arriving. Seconds from the kill until the replacement has applied an event.
+
+    ``quiet``: killed once it has recorded its last flush window complete (a consumer whose partition has
+    gone quiet); otherwise killed as soon as its last flush is written, with that window still open, so the
+    replacement replays it first (a consumer killed while busy)."""
+    topic_group = f"recovery-{instances}-{session_timeout_ms}-{'quiet' if quiet else 'open'}"
     counters = STACK / f"{topic_group}.toml"
     counters.write_text(RECOVERY_DEFINITIONS)
     # a fresh topic per measurement: the replacement must apply new events, not old ones
-    topic = f"{RECOVERY_TOPIC}-{instances}-{session_timeout_ms}"
+    topic = f"{RECOVERY_TOPIC}-{topic_group.removeprefix('recovery-')}"
     counters.write_text(RECOVERY_DEFINITIONS.replace(RECOVERY_TOPIC, topic))
     await ensure_topics(kafka, {topic: 1})
     port_a, port_b = free_port(), free_port()
@@ -455,6 +459,8 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
             await asyncio.sleep(0.5)
         if applied is None or applied < instances:
             raise RuntimeError(f"the first consumer reports {applied} events applied, expected {instances}")
+        if quiet:
+            await wait_until_window_committed(cassandra, topic_group, topic)
         rss_kb = int(next(line for line in Path(f"/proc/{first.pid}/status").read_text().splitlines()
                           if line.startswith("VmRSS")).split()[1])
         first.kill()
@@ -498,6 +504,21 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
             first.kill()
         if second is not None:
             stop_process(second)
+
+
+async def wait_until_window_committed(cassandra: CassandraSettings, group: str, topic: str,
+                                     within_s: float = 60) -> None:
+    """Until partition 0's ownership row shows its last flush window recorded complete."""
+    deadline = time.monotonic() + within_s
+    async with CassandraClient(cassandra) as client:
+        while time.monotonic() < deadline:
+            rows = as_dicts(await client.execute(
+                "SELECT committed_offset, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition = 0", [group, topic]))
+            if rows and rows[0]["committed_offset"] == rows[0]["intent_offset"]:
+                return
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"{group}: the last flush window of {topic} was not recorded complete within {within_s}s")
 
 
 async def check_values(cassandra: CassandraSettings, expected: dict[str, tuple[int, int]], sample: int
@@ -601,15 +622,17 @@ async def run(args: argparse.Namespace) -> Report:
         say("memory per live instance")
         report.memory_bytes = memory_per_instance(args.memory_instances)
 
-        for instances in args.recovery_instances:
-            say(f"recovery after kill -9 with {instances:,} live instances")
-            result = await recovery(kafka, cassandra, instances, 6_000)
-            report.recovery_s[f"{instances:,} instances, session timeout 6 s (the default)"] = result
+        largest = args.recovery_instances[-1]
+        runs = [(instances, True, 6_000) for instances in args.recovery_instances]
+        # the largest state again, killed with its last window open, and with a longer session timeout
+        runs += [(largest, False, 6_000), (largest, True, 10_000)]
+        for instances, quiet, timeout_ms in runs:
+            state = "quiet" if quiet else "killed right after a flush (window open)"
+            timeout = f"session timeout {timeout_ms // 1000} s" + (" (the default)" if timeout_ms == 6_000 else "")
+            say(f"recovery after kill -9 with {instances:,} live instances, {state}, {timeout}")
+            result = await recovery(kafka, cassandra, instances, timeout_ms, quiet=quiet)
+            report.recovery_s[f"{instances:,} instances, {state}, {timeout}"] = result
             say(f"recovered in {result['seconds']:.1f}s")
-        # Most of a recovery is the group noticing the crash: the same largest state with a longer timeout.
-        result = await recovery(kafka, cassandra, args.recovery_instances[-1], 10_000)
-        report.recovery_s[f"{args.recovery_instances[-1]:,} instances, session timeout 10 s"] = result
-        say(f"recovered in {result['seconds']:.1f}s with a 10 s session timeout")
 
         if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
             say("countersink is under 0.6x the raw rate: profiling a consumer run")

@@ -161,13 +161,13 @@ def write_report(report: Report, out: Path, command: str) -> str:
         "busy leaves it open (at most `flush_max_dirty` instances per partition), and the replacement reads those "
         "records again and rewrites their shards before applying anything new. One that had gone quiet had "
         "recorded its last window complete at the next flush time, so there is nothing to replay."
-        + (" Here every killed consumer was quiet." if not any(r["replayed_records"] for r in
-                                                                 report.recovery_s.values()) else ""),
+        + " The rows above measure both.",
         "",
     ]
-    if default_recovery and len(default_recovery) > 1:
-        lines += [f"With the default 6 s session timeout, recovery differs by "
-                  f"{max(default_recovery) - min(default_recovery):+.1f} s between the smallest and the largest "
+    quiet = [r["seconds"] for name, r in report.recovery_s.items() if "(the default)" in name and "quiet" in name]
+    if len(quiet) > 1:
+        lines += [f"Killed while quiet with the default 6 s session timeout, recovery differs by "
+                  f"{max(quiet) - min(quiet):+.1f} s between the smallest and the largest "
                   "state. Most of the wait is the group's: the dead member's session must time out before the "
                   "rebalance hands its partition over. `COUNTERSINK_CONSUMER__SESSION_TIMEOUT_MS` trades that "
                   "wait against tolerance of pauses; 6 s is the broker's default minimum "
