@@ -49,7 +49,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	@touch $@
 
 bench: $(BENCH_STAMP)  ## countersink beside raw aiokafka, counter columns and Quix Streams; writes bench/results/REPORT.md
-	$(PY) -m bench.pipeline
+	$(PY) -m bench.pipeline $(BENCH_ARGS)
 
 bench-apply: $(STAMP)  ## apply throughput per kind and bytes per stored state (no servers)
 	$(PY) -m bench.apply
