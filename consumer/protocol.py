@@ -192,6 +192,8 @@ class Mutator:
 async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     """Flush k: open the window by LWT, write every dirty shard, then mark it done. Returns rows written.
 
+    The mutator may go on applying records while this runs (but never two flushes of one mutator at once).
+
     Raises :class:`FencedError` when the LWT does not apply; the mutator must then drop its state and stop.
     A storage error propagates; the same flush can be retried as it is (it is idempotent: the window LWT
     is retried only if it did not apply, and shard writes carry the same timestamp and values).
@@ -204,17 +206,23 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
         return 0
     if now_us >= mutator.record.expires_us:
         raise MutatorExpiredError(f"mutator {mutator.id} expired; its unflushed records will be read again")
+    # The intent and the bytes written are taken together, before the first await: records applied while
+    # this flush is in flight (the consumer goes on applying) belong to the next window, not to this one.
     intent = mutator.applied_through
-    mutator.window_committed = False
-    seq = await _open_window(store, mutator, intent)
+    flushing, mutator.dirty = mutator.dirty, set()
     writes = [
         ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
                    (counter, key) not in mutator.recorded)
-        for counter, key in sorted(mutator.dirty)
+        for counter, key in sorted(flushing)
     ]
-    await store.write_shards(mutator.id, mutator.record.born_us + seq, writes)
-    mutator.recorded.update(mutator.dirty)
-    mutator.dirty.clear()
+    mutator.window_committed = False
+    try:
+        seq = await _open_window(store, mutator, intent)
+        await store.write_shards(mutator.id, mutator.record.born_us + seq, writes)
+    except BaseException:
+        mutator.dirty |= flushing  # not known written: the next attempt writes them again, as they are then
+        raise
+    mutator.recorded.update(flushing)
     mutator.flush_seq = seq
     mutator.flushed_through = intent
     mutator.window_seq = None

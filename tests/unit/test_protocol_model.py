@@ -46,7 +46,7 @@ from consumer.protocol import (
     release,
     take_over,
 )
-from consumer.store import MutatorRecord, PartitionId, PartitionRow, StoredShard
+from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
@@ -149,7 +149,7 @@ class Actor:
     record: MutatorRecord | None = None
     mutator: Mutator | None = None
     task: Task | None = None
-    retry_flush: bool = False  # its last flush failed: like the service, it retries that flush before consuming
+    retry_flush: bool = False  # its last flush or release failed (a failed release is retried as a release)
     gone: bool = False  # dead, fenced or released: it never acts again
     releasing: bool = False  # a release failed: like the service, it never consumes again, only retries it
 
@@ -321,16 +321,42 @@ class ProtocolModel(RuleBasedStateMachine):
     @rule(i=PICK, n=st.integers(0, 8), ops=OPS, fault=FAULTS)
     def work(self, i: int, n: int, ops: int, fault: Fault) -> None:
         """An owner applies its next ``n`` records, then starts a flush (which may freeze or fail part way).
-        After a failed flush it retries that same flush before consuming more, as the service does."""
+        After a failed flush it tries again, with whatever it has applied since, as the service does."""
         actor = self.pick([a for a in self.idle_owners() if not a.releasing], i)
         mutator = actor.mutator
         assert mutator is not None
-        if not actor.retry_flush:
-            for record in self.log.records[mutator.applied_through + 1:mutator.applied_through + 1 + n]:
-                mutator.apply(record)
+        self.apply_next(mutator, n)
         if ops:
             actor.task = Task(f"{actor.name}.flush", flush(self.store, mutator, self.now_us + actor.skew_us))
             self.drive(actor.task, ops, fault)
+
+    def apply_next(self, mutator: Mutator, n: int) -> None:
+        for record in self.log.records[mutator.applied_through + 1:mutator.applied_through + 1 + n]:
+            mutator.apply(record)
+
+    def flushing_owners(self) -> list[Actor]:
+        return [a for a in self.actors if a.mutator is not None and not a.gone and a.task is not None
+                and a.task.label.endswith(".flush") and not a.task.done]
+
+    @precondition(lambda self: any(not a.releasing for a in self.idle_owners()))
+    @rule(i=PICK, n=st.integers(0, 8))
+    def begin_flush(self, i: int, n: int) -> None:
+        """An owner applies its next ``n`` records and starts a flush that waits at its first storage
+        operation, so that records can be applied before its window LWT lands."""
+        actor = self.pick([a for a in self.idle_owners() if not a.releasing], i)
+        mutator = actor.mutator
+        assert mutator is not None
+        self.apply_next(mutator, n)
+        actor.task = Task(f"{actor.name}.flush", flush(self.store, mutator, self.now_us + actor.skew_us))
+        self.after_task_step(actor.task)
+
+    @precondition(lambda self: bool(self.flushing_owners()))
+    @rule(i=PICK, n=st.integers(1, 8))
+    def apply_while_flushing(self, i: int, n: int) -> None:
+        """The consumer goes on applying records while a flush of the same mutator is in flight."""
+        mutator = self.pick(self.flushing_owners(), i).mutator
+        assert mutator is not None
+        self.apply_next(mutator, n)
 
     @precondition(lambda self: bool(self.idle_owners()))
     @rule(i=PICK, ops=OPS, fault=FAULTS)
@@ -491,6 +517,31 @@ class NoSkipModel(ProtocolModel):
     store_class = NoSkipStore
 
 
+class LateSnapshotStore(MemoryStore):
+    """Writes each shard as its mutator's state is when the writes are sent, not when the flush began: what
+    a flush that read its states after its window LWT would write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[uuid.UUID, Mutator] = {}
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+        owner = self.live.get(mutator)
+        if owner is not None:
+            writes = [dataclasses.replace(w, state=owner.states[(w.counter, w.key)].to_bytes()) for w in writes]
+        await super().write_shards(mutator, timestamp_us, writes)
+
+
+class LateSnapshotModel(ProtocolModel):
+    store_class = LateSnapshotStore
+
+    def settle(self, actor: Actor) -> None:
+        super().settle(actor)
+        if actor.mutator is not None:
+            assert isinstance(self.store, LateSnapshotStore)
+            self.store.live[actor.mutator.id] = actor.mutator
+
+
 MODEL_SETTINGS = settings(
     max_examples=400, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -528,6 +579,13 @@ def test_model_catches_a_missing_through_offset_skip() -> None:
     """With the replay's through_offset skip removed, the model finds an event counted twice."""
     with pytest.raises(ProtocolViolation):
         run_model(NoSkipModel, MUST_FAIL_SETTINGS)
+
+
+def test_model_catches_a_flush_that_reads_its_states_late() -> None:
+    """With shard states read when the writes are sent rather than with the intent offset, records applied
+    during the flush are written as if they were not: the model finds one counted twice."""
+    with pytest.raises(ProtocolViolation):
+        run_model(LateSnapshotModel, MUST_FAIL_SETTINGS)
 
 
 def _owner(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[MutatorRecord, Task]:
