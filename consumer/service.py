@@ -1,10 +1,12 @@
 """The consumer process: a Kafka consumer group member running one mutator per assigned partition.
 
 The loop: fetch a batch, apply it to the mutators' in-memory states (invalid events go to the dead-letter
-topic), and flush when the interval passes or too many instances are dirty. Flushing waits (and so pauses
-consumption) while Cassandra cannot take writes. Rebalances release revoked partitions cleanly and take
-assigned ones over (``consumer.protocol``). Start positions come from the ownership rows, never from
-Kafka's committed offsets, which are still committed after each flush for lag monitoring.
+topic), and flush when the interval passes or too many instances are dirty. A flush runs in the background
+while the loop goes on applying; one flush at a time, so the loop waits when the next is due before the last
+has finished, and consumption pauses while Cassandra cannot take writes. Rebalances release revoked
+partitions cleanly and take assigned ones over (``consumer.protocol``). Start positions come from the
+ownership rows, never from Kafka's committed offsets, which are still committed after each flush for lag
+monitoring.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 
-FLUSH_BACKOFF = 2.0  # the next flush waits at least this many times the last flush's duration
 
 
 def now_us() -> int:
@@ -100,8 +101,9 @@ class ConsumerService:
         # partition that a revoke is handing to another member at the same moment.
         self._ownership = asyncio.Lock()
         self._started = False
-        self._last_flush = time.monotonic()
+        self._last_flush = time.monotonic()  # when the last flush started
         self._last_flush_took = 0.0
+        self._flushing: asyncio.Task[list[tuple[TopicPartition, Mutator]]] | None = None
         self.ready = False
         self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
 
@@ -173,9 +175,12 @@ class ConsumerService:
                     if highwater is not None:
                         METRICS.lag.labels(tp.topic, str(tp.partition)).set(
                             max(0, highwater - messages[-1].offset - 1))
+                if self._flushing is not None and self._flushing.done():
+                    offsets = await self._finish_flush()
                 if self._flush_due():
-                    offsets = await self.flush_all()
-                    await self._rotate_if_due()
+                    if self._flushing is not None:
+                        offsets = await self._finish_flush()  # one at a time: wait for the last one
+                    self._start_flush()
             if offsets:
                 await self._commit_for_lag(offsets)
 
@@ -211,9 +216,9 @@ class ConsumerService:
             return True
         since = time.monotonic() - self._last_flush
         # A flush rewrites every dirty instance whole, so its cost grows with the keys touched, not the events.
-        # While flushes are slow (a backlog over many keys), the next waits at least FLUSH_BACKOFF times the
-        # last one's duration: flushing takes at most a third of the time, and each flush folds in more events.
-        return since >= max(self.config.flush_interval_s, self._last_flush_took * FLUSH_BACKOFF)
+        # While flushes are slow (a backlog over many keys), they start at least flush_spacing times the last
+        # one's duration apart: Cassandra is left time between them, and each flush folds in more events.
+        return since >= max(self.config.flush_interval_s, self._last_flush_took * self.config.flush_spacing)
 
     async def _deliver_dead_letters(self) -> None:
         """Wait until every dead letter sent so far is acknowledged: they must be durable before any window
@@ -222,28 +227,57 @@ class ConsumerService:
             deliveries, self._pending_dead_letters = self._pending_dead_letters, []
             await asyncio.gather(*deliveries)
 
-    async def flush_all(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Flush every mutator; while Cassandra is unavailable, wait and retry (consumption waits too).
-        Returns the offsets to commit to Kafka for lag monitoring."""
+    def _start_flush(self) -> None:
+        """Start flushing every mutator in the background. Each flush takes its mutator's intent offset and
+        shard bytes together when it begins; what the loop applies meanwhile goes to the next flush."""
+        self._last_flush = time.monotonic()
+        # Every dead letter sent so far is awaited before any window is opened or committed by this flush,
+        # and so before any window that skips their records is recorded complete (by the next flush).
+        dead_letters, self._pending_dead_letters = self._pending_dead_letters, []
+        self._flushing = asyncio.create_task(self._flush_mutators(list(self.mutators.items()), dead_letters))
+
+    async def _flush_mutators(self, mutators: list[tuple[TopicPartition, Mutator]],
+                              dead_letters: list[Awaitable[Any]]) -> list[tuple[TopicPartition, Mutator]]:
+        """Flush the given mutators; while Cassandra is unavailable, wait and retry. Returns those past their
+        expiry, which wrote nothing and must be replaced."""
         started = time.monotonic()
-        await self._deliver_dead_letters()
-        # Mutators own different partitions and rows, so their flushes overlap: one LWT's round trip no longer
-        # idles the others, and the client's in-flight slots stay full. Every flush finishes (or fails) before
-        # this returns; replacements of expired mutators read records back through the one record source, so
-        # they run one at a time afterwards.
-        mutators = list(self.mutators.items())
+        if dead_letters:
+            await asyncio.gather(*dead_letters)
+        # Mutators own different partitions and rows, so their flushes overlap: one LWT's round trip does not
+        # idle the others, and the client's in-flight slots stay full.
         outcomes = await asyncio.gather(*(self._flush_one(tp, m) for tp, m in mutators), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
             raise failures[0]
-        for (tp, mutator), expired in zip(mutators, outcomes, strict=True):
-            if expired is True:
-                await self._replace_expired(tp, mutator)
-        self._last_flush = time.monotonic()
-        self._last_flush_took = self._last_flush - started
+        self._last_flush_took = time.monotonic() - started
         self.cassandra.sample_driver_metrics()
+        return [(tp, mutator) for (tp, mutator), expired in zip(mutators, outcomes, strict=True) if expired is True]
+
+    async def _finish_flush(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Wait for the flush in flight (raising its error), replace the mutators it found expired, rotate
+        those due, and return the offsets to commit to Kafka for lag monitoring. Called with the lock held."""
+        task, self._flushing = self._flushing, None
+        if task is not None:
+            # Replacements read records back through the one record source: one at a time, here.
+            for tp, mutator in await task:
+                if self.mutators.get(tp) is mutator:
+                    await self._replace_expired(tp, mutator)
+            await self._rotate_if_due()
         return {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
                 if m.flushed_through >= 0 and not m.fenced}
+
+    async def flush_all(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Flush every mutator now and wait for it (after any flush in flight). Called with the lock held."""
+        if self._flushing is not None:
+            await self._finish_flush()
+        self._start_flush()
+        return await self._finish_flush()
+
+    async def _settle_flush(self) -> None:
+        """Wait for the flush in flight to end, without raising its error: the loop raises it when it
+        finishes that flush. A mutator is never released while a flush of it may still be running."""
+        if self._flushing is not None:
+            await asyncio.wait([self._flushing])
 
     async def _commit_for_lag(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         """Commit to Kafka for lag tools only (start positions come from Cassandra). Outside the ownership
@@ -295,7 +329,8 @@ class ConsumerService:
         """A fenced mutator: another owner took the partition; forget its state and stop consuming it."""
         METRICS.fencings.inc()
         log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id), reason=reason)
-        self.mutators.pop(tp, None)
+        if self.mutators.get(tp) is mutator:
+            del self.mutators[tp]
         METRICS.live_mutators.set(len(self.mutators))
         with contextlib.suppress(Exception):
             self.consumer.pause(tp)
@@ -358,6 +393,7 @@ class ConsumerService:
             await self._release_partitions(revoked)
 
     async def _release_partitions(self, revoked: list[TopicPartition]) -> None:
+        await self._settle_flush()
         await self._deliver_dead_letters()
         for tp in revoked:
             mutator = self.mutators.pop(tp, None)
@@ -453,6 +489,10 @@ class ConsumerService:
         try:
             async with self._ownership:
                 await self._release_partitions(list(self.mutators))
+                task, self._flushing = self._flushing, None
+                if task is not None and not task.cancelled() and task.exception() is not None:
+                    # The releases above flushed everything again; this only says why the earlier one failed.
+                    log.warning("flush_failed_before_stop", error=str(task.exception()))
         finally:
             for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
                           self.cassandra.stop):

@@ -113,7 +113,9 @@ def _uuid(value: object) -> uuid.UUID | None:
 
 
 # Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
-_WORK_BATCH_BYTES = 4096
+_BATCH_BYTES = 4096
+# What a row adds beyond its key and state bytes (mutator id, offset, timestamp, cell headers), roughly.
+_ROW_OVERHEAD_BYTES = 32
 
 
 class CassandraStore:
@@ -123,6 +125,13 @@ class CassandraStore:
         self.client = client
         self.write_cl = client.settings.write_consistency
         self.read_cl = client.settings.read_consistency
+        self.batch_rows = client.settings.write_batch_rows
+
+    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
+        if len(group) == 1:
+            cql_text, params = group[0]
+            return functools.partial(self.client.execute, cql_text, params, consistency=self.write_cl)
+        return functools.partial(self.client.execute_batch, group, consistency=self.write_cl)
 
     async def _lwt(self, cql_text: str, params: list[object]) -> bool:
         # A conditional update is not idempotent from the driver's point of view: never retried blindly.
@@ -197,10 +206,23 @@ class CassandraStore:
             "USING TIMESTAMP ?"
         )
         work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
-        calls: list[Callable[[], Awaitable[object]]] = [functools.partial(
-            self.client.execute, shard_cql,
-            [write.counter, write.key, mutator, write.state, write.through_offset, timestamp_us],
-            consistency=self.write_cl) for write in writes]
+        calls: list[Callable[[], Awaitable[object]]] = []
+        # Shard rows of different instances go several to a request (an unlogged batch): one request per row
+        # costs the client and the server more than the row itself. Each row is still its own mutation (no
+        # atomicity across them is needed or assumed), and the batch stays under Cassandra's warning
+        # thresholds for size and for partitions per unlogged batch.
+        group: list[tuple[str, list[object]]] = []
+        group_bytes = 0
+        for write in writes:
+            row_bytes = len(write.state) + len(write.counter) + len(write.key.encode()) + _ROW_OVERHEAD_BYTES
+            if group and (len(group) >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
+                calls.append(self._shard_call(group))
+                group, group_bytes = [], 0
+            group.append((shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset,
+                                      timestamp_us]))
+            group_bytes += row_bytes
+        if group:
+            calls.append(self._shard_call(group))
         # The GC's work list is one partition per mutator: its new rows go as single-partition unlogged batches
         # (applied atomically, one request per batch), kept well under Cassandra's batch size limits.
         batch: list[tuple[str, list[object]]] = []
@@ -208,8 +230,8 @@ class CassandraStore:
         for write in writes:
             if write.first_write:
                 batch.append((work_cql, [mutator, write.counter, write.key]))
-                batch_bytes += len(write.counter) + len(write.key.encode()) + 32
-                if batch_bytes >= _WORK_BATCH_BYTES:
+                batch_bytes += len(write.counter) + len(write.key.encode()) + _ROW_OVERHEAD_BYTES
+                if batch_bytes >= _BATCH_BYTES:
                     calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
                     batch, batch_bytes = [], 0
         if batch:

@@ -105,6 +105,10 @@ class CassandraSettings(_Section):
     # Bounded in-flight requests per process, with a bounded wait for a slot (seed 003's pending queue).
     max_in_flight: int = Field(default=256, ge=1, le=32_768)
     queue_timeout_s: float = Field(default=10.0, gt=0)
+    # Shard rows of different instances sent in one request (an unlogged batch, at most 4 KiB). Above 10,
+    # Cassandra warns (unlogged_batch_across_partitions_warn_threshold): a log line a minute, and a warning
+    # sent back with every such batch.
+    write_batch_rows: int = Field(default=10, ge=1, le=100)
     connections_per_host: int = Field(default=1, ge=1, le=64)
     io_threads: int = Field(default=1, ge=1, le=32)
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
@@ -136,6 +140,9 @@ class ConsumerSettings(_Section):
     counters_file: Path = Path("counters.toml")
     auto_offset_reset: str = Field(default="earliest", pattern=r"^(earliest|latest)$")
     flush_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    # While flushes take longer than flush_interval_s / flush_spacing, they start flush_spacing times the
+    # last one's duration apart: fewer, larger flushes (more events folded into each row) at some freshness.
+    flush_spacing: float = Field(default=4.0, ge=1, le=100)
     # also bounds what a takeover replays after a crash: the open window's instances are read and rewritten
     flush_max_dirty: int = Field(default=50_000, ge=1)
     # A mutator rotates (clean retire, fresh mutator) at this age, so the GC can fold its shards.
