@@ -2,7 +2,7 @@
 
     python -m bench.chaos [--events 1000000] [--consumers 3] [--kill-every 6] [--seed 1]
 
-It starts its own Kafka and Cassandra (ports 49092 and 49042, data under ``.stack/chaos``), three consumers
+It starts its own Kafka and Cassandra (ports 19092 and 19042, data under ``.stack/chaos``), three consumers
 and a GC loop, and publishes the events (trades over 500 symbols, with publisher retries and malformed
 records) while it injects faults: kill -9 of a random consumer every few seconds (restarted a moment
 later), one Kafka broker restart, one Cassandra restart, one zombie (a consumer frozen with SIGSTOP past its
@@ -278,9 +278,12 @@ async def run(args: argparse.Namespace) -> int:
     STACK.mkdir(parents=True, exist_ok=True)
     for old in STACK.glob("*.log"):
         old.unlink()
-    kafka_server = servers.KafkaServer(port=49092, controller_port=49093, root=STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=49042, storage_port=47000, jmx_port=47199,
-                                           seeds="127.0.0.1:47000", cluster_name="countersink-chaos",
+    # Ports below Linux's ephemeral range (32768-60999): a readiness probe of a port in that range, sent
+    # before the server listens, can be given that same port as its own and connect to itself, and the
+    # server then fails to bind.
+    kafka_server = servers.KafkaServer(port=19092, controller_port=19093, root=STACK / "kafka")
+    cassandra_node = servers.CassandraNode(native_port=19042, storage_port=17000, jmx_port=17199,
+                                           seeds="127.0.0.1:17000", cluster_name="countersink-chaos",
                                            root=STACK / "cassandra")
     say("starting Kafka and Cassandra")
     kafka_server.start(tied_to_parent=True, wait=False)
@@ -290,7 +293,7 @@ async def run(args: argparse.Namespace) -> int:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-chaos")
-        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=49042, keyspace="countersink_chaos",
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=19042, keyspace="countersink_chaos",
                                       request_timeout_s=5.0)
         async with CassandraClient(cassandra, use_keyspace=False) as client:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_chaos", prepared=False)

@@ -2,7 +2,7 @@
 
     python -m bench.pipeline [--events 2000000] [--symbols 100000] [--partitions 12] [--quick]
 
-It starts its own Kafka and Cassandra (ports 59092 and 59042, data under ``.stack/bench``), loads one topic
+It starts its own Kafka and Cassandra (ports 29092 and 29042, data under ``.stack/bench``), loads one topic
 of JSON trades keyed by symbol, and consumes that same topic four ways, one after the other:
 
 1. the limit: aiokafka ``getmany`` and discard, in one process;
@@ -544,9 +544,12 @@ async def run(args: argparse.Namespace) -> Report:
     STACK.mkdir(parents=True, exist_ok=True)
     for old in STACK.glob("*.log"):
         old.unlink()
-    kafka_server = servers.KafkaServer(port=59092, controller_port=59093, root=STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=59042, storage_port=57000, jmx_port=57199,
-                                           seeds="127.0.0.1:57000", cluster_name="countersink-bench",
+    # Ports below Linux's ephemeral range (32768-60999): a readiness probe of a port in that range, sent
+    # before the server listens, can be given that same port as its own and connect to itself, and the
+    # server then fails to bind.
+    kafka_server = servers.KafkaServer(port=29092, controller_port=29093, root=STACK / "kafka")
+    cassandra_node = servers.CassandraNode(native_port=29042, storage_port=27000, jmx_port=27199,
+                                           seeds="127.0.0.1:27000", cluster_name="countersink-bench",
                                            root=STACK / "cassandra")
     say("starting Kafka and Cassandra")
     kafka_server.start(tied_to_parent=True, wait=False)
@@ -555,7 +558,7 @@ async def run(args: argparse.Namespace) -> Report:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-bench")
-        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=59042, keyspace="countersink_bench",
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=29042, keyspace="countersink_bench",
                                       replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
         async with CassandraClient(cassandra, use_keyspace=False) as client:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_bench", prepared=False)
