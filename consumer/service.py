@@ -266,13 +266,6 @@ class ConsumerService:
         return {tp: OffsetAndMetadata(m.flushed_through + 1, "") for tp, m in self.mutators.items()
                 if m.flushed_through >= 0 and not m.fenced}
 
-    async def flush_all(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Flush every mutator now and wait for it (after any flush in flight). Called with the lock held."""
-        if self._flushing is not None:
-            await self._finish_flush()
-        self._start_flush()
-        return await self._finish_flush()
-
     async def _settle_flush(self) -> None:
         """Wait for the flush in flight to end, without raising its error: the loop raises it when it
         finishes that flush. A mutator is never released while a flush of it may still be running."""
