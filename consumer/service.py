@@ -215,10 +215,21 @@ class ConsumerService:
         if any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values()):
             return True
         since = time.monotonic() - self._last_flush
+        if since < self.config.flush_interval_s:
+            return False
         # A flush rewrites every dirty instance whole, so its cost grows with the keys touched, not the events.
-        # While flushes are slow (a backlog over many keys), they start at least flush_spacing times the last
-        # one's duration apart: Cassandra is left time between them, and each flush folds in more events.
-        return since >= max(self.config.flush_interval_s, self._last_flush_took * self.config.flush_spacing)
+        # While flushes are slow and a backlog remains, they start at least flush_spacing times the last one's
+        # duration apart: Cassandra is left time between them, and each flush folds in more events. Once every
+        # partition is caught up there is nothing more to fold in, and waiting would only delay the counts.
+        return self._caught_up() or since >= self._last_flush_took * self.config.flush_spacing
+
+    def _caught_up(self) -> bool:
+        """Every partition's mutator has applied everything up to the broker's high watermark last seen."""
+        for tp, mutator in self.mutators.items():
+            highwater = self.consumer.highwater(tp)
+            if highwater is None or mutator.applied_through + 1 < highwater:
+                return False
+        return True
 
     async def _deliver_dead_letters(self) -> None:
         """Wait until every dead letter sent so far is acknowledged: they must be durable before any window
