@@ -80,3 +80,36 @@ def test_a_starting_consumer_gives_up_after_its_startup_timeout() -> None:
     with pytest.raises(KafkaConnectionError):
         asyncio.run(ConsumerService._when_reachable(service, "kafka", down))  # type: ignore[arg-type]
     assert time.monotonic() - started < 5
+
+
+def flush_due(*, since_s: float, took_s: float, behind: bool, dirty: int = 1, interval_s: float = 1.0,
+              spacing: float = 4.0) -> bool:
+    tp = TopicPartition("t", 0)
+    mutator = SimpleNamespace(dirty=set(range(dirty)), applied_through=99 - behind * 50)
+    service = SimpleNamespace(
+        mutators={tp: mutator},
+        config=ConsumerSettings(flush_interval_s=interval_s, flush_spacing=spacing, flush_max_dirty=1000),
+        consumer=SimpleNamespace(highwater=lambda _tp: 100),  # the next offset the broker would give
+        _last_flush=time.monotonic() - since_s, _last_flush_took=took_s)
+    service._caught_up = lambda: ConsumerService._caught_up(service)  # type: ignore[arg-type]
+    return ConsumerService._flush_due(service)  # type: ignore[arg-type]
+
+
+def test_flushes_wait_for_the_interval() -> None:
+    assert not flush_due(since_s=0.5, took_s=0.0, behind=False)
+    assert flush_due(since_s=1.1, took_s=0.0, behind=False)
+
+
+def test_slow_flushes_are_spaced_while_a_backlog_remains() -> None:
+    # The last flush took 2 s: with a backlog the next starts 4 × 2 s after it, not at the 1 s interval.
+    assert not flush_due(since_s=5.0, took_s=2.0, behind=True)
+    assert flush_due(since_s=8.1, took_s=2.0, behind=True)
+    assert flush_due(since_s=3.1, took_s=2.0, behind=True, spacing=1.5)
+
+
+def test_a_caught_up_consumer_flushes_at_the_interval_however_slow_the_last_flush() -> None:
+    assert flush_due(since_s=1.1, took_s=2.0, behind=False)
+
+
+def test_too_many_dirty_instances_force_a_flush_at_once() -> None:
+    assert flush_due(since_s=0.0, took_s=0.0, behind=True, dirty=1000)
