@@ -25,7 +25,9 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write() per line, newline included: print() writes the newline separately, and lines of
+        # processes sharing one log file or pipe then interleave mid-line.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
