@@ -13,7 +13,6 @@ in production and against in-memory stand-ins in the model test.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import enum
 import uuid
@@ -78,27 +77,57 @@ class RetryWindow:
     A pure function of the partition's log: whether record ``o`` is a repeat depends only on the ``size``
     records before it. So a replay, or a successor that rebuilds the window by re-reading those records,
     decides exactly as the original mutator did.
+
+    Each id maps to the number of the last record that carried it (records are numbered as they are
+    pushed, so gaps in Kafka offsets do not matter): one dict lookup and one store per id on the hot path.
+    Ids that fell out of the window are forgotten all at once every ``size`` records, which keeps at most
+    the ids of ``2 × size`` records.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._recent: collections.deque[tuple[tuple[str, str], ...]] = collections.deque()
-        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._pushed = 0  # records pushed so far; the next record is number _pushed
+        self._last: dict[tuple[str, str], int] = {}
 
     def seen(self, counter: str, event_id: str) -> bool:
-        return (counter, event_id) in self._counts
+        at = self._last.get((counter, event_id))
+        return at is not None and at >= self._pushed - self.size
 
     def push(self, ids: tuple[tuple[str, str], ...]) -> None:
-        """Record one record's ids (possibly none) and forget the record that falls out of the window."""
+        """Record one record's ids (possibly none)."""
         if self.size <= 0:
             return
-        self._recent.append(ids)
-        self._counts.update(ids)
-        if len(self._recent) > self.size:
-            for key in self._recent.popleft():
-                self._counts[key] -= 1
-                if self._counts[key] <= 0:
-                    del self._counts[key]
+        number = self._pushed
+        for key in ids:
+            self._last[key] = number
+        self._advance()
+
+    def admit(self, updates: list[Update]) -> list[Update]:
+        """The updates of one record whose event id was not seen within the window; records their ids.
+        The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass."""
+        if self.size <= 0:
+            return updates
+        number, last = self._pushed, self._last
+        oldest = number - self.size
+        fresh = []
+        for update in updates:
+            event_id = update.event_id
+            if event_id is None:
+                fresh.append(update)
+                continue
+            key = (update.counter, event_id)
+            at = last.get(key)
+            if at is None or at < oldest:
+                fresh.append(update)
+            last[key] = number
+        self._advance()
+        return fresh
+
+    def _advance(self) -> None:
+        self._pushed += 1
+        if self._pushed % self.size == 0:
+            oldest = self._pushed - self.size
+            self._last = {key: at for key, at in self._last.items() if at >= oldest}
 
 
 @dataclasses.dataclass
@@ -118,8 +147,7 @@ class Applier:
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc
-        fresh = [u for u in updates if u.event_id is None or not self.window.seen(u.counter, u.event_id)]
-        self.window.push(tuple((u.counter, u.event_id) for u in updates if u.event_id is not None))
+        fresh = self.window.admit(updates)
         if not updates:
             return Outcome.FILTERED, [], None
         if not fresh:

@@ -1,0 +1,58 @@
+"""The publisher-retry window: an update is dropped exactly when its (counter, event id) was carried by one of
+the ``size`` records before it, checked against a plain list of every record seen."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.protocol import RetryWindow
+from schemas.events import Update
+
+COUNTERS = ("trades", "shares")
+
+# One record: for each counter, no update, an update without an event id, or one with an id from a small
+# alphabet (so that repeats are common), or None for an invalid record (no updates, still a record).
+records = st.lists(
+    st.one_of(
+        st.none(),
+        st.lists(st.tuples(st.sampled_from(COUNTERS), st.one_of(st.none(), st.sampled_from("abcdefg"))),
+                 max_size=2, unique_by=lambda u: u[0]),
+    ),
+    max_size=120,
+)
+
+
+def expected_fresh(history: list[list[tuple[str, str | None]]], record: list[tuple[str, str | None]],
+                   size: int) -> list[tuple[str, str | None]]:
+    recent = {(c, i) for r in (history[-size:] if size > 0 else []) for c, i in r if i is not None}
+    return [(c, i) for c, i in record if i is None or (c, i) not in recent]
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=records, size=st.integers(min_value=0, max_value=12))
+def test_admit_drops_exactly_the_repeats_within_the_window(records: list, size: int) -> None:
+    """admit() keeps an update unless its id was seen in the last ``size`` records, through every pruning."""
+    window = RetryWindow(size)
+    history: list[list[tuple[str, str | None]]] = []
+    for record in records:
+        if record is None:  # an invalid record: it takes a place in the window and carries no id
+            window.push(())
+            history.append([])
+            continue
+        updates = [Update(c, "k", 1, i) for c, i in record]
+        fresh = window.admit(updates)
+        assert [(u.counter, u.event_id) for u in fresh] == expected_fresh(history, record, size)
+        history.append(record)
+    for counter in COUNTERS:
+        for event_id in "abcdefg":
+            recent = {(c, i) for r in (history[-size:] if size > 0 else []) for c, i in r}
+            assert window.seen(counter, event_id) == ((counter, event_id) in recent)
+
+
+def test_memory_holds_at_most_two_windows_of_ids() -> None:
+    """Ids older than the window are forgotten: a long run of unique ids keeps at most 2 × size of them."""
+    window = RetryWindow(100)
+    for n in range(10_000):
+        window.admit([Update("trades", "k", 1, f"id{n}")])
+        assert len(window._last) <= 200
