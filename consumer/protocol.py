@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from consumer.store import MutatorRecord, PartitionId, ShardWrite, Store
 from schemas.definitions import CounterSet
@@ -48,8 +48,17 @@ class MutatorExpiredError(CountersinkError):
     """
 
 
-@dataclasses.dataclass(frozen=True)
-class Record:
+class KafkaRecord(Protocol):
+    """What the protocol reads of a record: a :class:`Record`, or the Kafka client's own, as it comes."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+class Record(NamedTuple):
     """One Kafka record of the partition a mutator consumes."""
 
     offset: int
@@ -78,19 +87,19 @@ class RetryWindow:
     records before it. So a replay, or a successor that rebuilds the window by re-reading those records,
     decides exactly as the original mutator did.
 
-    Each id maps to the number of the last record that carried it (records are numbered as they are
-    pushed, so gaps in Kafka offsets do not matter): one dict lookup and one store per id on the hot path.
-    Ids that fell out of the window are forgotten all at once every ``size`` records, which keeps at most
-    the ids of ``2 × size`` records.
+    Each id maps to the number of the last record that carried it, in one dict per counter (records are
+    numbered as they are pushed, so gaps in Kafka offsets do not matter): one dict lookup and one store per
+    id on the hot path. Ids that fell out of the window are forgotten all at once every ``size`` records,
+    which keeps at most the ids of ``2 × size`` records.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._pushed = 0  # records pushed so far; the next record is number _pushed
-        self._last: dict[tuple[str, str], int] = {}
+        self._last: dict[str, dict[str, int]] = {}  # counter -> event id -> number of its last record
 
     def seen(self, counter: str, event_id: str) -> bool:
-        at = self._last.get((counter, event_id))
+        at = self._last.get(counter, {}).get(event_id)
         return at is not None and at >= self._pushed - self.size
 
     def push(self, ids: tuple[tuple[str, str], ...]) -> None:
@@ -98,8 +107,8 @@ class RetryWindow:
         if self.size <= 0:
             return
         number = self._pushed
-        for key in ids:
-            self._last[key] = number
+        for counter, event_id in ids:
+            self._ids_of(counter)[event_id] = number
         self._advance()
 
     def admit(self, updates: list[Update]) -> list[Update]:
@@ -107,7 +116,7 @@ class RetryWindow:
         The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass."""
         if self.size <= 0:
             return updates
-        number, last = self._pushed, self._last
+        number = self._pushed
         oldest = number - self.size
         fresh = []
         for update in updates:
@@ -115,19 +124,28 @@ class RetryWindow:
             if event_id is None:
                 fresh.append(update)
                 continue
-            key = (update.counter, event_id)
-            at = last.get(key)
+            last = self._last.get(update.counter)
+            if last is None:
+                last = self._ids_of(update.counter)
+            at = last.get(event_id)
             if at is None or at < oldest:
                 fresh.append(update)
-            last[key] = number
+            last[event_id] = number
         self._advance()
         return fresh
+
+    def ids_held(self) -> int:
+        return sum(len(ids) for ids in self._last.values())
+
+    def _ids_of(self, counter: str) -> dict[str, int]:
+        return self._last.setdefault(counter, {})
 
     def _advance(self) -> None:
         self._pushed += 1
         if self._pushed % self.size == 0:
             oldest = self._pushed - self.size
-            self._last = {key: at for key, at in self._last.items() if at >= oldest}
+            self._last = {counter: {event_id: at for event_id, at in ids.items() if at >= oldest}
+                          for counter, ids in self._last.items()}
 
 
 @dataclasses.dataclass
@@ -140,7 +158,7 @@ class Applier:
     partition: int
     window: RetryWindow
 
-    def classify(self, record: Record) -> tuple[Outcome, list[Update], InvalidEventError | None]:
+    def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
         """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
         try:
             updates = self.router.route(self.topic, record.value or b"")
@@ -191,7 +209,7 @@ class Mutator:
     def id(self) -> uuid.UUID:
         return self.record.id
 
-    def apply(self, record: Record) -> tuple[Outcome, InvalidEventError | None]:
+    def apply(self, record: KafkaRecord) -> tuple[Outcome, InvalidEventError | None]:
         """Apply one record of this partition, in offset order. Records at or below what is applied are
         ignored (a redelivery after a seek)."""
         if record.offset <= self.applied_through:
@@ -426,7 +444,7 @@ async def _replay_window(
 
 
 __all__: Sequence[str] = (
-    "Applier", "FencedError", "Mutator", "MutatorExpiredError", "Outcome", "Record", "RecordSource",
+    "Applier", "FencedError", "KafkaRecord", "Mutator", "MutatorExpiredError", "Outcome", "Record", "RecordSource",
     "RetryWindow", "StaleRecordError", "Takeover",
     "flush", "release", "retire_time", "take_over",
 )

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -29,10 +29,10 @@ from consumer.kafka_source import KafkaRecordSource
 from consumer.protocol import (
     Applier,
     FencedError,
+    KafkaRecord,
     Mutator,
     MutatorExpiredError,
     Outcome,
-    Record,
     RetryWindow,
     flush,
     release,
@@ -170,7 +170,7 @@ class ConsumerService:
                     mutator = self.mutators.get(tp)
                     if mutator is None or mutator.fenced:
                         continue
-                    await self._apply(tp, mutator, [Record(m.offset, m.value) for m in messages])
+                    await self._apply(tp, mutator, messages)
                     highwater = self.consumer.highwater(tp)
                     if highwater is not None:
                         METRICS.lag.labels(tp.topic, str(tp.partition)).set(
@@ -184,7 +184,7 @@ class ConsumerService:
             if offsets:
                 await self._commit_for_lag(offsets)
 
-    async def _apply(self, tp: TopicPartition, mutator: Mutator, records: list[Record]) -> None:
+    async def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
         applied = duplicates = 0
         for record in records:
             outcome, error = mutator.apply(record)
@@ -197,7 +197,7 @@ class ConsumerService:
         METRICS.events_applied.inc(applied)
         METRICS.duplicates_dropped.inc(duplicates)
 
-    async def _dead_letter(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+    async def _dead_letter(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         headers = [
             ("countersink.reason", str(error.reason).encode()[:1024]),
             ("countersink.error", type(error).__name__.encode()),

@@ -116,6 +116,9 @@ def _uuid(value: object) -> uuid.UUID | None:
 _BATCH_BYTES = 4096
 # What a row adds beyond its key and state bytes (mutator id, offset, timestamp, cell headers), roughly.
 _ROW_OVERHEAD_BYTES = 32
+# Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
+# client pays for one request. Far below the IN-list limits Cassandra warns about.
+_READ_KEYS_PER_REQUEST = 50
 
 
 class CassandraStore:
@@ -271,24 +274,35 @@ class CassandraStore:
 
     async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
                           ) -> dict[tuple[str, str], StoredShard | None]:
-        # Concurrently, a bounded number at a time: read one after the other, a takeover replaying a window of
-        # a hundred thousand instances would keep its partition unconsumed for as many round trips.
-        found: dict[tuple[str, str], StoredShard | None] = {}
+        # Keys of one counter go _READ_KEYS_PER_REQUEST to a request (IN on the partition key): a takeover
+        # replaying a window of tens of thousands of instances would otherwise spend most of its time on
+        # per-request overhead. The requests run concurrently, a bounded number at a time.
+        by_counter: dict[str, list[str]] = {}
+        for counter, key in instances:
+            by_counter.setdefault(counter, []).append(key)
+        chunks = [(counter, keys[i:i + _READ_KEYS_PER_REQUEST])
+                  for counter, keys in by_counter.items() for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)]
+        found: dict[tuple[str, str], StoredShard | None] = dict.fromkeys(instances)
         failures: list[Exception] = []
-        pending = iter(instances)
+        pending = iter(chunks)
 
         async def reader() -> None:
-            for counter, key in pending:
+            for counter, keys in pending:
                 if failures:
                     return
                 try:
-                    found[(counter, key)] = await self.read_shard(counter, key, mutator)
+                    result = await self.client.execute(
+                        "SELECT key, state, through_offset FROM shards WHERE counter = ? AND key IN ? "
+                        "AND mutator = ?", [counter, keys, mutator], consistency=self.read_cl)
                 except Exception as exc:
                     failures.append(exc)
                     return
+                for row in as_dicts(result):
+                    if row["state"] is not None:
+                        found[(counter, row["key"])] = StoredShard(row["state"], row["through_offset"])
 
         readers = max(1, self.client.settings.max_in_flight // 2)
-        await asyncio.gather(*(reader() for _ in range(min(len(instances), readers))))
+        await asyncio.gather(*(reader() for _ in range(min(len(chunks), readers))))
         if failures:
             raise failures[0]
         return found

@@ -55,4 +55,4 @@ def test_memory_holds_at_most_two_windows_of_ids() -> None:
     window = RetryWindow(100)
     for n in range(10_000):
         window.admit([Update("trades", "k", 1, f"id{n}")])
-        assert len(window._last) <= 200
+        assert window.ids_held() <= 200
