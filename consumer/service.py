@@ -399,25 +399,31 @@ class ConsumerService:
     async def _release_partitions(self, revoked: list[TopicPartition]) -> None:
         await self._settle_flush()
         await self._deliver_dead_letters()
-        for tp in revoked:
-            mutator = self.mutators.pop(tp, None)
-            if mutator is None or mutator.fenced:
-                continue
-            try:
-                await release(self.store, mutator, now_us())
-                log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
-                         through=mutator.flushed_through)
-            except FencedError as exc:
-                METRICS.fencings.inc()
-                log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, reason=str(exc))
-            except MutatorExpiredError:
-                # Writes nothing more; the next owner's takeover replays its open window and retires it.
-                log.warning("release_of_expired_mutator", topic=tp.topic, partition=tp.partition,
-                            mutator=str(mutator.id))
-            except CassandraUnavailableError as exc:
-                # The next owner's takeover replays whatever window this left open.
-                log.error("release_failed", topic=tp.topic, partition=tp.partition, error=str(exc))
+        releasing = [(tp, mutator) for tp in revoked
+                     if (mutator := self.mutators.pop(tp, None)) is not None and not mutator.fenced]
+        # Concurrently, as flushes run: a shutdown in the middle of a backlog has a final flush of every
+        # partition to write, and one after the other they would not fit in shutdown_timeout_s.
+        outcomes = await asyncio.gather(*(self._release_one(tp, m) for tp, m in releasing), return_exceptions=True)
         METRICS.live_mutators.set(len(self.mutators))
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _release_one(self, tp: TopicPartition, mutator: Mutator) -> None:
+        try:
+            await release(self.store, mutator, now_us())
+            log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
+                     through=mutator.flushed_through)
+        except FencedError as exc:
+            METRICS.fencings.inc()
+            log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, reason=str(exc))
+        except MutatorExpiredError:
+            # Writes nothing more; the next owner's takeover replays its open window and retires it.
+            log.warning("release_of_expired_mutator", topic=tp.topic, partition=tp.partition,
+                        mutator=str(mutator.id))
+        except CassandraUnavailableError as exc:
+            # The next owner's takeover replays whatever window this left open.
+            log.error("release_failed", topic=tp.topic, partition=tp.partition, error=str(exc))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._ownership:
