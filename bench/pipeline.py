@@ -110,6 +110,8 @@ class Report:
     rates: dict[str, float] = field(default_factory=dict)  # events per second by system
     notes: dict[str, str] = field(default_factory=dict)
     cpu_s_per_million: float = 0.0
+    server_cpu_s_per_million: dict[str, float] = field(default_factory=dict)  # during the countersink run
+    rows_per_event: float = 0.0  # shard rows the countersink run wrote per event
     apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
@@ -220,21 +222,46 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 60) -> int:
         return process.wait()
 
 
+def metric_values(port: int, names: tuple[str, ...]) -> dict[str, float]:
+    """The named samples of a process's /metrics, by name (those it does not show are left out)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[name] = float(value)
+    return out
+
+
+@dataclass
+class ConsumerRun:
+    rate: float  # events per second, start to clean exit
+    cpu_s: float  # user + system CPU of the consumer process
+    rows: float  # shard rows written until every record was flushed
+    server_cpu_s: dict[str, float]  # CPU the Kafka and Cassandra processes used meanwhile
+
+
 async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
-                           group: str, profile_to: Path | None = None, **consumer: object) -> tuple[float, float]:
-    """Events per second until the last record of every partition is flushed, and CPU seconds used."""
+                           group: str, servers_by_name: dict[str, int], profile_to: Path | None = None,
+                           **consumer: object) -> ConsumerRun:
+    """Events per second until the last record of every partition is flushed, and what it cost."""
     counters = STACK / "counters.toml"
     counters.write_text(definitions(TOPIC))
-    env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters, "health_port": 0,
+    port = free_port()
+    env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters, "health_port": port,
                                                 **consumer}, gc={"health_port": 0})
     env["COUNTERSINK_LOG_LEVEL"] = "WARNING"
     ends = await end_offsets(kafka, {TOPIC: partitions})
+    servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
     started = time.monotonic()
     process = start_consumer(env, f"{group}.log", profile_to)
     try:
         await wait_until_flushed(cassandra, group, ends, 1800,
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
         cpu = proc_cpu_s(process.pid)
+        rows = metric_values(port, ("countersink_flush_rows_sum",)).get("countersink_flush_rows_sum", 0.0)
+        server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
     finally:
         # The last window's writes may still be in flight when its intent shows the end: the run ends when
         # the consumer has shut down cleanly, its final flush written and committed.
@@ -242,7 +269,25 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
     elapsed = time.monotonic() - started
     if code != 0:
         raise RuntimeError(f"the countersink consumer exited {code}; see {STACK / f'{group}.log'}")
-    return total / elapsed, cpu
+    return ConsumerRun(total / elapsed, cpu, rows, server_cpu)
+
+
+async def warm_up_consumer(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int,
+                           seconds: float) -> None:
+    """A countersink consumer on the topic for ``seconds``, under counter names of its own (its shards must not
+    add to the measured counters), then stopped cleanly."""
+    counters = STACK / "warmup.toml"
+    counters.write_text(definitions(TOPIC).replace('name = "', 'name = "warmup_'))
+    env = child_env(kafka, cassandra, consumer={"group_id": "bench-warmup", "counters_file": counters,
+                                                "health_port": 0}, gc={"health_port": 0})
+    env["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+    process = start_consumer(env, "bench-warmup.log")
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        code = stop_process(process)
+    if code != 0:
+        raise RuntimeError(f"the warm-up consumer exited {code}; see {STACK / 'bench-warmup.log'}")
 
 
 async def native_counter_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
@@ -581,24 +626,37 @@ async def run(args: argparse.Namespace) -> Report:
         say(f"loaded {args.events:,} trades over {len(truth):,} symbols into {args.partitions} partitions "
             f"in {report.load_s:.0f}s")
 
+        jvms = {name: server.process.pid for name, server in (("Cassandra", cassandra_node), ("Kafka", kafka_server))
+                if server.process is not None and server.process.pid is not None}
+        if args.warmup_seconds > 0:
+            # A JVM compiles its hot paths during its first minutes: whichever system ran first would pay for
+            # Cassandra's warm-up. Counter-column updates and a consumer's shard writes, not measured.
+            say(f"warming Cassandra up ({args.warmup_seconds:.0f} s, not measured)")
+            await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.warmup_seconds / 2)
+            await warm_up_consumer(kafka, cassandra, args.partitions, args.warmup_seconds / 2)
+
         say("1/4 raw aiokafka getmany")
         report.rates["raw aiokafka"] = await raw_rate(kafka, args.partitions, args.events)
         say(f"raw aiokafka: {report.rates['raw aiokafka']:,.0f} events/s")
 
         say("2/4 countersink (count, sum, distinct; exactly-once)")
-        rate, cpu = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink")
-        report.rates["countersink"] = rate
-        report.cpu_s_per_million = cpu / args.events * 1_000_000
-        say(f"countersink: {rate:,.0f} events/s, {report.cpu_s_per_million:.1f} CPU s per million events")
+        run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink", jvms)
+        report.rates["countersink"] = run_.rate
+        report.cpu_s_per_million = run_.cpu_s / args.events * 1_000_000
+        report.server_cpu_s_per_million = {name: cpu / args.events * 1_000_000
+                                           for name, cpu in run_.server_cpu_s.items()}
+        report.rows_per_event = run_.rows / args.events
+        say(f"countersink: {run_.rate:,.0f} events/s, {report.cpu_s_per_million:.1f} CPU s per million events, "
+            f"{report.rows_per_event:.2f} shard rows per event")
         report.checks = await check_values(cassandra, truth, 2000)
         say(f"checked count and sum of 2,000 symbols against the truth: {len(report.checks)} mismatched")
 
         say("2b/4 countersink again, flushing every 5 s instead of every second")
-        rate, _ = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink-5s",
-                                         flush_interval_s=5.0, flush_max_dirty=1_000_000)
-        report.rates["countersink, 5 s flushes"] = rate
+        run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink-5s", jvms,
+                                      flush_interval_s=5.0, flush_max_dirty=1_000_000)
+        report.rates["countersink, 5 s flushes"] = run_.rate
         report.notes["countersink, 5 s flushes"] = "`flush_interval_s=5`, `flush_max_dirty=1000000`"
-        say(f"countersink with 5 s flushes: {rate:,.0f} events/s")
+        say(f"countersink with 5 s flushes: {run_.rate:,.0f} events/s")
 
         say(f"3/4 Cassandra counter columns, one UPDATE per event ({args.native_seconds:.0f}s at most)")
         rate, done = await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.native_seconds)
@@ -640,7 +698,7 @@ async def run(args: argparse.Namespace) -> Report:
         if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
             say("countersink is under 0.6x the raw rate: profiling a consumer run")
             profile = STACK / "consumer.prof"
-            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", profile)
+            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile)
             report.profile = top_functions(profile)
     finally:
         kafka_server.stop()
@@ -668,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--native-seconds", type=float, default=60.0,
                         help="time budget of the counter-column run (it is measured over what it got through)")
     parser.add_argument("--quix-seconds", type=float, default=240.0, help="time budget of the Quix Streams run")
+    parser.add_argument("--warmup-seconds", type=float, default=40.0,
+                        help="Cassandra warm-up before the measured runs (0: none)")
     parser.add_argument("--read-rounds", type=int, default=2_000)
     parser.add_argument("--memory-instances", type=int, default=100_000)
     parser.add_argument("--recovery-instances", type=int, nargs="+", default=[10_000, 1_000_000])

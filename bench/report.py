@@ -186,12 +186,15 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         f"Kafka and no Cassandra (best of three over {min(report.events, 300_000):,} events): "
         f"**{report.apply_only:,.0f} events/s**, {report.apply_only / raw:.2f}× the raw consumption rate. "
         "That is the ceiling of countersink's per-event CPU work in Python before any I/O.",
-        f"- The consumer reached {cs / report.apply_only:.2f}× that ceiling. The rest goes to flushing: a flush "
-        "rewrites every instance touched since the last one as one Cassandra row, so its cost follows the keys "
-        f"touched. With {report.symbols:,} symbols × 3 counters most instances are touched between two "
-        "flushes, more than one row per event. Flushes run beside applying and send rows ten to a request, "
-        "but encoding the rows and driving the requests take the same Python thread as applying, and "
-        "Cassandra shares the machine's two cores with it.",
+        f"- The consumer reached {cs / report.apply_only:.2f}× that ceiling. It wrote "
+        f"{report.rows_per_event:.2f} shard rows per event: a flush rewrites every instance touched since the "
+        "last one, whole, so its cost follows the keys touched, and while a backlog remains flushes are spaced "
+        "out (`flush_spacing`) so that each folds in more events. Encoding rows and driving requests take the "
+        "same Python thread as applying.",
+        "- CPU seconds per million events during the countersink run: "
+        + ", ".join([f"consumer {report.cpu_s_per_million:.1f}"]
+                    + [f"{name} {cpu:.1f}" for name, cpu in report.server_cpu_s_per_million.items()])
+        + f". All three share the machine's {_cpus()} cores.",
         f"- Flushing less often folds more events into each row: the 5 s run reached "
         f"{report.rates.get('countersink, 5 s flushes', 0) / cs:.2f}× the 1 s run. On streams where keys repeat "
         "within a flush interval (most real streams are skewed), the rows per event fall accordingly.",
