@@ -11,11 +11,9 @@ import asyncio
 from pathlib import Path
 
 from consumer.service import ConsumerService
-from countersink.cli import run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.settings import Settings
-from schemas.definitions import load_definitions
-from schemas.errors import DefinitionError
 
 log = get_logger(__name__)
 
@@ -34,10 +32,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         updates["group_id"] = args.group
     if updates:
         settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
-    try:
-        counters = load_definitions(settings.consumer.counters_file)
-    except (DefinitionError, OSError) as exc:
-        log.error("definitions_refused", error=str(exc))
+    counters = load_definitions_or_refuse(settings.consumer.counters_file)
+    if counters is None:
         return 2
     return run_async(consume(settings, counters), graceful=True)
 

@@ -17,7 +17,10 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from countersink.settings import Settings
+    from schemas.definitions import CounterSet
 
 # subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``,
 # or, when it serves several subcommands, ``add_<name>_arguments`` and ``run_<name>``.
@@ -31,6 +34,20 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
 }
+
+
+def load_definitions_or_refuse(path: Path | str) -> CounterSet | None:
+    """The definitions file, or None after one ``definitions_refused`` log line naming the file, counter and
+    field (the caller exits 2, as for any usage error)."""
+    from countersink.logs import get_logger
+    from schemas.definitions import load_definitions
+    from schemas.errors import DefinitionError
+
+    try:
+        return load_definitions(path)
+    except (DefinitionError, OSError) as exc:
+        get_logger(__name__).error("definitions_refused", error=str(exc))
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,11 +119,15 @@ class CounterReader:
 
         This walks the token ring (``SELECT DISTINCT``): an operator's tool, not a hot path.
         """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
         keys: list[str] = []
         while len(keys) < limit:
+            # A page never holds more rows than keys still wanted: the next page starts right after the last
+            # key returned, so none is skipped or repeated.
             result = await self.client.execute(
                 "SELECT DISTINCT counter, key FROM shards", consistency=self.consistency,
-                page_size=max(limit, 100), page_state=page)
+                page_size=limit - len(keys), page_state=page)
             keys.extend(row["key"] for row in as_dicts(result) if row["counter"] == counter)
             page = result.page_state() if result.has_more_pages() else None
             if page is None:

@@ -24,12 +24,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from countersink.cassandra import CassandraClient, CassandraOverloadedError, CassandraUnavailableError
-from countersink.cli import run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
 from countersink.settings import Consistency, ServeSettings, Settings
-from schemas.definitions import NAME_PATTERN, CounterSet, load_definitions
+from schemas.definitions import NAME_PATTERN, CounterSet
 from schemas.events import DEFAULT_MAX_KEY_BYTES
 
 log = get_logger(__name__)
@@ -240,7 +240,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     serve_settings = settings.serve.model_copy(update={
         k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
-    counters = load_definitions(args.counters) if args.counters else None
+    counters = None
+    if args.counters:
+        counters = load_definitions_or_refuse(args.counters)
+        if counters is None:
+            return 2
     return run_async(serve(settings, serve_settings, counters, args.consistency), graceful=True)
 
 

@@ -142,7 +142,7 @@ class ConsumerSettings(_Section):
     flush_interval_s: float = Field(default=1.0, gt=0, le=3600)
     # While flushes take longer than flush_interval_s / flush_spacing and a backlog remains, they start
     # flush_spacing times the last one's duration apart: fewer, larger flushes (more events in each row).
-    flush_spacing: float = Field(default=4.0, ge=1, le=100)
+    flush_spacing: float = Field(default=10.0, ge=1, le=100)
     # also bounds what a takeover replays after a crash: the open window's instances are read and rewritten
     flush_max_dirty: int = Field(default=50_000, ge=1)
     # A mutator rotates (clean retire, fresh mutator) at this age, so the GC can fold its shards.

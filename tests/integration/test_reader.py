@@ -56,6 +56,29 @@ async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> No
         assert (keys, page) == (["IBM"], None)
 
 
+async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings: CassandraSettings) -> None:
+    """list_instances returns at most ``limit`` keys and a page token; following the tokens yields every key
+    of the counter once, and none of another counter."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        mutator = uuid.uuid4()
+        await store.write_shards(mutator, 1, [ShardWrite(counter, f"k{i:02d}", b"\x02\x01\x01", 0, True)
+                                              for counter in ("likes", "views") for i in range(23)])
+        reader = CounterReader(client)
+        seen: list[str] = []
+        pages = 0
+        page = None
+        while True:
+            keys, page = await reader.list_instances("likes", limit=5, page=page)
+            assert len(keys) <= 5
+            seen.extend(keys)
+            pages += 1
+            if page is None:
+                break
+    assert sorted(seen) == [f"k{i:02d}" for i in range(23)]
+    assert pages >= 5
+
+
 async def test_command_line_get_and_explain_json(cassandra_settings: CassandraSettings) -> None:
     """`countersink get --json` prints exact decimals as strings; `explain --json` lists the shards."""
     async with CassandraClient(cassandra_settings) as client:

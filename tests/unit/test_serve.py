@@ -6,14 +6,17 @@ client is never started, so any request that got past validation would fail with
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from structlog.testing import capture_logs
 
 from countersink.cassandra import CassandraClient
 from countersink.serve import ReadApi, openapi_document
-from countersink.settings import CassandraSettings, ServeSettings
+from countersink.serve import run as serve_command
+from countersink.settings import CassandraSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
 
 COUNTERS = parse_definitions('''
@@ -74,3 +77,17 @@ async def test_openapi_describes_both_reads(http: TestClient) -> None:  # type: 
             for media in response.get("content", {}).values():
                 ref = media["schema"]["$ref"].rsplit("/", 1)[1]
                 assert ref in served["components"]["schemas"]
+
+
+@pytest.mark.parametrize("content", [None, '[[counter]]\nname = "likes"\nkind = "count"\nlg_k = 12\n'])
+def test_a_missing_or_bad_definitions_file_exits_2_with_one_line(tmp_path, content: str | None) -> None:
+    """`serve --counters` refuses a missing or invalid file as `consume` does: exit 2, the file named, no
+    traceback, and no server started."""
+    path = tmp_path / "counters.toml"
+    if content is not None:
+        path.write_text(content)
+    args = argparse.Namespace(counters=path, host=None, port=None, consistency=None)
+    with capture_logs() as logs:
+        assert serve_command(args, Settings()) == 2
+    assert [entry["event"] for entry in logs] == ["definitions_refused"]
+    assert str(path) in logs[0]["error"]
