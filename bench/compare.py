@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     for variant in args.variants:
-        if not isinstance(json.loads(variant), dict):
+        try:
+            settings = json.loads(variant)
+        except json.JSONDecodeError as exc:
+            parser.error(f"{variant!r} is not JSON: {exc}")
+        if not isinstance(settings, dict):
             parser.error(f"{variant!r} is not a JSON object of consumer settings")
     configure_logging("WARNING", "console")
     try:

@@ -702,7 +702,10 @@ async def run(args: argparse.Namespace) -> Report:
         if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
             say("countersink is under 0.6x the raw rate: profiling a consumer run")
             profile = STACK / "consumer.prof"
-            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile)
+            # cProfile slows the event loop so much that a 6 s session times out, and the consumer then spends
+            # the run rebalancing (seen: 694 ownership changes, no progress); a long session keeps it in the group.
+            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile,
+                                   session_timeout_ms=60_000)
             report.profile = top_functions(profile)
     finally:
         kafka_server.stop()
