@@ -240,26 +240,31 @@ class CassandraStore:
         if batch:
             calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
         # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
-        # (idempotent) set after a failure. A fixed number of writers per flush, not one task per row: a flush
-        # of a hundred thousand rows must not queue them all for the client's in-flight slots at once (they
-        # would time out waiting, and each retry would queue them all again).
+        # (idempotent) set after a failure.
+        await self._run_bounded(calls)
+
+    async def _run_bounded(self, calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
+        """Run ``calls`` on a fixed number of workers, not one task each: a flush or replay of a hundred
+        thousand rows must not queue them all for the client's in-flight slots at once (they would time out
+        waiting, and each retry would queue them all again). Raises the first failure once every call in
+        flight has ended; the caller retries the whole (idempotent) set."""
         pending = iter(calls)
         failures: list[Exception] = []
 
-        async def writer() -> None:
+        async def worker() -> None:
             for call in pending:
                 if failures:
-                    return  # the set is retried whole: stop early, but never abandon a write in flight
+                    return  # the set is retried whole: stop early, but never abandon a call in flight
                 try:
                     await call()
                 except Exception as exc:
                     failures.append(exc)
                     return
 
-        # Half the client's in-flight slots per flush: one mutator alone keeps Cassandra busy, and several
+        # Half the client's in-flight slots per set: one mutator alone keeps Cassandra busy, and several
         # flushing at once wait for slots a few round trips at most, far below the queue timeout.
-        writers = max(1, self.client.settings.max_in_flight // 2)
-        await asyncio.gather(*(writer() for _ in range(min(len(calls), writers))))
+        workers = max(1, self.client.settings.max_in_flight // 2)
+        await asyncio.gather(*(worker() for _ in range(min(len(calls), workers))))
         if failures:
             raise failures[0]
 
@@ -283,28 +288,16 @@ class CassandraStore:
         chunks = [(counter, keys[i:i + _READ_KEYS_PER_REQUEST])
                   for counter, keys in by_counter.items() for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)]
         found: dict[tuple[str, str], StoredShard | None] = dict.fromkeys(instances)
-        failures: list[Exception] = []
-        pending = iter(chunks)
 
-        async def reader() -> None:
-            for counter, keys in pending:
-                if failures:
-                    return
-                try:
-                    result = await self.client.execute(
-                        "SELECT key, state, through_offset FROM shards WHERE counter = ? AND key IN ? "
-                        "AND mutator = ?", [counter, keys, mutator], consistency=self.read_cl)
-                except Exception as exc:
-                    failures.append(exc)
-                    return
-                for row in as_dicts(result):
-                    if row["state"] is not None:
-                        found[(counter, row["key"])] = StoredShard(row["state"], row["through_offset"])
+        async def read(counter: str, keys: list[str]) -> None:
+            result = await self.client.execute(
+                "SELECT key, state, through_offset FROM shards WHERE counter = ? AND key IN ? AND mutator = ?",
+                [counter, keys, mutator], consistency=self.read_cl)
+            for row in as_dicts(result):
+                if row["state"] is not None:
+                    found[(counter, row["key"])] = StoredShard(row["state"], row["through_offset"])
 
-        readers = max(1, self.client.settings.max_in_flight // 2)
-        await asyncio.gather(*(reader() for _ in range(min(len(chunks), readers))))
-        if failures:
-            raise failures[0]
+        await self._run_bounded([functools.partial(read, counter, keys) for counter, keys in chunks])
         return found
 
     async def register_mutator(self, record: MutatorRecord) -> bool:
