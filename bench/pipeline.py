@@ -452,15 +452,18 @@ def free_port() -> int:
 
 
 def applied_events(port: int) -> float | None:
+    progress = consumer_progress(port)
+    return None if progress is None else progress[0]
+
+
+def consumer_progress(port: int) -> tuple[float, float] | None:
+    """(events applied, flushes that wrote rows) of a consumer process; None while it serves no metrics."""
+    names = ("countersink_events_applied_total", "countersink_flush_seconds_count")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
+        values = metric_values(port, names)
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith("countersink_events_applied_total "):
-            return float(line.split()[1])
-    return None
+    return values.get(names[0], 0.0), values.get(names[1], 0.0)
 
 
 async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances: int, session_timeout_ms: int,
@@ -525,24 +528,27 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
                     await asyncio.sleep(0.05)
 
         feeder = asyncio.create_task(trickle())
-        answered_s = None
+        answered_s = applying_s = None
         try:
             while True:
                 await asyncio.sleep(0.1)
                 elapsed = time.monotonic() - killed
-                value = applied_events(port_b)
-                if value is not None and answered_s is None:
+                seen = consumer_progress(port_b)
+                if seen is not None and answered_s is None:
                     answered_s = elapsed
-                if value:
-                    break
+                if seen and seen[0] and applying_s is None:
+                    applying_s = elapsed
+                if seen and seen[1]:
+                    break  # its first flush: what it applied since the kill is readable
                 if elapsed > 120 or second.poll() is not None:
-                    raise RuntimeError(f"the replacement consumer applied nothing within {elapsed:.0f}s")
+                    raise RuntimeError(f"the replacement consumer applied {seen} within {elapsed:.0f}s")
         finally:
             stop_trickle.set()
             await feeder
         takeover = next((json.loads(line) for line in (STACK / f"{topic_group}-b.log").read_text().splitlines()
                          if '"partition_taken_over"' in line), {})
-        return {"seconds": elapsed, "process_up_s": answered_s or 0.0, "rss_mb_before_kill": rss_kb / 1024,
+        return {"seconds": applying_s or elapsed, "flushed_s": elapsed, "process_up_s": answered_s or 0.0,
+                "rss_mb_before_kill": rss_kb / 1024,
                 "replayed_records": float(takeover.get("replayed_records", 0)),
                 "replayed_instances": float(takeover.get("replayed_instances", 0)),
                 "takeover_s": float(takeover.get("seconds", 0))}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka import TopicPartition
 
 from consumer.protocol import Record
@@ -16,6 +18,9 @@ class KafkaRecordSource:
         self._consumer = make_consumer(settings, enable_auto_commit=False, group_id=None,
                                        auto_offset_reset="earliest", isolation_level="read_committed")
         self._started = False
+        # One range at a time: a read assigns and seeks the one consumer, and takeovers finishing in the
+        # background read concurrently with each other and with the loop's warm-ups.
+        self._reading = asyncio.Lock()
 
     async def start(self) -> None:
         if not self._started:
@@ -30,6 +35,10 @@ class KafkaRecordSource:
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         if last < first:
             return []
+        async with self._reading:
+            return await self._read(topic, partition, first, last)
+
+    async def _read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         await self.start()
         tp = TopicPartition(topic, partition)
         self._consumer.assign([tp])

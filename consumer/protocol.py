@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from consumer.store import MutatorRecord, PartitionId, ShardWrite, Store
+from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, Store
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update
@@ -354,23 +354,31 @@ class Takeover:
     previous_owner: uuid.UUID | None
 
 
-async def take_over(
-    store: Store,
-    source: RecordSource,
-    new: MutatorRecord,
-    applier_factory: Callable[[], Applier],
-    now_us: int,
-    initial_last_offset: int,
-    max_attempts: int = 20,
-) -> Takeover:
-    """Make ``new`` the owner of its partition, finishing whatever flush the previous owner left open.
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A partition's ownership row as ``new`` claimed it: what :func:`finish_take_over` still has to do."""
 
-    1. claim the ownership row by LWT (or create it, the first time);
-    2. if a window is open, replay it as its writer W: same shards, same timestamp, values completed from
-       each shard's ``through_offset``;
-    3. close the window by LWT naming ``new``;
-    4. retire W and the previous owner.
-    A crash anywhere leaves a row the next claimant finishes the same way.
+    new: MutatorRecord
+    row: PartitionRow | None  # None: the partition had no row, and ``new`` created it
+    initial_last_offset: int
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset the new mutator applies; it may start before the takeover is finished."""
+        return self.initial_last_offset + 1 if self.row is None else self.row.intent_offset + 1
+
+    @property
+    def finished(self) -> bool:
+        """Nothing left to replay, retire or close: a partition seen for the first time."""
+        return self.row is None
+
+
+async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_attempts: int = 20) -> Claim:
+    """Register ``new`` and claim the ownership row by LWT (or create it, the first time).
+
+    From here on no other mutator can open a window on the partition. ``new`` may apply records from
+    :attr:`Claim.start_offset` in memory at once, but must write nothing (no flush, no release) until
+    :func:`finish_take_over` has returned: the window the previous owner left open is still to be replayed.
     """
     pid = PartitionId(new.consumer_group, new.topic, new.partition)
     if not await store.register_mutator(new):
@@ -379,13 +387,20 @@ async def take_over(
         row = await store.read_partition(pid)
         if row is None:
             if await store.create_partition(pid, new.id, new.born_us, initial_last_offset):
-                return Takeover(initial_last_offset + 1, 0, 0, (), None)
+                return Claim(new, None, initial_last_offset)
             continue
         if row.owner == new.id or await store.claim_partition(pid, new.id, row):
-            break
-    else:
-        raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
+            return Claim(new, row, initial_last_offset)
+    raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
 
+
+async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
+                           applier_factory: Callable[[], Applier], now_us: int) -> Takeover:
+    """Finish what the previous owner left, as :func:`take_over` does after its claim."""
+    row, new = claimed.row, claimed.new
+    if row is None:
+        return Takeover(claimed.start_offset, 0, 0, (), None)
+    pid = PartitionId(new.consumer_group, new.topic, new.partition)
     replayed_records = replayed_instances = 0
     if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
         replayed_records, replayed_instances = await _replay_window(
@@ -401,11 +416,36 @@ async def take_over(
         await store.retire_mutator(row.window_mutator, retire_time((row.window_born_us or 0) + row.flush_seq, now_us))
         retired.append(row.window_mutator)
     if row.owner is not None and row.owner not in (new.id, row.window_mutator):
-        await store.retire_mutator(row.owner, now_us)  # a claimant that died before writing anything
+        # A claimant that died before writing anything (a claimant writes nothing until its takeover is
+        # finished, so one fenced by this claim has no shards either).
+        await store.retire_mutator(row.owner, now_us)
         retired.append(row.owner)
     if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
         raise FencedError(f"{pid} was claimed by another mutator during takeover")
-    return Takeover(row.intent_offset + 1, replayed_records, replayed_instances, tuple(retired), row.owner)
+    return Takeover(claimed.start_offset, replayed_records, replayed_instances, tuple(retired), row.owner)
+
+
+async def take_over(
+    store: Store,
+    source: RecordSource,
+    new: MutatorRecord,
+    applier_factory: Callable[[], Applier],
+    now_us: int,
+    initial_last_offset: int,
+    max_attempts: int = 20,
+) -> Takeover:
+    """Make ``new`` the owner of its partition, finishing whatever flush the previous owner left open.
+
+    1. claim the ownership row by LWT (or create it, the first time): :func:`claim`;
+    2. if a window is open, replay it as its writer W: same shards, same timestamp, values completed from
+       each shard's ``through_offset``;
+    3. close the window by LWT naming ``new``;
+    4. retire W and the previous owner (2-4: :func:`finish_take_over`).
+    A crash anywhere leaves a row the next claimant finishes the same way. The consumer runs the two halves
+    apart, applying new records in memory in between; this model of it writes exactly what that does.
+    """
+    claimed = await claim(store, new, initial_last_offset, max_attempts)
+    return await finish_take_over(store, source, claimed, applier_factory, now_us)
 
 
 async def _replay_window(
@@ -444,7 +484,7 @@ async def _replay_window(
 
 
 __all__: Sequence[str] = (
-    "Applier", "FencedError", "KafkaRecord", "Mutator", "MutatorExpiredError", "Outcome", "Record", "RecordSource",
-    "RetryWindow", "StaleRecordError", "Takeover",
-    "flush", "release", "retire_time", "take_over",
+    "Applier", "Claim", "FencedError", "KafkaRecord", "Mutator", "MutatorExpiredError", "Outcome", "Record",
+    "RecordSource", "RetryWindow", "StaleRecordError", "Takeover",
+    "claim", "finish_take_over", "flush", "release", "retire_time", "take_over",
 )

@@ -28,15 +28,18 @@ from aiokafka.structs import OffsetAndMetadata
 from consumer.kafka_source import KafkaRecordSource
 from consumer.protocol import (
     Applier,
+    Claim,
     FencedError,
     KafkaRecord,
     Mutator,
     MutatorExpiredError,
     Outcome,
     RetryWindow,
+    Takeover,
+    claim,
+    finish_take_over,
     flush,
     release,
-    take_over,
 )
 from consumer.store import CassandraStore, MutatorRecord, PartitionId
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
@@ -104,6 +107,9 @@ class ConsumerService:
         self._last_flush = time.monotonic()  # when the last flush started
         self._last_flush_took = 0.0
         self._flushing: asyncio.Task[list[tuple[TopicPartition, Mutator]]] | None = None
+        # Takeovers still replaying what the previous owner left, by new mutator: it applies meanwhile, but
+        # writes nothing until its takeover is finished (see _until_taken_over).
+        self._takeovers: dict[uuid.UUID, asyncio.Task[None]] = {}
         self.ready = False
         self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
 
@@ -292,6 +298,8 @@ class ConsumerService:
     async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """Flush one mutator, retrying while Cassandra is unavailable. True when the mutator is past its expiry
         (it wrote nothing; the caller replaces it)."""
+        if not await self._until_taken_over(mutator):
+            return False
         delay = 0.1
         while True:
             started = time.perf_counter()
@@ -371,7 +379,8 @@ class ConsumerService:
         return due
 
     async def _release_now(self, mutator: Mutator) -> None:
-        await release(self.store, mutator, now_us())
+        await self._until_taken_over(mutator)
+        await release(self.store, mutator, now_us())  # raises FencedError if the takeover was lost
 
     async def _rotate_if_due(self) -> None:
         for tp, reason in self._rotation_reasons().items():
@@ -411,6 +420,8 @@ class ConsumerService:
 
     async def _release_one(self, tp: TopicPartition, mutator: Mutator) -> None:
         try:
+            if not await self._until_taken_over(mutator):
+                return  # it lost the partition before its takeover was finished, and has nothing to hand over
             await release(self.store, mutator, now_us())
             log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
                      through=mutator.flushed_through)
@@ -461,6 +472,10 @@ class ConsumerService:
         return int((await self.consumer.beginning_offsets([tp]))[tp]) - 1
 
     async def _take_over(self, tp: TopicPartition, applier: Applier | None = None) -> Mutator:
+        """Claim ``tp`` for a fresh mutator and return it ready to apply from the claimed offset. What the
+        previous owner left (an open window to replay, mutators to retire) is finished in the background:
+        the new mutator applies meanwhile, so a takeover after a crash does not stop counting for as long as
+        the replay takes, and a rebalance callback does not hold the group up for it."""
         born = now_us()
         record = MutatorRecord(
             id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
@@ -472,21 +487,51 @@ class ConsumerService:
                            RetryWindow(self.config.retry_window_records))
 
         started = time.monotonic()
-        result = await take_over(self.store, self.source, record, fresh_applier, now_us(),
-                                 await self._initial_last_offset(tp))
+        claimed = await claim(self.store, record, await self._initial_last_offset(tp))
         if applier is None:
             applier = fresh_applier()
-            await applier.warm_up(self.source, result.start_offset)
+            await applier.warm_up(self.source, claimed.start_offset)
         mutator = Mutator(record, PartitionId(self.config.group_id, tp.topic, tp.partition), applier,
-                          applied_through=result.start_offset - 1, flushed_through=result.start_offset - 1)
+                          applied_through=claimed.start_offset - 1, flushed_through=claimed.start_offset - 1)
         self.mutators[tp] = mutator
         METRICS.ownership_changes.inc()
         METRICS.live_mutators.set(len(self.mutators))
-        log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(record.id),
+        if claimed.finished:
+            self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
+                                                                     now_us()), started)
+        else:
+            task = asyncio.create_task(self._finish_take_over(tp, mutator, claimed, fresh_applier, started))
+            self._takeovers[record.id] = task
+            # Forgotten once it succeeds; a failure stays for whoever waits on it next, to raise.
+            task.add_done_callback(
+                lambda done: None if done.cancelled() or done.exception() is not None
+                else self._takeovers.pop(record.id, None))
+        return mutator
+
+    async def _finish_take_over(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
+                                applier_factory: Callable[[], Applier], started: float) -> None:
+        try:
+            result = await self._until_done("takeover", tp, lambda: finish_take_over(
+                self.store, self.source, claimed, applier_factory, now_us()))
+        except FencedError as exc:
+            self._drop(tp, mutator, str(exc))  # another member claimed it meanwhile; this one wrote nothing
+            return
+        self._log_taken_over(tp, mutator, result, started)
+
+    def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
+        log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
                  start_offset=result.start_offset, previous_owner=str(result.previous_owner),
                  replayed_records=result.replayed_records, replayed_instances=result.replayed_instances,
                  retired=[str(m) for m in result.retired], seconds=round(time.monotonic() - started, 3))
-        return mutator
+
+    async def _until_taken_over(self, mutator: Mutator) -> bool:
+        """Wait until ``mutator``'s takeover is finished; it must write nothing before. False when it lost its
+        partition meanwhile. Raises what made the takeover fail otherwise."""
+        task = self._takeovers.get(mutator.id)
+        if task is not None:
+            await asyncio.wait([task])  # never cancels it: a flush or release waiting here may be cancelled
+            task.result()
+        return not mutator.fenced
 
     # -------------------------------------------------------------------------------------- shutdown
 
@@ -504,6 +549,8 @@ class ConsumerService:
                     # The releases above flushed everything again; this only says why the earlier one failed.
                     log.warning("flush_failed_before_stop", error=str(task.exception()))
         finally:
+            for unfinished in self._takeovers.values():
+                unfinished.cancel()  # only those of mutators dropped before anything waited for them
             for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
                           self.cassandra.stop):
                 with contextlib.suppress(Exception):

@@ -37,11 +37,14 @@ from hypothesis.stateful import (
 from consumer.protocol import (
     MIN_LIFETIME_US,
     Applier,
+    Claim,
     FencedError,
     Mutator,
     RetryWindow,
     StaleRecordError,
     Takeover,
+    claim,
+    finish_take_over,
     flush,
     release,
     take_over,
@@ -746,3 +749,54 @@ def test_a_quiet_flush_by_a_replaced_owner_is_fenced() -> None:
     assert isinstance(failed.error, FencedError)
     assert mutator.fenced
     assert store.partitions[PID].owner == uuid.UUID(int=2)
+
+
+def _claimed_mutator(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[Mutator, Claim]:
+    """A claimant as the consumer runs one: claimed, warmed up, and applying before its takeover is finished."""
+    record = MutatorRecord(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
+                           born_us=born_us, expires_us=born_us + 10**12)
+    claimed: Claim = run(claim(store, record, -1))
+    fresh = applier()
+    run(fresh.warm_up(log, claimed.start_offset))
+    return Mutator(record, PID, fresh, applied_through=claimed.start_offset - 1,
+                   flushed_through=claimed.start_offset - 1), claimed
+
+
+def test_a_claimant_applies_before_its_takeover_is_finished() -> None:
+    """The consumer applies new records while the takeover replays the open window behind them: both the
+    replayed window and what was applied meanwhile count once."""
+    store, log = MemoryStore(), _ibm_log(6)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    _consume_and_flush(store, log, a, a_task.finish().result, 2, EPOCH_US)  # A dies with 0..2's window open
+    b, claimed = _claimed_mutator(store, log, 2, EPOCH_US + 10)
+    assert claimed.start_offset == 3
+    assert not claimed.finished
+    for record in log.records[3:]:
+        b.apply(record)
+    result: Takeover = run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20))
+    assert result.replayed_records == 3
+    assert run(flush(store, b, EPOCH_US + 30)) == 2  # trades and shares of IBM
+    assert _stored(store, a.id) == (3, 2)
+    assert _stored(store, b.id) == (3, 5)
+
+
+def test_a_claimant_fenced_before_finishing_its_takeover_writes_nothing() -> None:
+    """B claims and applies, C claims before B's takeover is finished: B's finish is fenced, and what B
+    applied in memory is never written; C replays A's window and counts 3..5 itself."""
+    store, log = MemoryStore(), _ibm_log(6)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    _consume_and_flush(store, log, a, a_task.finish().result, 2, EPOCH_US)
+    b, b_claim = _claimed_mutator(store, log, 2, EPOCH_US + 10)
+    for record in log.records[3:]:
+        b.apply(record)
+    c, c_claim = _claimed_mutator(store, log, 3, EPOCH_US + 20)
+    lost = Task("b.finish", finish_take_over(store, log, b_claim, applier, EPOCH_US + 30)).finish()
+    assert isinstance(lost.error, FencedError)
+    run(finish_take_over(store, log, c_claim, applier, EPOCH_US + 40))
+    for record in log.records[3:]:
+        c.apply(record)
+    run(flush(store, c, EPOCH_US + 50))
+    assert _stored(store, a.id) == (3, 2)
+    assert _stored(store, c.id) == (3, 5)
+    assert all(shard.mutator != b.id for shard in store.snapshot("trades", "IBM").shards)
+    assert store.mutators[b.id].retired_us is not None  # C's finish retired the claimant it fenced
