@@ -514,7 +514,8 @@ class ConsumerService:
             result = await self._until_done("takeover", tp, lambda: finish_take_over(
                 self.store, self.source, claimed, applier_factory, now_us()))
         except FencedError as exc:
-            self._drop(tp, mutator, str(exc))  # another member claimed it meanwhile; this one wrote nothing
+            mutator.fenced = True  # another member claimed it meanwhile; this one wrote nothing, and never will
+            self._drop(tp, mutator, str(exc))
             return
         self._log_taken_over(tp, mutator, result, started)
 

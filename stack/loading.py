@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_consumer, make_producer
@@ -33,13 +34,28 @@ def child_env(kafka: KafkaSettings, cassandra: CassandraSettings, **sections: di
     return env
 
 
-async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes]) -> None:
+async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes], connect_attempts: int = 10) -> None:
     """Publish in order, each keyed by its own content: a retrying publisher re-sends the same record with
-    the same key, so a retry lands in the same partition as the original."""
-    async with make_producer(settings) as producer:
+    the same key, so a retry lands in the same partition as the original.
+
+    A broker that is restarting (the chaos run restarts it while publishing) refuses the connection: the
+    producer is started again, a second apart, before anything is sent, so no record goes out twice."""
+    for attempt in range(1, connect_attempts + 1):
+        producer = make_producer(settings)
+        try:
+            await producer.start()
+            break
+        except KafkaConnectionError:
+            await producer.stop()
+            if attempt == connect_attempts:
+                raise
+            await asyncio.sleep(1.0)
+    try:
         deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest())
                       for event in events]
         await asyncio.gather(*deliveries)
+    finally:
+        await producer.stop()
 
 
 async def end_offsets(settings: KafkaSettings, partitions: dict[str, int]) -> dict[TopicPartition, int]:
