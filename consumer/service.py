@@ -110,6 +110,7 @@ class ConsumerService:
         # Takeovers still replaying what the previous owner left, by new mutator: it applies meanwhile, but
         # writes nothing until its takeover is finished (see _until_taken_over).
         self._takeovers: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._warming: set[uuid.UUID] = set()  # new mutators whose retry window is not rebuilt yet: not applying
         self.ready = False
         self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
 
@@ -174,8 +175,8 @@ class ConsumerService:
                 for tp, messages in batches.items():
                     # None when the partition was revoked after this batch was fetched
                     mutator = self.mutators.get(tp)
-                    if mutator is None or mutator.fenced:
-                        continue
+                    if mutator is None or mutator.fenced or mutator.id in self._warming:
+                        continue  # a warming mutator's partition is read again from its start once it is warm
                     await self._apply(tp, mutator, messages)
                     highwater = self.consumer.highwater(tp)
                     if highwater is not None:
@@ -352,7 +353,6 @@ class ConsumerService:
         any window the old one left open, then retiring it) and its unflushed records are read again."""
         # Each attempt registers a fresh mutator: a takeover never reuses a record.
         successor = await self._until_done("takeover", tp, functools.partial(self._take_over, tp))
-        self.consumer.seek(tp, successor.applied_through + 1)
         METRICS.expiries.inc()
         log.warning("mutator_expired", topic=tp.topic, partition=tp.partition, old=str(mutator.id),
                     new=str(successor.id), rereading_from=successor.applied_through + 1,
@@ -457,10 +457,9 @@ class ConsumerService:
                     log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
                     mutator = None
                     break
-            if mutator is not None:
-                self.consumer.seek(tp, mutator.applied_through + 1)
+            if mutator is not None and mutator.id not in self._warming:
                 with contextlib.suppress(Exception):
-                    self.consumer.resume(tp)
+                    self.consumer.resume(tp)  # a fenced mutator's partition was paused
 
     async def _initial_last_offset(self, tp: TopicPartition) -> int:
         """First assignment ever: continue from the group's committed offset, else the reset policy."""
@@ -472,10 +471,16 @@ class ConsumerService:
         return int((await self.consumer.beginning_offsets([tp]))[tp]) - 1
 
     async def _take_over(self, tp: TopicPartition, applier: Applier | None = None) -> Mutator:
-        """Claim ``tp`` for a fresh mutator and return it ready to apply from the claimed offset. What the
-        previous owner left (an open window to replay, mutators to retire) is finished in the background:
-        the new mutator applies meanwhile, so a takeover after a crash does not stop counting for as long as
-        the replay takes, and a rebalance callback does not hold the group up for it."""
+        """Claim ``tp`` for a fresh mutator and return it. The rest runs in the background, so that a rebalance
+        callback taking a dozen partitions returns within a heartbeat (it had taken a second per partition
+        here, and a callback longer than the session timeout got the member evicted, over and over):
+
+        - a fresh applier's publisher-retry window is rebuilt from the records before the start offset; the
+          partition stays paused until then, and is then read from the start offset;
+        - what the previous owner left (an open window to replay, mutators to retire) is finished while the
+          new mutator applies: a takeover after a crash does not stop counting for as long as the replay takes.
+
+        The new mutator writes nothing (no flush, no release) before both are done: see _until_taken_over."""
         born = now_us()
         record = MutatorRecord(
             id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
@@ -488,28 +493,40 @@ class ConsumerService:
 
         started = time.monotonic()
         claimed = await claim(self.store, record, await self._initial_last_offset(tp))
-        if applier is None:
-            applier = fresh_applier()
-            await applier.warm_up(self.source, claimed.start_offset)
-        mutator = Mutator(record, PartitionId(self.config.group_id, tp.topic, tp.partition), applier,
+        warm = applier is not None
+        mutator = Mutator(record, PartitionId(self.config.group_id, tp.topic, tp.partition),
+                          applier if applier is not None else fresh_applier(),
                           applied_through=claimed.start_offset - 1, flushed_through=claimed.start_offset - 1)
         self.mutators[tp] = mutator
         METRICS.ownership_changes.inc()
         METRICS.live_mutators.set(len(self.mutators))
-        if claimed.finished:
+        if warm and claimed.finished:
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
                                                                      now_us()), started)
-        else:
-            task = asyncio.create_task(self._finish_take_over(tp, mutator, claimed, fresh_applier, started))
-            self._takeovers[record.id] = task
-            # Forgotten once it succeeds; a failure stays for whoever waits on it next, to raise.
-            task.add_done_callback(
-                lambda done: None if done.cancelled() or done.exception() is not None
-                else self._takeovers.pop(record.id, None))
+            return mutator
+        if not warm:
+            self._warming.add(record.id)
+            with contextlib.suppress(Exception):
+                self.consumer.pause(tp)
+        task = asyncio.create_task(self._complete_take_over(tp, mutator, claimed, fresh_applier, started))
+        self._takeovers[record.id] = task
+        # Forgotten once it succeeds; a failure stays for whoever waits on it next, to raise.
+        task.add_done_callback(
+            lambda done: None if done.cancelled() or done.exception() is not None
+            else self._takeovers.pop(record.id, None))
         return mutator
 
-    async def _finish_take_over(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
-                                applier_factory: Callable[[], Applier], started: float) -> None:
+    async def _complete_take_over(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
+                                  applier_factory: Callable[[], Applier], started: float) -> None:
+        if mutator.id in self._warming:
+            await self._when_kafka_answers(tp, functools.partial(mutator.applier.warm_up, self.source,
+                                                                 claimed.start_offset))
+            self._warming.discard(mutator.id)
+            if self.mutators.get(tp) is mutator and not mutator.fenced:
+                # Records fetched before the pause were skipped: read on from what is applied.
+                with contextlib.suppress(Exception):
+                    self.consumer.seek(tp, mutator.applied_through + 1)
+                    self.consumer.resume(tp)
         try:
             result = await self._until_done("takeover", tp, lambda: finish_take_over(
                 self.store, self.source, claimed, applier_factory, now_us()))
@@ -518,6 +535,19 @@ class ConsumerService:
             self._drop(tp, mutator, str(exc))
             return
         self._log_taken_over(tp, mutator, result, started)
+
+    async def _when_kafka_answers(self, tp: TopicPartition, step: Callable[[], Awaitable[None]]) -> None:
+        """Run a read of Kafka again while the broker is away (a restart), as flushes wait for Cassandra."""
+        delay = 0.2
+        while True:
+            try:
+                return await step()
+            except KafkaError as exc:
+                if self._stopping.is_set() and delay >= self.config.flush_retry_max_s:
+                    raise
+                log.warning("warm_up_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.flush_retry_max_s)
 
     def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
         log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),

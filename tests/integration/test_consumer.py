@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from consumer.kafka_source import KafkaRecordSource
+from consumer.protocol import Record
 from consumer.service import ConsumerService
 from countersink.kafka import make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
@@ -313,4 +315,73 @@ async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
             await runner
             await service.stop()
     assert any(entry["event"] == "mutator_expired" for entry in logs)
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
+
+
+class _HeldSource:
+    """The service's own record source, held shut until the test opens it: a slow read, made deterministic."""
+
+    def __init__(self, inner: KafkaRecordSource) -> None:
+        self.inner = inner
+        self.open = asyncio.Event()
+        self.held = 0
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+        self.held += 1
+        await self.open.wait()
+        return await self.inner.read(topic, partition, first, last)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+
+async def test_a_takeover_claims_at_once_and_applies_only_once_its_retry_window_is_rebuilt(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A consumer taking over partitions must rebuild each one's publisher-retry window from records already
+    counted before it applies anything. Its rebalance callback returns with every partition claimed while
+    those reads are still held (a callback that read them itself took longer than the session timeout with
+    a dozen partitions, and the group evicted the member over and over); nothing is applied meanwhile; once
+    the reads go through, the rest counts exactly, retries of records counted before included."""
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    events, truth = make_events(1200, duplicates=150, seed=21)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    await publish(kafka_settings, topic, events[:700])
+    first = ConsumerService(settings, load_definitions(counters))
+    await first.start()
+    runner = asyncio.create_task(first.run())
+    try:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+    finally:
+        first.request_stop()
+        await runner
+        await first.stop()
+
+    await publish(kafka_settings, topic, events[700:])
+    second = ConsumerService(settings, load_definitions(counters))
+    held = _HeldSource(second.source)
+    second.source = held  # type: ignore[assignment]
+    await second.start()
+    runner = asyncio.create_task(second.run())
+    try:
+        for _ in range(600):  # up to a minute for the group to form
+            if len(second.mutators) == 3 and held.held == 3:
+                break
+            await asyncio.sleep(0.1)
+        assert len(second.mutators) == 3, "the rebalance callback did not return while the reads were held"
+        assert held.held == 3
+        await asyncio.sleep(2)  # records of the new events have been fetched by now, and must wait
+        assert all(m.applied_through == m.flushed_through for m in second.mutators.values())
+        held.open.set()
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+    finally:
+        held.open.set()
+        second.request_stop()
+        await runner
+        await second.stop()
     assert await read_values(cassandra_settings, truth) == expected_values(truth)
