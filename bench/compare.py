@@ -2,7 +2,8 @@
 
     python -m bench.compare '{"flush_spacing": 4}' '{"flush_spacing": 10}' [--events 2000000] [--repeat 2]
 
-Each variant is a JSON object of consumer settings (``COUNTERSINK_CONSUMER__*`` names, lower case). The topic
+Each variant is a JSON object of consumer settings (``COUNTERSINK_CONSUMER__*`` names, lower case), plus
+``"processes": N`` to run N consumer processes in one group (default 1). The topic
 is ``make bench``'s (JSON trades keyed by symbol); each run gets a fresh keyspace and group, consumes the
 whole topic until every record is flushed, and has count and sum of a sample of symbols checked against the
 truth. Prints events per second, the ratio to raw consumption measured in the same run, consumer CPU, shard

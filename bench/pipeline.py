@@ -36,6 +36,7 @@ import time
 import urllib.request
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ TOPIC = "bench-trades"
 RECOVERY_TOPIC = "bench-recovery"
 COMMAND = "make bench"
 SPACING_4 = "countersink, flush_spacing 4"
+TWO_PROCESSES = "countersink, 2 processes"
 
 
 def say(message: str) -> None:
@@ -207,10 +209,18 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_consumer(env: dict[str, str], log_name: str, profile_to: Path | None = None) -> subprocess.Popen[bytes]:
-    command = [sys.executable, *(["-m", "cProfile", "-o", str(profile_to)] if profile_to else []), "-m", "consumer"]
+def start_consumer(env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
     with open(STACK / log_name, "ab") as log:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
+        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=ROOT, env=env, stdout=log, stderr=log)
+
+
+def sample_stacks(pid: int, to: Path) -> subprocess.Popen[bytes]:
+    """py-spy samples ``pid``'s Python stacks from outside (100 a second, without pausing it) until it exits,
+    and writes them collapsed to ``to``: unlike cProfile, the consumer runs at its own speed meanwhile."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    with open(STACK / "py-spy.log", "ab") as log:
+        return subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
+                                 "--full-filenames", "--format", "raw", "--output", str(to)], stdout=log, stderr=log)
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 60) -> int:
@@ -238,38 +248,48 @@ def metric_values(port: int, names: tuple[str, ...]) -> dict[str, float]:
 @dataclass
 class ConsumerRun:
     rate: float  # events per second, start to clean exit
-    cpu_s: float  # user + system CPU of the consumer process
+    cpu_s: float  # user + system CPU of the consumer processes
     rows: float  # shard rows written until every record was flushed
     server_cpu_s: dict[str, float]  # CPU the Kafka and Cassandra processes used meanwhile
 
 
 async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
                            group: str, servers_by_name: dict[str, int], profile_to: Path | None = None,
-                           **consumer: object) -> ConsumerRun:
-    """Events per second until the last record of every partition is flushed, and what it cost."""
+                           processes: int = 1, **consumer: object) -> ConsumerRun:
+    """Events per second until the last record of every partition is flushed, and what it cost. With
+    ``processes`` > 1, that many consumers in one group share the partitions (figures are their sums)."""
     counters = STACK / "counters.toml"
     counters.write_text(definitions(TOPIC))
-    port = free_port()
-    env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters, "health_port": port,
-                                                **consumer}, gc={"health_port": 0})
-    env["COUNTERSINK_LOG_LEVEL"] = "WARNING"
+    ports = [free_port() for _ in range(processes)]
     ends = await end_offsets(kafka, {TOPIC: partitions})
     servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
     started = time.monotonic()
-    process = start_consumer(env, f"{group}.log", profile_to)
+    running: list[subprocess.Popen[bytes]] = []
     try:
+        for n, port in enumerate(ports):
+            env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters,
+                                                        "health_port": port, **consumer}, gc={"health_port": 0})
+            env["COUNTERSINK_LOG_LEVEL"] = os.environ.get("BENCH_CONSUMER_LOG_LEVEL", "WARNING")
+            running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log"))
+        sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
         await wait_until_flushed(cassandra, group, ends, 1800,
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
-        cpu = proc_cpu_s(process.pid)
-        rows = metric_values(port, ("countersink_flush_rows_sum",)).get("countersink_flush_rows_sum", 0.0)
+        cpu = sum(proc_cpu_s(process.pid) for process in running)
+        rows = sum(metric_values(port, ("countersink_flush_rows_sum",)).get("countersink_flush_rows_sum", 0.0)
+                   for port in ports)
         server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
     finally:
         # The last window's writes may still be in flight when its intent shows the end: the run ends when
-        # the consumer has shut down cleanly, its final flush written and committed.
-        code = stop_process(process)
+        # every consumer has shut down cleanly, its final flush written and committed.
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        codes = [stop_process(process) for process in running]
     elapsed = time.monotonic() - started
-    if code != 0:
-        raise RuntimeError(f"the countersink consumer exited {code}; see {STACK / f'{group}.log'}")
+    if sampler is not None and sampler.wait(timeout=60) != 0:
+        raise RuntimeError(f"py-spy exited {sampler.returncode}; see {STACK / 'py-spy.log'}")
+    if any(codes):
+        raise RuntimeError(f"countersink consumers exited {codes}; see {STACK / group}*.log")
     return ConsumerRun(total / elapsed, cpu, rows, server_cpu)
 
 
@@ -668,6 +688,15 @@ async def run(args: argparse.Namespace) -> Report:
                                    "million events")
         say(f"countersink with flush_spacing 4: {run_.rate:,.0f} events/s")
 
+        say("2c/4 countersink with two consumer processes in one group")
+        run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-countersink-2-processes",
+                                      jvms, processes=2)
+        report.rates[TWO_PROCESSES] = run_.rate
+        report.notes[TWO_PROCESSES] = (f"consumers {run_.cpu_s / args.events * 1e6:.1f}, Cassandra "
+                                       f"{run_.server_cpu_s.get('Cassandra', 0) / args.events * 1e6:.1f} "
+                                       "CPU s per million events")
+        say(f"countersink with two processes: {run_.rate:,.0f} events/s")
+
         say(f"3/4 Cassandra counter columns, one UPDATE per event ({args.native_seconds:.0f}s at most)")
         rate, done = await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.native_seconds)
         report.rates["Cassandra counter columns"] = rate
@@ -706,13 +735,10 @@ async def run(args: argparse.Namespace) -> Report:
             say(f"recovered in {result['seconds']:.1f}s")
 
         if report.rates["countersink"] < 0.6 * report.rates["raw aiokafka"] and args.profile:
-            say("countersink is under 0.6x the raw rate: profiling a consumer run")
-            profile = STACK / "consumer.prof"
-            # cProfile slows the event loop so much that a 6 s session times out, and the consumer then spends
-            # the run rebalancing (seen: 694 ownership changes, no progress); a long session keeps it in the group.
-            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile,
-                                   session_timeout_ms=60_000)
-            report.profile = top_functions(profile)
+            say("countersink is under 0.6x the raw rate: the consumer run again, its stacks sampled by py-spy")
+            profile = STACK / "consumer-stacks.txt"
+            await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile)
+            report.profile = profile_table(profile)
     finally:
         kafka_server.stop()
         cassandra_node.stop()
@@ -720,14 +746,44 @@ async def run(args: argparse.Namespace) -> Report:
     return report
 
 
-def top_functions(path: Path, limit: int = 25) -> str:
-    import io
-    import pstats
+def profile_table(path: Path, limit: int = 22) -> str:
+    """The functions holding most samples of py-spy's collapsed stacks: own share (the function itself was
+    running) and total share (it was on the stack), as a Markdown table."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = [_frame_name(frame) for frame in stack.split(";")]
+        own[frames[-1]] += n
+        for frame in set(frames):
+            total[frame] += n
+    if not samples:
+        raise RuntimeError(f"py-spy recorded no samples in {path}")
+    rows = [f"| `{name}` | {n / samples:.1%} | {total[name] / samples:.1%} |" for name, n in own.most_common(limit)]
+    return "\n".join([f"{samples:,} samples of the consumer's main thread.", "",
+                      "| function | own | total |", "|---|---:|---:|", *rows])
 
-    out = io.StringIO()
-    pstats.Stats(str(path), stream=out).strip_dirs().sort_stats("tottime").print_stats(limit)
-    text = out.getvalue()
-    return text[text.find("   ncalls"):].rstrip() if "   ncalls" in text else text
+
+def _frame_name(frame: str) -> str:
+    """``apply (<repo>/consumer/protocol.py:212)`` -> ``consumer/protocol.py: apply``: paths relative to the
+    repository or to site-packages (``aiokafka/consumer/fetcher.py``), else the last two parts
+    (``asyncio/events.py``); py-spy's idle frames stay as they are."""
+    name, _, where = frame.partition(" (")
+    if not where:
+        return frame
+    path = where.rsplit(":", 1)[0]
+    if "site-packages/" in path:
+        path = path.split("site-packages/", 1)[1]
+    elif path.startswith(f"{ROOT}/"):
+        path = path.removeprefix(f"{ROOT}/")
+    else:
+        path = "/".join(path.split("/")[-2:])
+    return f"{path}: {name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -745,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-instances", type=int, default=100_000)
     parser.add_argument("--recovery-instances", type=int, nargs="+", default=[10_000, 1_000_000])
     parser.add_argument("--no-profile", dest="profile", action="store_false",
-                        help="skip the profiled consumer run made when a target is missed")
+                        help="skip the consumer run sampled by py-spy, made when a target is missed")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")
     parser.add_argument("--out", type=Path, default=RESULTS)
