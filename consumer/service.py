@@ -324,14 +324,16 @@ class ConsumerService:
                 METRICS.flush_rows.observe(rows)
             return False
 
-    async def _until_done(self, what: str, tp: TopicPartition, step: Callable[[], Awaitable[T]]) -> T:
-        """Run one idempotent protocol step, retrying while Cassandra is unavailable (consumption waits).
-        While stopping, the error propagates once the retry pause has reached its maximum."""
+    async def _until_done(self, what: str, tp: TopicPartition, step: Callable[[], Awaitable[T]],
+                          unavailable: tuple[type[Exception], ...] = (CassandraUnavailableError,)) -> T:
+        """Run one idempotent step, retrying while the server it needs is unavailable (Cassandra unless
+        ``unavailable`` says otherwise; consumption waits). While stopping, the error propagates once the retry
+        pause has reached its maximum."""
         delay = 0.1
         while True:
             try:
                 return await step()
-            except CassandraUnavailableError as exc:
+            except unavailable as exc:
                 log.warning(f"{what}_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
                 if self._stopping.is_set() and delay >= self.config.flush_retry_max_s:
                     raise
@@ -519,8 +521,9 @@ class ConsumerService:
     async def _complete_take_over(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                   applier_factory: Callable[[], Applier], started: float) -> None:
         if mutator.id in self._warming:
-            await self._when_kafka_answers(tp, functools.partial(mutator.applier.warm_up, self.source,
-                                                                 claimed.start_offset))
+            # Reads Kafka again: retried while the broker is away (a restart), as flushes wait for Cassandra.
+            await self._until_done("warm_up", tp, functools.partial(mutator.applier.warm_up, self.source,
+                                                                    claimed.start_offset), (KafkaError,))
             self._warming.discard(mutator.id)
             if self.mutators.get(tp) is mutator and not mutator.fenced:
                 # Records fetched before the pause were skipped: read on from what is applied.
@@ -535,19 +538,6 @@ class ConsumerService:
             self._drop(tp, mutator, str(exc))
             return
         self._log_taken_over(tp, mutator, result, started)
-
-    async def _when_kafka_answers(self, tp: TopicPartition, step: Callable[[], Awaitable[None]]) -> None:
-        """Run a read of Kafka again while the broker is away (a restart), as flushes wait for Cassandra."""
-        delay = 0.2
-        while True:
-            try:
-                return await step()
-            except KafkaError as exc:
-                if self._stopping.is_set() and delay >= self.config.flush_retry_max_s:
-                    raise
-                log.warning("warm_up_retry", topic=tp.topic, partition=tp.partition, error=str(exc), wait_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.flush_retry_max_s)
 
     def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
         log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
