@@ -223,8 +223,9 @@ def sample_stacks(pid: int, to: Path) -> subprocess.Popen[bytes]:
                                  "--full-filenames", "--format", "raw", "--output", str(to)], stdout=log, stderr=log)
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 60) -> int:
-    if process.poll() is None:
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 60, *, signalled: bool = False) -> int:
+    """SIGTERM (unless ``signalled`` already), then its exit code; killed if it takes over ``timeout``."""
+    if not signalled and process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
         return process.wait(timeout=timeout)
@@ -284,7 +285,8 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
         for process in running:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        codes = [stop_process(process) for process in running]
+        # Once each: a second SIGTERM that lands after a consumer's handler is gone kills it mid-exit (-15).
+        codes = [stop_process(process, signalled=True) for process in running]
     elapsed = time.monotonic() - started
     if sampler is not None and sampler.wait(timeout=60) != 0:
         raise RuntimeError(f"py-spy exited {sampler.returncode}; see {STACK / 'py-spy.log'}")
