@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -10,10 +11,12 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
@@ -135,3 +138,16 @@ def expected_values(truth: Truth) -> dict[str, dict[str, object]]:
         "shares_traded": dict(truth.qty),
         "notional": dict(truth.notional),
     }
+
+
+@contextlib.asynccontextmanager
+async def running(service: ConsumerService) -> AsyncIterator[ConsumerService]:
+    """The service started and its loop running for the body; then stopped as a shutdown stops it."""
+    await service.start()
+    runner = asyncio.create_task(service.run())
+    try:
+        yield service
+    finally:
+        service.request_stop()
+        await runner
+        await service.stop()

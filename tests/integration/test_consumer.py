@@ -25,6 +25,7 @@ from tests.integration.consumer_support import (
     expected_values,
     make_events,
     read_values,
+    running,
     start_consumer,
     wait_until_started,
     write_definitions,
@@ -69,15 +70,8 @@ async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(
     await publish(kafka_settings, topic, events)
     settings = _settings(kafka_settings, cassandra_settings, group, counters)
 
-    service = ConsumerService(settings, load_definitions(counters))
-    await service.start()
-    runner = asyncio.create_task(service.run())
-    try:
+    async with running(ConsumerService(settings, load_definitions(counters))):
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
-    finally:
-        service.request_stop()
-        await runner
-        await service.stop()
 
     assert await read_values(cassandra_settings, truth) == expected_values(truth)
     dead = await _dead_letters(kafka_settings, f"dlq-{group}", truth.malformed)
@@ -269,19 +263,12 @@ async def test_rotation_keeps_counts_exact(
     counters = write_definitions(tmp_path, topic)
     settings = _settings(kafka_settings, cassandra_settings, group, counters, **limits)
     events, truth = make_events(5000, symbols=400, duplicates=80, seed=13)
-    service = ConsumerService(settings, load_definitions(counters))
-    await service.start()
-    runner = asyncio.create_task(service.run())
     with capture_logs() as logs:
-        try:
+        async with running(ConsumerService(settings, load_definitions(counters))):
             for i in range(0, len(events), 1000):
                 await publish(kafka_settings, topic, events[i:i + 1000])
                 await asyncio.sleep(1.5)
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
-        finally:
-            service.request_stop()
-            await runner
-            await service.stop()
     rotations = [entry for entry in logs if entry["event"] == "mutator_rotated"]
     assert len(rotations) >= 2
     assert {entry["reason"] for entry in rotations} == {reason}
@@ -298,11 +285,8 @@ async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
     counters = write_definitions(tmp_path, topic)
     settings = _settings(kafka_settings, cassandra_settings, group, counters, flush_interval_s=1.0)
     events, truth = make_events(3000, duplicates=60, seed=17)
-    service = ConsumerService(settings, load_definitions(counters))
-    await service.start()
-    runner = asyncio.create_task(service.run())
     with capture_logs() as logs:
-        try:
+        async with running(ConsumerService(settings, load_definitions(counters))) as service:
             await publish(kafka_settings, topic, events[:1000])
             await asyncio.sleep(2)
             await publish(kafka_settings, topic, events[1000:2000])
@@ -310,10 +294,6 @@ async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
                 mutator.record = dataclasses.replace(mutator.record, expires_us=0)
             await publish(kafka_settings, topic, events[2000:])
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
-        finally:
-            service.request_stop()
-            await runner
-            await service.stop()
     assert any(entry["event"] == "mutator_expired" for entry in logs)
     assert await read_values(cassandra_settings, truth) == expected_values(truth)
 
@@ -352,36 +332,25 @@ async def test_a_takeover_claims_at_once_and_applies_only_once_its_retry_window_
     events, truth = make_events(1200, duplicates=150, seed=21)
     settings = _settings(kafka_settings, cassandra_settings, group, counters)
     await publish(kafka_settings, topic, events[:700])
-    first = ConsumerService(settings, load_definitions(counters))
-    await first.start()
-    runner = asyncio.create_task(first.run())
-    try:
+    async with running(ConsumerService(settings, load_definitions(counters))):
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
-    finally:
-        first.request_stop()
-        await runner
-        await first.stop()
 
     await publish(kafka_settings, topic, events[700:])
     second = ConsumerService(settings, load_definitions(counters))
     held = _HeldSource(second.source)
     second.source = held  # type: ignore[assignment]
-    await second.start()
-    runner = asyncio.create_task(second.run())
-    try:
-        for _ in range(600):  # up to a minute for the group to form
-            if len(second.mutators) == 3 and held.held == 3:
-                break
-            await asyncio.sleep(0.1)
-        assert len(second.mutators) == 3, "the rebalance callback did not return while the reads were held"
-        assert held.held == 3
-        await asyncio.sleep(2)  # records of the new events have been fetched by now, and must wait
-        assert all(m.applied_through == m.flushed_through for m in second.mutators.values())
-        held.open.set()
-        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
-    finally:
-        held.open.set()
-        second.request_stop()
-        await runner
-        await second.stop()
+    async with running(second):
+        try:
+            for _ in range(600):  # up to a minute for the group to form
+                if len(second.mutators) == 3 and held.held == 3:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(second.mutators) == 3, "the rebalance callback did not return while the reads were held"
+            assert held.held == 3
+            await asyncio.sleep(2)  # records of the new events have been fetched by now, and must wait
+            assert all(m.applied_through == m.flushed_through for m in second.mutators.values())
+            held.open.set()
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+        finally:
+            held.open.set()  # a shutdown waits for the takeovers, and they for these reads
     assert await read_values(cassandra_settings, truth) == expected_values(truth)

@@ -31,6 +31,7 @@ from tests.integration.consumer_support import (
     expected_values,
     make_events,
     read_values,
+    running,
     start_consumer,
     write_definitions,
 )
@@ -217,18 +218,11 @@ async def test_gc_and_retire_orphans_commands(
     counters = write_definitions(tmp_path, topic)
     events, truth = make_events(2000, symbols=15, seed=29)
     settings = _settings(kafka_settings, cassandra_settings, group, counters)
-    service = ConsumerService(settings, load_definitions(counters))
-    await service.start()
-    runner = asyncio.create_task(service.run())
-    try:
+    async with running(ConsumerService(settings, load_definitions(counters))):
         for i in range(0, len(events), 500):
             await publish(kafka_settings, topic, events[i:i + 500])
             await asyncio.sleep(1.2)
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
-    finally:
-        service.request_stop()
-        await runner
-        await service.stop()
     await asyncio.sleep(MIN_LIFETIME_US / 1e6)
 
     async with CassandraClient(cassandra_settings) as client:
