@@ -64,11 +64,14 @@ class ShardView:
 
 @dataclasses.dataclass(frozen=True)
 class InstanceView:
-    """A whole-partition read of one instance: the tally, its write time, and every visible shard."""
+    """A whole-partition read of one instance: the tally, its write time, and every visible shard.
+
+    ``pages`` is how many requests the read took (one while the shards fit one page)."""
 
     tally: bytes | None
     tally_write_us: int | None
     shards: tuple[ShardView, ...]
+    pages: int = 1
 
 
 class GcStore(Protocol):
@@ -84,6 +87,10 @@ class GcStore(Protocol):
 
     async def read_instance(self, counter: str, key: str) -> InstanceView:
         """The whole partition of one instance, at the GC's read consistency."""
+        ...
+
+    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+        """The tally of one instance and its write time, in one request at the GC's read consistency."""
         ...
 
     async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int) -> None:

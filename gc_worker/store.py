@@ -62,10 +62,12 @@ class CassandraGcStore:
         tally: bytes | None = None
         tally_write_us: int | None = None
         shards = []
+        pages = 0
         async for rows in self._pages(
                 "SELECT mutator, state, through_offset, writetime(state) AS state_us, tally, "
                 "writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ?",
                 [counter, key], self.instance_cl):
+            pages += 1
             for r in rows:
                 if r["tally"] is not None:
                     tally, tally_write_us = r["tally"], r["tally_us"]  # type: ignore[assignment]
@@ -73,7 +75,16 @@ class CassandraGcStore:
                     shards.append(ShardView(_uuid(r["mutator"]), r["state"],  # type: ignore[arg-type]
                                             -1 if r["through_offset"] is None else int(r["through_offset"]),  # type: ignore[call-overload]
                                             int(r["state_us"])))  # type: ignore[call-overload]
-        return InstanceView(tally, tally_write_us, tuple(shards))
+        return InstanceView(tally, tally_write_us, tuple(shards), pages)
+
+    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+        # The static columns come with any row of the partition (or alone, if it has no shard rows).
+        rows = as_dicts(await self.client.execute(
+            "SELECT tally, writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ? LIMIT 1",
+            [counter, key], consistency=self.instance_cl))
+        if not rows or rows[0]["tally"] is None:
+            return None, None
+        return rows[0]["tally"], int(rows[0]["tally_us"])
 
     async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int) -> None:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
