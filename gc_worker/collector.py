@@ -13,10 +13,29 @@ of a retired mutator carries ``born_us + flush_seq``, below its retire time, and
 The grace period must exceed the clock skew between machines, so that no mutator still to be retired can get
 a retire time below a cutoff that a run has already used.
 
-Two checks turn a broken assumption into a deferral instead of a lost or double-counted event:
+All of this needs the fold to be built from one consistent view of the instance: its tally and its shards as
+they were at one moment. One request gives that (Cassandra answers a single-partition read in isolation from a
+single-partition batch), but an instance with more shards than a page takes several, and another worker's fold
+can land between two of them. Built from a tally from before that fold and shards from after it, our fold
+drops the shards the other one folded (our later timestamp overwrites its tally); from shards before and the
+tally after, it counts them twice. So a read of more than one page takes the tally as of its first request
+and, once the last page is in, reads the tally alone again. A tally cell only ever gives way to one with a
+later timestamp (or, at the same timestamp, larger bytes), so the same bytes and write time before and after
+mean it was current throughout: no fold that changed it landed in between. (A batch that lost to it folded
+only shards that it already holds, deleted with it; one that wrote the same bytes at the same time repeated a
+fold, or folded shards that change nothing, such as a max below the tally's.) The shards read while that tally
+was current are not in it, and a final shard cannot appear later, so the view is what one request at any
+moment in between would have returned, and the timestamp argument above holds as it stands. If the tally
+changed, the instance is read again (the other worker has usually finished it by then); after a few tries it
+is deferred. The fold itself stays unconditional: Cassandra refuses ``USING TIMESTAMP`` on a conditional (LWT)
+batch, and that timestamp is what makes concurrent folds and late writes safe. Nor is the read made one large
+page: the shards of an instance have no fixed bound.
+
+Three checks turn a broken assumption into a deferral instead of a lost or double-counted event:
 - a shard whose write time is not below its mutator's retire time would survive the deletion;
-- a tally written at or after our timestamp means another run folded later shards but not these.
-Both leave the instance as it is (its value stays right: the shards still count) and are reported.
+- a tally written at or after our timestamp means another run folded later shards but not these;
+- a tally that keeps changing while its pages are read (a busy instance, retried a few times first).
+All three leave the instance as it is (its value stays right: the shards still count) and are reported.
 
 Storage is reached through :class:`GcStore`, so the model test runs this code against its in-memory
 Cassandra.
@@ -86,7 +105,8 @@ class GcStore(Protocol):
         ...
 
     async def read_instance(self, counter: str, key: str) -> InstanceView:
-        """The whole partition of one instance, at the GC's read consistency."""
+        """The whole partition of one instance, at the GC's read consistency; if it takes more than one
+        request, the tally as of the first."""
         ...
 
     async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
@@ -130,6 +150,7 @@ class GcReport:
 
 
 _DEFERRED_SHOWN = 20
+_READ_ATTEMPTS = 3  # reads of an instance whose tally changes between its pages, before deferring it
 
 
 class Collector:
@@ -221,7 +242,9 @@ class Collector:
         """Fold the final shards of one instance into its tally, or say why not."""
         report.instances_checked += 1
         try:
-            view = await self.store.read_instance(counter, key)
+            view = await self._read_consistent(counter, key)
+            if view is None:
+                return self._defer(report, counter, key, "changed_while_read", attempts=_READ_ATTEMPTS)
             folded = [s for s in view.shards if s.mutator in final]
             if not folded:
                 return Verdict.NOTHING
@@ -248,12 +271,21 @@ class Collector:
         report.shards_deleted += len(folded)
         return Verdict.FOLDED
 
+    async def _read_consistent(self, counter: str, key: str) -> InstanceView | None:
+        """The instance as one consistent view (see the module's notes), or None if it kept changing."""
+        for _ in range(_READ_ATTEMPTS):
+            view = await self.store.read_instance(counter, key)
+            if view.pages <= 1 or await self.store.read_tally(counter, key) == (view.tally, view.tally_write_us):
+                return view
+        return None
+
     def _defer(self, report: GcReport, counter: str, key: str, reason: str, **detail: object) -> Verdict:
         report.instances_deferred += 1
         if len(report.deferred) < _DEFERRED_SHOWN:
             report.deferred.append(f"{counter}/{key}: {reason}")
-        # Expected while a replica is down; anything else means an assumption broke and needs a look.
-        level = log.warning if reason == "storage_unavailable" else log.error
+        # Expected while a replica is down or other workers fold the same instance; anything else means an
+        # assumption broke and needs a look.
+        level = log.warning if reason in ("storage_unavailable", "changed_while_read") else log.error
         level("instance_deferred", counter=counter, key=key, reason=reason, **detail)
         return Verdict.DEFERRED
 

@@ -68,9 +68,11 @@ class CassandraGcStore:
                 "writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ?",
                 [counter, key], self.instance_cl):
             pages += 1
+            if pages == 1 and rows:
+                # Every row carries the static tally as of its own request: keep the first request's, which
+                # the collector checks against a read of the tally after the last page.
+                tally, tally_write_us = rows[0]["tally"], rows[0]["tally_us"]  # type: ignore[assignment]
             for r in rows:
-                if r["tally"] is not None:
-                    tally, tally_write_us = r["tally"], r["tally_us"]  # type: ignore[assignment]
                 if r["mutator"] is not None and r["state"] is not None:
                     shards.append(ShardView(_uuid(r["mutator"]), r["state"],  # type: ignore[arg-type]
                                             -1 if r["through_offset"] is None else int(r["through_offset"]),  # type: ignore[call-overload]

@@ -10,12 +10,12 @@ import pytest
 
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite
 from gc_worker.cli import parse_duration
-from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry
+from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry, ShardView
 from gc_worker.orphans import find_orphans
 from schemas.definitions import parse_definitions
 from schemas.kinds import new_state, state_from_bytes
 from tests.unit import memory_store
-from tests.unit.memory_store import MemoryStore, StoreTimeoutError, run
+from tests.unit.memory_store import MemoryStore, Op, StoreTimeoutError, Task, run
 
 COUNTERS = parse_definitions("""
 [[counter]]
@@ -192,6 +192,91 @@ def test_concurrent_settling_gives_the_same_result(monkeypatch: pytest.MonkeyPat
     report = asyncio.run(collector.run(NOW_US))
     assert (report.instances_folded, report.mutators_collected) == (39, 1)
     assert all(value(store, str(k)) == k for k in range(1, 40))
+
+
+class PagedStore(MemoryStore):
+    """Reads an instance as Cassandra pages it: ``page_size`` shards to a request, each request a storage step
+    of its own (so another worker may fold between two), the tally as of the first request."""
+
+    def __init__(self, page_size: int) -> None:
+        super().__init__()
+        self.page_size = page_size
+        self.tally_reads = 0
+
+    async def read_instance(self, counter: str, key: str) -> InstanceView:
+        first: InstanceView | None = None
+        shards: list[ShardView] = []
+        after: uuid.UUID | None = None
+        while True:
+            pages = len(shards) // self.page_size
+            await self._read("read_instance_page", (counter, key, pages))
+            now = self.snapshot(counter, key)  # shards in clustering (mutator) order, as Cassandra keeps them
+            first = first or now
+            page = [s for s in now.shards if after is None or s.mutator > after][:self.page_size]
+            shards.extend(page)
+            if len(page) < self.page_size:  # a full page may have more after it: ask again
+                return InstanceView(first.tally, first.tally_write_us, tuple(shards), pages + 1)
+            after = page[-1].mutator
+
+    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+        self.tally_reads += 1
+        await self._read("read_tally", (counter, key))
+        view = self.snapshot(counter, key)
+        return view.tally, view.tally_write_us
+
+
+def test_a_paged_read_with_no_fold_between_its_pages_folds_after_one_tally_check() -> None:
+    """A read of several pages with nothing folded meanwhile folds every final shard, checking the tally once."""
+    store = PagedStore(page_size=2)
+    for i in range(5):
+        add_mutator(store, born_us=1_000 + i, retired_us=2_000_000, shards={"a": i + 1})
+    report = collect(store)
+    assert (report.instances_folded, report.shards_deleted, report.instances_deferred) == (1, 5, 0)
+    assert store.tally_reads == 1
+    assert value(store, "a") == 15
+    assert store.snapshot("likes", "a").shards == ()
+
+
+def test_a_fold_between_the_pages_of_a_read_is_neither_counted_twice_nor_lost() -> None:
+    """A worker folds every early shard between two pages of another's read; the instance's value stays exact."""
+    store = PagedStore(page_size=3)
+    for i in range(7):
+        add_mutator(store, born_us=1_000 + i, retired_us=2_000_000, shards={"a": i + 1})
+    late = add_mutator(store, born_us=3_000_000, retired_us=NOW_US - 5 * GRACE_US, shards={"a": 100})
+    assert value(store, "a") == 128
+    reader = Task("reader", Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1).run(NOW_US))
+    while reader.pending != Op("read_instance_page", ("likes", "a", 1)):
+        reader.step()
+    # The other worker's cutoff comes before ``late`` retired: it folds the early shards, at their retire time.
+    other = Collector(store, 10 * GRACE_US, retriable=(StoreTimeoutError,), concurrency=1)
+    folded: GcReport = run(other.run(NOW_US))
+    assert (folded.instances_folded, folded.shards_deleted) == (1, 7)
+    assert value(store, "a") == 128
+
+    reader.finish()
+    assert reader.error is None
+    assert (reader.result.instances_folded, reader.result.instances_deferred) == (1, 0)
+    assert value(store, "a") == 128
+    assert store.snapshot("likes", "a").shards == ()
+    assert store.tallies[("likes", "a")].ts == store.mutators[late].retired_us
+
+
+def test_an_instance_that_changes_under_every_paged_read_is_deferred() -> None:
+    """A paged read whose tally never holds still is tried a few times, then deferred with nothing written."""
+
+    class Restless(PagedStore):
+        async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+            await super().read_tally(counter, key)
+            return b"another fold", self.tally_reads
+
+    store = Restless(page_size=2)
+    mutators = [add_mutator(store, born_us=1_000 + i, retired_us=2_000_000, shards={"a": 1}) for i in range(5)]
+    report = collect(store)
+    assert report.deferred == ["likes/a: changed_while_read"]
+    assert store.tally_reads == 3
+    assert not store.tallies
+    assert value(store, "a") == 5
+    assert not any(m in store.collected for m in mutators)
 
 
 def test_forget_after_deletes_long_collected_mutators() -> None:
