@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from consumer.protocol import MIN_LIFETIME_US
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.reader import read_state
-from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from countersink.settings import CassandraSettings, Consistency, ConsumerSettings, KafkaSettings, Settings
 from gc_worker.collector import Collector, GcReport
 from gc_worker.store import CassandraGcStore
 from schemas.definitions import load_definitions, parse_definitions
@@ -275,6 +276,53 @@ async def test_gc_and_retire_orphans_commands(
         assert await _shards(client, "trades_count", "LATE") == [str(late)]
         assert await _count(client, "LATE") == 4
 
+
+class _PausingStore(CassandraGcStore):
+    """A GC store that runs ``between`` once, after the first page of its first instance read."""
+
+    def __init__(self, client: CassandraClient, between: Callable[[], Awaitable[None]], page_size: int) -> None:
+        super().__init__(client, page_size=page_size)
+        self.between: Callable[[], Awaitable[None]] | None = between
+
+    async def _pages(self, cql_text: str, params: list[object], consistency: Consistency
+                     ) -> AsyncIterator[list[dict[str, object]]]:
+        async for rows in super()._pages(cql_text, params, consistency):
+            yield rows
+            if self.between is not None and "writetime(state)" in cql_text:
+                between, self.between = self.between, None
+                await between()
+
+
+async def test_a_fold_between_the_pages_of_an_instance_read_changes_no_value(
+    cassandra_settings: CassandraSettings,
+) -> None:
+    """A GC worker folds between the pages of another's read of an instance: its value stays exact."""
+    now = _now_us()
+    async with CassandraClient(cassandra_settings) as client:
+        for i in range(7):
+            await _insert_mutator(client, topic="paged", born_us=now - 120_000_000 + i, expires_us=now,
+                                  retired_us=now - 60_000_000, shard=("trades_count", "PAGED", i + 1),
+                                  write_us=now - 120_000_000 + i + 1)
+        late = await _insert_mutator(client, topic="paged", born_us=now - 30_000_000, expires_us=now,
+                                     retired_us=now - 10_000_000, shard=("trades_count", "PAGED", 100),
+                                     write_us=now - 20_000_000)
+        assert await _count(client, "PAGED") == 128
+        others: list[GcReport] = []
+
+        async def other_worker() -> None:
+            # Its cutoff, 30 s ago, comes before ``late`` retired: it folds the seven early shards only.
+            other = Collector(CassandraGcStore(client, page_size=3), 30_000_000,
+                              retriable=(CassandraUnavailableError,))
+            others.append(await other.run(_now_us()))
+
+        store = _PausingStore(client, other_worker, page_size=3)
+        report = await Collector(store, int(GRACE_S * 1e6), retriable=(CassandraUnavailableError,)).run(_now_us())
+        assert store.between is None
+        assert [(r.instances_folded, r.shards_deleted) for r in others] == [(1, 7)]
+        assert (report.instances_folded, report.instances_deferred) == (1, 0)
+        assert await _count(client, "PAGED") == 128
+        assert await _shards(client, "trades_count", "PAGED") == []
+        assert (await _registry(client))[str(late)]["collected_us"] is not None
 
 
 @pytest.mark.cluster
