@@ -38,11 +38,38 @@ class KafkaRecordSource:
         async with self._reading:
             return await self._read(topic, partition, first, last)
 
-    async def _read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+    async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
+        if count <= 0 or before <= 0:
+            return []
+        async with self._reading:
+            low = await self._log_start(TopicPartition(topic, partition))
+            # Offsets with no record (transaction markers, aborted or compacted records) make the span of
+            # ``count`` records unknown in advance: read further back, a range at a time, until the records
+            # read hold them or the log starts. Each step reads only offsets not read yet, sized by the
+            # density of records seen so far.
+            records: list[Record] = []
+            end = before  # the range read so far is [end, before)
+            while len(records) < count and end > low:
+                read, wanted = before - end, count - len(records)
+                # With no record found yet (a long aborted transaction?), go twice as far back.
+                span = max(wanted, wanted * read // len(records) + wanted // 4) if records else max(wanted, read)
+                first = max(low, end - span)
+                records[:0] = await self._read(topic, partition, first, end - 1)
+                end = first
+            return records[-count:]
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        async with self._reading:
+            return await self._log_start(TopicPartition(topic, partition))
+
+    async def _log_start(self, tp: TopicPartition) -> int:
         await self.start()
+        return int((await self._consumer.beginning_offsets([tp]))[tp])
+
+    async def _read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         tp = TopicPartition(topic, partition)
+        low = await self._log_start(tp)
         self._consumer.assign([tp])
-        low = (await self._consumer.beginning_offsets([tp]))[tp]
         start = max(first, low)  # records before the log start were deleted by retention
         if start > last:
             return []

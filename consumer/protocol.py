@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, Store
@@ -29,6 +29,10 @@ from schemas.kinds import State, new_state, state_from_bytes
 # at least this long after birth keeps every write timestamp below the retire time for any mutator that
 # flushes less than once per microsecond on average, which a 1 s flush interval guarantees by far.
 MIN_LIFETIME_US = 1_000_000
+
+# What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
+# about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
+RETRY_ID_BYTES = 160
 
 
 class FencedError(CountersinkError):
@@ -66,11 +70,34 @@ class Record(NamedTuple):
 
 
 class RecordSource(Protocol):
-    """Reads a range of a partition again, for replays and for rebuilding the publisher-retry window."""
+    """Reads a range of a partition again, for replays and for rebuilding the publisher-retry window.
+
+    Offsets of a partition's records need not be consecutive: transaction markers, aborted transactions and
+    compaction leave gaps, which a reader skips."""
 
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         """Records with first <= offset <= last, in offset order (fewer if the log was truncated)."""
         ...
+
+    async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
+        """The last ``count`` records with an offset below ``before``, in offset order: fewer only when the
+        log starts after them. However many offsets they span."""
+        ...
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        """The offset of the first record the log still holds (retention deletes the ones before)."""
+        ...
+
+
+class RecordsLostError(CountersinkError):
+    """Records that must be read are no longer in the log (deleted by retention before they were counted).
+
+    ``first`` and ``last`` bound the offsets lost (inclusive); not every offset in between held a record."""
+
+    def __init__(self, topic: str, partition: int, first: int, last: int) -> None:
+        super().__init__(f"records {first}..{last} of {topic}/{partition} were deleted from the log before they "
+                         f"were counted")
+        self.topic, self.partition, self.first, self.last = topic, partition, first, last
 
 
 class Outcome(enum.Enum):
@@ -173,11 +200,13 @@ class Applier:
         return Outcome.APPLIED, fresh, None
 
     async def warm_up(self, source: RecordSource, before: int) -> None:
-        """Rebuild the retry window from the records just before offset ``before``."""
-        first = max(0, before - self.window.size)
-        if self.window.size <= 0 or before <= first:
+        """Rebuild the retry window from the last ``size`` records before offset ``before``: the window the
+        partition's previous owner had there. Records, not offsets: a window rebuilt from the last ``size``
+        offsets of a log with gaps (transactions, compaction) would hold fewer records, and let through a
+        retry the previous owner dropped."""
+        if self.window.size <= 0 or before <= 0:
             return
-        for record in await source.read(self.topic, self.partition, first, before - 1):
+        for record in await source.read_back(self.topic, self.partition, before, self.window.size):
             self.classify(record)
 
 
@@ -227,12 +256,21 @@ class Mutator:
         self.applied_through = record.offset
         return outcome, error
 
+    def skip_to(self, position: int) -> None:
+        """Every offset below ``position`` that held a record has been given to :meth:`apply`: the offsets
+        between the last record and ``position`` are transaction markers, aborted or compacted records.
+        Counting them as applied lets a flush commit past them, so a quiet transactional partition reads as
+        caught up (no lag), and a successor does not start on a marker."""
+        if position - 1 > self.applied_through:
+            self.applied_through = position - 1
+
     def needs_flush(self) -> bool:
         return bool(self.dirty) or self.applied_through > self.flushed_through
 
     def memory_bytes(self) -> int:
-        """An estimate of the memory held, refreshed at each flush (sketches grow as they fill)."""
-        return self.state_bytes
+        """An estimate of the memory held: states (refreshed at each flush, sketches grow as they fill) and
+        the event ids of the publisher-retry window."""
+        return self.state_bytes + self.applier.window.ids_held() * RETRY_ID_BYTES
 
 
 async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
@@ -373,18 +411,25 @@ class Claim:
         return self.row is None
 
 
-async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_attempts: int = 20) -> Claim:
+async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_attempts: int = 20,
+                from_owner: uuid.UUID | None = None) -> Claim:
     """Register ``new`` and claim the ownership row by LWT (or create it, the first time).
 
     From here on no other mutator can open a window on the partition. ``new`` may apply records from
     :attr:`Claim.start_offset` in memory at once, but must write nothing (no flush, no release) until
     :func:`finish_take_over` has returned: the window the previous owner left open is still to be replayed.
+
+    ``from_owner`` (a rotation: a clean hand-over to oneself) claims only from that mutator: a member that
+    lost its assignment without noticing must never fence the partition's rightful owner. Raises
+    :class:`FencedError` when someone else owns the row.
     """
     pid = PartitionId(new.consumer_group, new.topic, new.partition)
     if not await store.register_mutator(new):
         raise StaleRecordError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
     for _ in range(max_attempts):
         row = await store.read_partition(pid)
+        if from_owner is not None and (row is None or row.owner not in (from_owner, new.id)):
+            raise FencedError(f"{pid} is owned by {row.owner if row else None}, not by {from_owner}: not rotating")
         if row is None:
             if await store.create_partition(pid, new.id, new.born_us, initial_last_offset):
                 return Claim(new, None, initial_last_offset)
@@ -394,9 +439,18 @@ async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_
     raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
 
 
+InvalidRecordHandler = Callable[[KafkaRecord, InvalidEventError], Awaitable[None]]
+
+
 async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
-                           applier_factory: Callable[[], Applier], now_us: int) -> Takeover:
-    """Finish what the previous owner left, as :func:`take_over` does after its claim."""
+                           applier_factory: Callable[[], Applier], now_us: int,
+                           on_invalid: InvalidRecordHandler | None = None, accept_lost: bool = False) -> Takeover:
+    """Finish what the previous owner left, as :func:`take_over` does after its claim.
+
+    ``on_invalid`` is awaited for each invalid record of a replayed window before the window is closed: the
+    writer may have died before its dead letters were delivered, and closing the window is what makes its
+    records skipped for good. Raises :class:`RecordsLostError` when records of the window are no longer in
+    the log, unless ``accept_lost``: then what remains is replayed."""
     row, new = claimed.row, claimed.new
     if row is None:
         return Takeover(claimed.start_offset, 0, 0, (), None)
@@ -405,7 +459,7 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
     if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
         replayed_records, replayed_instances = await _replay_window(
             store, source, applier_factory(), row.window_mutator, row.window_born_us, row.flush_seq,
-            row.committed_offset, row.intent_offset)
+            row.committed_offset, row.intent_offset, on_invalid, accept_lost)
     # Retire before closing: once the close renames the window, no later claimant would know W any more.
     # Retiring first is safe: the replay above is acknowledged, retiring is set-once, and a repeated replay
     # writes at born_us(W) + seq, below the retire time, so the GC's deletion hides it.
@@ -457,17 +511,24 @@ async def _replay_window(
     seq: int,
     committed: int,
     intent: int,
+    on_invalid: InvalidRecordHandler | None = None,
+    accept_lost: bool = False,
 ) -> tuple[int, int]:
     """Write what ``writer``'s flush ``seq`` would have written, from its shards and the records again."""
+    start = await source.log_start(applier.topic, applier.partition)
+    if start > committed + 1 and not accept_lost:
+        raise RecordsLostError(applier.topic, applier.partition, committed + 1, min(start - 1, intent))
     await applier.warm_up(source, committed + 1)
     records = await source.read(applier.topic, applier.partition, committed + 1, intent)
     applied: list[tuple[int, list[Update]]] = []
     instances: dict[tuple[str, str], None] = {}  # in first-seen order
     for record in records:
-        outcome, updates, _ = applier.classify(record)
+        outcome, updates, error = applier.classify(record)
         if outcome is Outcome.APPLIED:
             applied.append((record.offset, updates))
             instances.update(((u.counter, u.key), None) for u in updates)
+        elif outcome is Outcome.INVALID and error is not None and on_invalid is not None:
+            await on_invalid(record, error)
     stored = await store.read_shards(writer, list(instances))
     states: dict[tuple[str, str], tuple[State, int]] = {
         (c, k): (new_state(applier.counters[c]), -1) if shard is None else
@@ -484,7 +545,7 @@ async def _replay_window(
 
 
 __all__: Sequence[str] = (
-    "Applier", "Claim", "FencedError", "KafkaRecord", "Mutator", "MutatorExpiredError", "Outcome", "Record",
-    "RecordSource", "RetryWindow", "StaleRecordError", "Takeover",
+    "Applier", "Claim", "FencedError", "InvalidRecordHandler", "KafkaRecord", "Mutator", "MutatorExpiredError",
+    "Outcome", "Record", "RecordSource", "RecordsLostError", "RetryWindow", "StaleRecordError", "Takeover",
     "claim", "finish_take_over", "flush", "release", "retire_time", "take_over",
 )

@@ -339,13 +339,29 @@ class MemoryStore:
 
 
 class MemoryLog:
-    """One Kafka partition's log: a :class:`consumer.protocol.RecordSource` over a list of records."""
+    """One Kafka partition's log: a :class:`consumer.protocol.RecordSource` over a list of records.
 
-    def __init__(self, values: Sequence[bytes | None]) -> None:
-        self.records = [Record(offset, value) for offset, value in enumerate(values)]
+    ``offsets`` gives each record's offset (increasing, with gaps where a real log has transaction markers,
+    aborted or compacted records); by default they are 0, 1, 2, ... ``start`` is the first offset retention
+    left in the log."""
+
+    def __init__(self, values: Sequence[bytes | None], offsets: Sequence[int] | None = None, start: int = 0) -> None:
+        offsets = range(len(values)) if offsets is None else offsets
+        self.records = [Record(offset, value) for offset, value in zip(offsets, values, strict=True)]
+        self.start = start
+
+    def _kept(self) -> list[Record]:
+        return [r for r in self.records if r.offset >= self.start]
 
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
-        return self.records[max(first, 0):max(last + 1, 0)]
+        return [r for r in self._kept() if first <= r.offset <= last]
+
+    async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
+        earlier = [r for r in self._kept() if r.offset < before]
+        return earlier[-count:] if count > 0 else []
+
+    async def log_start(self, topic: str, partition: int) -> int:
+        return self.start
 
 
 class Task:

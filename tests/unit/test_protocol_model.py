@@ -40,6 +40,7 @@ from consumer.protocol import (
     Claim,
     FencedError,
     Mutator,
+    Record,
     RetryWindow,
     StaleRecordError,
     Takeover,
@@ -121,16 +122,30 @@ def logs(draw: st.DrawFn) -> list[Event | bytes]:
     return entries
 
 
-def counted(entries: Sequence[Event | bytes]) -> list[Event | None]:
-    """What each record contributes, computed from the log alone: valid events not repeating an event id
-    of the ``RETRY_WINDOW`` records before them."""
-    out: list[Event | None] = []
-    for offset, entry in enumerate(entries):
-        recent = entries[max(0, offset - RETRY_WINDOW):offset]
+def counted(entries: Sequence[Event | bytes], offsets: Sequence[int]) -> list[Event | None]:
+    """What each offset contributes, computed from the log alone: valid events not repeating an event id
+    of the ``RETRY_WINDOW`` records (not offsets) before them; nothing at an offset without a record."""
+    out: list[Event | None] = [None] * (offsets[-1] + 1 if offsets else 0)
+    for index, (offset, entry) in enumerate(zip(offsets, entries, strict=True)):
+        recent = entries[max(0, index - RETRY_WINDOW):index]
         fresh = isinstance(entry, Event) and all(
             not isinstance(r, Event) or r.event_id != entry.event_id for r in recent)
-        out.append(entry if fresh and isinstance(entry, Event) else None)
+        out[offset] = entry if fresh and isinstance(entry, Event) else None
     return out
+
+
+@st.composite
+def offsets_of(draw: st.DrawFn, count: int) -> list[int]:
+    """Offsets for ``count`` records: consecutive, or with gaps where a real log has transaction markers,
+    aborted transactions or compacted records."""
+    if not draw(st.booleans()):
+        return list(range(count))
+    offsets, offset = [], 0
+    for _ in range(count):
+        offset += draw(st.sampled_from((0, 0, 1, 3)))
+        offsets.append(offset)
+        offset += 1
+    return offsets
 
 
 def applier() -> Applier:
@@ -168,6 +183,7 @@ class ProtocolModel(RuleBasedStateMachine):
     """One partition, its log, owners coming and going, GC workers, and a store that misbehaves."""
 
     store_class: ClassVar[type[MemoryStore]] = MemoryStore
+    log_class: ClassVar[type[MemoryLog]] = MemoryLog
     # At the end, every shard but the final owner's must have been collected.
     check_liveness: ClassVar[bool] = False
 
@@ -281,11 +297,12 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------------------------ rules
 
-    @initialize(entries=logs())
-    def publish(self, entries: list[Event | bytes]) -> None:
+    @initialize(entries=logs(), data=st.data())
+    def publish(self, entries: list[Event | bytes], data: st.DataObject) -> None:
         """The log is written; the partition's first owner takes it (from offset 0)."""
-        self.log = MemoryLog([e.to_bytes() if isinstance(e, Event) else e for e in entries])
-        self.contributions = counted(entries)
+        offsets = data.draw(offsets_of(len(entries)))
+        self.log = self.log_class([e.to_bytes() if isinstance(e, Event) else e for e in entries], offsets)
+        self.contributions = counted(entries, offsets)
         self.new_owner(0, 10**6, Fault.NONE)
 
     @precondition(lambda self: sum(not a.gone for a in self.actors) < MAX_ACTORS)
@@ -334,8 +351,13 @@ class ProtocolModel(RuleBasedStateMachine):
             self.drive(actor.task, ops, fault)
 
     def apply_next(self, mutator: Mutator, n: int) -> None:
-        for record in self.log.records[mutator.applied_through + 1:mutator.applied_through + 1 + n]:
+        """Apply the next ``n`` records; then, as the consumer does with its position, skip the offsets
+        without a record (markers) up to the one after."""
+        following = [r for r in self.log.records if r.offset > mutator.applied_through]
+        for record in following[:n]:
             mutator.apply(record)
+        if len(following) > n:
+            mutator.skip_to(following[n].offset)
 
     def flushing_owners(self) -> list[Actor]:
         return [a for a in self.actors if a.mutator is not None and not a.gone and a.task is not None
@@ -520,6 +542,18 @@ class NoSkipModel(ProtocolModel):
     store_class = NoSkipStore
 
 
+class OffsetWindowLog(MemoryLog):
+    """Rebuilds the publisher-retry window from the last ``count`` offsets instead of records: on a log with
+    gaps, a successor's window holds fewer records than its predecessor's had."""
+
+    async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
+        return await self.read(topic, partition, before - count, before - 1)
+
+
+class OffsetWindowModel(ProtocolModel):
+    log_class = OffsetWindowLog
+
+
 class LateSnapshotStore(MemoryStore):
     """Writes each shard as its mutator's state is when the writes are sent, not when the flush began: what
     a flush that read its states after its window LWT would write."""
@@ -589,6 +623,13 @@ def test_model_catches_a_flush_that_reads_its_states_late() -> None:
     during the flush are written as if they were not: the model finds one counted twice."""
     with pytest.raises(ProtocolViolation):
         run_model(LateSnapshotModel, MUST_FAIL_SETTINGS)
+
+
+def test_model_catches_a_retry_window_rebuilt_from_offsets() -> None:
+    """With the retry window rebuilt from the last offsets rather than the last records, a log with gaps lets
+    a successor count a publisher retry its predecessor dropped: the model finds it counted twice."""
+    with pytest.raises(ProtocolViolation):
+        run_model(OffsetWindowModel, MUST_FAIL_SETTINGS)
 
 
 def _owner(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[MutatorRecord, Task]:
