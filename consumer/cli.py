@@ -12,6 +12,7 @@ from pathlib import Path
 
 from consumer.service import ConsumerService
 from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.settings import Settings
 
@@ -44,7 +45,12 @@ async def consume(settings: Settings, counters: object) -> int:
         if service.stop_requested:
             log.info("consumer_stopped_before_start")
             return 0
-        await service.start()
+        try:
+            await service.start()
+        except ConsistencyError as exc:
+            log.error("settings_refused", error=str(exc))
+            await service.close()
+            return 2
         try:
             await service.run()
         finally:

@@ -22,9 +22,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
 from aiokafka.structs import OffsetAndMetadata
 
+from consumer import schedule
 from consumer.kafka_source import KafkaRecordSource
 from consumer.protocol import (
     Applier,
@@ -34,6 +35,7 @@ from consumer.protocol import (
     Mutator,
     MutatorExpiredError,
     Outcome,
+    RecordsLostError,
     RetryWindow,
     Takeover,
     claim,
@@ -41,10 +43,12 @@ from consumer.protocol import (
     flush,
     release,
 )
+from consumer.schedule import Footprint, Progress
 from consumer.store import CassandraStore, MutatorRecord, PartitionId
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
+from countersink.consistency import check_deciding_reads, replication_factors
 from countersink.health import HealthServer
-from countersink.kafka import ensure_topics, make_consumer, make_producer
+from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import Settings
@@ -108,11 +112,19 @@ class ConsumerService:
         self._last_flush_took = 0.0
         self._flushing: asyncio.Task[list[tuple[TopicPartition, Mutator]]] | None = None
         # Takeovers still replaying what the previous owner left, by new mutator: it applies meanwhile, but
-        # writes nothing until its takeover is finished (see _until_taken_over).
+        # writes nothing until its takeover is finished (see _takeover_pending).
         self._takeovers: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._warming: set[uuid.UUID] = set()  # new mutators whose retry window is not rebuilt yet: not applying
+        # Partitions not consumed because records were deleted before they were counted (on_records_lost =
+        # stop): the process reports unready until they are revoked or an operator decides.
+        self._stopped_partitions: dict[TopicPartition, RecordsLostError] = {}
         self.ready = False
-        self.health = HealthServer(self.config.health_port, lambda: self.ready and self._started)
+        self.health = HealthServer(self.config.health_port, lambda: self.is_ready)
+
+    @property
+    def is_ready(self) -> bool:
+        """What /healthz says: consuming, and no partition stopped for lost records."""
+        return self.ready and self._started and not self._stopped_partitions
 
     async def __aenter__(self) -> ConsumerService:
         await self.start()
@@ -140,6 +152,11 @@ class ConsumerService:
 
     async def _prepare_cassandra(self) -> None:
         await self.cassandra.start()
+        # Refused before anything is written or consumed: a replay that reads a stale shard loses events. The
+        # keyspace as it exists, else as it is about to be created.
+        factors = await self.cassandra.replication_factors() or replication_factors(self.settings.cassandra.replication)
+        check_deciding_reads(self.settings.cassandra, factors,
+                             {"replay_read_consistency": self.settings.cassandra.replay_read_consistency})
         await self.cassandra.ensure_schema()
 
     async def _when_reachable(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
@@ -178,10 +195,10 @@ class ConsumerService:
                     if mutator is None or mutator.fenced or mutator.id in self._warming:
                         continue  # a warming mutator's partition is read again from its start once it is warm
                     await self._apply(tp, mutator, messages)
-                    highwater = self.consumer.highwater(tp)
-                    if highwater is not None:
-                        METRICS.lag.labels(tp.topic, str(tp.partition)).set(
-                            max(0, highwater - messages[-1].offset - 1))
+                    if len(mutator.dirty) >= self.config.flush_max_dirty and self._takeover_pending(mutator):
+                        # It cannot flush before its takeover is finished: bound what it holds meanwhile.
+                        self.consumer.pause(tp)
+                self._advance_positions()
                 if self._flushing is not None and self._flushing.done():
                     offsets = await self._finish_flush()
                 if self._flush_due():
@@ -190,6 +207,28 @@ class ConsumerService:
                     self._start_flush()
             if offsets:
                 await self._commit_for_lag(offsets)
+
+    def _advance_positions(self) -> None:
+        """Move each mutator past the offsets the consumer skipped after its last record (transaction markers,
+        aborted or compacted records), and set the lag from the consumer's position. Offsets are not records:
+        on a transactional topic the last offset is a commit marker, and lag counted from the last record
+        never reaches 0."""
+        for tp, mutator in self.mutators.items():
+            if mutator.fenced or mutator.id in self._warming:
+                continue  # a warming mutator's partition is sought back to its start: its position says nothing
+            position = known_position(self.consumer, tp)
+            if position is None:
+                continue
+            mutator.skip_to(position)
+            end = self._log_end(tp)
+            if end is not None:
+                METRICS.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - position))
+
+    def _log_end(self, tp: TopicPartition) -> int | None:
+        """Where a read_committed consumer's position ends up once caught up: the last stable offset (the
+        high watermark while no transaction is open), as last seen in a fetch; None before the first."""
+        stable = self.consumer.last_stable_offset(tp)
+        return int(stable) if stable is not None and stable >= 0 else self.consumer.highwater(tp)
 
     async def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
         applied = duplicates = 0
@@ -205,38 +244,45 @@ class ConsumerService:
         METRICS.duplicates_dropped.inc(duplicates)
 
     async def _dead_letter(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
+        """Queue ``record`` for the dead-letter topic; its delivery is awaited before the next flush."""
+        self._pending_dead_letters.append(asyncio.ensure_future(self._send_dead_letter(tp, record, error)))
+        METRICS.dead_lettered.inc()
+
+    async def _send_dead_letter(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
+        """Deliver one dead letter (acknowledged by the broker). One the broker or the client refuses as too
+        large goes again cut short, with headers saying so: an invalid event never wedges the consumer."""
         headers = [
             ("countersink.reason", str(error.reason).encode()[:1024]),
             ("countersink.error", type(error).__name__.encode()),
             ("countersink.path", str(error.path).encode()[:1024]),
             ("countersink.source", f"{tp.topic}/{tp.partition}/{record.offset}".encode()),
         ]
-        # send() queues the record and returns its delivery future; it is awaited before the next flush.
-        delivery = await self.producer.send(self.config.dead_letter_topic, record.value, headers=headers)
-        self._pending_dead_letters.append(delivery)
-        METRICS.dead_lettered.inc()
+        value = record.value
+        limits = [self.config.dead_letter_max_bytes, 1024]  # the setting, then a size any broker takes
+        while True:
+            limit = limits.pop(0)
+            sent, cut = value, []
+            if value is not None and len(value) > limit:
+                sent = value[:limit]
+                cut = [("countersink.truncated", f"{len(value)} bytes cut to {limit}".encode())]
+            try:
+                delivery = await self.producer.send(self.config.dead_letter_topic, sent, headers=headers + cut)
+                await delivery
+            except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
+                if not limits or value is None or len(value) <= limits[0]:
+                    raise
+                log.warning("dead_letter_too_large", topic=tp.topic, partition=tp.partition, offset=record.offset,
+                            bytes=len(value), error=str(exc))
+                continue
+            if cut:
+                METRICS.dead_letters_truncated.inc()
+            return
 
     def _flush_due(self) -> bool:
-        # flush_max_dirty is a hard bound: it caps what a takeover replays after a crash (the open window's
-        # instances are read and rewritten), so it holds even while flushes are being spaced out.
-        if any(len(m.dirty) >= self.config.flush_max_dirty for m in self.mutators.values()):
-            return True
-        since = time.monotonic() - self._last_flush
-        if since < self.config.flush_interval_s:
-            return False
-        # A flush rewrites every dirty instance whole, so its cost grows with the keys touched, not the events.
-        # While flushes are slow and a backlog remains, they start at least flush_spacing times the last one's
-        # duration apart: Cassandra is left time between them, and each flush folds in more events. Once every
-        # partition is caught up there is nothing more to fold in, and waiting would only delay the counts.
-        return self._caught_up() or since >= self._last_flush_took * self.config.flush_spacing
-
-    def _caught_up(self) -> bool:
-        """Every partition's mutator has applied everything up to the broker's high watermark last seen."""
-        for tp, mutator in self.mutators.items():
-            highwater = self.consumer.highwater(tp)
-            if highwater is None or mutator.applied_through + 1 < highwater:
-                return False
-        return True
+        progress = {tp: Progress(m.applied_through, self._log_end(tp), len(m.dirty), not self._takeover_pending(m))
+                    for tp, m in self.mutators.items()}
+        return schedule.flush_due(progress, self.config, since_last_s=time.monotonic() - self._last_flush,
+                                  last_took_s=self._last_flush_took)
 
     async def _deliver_dead_letters(self) -> None:
         """Wait until every dead letter sent so far is acknowledged: they must be durable before any window
@@ -298,8 +344,9 @@ class ConsumerService:
 
     async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """Flush one mutator, retrying while Cassandra is unavailable. True when the mutator is past its expiry
-        (it wrote nothing; the caller replaces it)."""
-        if not await self._until_taken_over(mutator):
+        (it wrote nothing; the caller replaces it). A mutator whose takeover is still replaying is left for a
+        later flush: one slow replay must not hold every other partition's flush."""
+        if mutator.fenced or self._takeover_pending(mutator):
             return False
         delay = 0.1
         while True:
@@ -361,43 +408,30 @@ class ConsumerService:
                     dropped_through=mutator.applied_through)
 
     def _rotation_reasons(self) -> dict[TopicPartition, str]:
-        """Mutators to rotate now: too old, over their own memory budget, or the largest ones while the
-        process is over its total budget (so memory stays bounded whatever the number of partitions)."""
-        due: dict[TopicPartition, str] = {}
-        total = 0
-        for tp, mutator in self.mutators.items():
-            total += mutator.memory_bytes()
-            if mutator.memory_bytes() > self.config.mutator_memory_budget_bytes:
-                due[tp] = "memory"
-            elif (now_us() - mutator.record.born_us) / 1e6 >= self.config.mutator_max_age_s:
-                due[tp] = "age"
-        total -= sum(self.mutators[tp].memory_bytes() for tp in due)
-        for tp, mutator in sorted(self.mutators.items(), key=lambda item: -item[1].memory_bytes()):
-            if total <= self.config.memory_budget_bytes:
-                break
-            if tp not in due:
-                due[tp] = "process_memory"
-                total -= mutator.memory_bytes()
-        return due
-
-    async def _release_now(self, mutator: Mutator) -> None:
-        await self._until_taken_over(mutator)
-        await release(self.store, mutator, now_us())  # raises FencedError if the takeover was lost
+        return schedule.rotation_reasons(
+            {tp: Footprint(m.memory_bytes(), m.record.born_us) for tp, m in self.mutators.items()}, self.config,
+            now_us())
 
     async def _rotate_if_due(self) -> None:
         for tp, reason in self._rotation_reasons().items():
             mutator = self.mutators[tp]
+            if self._takeover_pending(mutator):
+                continue  # rotated once its takeover is finished: a replay must not hold the loop
             try:
+                # Every record it skipped as invalid is on the dead-letter topic before its last window is
+                # recorded complete.
+                await self._deliver_dead_letters()
                 # Safe to repeat after any failure: a committed release only retries its retire.
-                await self._until_done("rotation", tp, functools.partial(self._release_now, mutator))
+                await self._until_done("rotation", tp, functools.partial(release, self.store, mutator, now_us()))
+                # Only from itself: a member that lost the partition without noticing must not fence its owner.
+                successor = await self._until_done("takeover", tp, functools.partial(
+                    self._take_over, tp, applier=mutator.applier, from_owner=mutator.id))
             except FencedError as exc:
                 self._drop(tp, mutator, str(exc))
                 continue
             except MutatorExpiredError:
                 await self._replace_expired(tp, mutator)
                 continue
-            successor = await self._until_done("takeover", tp,
-                                               functools.partial(self._take_over, tp, applier=mutator.applier))
             log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
                      old=str(mutator.id), new=str(successor.id))
 
@@ -405,6 +439,9 @@ class ConsumerService:
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._ownership:
+            for tp in revoked:
+                self._stopped_partitions.pop(tp, None)
+            METRICS.partitions_stopped.set(len(self._stopped_partitions))
             await self._release_partitions(revoked)
 
     async def _release_partitions(self, revoked: list[TopicPartition]) -> None:
@@ -422,7 +459,13 @@ class ConsumerService:
 
     async def _release_one(self, tp: TopicPartition, mutator: Mutator) -> None:
         try:
-            if not await self._until_taken_over(mutator):
+            if self._takeover_pending(mutator):
+                # It has written nothing yet, and never will: whoever takes the partition next finishes the
+                # takeover (replaying the same window) and retires this mutator, as after a crash. Waiting for
+                # a long replay here would hold the rebalance, and the group would evict this member.
+                await self._abandon_take_over(tp, mutator)
+                return
+            if mutator.fenced:
                 return  # it lost the partition before its takeover was finished, and has nothing to hand over
             await release(self.store, mutator, now_us())
             log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
@@ -446,19 +489,12 @@ class ConsumerService:
         for tp in assigned:
             if tp in self.mutators:
                 continue
-            delay = 0.2
-            while True:
-                try:
-                    mutator = await self._take_over(tp)
-                    break
-                except CassandraUnavailableError as exc:
-                    log.warning("takeover_retry", topic=tp.topic, partition=tp.partition, error=str(exc))
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                except FencedError as exc:
-                    log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
-                    mutator = None
-                    break
+            try:
+                mutator: Mutator | None = await self._until_done(
+                    "takeover", tp, functools.partial(self._take_over, tp), (CassandraUnavailableError, KafkaError))
+            except FencedError as exc:
+                log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
+                mutator = None
             if mutator is not None and mutator.id not in self._warming:
                 with contextlib.suppress(Exception):
                     self.consumer.resume(tp)  # a fenced mutator's partition was paused
@@ -472,7 +508,8 @@ class ConsumerService:
             return int((await self.consumer.end_offsets([tp]))[tp]) - 1
         return int((await self.consumer.beginning_offsets([tp]))[tp]) - 1
 
-    async def _take_over(self, tp: TopicPartition, applier: Applier | None = None) -> Mutator:
+    async def _take_over(self, tp: TopicPartition, applier: Applier | None = None,
+                         from_owner: uuid.UUID | None = None) -> Mutator:
         """Claim ``tp`` for a fresh mutator and return it. The rest runs in the background, so that a rebalance
         callback taking a dozen partitions returns within a heartbeat (it had taken a second per partition
         here, and a callback longer than the session timeout got the member evicted, over and over):
@@ -482,7 +519,7 @@ class ConsumerService:
         - what the previous owner left (an open window to replay, mutators to retire) is finished while the
           new mutator applies: a takeover after a crash does not stop counting for as long as the replay takes.
 
-        The new mutator writes nothing (no flush, no release) before both are done: see _until_taken_over."""
+        The new mutator writes nothing (no flush, no release) before both are done: see _takeover_pending."""
         born = now_us()
         record = MutatorRecord(
             id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
@@ -494,7 +531,7 @@ class ConsumerService:
                            RetryWindow(self.config.retry_window_records))
 
         started = time.monotonic()
-        claimed = await claim(self.store, record, await self._initial_last_offset(tp))
+        claimed = await claim(self.store, record, await self._initial_last_offset(tp), from_owner=from_owner)
         warm = applier is not None
         mutator = Mutator(record, PartitionId(self.config.group_id, tp.topic, tp.partition),
                           applier if applier is not None else fresh_applier(),
@@ -520,24 +557,68 @@ class ConsumerService:
 
     async def _complete_take_over(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                   applier_factory: Callable[[], Applier], started: float) -> None:
+        accept_lost = self.config.on_records_lost == "skip"
         if mutator.id in self._warming:
             # Reads Kafka again: retried while the broker is away (a restart), as flushes wait for Cassandra.
             await self._until_done("warm_up", tp, functools.partial(mutator.applier.warm_up, self.source,
                                                                     claimed.start_offset), (KafkaError,))
+            start = await self._until_done("log_start", tp, functools.partial(
+                self.source.log_start, tp.topic, tp.partition), (KafkaError,))
+            if start > mutator.applied_through + 1:
+                lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
+                if not self._records_lost(tp, mutator, lost):
+                    return
+                mutator.skip_to(start)
             self._warming.discard(mutator.id)
             if self.mutators.get(tp) is mutator and not mutator.fenced:
                 # Records fetched before the pause were skipped: read on from what is applied.
                 with contextlib.suppress(Exception):
                     self.consumer.seek(tp, mutator.applied_through + 1)
                     self.consumer.resume(tp)
-        try:
-            result = await self._until_done("takeover", tp, lambda: finish_take_over(
-                self.store, self.source, claimed, applier_factory, now_us()))
-        except FencedError as exc:
-            mutator.fenced = True  # another member claimed it meanwhile; this one wrote nothing, and never will
-            self._drop(tp, mutator, str(exc))
-            return
+        while True:
+            try:
+                # Kafka errors too: a broker restarting during a replay must not fail the takeover for good.
+                result = await self._until_done("takeover", tp, functools.partial(
+                    self._finish_take_over, tp, claimed, applier_factory, accept_lost),
+                    (CassandraUnavailableError, KafkaError))
+                break
+            except FencedError as exc:
+                mutator.fenced = True  # another member claimed it meanwhile; this one wrote nothing, and never will
+                self._drop(tp, mutator, str(exc))
+                return
+            except RecordsLostError as exc:
+                if not self._records_lost(tp, mutator, exc):
+                    return
+                accept_lost = True
         self._log_taken_over(tp, mutator, result, started)
+        if self.mutators.get(tp) is mutator and not mutator.fenced:
+            with contextlib.suppress(Exception):
+                self.consumer.resume(tp)  # if paused at flush_max_dirty while the takeover ran
+
+    async def _finish_take_over(self, tp: TopicPartition, claimed: Claim, applier_factory: Callable[[], Applier],
+                                accept_lost: bool) -> Takeover:
+        return await finish_take_over(self.store, self.source, claimed, applier_factory, now_us(),
+                                      on_invalid=functools.partial(self._send_dead_letter, tp), accept_lost=accept_lost)
+
+    def _records_lost(self, tp: TopicPartition, mutator: Mutator, lost: RecordsLostError) -> bool:
+        """Records to count were deleted from the log. True to go on without them (``on_records_lost`` =
+        skip); otherwise the partition is no longer consumed, and the process reports unready."""
+        METRICS.records_lost.labels(tp.topic, str(tp.partition)).inc(lost.last - lost.first + 1)
+        skip = self.config.on_records_lost == "skip"
+        log.error("records_lost", topic=tp.topic, partition=tp.partition, first=lost.first, last=lost.last,
+                  action="skipped" if skip else "partition_stopped",
+                  hint=None if skip else "set COUNTERSINK_CONSUMER__ON_RECORDS_LOST=skip to count on without them")
+        if skip:
+            return True
+        self._stopped_partitions[tp] = lost
+        METRICS.partitions_stopped.set(len(self._stopped_partitions))
+        self._warming.discard(mutator.id)
+        if self.mutators.get(tp) is mutator:
+            del self.mutators[tp]
+        METRICS.live_mutators.set(len(self.mutators))
+        with contextlib.suppress(Exception):
+            self.consumer.pause(tp)
+        return False
 
     def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
         log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
@@ -545,14 +626,28 @@ class ConsumerService:
                  replayed_records=result.replayed_records, replayed_instances=result.replayed_instances,
                  retired=[str(m) for m in result.retired], seconds=round(time.monotonic() - started, 3))
 
-    async def _until_taken_over(self, mutator: Mutator) -> bool:
-        """Wait until ``mutator``'s takeover is finished; it must write nothing before. False when it lost its
-        partition meanwhile. Raises what made the takeover fail otherwise."""
+    def _takeover_pending(self, mutator: Mutator) -> bool:
+        """True while ``mutator``'s takeover is still running in the background: it must write nothing yet.
+        Raises what made the takeover fail, if it failed."""
         task = self._takeovers.get(mutator.id)
-        if task is not None:
-            await asyncio.wait([task])  # never cancels it: a flush or release waiting here may be cancelled
-            task.result()
-        return not mutator.fenced
+        if task is None:
+            return False
+        if not task.done():
+            return True
+        task.result()
+        return False
+
+    async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
+        """Stop a takeover still running, as a crash would: nothing it did needs undoing (DESIGN.md,
+        takeover: the next claimant finishes the same way)."""
+        task = self._takeovers.pop(mutator.id, None)
+        self._warming.discard(mutator.id)
+        mutator.fenced = True  # never writes
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        log.info("takeover_abandoned", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id))
 
     # -------------------------------------------------------------------------------------- shutdown
 
@@ -570,10 +665,14 @@ class ConsumerService:
                     # The releases above flushed everything again; this only says why the earlier one failed.
                     log.warning("flush_failed_before_stop", error=str(task.exception()))
         finally:
-            for unfinished in self._takeovers.values():
-                unfinished.cancel()  # only those of mutators dropped before anything waited for them
-            for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
-                          self.cassandra.stop):
-                with contextlib.suppress(Exception):
-                    await close()
+            await self.close()
             log.info("consumer_stopped", host=self.host)
+
+    async def close(self) -> None:
+        """Close every client, started or not (also after a start that failed half way)."""
+        for unfinished in self._takeovers.values():
+            unfinished.cancel()  # only those of mutators dropped before anything waited for them
+        for close in (self.health.stop, self.consumer.stop, self.source.stop, self.producer.stop,
+                      self.cassandra.stop):
+            with contextlib.suppress(Exception):
+                await close()

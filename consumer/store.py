@@ -127,7 +127,9 @@ class CassandraStore:
     def __init__(self, client: CassandraClient) -> None:
         self.client = client
         self.write_cl = client.settings.write_consistency
-        self.read_cl = client.settings.read_consistency
+        # The store's only reads of shards are a replay's, which decide what it writes (see
+        # countersink.consistency): never at the read level configured for serving.
+        self.read_cl = client.settings.replay_read_consistency
         self.batch_rows = client.settings.write_batch_rows
 
     def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import acsylla
 
+from countersink.consistency import replication_factors
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency
@@ -255,6 +256,13 @@ class CassandraClient:
         for statement in cql.create_tables(self.keyspace):
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
+
+    async def replication_factors(self) -> dict[str, int]:
+        """Replicas per data centre of the keyspace as it exists (``""`` for SimpleStrategy)."""
+        result = await self.execute("SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                                    [self.keyspace], consistency=Consistency.ONE)
+        rows = as_dicts(result)
+        return replication_factors(dict(rows[0]["replication"])) if rows else {}
 
     def connections(self) -> int:
         """Open connections to Cassandra nodes right now (0 before start, after stop, or with every node down)."""

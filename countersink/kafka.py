@@ -6,7 +6,7 @@ import contextlib
 import ssl
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -50,6 +50,18 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 
 def make_consumer(settings: KafkaSettings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(*topics, **connection_options(settings), **overrides)
+
+
+def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
+    """The consumer's position in ``tp`` (the next offset it fetches, past transaction markers and aborted
+    records), or None while it has none; unlike ``position()``, never waits for one. Reads the client's
+    subscription state: ``position()`` would block a caller that must not wait while an offset is reset."""
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None or tp not in assignment.tps:
+        return None
+    state = assignment.state_value(tp)
+    return int(state.position) if state.has_valid_position else None
 
 
 def make_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:

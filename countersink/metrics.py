@@ -40,6 +40,15 @@ class Metrics:
         self.expiries = Counter("countersink_mutator_expiries",
                                 "Mutators replaced because they were past their expiry", registry=r)
         self.fencings = Counter("countersink_fencings", "Mutators found replaced by another owner", registry=r)
+        self.records_lost = Counter(
+            "countersink_records_lost", "Offsets deleted from the log (retention) before they were counted",
+            ["topic", "partition"], registry=r)
+        self.partitions_stopped = Gauge(
+            "countersink_partitions_stopped", "Partitions not consumed because records were lost (on_records_lost "
+            "= stop)", registry=r)
+        self.dead_letters_truncated = Counter(
+            "countersink_dead_letters_truncated", "Dead letters sent truncated because the broker refused them whole",
+            registry=r)
         self.gc_instances_folded = Counter("countersink_gc_instances_folded",
                                            "Instances whose final shards were folded into the tally", registry=r)
         self.gc_shards_deleted = Counter("countersink_gc_shards_deleted", "Shard rows folded and deleted", registry=r)

@@ -100,6 +100,9 @@ class CassandraSettings(_Section):
     # The GC reads a whole partition before deleting shards; ALL guarantees it sees every shard even when
     # writes were acknowledged by fewer replicas. QUORUM is enough when writes are QUORUM too.
     gc_read_consistency: Consistency = Consistency.ALL
+    # A takeover reads the shards of the mutator whose flush it finishes, and writes what they lack: a stale
+    # read would lose events. Like the GC's, this read must overlap the writes (see overlapping_reads).
+    replay_read_consistency: Consistency = Consistency.QUORUM
     connect_timeout_s: float = Field(default=5.0, gt=0)
     request_timeout_s: float = Field(default=12.0, gt=0)
     # Bounded in-flight requests per process, with a bounded wait for a slot (seed 003's pending queue).
@@ -153,6 +156,11 @@ class ConsumerSettings(_Section):
     memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     retry_window_records: int = Field(default=10_000, ge=0, le=10_000_000)
     dead_letter_topic: str = Field(default="countersink-dead-letter", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # A dead letter the broker refuses as too large is sent again cut to this many bytes, with the reason.
+    dead_letter_max_bytes: int = Field(default=512 * 1024, ge=1024, le=64 * 1_048_576)
+    # Records deleted by retention before they were counted: "stop" consuming that partition (and report
+    # unready) until an operator decides, or "skip" them, log and count them, and go on.
+    on_records_lost: str = Field(default="stop", pattern=r"^(stop|skip)$")
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
     max_poll_records: int = Field(default=2_000, ge=1)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)

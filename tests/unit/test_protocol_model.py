@@ -41,6 +41,7 @@ from consumer.protocol import (
     FencedError,
     Mutator,
     Record,
+    RecordsLostError,
     RetryWindow,
     StaleRecordError,
     Takeover,
@@ -644,8 +645,9 @@ def _consume_and_flush(store: MemoryStore, log: MemoryLog, record: MutatorRecord
     run(fresh.warm_up(log, result.start_offset))
     mutator = Mutator(record, PID, fresh, applied_through=result.start_offset - 1,
                       flushed_through=result.start_offset - 1)
-    for record_ in log.records[result.start_offset:through + 1]:
-        mutator.apply(record_)
+    for record_ in log.records:
+        if result.start_offset <= record_.offset <= through:
+            mutator.apply(record_)
     run(flush(store, mutator, now_us))
     return mutator
 
@@ -841,3 +843,54 @@ def test_a_claimant_fenced_before_finishing_its_takeover_writes_nothing() -> Non
     assert _stored(store, c.id) == (3, 5)
     assert all(shard.mutator != b.id for shard in store.snapshot("trades", "IBM").shards)
     assert store.mutators[b.id].retired_us is not None  # C's finish retired the claimant it fenced
+
+
+def test_a_rotation_claims_only_from_the_rotating_mutator() -> None:
+    """A member that released its mutator and lost the partition meanwhile (a zombie) must not fence the
+    rightful owner when it rotates: its claim from itself is refused and the row keeps its owner."""
+    store, log = MemoryStore(), _ibm_log(4)
+    zombie, task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, zombie, task.finish().result, 1, EPOCH_US)
+    run(release(store, mutator, EPOCH_US + MIN_LIFETIME_US))
+    _, rightful = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US + 1)
+    rightful.finish()
+    rotated = MutatorRecord(uuid.UUID(int=3), PID.consumer_group, TOPIC, PID.partition, "zombie",
+                            born_us=EPOCH_US + MIN_LIFETIME_US + 2, expires_us=EPOCH_US + 10**12)
+    with pytest.raises(FencedError):
+        run(claim(store, rotated, -1, from_owner=zombie.id))
+    assert store.partitions[PID].owner == uuid.UUID(int=2)
+
+
+def test_a_replay_hands_every_invalid_record_of_its_window_to_the_dead_letter_hook() -> None:
+    """The writer of an open window may have died before its dead letters were delivered: the replay
+    passes each invalid record of the window to ``on_invalid`` before it closes the window."""
+    store = MemoryStore()
+    values = [Event("IBM", 1, "e0").to_bytes(), MALFORMED[0], Event("IBM", 2, "e2").to_bytes(), MALFORMED[1]]
+    log = MemoryLog(values, offsets=[0, 2, 3, 7])
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    _consume_and_flush(store, log, a, a_task.finish().result, 7, EPOCH_US)  # A dies with 0..7's window open
+    _, claimed = _claimed_mutator(store, log, 2, EPOCH_US + 10)
+    sent: list[int] = []
+
+    async def dead_letter(record: object, error: object) -> None:
+        sent.append(record.offset)  # type: ignore[attr-defined]
+
+    run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20, on_invalid=dead_letter))
+    assert sent == [2, 7]
+    assert not store.partitions[PID].window_open
+
+
+def test_a_replay_whose_records_left_the_log_says_which() -> None:
+    """Records of an open window deleted by retention are reported by offset, not silently skipped; with
+    ``accept_lost`` the replay counts what is left."""
+    store = MemoryStore()
+    log = _ibm_log(6)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    _consume_and_flush(store, log, a, a_task.finish().result, 5, EPOCH_US)  # A dies with 0..5's window open
+    log.start = 2
+    _, claimed = _claimed_mutator(store, log, 2, EPOCH_US + 10)
+    with pytest.raises(RecordsLostError) as lost:
+        run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20))
+    assert (lost.value.first, lost.value.last) == (0, 1)
+    result: Takeover = run(finish_take_over(store, log, claimed, applier, EPOCH_US + 30, accept_lost=True))
+    assert result.replayed_records == 4

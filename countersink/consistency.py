@@ -1,0 +1,71 @@
+"""Whether reads that decide what gets written see every acknowledged write.
+
+A takeover's replay reads the shards of the mutator whose flush it finishes, and the GC reads a whole
+instance before it folds and deletes: if such a read can miss a write that Cassandra acknowledged, events are
+lost or counted twice. A read is guaranteed to see a write when the replicas it waits for and the replicas
+the write waited for must share one: read + write > replication factor (within the local data centre when
+both levels are local ones).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from countersink.settings import CassandraSettings, Consistency
+from schemas.errors import CountersinkError
+
+_LOCAL_LEVELS = {Consistency.LOCAL_ONE, Consistency.LOCAL_QUORUM, Consistency.EACH_QUORUM}
+
+
+class ConsistencyError(CountersinkError):
+    """Raised at start-up when a read that decides what gets written could miss an acknowledged write."""
+
+
+def replication_factors(replication: dict[str, str] | str) -> dict[str, int]:
+    """Replicas per data centre of a keyspace's replication map (``system_schema.keyspaces``, or the CQL
+    map text of the ``replication`` setting). SimpleStrategy counts as one data centre named ``""``."""
+    options = ast.literal_eval(replication) if isinstance(replication, str) else replication
+    strategy = str(options.get("class", ""))
+    if strategy.endswith("SimpleStrategy"):
+        return {"": int(options["replication_factor"])}
+    return {dc: int(factor) for dc, factor in options.items() if dc not in ("class", "replication_factor")}
+
+
+def _replicas(level: Consistency, factors: dict[str, int], local: int) -> int:
+    """Replicas a request at ``level`` waits for, counted across every data centre."""
+    total = sum(factors.values())
+    return {
+        Consistency.ONE: 1, Consistency.TWO: 2, Consistency.THREE: 3, Consistency.LOCAL_ONE: 1,
+        Consistency.QUORUM: total // 2 + 1, Consistency.ALL: total, Consistency.LOCAL_QUORUM: local // 2 + 1,
+        Consistency.EACH_QUORUM: sum(factor // 2 + 1 for factor in factors.values()),
+    }[level]
+
+
+def _local_replicas(level: Consistency, local: int) -> int:
+    """Replicas in the local data centre a request at a local ``level`` waits for."""
+    return 1 if level is Consistency.LOCAL_ONE else local // 2 + 1
+
+
+def reads_see_writes(read: Consistency, write: Consistency, factors: dict[str, int], local_dc: str | None) -> bool:
+    """True when every read at ``read`` overlaps every write acknowledged at ``write``."""
+    if not factors:
+        return False
+    # Without a named local data centre, assume the smallest: the overlap must hold wherever the client is.
+    local = factors.get(local_dc or "", min(factors.values())) if len(factors) > 1 else next(iter(factors.values()))
+    if read in _LOCAL_LEVELS and write in _LOCAL_LEVELS and _local_replicas(read, local) + _local_replicas(
+            write, local) > local:
+        return True
+    return _replicas(read, factors, local) + _replicas(write, factors, local) > sum(factors.values())
+
+
+def check_deciding_reads(settings: CassandraSettings, factors: dict[str, int],
+                         reads: dict[str, Consistency]) -> None:
+    """Raise :class:`ConsistencyError` (one line, naming the settings) unless each of ``reads`` (setting name
+    to level) overlaps ``write_consistency`` on a keyspace with these replication factors."""
+    for name, level in reads.items():
+        if not reads_see_writes(level, settings.write_consistency, factors, settings.local_dc):
+            where = ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))
+            raise ConsistencyError(
+                f"COUNTERSINK_CASSANDRA__{name.upper()}={level} with COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY="
+                f"{settings.write_consistency} can miss acknowledged writes on keyspace {settings.keyspace} "
+                f"({where}): read + write replicas must exceed the replication factor; raise one of them")

@@ -1,0 +1,349 @@
+"""Exactly once on real topics: transactional logs, a takeover after kill -9, a replay through a broker error,
+dead letters the broker refuses whole, records deleted by retention, and consistency levels refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic, RecordsToDelete
+from aiokafka.errors import KafkaConnectionError
+
+from consumer.protocol import Applier, Mutator, Record, RetryWindow, claim, flush
+from consumer.service import ConsumerService
+from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+from countersink.cassandra import CassandraClient, CassandraUnavailableError
+from countersink.kafka import make_admin, make_consumer, make_producer
+from countersink.metrics import METRICS
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from schemas.definitions import load_definitions
+from schemas.events import EventRouter
+from stack.loading import child_env, end_offsets, publish, wait_until_flushed
+from tests.integration.consumer_support import running, start_consumer, wait_until_started
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEFINITIONS = """
+[[counter]]
+name = "trades"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+"""
+
+
+def _event(event_id: str, symbol: str, qty: int) -> bytes:
+    return json.dumps({"id": event_id, "symbol": symbol, "qty": qty}).encode()
+
+
+def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, counters: Path,
+              **consumer: object) -> Settings:
+    options: dict[str, object] = {"dead_letter_topic": f"dlq-{group}", "flush_interval_s": 0.3, "health_port": 0,
+                                  **consumer}
+    return Settings(kafka=kafka, cassandra=cassandra,
+                    consumer=ConsumerSettings(group_id=group, counters_file=counters, **options))
+
+
+async def _transactions(kafka: KafkaSettings, topic: str, batches: list[list[bytes]], abort: set[int]) -> None:
+    """Each batch in its own transaction, to partition 0; the batches numbered in ``abort`` are aborted."""
+    producer = make_producer(kafka, transactional_id=f"tx-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        for number, batch in enumerate(batches):
+            await producer.begin_transaction()
+            for value in batch:
+                await producer.send_and_wait(topic, value, partition=0)
+            if number in abort:
+                await producer.abort_transaction()
+            else:
+                await producer.commit_transaction()
+    finally:
+        await producer.stop()
+
+
+async def _values(cassandra: CassandraSettings, symbols: list[str]) -> dict[tuple[str, str], object]:
+    from countersink.reader import read_state
+
+    values: dict[tuple[str, str], object] = {}
+    async with CassandraClient(cassandra) as client:
+        for counter in ("trades", "shares"):
+            for symbol in symbols:
+                state = await read_state(client, counter, symbol)
+                values[(counter, symbol)] = None if state is None else state.value()
+    return values
+
+
+def _expected(events: list[tuple[str, str, int]]) -> dict[tuple[str, str], object]:
+    counts: Counter[str] = Counter()
+    sums: Counter[str] = Counter()
+    for _, symbol, qty in events:
+        counts[symbol] += 1
+        sums[symbol] += qty
+    return {**{("trades", s): n for s, n in counts.items()}, **{("shares", s): n for s, n in sums.items()}}
+
+
+async def _read_topic(kafka: KafkaSettings, topic: str, at_least: int, within_s: float = 20) -> list:
+    consumer = make_consumer(kafka, topic, group_id=None, auto_offset_reset="earliest")
+    records: list = []
+    async with consumer:
+        deadline = time.monotonic() + within_s
+        while len(records) < at_least and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            records.extend(r for batch in batches.values() for r in batch)
+    return records
+
+
+async def test_a_successor_after_kill_9_drops_retries_its_predecessor_dropped_on_a_transactional_topic(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """On a transactional topic (one commit marker after every record, an aborted transaction), a consumer
+    killed with kill -9 is followed by one whose retry window holds the same 20 records, not the same 20
+    offsets: retries 15 records after their original are dropped, though 30 offsets away. The partition also
+    reads as flushed through its last offset (the commit marker), and the group's Kafka offset shows no lag."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    first = [(f"e{i}", f"S{i % 3}", i + 1) for i in range(30)]
+    await _transactions(kafka_settings, topic, [[_event(*e)] for e in first] + [[_event("gone", "S0", 1000)] * 5],
+                        abort={30})
+    log = tmp_path / "consumer.log"
+    window = {"retry_window_records": 20, "flush_interval_s": 0.3, "dead_letter_topic": f"dlq-{group}",
+              "group_id": group, "counters_file": counters}
+    process = start_consumer(kafka_settings, cassandra_settings, log, **window)
+    try:
+        await wait_until_started(log, process)
+        ends = await end_offsets(kafka_settings, {topic: 1})
+        await wait_until_flushed(cassandra_settings, group, ends, within_s=60)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    # Retries of e15..e29, each 15 records (30 offsets) after its original, and ten new events.
+    fresh = [(f"n{i}", f"S{i % 3}", 100 + i) for i in range(10)]
+    await _transactions(kafka_settings, topic, [[_event(*e)] for e in first[15:] + fresh], abort=set())
+
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, retry_window_records=20)
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        ends = await end_offsets(kafka_settings, {topic: 1})
+        await wait_until_flushed(cassandra_settings, group, ends, within_s=60)
+        tp = TopicPartition(topic, 0)
+        deadline = time.monotonic() + 10
+        async with make_consumer(kafka_settings, group_id=group, enable_auto_commit=False) as probe:
+            committed = await probe.committed(tp)
+            while committed != ends[tp] and time.monotonic() < deadline:
+                await asyncio.sleep(0.3)
+                committed = await probe.committed(tp)
+        assert committed == ends[tp], f"the group's offset {committed} is short of the log end {ends[tp]}"
+    assert await _values(cassandra_settings, ["S0", "S1", "S2"]) == _expected(first + fresh)
+
+
+class _FlakySource:
+    """The consumer's own record source, whose first read fails as during a broker restart."""
+
+    def __init__(self, source) -> None:  # type: ignore[no-untyped-def]
+        self._source = source
+        self.failures = 0
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+        if self.failures == 0:
+            self.failures += 1
+            raise KafkaConnectionError("broker restarting")
+        return await self._source.read(topic, partition, first, last)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._source, name)
+
+
+class _WritesFail:
+    """A store whose shard writes fail: a flush opens its window and writes nothing, as if its process died."""
+
+    def __init__(self, store: CassandraStore) -> None:
+        self._store = store
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: list[ShardWrite]) -> None:
+        raise CassandraUnavailableError("the process died here")
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._store, name)
+
+
+async def test_a_replay_survives_a_broker_error_and_dead_letters_what_it_skips(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A mutator that opened a flush window and died before writing is replayed by its successor; the
+    successor's first read from Kafka fails and is retried, every event of the window counts once, and the
+    window's malformed records reach the dead-letter topic though their first owner never sent them."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    definitions = load_definitions(counters)
+    events = [(f"e{i}", f"S{i % 2}", i) for i in range(12)]
+    values = [_event(*e) for e in events]
+    values[4:4] = [b"{not json"]
+    values[9:9] = [b'{"id": "bad", "symbol": "S0", "qty": "seven"}']
+    await _transactions(kafka_settings, topic, [values], abort=set())
+
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        born = time.time_ns() // 1000
+        record = MutatorRecord(uuid.uuid4(), group, topic, 0, "dead", born, born + 3_600_000_000)
+        claimed = await claim(store, record, -1)
+        applier = Applier(EventRouter(definitions), definitions, topic, 0, RetryWindow(100))
+        mutator = Mutator(record, PartitionId(group, topic, 0), applier, claimed.start_offset - 1,
+                          claimed.start_offset - 1)
+        async with make_consumer(kafka_settings, topic, group_id=None, auto_offset_reset="earliest",
+                                 isolation_level="read_committed") as reader:
+            got: list = []
+            while len(got) < len(values):
+                got.extend(r for batch in (await reader.getmany(timeout_ms=500)).values() for r in batch)
+        for message in got:
+            mutator.apply(message)
+        with pytest.raises(CassandraUnavailableError):
+            await flush(_WritesFail(store), mutator, time.time_ns() // 1000)  # type: ignore[arg-type]
+        row = await store.read_partition(mutator.pid)
+        assert row is not None
+        assert row.window_open
+
+    service = ConsumerService(_settings(kafka_settings, cassandra_settings, group, counters), definitions)
+    flaky = _FlakySource(service.source)
+    service.source = flaky  # type: ignore[assignment]
+    async with running(service):
+        ends = await end_offsets(kafka_settings, {topic: 1})
+        await wait_until_flushed(cassandra_settings, group, ends, within_s=60)
+    assert flaky.failures == 1
+    assert await _values(cassandra_settings, ["S0", "S1"]) == _expected(events)
+    dead = await _read_topic(kafka_settings, f"dlq-{group}", 2)
+    assert sorted(r.value for r in dead) == sorted([b"{not json", b'{"id": "bad", "symbol": "S0", "qty": "seven"}'])
+
+
+async def test_a_dead_letter_the_broker_refuses_whole_goes_truncated_and_counting_goes_on(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """An invalid event larger than the dead-letter topic accepts is sent cut to 1 KiB with a header saying
+    so; the events after it are counted."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    admin = make_admin(kafka_settings)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(f"dlq-{group}", 1, 1, topic_configs={"max.message.bytes": "4096"})])
+    finally:
+        await admin.close()
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    huge = json.dumps({"id": "huge", "symbol": "S0", "qty": "x" * 20_000}).encode()
+    events = [(f"e{i}", "S0", 1) for i in range(5)]
+    await _transactions(kafka_settings, topic, [[huge, *(_event(*e) for e in events)]], abort=set())
+
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    truncated_before = METRICS.dead_letters_truncated._value.get()
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}),
+                                 within_s=60)
+    assert await _values(cassandra_settings, ["S0"]) == _expected(events)
+    dead = await _read_topic(kafka_settings, f"dlq-{group}", 1)
+    assert len(dead) == 1
+    assert dead[0].value == huge[:1024]
+    assert dict(dead[0].headers)["countersink.truncated"] == f"{len(huge)} bytes cut to 1024".encode()
+    assert METRICS.dead_letters_truncated._value.get() == truncated_before + 1
+
+
+async def _delete_before(kafka: KafkaSettings, topic: str, offset: int) -> None:
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(offset)}, timeout_ms=10_000)
+    finally:
+        await admin.close()
+
+
+async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reported_then_stopped_or_skipped(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Records deleted before they were counted stop the partition (an error naming the offsets, a metric,
+    unready) by default; with on_records_lost = skip the consumer counts on from the log start."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    definitions = load_definitions(counters)
+    first = [(f"a{i}", "S0", 1) for i in range(10)]
+    await publish(kafka_settings, topic, [_event(*e) for e in first])
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    async with running(ConsumerService(settings, definitions)):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+    second = [(f"b{i}", "S0", 10) for i in range(10)]
+    await publish(kafka_settings, topic, [_event(*e) for e in second])
+    await _delete_before(kafka_settings, topic, 15)  # b0..b4 are gone before anyone counted them
+
+    lost_before = METRICS.records_lost.labels(topic, "0")._value.get()
+    stopped = ConsumerService(settings, definitions)
+    async with running(stopped):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if METRICS.partitions_stopped._value.get():
+                break
+            await asyncio.sleep(0.2)
+        assert METRICS.partitions_stopped._value.get() == 1
+        assert not stopped.is_ready
+        await asyncio.sleep(1.0)
+    assert METRICS.records_lost.labels(topic, "0")._value.get() == lost_before + 5
+    assert await _values(cassandra_settings, ["S0"]) == _expected(first)
+
+    skipping = _settings(kafka_settings, cassandra_settings, group, counters, on_records_lost="skip")
+    async with running(ConsumerService(skipping, definitions)):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+    assert await _values(cassandra_settings, ["S0"]) == _expected(first + second[5:])
+
+
+async def test_reads_that_could_miss_a_write_are_refused_at_start(
+    kafka_settings: KafkaSettings, base_cassandra_settings: CassandraSettings, tmp_path: Path
+) -> None:
+    """With three replicas, replay reads at ONE and writes at ONE can miss a write: the consumer refuses to
+    start, with one line naming the settings and exit code 2, before creating or consuming anything."""
+    cassandra = base_cassandra_settings.model_copy(update={"keyspace": f"t_{uuid.uuid4().hex[:12]}"})
+    async with CassandraClient(base_cassandra_settings, use_keyspace=False) as client:
+        await client.execute(f"CREATE KEYSPACE {cassandra.keyspace} WITH replication = "
+                             "{'class': 'SimpleStrategy', 'replication_factor': 3}", prepared=False)
+    try:
+        await _refused_at_start(kafka_settings, cassandra, tmp_path)
+    finally:
+        async with CassandraClient(base_cassandra_settings, use_keyspace=False) as client:
+            await client.execute(f"DROP KEYSPACE IF EXISTS {cassandra.keyspace}", prepared=False)
+
+
+async def _refused_at_start(kafka_settings: KafkaSettings, cassandra: CassandraSettings, tmp_path: Path) -> None:
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", "never-read"))
+    env = child_env(kafka_settings, cassandra, consumer={"counters_file": counters, "health_port": 0})
+    env.update(COUNTERSINK_CASSANDRA__REPLICATION="{'class': 'SimpleStrategy', 'replication_factor': 3}",
+               COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY="ONE", COUNTERSINK_CASSANDRA__REPLAY_READ_CONSISTENCY="ONE")
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "consumer"], cwd=REPO, env=env,
+                                   capture_output=True, timeout=60)
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 2, output
+    refused = [json.loads(line) for line in output.splitlines() if '"settings_refused"' in line]
+    assert len(refused) == 1, output
+    assert "REPLAY_READ_CONSISTENCY=ONE" in refused[0]["error"]
+    assert "Traceback" not in output
