@@ -19,6 +19,7 @@ from typing import Any
 from consumer.store import CassandraStore, PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError, CassandraUnavailableError
 from countersink.cli import run_async, stop_on_signals
+from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.health import HealthServer
 from countersink.kafka import make_admin
 from countersink.logs import get_logger
@@ -91,6 +92,9 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
         try:
             async with CassandraClient(settings.cassandra, app="countersink-gc") as client:
                 report = await _one_run(settings, client, args)
+        except ConsistencyError as exc:
+            log.error("settings_refused", error=str(exc))
+            return 2
         except CassandraError as exc:
             log.error("gc_failed", error=str(exc))
             METRICS.gc_runs.labels(outcome="failed").inc()
@@ -101,6 +105,9 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _one_run(settings: Settings, client: CassandraClient, args: argparse.Namespace) -> GcReport:
     store = CassandraGcStore(client, instance_consistency=args.consistency)
+    # A read that misses a shard would fold the tally without it and delete nothing for it, or fold it twice.
+    check_deciding_reads(settings.cassandra, await client.replication_factors(),
+                         {"gc_read_consistency": store.instance_cl})
     progress = _Progress(settings.gc.progress_interval_s, bar=not args.no_progress and sys.stderr.isatty())
     collector = Collector(
         store, int(settings.gc.grace_s * 1e6),
@@ -204,7 +211,11 @@ async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Na
                 with contextlib.suppress(asyncio.CancelledError):
                     await run
                 break
-            healthy["ok"] = run.result()
+            try:
+                healthy["ok"] = run.result()
+            except ConsistencyError as exc:
+                log.error("settings_refused", error=str(exc))
+                return 2
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.gc.every_s)
     finally:

@@ -320,8 +320,8 @@ async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reporte
 async def test_reads_that_could_miss_a_write_are_refused_at_start(
     kafka_settings: KafkaSettings, base_cassandra_settings: CassandraSettings, tmp_path: Path
 ) -> None:
-    """With three replicas, replay reads at ONE and writes at ONE can miss a write: the consumer refuses to
-    start, with one line naming the settings and exit code 2, before creating or consuming anything."""
+    """With three replicas, reads at ONE and writes at ONE can miss a write: the consumer (replay reads) and
+    the GC (instance reads) refuse to start, with one line naming the settings and exit code 2."""
     cassandra = base_cassandra_settings.model_copy(update={"keyspace": f"t_{uuid.uuid4().hex[:12]}"})
     async with CassandraClient(base_cassandra_settings, use_keyspace=False) as client:
         await client.execute(f"CREATE KEYSPACE {cassandra.keyspace} WITH replication = "
@@ -346,4 +346,14 @@ async def _refused_at_start(kafka_settings: KafkaSettings, cassandra: CassandraS
     refused = [json.loads(line) for line in output.splitlines() if '"settings_refused"' in line]
     assert len(refused) == 1, output
     assert "REPLAY_READ_CONSISTENCY=ONE" in refused[0]["error"]
+    assert "Traceback" not in output
+    # The GC's read of an instance decides what it folds and deletes: refused the same way.
+    env.update(COUNTERSINK_CASSANDRA__GC_READ_CONSISTENCY="ONE")
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gc_worker"], cwd=REPO, env=env,
+                                   capture_output=True, timeout=60)
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 2, output
+    refused = [json.loads(line) for line in output.splitlines() if '"settings_refused"' in line]
+    assert len(refused) == 1, output
+    assert "GC_READ_CONSISTENCY=ONE" in refused[0]["error"]
     assert "Traceback" not in output
