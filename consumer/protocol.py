@@ -330,7 +330,8 @@ async def _commit_window(store: Store, mutator: Mutator) -> None:
 
 
 async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
-    """Open the window of the next flush by LWT (DESIGN.md, flush step 1) and return its number.
+    """Open the window of the next flush by LWT and return its number (README, "Guarantees": a flush opens a
+    window first).
 
     After an attempt that may have opened a window without writing it all, the row says what happened: if it
     shows that window with the same intent, it is reused as it is. If more records were applied since, a new

@@ -638,8 +638,8 @@ class ConsumerService:
         return False
 
     async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
-        """Stop a takeover still running, as a crash would: nothing it did needs undoing (DESIGN.md,
-        takeover: the next claimant finishes the same way)."""
+        """Stop a takeover still running, as a crash would: nothing it did needs undoing (the next claimant
+        finishes it the same way: README, "Guarantees")."""
         task = self._takeovers.pop(mutator.id, None)
         self._warming.discard(mutator.id)
         mutator.fenced = True  # never writes
