@@ -1,6 +1,7 @@
 """``make chaos``: a long run under faults that ends by comparing every counter with the truth.
 
-    python -m bench.chaos [--events 1000000] [--consumers 3] [--kill-every 6] [--seed 1]
+    python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--consumers 3] [--kill-every 6]
+                          [--seed 1]
 
 It starts its own Kafka and Cassandra (ports 19092 and 19042, data under ``.stack/chaos``), three consumers
 and a GC loop, and publishes the events (trades over 500 symbols, with publisher retries and malformed
@@ -8,15 +9,28 @@ records) while it injects faults: kill -9 of a random consumer every few seconds
 later), one Kafka broker restart, one Cassandra restart, one zombie (a consumer frozen with SIGSTOP past its
 session timeout, then resumed) and one kill -9 of the GC loop. When everything is published and flushed it
 stops the consumers, runs GC once, and compares count, integer sum, decimal sum, min and max of every
-symbol with the truth computed from what was published. It prints ``lost=N duplicated=M`` (events missing
-from, or counted twice in, the trade counts) and the faults injected, and exits 0 only if both are 0 and
-every value matches. Everything it starts, it stops.
+symbol with the truth computed from what was published.
+
+Meanwhile a transactional producer publishes ``--tx-events`` trades to a second topic in transactions of 1
+to 8 records, about a tenth of them aborted once and then sent again, with publisher retries 1 to 150
+records after the original in the same partition (the consumers' retry window is 200 records in this run)
+and malformed records. Its truth is computed from the topic as a read_committed consumer reads it back,
+retries within the window excluded; the read-back is checked against the publisher's own log (no aborted
+record visible, every committed one there). Every malformed record committed there must be on the
+dead-letter topic.
+
+It prints ``lost=N duplicated=M`` (events missing from, or counted twice in, the trade counts of both
+topics), ``dead_letters_missing=N`` and the faults injected, and exits 0 only if all three are 0 and every
+value matches. ``--quick`` is the short run CI makes: 40,000 plain and 6,000 transactional trades, the
+one-off faults sooner. Everything it starts, it stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import heapq
 import json
 import os
 import random
@@ -30,8 +44,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
+from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import IllegalOperation, KafkaError
+
 from countersink.cassandra import CassandraClient
-from countersink.kafka import ensure_topics
+from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
@@ -43,26 +60,37 @@ STACK = servers.STACK_DIR / "chaos"
 TOPIC = "chaos-trades"
 PARTITIONS = 6
 GROUP = "chaos"
+DEAD_LETTERS = "chaos-dead-letter"
 SESSION_TIMEOUT_MS = 6000
-DEFINITIONS = f"""
+# The one-off faults, in seconds after the consumers start.
+FAULTS_AT = {"kafka": 25.0, "zombie": 45.0, "cassandra": 70.0, "gc": 100.0}
+QUICK_FAULTS_AT = {"kafka": 10.0, "zombie": 20.0, "cassandra": 40.0, "gc": 55.0}
+# The transactional phase: its own topic, counters and producer.
+TX_TOPIC = "chaos-tx-trades"
+TX_PREFIX = "tx_"
+TX_ID = "countersink-chaos-tx"
+ATTEMPT_HEADER = "chaos-attempt"
+RETRY_WINDOW = 200  # the consumers' retry_window_records while the transactional phase runs
+RETRY_DISTANCE = 150  # a transactional publisher retry comes at most this many records after the original
+COUNTERS = """
 [[counter]]
-name = "trades"
-topics = ["{TOPIC}"]
+name = "{prefix}trades"
+topics = ["{topic}"]
 kind = "count"
 key = ["symbol"]
 event_id = "id"
 
 [[counter]]
-name = "shares"
-topics = ["{TOPIC}"]
+name = "{prefix}shares"
+topics = ["{topic}"]
 kind = "sum"
 key = ["symbol"]
 value = "qty"
 event_id = "id"
 
 [[counter]]
-name = "notional"
-topics = ["{TOPIC}"]
+name = "{prefix}notional"
+topics = ["{topic}"]
 kind = "sum"
 number = "decimal"
 key = ["symbol"]
@@ -70,19 +98,27 @@ value = "price"
 event_id = "id"
 
 [[counter]]
-name = "smallest"
-topics = ["{TOPIC}"]
+name = "{prefix}smallest"
+topics = ["{topic}"]
 kind = "min"
 key = ["symbol"]
 value = "qty"
 
 [[counter]]
-name = "largest"
-topics = ["{TOPIC}"]
+name = "{prefix}largest"
+topics = ["{topic}"]
 kind = "max"
 key = ["symbol"]
 value = "qty"
 """
+
+
+def definitions(topic: str, prefix: str = "") -> str:
+    """The five counters (count, integer sum, decimal sum, min, max by symbol) of one topic."""
+    return COUNTERS.format(topic=topic, prefix=prefix)
+
+
+DEFINITIONS = definitions(TOPIC)
 
 
 def say(message: str) -> None:
@@ -97,9 +133,32 @@ class Truth:
     smallest: dict[str, int] = field(default_factory=dict)
     largest: dict[str, int] = field(default_factory=dict)
 
-    def expected(self) -> dict[str, dict[str, object]]:
-        return {"trades": dict(self.count), "shares": dict(self.qty), "notional": dict(self.notional),
-                "smallest": dict(self.smallest), "largest": dict(self.largest)}
+    def add(self, symbol: str, qty: int, price: Decimal) -> None:
+        """One trade counted: every counter moves."""
+        self.count[symbol] += 1
+        self.qty[symbol] += qty
+        self.notional[symbol] += price
+        self.see(symbol, qty)
+
+    def see(self, symbol: str, qty: int) -> None:
+        """One trade seen again (a retry the counts drop): min and max have no event id and take it anyway."""
+        self.smallest[symbol] = min(qty, self.smallest.get(symbol, qty))
+        self.largest[symbol] = max(qty, self.largest.get(symbol, qty))
+
+    def expected(self, prefix: str = "") -> dict[str, dict[str, object]]:
+        """Counter name (as :func:`definitions` names it with ``prefix``) -> symbol -> value."""
+        return {f"{prefix}trades": dict(self.count), f"{prefix}shares": dict(self.qty),
+                f"{prefix}notional": dict(self.notional), f"{prefix}smallest": dict(self.smallest),
+                f"{prefix}largest": dict(self.largest)}
+
+
+def trade(rng: random.Random, symbols: int) -> tuple[str, int, Decimal, bytes]:
+    """One distinct trade: symbol, quantity, price and its JSON with a fresh random id."""
+    symbol = f"S{rng.randrange(symbols):03d}"
+    qty = rng.randrange(1, 10_000)
+    price = Decimal(rng.randrange(1, 1_000_000)) / 100
+    event = f'{{"id":"{uuid.UUID(int=rng.getrandbits(128)).hex}","symbol":"{symbol}","qty":{qty},"price":{price}}}'
+    return symbol, qty, price, event.encode()
 
 
 def make_events(n: int, rng: random.Random, symbols: int = 500, retries: float = 0.02, malformed: float = 0.001
@@ -111,16 +170,9 @@ def make_events(n: int, rng: random.Random, symbols: int = 500, retries: float =
     pending: list[tuple[int, bytes]] = []
     resent = bad = 0
     for i in range(n):
-        symbol = f"S{rng.randrange(symbols):03d}"
-        qty = rng.randrange(1, 10_000)
-        price = Decimal(rng.randrange(1, 1_000_000)) / 100
-        event = f'{{"id":"{uuid.UUID(int=rng.getrandbits(128)).hex}","symbol":"{symbol}","qty":{qty},"price":{price}}}'
-        stream.append(event.encode())
-        truth.count[symbol] += 1
-        truth.qty[symbol] += qty
-        truth.notional[symbol] += price
-        truth.smallest[symbol] = min(qty, truth.smallest.get(symbol, qty))
-        truth.largest[symbol] = max(qty, truth.largest.get(symbol, qty))
+        symbol, qty, price, event = trade(rng, symbols)
+        stream.append(event)
+        truth.add(symbol, qty, price)
         if rng.random() < retries:
             pending.append((i + rng.randrange(1, 200), stream[-1]))
         while pending and pending[0][0] <= i:
@@ -131,6 +183,270 @@ def make_events(n: int, rng: random.Random, symbols: int = 500, retries: float =
             bad += 1
     stream.extend(event for _, event in pending)
     return stream, truth, resent + len(pending), bad
+
+
+# ------------------------------------------------------------------------------ the transactional phase
+
+
+@dataclass
+class Transaction:
+    records: list[tuple[int, bytes]]  # (partition, value) in the order sent
+    abort_first: bool  # sent once and aborted, then sent again in a new transaction
+
+
+@dataclass
+class TxPlan:
+    transactions: list[Transaction]
+    malformed: set[bytes]  # the values of the malformed records; every other record is a valid trade
+    events: int
+    retries: int
+    bad: int
+
+    @property
+    def records(self) -> int:
+        return sum(len(tx.records) for tx in self.transactions)
+
+
+def malformed_record(rng: random.Random) -> bytes:
+    """Invalid JSON, JSON that is not an object, or a trade with a field of the wrong type."""
+    tag = uuid.UUID(int=rng.getrandbits(128)).hex
+    return rng.choice([
+        f'{{"id":"{tag}","symbol":"S0', "", f'["{tag}"]',
+        f'{{"id":"{tag}","symbol":"S001","qty":"many","price":1.5}}',
+        f'{{"id":"{tag}","symbol":"S002","qty":2.5,"price":1.5}}',
+        f'{{"id":"{tag}","symbol":"S003","qty":3,"price":"free"}}',
+    ]).encode()
+
+
+def make_transactions(n: int, rng: random.Random, symbols: int = 100, partitions: int = PARTITIONS,
+                      retries: float = 0.08, malformed: float = 0.004, aborted: float = 0.1) -> TxPlan:
+    """``n`` distinct trades, each in a partition of its own choosing, cut into transactions of 1 to 8
+    records; about a tenth of the transactions are to be aborted once before they are sent again.
+
+    A fraction of the trades is sent again (a publisher retry, the same bytes to the same partition)
+    ``RETRY_DISTANCE`` records later at most in that partition, counting only records that are committed,
+    half of them in the last fifth of that distance: close to the edge of the consumers'
+    ``RETRY_WINDOW``, where a window rebuilt from the wrong records lets a retry through."""
+    position = [0] * partitions  # records planned so far in each partition
+    due: list[list[tuple[int, int, bytes]]] = [[] for _ in range(partitions)]  # (position, order, value)
+    sequence: list[tuple[int, bytes]] = []
+    bad: set[bytes] = set()
+    made = resent = bad_count = 0
+    while made < n or any(due):
+        p = rng.randrange(partitions)
+        queue = due[p]
+        if queue and (queue[0][0] <= position[p] or made >= n):
+            value = heapq.heappop(queue)[2]
+            resent += 1
+        elif made >= n:
+            continue
+        elif rng.random() < malformed:
+            value = malformed_record(rng)
+            bad.add(value)
+            bad_count += 1
+        else:
+            value = trade(rng, symbols)[3]
+            made += 1
+            if rng.random() < retries:
+                low = 1 if rng.random() < 0.5 else RETRY_DISTANCE * 4 // 5
+                heapq.heappush(queue, (position[p] + rng.randint(low, RETRY_DISTANCE), len(sequence), value))
+        sequence.append((p, value))
+        position[p] += 1
+    transactions = []
+    i = 0
+    while i < len(sequence):
+        size = rng.randint(1, 8)
+        transactions.append(Transaction(sequence[i:i + size], rng.random() < aborted))
+        i += size
+    return TxPlan(transactions, bad, made, resent, bad_count)
+
+
+@dataclass
+class TxLog:
+    """What the transactional publisher did. Each attempt (one transaction sent) tags its records with its
+    number in the ``ATTEMPT_HEADER`` header, so reading the topic back shows which attempts were committed."""
+
+    sizes: dict[int, int] = field(default_factory=dict)  # attempt -> records sent
+    # attempt -> "committed" (its commit returned), "aborted" (aborted on purpose, or failed before its
+    # commit was asked for: the next producer with the same transactional id aborts it), "unknown" (its
+    # commit failed: the coordinator may have committed it all the same)
+    fates: dict[int, str] = field(default_factory=dict)
+    committed: int = 0
+    aborted: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+async def start_transactional(kafka: KafkaSettings, attempts: int = 30) -> AIOKafkaProducer:
+    """A started transactional producer; a restarting broker refuses connections for a while."""
+    for attempt in range(1, attempts + 1):
+        producer = make_producer(kafka, transactional_id=TX_ID, linger_ms=0)
+        try:
+            await producer.start()
+            return producer
+        except KafkaError:
+            await stop_quietly(producer)
+            if attempt == attempts:
+                raise
+            await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+async def stop_quietly(producer: AIOKafkaProducer) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(30):
+            await producer.stop()
+
+
+async def publish_transactions(kafka: KafkaSettings, plan: TxPlan, log: TxLog) -> None:
+    """Send every transaction of the plan with one transactional producer, aborting those marked so once
+    first. A transaction that fails (the broker restarts, the event loop stalls past the transaction
+    timeout) is sent again by a new producer with the same transactional id, which aborts what the old one
+    left open."""
+    producer: AIOKafkaProducer | None = None
+    attempt = 0
+    started = time.monotonic()
+    try:
+        for number, tx in enumerate(plan.transactions, 1):
+            if number % max(1, len(plan.transactions) // 4) == 0:
+                say(f"transaction {number}/{len(plan.transactions)} ({log.aborted} aborted first so far)")
+            abort = tx.abort_first
+            while True:
+                attempt += 1
+                log.sizes[attempt] = len(tx.records)
+                log.fates[attempt] = "aborted"
+                header = [(ATTEMPT_HEADER, str(attempt).encode())]
+                try:
+                    if producer is None:
+                        producer = await start_transactional(kafka)
+                    async with asyncio.timeout(120):
+                        await producer.begin_transaction()
+                        deliveries = [await producer.send(TX_TOPIC, value, partition=p, headers=header)
+                                      for p, value in tx.records]
+                        await asyncio.gather(*deliveries)  # in the log, aborted or not
+                        if abort:
+                            await producer.abort_transaction()
+                        else:
+                            log.fates[attempt] = "unknown"
+                            await producer.commit_transaction()
+                except (KafkaError, IllegalOperation, TimeoutError) as exc:
+                    log.failures.append(f"attempt {attempt}: {type(exc).__name__}: {exc}")
+                    say(f"transaction attempt {attempt} failed ({type(exc).__name__}: {exc}); "
+                        "sending it again with a new producer")
+                    if producer is not None:
+                        await stop_quietly(producer)
+                        producer = None
+                    await asyncio.sleep(1.0)
+                    continue
+                if abort:
+                    abort = False
+                    log.aborted += 1
+                    continue
+                log.fates[attempt] = "committed"
+                log.committed += 1
+                break
+        say(f"all {len(plan.transactions)} transactions committed after {time.monotonic() - started:.0f}s")
+    finally:
+        if producer is not None:
+            await stop_quietly(producer)
+
+
+async def read_topic(kafka: KafkaSettings, topic: str, partitions: int, within_s: float = 300.0
+                     ) -> dict[int, list[ConsumerRecord[bytes, bytes]]]:
+    """Every record of the topic as a read_committed consumer sees it (aborted records and transaction
+    markers skipped), by partition, in offset order."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    records: dict[int, list[ConsumerRecord[bytes, bytes]]] = {p: [] for p in range(partitions)}
+    consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, isolation_level="read_committed")
+    async with consumer:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)  # the last stable offsets: every transaction is finished
+        deadline = time.monotonic() + within_s
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} not read back to its end offsets {ends} after {within_s:.0f}s")
+            for tp, batch in (await consumer.getmany(*tps, timeout_ms=1000, max_records=10_000)).items():
+                records[tp.partition].extend(batch)
+    return records
+
+
+@dataclass
+class TxTruth:
+    truth: Truth
+    last_offsets: dict[int, int]  # partition -> offset of its last committed record
+    malformed: dict[str, bytes]  # countersink.source (topic/partition/offset) -> value, of committed bad records
+    committed_records: int = 0
+    retries_dropped: int = 0  # a repeated id within the window: the counts drop it
+    retries_counted: int = 0  # a repeated id further back than the window: counted again
+    aborted_visible: int = 0  # records of an attempt that was aborted
+    committed_missing: int = 0  # records of an attempt whose commit returned
+    torn: list[int] = field(default_factory=list)  # attempts only partly visible
+    unknown_committed: int = 0  # attempts whose commit failed and that were committed all the same
+    unknown: int = 0
+
+
+def committed_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], plan: TxPlan, log: TxLog,
+                    window: int) -> TxTruth:
+    """The truth from what was committed, as read back: per partition, record number ``k`` (aborted records
+    and markers take no number) repeating an event id last seen at number ``j`` is dropped when
+    ``k - j <= window``, as the consumers' publisher-retry window does (the README, "Publisher retries").
+    Also checks the read-back against the publisher's log: all of a committed attempt, none of an aborted
+    one, and all or nothing of the others."""
+    result = TxTruth(Truth(), {}, {})
+    seen: Counter[int] = Counter()
+    for partition, batch in records.items():
+        last_number: dict[str, int] = {}
+        for number, record in enumerate(batch):
+            headers = dict(record.headers)
+            seen[int(headers[ATTEMPT_HEADER])] += 1
+            result.committed_records += 1
+            result.last_offsets[partition] = record.offset
+            value = record.value or b""
+            if value in plan.malformed:
+                result.malformed[f"{TX_TOPIC}/{partition}/{record.offset}"] = value
+                continue
+            event = json.loads(value, parse_float=Decimal)
+            symbol, qty, price = event["symbol"], event["qty"], Decimal(event["price"])
+            previous = last_number.get(event["id"])
+            last_number[event["id"]] = number
+            if previous is not None and number - previous <= window:
+                result.retries_dropped += 1
+                result.truth.see(symbol, qty)
+                continue
+            if previous is not None:
+                result.retries_counted += 1
+            result.truth.add(symbol, qty, price)
+    for attempt, size in log.sizes.items():
+        visible, fate = seen[attempt], log.fates[attempt]
+        if visible not in (0, size):
+            result.torn.append(attempt)
+        elif fate == "aborted":
+            result.aborted_visible += visible
+        elif fate == "committed":
+            result.committed_missing += size - visible
+        else:
+            result.unknown += 1
+            result.unknown_committed += visible == size
+    return result
+
+
+async def read_dead_letters(kafka: KafkaSettings, topic: str, within_s: float = 300.0) -> dict[str, list[bytes]]:
+    """countersink.source -> the values dead-lettered from it (at least once each, maybe more)."""
+    tp = TopicPartition(topic, 0)
+    found: defaultdict[str, list[bytes]] = defaultdict(list)
+    consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False)
+    async with consumer:
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        deadline = time.monotonic() + within_s
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} not read back to its end offset {end} after {within_s:.0f}s")
+            for record in (await consumer.getmany(tp, timeout_ms=1000, max_records=10_000)).get(tp, []):
+                source = dict(record.headers).get("countersink.source", b"").decode()
+                found[source].append(record.value or b"")
+    return found
 
 
 class Fleet:
@@ -196,11 +512,11 @@ class Faults:
 
 
 async def inject(fleet: Fleet, kafka: servers.KafkaServer, cassandra: servers.CassandraNode, faults: Faults,
-                 rng: random.Random, kill_every_s: float, done: asyncio.Event) -> None:
-    """Faults on a schedule until ``done``: kills throughout, one of each other fault at set moments.
-    Server restarts block this loop on purpose: the servers must be started from the main thread."""
+                 rng: random.Random, kill_every_s: float, done: asyncio.Event, at: dict[str, float]) -> None:
+    """Faults on a schedule until ``done``: kills throughout, one of each other fault at the second ``at``
+    gives it. Server restarts block this loop on purpose: the servers must be started from the main thread."""
     started = time.monotonic()
-    plan = {"kafka": 25.0, "zombie": 45.0, "cassandra": 70.0, "gc": 100.0}
+    plan = dict(at)
     while not done.is_set() or plan:
         await asyncio.sleep(kill_every_s * rng.uniform(0.6, 1.4))
         for name, code in fleet.revive():
@@ -251,14 +567,25 @@ async def inject(fleet: Fleet, kafka: servers.KafkaServer, cassandra: servers.Ca
         say(f"fault: consumer {slot} killed (kill -9) and restarted ({faults.kills} kills so far)")
 
 
-async def read_values(cassandra: CassandraSettings, truth: Truth) -> dict[str, dict[str, object]]:
-    values: dict[str, dict[str, object]] = {name: {} for name in truth.expected()}
+async def read_values(cassandra: CassandraSettings, expected: dict[str, dict[str, object]]
+                      ) -> dict[str, dict[str, object]]:
+    values: dict[str, dict[str, object]] = {name: {} for name in expected}
     async with CassandraClient(cassandra) as client:
-        for counter in values:
-            for symbol in truth.count:
+        for counter, by_symbol in expected.items():
+            for symbol in by_symbol:
                 state = await read_state(client, counter, symbol)
                 values[counter][symbol] = None if state is None else state.value()
     return values
+
+
+def compare(values: dict[str, dict[str, object]], truth: Truth, prefix: str = "") -> tuple[int, int, list[str]]:
+    """(lost, duplicated, mismatched values) of one topic's counters against its truth."""
+    counted = {s: int(v or 0) for s, v in values[f"{prefix}trades"].items()}  # type: ignore[call-overload]
+    lost = sum(max(0, n - counted.get(s, 0)) for s, n in truth.count.items())
+    duplicated = sum(max(0, counted.get(s, 0) - n) for s, n in truth.count.items())
+    mismatched = [f"{c}/{s}: {values[c].get(s)!r} != {v!r}" for c, by in truth.expected(prefix).items()
+                  for s, v in by.items() if values[c].get(s) != v]
+    return lost, duplicated, mismatched
 
 
 def ownership_changes() -> tuple[int, int]:
@@ -271,6 +598,16 @@ def ownership_changes() -> tuple[int, int]:
             elif '"mutator_rotated"' in line:
                 rotations += 1
     return takeovers, rotations
+
+
+async def publish_plain(kafka: KafkaSettings, stream: list[bytes]) -> None:
+    """The plain stream, a hundredth at a time, half a second apart."""
+    chunk = max(1, len(stream) // 100)
+    for i in range(0, len(stream), chunk):
+        await publish(kafka, TOPIC, stream[i:i + chunk])
+        await asyncio.sleep(0.5)
+        if i // chunk % 10 == 9:
+            say(f"published {min(len(stream), i + chunk)}/{len(stream)} records")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -289,6 +626,7 @@ async def run(args: argparse.Namespace) -> int:
     kafka_server.start(tied_to_parent=True, wait=False)
     cassandra_node.start(tied_to_parent=True, wait=False)
     fleet: Fleet | None = None
+    transactional = args.tx_events > 0
     try:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
@@ -298,33 +636,50 @@ async def run(args: argparse.Namespace) -> int:
         async with CassandraClient(cassandra, use_keyspace=False) as client:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_chaos", prepared=False)
             await client.ensure_schema()
-        await ensure_topics(kafka, {TOPIC: PARTITIONS})
+        await ensure_topics(kafka, {TOPIC: PARTITIONS, **({TX_TOPIC: PARTITIONS} if transactional else {})})
         counters = STACK / "counters.toml"
-        counters.write_text(DEFINITIONS)
+        counters.write_text(DEFINITIONS + (definitions(TX_TOPIC, TX_PREFIX) if transactional else ""))
         stream, truth, retries, bad = make_events(args.events, rng)
         say(f"{args.events} trades over {len(truth.count)} symbols, {retries} publisher retries, {bad} malformed "
             f"records: {len(stream)} records")
-        env = child_env(kafka, cassandra, consumer={
-            "group_id": GROUP, "counters_file": counters, "dead_letter_topic": "chaos-dead-letter",
+        consumer: dict[str, object] = {
+            "group_id": GROUP, "counters_file": counters, "dead_letter_topic": DEAD_LETTERS,
             "session_timeout_ms": SESSION_TIMEOUT_MS, "health_port": 0, "mutator_max_age_s": 20,
-            "flush_interval_s": 0.5}, gc={"grace_s": 2, "health_port": 0})
+            "flush_interval_s": 0.5}
+        # Its own random numbers, so that a seed gives the same plain stream and faults as before this phase.
+        plan = make_transactions(args.tx_events, random.Random(f"tx-{args.seed}"))
+        tx_log = TxLog()
+        if transactional:
+            # The plain stream's retries come at most ~210 records later across all six partitions and so
+            # far fewer in their own (54 at most in a 1M-event stream, seed 11): well inside this window too.
+            consumer["retry_window_records"] = RETRY_WINDOW
+            aborts = sum(tx.abort_first for tx in plan.transactions)
+            say(f"transactional phase on {TX_TOPIC}: {plan.events} trades, {plan.retries} publisher retries 1 to "
+                f"{RETRY_DISTANCE} records later in their partition (retry window {RETRY_WINDOW} records), "
+                f"{plan.bad} malformed records: {plan.records} records in {len(plan.transactions)} "
+                f"transactions of 1 to 8, {aborts} of them aborted once first")
+        env = child_env(kafka, cassandra, consumer=consumer, gc={"grace_s": 2, "health_port": 0})
         fleet = Fleet(env, args.consumers)
         faults = Faults()
         done = asyncio.Event()
         injector = asyncio.create_task(inject(fleet, kafka_server, cassandra_node, faults, rng, args.kill_every,
-                                              done))
+                                              done, QUICK_FAULTS_AT if args.quick else FAULTS_AT))
         started = time.monotonic()
-        chunk = max(1, len(stream) // 100)
-        for i in range(0, len(stream), chunk):
-            await publish(kafka, TOPIC, stream[i:i + chunk])
-            await asyncio.sleep(0.5)
-            if i // chunk % 10 == 9:
-                say(f"published {min(len(stream), i + chunk)}/{len(stream)} records")
-        say(f"all {len(stream)} records published after {time.monotonic() - started:.0f}s; "
-            "waiting for the planned faults, then for the consumers")
+        publishers = [publish_plain(kafka, stream)]
+        if transactional:
+            publishers.append(publish_transactions(kafka, plan, tx_log))
+        await asyncio.gather(*publishers)
+        say(f"all {len(stream) + (plan.records if transactional else 0)} records published after "
+            f"{time.monotonic() - started:.0f}s; waiting for the planned faults, then for the consumers")
         done.set()
         await injector
         ends = await end_offsets(kafka, {TOPIC: PARTITIONS})
+        committed: TxTruth | None = None
+        if transactional:
+            committed = committed_truth(await read_topic(kafka, TX_TOPIC, PARTITIONS), plan, tx_log, RETRY_WINDOW)
+            # A transactional partition ends with a commit marker, which no consumer sees as a record: its
+            # last record is what must be flushed.
+            ends.update({TopicPartition(TX_TOPIC, p): offset + 1 for p, offset in committed.last_offsets.items()})
         await wait_until_flushed(cassandra, GROUP, ends, 600,
                                  lambda behind: say(f"{behind} records not yet flushed"))
         for name, code in fleet.revive():
@@ -340,13 +695,11 @@ async def run(args: argparse.Namespace) -> int:
         report = json.loads(out.splitlines()[-1]) if out else {}
         say(f"final GC: exit {gc.returncode}, folded {report.get('instances_folded')} instances, "
             f"{report.get('mutators_collected')} mutators collected")
-        values = await read_values(cassandra, truth)
         expected = truth.expected()
-        counted = {s: int(v or 0) for s, v in values["trades"].items()}  # type: ignore[call-overload]
-        lost = sum(max(0, n - counted.get(s, 0)) for s, n in truth.count.items())
-        duplicated = sum(max(0, counted.get(s, 0) - n) for s, n in truth.count.items())
-        mismatched = [f"{c}/{s}: {values[c].get(s)!r} != {v!r}" for c, by in expected.items() for s, v in by.items()
-                      if values[c].get(s) != v]
+        if committed is not None:
+            expected.update(committed.truth.expected(TX_PREFIX))
+        values = await read_values(cassandra, expected)
+        lost, duplicated, mismatched = compare(values, truth)
         takeovers, rotations = ownership_changes()
         say(f"exit codes at stop (consumers, GC loop): {codes}")
         print(f"faults={faults.total} (kill -9: {faults.kills}, kafka restarts: {faults.kafka_restarts}, "
@@ -354,12 +707,45 @@ async def run(args: argparse.Namespace) -> int:
               f"gc kills: {faults.gc_kills}); partition takeovers: {takeovers - rotations} by rebalance, "
               f"{rotations} by rotation")
         print(f"unexpected exits: {faults.unexpected_exits or 'none'}")
+        harness_ok = True
+        if committed is not None:
+            tx_lost, tx_duplicated, tx_mismatched = compare(values, committed.truth, TX_PREFIX)
+            print(f"plain phase ({TOPIC}): lost={lost} duplicated={duplicated} mismatched={len(mismatched)}")
+            print(f"transactional phase ({TX_TOPIC}): {tx_log.committed} transactions committed, {tx_log.aborted} "
+                  f"aborted and sent again, {len(tx_log.failures)} failed and sent again "
+                  f"({committed.unknown_committed} of {committed.unknown} whose commit failed were committed); "
+                  f"read back {committed.committed_records} committed records: "
+                  f"{committed.retries_dropped} retries within the {RETRY_WINDOW}-record window, "
+                  f"{committed.retries_counted} beyond it")
+            print(f"transactional phase ({TX_TOPIC}): lost={tx_lost} duplicated={tx_duplicated} "
+                  f"mismatched={len(tx_mismatched)}")
+            # Not countersink's doing, but without them the truth above means nothing.
+            harness_ok = not (committed.aborted_visible or committed.committed_missing or committed.torn)
+            if not harness_ok:
+                print(f"read-back disagrees with the publisher: aborted records visible={committed.aborted_visible}"
+                      f", committed records missing={committed.committed_missing}, attempts partly visible="
+                      f"{committed.torn[:10]}")
+            lost, duplicated, mismatched = lost + tx_lost, duplicated + tx_duplicated, mismatched + tx_mismatched
         print(f"checked {sum(len(v) for v in expected.values())} values of {len(expected)} counters "
-              f"over {len(truth.count)} symbols; mismatched={len(mismatched)}")
+              f"over {len(truth.count) + (len(committed.truth.count) if committed else 0)} symbols; "
+              f"mismatched={len(mismatched)}")
         for line in mismatched[:10]:
             print(f"  {line}")
+        missing: list[str] = []
+        if committed is not None:
+            dead = await read_dead_letters(kafka, DEAD_LETTERS)
+            missing = [source for source, value in committed.malformed.items() if value not in dead.get(source, [])]
+            unexpected = [source for source in dead if source.startswith(f"{TX_TOPIC}/")
+                          and source not in committed.malformed]
+            print(f"dead_letters_missing={len(missing)} dead_letters_unexpected={len(unexpected)} "
+                  f"({len(committed.malformed)} malformed records committed to {TX_TOPIC}; "
+                  f"{sum(len(dead[s]) for s in committed.malformed if s in dead)} dead letters from them)")
+            for source in (missing + unexpected)[:10]:
+                print(f"  {source}")
+            missing += unexpected
         print(f"lost={lost} duplicated={duplicated}")
-        return 0 if lost == 0 and duplicated == 0 and not mismatched and gc.returncode == 0 else 1
+        return 0 if (lost == 0 and duplicated == 0 and not mismatched and not missing and harness_ok
+                     and gc.returncode == 0) else 1
     finally:
         if fleet is not None:
             fleet.stop()
@@ -371,11 +757,22 @@ async def run(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--events", type=int, help="plain trades (default 1,000,000; 40,000 with --quick)")
+    parser.add_argument("--tx-events", type=int,
+                        help="trades published in transactions (default 20,000; 6,000 with --quick; 0 skips them)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a CI-sized run: fewer events, the one-off faults sooner (about 4 minutes on 2 cores)")
     parser.add_argument("--consumers", type=int, default=3)
-    parser.add_argument("--kill-every", type=float, default=6.0, help="seconds between kills, on average")
+    parser.add_argument("--kill-every", type=float,
+                        help="seconds between kills, on average (default 6; 4 with --quick)")
     parser.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "big"))
     args = parser.parse_args()
+    if args.events is None:
+        args.events = 40_000 if args.quick else 1_000_000
+    if args.tx_events is None:
+        args.tx_events = 6_000 if args.quick else 20_000
+    if args.kill_every is None:
+        args.kill_every = 4.0 if args.quick else 6.0
     configure_logging("WARNING", "console")
     say(f"seed {args.seed} (repeat with --seed {args.seed})")
     try:
