@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 from aiokafka import TopicPartition
 
@@ -38,6 +39,13 @@ class KafkaRecordSource:
         async with self._reading:
             return await self._read(topic, partition, first, last)
 
+    async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+        if last < first:
+            return
+        async with self._reading:
+            async for chunk in self._chunks(topic, partition, first, last):
+                yield chunk
+
     async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
         if count <= 0 or before <= 0:
             return []
@@ -67,25 +75,27 @@ class KafkaRecordSource:
         return int((await self._consumer.beginning_offsets([tp]))[tp])
 
     async def _read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+        return [record async for chunk in self._chunks(topic, partition, first, last) for record in chunk]
+
+    async def _chunks(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+        """Records with first <= offset <= last, a fetch at a time; the caller holds ``_reading``."""
         tp = TopicPartition(topic, partition)
         low = await self._log_start(tp)
         self._consumer.assign([tp])
         start = max(first, low)  # records before the log start were deleted by retention
         if start > last:
-            return []
+            return
         self._consumer.seek(tp, start)
-        records: list[Record] = []
         while True:
             batches = await self._consumer.getmany(tp, timeout_ms=1000, max_records=5000)
             got = batches.get(tp, [])
-            for message in got:
-                if message.offset > last:
-                    return records
-                records.append(Record(message.offset, message.value))
-            if records and records[-1].offset >= last:
-                return records
+            chunk = [Record(message.offset, message.value) for message in got if message.offset <= last]
+            if chunk:
+                yield chunk
+            if got and got[-1].offset >= last:
+                return
             if not got:
                 # Compacted or transactional logs have gaps; stop once the end of the log is passed.
                 end = (await self._consumer.end_offsets([tp]))[tp]
                 if await self._consumer.position(tp) >= min(end, last + 1):
-                    return records
+                    return

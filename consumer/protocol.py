@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, Store
@@ -77,6 +77,10 @@ class RecordSource(Protocol):
 
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         """Records with first <= offset <= last, in offset order (fewer if the log was truncated)."""
+        ...
+
+    def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+        """What :meth:`read` returns, a chunk at a time."""
         ...
 
     async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
@@ -520,29 +524,36 @@ async def _replay_window(
     if start > committed + 1 and not accept_lost:
         raise RecordsLostError(applier.topic, applier.partition, committed + 1, min(start - 1, intent))
     await applier.warm_up(source, committed + 1)
-    records = await source.read(applier.topic, applier.partition, committed + 1, intent)
-    applied: list[tuple[int, list[Update]]] = []
-    instances: dict[tuple[str, str], None] = {}  # in first-seen order
-    for record in records:
-        outcome, updates, error = applier.classify(record)
-        if outcome is Outcome.APPLIED:
-            applied.append((record.offset, updates))
-            instances.update(((u.counter, u.key), None) for u in updates)
-        elif outcome is Outcome.INVALID and error is not None and on_invalid is not None:
-            await on_invalid(record, error)
-    stored = await store.read_shards(writer, list(instances))
-    states: dict[tuple[str, str], tuple[State, int]] = {
-        (c, k): (new_state(applier.counters[c]), -1) if shard is None else
-                (state_from_bytes(shard.state), shard.through_offset)
-        for (c, k), shard in stored.items()}
-    for offset, updates in applied:
-        for update in updates:
-            state, through = states[(update.counter, update.key)]
-            if offset > through:
-                state.apply(update.value)
+    # The window streams through a chunk at a time: memory holds the states of its instances (bounded by
+    # flush_max_dirty) and one chunk, never the whole window's records. Each chunk's new instances have their
+    # shards read before its updates apply.
+    replayed = 0
+    states: dict[tuple[str, str], tuple[State, int]] = {}
+    async for chunk in source.stream(applier.topic, applier.partition, committed + 1, intent):
+        replayed += len(chunk)
+        applied: list[tuple[int, list[Update]]] = []
+        unread: dict[tuple[str, str], None] = {}  # in first-seen order
+        for record in chunk:
+            outcome, updates, error = applier.classify(record)
+            if outcome is Outcome.APPLIED:
+                applied.append((record.offset, updates))
+                unread.update(((u.counter, u.key), None) for u in updates if (u.counter, u.key) not in states)
+            elif outcome is Outcome.INVALID and error is not None and on_invalid is not None:
+                await on_invalid(record, error)
+        if unread:
+            stored = await store.read_shards(writer, list(unread))
+            states.update({
+                (c, k): (new_state(applier.counters[c]), -1) if shard is None else
+                        (state_from_bytes(shard.state), shard.through_offset)
+                for (c, k), shard in stored.items()})
+        for offset, updates in applied:
+            for update in updates:
+                state, through = states[(update.counter, update.key)]
+                if offset > through:
+                    state.apply(update.value)
     writes = [ShardWrite(c, k, state.to_bytes(), intent, True) for (c, k), (state, _) in sorted(states.items())]
     await store.write_shards(writer, writer_born_us + seq, writes)
-    return len(records), len(writes)
+    return replayed, len(writes)
 
 
 __all__: Sequence[str] = (

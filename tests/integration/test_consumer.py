@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -306,16 +307,13 @@ class _HeldSource:
         self.open = asyncio.Event()
         self.held = 0
 
-    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+    async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
         self.held += 1
         await self.open.wait()
-        return await self.inner.read(topic, partition, first, last)
+        return await self.inner.read_back(topic, partition, before, count)
 
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def stop(self) -> None:
-        await self.inner.stop()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 async def test_a_takeover_claims_at_once_and_applies_only_once_its_retry_window_is_rebuilt(

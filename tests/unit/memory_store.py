@@ -356,6 +356,12 @@ class MemoryLog:
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         return [r for r in self._kept() if first <= r.offset <= last]
 
+    async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+        """Three records at a time: a replay must carry its states from one chunk to the next."""
+        records = await self.read(topic, partition, first, last)
+        for i in range(0, len(records), 3):
+            yield records[i:i + 3]
+
     async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
         earlier = [r for r in self._kept() if r.offset < before]
         return earlier[-count:] if count > 0 else []
