@@ -258,6 +258,8 @@ class KafkaServer:
             "auto.create.topics.enable": "false",
             "delete.topic.enable": "true",
             "log.segment.bytes": str(64 * 1024 * 1024),
+            # The cleaner looks for work every second (15 s by default): tests of compacted topics wait for it.
+            "log.cleaner.backoff.ms": "1000",
         }
         path = self.root / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -157,18 +158,117 @@ async def test_a_successor_after_kill_9_drops_retries_its_predecessor_dropped_on
     assert await _values(cassandra_settings, ["S0", "S1", "S2"]) == _expected(first + fresh)
 
 
+async def _compacted_offsets(kafka: KafkaSettings, topic: str, within_s: float = 90) -> list[int]:
+    """Wait until the log cleaner has compacted the topic (offsets with no record at the log's start), and
+    return the offsets of the records left. New records roll the active segment, which is never compacted."""
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+            await producer.send_and_wait(topic, _event(f"roll-{uuid.uuid4().hex}", "R", 1), key=b"roll", partition=0)
+            offsets = [r.offset for r in await _read_topic(kafka, topic, at_least=10**9, within_s=1.5)]
+            if len(offsets) < offsets[-1] + 1 - 1000:  # most updates gone, not just some of the rolls
+                return offsets
+        raise AssertionError(f"{topic} was not compacted within {within_s} s")
+    finally:
+        await producer.stop()
+
+
+async def test_a_successor_on_a_compacted_topic_drops_the_retries_its_predecessor_dropped(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, tmp_path: Path
+) -> None:
+    """On a compacted topic (records superseded by a later one with the same key removed, leaving offsets
+    without a record), a consumer killed with kill -9 is followed by one whose retry window holds the same
+    200 records: retries within them are dropped though more than 200 offsets away, and what counts is
+    what the log kept."""
+    topic = f"compacted-{uuid.uuid4().hex[:10]}"
+    admin = make_admin(kafka_settings)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={
+            "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+            "min.compaction.lag.ms": "0", "delete.retention.ms": "100"})])
+    finally:
+        await admin.close()
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    try:
+        # Each kept event has a key of its own; between them, forty updates of one key of which only the last
+        # is kept: about 40 offsets in 41 lose their record once the log is compacted.
+        kept = [(f"k{i}", f"S{i % 3}", i + 1) for i in range(30)]
+        producer = make_producer(kafka_settings)
+        await producer.start()
+        try:
+            for i, event in enumerate(kept):
+                await producer.send_and_wait(topic, _event(*event), key=event[0].encode(), partition=0)
+                for update in range(40):
+                    await producer.send_and_wait(topic, _event(f"u{i}-{update}", "U", 1), key=b"update",
+                                                 partition=0)
+        finally:
+            await producer.stop()
+        offsets = await _compacted_offsets(kafka_settings, topic)
+        updates_kept = sum(1 for r in await _read_topic(kafka_settings, topic, at_least=len(offsets))
+                           if json.loads(r.value)["symbol"] == "U")
+
+        log = tmp_path / "consumer.log"
+        process = start_consumer(kafka_settings, cassandra_settings, log, retry_window_records=200,
+                                 dead_letter_topic=f"dlq-{group}", group_id=group, counters_file=counters)
+        try:
+            await wait_until_started(log, process)
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}),
+                                     within_s=60)
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        # Retries of the last ten kept events under keys of their own (so compaction keeps them), within 200
+        # records of their originals (ten kept events, an update, the rolls) but 400 offsets and more away.
+        fresh = [(f"n{i}", f"S{i % 3}", 100 + i) for i in range(5)]
+        producer = make_producer(kafka_settings)
+        await producer.start()
+        try:
+            for event in kept[-10:]:
+                await producer.send_and_wait(topic, _event(*event), key=f"retry-{event[0]}".encode(), partition=0)
+            for event in fresh:
+                await producer.send_and_wait(topic, _event(*event), key=event[0].encode(), partition=0)
+        finally:
+            await producer.stop()
+
+        settings = _settings(kafka_settings, cassandra_settings, group, counters, retry_window_records=200)
+        async with running(ConsumerService(settings, load_definitions(counters))):
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}),
+                                     within_s=60)
+        values = await _values(cassandra_settings, ["S0", "S1", "S2"])
+        assert values == _expected(kept + fresh)
+        # The updates of one key count as the log kept them when they were read (the cleaner may have
+        # removed more since it was first seen compacted), never as they were published.
+        updates = (await _values(cassandra_settings, ["U"]))[("trades", "U")]
+        assert isinstance(updates, int)
+        assert 1 <= updates <= updates_kept < 1200
+    finally:
+        admin = make_admin(kafka_settings)
+        await admin.start()
+        try:
+            await admin.delete_topics([topic])
+        finally:
+            await admin.close()
+
+
 class _FlakySource:
-    """The consumer's own record source, whose first read fails as during a broker restart."""
+    """The consumer's own record source, whose first replay read fails as during a broker restart."""
 
     def __init__(self, source) -> None:  # type: ignore[no-untyped-def]
         self._source = source
         self.failures = 0
 
-    async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
+    async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
         if self.failures == 0:
             self.failures += 1
             raise KafkaConnectionError("broker restarting")
-        return await self._source.read(topic, partition, first, last)
+        async for chunk in self._source.stream(topic, partition, first, last):
+            yield chunk
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._source, name)
