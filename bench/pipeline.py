@@ -422,7 +422,8 @@ async def gc_throughput(kafka: KafkaSettings, cassandra: CassandraSettings) -> d
 async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:
     """p50 and p99 of reading one instance with 1, 5 and 20 shards, and of a plain one-row read, interleaved
     so that the machine's noise falls on all of them alike."""
-    from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+    from consumer.cassandra_store import CassandraStore
+    from consumer.storage import MutatorRecord, PartitionId, ShardWrite
     from schemas.kinds import KindSpec, new_state
 
     async with CassandraClient(cassandra) as client:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiokafka import TopicPartition
 
-from consumer.protocol import Record
+from consumer.applying import Record
 from countersink.kafka import make_consumer
 from countersink.settings import KafkaSettings
 

@@ -26,25 +26,12 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLarge
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer import schedule
+from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RetryWindow
+from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
-from consumer.protocol import (
-    Applier,
-    Claim,
-    FencedError,
-    KafkaRecord,
-    Mutator,
-    MutatorExpiredError,
-    Outcome,
-    RecordsLostError,
-    RetryWindow,
-    Takeover,
-    claim,
-    finish_take_over,
-    flush,
-    release,
-)
+from consumer.protocol import Claim, FencedError, MutatorExpiredError, Takeover, claim, finish_take_over, flush, release
 from consumer.schedule import Footprint, Progress
-from consumer.store import CassandraStore, MutatorRecord, PartitionId
+from consumer.storage import MutatorRecord, PartitionId
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.consistency import check_deciding_reads, replication_factors
 from countersink.health import HealthServer

@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Any
 
-from consumer.store import CassandraStore, PartitionId, PartitionRow
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError, CassandraUnavailableError
 from countersink.cli import run_async, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads

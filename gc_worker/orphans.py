@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from consumer.protocol import retire_time
-from consumer.store import PartitionId, PartitionRow
+from consumer.storage import PartitionId, PartitionRow
 from gc_worker.collector import RegistryEntry
 
 

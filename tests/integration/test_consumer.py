@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from consumer.applying import Record
 from consumer.kafka_source import KafkaRecordSource
-from consumer.protocol import Record
 from consumer.service import ConsumerService
 from countersink.kafka import make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings

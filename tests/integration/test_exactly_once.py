@@ -20,9 +20,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic, RecordsToDelete
 from aiokafka.errors import KafkaConnectionError
 
-from consumer.protocol import Applier, Mutator, Record, RetryWindow, claim, flush
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.cassandra_store import CassandraStore
+from consumer.protocol import claim, flush
 from consumer.service import ConsumerService
-from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+from consumer.storage import MutatorRecord, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.kafka import make_admin, make_consumer, make_producer
 from countersink.metrics import METRICS

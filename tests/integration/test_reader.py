@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.store import CassandraStore, MutatorRecord, PartitionId, ShardWrite
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import MutatorRecord, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from consumer.store import CassandraStore, ShardWrite, StoredShard
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient
 from countersink.settings import CassandraSettings
 

@@ -1,7 +1,7 @@
 """In-memory stand-ins for Cassandra and Kafka, for the model test of the flush/takeover/GC protocol.
 
-:class:`MemoryStore` implements :class:`consumer.store.Store` with the semantics of the CQL in
-:class:`consumer.store.CassandraStore`: the ``partitions`` row changes only by compare-and-set, shard cells
+:class:`MemoryStore` implements :class:`consumer.storage.Store` with the semantics of the CQL in
+:class:`consumer.cassandra_store.CassandraStore`: the ``partitions`` row changes only by compare-and-set, shard cells
 resolve by write timestamp (ties to the larger value bytes, tombstones winning ties, as Cassandra does), and
 the GC's tally-and-delete batch is one atomic step on one partition.
 
@@ -22,8 +22,8 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from typing import Any
 
-from consumer.protocol import Record
-from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.applying import Record
+from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import InstanceView, RegistryEntry, ShardView
 from schemas.errors import CountersinkError
 
@@ -100,7 +100,7 @@ def _bigint(value: int) -> bytes:
 
 
 class MemoryStore:
-    """:class:`consumer.store.Store` in memory, for one consumer group, with fault gates on every call."""
+    """:class:`consumer.storage.Store` in memory, for one consumer group, with fault gates on every call."""
 
     def __init__(self) -> None:
         self.partitions: dict[PartitionId, PartitionRow] = {}

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite
+from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite
 from gc_worker.cli import parse_duration
 from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry, ShardView
 from gc_worker.orphans import find_orphans

@@ -6,8 +6,9 @@ import uuid
 
 import pytest
 
-from consumer.protocol import Applier, Mutator, MutatorExpiredError, Record, RetryWindow, flush
-from consumer.store import MutatorRecord, PartitionId
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.protocol import MutatorExpiredError, flush
+from consumer.storage import MutatorRecord, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 

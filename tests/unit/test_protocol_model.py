@@ -36,15 +36,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from consumer.applying import Applier, Mutator, Record, RecordsLostError, RetryWindow
 from consumer.protocol import (
     MIN_LIFETIME_US,
-    Applier,
     Claim,
     FencedError,
-    Mutator,
-    Record,
-    RecordsLostError,
-    RetryWindow,
     StaleRecordError,
     Takeover,
     claim,
@@ -53,7 +49,7 @@ from consumer.protocol import (
     release,
     take_over,
 )
-from consumer.store import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter

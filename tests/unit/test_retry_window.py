@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.protocol import RetryWindow
+from consumer.applying import RetryWindow
 from schemas.events import Update
 
 COUNTERS = ("trades", "shares")

@@ -8,7 +8,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from consumer.store import CassandraStore, ShardWrite
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
 
 

@@ -1,0 +1,107 @@
+"""What the flush/takeover protocol needs from storage: the :class:`Store` interface and its row types.
+
+The protocol (``consumer.protocol``) is written against :class:`Store`, so the same code runs on Cassandra in
+production (``consumer.cassandra_store``) and on an in-memory stand-in that loses, delays and reorders writes
+in the model test. This module imports no driver.
+
+Conventions: offsets are Kafka offsets of *records*; ``committed_offset`` and ``intent_offset`` are the last
+offset (inclusive) a window covers, ``-1`` before the first record. Times are microseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionRow:
+    """The ownership row of one (group, topic, partition); changed by LWT only."""
+
+    owner: uuid.UUID | None
+    window_mutator: uuid.UUID | None
+    window_born_us: int | None
+    flush_seq: int
+    committed_offset: int
+    intent_offset: int
+
+    @property
+    def window_open(self) -> bool:
+        """True when a flush may have been interrupted: its shards may be only partly written."""
+        return self.intent_offset > self.committed_offset
+
+
+@dataclasses.dataclass(frozen=True)
+class MutatorRecord:
+    """One mutator in the registry."""
+
+    id: uuid.UUID
+    consumer_group: str
+    topic: str
+    partition: int
+    host: str
+    born_us: int
+    expires_us: int
+    retired_us: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardWrite:
+    """One whole-state snapshot of one instance by one mutator."""
+
+    counter: str
+    key: str
+    state: bytes
+    through_offset: int
+    first_write: bool  # also record the instance in the GC's work list
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredShard:
+    state: bytes
+    through_offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionId:
+    consumer_group: str
+    topic: str
+    partition: int
+
+
+class Store(Protocol):
+    """Storage operations of the protocol. Methods returning bool return whether an LWT applied."""
+
+    async def read_partition(self, pid: PartitionId) -> PartitionRow | None: ...
+
+    async def create_partition(self, pid: PartitionId, owner: uuid.UUID, born_us: int, last_offset: int) -> bool: ...
+
+    async def claim_partition(self, pid: PartitionId, owner: uuid.UUID, seen: PartitionRow) -> bool: ...
+
+    async def open_window(
+        self, pid: PartitionId, mutator: uuid.UUID, born_us: int, seq: int, committed: int, intent: int
+    ) -> bool: ...
+
+    async def commit_window(self, pid: PartitionId, mutator: uuid.UUID, seq: int, offset: int) -> bool: ...
+
+    async def close_window(self, pid: PartitionId, owner: uuid.UUID, born_us: int, offset: int) -> bool: ...
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None: ...
+
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None: ...
+
+    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+                          ) -> dict[tuple[str, str], StoredShard | None]:
+        """``read_shard`` of every (counter, key), in any order or concurrently; raises on the first failure."""
+        ...
+
+    async def register_mutator(self, record: MutatorRecord) -> bool:
+        """Add a new mutator to the registry; False if its id is there already."""
+        ...
+
+    async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
+
+
+__all__ = ["MutatorRecord", "PartitionId", "PartitionRow", "ShardWrite", "Store", "StoredShard"]
