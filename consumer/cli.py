@@ -14,6 +14,7 @@ from consumer.service import ConsumerService
 from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
+from countersink.retry import StopRequested
 from countersink.settings import Settings
 
 log = get_logger(__name__)
@@ -51,6 +52,10 @@ async def consume(settings: Settings, counters: object) -> int:
             log.error("settings_refused", error=str(exc))
             await service.close()
             return 2
+        except StopRequested:
+            log.info("consumer_stopped_before_start")
+            await service.close()
+            return 0
         try:
             await service.run()
         finally:

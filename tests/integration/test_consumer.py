@@ -334,9 +334,8 @@ async def test_a_takeover_claims_at_once_and_applies_only_once_its_retry_window_
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
 
     await publish(kafka_settings, topic, events[700:])
-    second = ConsumerService(settings, load_definitions(counters))
-    held = _HeldSource(second.source)
-    second.source = held  # type: ignore[assignment]
+    held = _HeldSource(KafkaRecordSource(kafka_settings))
+    second = ConsumerService(settings, load_definitions(counters), source=held)  # type: ignore[arg-type]
     async with running(second):
         try:
             for _ in range(600):  # up to a minute for the group to form

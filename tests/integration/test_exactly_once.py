@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.cassandra_store import CassandraStore
+from consumer.kafka_source import KafkaRecordSource
 from consumer.protocol import claim, flush
 from consumer.service import ConsumerService
 from consumer.storage import MutatorRecord, PartitionId, ShardWrite
@@ -327,9 +328,9 @@ async def test_a_replay_survives_a_broker_error_and_dead_letters_what_it_skips(
         assert row is not None
         assert row.window_open
 
-    service = ConsumerService(_settings(kafka_settings, cassandra_settings, group, counters), definitions)
-    flaky = _FlakySource(service.source)
-    service.source = flaky  # type: ignore[assignment]
+    flaky = _FlakySource(KafkaRecordSource(kafka_settings))
+    service = ConsumerService(_settings(kafka_settings, cassandra_settings, group, counters), definitions,
+                              source=flaky)  # type: ignore[arg-type]
     async with running(service):
         ends = await end_offsets(kafka_settings, {topic: 1})
         await wait_until_flushed(cassandra_settings, group, ends, within_s=60)

@@ -4,11 +4,10 @@ budget, or the largest while over the total), and how long a starting consumer w
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 from consumer import schedule
 from consumer.schedule import Footprint, Progress
-from consumer.service import ConsumerService
+from consumer.service import wait_until_reachable
 from countersink.settings import ConsumerSettings
 
 MIB = 1024 * 1024
@@ -62,8 +61,7 @@ def test_a_starting_consumer_waits_for_a_server_that_comes_back() -> None:
         if len(attempts) < 3:
             raise KafkaConnectionError("Unable to bootstrap")
 
-    service = SimpleNamespace(config=ConsumerSettings(startup_timeout_s=30))
-    asyncio.run(ConsumerService._when_reachable(service, "kafka", flaky))  # type: ignore[arg-type]
+    asyncio.run(wait_until_reachable("kafka", flaky, timeout_s=30))
     assert len(attempts) == 3
 
 
@@ -77,10 +75,9 @@ def test_a_starting_consumer_gives_up_after_its_startup_timeout() -> None:
     async def down() -> None:
         raise KafkaConnectionError("Unable to bootstrap")
 
-    service = SimpleNamespace(config=ConsumerSettings(startup_timeout_s=1.2))
     started = time.monotonic()
     with pytest.raises(KafkaConnectionError):
-        asyncio.run(ConsumerService._when_reachable(service, "kafka", down))  # type: ignore[arg-type]
+        asyncio.run(wait_until_reachable("kafka", down, timeout_s=1.2))
     assert time.monotonic() - started < 5
 
 
@@ -128,3 +125,26 @@ def test_a_partition_at_its_last_stable_offset_is_caught_up() -> None:
     assert schedule.caught_up({0: Progress(applied_through=99, log_end=100, dirty=0)})
     assert not schedule.caught_up({0: Progress(applied_through=98, log_end=100, dirty=0)})
     assert not schedule.caught_up({0: Progress(applied_through=99, log_end=None, dirty=0)})
+
+
+def test_a_starting_consumer_stops_waiting_as_soon_as_it_is_asked_to() -> None:
+    """A stop requested while the servers are away ends the wait at once, not after startup_timeout_s."""
+    import asyncio
+
+    import pytest
+    from aiokafka.errors import KafkaConnectionError
+
+    from countersink.retry import StopRequested
+
+    async def down() -> None:
+        raise KafkaConnectionError("Unable to bootstrap")
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, stop.set)
+        await wait_until_reachable("kafka", down, timeout_s=120, stop=stop)
+
+    started = time.monotonic()
+    with pytest.raises(StopRequested):
+        asyncio.run(scenario())
+    assert time.monotonic() - started < 2

@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def test_there_is_something_to_check() -> None:
+    """Every deployment file is found, and together they run all four commands."""
     where = {w.split(":")[0] for w, _ in containers()}
     assert {"compose", "consumer-deployment.yaml", "gc-cronjob.yaml", "serve-deployment.yaml",
             "schema-job.yaml"} <= where
@@ -68,6 +69,7 @@ def test_there_is_something_to_check() -> None:
 
 @pytest.mark.parametrize(("where", "container"), containers(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_command_parses(where: str, container: dict[str, Any]) -> None:
+    """Every container's arguments parse as a countersink command line."""
     parser().parse_args(container["args"])
 
 
@@ -81,6 +83,7 @@ def _setting_exists(name: str) -> bool:
 
 
 def test_every_variable_is_a_setting() -> None:
+    """Every COUNTERSINK_ variable the deployment files set names a real setting."""
     names: set[str] = set()
     for _, doc in documents():
         names |= set(re.findall(r"COUNTERSINK_[A-Z0-9_]+", json.dumps(doc)))
@@ -90,12 +93,14 @@ def test_every_variable_is_a_setting() -> None:
 
 
 def test_a_misspelt_variable_would_be_caught() -> None:
+    """The setting check tells a real variable from a misspelt one."""
     assert _setting_exists("COUNTERSINK_CONSUMER__GROUP_ID")
     assert not _setting_exists("COUNTERSINK_CONSUMER__GROUPID")
     assert not _setting_exists("COUNTERSINK_NOSUCH__GROUP_ID")
 
 
 def test_probes_use_the_default_ports() -> None:
+    """Every probe and health check asks the port its command serves by default."""
     checked = 0
     for where, container in containers():
         port = DEFAULT_PORTS.get(container["args"][0])
@@ -110,6 +115,7 @@ def test_probes_use_the_default_ports() -> None:
 
 
 def test_kustomization_lists_existing_files_and_no_secret() -> None:
+    """The kustomization lists every manifest that exists and no secret."""
     resources = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["resources"]
     assert all((KUBERNETES / r).is_file() for r in resources)
     assert not [r for r in resources if "secret" in r]
@@ -138,6 +144,7 @@ def dashboard_metrics() -> set[str]:
 
 
 def test_dashboard_uses_only_real_metrics() -> None:
+    """The Grafana dashboard queries only metrics the processes export."""
     used = dashboard_metrics()
     assert len(used) >= 20
     assert sorted(used - exposed_names()) == []

@@ -73,6 +73,7 @@ def collect(store: MemoryStore, **options: object) -> GcReport:
 
 
 def test_folds_final_shards_and_leaves_live_ones() -> None:
+    """Shards of mutators retired past the grace are folded; live and recent ones stay, values unchanged."""
     store = MemoryStore()
     old = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 1})
     live = add_mutator(store, born_us=5_000_000, retired_us=None, shards={"a": 2})
@@ -96,6 +97,7 @@ def test_folds_final_shards_and_leaves_live_ones() -> None:
 
 
 def test_one_batch_folds_every_final_shard_of_an_instance() -> None:
+    """All final shards of an instance go into the tally in one batch, at the latest retire time."""
     store = MemoryStore()
     add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
     add_mutator(store, born_us=3_000_000, retired_us=4_000_000, shards={"a": 5})
@@ -106,6 +108,7 @@ def test_one_batch_folds_every_final_shard_of_an_instance() -> None:
 
 
 def test_dry_run_writes_nothing() -> None:
+    """A dry run reports what it would fold and writes nothing."""
     store = MemoryStore()
     add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
     report = collect(store, dry_run=True)
@@ -129,6 +132,7 @@ class FlakyStore(MemoryStore):
 
 
 def test_an_unavailable_instance_is_deferred_and_the_run_goes_on() -> None:
+    """An instance whose read fails is deferred, the others are folded, and a later run finishes it."""
     store = FlakyStore(down={"a"})
     mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 2})
     report = collect(store)
@@ -147,6 +151,7 @@ def test_an_unavailable_instance_is_deferred_and_the_run_goes_on() -> None:
 
 def test_a_shard_written_at_or_after_its_retire_time_is_not_folded() -> None:
     # Its row would survive a deletion at the retire time and count twice.
+    """A shard stamped at or after its mutator's retire time is deferred, never folded."""
     store = MemoryStore()
     add_mutator(store, born_us=2_000_000, retired_us=2_000_000, shards={"a": 3})
     report = collect(store)
@@ -156,6 +161,7 @@ def test_a_shard_written_at_or_after_its_retire_time_is_not_folded() -> None:
 
 
 def test_a_tally_newer_than_the_fold_is_not_overwritten() -> None:
+    """A fold older than the tally in place is deferred instead of overwriting it."""
     store = MemoryStore()
     add_mutator(store, born_us=1_000, retired_us=3_000_000, shards={"a": 3})
     collect(store)
@@ -167,6 +173,7 @@ def test_a_tally_newer_than_the_fold_is_not_overwritten() -> None:
 
 
 def test_states_of_different_kinds_are_never_merged() -> None:
+    """Shards of another kind than the counter's are deferred as unmergeable."""
     store = MemoryStore()
     mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
     other = new_state(COUNTERS["top_qty"])
@@ -180,6 +187,7 @@ def test_states_of_different_kinds_are_never_merged() -> None:
 
 
 def test_concurrent_settling_gives_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Folding many instances concurrently gives the same values as one at a time."""
     store = MemoryStore()
     add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={str(k): k for k in range(1, 40)})
 
@@ -280,6 +288,7 @@ def test_an_instance_that_changes_under_every_paged_read_is_deferred() -> None:
 
 
 def test_forget_after_deletes_long_collected_mutators() -> None:
+    """Registry entries collected longer ago than forget_after are deleted."""
     class Forgetting(MemoryStore):
         forgotten: list[uuid.UUID]
 
@@ -302,6 +311,7 @@ def entry(*, partition: int = 0, expires_us: int = 1_000, retired_us: int | None
 
 
 def test_orphans_are_expired_mutators_nobody_will_retire() -> None:
+    """Orphans are expired mutators that no partition row will ever retire."""
     owner, window, bystander = entry(), entry(), entry()
     gone_topic, gone_partition = entry(topic="deleted"), entry(partition=7)
     unexpired, retired = entry(expires_us=NOW_US), entry(retired_us=5)
@@ -315,6 +325,7 @@ def test_orphans_are_expired_mutators_nobody_will_retire() -> None:
 
 
 def test_an_orphaned_window_writer_is_retired_after_its_last_write() -> None:
+    """An orphaned window writer is retired after the timestamp of its last write."""
     writer = RegistryEntry(uuid.uuid4(), "g", "likes", 3, NOW_US - 10, 0, None, None)
     row = PartitionRow(writer.id, writer.id, NOW_US - 10, 50, 9, 12)
     (orphan,) = find_orphans([writer], {PartitionId("g", "likes", 3): row}, {"likes": 2}, NOW_US, 0)
@@ -325,10 +336,12 @@ def test_an_orphaned_window_writer_is_retired_after_its_last_write() -> None:
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("30s", 30.0), ("5m", 300.0), ("1.5h", 5400.0),
                                                ("2d", 172_800.0), ("250ms", 0.25)])
 def test_durations(text: str, seconds: float) -> None:
+    """Durations parse with their units."""
     assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "m"])
 def test_bad_durations_are_refused(text: str) -> None:
+    """Text that is not a duration is refused with a clear message."""
     with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
         parse_duration(text)

@@ -46,6 +46,7 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
 ])
 async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: str, status: int,  # type: ignore[type-arg]
                                                          detail: str) -> None:
+    """Bad requests get a problem+json answer before any Cassandra read."""
     response = await http.get(path)
     assert response.status == status
     assert response.content_type == "application/problem+json"
@@ -55,6 +56,7 @@ async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: 
 
 
 async def test_probes_and_metrics(http: TestClient) -> None:  # type: ignore[type-arg]
+    """Health, readiness and metrics answer; only GET is allowed on reads."""
     assert (await http.get("/healthz")).status == 200
     assert (await http.get("/readyz")).status == 503  # no Cassandra connection
     await http.get("/counters/Bad/x")
@@ -64,6 +66,7 @@ async def test_probes_and_metrics(http: TestClient) -> None:  # type: ignore[typ
 
 
 async def test_openapi_describes_both_reads(http: TestClient) -> None:  # type: ignore[type-arg]
+    """The OpenAPI document describes both reads with the configured limits."""
     served = await (await http.get("/openapi.json")).json()
     assert served == openapi_document(ServeSettings(max_keys=3), COUNTERS)
     assert served["openapi"].startswith("3.1")

@@ -38,11 +38,13 @@ def _run(mode: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_long_running_command_acts_on_a_sigterm_that_came_during_start_up() -> None:
+    """A long-running command stops cleanly on a SIGTERM that came while it started."""
     done = _run("graceful")
     assert (done.returncode, done.stdout.strip()) == (0, "stopped cleanly"), done.stderr
 
 
 def test_a_one_shot_command_gets_the_default_action_of_an_early_sigterm() -> None:
+    """A one-shot command keeps SIGTERM's default action."""
     done = _run("one-shot")
     assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
     assert "stopped cleanly" not in done.stdout

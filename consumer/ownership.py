@@ -1,0 +1,384 @@
+"""Which partitions this process owns, and how ownership moves: takeovers, releases, rotation, expiry.
+
+One :class:`Ownership` per consumer process holds a :class:`~consumer.applying.Mutator` per owned partition.
+It runs the protocol's steps (``consumer.protocol``) against the store and the Kafka consumer:
+
+- a takeover claims the partition at once (one LWT) and finishes in the background: the new mutator's
+  publisher-retry window is rebuilt, the window the previous owner left open is replayed; the mutator writes
+  nothing before both are done;
+- a release (revoke, shutdown) flushes, records the last flush complete and retires the mutator;
+- a rotation is a release to a fresh mutator of the same process, claimed only from the rotating one;
+- a mutator past its expiry is replaced by a takeover, which re-reads what it had not flushed.
+
+Every step is idempotent and retried while the server it needs is away (:class:`PartitionRetry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from consumer import schedule
+from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource, RetryWindow
+from consumer.dead_letters import DeadLetters
+from consumer.protocol import (
+    Claim,
+    FencedError,
+    MutatorExpiredError,
+    Takeover,
+    claim,
+    finish_take_over,
+    release,
+)
+from consumer.schedule import Footprint
+from consumer.storage import MutatorRecord, PartitionId, Store
+from countersink.logs import get_logger
+from countersink.metrics import METRICS
+from countersink.retry import Backoff, is_retriable, retrying
+from countersink.settings import ConsumerSettings
+from schemas.definitions import CounterSet
+from schemas.events import EventRouter
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+
+def now_us() -> int:
+    return time.time_ns() // 1_000
+
+
+class PartitionRetry:
+    """Runs one idempotent step of one partition until it succeeds, retrying what the error says is retriable
+    (a server away, a timeout), with backoff up to ``flush_retry_max_s``; consumption waits meanwhile. Once a
+    stop was requested ``flush_retry_max_s`` ago, the error propagates: a final flush gets that long."""
+
+    def __init__(self, config: ConsumerSettings, stop_requested_at: Callable[[], float | None]) -> None:
+        self._backoff = Backoff(first_s=0.1, max_s=config.flush_retry_max_s)
+        self._grace_s = config.flush_retry_max_s
+        self._stop_requested_at = stop_requested_at
+
+    def giving_up(self) -> bool:
+        stopped_at = self._stop_requested_at()
+        return stopped_at is not None and time.monotonic() - stopped_at >= self._grace_s
+
+    async def __call__(self, what: str, tp: TopicPartition, step: Callable[[], Awaitable[T]],
+                       on_retry: Callable[[], None] | None = None) -> T:
+        def retried(error: BaseException, pause_s: float) -> None:
+            if on_retry is not None:
+                on_retry()
+            log.warning(f"{what}_retry", topic=tp.topic, partition=tp.partition, error=str(error),
+                        wait_s=round(pause_s, 3))
+
+        return await retrying(step, backoff=self._backoff,
+                              retry_on=lambda error: is_retriable(error) and not self.giving_up(), on_retry=retried)
+
+
+class Ownership:
+    """The mutators of the partitions this process owns, and every move of ownership (module docstring)."""
+
+    def __init__(self, config: ConsumerSettings, host: str, router: EventRouter, counters: CounterSet, store: Store,
+                 source: RecordSource, consumer: AIOKafkaConsumer, dead_letters: DeadLetters,
+                 retry: PartitionRetry) -> None:
+        self.config = config
+        self.host = host
+        self.router = router
+        self.counters = counters
+        self.store = store
+        self.source = source
+        self.consumer = consumer
+        self.dead_letters = dead_letters
+        self.retry = retry
+        self.mutators: dict[TopicPartition, Mutator] = {}
+        # Takeovers still finishing in the background, by new mutator: it applies meanwhile, but writes
+        # nothing until its takeover is finished (see takeover_pending).
+        self._takeovers: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self.warming: set[uuid.UUID] = set()  # new mutators whose retry window is not rebuilt yet: not applying
+        # Partitions not consumed because records were deleted before they were counted (on_records_lost =
+        # stop): the process reports unready until they are revoked or an operator decides.
+        self.stopped: dict[TopicPartition, RecordsLostError] = {}
+
+    def applying(self, tp: TopicPartition) -> Mutator | None:
+        """The mutator that applies ``tp``'s records now: None while it is warming up, fenced or gone."""
+        mutator = self.mutators.get(tp)
+        if mutator is None or mutator.fenced or mutator.id in self.warming:
+            return None
+        return mutator
+
+    # ------------------------------------------------------------------------------------ takeovers
+
+    async def take(self, assigned: list[TopicPartition]) -> None:
+        """Claim each newly assigned partition (the rebalance callback: one LWT each, the rest later)."""
+        for tp in assigned:
+            if tp in self.mutators:
+                continue
+            self.stopped.pop(tp, None)
+            try:
+                mutator: Mutator | None = await self.retry("takeover", tp, functools.partial(self.take_over, tp))
+            except FencedError as exc:
+                log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
+                mutator = None
+            if mutator is not None and mutator.id not in self.warming:
+                with contextlib.suppress(Exception):
+                    self.consumer.resume(tp)  # a fenced mutator's partition was paused
+        METRICS.partitions_stopped.set(len(self.stopped))
+
+    async def _initial_last_offset(self, tp: TopicPartition) -> int:
+        """First assignment ever: continue from the group's committed offset, else the reset policy."""
+        committed = await self.consumer.committed(tp)
+        if committed is not None:
+            return int(committed) - 1
+        if self.config.auto_offset_reset == "latest":
+            return int((await self.consumer.end_offsets([tp]))[tp]) - 1
+        return int((await self.consumer.beginning_offsets([tp]))[tp]) - 1
+
+    async def take_over(self, tp: TopicPartition, applier: Applier | None = None,
+                        from_owner: uuid.UUID | None = None) -> Mutator:
+        """Claim ``tp`` for a fresh mutator and return it. The rest runs in the background, so that a rebalance
+        callback taking a dozen partitions returns within a heartbeat (it had taken a second per partition
+        here, and a callback longer than the session timeout got the member evicted, over and over):
+
+        - a fresh applier's publisher-retry window is rebuilt from the records before the start offset; the
+          partition stays paused until then, and is then read from the start offset;
+        - what the previous owner left (an open window to replay, mutators to retire) is finished while the
+          new mutator applies: a takeover after a crash does not stop counting for as long as the replay takes.
+
+        The new mutator writes nothing (no flush, no release) before both are done: see takeover_pending.
+        ``applier`` (a rotation) keeps the rotating mutator's warm retry window; ``from_owner`` claims only
+        from that mutator."""
+        born = now_us()
+        entry = MutatorRecord(
+            id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
+            host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
+        )
+
+        def fresh_applier() -> Applier:
+            return Applier(self.router, self.counters, tp.topic, tp.partition,
+                           RetryWindow(self.config.retry_window_records))
+
+        started = time.monotonic()
+        claimed = await claim(self.store, entry, await self._initial_last_offset(tp), from_owner=from_owner)
+        warm = applier is not None
+        mutator = Mutator(entry, PartitionId(self.config.group_id, tp.topic, tp.partition),
+                          applier if applier is not None else fresh_applier(),
+                          applied_through=claimed.start_offset - 1, flushed_through=claimed.start_offset - 1)
+        self.mutators[tp] = mutator
+        METRICS.ownership_changes.inc()
+        METRICS.live_mutators.set(len(self.mutators))
+        if warm and claimed.finished:
+            self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
+                                                                     now_us()), started)
+            return mutator
+        if not warm:
+            self.warming.add(entry.id)
+            with contextlib.suppress(Exception):
+                self.consumer.pause(tp)
+        task = asyncio.create_task(self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
+        self._takeovers[entry.id] = task
+        # Forgotten once it succeeds; a failure stays for whoever asks next, to raise.
+        task.add_done_callback(
+            lambda done: None if done.cancelled() or done.exception() is not None
+            else self._takeovers.pop(entry.id, None))
+        return mutator
+
+    async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
+                                     applier_factory: Callable[[], Applier], started: float) -> None:
+        accept_lost = self.config.on_records_lost == "skip"
+        if mutator.id in self.warming:
+            # Reads Kafka again: retried while the broker is away (a restart), as flushes wait for Cassandra.
+            await self.retry("warm_up", tp, functools.partial(mutator.applier.warm_up, self.source,
+                                                              claimed.start_offset))
+            start = await self.retry("log_start", tp, functools.partial(self.source.log_start, tp.topic, tp.partition))
+            if start > mutator.applied_through + 1:
+                lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
+                if not self._records_lost(tp, mutator, lost):
+                    return
+                mutator.skip_to(start)
+            self.warming.discard(mutator.id)
+            if self.mutators.get(tp) is mutator and not mutator.fenced:
+                # Records fetched before the pause were skipped: read on from what is applied.
+                with contextlib.suppress(Exception):
+                    self.consumer.seek(tp, mutator.applied_through + 1)
+                    self.consumer.resume(tp)
+        while True:
+            try:
+                # Kafka errors too: a broker restarting during a replay must not fail the takeover for good.
+                result = await self.retry("takeover", tp, functools.partial(
+                    self._finish_take_over, tp, claimed, applier_factory, accept_lost))
+                break
+            except FencedError as exc:
+                mutator.fenced = True  # another member claimed it meanwhile; this one wrote nothing, and never will
+                self.drop(tp, mutator, str(exc))
+                return
+            except RecordsLostError as exc:
+                if not self._records_lost(tp, mutator, exc):
+                    return
+                accept_lost = True
+        self._log_taken_over(tp, mutator, result, started)
+        if self.mutators.get(tp) is mutator and not mutator.fenced:
+            with contextlib.suppress(Exception):
+                self.consumer.resume(tp)  # if paused at flush_max_dirty while the takeover ran
+
+    async def _finish_take_over(self, tp: TopicPartition, claimed: Claim, applier_factory: Callable[[], Applier],
+                                accept_lost: bool) -> Takeover:
+        return await finish_take_over(self.store, self.source, claimed, applier_factory, now_us(),
+                                      on_invalid=functools.partial(self.dead_letters.send, tp),
+                                      accept_lost=accept_lost)
+
+    def _records_lost(self, tp: TopicPartition, mutator: Mutator, lost: RecordsLostError) -> bool:
+        """Records to count were deleted from the log. True to go on without them (``on_records_lost`` =
+        skip); otherwise the partition is no longer consumed, and the process reports unready."""
+        METRICS.records_lost.labels(tp.topic, str(tp.partition)).inc(lost.last - lost.first + 1)
+        skip = self.config.on_records_lost == "skip"
+        log.error("records_lost", topic=tp.topic, partition=tp.partition, first=lost.first, last=lost.last,
+                  action="skipped" if skip else "partition_stopped",
+                  hint=None if skip else "set COUNTERSINK_CONSUMER__ON_RECORDS_LOST=skip to count on without them")
+        if skip:
+            return True
+        self.stopped[tp] = lost
+        METRICS.partitions_stopped.set(len(self.stopped))
+        self.warming.discard(mutator.id)
+        self._forget(tp, mutator)
+        return False
+
+    def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
+        log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
+                 start_offset=result.start_offset, previous_owner=str(result.previous_owner),
+                 replayed_records=result.replayed_records, replayed_instances=result.replayed_instances,
+                 retired=[str(m) for m in result.retired], seconds=round(time.monotonic() - started, 3))
+
+    def takeover_pending(self, mutator: Mutator) -> bool:
+        """True while ``mutator``'s takeover is still running in the background: it must write nothing yet.
+        Raises what made the takeover fail, if it failed."""
+        task = self._takeovers.get(mutator.id)
+        if task is None:
+            return False
+        if not task.done():
+            return True
+        task.result()
+        return False
+
+    async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
+        """Stop a takeover still running (or failed), as a crash would: nothing it did needs undoing (the next
+        claimant finishes it the same way: README, "Guarantees")."""
+        task = self._takeovers.pop(mutator.id, None)
+        self.warming.discard(mutator.id)
+        mutator.fenced = True  # never writes
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        log.info("takeover_abandoned", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id))
+
+    # ------------------------------------------------------------------------------------ releases
+
+    async def release(self, revoked: list[TopicPartition]) -> None:
+        """Hand ``revoked`` over cleanly (the caller has let the flush in flight end first)."""
+        for tp in revoked:
+            self.stopped.pop(tp, None)
+        METRICS.partitions_stopped.set(len(self.stopped))
+        await self.dead_letters.deliver()
+        releasing = [(tp, mutator) for tp in revoked
+                     if (mutator := self.mutators.pop(tp, None)) is not None and not mutator.fenced]
+        # Concurrently, as flushes run: a shutdown in the middle of a backlog has a final flush of every
+        # partition to write, and one after the other they would not fit in shutdown_timeout_s.
+        outcomes = await asyncio.gather(*(self._release_one(tp, m) for tp, m in releasing), return_exceptions=True)
+        METRICS.live_mutators.set(len(self.mutators))
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+    async def _release_one(self, tp: TopicPartition, mutator: Mutator) -> None:
+        task = self._takeovers.get(mutator.id)
+        if task is not None and (not task.done() or task.cancelled() or task.exception() is not None):
+            # It has written nothing yet, and never will: whoever takes the partition next finishes the
+            # takeover (replaying the same window) and retires this mutator, as after a crash. Waiting for
+            # a long replay here would hold the rebalance, and the group would evict this member.
+            await self._abandon_take_over(tp, mutator)
+            return
+        if mutator.fenced:
+            return  # it lost the partition before its takeover was finished, and has nothing to hand over
+        try:
+            await release(self.store, mutator, now_us())
+            log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
+                     through=mutator.flushed_through)
+        except FencedError as exc:
+            METRICS.fencings.inc()
+            log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, reason=str(exc))
+        except MutatorExpiredError:
+            # Writes nothing more; the next owner's takeover replays its open window and retires it.
+            log.warning("release_of_expired_mutator", topic=tp.topic, partition=tp.partition,
+                        mutator=str(mutator.id))
+        except Exception as exc:
+            if not is_retriable(exc):
+                raise
+            # The next owner's takeover replays whatever window this left open.
+            log.error("release_failed", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    def drop(self, tp: TopicPartition, mutator: Mutator, reason: str) -> None:
+        """A fenced mutator: another owner took the partition; forget its state and stop consuming it."""
+        METRICS.fencings.inc()
+        log.warning("mutator_fenced", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id), reason=reason)
+        self._forget(tp, mutator)
+
+    def _forget(self, tp: TopicPartition, mutator: Mutator) -> None:
+        if self.mutators.get(tp) is mutator:
+            del self.mutators[tp]
+        METRICS.live_mutators.set(len(self.mutators))
+        with contextlib.suppress(Exception):
+            self.consumer.pause(tp)
+
+    # ------------------------------------------------------------------------------ rotation, expiry
+
+    async def replace_expired(self, tp: TopicPartition, mutator: Mutator) -> None:
+        """A mutator past its expiry writes nothing more: a fresh one takes the partition over (replaying
+        any window the old one left open, then retiring it) and its unflushed records are read again."""
+        if self.mutators.get(tp) is not mutator:
+            return
+        # Each attempt registers a fresh mutator: a takeover never reuses a registry entry.
+        successor = await self.retry("takeover", tp, functools.partial(self.take_over, tp))
+        METRICS.expiries.inc()
+        log.warning("mutator_expired", topic=tp.topic, partition=tp.partition, old=str(mutator.id),
+                    new=str(successor.id), rereading_from=successor.applied_through + 1,
+                    dropped_through=mutator.applied_through)
+
+    def rotation_reasons(self) -> dict[TopicPartition, str]:
+        return schedule.rotation_reasons(
+            {tp: Footprint(m.memory_bytes(), m.record.born_us) for tp, m in self.mutators.items()}, self.config,
+            now_us())
+
+    async def rotate_if_due(self) -> None:
+        for tp, reason in self.rotation_reasons().items():
+            mutator = self.mutators[tp]
+            if self.takeover_pending(mutator):
+                continue  # rotated once its takeover is finished: a replay must not hold the loop
+            try:
+                # Every record it skipped as invalid is on the dead-letter topic before its last window is
+                # recorded complete.
+                await self.dead_letters.deliver()
+                # Safe to repeat after any failure: a committed release only retries its retire.
+                await self.retry("rotation", tp, functools.partial(release, self.store, mutator, now_us()))
+                # Only from itself: a member that lost the partition without noticing must not fence its owner.
+                successor = await self.retry("takeover", tp, functools.partial(
+                    self.take_over, tp, applier=mutator.applier, from_owner=mutator.id))
+            except FencedError as exc:
+                self.drop(tp, mutator, str(exc))
+                continue
+            except MutatorExpiredError:
+                await self.replace_expired(tp, mutator)
+                continue
+            log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
+                     old=str(mutator.id), new=str(successor.id))
+
+    def cancel_takeovers(self) -> None:
+        """Closing: takeovers still running end as a crash would end them."""
+        for unfinished in self._takeovers.values():
+            unfinished.cancel()
