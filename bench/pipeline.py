@@ -423,14 +423,14 @@ async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str,
     """p50 and p99 of reading one instance with 1, 5 and 20 shards, and of a plain one-row read, interleaved
     so that the machine's noise falls on all of them alike."""
     from consumer.cassandra_store import CassandraStore
-    from consumer.storage import MutatorRecord, PartitionId, ShardWrite
+    from consumer.storage import MutatorEntry, PartitionId, ShardWrite
     from schemas.kinds import KindSpec, new_state
 
     async with CassandraClient(cassandra) as client:
         store = CassandraStore(client)
         for shards in (1, 5, 20):
             for i in range(shards):
-                record = MutatorRecord(uuid.uuid4(), "bench-read", "bench-read", i, "bench", 1_000_000, 9_000_000)
+                record = MutatorEntry(uuid.uuid4(), "bench-read", "bench-read", i, "bench", 1_000_000, 9_000_000)
                 await store.register_mutator(record)
                 await store.create_partition(PartitionId("bench-read", f"bench-read-{shards}", i), record.id,
                                              record.born_us, 0)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import NamedTuple, Protocol
 
-from consumer.storage import MutatorRecord, PartitionId
+from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update
@@ -191,7 +191,7 @@ class Applier:
 class Mutator:
     """The only writer of its shards: one per partition assignment, with in-memory state per instance."""
 
-    record: MutatorRecord
+    entry: MutatorEntry  # its row of the mutators registry
     pid: PartitionId
     applier: Applier
     applied_through: int  # last offset whose record has been applied (or skipped)
@@ -213,7 +213,7 @@ class Mutator:
 
     @property
     def id(self) -> uuid.UUID:
-        return self.record.id
+        return self.entry.id
 
     def apply(self, record: KafkaRecord) -> tuple[Outcome, InvalidEventError | None]:
         """Apply one record of this partition, in offset order. Records at or below what is applied are

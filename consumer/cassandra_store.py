@@ -7,7 +7,7 @@ import functools
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
-from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
 
 
@@ -206,7 +206,7 @@ class CassandraStore:
         await self._run_bounded([functools.partial(read, counter, keys) for counter, keys in chunks])
         return found
 
-    async def register_mutator(self, record: MutatorRecord) -> bool:
+    async def register_mutator(self, record: MutatorEntry) -> bool:
         # IF NOT EXISTS: a record seen before (perhaps retired since) must never come back as a new owner.
         return await self._lwt(
             "INSERT INTO mutators (id, consumer_group, topic, partition, host, born_us, expires_us) "

@@ -59,7 +59,7 @@ class Flushing:
         task, self._task = self._task, None
         return [] if task is None else await task
 
-    async def settle(self) -> None:
+    async def wait_until_done(self) -> None:
         """Wait for the flush in flight to end, without raising its error: the loop raises it when it
         finishes that flush. A mutator is never released while a flush of it may still be running."""
         if self._task is not None:

@@ -38,7 +38,7 @@ from consumer.protocol import (
     release,
 )
 from consumer.schedule import Footprint
-from consumer.storage import MutatorRecord, PartitionId, Store
+from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.retry import Backoff, is_retriable, retrying
@@ -154,7 +154,7 @@ class Ownership:
         ``applier`` (a rotation) keeps the rotating mutator's warm retry window; ``from_owner`` claims only
         from that mutator."""
         born = now_us()
-        entry = MutatorRecord(
+        entry = MutatorEntry(
             id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
             host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
         )
@@ -352,7 +352,7 @@ class Ownership:
 
     def rotation_reasons(self) -> dict[TopicPartition, str]:
         return schedule.rotation_reasons(
-            {tp: Footprint(m.memory_bytes(), m.record.born_us) for tp, m in self.mutators.items()}, self.config,
+            {tp: Footprint(m.memory_bytes(), m.entry.born_us) for tp, m in self.mutators.items()}, self.config,
             now_us())
 
     async def rotate_if_due(self) -> None:

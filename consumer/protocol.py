@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
-from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, Store
+from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, Store
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import Update
 from schemas.kinds import State, new_state, state_from_bytes
@@ -34,9 +34,9 @@ class FencedError(CountersinkError):
     """Raised when a mutator's LWT did not apply: another mutator owns the partition now."""
 
 
-class StaleRecordError(CountersinkError):
-    """Raised by :func:`take_over` given a mutator record registered before: every takeover needs a fresh one
-    (a record retired by a later takeover must never own a partition again)."""
+class StaleEntryError(CountersinkError):
+    """Raised by :func:`take_over` given a registry entry made before: every takeover needs a fresh mutator
+    (a mutator retired by a later takeover must never own a partition again)."""
 
 
 class MutatorExpiredError(CountersinkError):
@@ -59,10 +59,10 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     if mutator.fenced or mutator.released or mutator.retiring:
         raise FencedError(f"mutator {mutator.id} no longer owns {mutator.pid}")
     if not mutator.needs_flush():
-        if not mutator.window_committed and now_us < mutator.record.expires_us:
+        if not mutator.window_committed and now_us < mutator.entry.expires_us:
             await _commit_window(store, mutator)
         return 0
-    if now_us >= mutator.record.expires_us:
+    if now_us >= mutator.entry.expires_us:
         raise MutatorExpiredError(f"mutator {mutator.id} expired; its unflushed records will be read again")
     # The intent and the bytes written are taken together, before the first await: records applied while
     # this flush is in flight (the consumer goes on applying) belong to the next window, not to this one.
@@ -76,7 +76,7 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     mutator.window_committed = False
     try:
         seq = await _open_window(store, mutator, intent)
-        await store.write_shards(mutator.id, mutator.record.born_us + seq, writes)
+        await store.write_shards(mutator.id, mutator.entry.born_us + seq, writes)
     except BaseException:
         mutator.dirty |= flushing  # not known written: the next attempt writes them again, as they are then
         raise
@@ -128,7 +128,7 @@ async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
                               f"expected {mutator.flush_seq} or {mutator.window_seq}")
     seq = base + 1
     mutator.window_seq = seq  # before the LWT: it may apply even if its answer never arrives
-    if not await store.open_window(mutator.pid, mutator.id, mutator.record.born_us, seq, mutator.flushed_through,
+    if not await store.open_window(mutator.pid, mutator.id, mutator.entry.born_us, seq, mutator.flushed_through,
                                    intent):
         mutator.fenced = True
         raise FencedError(f"mutator {mutator.id} lost {mutator.pid}")
@@ -148,7 +148,7 @@ async def release(store: Store, mutator: Mutator, now_us: int) -> None:
         if not mutator.window_committed:
             await _commit_window(store, mutator)
         mutator.retiring = True
-    await store.retire_mutator(mutator.id, retire_time(mutator.record.born_us, now_us))
+    await store.retire_mutator(mutator.id, retire_time(mutator.entry.born_us, now_us))
     mutator.released = True
 
 
@@ -171,7 +171,7 @@ class Takeover:
 class Claim:
     """A partition's ownership row as ``new`` claimed it: what :func:`finish_take_over` still has to do."""
 
-    new: MutatorRecord
+    new: MutatorEntry
     row: PartitionRow | None  # None: the partition had no row, and ``new`` created it
     initial_last_offset: int
 
@@ -186,7 +186,7 @@ class Claim:
         return self.row is None
 
 
-async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_attempts: int = 20,
+async def claim(store: Store, new: MutatorEntry, initial_last_offset: int, max_attempts: int = 20,
                 from_owner: uuid.UUID | None = None) -> Claim:
     """Register ``new`` and claim the ownership row by LWT (or create it, the first time).
 
@@ -200,7 +200,7 @@ async def claim(store: Store, new: MutatorRecord, initial_last_offset: int, max_
     """
     pid = PartitionId(new.consumer_group, new.topic, new.partition)
     if not await store.register_mutator(new):
-        raise StaleRecordError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
+        raise StaleEntryError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
     for _ in range(max_attempts):
         row = await store.read_partition(pid)
         if from_owner is not None and (row is None or row.owner not in (from_owner, new.id)):
@@ -257,7 +257,7 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
 async def take_over(
     store: Store,
     source: RecordSource,
-    new: MutatorRecord,
+    new: MutatorEntry,
     applier_factory: Callable[[], Applier],
     now_us: int,
     initial_last_offset: int,
@@ -327,6 +327,6 @@ async def _replay_window(
 
 
 __all__: Sequence[str] = (
-    "Claim", "FencedError", "InvalidRecordHandler", "MutatorExpiredError", "StaleRecordError", "Takeover",
+    "Claim", "FencedError", "InvalidRecordHandler", "MutatorExpiredError", "StaleEntryError", "Takeover",
     "claim", "finish_take_over", "flush", "release", "retire_time", "take_over",
 )

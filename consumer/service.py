@@ -257,7 +257,7 @@ class ConsumerService:
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
-            await self.flushing.settle()
+            await self.flushing.wait_until_done()
             await self.ownership.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -274,7 +274,7 @@ class ConsumerService:
         self.request_stop()
         try:
             async with self._lock:
-                await self.flushing.settle()
+                await self.flushing.wait_until_done()
                 await self.ownership.release(list(self.mutators))
                 error = self.flushing.forget()
                 if error is not None:

@@ -34,7 +34,7 @@ class PartitionRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class MutatorRecord:
+class MutatorEntry:
     """One mutator in the registry."""
 
     id: uuid.UUID
@@ -97,11 +97,11 @@ class Store(Protocol):
         """``read_shard`` of every (counter, key), in any order or concurrently; raises on the first failure."""
         ...
 
-    async def register_mutator(self, record: MutatorRecord) -> bool:
+    async def register_mutator(self, record: MutatorEntry) -> bool:
         """Add a new mutator to the registry; False if its id is there already."""
         ...
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
 
 
-__all__ = ["MutatorRecord", "PartitionId", "PartitionRow", "ShardWrite", "Store", "StoredShard"]
+__all__ = ["MutatorEntry", "PartitionId", "PartitionRow", "ShardWrite", "Store", "StoredShard"]

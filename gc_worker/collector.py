@@ -192,9 +192,9 @@ class Collector:
                       key=lambda e: (e.retired_us or 0, str(e.id)))
         report.mutators_final = len(todo)
         report.mutators_waiting = sum(1 for e in registry if e.retired_us is not None and e.retired_us >= cutoff)
-        # Instances already settled in this run need no second read for the next mutator that wrote them;
+        # Instances already handled in this run need no second read for the next mutator that wrote them;
         # an instance deferred once is not tried again in the same run, and holds back every mutator in it.
-        settled: set[Instance] = set()
+        handled: set[Instance] = set()
         deferred: set[Instance] = set()
         for done, entry in enumerate(todo):
             if self.progress:
@@ -203,16 +203,16 @@ class Collector:
             async for page in self.store.read_work(entry.id):
                 if any(i in deferred for i in page):
                     complete = False
-                fresh = [i for i in page if i not in settled and i not in deferred]
-                verdicts = await self._settle_all(fresh, final, report)
+                fresh = [i for i in page if i not in handled and i not in deferred]
+                verdicts = await self._fold_all(fresh, final, report)
                 for instance, verdict in zip(fresh, verdicts, strict=True):
                     if verdict is Verdict.DEFERRED:
                         deferred.add(instance)
                         complete = False
                     else:
-                        settled.add(instance)
-                if len(settled) > 1_000_000:
-                    settled.clear()  # bounded memory; at worst some instances are read again
+                        handled.add(instance)
+                if len(handled) > 1_000_000:
+                    handled.clear()  # bounded memory; at worst some instances are read again
             if complete:
                 if not self.dry_run:
                     await self.store.mark_collected(entry.id, now_us)
@@ -225,19 +225,19 @@ class Collector:
             await self._forget(registry, now_us - self.forget_after_us, report)
         return report
 
-    async def _settle_all(self, instances: Sequence[Instance], final: dict[uuid.UUID, int],
+    async def _fold_all(self, instances: Sequence[Instance], final: dict[uuid.UUID, int],
                           report: GcReport) -> list[Verdict]:
         if self.concurrency == 1:
-            return [await self._settle(c, k, final, report) for c, k in instances]
+            return [await self._fold_instance(c, k, final, report) for c, k in instances]
         slots = asyncio.Semaphore(self.concurrency)
 
         async def bounded(counter: str, key: str) -> Verdict:
             async with slots:
-                return await self._settle(counter, key, final, report)
+                return await self._fold_instance(counter, key, final, report)
 
         return list(await asyncio.gather(*(bounded(c, k) for c, k in instances)))
 
-    async def _settle(self, counter: str, key: str, final: dict[uuid.UUID, int],
+    async def _fold_instance(self, counter: str, key: str, final: dict[uuid.UUID, int],
                       report: GcReport) -> Verdict:
         """Fold the final shards of one instance into its tally, or say why not."""
         report.instances_checked += 1

@@ -292,7 +292,7 @@ async def test_expired_mutators_write_nothing_and_their_records_are_read_again(
             await asyncio.sleep(2)
             await publish(kafka_settings, topic, events[1000:2000])
             for mutator in list(service.mutators.values()):  # expire them, with unflushed records in memory
-                mutator.record = dataclasses.replace(mutator.record, expires_us=0)
+                mutator.entry = dataclasses.replace(mutator.entry, expires_us=0)
             await publish(kafka_settings, topic, events[2000:])
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
     assert any(entry["event"] == "mutator_expired" for entry in logs)

@@ -25,7 +25,7 @@ from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
 from consumer.protocol import claim, flush
 from consumer.service import ConsumerService
-from consumer.storage import MutatorRecord, PartitionId, ShardWrite
+from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.kafka import make_admin, make_consumer, make_producer
 from countersink.metrics import METRICS
@@ -310,7 +310,7 @@ async def test_a_replay_survives_a_broker_error_and_dead_letters_what_it_skips(
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
         born = time.time_ns() // 1000
-        record = MutatorRecord(uuid.uuid4(), group, topic, 0, "dead", born, born + 3_600_000_000)
+        record = MutatorEntry(uuid.uuid4(), group, topic, 0, "dead", born, born + 3_600_000_000)
         claimed = await claim(store, record, -1)
         applier = Applier(EventRouter(definitions), definitions, topic, 0, RetryWindow(100))
         mutator = Mutator(record, PartitionId(group, topic, 0), applier, claimed.start_offset - 1,

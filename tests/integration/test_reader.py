@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from consumer.cassandra_store import CassandraStore
-from consumer.storage import MutatorRecord, PartitionId, ShardWrite
+from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings
@@ -28,7 +28,7 @@ async def _two_shards(client: CassandraClient) -> tuple[uuid.UUID, uuid.UUID]:
     store = CassandraStore(client)
     ids = []
     for partition, amounts in ((0, ["10.25", "0.10"]), (1, ["5.05"])):
-        record = MutatorRecord(uuid.uuid4(), "g", "trades", partition, "test", 1_000_000, 9_000_000)
+        record = MutatorEntry(uuid.uuid4(), "g", "trades", partition, "test", 1_000_000, 9_000_000)
         await store.register_mutator(record)
         await store.create_partition(PartitionId("g", "trades", partition), record.id, record.born_us, 41)
         state = new_state(KindSpec("sum", number="decimal"))

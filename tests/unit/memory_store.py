@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
 from typing import Any
 
 from consumer.applying import Record
-from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import InstanceView, RegistryEntry, ShardView
 from schemas.errors import CountersinkError
 
@@ -106,7 +106,7 @@ class MemoryStore:
         self.partitions: dict[PartitionId, PartitionRow] = {}
         self.shards: dict[Instance, dict[uuid.UUID, ShardRow]] = {}
         self.tallies: dict[Instance, Cell] = {}
-        self.mutators: dict[uuid.UUID, MutatorRecord] = {}
+        self.mutators: dict[uuid.UUID, MutatorEntry] = {}
         self.work: set[tuple[uuid.UUID, str, str]] = set()
         self.collected: dict[uuid.UUID, int] = {}
         self.held: list[HeldWrite] = []
@@ -263,7 +263,7 @@ class MemoryStore:
 
     # -------------------------------------------------------------------------------- registry
 
-    async def register_mutator(self, record: MutatorRecord) -> bool:
+    async def register_mutator(self, record: MutatorEntry) -> bool:
         fault = await self._lwt("register_mutator", record.id)
         # INSERT ... IF NOT EXISTS
         applied = record.id not in self.mutators
@@ -276,7 +276,7 @@ class MemoryStore:
         record = self.mutators.get(mutator)
         # UPDATE ... IF retired_us = null: a missing row has a null column, so the LWT creates it.
         if record is None:
-            self.mutators[mutator] = MutatorRecord(mutator, "", "", -1, "", 0, 0, retired_us)
+            self.mutators[mutator] = MutatorEntry(mutator, "", "", -1, "", 0, 0, retired_us)
         elif record.retired_us is None:
             self.mutators[mutator] = dataclasses.replace(record, retired_us=retired_us)
         self._answer(fault, True)

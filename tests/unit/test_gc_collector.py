@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite
+from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite
 from gc_worker.cli import parse_duration
 from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry, ShardView
 from gc_worker.orphans import find_orphans
@@ -46,7 +46,7 @@ def add_mutator(store: MemoryStore, *, born_us: int, retired_us: int | None, sha
                 seq: int = 1) -> uuid.UUID:
     """A mutator that wrote count shards (key -> count) at born_us + seq and was retired at ``retired_us``."""
     mutator = uuid.uuid4()
-    store.mutators[mutator] = MutatorRecord(mutator, "g", "likes", 0, "h", born_us, born_us + 3_600_000_000,
+    store.mutators[mutator] = MutatorEntry(mutator, "g", "likes", 0, "h", born_us, born_us + 3_600_000_000,
                                             retired_us)
     for key, n in shards.items():
         store.land(mutator, born_us + seq, ShardWrite("likes", key, count_state(n), 10, True))

@@ -8,7 +8,7 @@ import pytest
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.protocol import MutatorExpiredError, flush
-from consumer.storage import MutatorRecord, PartitionId
+from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 
@@ -23,7 +23,7 @@ class RefusingStore:
 
 
 def _mutator(expires_us: int) -> Mutator:
-    record = MutatorRecord(uuid.uuid4(), "g", "t", 0, "h", born_us=1_000, expires_us=expires_us)
+    record = MutatorEntry(uuid.uuid4(), "g", "t", 0, "h", born_us=1_000, expires_us=expires_us)
     applier = Applier(EventRouter(COUNTERS), COUNTERS, "t", 0, RetryWindow(10))
     mutator = Mutator(record, PartitionId("g", "t", 0), applier, applied_through=-1, flushed_through=-1)
     mutator.apply(Record(0, b'{"page": "home"}'))

@@ -41,7 +41,7 @@ from consumer.protocol import (
     MIN_LIFETIME_US,
     Claim,
     FencedError,
-    StaleRecordError,
+    StaleEntryError,
     Takeover,
     claim,
     finish_take_over,
@@ -49,7 +49,7 @@ from consumer.protocol import (
     release,
     take_over,
 )
-from consumer.storage import MutatorRecord, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
@@ -163,7 +163,7 @@ class Actor:
 
     name: str
     skew_us: int
-    record: MutatorRecord | None = None
+    entry: MutatorEntry | None = None
     mutator: Mutator | None = None
     task: Task | None = None
     retry_flush: bool = False  # its last flush or release failed (a failed release is retried as a release)
@@ -223,14 +223,14 @@ class ProtocolModel(RuleBasedStateMachine):
     def row(self) -> PartitionRow | None:
         return self.store.partitions.get(PID)
 
-    def new_record(self, actor: Actor) -> MutatorRecord:
+    def new_entry(self, actor: Actor) -> MutatorEntry:
         born = self.now_us + actor.skew_us
-        return MutatorRecord(uuid.UUID(int=next(self.ids)), PID.consumer_group, TOPIC, PID.partition,
+        return MutatorEntry(uuid.UUID(int=next(self.ids)), PID.consumer_group, TOPIC, PID.partition,
                              actor.name, born_us=born, expires_us=born + 10**12)
 
     def start_takeover(self, actor: Actor, ops: int, fault: Fault) -> None:
-        assert actor.record is not None
-        coro = take_over(self.store, self.log, actor.record, applier, self.now_us + actor.skew_us, -1)
+        assert actor.entry is not None
+        coro = take_over(self.store, self.log, actor.entry, applier, self.now_us + actor.skew_us, -1)
         actor.task = Task(f"{actor.name}.take_over", coro)
         self.drive(actor.task, ops, fault)
 
@@ -244,11 +244,11 @@ class ProtocolModel(RuleBasedStateMachine):
             raise task.error
         if task.label.endswith("take_over"):
             if task.error is None:
-                assert actor.record is not None
+                assert actor.entry is not None
                 result: Takeover = task.result
                 fresh = applier()
                 run(fresh.warm_up(self.log, result.start_offset))
-                actor.mutator = Mutator(actor.record, PID, fresh, applied_through=result.start_offset - 1,
+                actor.mutator = Mutator(actor.entry, PID, fresh, applied_through=result.start_offset - 1,
                                         flushed_through=result.start_offset - 1)
             return
         if isinstance(task.error, FencedError) or (task.error is None and task.label.endswith("release")):
@@ -309,7 +309,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def new_owner(self, skew: int, ops: int, fault: Fault) -> None:
         """A process is assigned the partition (the previous owner may be alive, frozen or dead)."""
         actor = Actor(f"owner{len(self.actors)}", skew)
-        actor.record = self.new_record(actor)
+        actor.entry = self.new_entry(actor)
         self.actors.append(actor)
         self.start_takeover(actor, ops, fault)
 
@@ -318,7 +318,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def retry_takeover(self, i: int, ops: int, fault: Fault) -> None:
         """A process whose takeover failed tries again with a fresh mutator, as the service does."""
         actor = self.pick([a for a in self.actors if a.mutator is None and a.task is None and not a.gone], i)
-        actor.record = self.new_record(actor)
+        actor.entry = self.new_entry(actor)
         self.start_takeover(actor, ops, fault)
 
     @precondition(lambda self: bool(self.running()))
@@ -494,8 +494,8 @@ class ProtocolModel(RuleBasedStateMachine):
         if not self.log.records:
             return
         last = Actor("last", 0)
-        last.record = self.new_record(last)
-        result: Takeover = run(take_over(self.store, self.log, last.record, applier, self.now_us, -1))
+        last.entry = self.new_entry(last)
+        result: Takeover = run(take_over(self.store, self.log, last.entry, applier, self.now_us, -1))
         for phase in ("after the final takeover", "after a full GC"):
             self.every_shard_is_what_its_mutator_consumed()
             expected, seen = self.truth(0, result.start_offset - 1), self.readable()
@@ -631,13 +631,13 @@ def test_model_catches_a_retry_window_rebuilt_from_offsets() -> None:
         run_model(OffsetWindowModel, MUST_FAIL_SETTINGS)
 
 
-def _owner(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[MutatorRecord, Task]:
-    record = MutatorRecord(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
+def _owner(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[MutatorEntry, Task]:
+    record = MutatorEntry(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
                            born_us=born_us, expires_us=born_us + 10**12)
     return record, Task(f"owner{n}.take_over", take_over(store, log, record, applier, born_us, -1))
 
 
-def _consume_and_flush(store: MemoryStore, log: MemoryLog, record: MutatorRecord, result: Takeover,
+def _consume_and_flush(store: MemoryStore, log: MemoryLog, record: MutatorEntry, result: Takeover,
                        through: int, now_us: int) -> Mutator:
     fresh = applier()
     run(fresh.warm_up(log, result.start_offset))
@@ -699,7 +699,7 @@ def test_a_takeover_refuses_a_record_registered_before() -> None:
     b_task.finish()
     assert store.mutators[a.id].retired_us is not None  # B's takeover retired A
     again = Task("a.again", take_over(store, log, a, applier, EPOCH_US + 2 * MIN_LIFETIME_US, -1)).finish()
-    assert isinstance(again.error, StaleRecordError)
+    assert isinstance(again.error, StaleEntryError)
     assert store.partitions[PID].owner == uuid.UUID(int=2)
 
 
@@ -794,7 +794,7 @@ def test_a_quiet_flush_by_a_replaced_owner_is_fenced() -> None:
 
 def _claimed_mutator(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[Mutator, Claim]:
     """A claimant as the consumer runs one: claimed, warmed up, and applying before its takeover is finished."""
-    record = MutatorRecord(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
+    record = MutatorEntry(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
                            born_us=born_us, expires_us=born_us + 10**12)
     claimed: Claim = run(claim(store, record, -1))
     fresh = applier()
@@ -852,7 +852,7 @@ def test_a_rotation_claims_only_from_the_rotating_mutator() -> None:
     run(release(store, mutator, EPOCH_US + MIN_LIFETIME_US))
     _, rightful = _owner(store, log, 2, EPOCH_US + MIN_LIFETIME_US + 1)
     rightful.finish()
-    rotated = MutatorRecord(uuid.UUID(int=3), PID.consumer_group, TOPIC, PID.partition, "zombie",
+    rotated = MutatorEntry(uuid.UUID(int=3), PID.consumer_group, TOPIC, PID.partition, "zombie",
                             born_us=EPOCH_US + MIN_LIFETIME_US + 2, expires_us=EPOCH_US + 10**12)
     with pytest.raises(FencedError):
         run(claim(store, rotated, -1, from_owner=zombie.id))
