@@ -18,7 +18,7 @@ from typing import Any
 
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import PartitionId, PartitionRow
-from countersink.cassandra import CassandraClient, CassandraError, CassandraUnavailableError
+from countersink.cassandra import CassandraClient, CassandraError
 from countersink.cli import run_async, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.health import HealthServer
@@ -112,7 +112,6 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
     progress = _Progress(settings.gc.progress_interval_s, bar=not args.no_progress and sys.stderr.isatty())
     collector = Collector(
         store, int(settings.gc.grace_s * 1e6),
-        retriable=(CassandraUnavailableError,),
         dry_run=args.dry_run,
         concurrency=settings.gc.concurrency,
         forget_after_us=int(settings.gc.forget_after_s * 1e6),

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from countersink.logs import get_logger
+from countersink.retry import is_retriable
 from schemas.errors import CountersinkError
 from schemas.kinds import merge_stored
 
@@ -156,8 +157,9 @@ _READ_ATTEMPTS = 3  # reads of an instance whose tally changes between its pages
 class Collector:
     """One GC worker. :meth:`run` is one pass; call it from cron or in a loop.
 
-    ``retriable`` are the storage errors that mean "not now" (a replica down for a CL ALL read, a timeout):
-    the instance is deferred and the run goes on. Any other error ends the run.
+    ``retriable`` says which storage errors mean "not now" (a replica down for a CL ALL read, a timeout: by
+    default, what the error itself says is retriable): the instance is deferred and the run goes on. Any
+    other error ends the run.
     ``concurrency`` instances are worked on at once; 1 runs strictly in order, with no asyncio tasks.
     """
 
@@ -166,7 +168,7 @@ class Collector:
         store: GcStore,
         grace_us: int,
         *,
-        retriable: tuple[type[BaseException], ...],
+        retriable: Callable[[BaseException], bool] = is_retriable,
         dry_run: bool = False,
         concurrency: int = 16,
         forget_after_us: int | None = None,
@@ -262,9 +264,11 @@ class Collector:
             tally = merged.to_bytes()
             if not self.dry_run:
                 await self.store.fold(counter, key, tally, [s.mutator for s in folded], timestamp)
-        except self.retriable as exc:
-            return self._defer(report, counter, key, "storage_unavailable", error=str(exc))
-        except (CountersinkError, TypeError, ValueError) as exc:
+        except (CountersinkError, TypeError, ValueError, OSError) as exc:
+            if self.retriable(exc):
+                return self._defer(report, counter, key, "storage_unavailable", error=str(exc))
+            if isinstance(exc, OSError):
+                raise
             # States that cannot be merged (corrupt bytes, a kind changed in place): never guess.
             return self._defer(report, counter, key, "unmergeable", error=f"{type(exc).__name__}: {exc}")
         report.instances_folded += 1

@@ -67,7 +67,7 @@ def value(store: MemoryStore, key: str) -> int:
 
 
 def collect(store: MemoryStore, **options: object) -> GcReport:
-    collector = Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1, **options)  # type: ignore[arg-type]
+    collector = Collector(store, GRACE_US, concurrency=1, **options)  # type: ignore[arg-type]
     report: GcReport = run(collector.run(NOW_US))
     return report
 
@@ -196,7 +196,7 @@ def test_concurrent_settling_gives_the_same_result(monkeypatch: pytest.MonkeyPat
 
     # Under an event loop nobody drives the gates one by one: every storage call applies at once.
     monkeypatch.setattr(memory_store, "_gate", answer_at_once)
-    collector = Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=8)
+    collector = Collector(store, GRACE_US, concurrency=8)
     report = asyncio.run(collector.run(NOW_US))
     assert (report.instances_folded, report.mutators_collected) == (39, 1)
     assert all(value(store, str(k)) == k for k in range(1, 40))
@@ -252,11 +252,11 @@ def test_a_fold_between_the_pages_of_a_read_is_neither_counted_twice_nor_lost() 
         add_mutator(store, born_us=1_000 + i, retired_us=2_000_000, shards={"a": i + 1})
     late = add_mutator(store, born_us=3_000_000, retired_us=NOW_US - 5 * GRACE_US, shards={"a": 100})
     assert value(store, "a") == 128
-    reader = Task("reader", Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1).run(NOW_US))
+    reader = Task("reader", Collector(store, GRACE_US, concurrency=1).run(NOW_US))
     while reader.pending != Op("read_instance_page", ("likes", "a", 1)):
         reader.step()
     # The other worker's cutoff comes before ``late`` retired: it folds the early shards, at their retire time.
-    other = Collector(store, 10 * GRACE_US, retriable=(StoreTimeoutError,), concurrency=1)
+    other = Collector(store, 10 * GRACE_US, concurrency=1)
     folded: GcReport = run(other.run(NOW_US))
     assert (folded.instances_folded, folded.shards_deleted) == (1, 7)
     assert value(store, "a") == 128

@@ -154,7 +154,7 @@ def applier() -> Applier:
 async def collect(store: MemoryStore, now_us: int) -> None:
     """One run of the real GC (``gc_worker.collector``), one instance at a time so the test drives each step.
     A storage timeout defers the instance, as a replica down does in production."""
-    await Collector(store, GRACE_US, retriable=(StoreTimeoutError,), concurrency=1).run(now_us)
+    await Collector(store, GRACE_US, concurrency=1).run(now_us)
 
 
 @dataclasses.dataclass
