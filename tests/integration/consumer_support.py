@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
+from countersink.kafka import make_consumer
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
@@ -138,6 +140,22 @@ def expected_values(truth: Truth) -> dict[str, dict[str, object]]:
         "shares_traded": dict(truth.qty),
         "notional": dict(truth.notional),
     }
+
+
+async def read_topic(kafka: KafkaSettings, topic: str, at_least: int, within_s: float = 20,
+                     then_s: float = 0.0) -> list[Any]:
+    """Every partition of ``topic`` from its start, until ``at_least`` records came or ``within_s`` passed;
+    then ``then_s`` more seconds, for whatever should not have come."""
+    records: list[Any] = []
+    async with make_consumer(kafka, topic, group_id=None, auto_offset_reset="earliest") as consumer:
+        deadline = time.monotonic() + within_s
+        while len(records) < at_least and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            records.extend(r for batch in batches.values() for r in batch)
+        if then_s:
+            batches = await consumer.getmany(timeout_ms=int(then_s * 1000))
+            records.extend(r for batch in batches.values() for r in batch)
+    return records
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ from structlog.testing import capture_logs
 from consumer.applying import Record
 from consumer.kafka_source import KafkaRecordSource
 from consumer.service import ConsumerService
-from countersink.kafka import make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import load_definitions
 from stack.loading import end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import (
     expected_values,
     make_events,
+    read_topic,
     read_values,
     running,
     start_consumer,
@@ -45,18 +44,8 @@ def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, co
                     consumer=ConsumerSettings(group_id=group, counters_file=counters, **options))
 
 
-async def _dead_letters(kafka: KafkaSettings, topic: str, expected: int) -> list:
-    consumer = make_consumer(kafka, topic, group_id=None, auto_offset_reset="earliest")
-    records = []
-    async with consumer:
-        deadline = time.monotonic() + 20
-        while len(records) < expected and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            records.extend(r for batch in batches.values() for r in batch)
-        # and nothing more than expected arrives
-        batches = await consumer.getmany(timeout_ms=1000)
-        records.extend(r for batch in batches.values() for r in batch)
-    return records
+async def _dead_letters(kafka: KafkaSettings, topic: str, expected: int) -> list[Any]:
+    return await read_topic(kafka, topic, expected, then_s=1.0)  # and nothing more than expected arrives
 
 
 async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(

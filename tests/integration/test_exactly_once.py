@@ -33,7 +33,7 @@ from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSetti
 from schemas.definitions import load_definitions
 from schemas.events import EventRouter
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
-from tests.integration.consumer_support import running, start_consumer, wait_until_started
+from tests.integration.consumer_support import read_topic, running, start_consumer, wait_until_started
 
 pytestmark = pytest.mark.integration
 
@@ -106,17 +106,6 @@ def _expected(events: list[tuple[str, str, int]]) -> dict[tuple[str, str], objec
     return {**{("trades", s): n for s, n in counts.items()}, **{("shares", s): n for s, n in sums.items()}}
 
 
-async def _read_topic(kafka: KafkaSettings, topic: str, at_least: int, within_s: float = 20) -> list:
-    consumer = make_consumer(kafka, topic, group_id=None, auto_offset_reset="earliest")
-    records: list = []
-    async with consumer:
-        deadline = time.monotonic() + within_s
-        while len(records) < at_least and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
-            records.extend(r for batch in batches.values() for r in batch)
-    return records
-
-
 async def test_a_successor_after_kill_9_drops_retries_its_predecessor_dropped_on_a_transactional_topic(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
 ) -> None:
@@ -171,7 +160,7 @@ async def _compacted_offsets(kafka: KafkaSettings, topic: str, within_s: float =
         while time.monotonic() < deadline:
             await asyncio.sleep(0.3)
             await producer.send_and_wait(topic, _event(f"roll-{uuid.uuid4().hex}", "R", 1), key=b"roll", partition=0)
-            offsets = [r.offset for r in await _read_topic(kafka, topic, at_least=10**9, within_s=1.5)]
+            offsets = [r.offset for r in await read_topic(kafka, topic, at_least=10**9, within_s=1.5)]
             if len(offsets) < offsets[-1] + 1 - 1000:  # most updates gone, not just some of the rolls
                 return offsets
         raise AssertionError(f"{topic} was not compacted within {within_s} s")
@@ -213,7 +202,7 @@ async def test_a_successor_on_a_compacted_topic_drops_the_retries_its_predecesso
         finally:
             await producer.stop()
         offsets = await _compacted_offsets(kafka_settings, topic)
-        updates_kept = sum(1 for r in await _read_topic(kafka_settings, topic, at_least=len(offsets))
+        updates_kept = sum(1 for r in await read_topic(kafka_settings, topic, at_least=len(offsets))
                            if json.loads(r.value)["symbol"] == "U")
 
         log = tmp_path / "consumer.log"
@@ -336,7 +325,7 @@ async def test_a_replay_survives_a_broker_error_and_dead_letters_what_it_skips(
         await wait_until_flushed(cassandra_settings, group, ends, within_s=60)
     assert flaky.failures == 1
     assert await _values(cassandra_settings, ["S0", "S1"]) == _expected(events)
-    dead = await _read_topic(kafka_settings, f"dlq-{group}", 2)
+    dead = await read_topic(kafka_settings, f"dlq-{group}", 2)
     assert sorted(r.value for r in dead) == sorted([b"{not json", b'{"id": "bad", "symbol": "S0", "qty": "seven"}'])
 
 
@@ -365,7 +354,7 @@ async def test_a_dead_letter_the_broker_refuses_whole_goes_truncated_and_countin
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}),
                                  within_s=60)
     assert await _values(cassandra_settings, ["S0"]) == _expected(events)
-    dead = await _read_topic(kafka_settings, f"dlq-{group}", 1)
+    dead = await read_topic(kafka_settings, f"dlq-{group}", 1)
     assert len(dead) == 1
     assert dead[0].value == huge[:1024]
     assert dict(dead[0].headers)["countersink.truncated"] == f"{len(huge)} bytes cut to 1024".encode()
@@ -442,21 +431,19 @@ async def _refused_at_start(kafka_settings: KafkaSettings, cassandra: CassandraS
     env = child_env(kafka_settings, cassandra, consumer={"counters_file": counters, "health_port": 0})
     env.update(COUNTERSINK_CASSANDRA__REPLICATION="{'class': 'SimpleStrategy', 'replication_factor': 3}",
                COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY="ONE", COUNTERSINK_CASSANDRA__REPLAY_READ_CONSISTENCY="ONE")
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "consumer"], cwd=REPO, env=env,
-                                   capture_output=True, timeout=60)
-    output = (done.stdout + done.stderr).decode()
-    assert done.returncode == 2, output
-    refused = [json.loads(line) for line in output.splitlines() if '"settings_refused"' in line]
-    assert len(refused) == 1, output
-    assert "REPLAY_READ_CONSISTENCY=ONE" in refused[0]["error"]
-    assert "Traceback" not in output
+    await _refused(["-m", "consumer"], env, "REPLAY_READ_CONSISTENCY=ONE")
     # The GC's read of an instance decides what it folds and deletes: refused the same way.
     env.update(COUNTERSINK_CASSANDRA__GC_READ_CONSISTENCY="ONE")
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gc_worker"], cwd=REPO, env=env,
+    await _refused(["-m", "gc_worker"], env, "GC_READ_CONSISTENCY=ONE")
+
+
+async def _refused(command: list[str], env: dict[str, str], setting: str) -> None:
+    """``python COMMAND`` exits 2 with one settings_refused line naming ``setting``, and no traceback."""
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, *command], cwd=REPO, env=env,
                                    capture_output=True, timeout=60)
     output = (done.stdout + done.stderr).decode()
     assert done.returncode == 2, output
     refused = [json.loads(line) for line in output.splitlines() if '"settings_refused"' in line]
     assert len(refused) == 1, output
-    assert "GC_READ_CONSISTENCY=ONE" in refused[0]["error"]
+    assert setting in refused[0]["error"]
     assert "Traceback" not in output
