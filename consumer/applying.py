@@ -17,8 +17,8 @@ from typing import NamedTuple, Protocol
 from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
-from schemas.events import EventRouter, Update
-from schemas.kinds import State, new_state
+from schemas.events import EventRouter, Update, apply_updates
+from schemas.kinds import State
 
 # What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
 # about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
@@ -221,15 +221,8 @@ class Mutator:
         if record.offset <= self.applied_through:
             return Outcome.FILTERED, None
         outcome, updates, error = self.applier.classify(record)
-        for update in updates:
-            instance = (update.counter, update.key)
-            state = self.states.get(instance)
-            if state is None:
-                state = new_state(self.applier.counters[update.counter])
-                self.states[instance] = state
-                self.state_bytes += state.size_bytes()
-            state.apply(update.value)
-            self.dirty.add(instance)
+        if updates:
+            self.state_bytes += apply_updates(self.states, updates, self.applier.counters, self.dirty)
         self.applied_through = record.offset
         return outcome, error
 

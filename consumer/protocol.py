@@ -35,7 +35,7 @@ class FencedError(CountersinkError):
 
 
 class StaleEntryError(CountersinkError):
-    """Raised by :func:`take_over` given a registry entry made before: every takeover needs a fresh mutator
+    """Raised by :func:`claim` given a registry entry made before: every takeover needs a fresh mutator
     (a mutator retired by a later takeover must never own a partition again)."""
 
 
@@ -220,7 +220,10 @@ InvalidRecordHandler = Callable[[KafkaRecord, InvalidEventError], Awaitable[None
 async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
                            applier_factory: Callable[[], Applier], now_us: int,
                            on_invalid: InvalidRecordHandler | None = None, accept_lost: bool = False) -> Takeover:
-    """Finish what the previous owner left, as :func:`take_over` does after its claim.
+    """Finish what the previous owner left, after :func:`claim`: replay the window it left open as its
+    writer W (same shards, same timestamp, values completed from each shard's ``through_offset``), retire W
+    and the previous owner, close the window by LWT naming the new mutator. A crash anywhere leaves a row the
+    next claimant finishes the same way. The consumer runs it in the background while the new mutator applies.
 
     ``on_invalid`` is awaited for each invalid record of a replayed window before the window is closed: the
     writer may have died before its dead letters were delivered, and closing the window is what makes its
@@ -252,29 +255,6 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
     if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
         raise FencedError(f"{pid} was claimed by another mutator during takeover")
     return Takeover(claimed.start_offset, replayed_records, replayed_instances, tuple(retired), row.owner)
-
-
-async def take_over(
-    store: Store,
-    source: RecordSource,
-    new: MutatorEntry,
-    applier_factory: Callable[[], Applier],
-    now_us: int,
-    initial_last_offset: int,
-    max_attempts: int = 20,
-) -> Takeover:
-    """Make ``new`` the owner of its partition, finishing whatever flush the previous owner left open.
-
-    1. claim the ownership row by LWT (or create it, the first time): :func:`claim`;
-    2. if a window is open, replay it as its writer W: same shards, same timestamp, values completed from
-       each shard's ``through_offset``;
-    3. close the window by LWT naming ``new``;
-    4. retire W and the previous owner (2-4: :func:`finish_take_over`).
-    A crash anywhere leaves a row the next claimant finishes the same way. The consumer runs the two halves
-    apart, applying new records in memory in between; this model of it writes exactly what that does.
-    """
-    claimed = await claim(store, new, initial_last_offset, max_attempts)
-    return await finish_take_over(store, source, claimed, applier_factory, now_us)
 
 
 async def _replay_window(
@@ -328,5 +308,5 @@ async def _replay_window(
 
 __all__: Sequence[str] = (
     "Claim", "FencedError", "InvalidRecordHandler", "MutatorExpiredError", "StaleEntryError", "Takeover",
-    "claim", "finish_take_over", "flush", "release", "retire_time", "take_over",
+    "claim", "finish_take_over", "flush", "release", "retire_time",
 )

@@ -615,16 +615,21 @@ def apply_updates(
     updates: Iterable[Update],
     counter_set: CounterSet,
     touched: set[tuple[str, str]] | None = None,
-) -> None:
-    """Apply updates to in-memory states keyed by ``(counter, instance key)``, creating missing ones.
+) -> int:
+    """Apply updates to in-memory states keyed by ``(counter, instance key)``, creating missing ones; the
+    consumer's mutators apply every record this way.
 
     ``touched``, when given, collects the identities of every state changed (the mutator's dirty set).
+    Returns the bytes of the states created (their size when new), for a memory estimate.
     """
+    created_bytes = 0
     for counter, key, value, _ in updates:
         ident = (counter, key)
         state = states.get(ident)
         if state is None:
             state = states[ident] = new_state(counter_set[counter])
+            created_bytes += state.size_bytes()
         state.apply(value)
         if touched is not None:
             touched.add(ident)
+    return created_bytes
