@@ -25,6 +25,7 @@ from countersink.health import HealthServer
 from countersink.kafka import make_admin
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
+from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, Settings
 from gc_worker.collector import Collector, GcReport
 from gc_worker.orphans import find_orphans
@@ -216,8 +217,7 @@ async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Na
             except ConsistencyError as exc:
                 log.error("settings_refused", error=str(exc))
                 return 2
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), settings.gc.every_s)
+            await pause_unless_stopped(settings.gc.every_s, stop)
     finally:
         await client.stop()
         if health:
