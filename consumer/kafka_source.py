@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from consumer.applying import Record
 from countersink.kafka import make_consumer
@@ -16,22 +16,34 @@ class KafkaRecordSource:
     """A group-less consumer that is assigned one partition at a time and seeks to the range asked for."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        self._consumer = make_consumer(settings, enable_auto_commit=False, group_id=None,
-                                       auto_offset_reset="earliest", isolation_level="read_committed")
-        self._started = False
+        self._settings = settings
+        # Made at start: a client made and never started is reported unclosed when a process stops early.
+        self._client: AIOKafkaConsumer | None = None
         # One range at a time: a read assigns and seeks the one consumer, and takeovers finishing in the
         # background read concurrently with each other and with the loop's warm-ups.
         self._reading = asyncio.Lock()
 
+    @property
+    def _consumer(self) -> AIOKafkaConsumer:
+        if self._client is None:
+            raise RuntimeError("KafkaRecordSource used before start()")
+        return self._client
+
     async def start(self) -> None:
-        if not self._started:
-            await self._consumer.start()
-            self._started = True
+        if self._client is None:
+            client = make_consumer(self._settings, enable_auto_commit=False, group_id=None,
+                                   auto_offset_reset="earliest", isolation_level="read_committed")
+            try:
+                await client.start()
+            except BaseException:
+                await client.stop()
+                raise
+            self._client = client
 
     async def stop(self) -> None:
-        if self._started:
-            self._started = False
-            await self._consumer.stop()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.stop()
 
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         if last < first:

@@ -76,3 +76,38 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert "consumer_stopped_before_start" in done.stdout + done.stderr
     assert "consumer_started" not in done.stdout + done.stderr
+
+
+def test_a_consumer_waiting_for_servers_that_are_down_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    """A consumer waiting at start-up for a Cassandra and a Kafka that do not answer (nothing listens on their
+    ports) exits 0 within seconds of a SIGTERM, not after startup_timeout_s, and closes every client it made:
+    no "Unclosed" warning, no traceback."""
+    import os
+    import time
+
+    counters = tmp_path / "counters.toml"
+    counters.write_text('[[counter]]\nname = "likes"\ntopics = ["likes"]\nkind = "count"\nkey = ["post_id"]\n')
+    env = {**os.environ, "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "COUNTERSINK_CASSANDRA__PORT": "2",
+           "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
+    log = tmp_path / "consumer.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "consumer", "--counters", str(counters)], cwd=REPO,
+                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting_for_server" not in log.read_text(errors="replace"):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the consumer never started waiting for its servers"
+            time.sleep(0.1)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log.read_text()
+        assert time.monotonic() - signalled < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert "consumer_stopped_before_start" in output
+    assert "Unclosed" not in output
+    assert "Traceback" not in output
