@@ -16,7 +16,7 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -36,7 +36,7 @@ from countersink.health import HealthServer
 from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.retry import Backoff, retrying
+from countersink.retry import wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
 from schemas.events import EventRouter
@@ -53,18 +53,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         await self.service.on_partitions_assigned(assigned)
-
-
-async def wait_until_reachable(what: str, step: Callable[[], Awaitable[None]], *, timeout_s: float,
-                               stop: asyncio.Event | None = None) -> None:
-    """Run ``step`` (idempotent) until the server it needs answers, up to ``timeout_s``: a consumer (re)started
-    while Kafka or Cassandra is briefly away waits for them rather than exiting. Raises
-    :class:`~countersink.retry.StopRequested` as soon as ``stop`` is set."""
-
-    def waiting(error: BaseException, pause_s: float) -> None:
-        log.warning("waiting_for_server", server=what, error=str(error), wait_s=round(pause_s, 3))
-
-    await retrying(step, backoff=Backoff(first_s=0.5, max_s=5.0), stop=stop, deadline_s=timeout_s, on_retry=waiting)
 
 
 class ConsumerService:

@@ -16,6 +16,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from countersink.logs import get_logger
+
+log = get_logger(__name__)
+
 T = TypeVar("T")
 
 
@@ -98,3 +102,14 @@ async def retrying(
                 on_retry(error, pause)
             if await pause_unless_stopped(pause, stop):
                 raise StopRequested("stop requested") from error
+
+
+async def wait_until_reachable(what: str, step: Callable[[], Awaitable[None]], *, timeout_s: float,
+                               stop: asyncio.Event | None = None) -> None:
+    """Run ``step`` (idempotent: connect, create a schema) until the server it needs answers, up to
+    ``timeout_s``: a process (re)started while Kafka or Cassandra is briefly away waits for them rather than
+    exiting. Raises the last error after ``timeout_s``; :class:`StopRequested` as soon as ``stop`` is set."""
+    def waiting(error: BaseException, pause_s: float) -> None:
+        log.warning("waiting_for_server", server=what, error=str(error), wait_s=round(pause_s, 3))
+
+    await retrying(step, backoff=Backoff(first_s=0.5, max_s=5.0), stop=stop, deadline_s=timeout_s, on_retry=waiting)

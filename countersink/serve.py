@@ -23,11 +23,17 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from countersink.cassandra import CassandraClient, CassandraOverloadedError, CassandraUnavailableError
+from countersink.cassandra import (
+    CassandraClient,
+    CassandraError,
+    CassandraOverloadedError,
+    CassandraUnavailableError,
+)
 from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
+from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import Consistency, ServeSettings, Settings
 from schemas.definitions import NAME_PATTERN, CounterSet
 from schemas.events import DEFAULT_MAX_KEY_BYTES
@@ -258,7 +264,17 @@ async def serve(settings: Settings, serve_settings: ServeSettings, counters: Cou
 
 async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
                        counters: CounterSet | None, consistency: Consistency | None) -> int:
-    async with CassandraClient(settings.cassandra, app="countersink-serve") as client:
+    client = CassandraClient(settings.cassandra, app="countersink-serve")
+    try:
+        # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
+        await wait_until_reachable("cassandra", client.start, timeout_s=serve_settings.startup_timeout_s, stop=stop)
+    except StopRequested:
+        log.info("serve_stopped_before_start")
+        return 0
+    except CassandraError as exc:
+        log.error("cassandra_unreachable", error=str(exc), waited_s=serve_settings.startup_timeout_s)
+        return 1
+    async with client:
         api = ReadApi(client, serve_settings, counters, consistency)
         app = api.app()
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)

@@ -195,6 +195,7 @@ class ServeSettings(_Section):
     max_keys: int = Field(default=100, ge=1, le=10_000)  # keys one multi-get may ask for
     concurrency: int = Field(default=64, ge=1, le=4096)  # Cassandra reads in flight across all requests
     request_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting server waits for Cassandra
 
 
 class Settings(BaseSettings):

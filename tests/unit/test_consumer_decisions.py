@@ -7,7 +7,7 @@ import time
 
 from consumer import schedule
 from consumer.schedule import Footprint, Progress
-from consumer.service import wait_until_reachable
+from countersink.retry import wait_until_reachable
 from countersink.settings import ConsumerSettings
 
 MIB = 1024 * 1024

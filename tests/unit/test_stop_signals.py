@@ -78,26 +78,28 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
     assert "consumer_started" not in done.stdout + done.stderr
 
 
-def test_a_consumer_waiting_for_servers_that_are_down_stops_at_once_on_sigterm(tmp_path: Path) -> None:
-    """A consumer waiting at start-up for a Cassandra and a Kafka that do not answer (nothing listens on their
-    ports) exits 0 within seconds of a SIGTERM, not after startup_timeout_s, and closes every client it made:
-    no "Unclosed" warning, no traceback."""
+# The `countersink` command, as its console script runs it.
+RUN_CLI = "import sys; from countersink.cli import main; sys.argv[0] = 'countersink'; sys.exit(main())"
+
+# Servers that do not answer: nothing listens on these ports.
+DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "COUNTERSINK_CASSANDRA__PORT": "2",
+        "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_GC__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
+
+
+def _stopped_while_waiting(args: list[str], log: Path, waiting_for: str) -> str:
+    """Run ``countersink ARGS`` against servers that are down, SIGTERM it once its log shows
+    ``waiting_for``; assert it exits 0 within seconds, and return what it printed."""
     import os
     import time
 
-    counters = tmp_path / "counters.toml"
-    counters.write_text('[[counter]]\nname = "likes"\ntopics = ["likes"]\nkind = "count"\nkey = ["post_id"]\n')
-    env = {**os.environ, "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "COUNTERSINK_CASSANDRA__PORT": "2",
-           "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
-    log = tmp_path / "consumer.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "consumer", "--counters", str(counters)], cwd=REPO,
-                                   env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, "-c", RUN_CLI, *args], cwd=REPO,
+                                   env={**os.environ, **DOWN}, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
-        while "waiting_for_server" not in log.read_text(errors="replace"):
+        while waiting_for not in log.read_text(errors="replace"):
             assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the consumer never started waiting for its servers"
+            assert time.monotonic() < deadline, f"never logged {waiting_for}"
             time.sleep(0.1)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
@@ -108,6 +110,46 @@ def test_a_consumer_waiting_for_servers_that_are_down_stops_at_once_on_sigterm(t
             process.kill()
             process.wait()
     output = log.read_text()
-    assert "consumer_stopped_before_start" in output
     assert "Unclosed" not in output
     assert "Traceback" not in output
+    return output
+
+
+def _counters(tmp_path: Path) -> Path:
+    counters = tmp_path / "counters.toml"
+    counters.write_text('[[counter]]\nname = "likes"\ntopics = ["likes"]\nkind = "count"\nkey = ["post_id"]\n')
+    return counters
+
+
+def test_a_consumer_waiting_for_servers_that_are_down_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    """A consumer waiting at start-up for a Cassandra and a Kafka that do not answer exits 0 within seconds
+    of a SIGTERM, not after startup_timeout_s, and closes every client it made: no "Unclosed" warning, no
+    traceback."""
+    output = _stopped_while_waiting(["consume", "--counters", str(_counters(tmp_path))], tmp_path / "log",
+                                    "waiting_for_server")
+    assert "consumer_stopped_before_start" in output
+
+
+def test_serve_waiting_for_cassandra_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    """``serve`` started while Cassandra is down waits for it (no traceback, no exit 1) and stops at once on a
+    SIGTERM."""
+    output = _stopped_while_waiting(["serve", "--port", "0", "--counters", str(_counters(tmp_path))],
+                                    tmp_path / "log", "waiting_for_server")
+    assert "serve_stopped_before_start" in output
+
+
+def test_a_gc_loop_with_cassandra_down_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    """``gc --every`` with Cassandra down logs each failed run and stops at once on a SIGTERM."""
+    output = _stopped_while_waiting(["gc", "--every", "30"], tmp_path / "log", "gc_failed")
+    assert "gc_loop_stopped" in output
+
+
+def test_schema_gives_up_on_an_absent_cassandra_with_one_line() -> None:
+    """``schema`` waits up to --wait for Cassandra, then exits 1 with one error line and no traceback."""
+    import os
+
+    done = subprocess.run([sys.executable, "-c", RUN_CLI, "schema", "--wait", "1"], cwd=REPO,
+                          env={**os.environ, **DOWN}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "schema_failed" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
