@@ -36,7 +36,7 @@ from countersink.health import HealthServer
 from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.retry import wait_until_reachable
+from countersink.retry import is_retriable, wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
 from schemas.events import EventRouter
@@ -156,7 +156,17 @@ class ConsumerService:
     # --------------------------------------------------------------------------------- the main loop
 
     async def run(self) -> None:
-        """Consume until :meth:`request_stop`; then release every partition cleanly."""
+        """Consume until :meth:`request_stop`. A flush still failing for a server that is away when the stop
+        comes is given up once its retries have had ``flush_retry_max_s`` more (nothing is lost: the next
+        owner replays the window it left open); :meth:`stop` then releases what it can."""
+        try:
+            await self._consume()
+        except Exception as exc:
+            if not (self._stopping.is_set() and is_retriable(exc)):
+                raise
+            log.warning("flush_given_up_for_stop", error=str(exc))
+
+    async def _consume(self) -> None:
         while not self._stopping.is_set():
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
             self.ready = True

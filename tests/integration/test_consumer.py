@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,53 @@ async def test_kafka_broker_and_cassandra_restart_mid_stream(
     assert "flush_retry" in log.read_text()
 
 
+async def test_a_sigterm_while_flushes_wait_for_cassandra_exits_0_promptly_and_loses_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+    local_kafka, local_cassandra,
+) -> None:
+    """Cassandra stops while a consumer runs; its flushes wait and retry. A SIGTERM then ends it within
+    seconds (the flush retries get flush_retry_max_s more, the releases fail), exit 0, no traceback; once
+    Cassandra is back, the next consumer counts every event exactly once."""
+    if local_kafka is None or local_cassandra is None:
+        pytest.fail("this test stops Cassandra, so it needs the local stack (unset COUNTERSINK_TEST_*)")
+    topic = await topic_factory(partitions=2)
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    events, truth = make_events(2000, duplicates=40, seed=33)
+    log = tmp_path / "consumer.log"
+    process = _start_consumer(settings, log)
+    try:
+        await wait_until_started(log, process)
+        await publish(kafka_settings, topic, events[:1000])
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
+        local_cassandra.process.stop(timeout=60)  # down while events keep coming
+        try:
+            await publish(kafka_settings, topic, events[1000:])
+            deadline = time.monotonic() + 60
+            while "flush_retry" not in log.read_text(errors="replace"):
+                assert time.monotonic() < deadline, "the consumer never retried a flush"
+                await asyncio.sleep(0.2)
+            signalled = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(process.wait, 60)
+            took = time.monotonic() - signalled
+        finally:
+            local_cassandra.restart(tied_to_parent=True)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert took < 20, f"took {took:.1f} s to stop"  # flush_retry_max_s (5 s), then failed releases, then close
+    assert "Traceback" not in output
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}),
+                                 within_s=120)
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
+
+
 @pytest.mark.parametrize(("reason", "limits"), [
     ("memory", {"mutator_memory_budget_bytes": 4096}),
     ("age", {"mutator_max_age_s": 2.0}),
@@ -340,3 +388,34 @@ async def test_a_takeover_claims_at_once_and_applies_only_once_its_retry_window_
         finally:
             held.open.set()  # a shutdown waits for the takeovers, and they for these reads
     assert await read_values(cassandra_settings, truth) == expected_values(truth)
+
+
+async def test_a_sigterm_while_waiting_for_kafka_exits_0_at_once(
+    cassandra_settings: CassandraSettings, tmp_path: Path
+) -> None:
+    """With Cassandra up and Kafka unreachable, a starting consumer waits for Kafka; a SIGTERM ends the wait
+    at once: exit 0, no traceback, no unclosed client."""
+    counters = write_definitions(tmp_path, "never-created")
+    log = tmp_path / "consumer.log"
+    process = start_consumer(KafkaSettings(bootstrap_servers=["127.0.0.1:1"]), cassandra_settings, log,
+                             counters_file=counters)
+    try:
+        deadline = time.monotonic() + 60
+        while '"server": "kafka"' not in log.read_text(errors="replace"):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the consumer never waited for Kafka"
+            await asyncio.sleep(0.1)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(process.wait, 30)
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert code == 0, output
+    assert took < 5
+    assert "consumer_stopped_before_start" in output
+    assert "Unclosed" not in output
+    assert "Traceback" not in output
