@@ -280,6 +280,7 @@ async def test_a_sigterm_while_flushes_wait_for_cassandra_exits_0_promptly_and_l
     assert code == 0, output[-3000:]
     assert took < 20, f"took {took:.1f} s to stop"  # flush_retry_max_s (5 s), then failed releases, then close
     assert "Traceback" not in output
+    assert "Unclosed" not in output
     async with running(ConsumerService(settings, load_definitions(counters))):
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}),
                                  within_s=120)
