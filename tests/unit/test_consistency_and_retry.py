@@ -1,0 +1,103 @@
+"""Two small policies that decide safety and liveness: whether reads overlap writes on a keyspace's
+replication, and how a step is retried (what, how long, and when a stop ends it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+
+from countersink.cassandra import CassandraUnavailableError
+from countersink.consistency import ConsistencyError, check_deciding_reads, reads_see_writes, replication_factors
+from countersink.retry import Backoff, StopRequested, is_retriable, retrying
+from countersink.settings import CassandraSettings, Consistency
+from schemas.errors import DefinitionError
+
+C = Consistency
+
+
+@pytest.mark.parametrize(("read", "write", "factors", "overlap"), [
+    (C.ONE, C.ONE, {"": 1}, True),
+    (C.ONE, C.ONE, {"": 3}, False),
+    (C.QUORUM, C.QUORUM, {"": 3}, True),
+    (C.ONE, C.QUORUM, {"": 3}, False),
+    (C.ALL, C.ONE, {"": 3}, True),
+    (C.LOCAL_QUORUM, C.LOCAL_QUORUM, {"dc1": 3, "dc2": 3}, True),
+    (C.QUORUM, C.LOCAL_QUORUM, {"dc1": 3, "dc2": 3}, False),  # 4 + 2 replicas of 6 need not meet
+    (C.EACH_QUORUM, C.QUORUM, {"dc1": 3, "dc2": 3}, True),
+    (C.LOCAL_ONE, C.ALL, {"dc1": 3, "dc2": 3}, True),
+])
+def test_reads_overlap_writes_only_when_their_replicas_must_meet(
+        read: Consistency, write: Consistency, factors: dict[str, int], overlap: bool) -> None:
+    """A read sees every acknowledged write exactly when read + write replicas exceed the replication
+    factor (counted in the local data centre when both levels are local)."""
+    assert reads_see_writes(read, write, factors, "dc1") is overlap
+
+
+def test_replication_maps_are_read_as_the_keyspace_has_them() -> None:
+    """SimpleStrategy is one data centre; NetworkTopologyStrategy counts each data centre."""
+    assert replication_factors("{'class': 'SimpleStrategy', 'replication_factor': 3}") == {"": 3}
+    assert replication_factors({"class": "org.apache.cassandra.locator.NetworkTopologyStrategy",
+                                "dc1": "3", "dc2": "2"}) == {"dc1": 3, "dc2": 2}
+
+
+def test_a_refusal_names_the_settings_and_the_keyspace() -> None:
+    """The one-line refusal names the read setting, the write level and the replication."""
+    settings = CassandraSettings(write_consistency=C.ONE, keyspace="ks")
+    with pytest.raises(ConsistencyError, match=r"REPLAY_READ_CONSISTENCY=ONE .*WRITE_CONSISTENCY=ONE .* keyspace ks "):
+        check_deciding_reads(settings, {"": 3}, {"replay_read_consistency": C.ONE})
+    check_deciding_reads(settings, {"": 1}, {"replay_read_consistency": C.ONE})
+
+
+def test_what_is_retried_is_what_the_error_says() -> None:
+    """Servers away and refused connections are retriable; a refused authorization or a bad file is not."""
+    assert is_retriable(CassandraUnavailableError("down"))
+    assert is_retriable(KafkaConnectionError("down"))
+    assert is_retriable(ConnectionRefusedError())
+    assert not is_retriable(TopicAuthorizationFailedError())
+    assert not is_retriable(DefinitionError("f", "c", "x", "bad"))
+
+
+def test_pauses_double_up_to_their_cap_with_bounded_jitter() -> None:
+    """Each pause is its nominal value moved by at most the jitter; nominal values double up to the cap."""
+    pauses = Backoff(first_s=0.1, max_s=0.8, jitter=0.2).pauses()
+    for nominal in (0.1, 0.2, 0.4, 0.8, 0.8):
+        assert nominal * 0.8 <= pauses() <= nominal * 1.2
+
+
+def test_retrying_retries_until_success_and_raises_what_is_not_retriable() -> None:
+    """A retriable failure is retried; a non-retriable one surfaces at once."""
+    attempts: list[int] = []
+
+    async def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise CassandraUnavailableError("down")
+        return "done"
+
+    async def refused() -> None:
+        raise TopicAuthorizationFailedError()
+
+    assert asyncio.run(retrying(flaky, backoff=Backoff(first_s=0.01, max_s=0.01))) == "done"
+    assert len(attempts) == 3
+    with pytest.raises(TopicAuthorizationFailedError):
+        asyncio.run(retrying(refused))
+
+
+def test_a_stop_ends_a_retry_pause_at_once() -> None:
+    """A stop requested during a long pause ends it at once with StopRequested."""
+
+    async def down() -> None:
+        raise CassandraUnavailableError("down")
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, stop.set)
+        await retrying(down, backoff=Backoff(first_s=30, max_s=30), stop=stop)
+
+    started = time.monotonic()
+    with pytest.raises(StopRequested):
+        asyncio.run(scenario())
+    assert time.monotonic() - started < 2
