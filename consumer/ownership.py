@@ -198,7 +198,7 @@ class Ownership:
             start = await self.retry("log_start", tp, functools.partial(self.source.log_start, tp.topic, tp.partition))
             if start > mutator.applied_through + 1:
                 lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
-                if not self._records_lost(tp, mutator, lost):
+                if not self.records_lost(tp, mutator, lost):
                     return
                 mutator.skip_to(start)
             self.warming.discard(mutator.id)
@@ -218,7 +218,7 @@ class Ownership:
                 self.drop(tp, mutator, str(exc))
                 return
             except RecordsLostError as exc:
-                if not self._records_lost(tp, mutator, exc):
+                if not self.records_lost(tp, mutator, exc):
                     return
                 accept_lost = True
         self._log_taken_over(tp, mutator, result, started)
@@ -232,7 +232,7 @@ class Ownership:
                                       on_invalid=functools.partial(self.dead_letters.send, tp),
                                       accept_lost=accept_lost)
 
-    def _records_lost(self, tp: TopicPartition, mutator: Mutator, lost: RecordsLostError) -> bool:
+    def records_lost(self, tp: TopicPartition, mutator: Mutator, lost: RecordsLostError) -> bool:
         """Records to count were deleted from the log. True to go on without them (``on_records_lost`` =
         skip); otherwise the partition is no longer consumed, and the process reports unready."""
         METRICS.records_lost.labels(tp.topic, str(tp.partition)).inc(lost.last - lost.first + 1)

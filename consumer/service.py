@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer import schedule
-from consumer.applying import KafkaRecord, Mutator, Outcome, RecordSource
+from consumer.applying import KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
 from consumer.cassandra_store import CassandraStore
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
@@ -42,6 +42,10 @@ from schemas.definitions import CounterSet
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
+
+# A batch that starts this many offsets past the last one applied makes the loop ask for the log start: gaps
+# that small are transaction markers or aborted records; retention deletes whole segments.
+GAP_WORTH_A_LOOK = 100
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -77,7 +81,10 @@ class ConsumerService:
             settings.kafka,
             group_id=self.config.group_id,
             enable_auto_commit=False,
-            auto_offset_reset=self.config.auto_offset_reset,
+            # Start positions come from the ownership rows (auto_offset_reset applies there, to a partition
+            # seen for the first time). The client resets only a position that fell off the log, and then to
+            # the log start, which _check_for_lost_records sees and reports.
+            auto_offset_reset="earliest",
             isolation_level="read_committed",
             session_timeout_ms=self.config.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.config.session_timeout_ms // 4),
@@ -178,6 +185,9 @@ class ConsumerService:
                     mutator = self.ownership.applying(tp)
                     if mutator is None:
                         continue
+                    if records[0].offset > mutator.applied_through + GAP_WORTH_A_LOOK and not (
+                            await self._check_for_lost_records(tp, mutator)):
+                        continue  # stopped: records it should have counted are gone
                     self._apply(tp, mutator, records)
                     if len(mutator.dirty) >= self.config.flush_max_dirty and self.ownership.takeover_pending(mutator):
                         # It cannot flush before its takeover is finished: bound what it holds meanwhile.
@@ -191,6 +201,19 @@ class ConsumerService:
                     self.flushing.start()
             if offsets:
                 await self._commit_for_lag(offsets)
+
+    async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:
+        """A batch starts well past what the mutator applied: compaction or aborted transactions, or records
+        deleted by retention while this consumer was behind (the client then moved to the log start without a
+        word). Asks for the log start to tell; False when the partition is stopped for lost records."""
+        start = int((await self.consumer.beginning_offsets([tp]))[tp])
+        if start <= mutator.applied_through + 1:
+            return True
+        lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
+        if not self.ownership.records_lost(tp, mutator, lost):
+            return False
+        mutator.skip_to(start)
+        return True
 
     def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
         applied = duplicates = 0

@@ -447,3 +447,46 @@ async def _refused(command: list[str], env: dict[str, str], setting: str) -> Non
     assert len(refused) == 1, output
     assert setting in refused[0]["error"]
     assert "Traceback" not in output
+
+
+async def test_records_deleted_under_a_running_consumer_that_fell_behind_are_reported(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A running consumer frozen for a moment (no rebalance) while records it has not read are deleted: the
+    Kafka client moves it to the log start, and the consumer says which offsets were lost (records_lost),
+    then counts on from the log start (on_records_lost = skip)."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    first = [(f"a{i}", "S0", 1) for i in range(100)]
+    await publish(kafka_settings, topic, [_event(*e) for e in first])
+    log = tmp_path / "consumer.log"
+    process = start_consumer(kafka_settings, cassandra_settings, log, group_id=group, counters_file=counters,
+                             dead_letter_topic=f"dlq-{group}", on_records_lost="skip", session_timeout_ms=20000,
+                             flush_interval_s=0.3)
+    try:
+        await wait_until_started(log, process)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        second = [(f"b{i}", "S0", 10) for i in range(300)]
+        process.send_signal(signal.SIGSTOP)  # behind, but not long enough to leave its group
+        try:
+            # The fetch it had waiting at offset 100 is answered with this one record, then it fetches no more.
+            await publish(kafka_settings, topic, [_event("c", "S0", 1000)])
+            await asyncio.sleep(1)
+            await publish(kafka_settings, topic, [_event(*e) for e in second])  # offsets 101..400
+            await _delete_before(kafka_settings, topic, 301)  # b0..b199, never read, are gone
+        finally:
+            process.send_signal(signal.SIGCONT)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    lost = [e for e in entries if e.get("event") == "records_lost"]
+    assert [(e["first"], e["last"], e["action"]) for e in lost] == [(101, 300, "skipped")]
+    assert sum(e.get("event") == "partition_taken_over" for e in entries) == 1, "it must not have been a takeover"
+    assert await _values(cassandra_settings, ["S0"]) == _expected([*first, ("c", "S0", 1000), *second[200:]])
