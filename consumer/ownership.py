@@ -196,11 +196,8 @@ class Ownership:
             await self.retry("warm_up", tp, functools.partial(mutator.applier.warm_up, self.source,
                                                               claimed.start_offset))
             start = await self.retry("log_start", tp, functools.partial(self.source.log_start, tp.topic, tp.partition))
-            if start > mutator.applied_through + 1:
-                lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
-                if not self.records_lost(tp, mutator, lost):
-                    return
-                mutator.skip_to(start)
+            if not self.goes_on_from(tp, mutator, start):
+                return
             self.warming.discard(mutator.id)
             if self.mutators.get(tp) is mutator and not mutator.fenced:
                 # Records fetched before the pause were skipped: read on from what is applied.
@@ -231,6 +228,18 @@ class Ownership:
         return await finish_take_over(self.store, self.source, claimed, applier_factory, now_us(),
                                       on_invalid=functools.partial(self.dead_letters.send, tp),
                                       accept_lost=accept_lost)
+
+    def goes_on_from(self, tp: TopicPartition, mutator: Mutator, log_start: int) -> bool:
+        """Where the log starts now: records the mutator has not applied below ``log_start`` were deleted
+        before they were counted. Reports them and skips past them (True), or stops the partition (False),
+        as ``on_records_lost`` says; True with nothing to do when none were lost."""
+        if log_start <= mutator.applied_through + 1:
+            return True
+        lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, log_start - 1)
+        if not self.records_lost(tp, mutator, lost):
+            return False
+        mutator.skip_to(log_start)
+        return True
 
     def records_lost(self, tp: TopicPartition, mutator: Mutator, lost: RecordsLostError) -> bool:
         """Records to count were deleted from the log. True to go on without them (``on_records_lost`` =

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer import schedule
-from consumer.applying import KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
+from consumer.applying import KafkaRecord, Mutator, Outcome, RecordSource
 from consumer.cassandra_store import CassandraStore
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
@@ -206,14 +206,7 @@ class ConsumerService:
         """A batch starts well past what the mutator applied: compaction or aborted transactions, or records
         deleted by retention while this consumer was behind (the client then moved to the log start without a
         word). Asks for the log start to tell; False when the partition is stopped for lost records."""
-        start = int((await self.consumer.beginning_offsets([tp]))[tp])
-        if start <= mutator.applied_through + 1:
-            return True
-        lost = RecordsLostError(tp.topic, tp.partition, mutator.applied_through + 1, start - 1)
-        if not self.ownership.records_lost(tp, mutator, lost):
-            return False
-        mutator.skip_to(start)
-        return True
+        return self.ownership.goes_on_from(tp, mutator, int((await self.consumer.beginning_offsets([tp]))[tp]))
 
     def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
         applied = duplicates = 0

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from countersink.cassandra import CassandraUnavailableError
 from countersink.consistency import ConsistencyError, check_deciding_reads, reads_see_writes, replication_factors
-from countersink.retry import Backoff, StopRequested, is_retriable, retrying
+from countersink.retry import Backoff, StopRequested, is_retriable, retrying, wait_until_reachable
 from countersink.settings import CassandraSettings, Consistency
 from schemas.errors import DefinitionError
 
@@ -86,18 +87,54 @@ def test_retrying_retries_until_success_and_raises_what_is_not_retriable() -> No
         asyncio.run(retrying(refused))
 
 
-def test_a_stop_ends_a_retry_pause_at_once() -> None:
-    """A stop requested during a long pause ends it at once with StopRequested."""
-
-    async def down() -> None:
-        raise CassandraUnavailableError("down")
+def _stopped_within(seconds: float, wait: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """``wait`` (given a stop event, set 0.2 s in) ends with StopRequested within ``seconds``."""
 
     async def scenario() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.2, stop.set)
-        await retrying(down, backoff=Backoff(first_s=30, max_s=30), stop=stop)
+        await wait(stop)
 
     started = time.monotonic()
     with pytest.raises(StopRequested):
         asyncio.run(scenario())
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < seconds
+
+
+async def _down() -> None:
+    raise CassandraUnavailableError("down")
+
+
+def test_a_stop_ends_a_retry_pause_at_once() -> None:
+    """A stop requested during a long pause ends it at once with StopRequested."""
+    _stopped_within(2, lambda stop: retrying(_down, backoff=Backoff(first_s=30, max_s=30), stop=stop))
+
+
+def test_a_process_waits_for_a_server_that_comes_back() -> None:
+    """A starting process retries a server that refuses at first, until it answers."""
+    attempts = []
+
+    async def flaky() -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise KafkaConnectionError("Unable to bootstrap")
+
+    asyncio.run(wait_until_reachable("kafka", flaky, timeout_s=30))
+    assert len(attempts) == 3
+
+
+def test_a_process_gives_up_on_a_server_after_its_startup_timeout() -> None:
+    """A starting process gives up once its startup timeout has passed, with the server's last error."""
+
+    async def down() -> None:
+        raise KafkaConnectionError("Unable to bootstrap")
+
+    started = time.monotonic()
+    with pytest.raises(KafkaConnectionError):
+        asyncio.run(wait_until_reachable("kafka", down, timeout_s=1.2))
+    assert time.monotonic() - started < 5
+
+
+def test_a_process_stops_waiting_for_servers_as_soon_as_it_is_asked_to() -> None:
+    """A stop requested while the servers are away ends the wait at once, not after the startup timeout."""
+    _stopped_within(2, lambda stop: wait_until_reachable("kafka", _down, timeout_s=120, stop=stop))

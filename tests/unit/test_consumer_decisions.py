@@ -1,13 +1,10 @@
 """Consumer decisions that need no servers: when to flush, which mutators rotate (too old, over their own
-budget, or the largest while over the total), and how long a starting consumer waits for the servers."""
+budget, or the largest while over the total)."""
 
 from __future__ import annotations
 
-import time
-
 from consumer import schedule
 from consumer.schedule import Footprint, Progress
-from countersink.retry import wait_until_reachable
 from countersink.settings import ConsumerSettings
 
 MIB = 1024 * 1024
@@ -46,39 +43,6 @@ def test_mutators_already_rotating_count_towards_the_budget() -> None:
     """Mutators rotating for their own size no longer count towards the process total."""
     # 0 rotates for its own size; the rest (3 × 300 = 900) fits the total of 1000.
     assert reasons({0: 400, 1: 300, 2: 300, 3: 300}, total_mib=1000, each_mib=350) == {0: "memory"}
-
-
-def test_a_starting_consumer_waits_for_a_server_that_comes_back() -> None:
-    """A starting consumer retries a server that refuses at first, until it answers."""
-    import asyncio
-
-    from aiokafka.errors import KafkaConnectionError
-
-    attempts = []
-
-    async def flaky() -> None:
-        attempts.append(1)
-        if len(attempts) < 3:
-            raise KafkaConnectionError("Unable to bootstrap")
-
-    asyncio.run(wait_until_reachable("kafka", flaky, timeout_s=30))
-    assert len(attempts) == 3
-
-
-def test_a_starting_consumer_gives_up_after_its_startup_timeout() -> None:
-    """A starting consumer gives up once startup_timeout_s has passed."""
-    import asyncio
-
-    import pytest
-    from aiokafka.errors import KafkaConnectionError
-
-    async def down() -> None:
-        raise KafkaConnectionError("Unable to bootstrap")
-
-    started = time.monotonic()
-    with pytest.raises(KafkaConnectionError):
-        asyncio.run(wait_until_reachable("kafka", down, timeout_s=1.2))
-    assert time.monotonic() - started < 5
 
 
 def flush_due(*, since_s: float, took_s: float, behind: bool, dirty: int = 1, interval_s: float = 1.0,
@@ -125,26 +89,3 @@ def test_a_partition_at_its_last_stable_offset_is_caught_up() -> None:
     assert schedule.caught_up({0: Progress(applied_through=99, log_end=100, dirty=0)})
     assert not schedule.caught_up({0: Progress(applied_through=98, log_end=100, dirty=0)})
     assert not schedule.caught_up({0: Progress(applied_through=99, log_end=None, dirty=0)})
-
-
-def test_a_starting_consumer_stops_waiting_as_soon_as_it_is_asked_to() -> None:
-    """A stop requested while the servers are away ends the wait at once, not after startup_timeout_s."""
-    import asyncio
-
-    import pytest
-    from aiokafka.errors import KafkaConnectionError
-
-    from countersink.retry import StopRequested
-
-    async def down() -> None:
-        raise KafkaConnectionError("Unable to bootstrap")
-
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.3, stop.set)
-        await wait_until_reachable("kafka", down, timeout_s=120, stop=stop)
-
-    started = time.monotonic()
-    with pytest.raises(StopRequested):
-        asyncio.run(scenario())
-    assert time.monotonic() - started < 2
