@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates
-from schemas.kinds import State
+from schemas.fast_route import FastRoute, Row
+from schemas.kinds import State, new_state
 
 # What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
 # about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
@@ -92,64 +93,96 @@ class RetryWindow:
     decides exactly as the original mutator did.
 
     Each id maps to the number of the last record that carried it, in one dict per counter (records are
-    numbered as they are pushed, so gaps in Kafka offsets do not matter): one dict lookup and one store per
-    id on the hot path. Ids that fell out of the window are forgotten all at once every ``size`` records,
-    which keeps at most the ids of ``2 × size`` records.
+    numbered as they are pushed, so gaps in Kafka offsets do not matter). The dicts come in two generations
+    of ``size`` records each: every ``size`` records the older generation is dropped whole and a new one
+    begun, in O(1), so at most the ids of ``2 × size`` records are held. An id in the current generation is
+    within the window; one found only in the previous generation is if its record number says so.
+
+    Counters that read the same event-id field under the same filter see the same ids in the same records
+    (an event is applied to every counter of its topic or to none), so :meth:`share` lets them keep one
+    dict: one look-up per record instead of one per counter.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._pushed = 0  # records pushed so far; the next record is number _pushed
-        self._last: dict[str, dict[str, int]] = {}  # counter -> event id -> number of its last record
+        # ids key (a counter, or the key its group shares) -> event id -> number of its last record
+        self._current: dict[str, dict[str, int]] = {}
+        self._previous: dict[str, dict[str, int]] = {}
+        self._shared: dict[str, str] = {}  # counter -> the ids key of its group, for groups of two or more
+        self._decided: dict[str, bool] = {}  # shared ids key -> its decision for the record being admitted
+
+    def share(self, groups: dict[str, str]) -> None:
+        """Let counters mapped to the same key keep one dict of ids (before any record is pushed)."""
+        sizes: dict[str, int] = {}
+        for key in groups.values():
+            sizes[key] = sizes.get(key, 0) + 1
+        self._shared = {counter: key for counter, key in groups.items() if sizes[key] > 1}
 
     def seen(self, counter: str, event_id: str) -> bool:
-        at = self._last.get(counter, {}).get(event_id)
+        key = self._shared.get(counter, counter)
+        if event_id in self._current.get(key, {}):
+            return True
+        at = self._previous.get(key, {}).get(event_id)
         return at is not None and at >= self._pushed - self.size
 
     def push(self, ids: tuple[tuple[str, str], ...]) -> None:
         """Record one record's ids (possibly none)."""
         if self.size <= 0:
             return
-        number = self._pushed
         for counter, event_id in ids:
-            self._ids_of(counter)[event_id] = number
-        self._advance()
+            self._ids_of(self._shared.get(counter, counter))[event_id] = self._pushed
+        self.advance()
+
+    def fresh(self, counter: str, event_id: str) -> bool:
+        """Whether ``event_id`` was not seen within the window, for one update of the record being admitted;
+        records it. Call :meth:`advance` once the record's updates are all admitted."""
+        if self.size <= 0:
+            return True
+        key = self._shared.get(counter, counter)
+        if key is not counter:
+            decided = self._decided.get(key)
+            if decided is not None:
+                return decided  # a counter of the same group has looked this record's id up already
+        current = self._current.get(key)
+        if current is None:
+            current = self._ids_of(key)
+        if event_id in current:
+            fresh = False
+        else:
+            previous = self._previous.get(key)
+            at = None if previous is None else previous.get(event_id)
+            fresh = at is None or at < self._pushed - self.size
+        current[event_id] = self._pushed
+        if key is not counter:
+            self._decided[key] = fresh
+        return fresh
 
     def admit(self, updates: list[Update]) -> list[Update]:
         """The updates of one record whose event id was not seen within the window; records their ids.
         The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass."""
         if self.size <= 0:
             return updates
-        number = self._pushed
-        oldest = number - self.size
-        fresh = []
-        for update in updates:
-            event_id = update.event_id
-            if event_id is None:
-                fresh.append(update)
-                continue
-            last = self._last.get(update.counter)
-            if last is None:
-                last = self._ids_of(update.counter)
-            at = last.get(event_id)
-            if at is None or at < oldest:
-                fresh.append(update)
-            last[event_id] = number
-        self._advance()
+        fresh = [update for update in updates if update.event_id is None or self.fresh(update.counter,
+                                                                                      update.event_id)]
+        self.advance()
         return fresh
 
-    def ids_held(self) -> int:
-        return sum(len(ids) for ids in self._last.values())
-
-    def _ids_of(self, counter: str) -> dict[str, int]:
-        return self._last.setdefault(counter, {})
-
-    def _advance(self) -> None:
+    def advance(self) -> None:
+        """The record being admitted is done: the next one gets the next number."""
+        if self.size <= 0:
+            return
+        if self._decided:
+            self._decided.clear()
         self._pushed += 1
         if self._pushed % self.size == 0:
-            oldest = self._pushed - self.size
-            self._last = {counter: {event_id: at for event_id, at in ids.items() if at >= oldest}
-                          for counter, ids in self._last.items()}
+            self._previous, self._current = self._current, {}
+
+    def ids_held(self) -> int:
+        return sum(len(ids) for ids in self._current.values()) + sum(len(ids) for ids in self._previous.values())
+
+    def _ids_of(self, key: str) -> dict[str, int]:
+        return self._current.setdefault(key, {})
 
 
 @dataclasses.dataclass
@@ -161,6 +194,15 @@ class Applier:
     topic: str
     partition: int
     window: RetryWindow
+    # The topic's fast path (None: every record takes the router). Built from the router's limits.
+    fast: FastRoute | None = dataclasses.field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        router = self.router
+        self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
+                                    router.max_key_bytes)
+        self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
+                           for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
     def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
         """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
@@ -188,6 +230,24 @@ class Applier:
 
 
 @dataclasses.dataclass
+class BatchApplied:
+    """What :meth:`Mutator.apply_batch` did: records applied, dropped as publisher retries, and invalid (each
+    with its error, for the dead-letter topic)."""
+
+    applied: int = 0
+    duplicates: int = 0
+    invalid: list[tuple[KafkaRecord, InvalidEventError]] = dataclasses.field(default_factory=list)
+
+    def count(self, record: KafkaRecord, outcome: Outcome, error: InvalidEventError | None) -> None:
+        if outcome is Outcome.APPLIED:
+            self.applied += 1
+        elif outcome is Outcome.DUPLICATE:
+            self.duplicates += 1
+        elif outcome is Outcome.INVALID and error is not None:
+            self.invalid.append((record, error))
+
+
+@dataclasses.dataclass
 class Mutator:
     """The only writer of its shards: one per partition assignment, with in-memory state per instance."""
 
@@ -210,6 +270,9 @@ class Mutator:
     fenced: bool = False
     retiring: bool = False  # release has committed and is retiring it: it must never flush again
     released: bool = False
+    # The fast path's rows (per key group: key value -> the states of that key), holding the same state
+    # objects as ``states``. Valid because ``states`` only ever grows, by this mutator's own applying.
+    rows: list[dict[object, Row]] | None = None
 
     @property
     def id(self) -> uuid.UUID:
@@ -225,6 +288,67 @@ class Mutator:
             self.state_bytes += apply_updates(self.states, updates, self.applier.counters, self.dirty)
         self.applied_through = record.offset
         return outcome, error
+
+    def apply_batch(self, records: Sequence[KafkaRecord]) -> BatchApplied:
+        """Apply a batch of this partition's records, in offset order: the same states, dirty set, window and
+        outcomes as :meth:`apply` on each record in turn (``tests/unit/test_fast_route.py`` holds them
+        equal), with the per-record work of the topic's fast path. Records it does not accept take
+        :meth:`apply`, in their place. Nothing here awaits: a flush sees a batch wholly or not at all."""
+        applier = self.applier
+        fast = applier.fast
+        result = BatchApplied()
+        if fast is None:
+            for record in records:
+                result.count(record, *self.apply(record))
+            return result
+        rows = self.rows
+        if rows is None:
+            rows = self.rows = fast.new_rows()
+        window, states, counters = applier.window, self.states, applier.counters
+        touched: list[Row] = []
+        try:
+            for record in records:
+                offset = record.offset
+                if offset <= self.applied_through:
+                    continue
+                updates = fast.prepare(record.value or b"", rows)
+                if updates is None:
+                    result.count(record, *self.apply(record))
+                    continue
+                changed = False
+                for row, index, value, event_id in updates:
+                    if event_id is not None and not window.fresh(row.idents[index][0], event_id):
+                        continue
+                    state = row.states[index]
+                    if state is None:
+                        ident = row.idents[index]
+                        state = states.get(ident)
+                        if state is None:
+                            state = states[ident] = new_state(counters[ident[0]])
+                            self.state_bytes += state.size_bytes()
+                        row.states[index] = state
+                    state.apply(value)
+                    if not row.touched:
+                        touched.append(row)
+                    row.touched |= 1 << index
+                    changed = True
+                window.advance()
+                self.applied_through = offset
+                if changed:
+                    result.applied += 1
+                elif updates:
+                    result.duplicates += 1
+        finally:
+            dirty = self.dirty
+            for row in touched:
+                bits, index = row.touched, 0
+                while bits:
+                    if bits & 1:
+                        dirty.add(row.idents[index])
+                    bits >>= 1
+                    index += 1
+                row.touched = 0
+        return result
 
     def skip_to(self, position: int) -> None:
         """Every offset below ``position`` that held a record has been given to :meth:`apply`: the offsets
@@ -244,6 +368,6 @@ class Mutator:
 
 
 __all__ = [
-    "RETRY_ID_BYTES", "Applier", "KafkaRecord", "Mutator", "Outcome", "Record", "RecordSource", "RecordsLostError",
-    "RetryWindow",
+    "RETRY_ID_BYTES", "Applier", "BatchApplied", "KafkaRecord", "Mutator", "Outcome", "Record", "RecordSource",
+    "RecordsLostError", "RetryWindow",
 ]

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer import schedule
-from consumer.applying import KafkaRecord, Mutator, Outcome, RecordSource
+from consumer.applying import KafkaRecord, Mutator, RecordSource
 from consumer.cassandra_store import CassandraStore
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
@@ -209,17 +209,11 @@ class ConsumerService:
         return self.ownership.goes_on_from(tp, mutator, int((await self.consumer.beginning_offsets([tp]))[tp]))
 
     def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
-        applied = duplicates = 0
-        for record in records:
-            outcome, error = mutator.apply(record)
-            if outcome is Outcome.APPLIED:
-                applied += 1
-            elif outcome is Outcome.DUPLICATE:
-                duplicates += 1
-            elif outcome is Outcome.INVALID and error is not None:
-                self.dead_letters.queue(tp, record, error)
-        METRICS.events_applied.inc(applied)
-        METRICS.duplicates_dropped.inc(duplicates)
+        result = mutator.apply_batch(records)
+        for record, error in result.invalid:
+            self.dead_letters.queue(tp, record, error)
+        METRICS.events_applied.inc(result.applied)
+        METRICS.duplicates_dropped.inc(result.duplicates)
 
     def _advance_positions(self) -> None:
         """Move each mutator past the offsets the consumer skipped after its last record (transaction markers,

@@ -397,7 +397,9 @@ def _where_check(
 
     def tagged_in(event: dict[str, Any]) -> bool:
         v = get(event)
-        return (type(v), v) in tagged
+        kind = type(v)
+        # An array or object never equals a scalar (and cannot be looked up in a set).
+        return kind is not list and kind is not dict and (kind, v) in tagged
 
     return tagged_in
 

@@ -1,0 +1,215 @@
+"""The router's fast path: one topic's events decoded and checked in a shape built for batches.
+
+:class:`EventRouter` is the reference: it parses a whole event into a dict and runs one extractor per counter,
+which builds an :class:`~schemas.events.Update` per counter and event. :class:`FastRoute` reaches the same
+updates with less work per event, for the shapes of definition most counters have:
+
+- one msgspec decoder per topic, reading exactly the top-level fields the topic's counters use (the rest of
+  the event is skipped, not built into Python objects);
+- counters that share key fields share a *row* per key value, so the key is read, escaped and checked once
+  per row and not once per event and counter (:class:`Row` holds the states of every counter of that key);
+- the value and event-id checks are the router's own converters, so a value is accepted, refused and
+  converted exactly as the router does.
+
+It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
+escape, deeply bracketed, over the size limit, a missing, null or wrongly typed field, a key too long —
+makes :meth:`FastRoute.prepare` return ``None``, and the caller routes that event through
+:class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
+the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
+
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path,
+has a time bucket or keeps exact decimals; its events all take the router.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from schemas.definitions import CounterDefinition, CounterSet
+from schemas.errors import InvalidEventError
+from schemas.events import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_KEY_BYTES,
+    _escape,
+    _key_text,
+    _value_converter,
+    _where_check,
+)
+from schemas.kinds import State
+
+_UNSET = msgspec.UNSET
+_UNICODE_ESCAPE = b"\\u"
+
+
+class Row:
+    """The states of every counter of one key group for one key value, created as events need them.
+
+    ``idents[i]`` is the ``(counter, key)`` identity of the group's counter ``i``; ``states[i]`` its state
+    once an event has been applied to it (``None`` before); ``touched`` a bit per counter changed in the
+    batch being applied."""
+
+    __slots__ = ("idents", "states", "touched")
+
+    def __init__(self, idents: tuple[tuple[str, str], ...]) -> None:
+        self.idents = idents
+        self.states: list[State | None] = [None] * len(idents)
+        self.touched = 0
+
+
+def _eligible(definition: CounterDefinition) -> bool:
+    paths = [*definition.key, *definition.where]
+    if definition.value is not None:
+        paths.append(definition.value)
+    if definition.event_id is not None:
+        paths.append(definition.event_id)
+    return (definition.bucket is None and definition.number_mode != "decimal"
+            and all("." not in path for path in paths))
+
+
+def _event_id_text(v: Any, max_bytes: int) -> str | None:
+    """The router's event-id rule (a string within ``max_bytes``, or an integer's decimal text); ``None`` when
+    the router must decide."""
+    kind = type(v)
+    if kind is str:
+        return None if len(v) > max_bytes else v
+    if kind is int:
+        return str(v)
+    return None
+
+
+Prepared = list[tuple[Row, int, Any, "str | None"]]
+
+
+class FastRoute:
+    """The fast path of one topic: :meth:`prepare` is a function generated for the topic's counters.
+
+    The generated source (kept in ``source``, for a reader or a debugger) is the router's extractors written
+    out for this topic: per key group, the row of the event's key value; per counter, its filter, its value
+    through the router's converter, and its event id. It returns, for each counter that wants the event, its
+    row, its index in the row, its value and its event id. The row caches (:meth:`new_rows`) belong to
+    whoever applies (a mutator)."""
+
+    def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
+                 max_key_bytes: int) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.max_depth = max_depth
+        self.max_key_bytes = max_key_bytes
+        fields: dict[str, str] = {}  # event field -> attribute of the decoded struct
+        namespace: dict[str, Any] = {
+            "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
+            # TypeError: an array or object as a key value, which no dict of rows can hold
+            "REFUSED": (InvalidEventError, ValueError, TypeError), "event_id_text": _event_id_text,
+            "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
+            "MAX_KEY_BYTES": max_key_bytes,
+        }
+
+        def attr(path: str) -> str:
+            if path not in fields:
+                fields[path] = f"f{len(fields)}"
+            return fields[path]
+
+        groups: dict[tuple[str, ...], list[CounterDefinition]] = {}
+        for definition in counters:
+            groups.setdefault(definition.key, []).append(definition)
+        self._groups = tuple((paths, tuple(d.name for d in members)) for paths, members in groups.items())
+
+        lines = [
+            "def prepare(raw, rows):",
+            "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or b'\\\\u' in raw",
+            "            or raw.count(b'{') + raw.count(b'[') > MAX_DEPTH):",
+            "        return None",
+            "    try:",
+            "        event = decode(raw)",
+            "    except DECODE_ERRORS:",
+            "        return None",
+            "    updates = []",
+            "    try:",
+        ]
+        for g, (paths, members) in enumerate(groups.items()):
+            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}")
+            lines.append(f"        row{g} = None")
+            values = "".join(f"event.{attr(p)}, " for p in paths)
+            cache_key = values[:-2] if len(paths) == 1 else f"({values})"
+            ids: dict[str, str] = {}  # event-id path -> the local holding its text, once read unfiltered
+            row_known = False  # set by a counter without a filter: the counters after it need not look again
+            for index, definition in enumerate(members):
+                c = f"{g}_{index}"
+                lines.append(f"        # counter {definition.name} ({definition.kind})")
+                indent = "        "
+                if definition.where:
+                    checks = []
+                    for n, (path, allowed) in enumerate(definition.where.items()):
+                        namespace[f"where_{c}_{n}"] = _where_check(operator.attrgetter(attr(path)), allowed)
+                        checks.append(f"where_{c}_{n}(event)")
+                    lines.append(f"{indent}if {' and '.join(checks)}:")
+                    indent += "    "
+                if not row_known:
+                    lines += [f"{indent}if row{g} is None:",
+                              f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
+                              f"{indent}    if row{g} is None:",
+                              f"{indent}        return None"]
+                    row_known = not definition.where
+                value = "None"
+                if definition.value is not None:
+                    namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
+                    lines += [f"{indent}value = event.{attr(definition.value)}",
+                              f"{indent}if value is UNSET or value is None:",
+                              f"{indent}    return None"]
+                    value = f"convert_{c}(value)"
+                event_id = "None"
+                if definition.event_id is not None:
+                    # Read once per record for the counters without a filter; under a filter, read again.
+                    event_id = ids.get(definition.event_id, "") if not definition.where else ""
+                    if not event_id:
+                        event_id = f"id_{c}"
+                        if not definition.where:
+                            ids[definition.event_id] = event_id
+                        lines += [f"{indent}{event_id} = event_id_text(event.{attr(definition.event_id)}, "
+                                  "MAX_KEY_BYTES)",
+                                  f"{indent}if {event_id} is None:",
+                                  f"{indent}    return None"]
+                lines.append(f"{indent}updates.append((row{g}, {index}, {value}, {event_id}))")
+        lines += ["    except REFUSED:", "        return None", "    return updates"]
+        self.source = "\n".join(lines) + "\n"
+        struct = msgspec.defstruct(
+            "TopicFields", [(a, Any, msgspec.field(default=_UNSET, name=path)) for path, a in fields.items()])
+        namespace["decode"] = msgspec.json.Decoder(struct).decode
+        exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
+        self.prepare: Callable[[bytes, list[dict[Any, Row]]], Prepared | None] = namespace["prepare"]
+
+    @classmethod
+    def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+              max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> FastRoute | None:
+        """The fast path for ``topic``, or ``None`` when a counter on it needs the router."""
+        counters = list(counter_set.for_topic(topic))
+        if not counters or not all(_eligible(c) for c in counters):
+            return None
+        return cls(counters, max_event_bytes, max_depth, max_key_bytes)
+
+    def new_rows(self) -> list[dict[Any, Row]]:
+        """Empty row caches, one per key group, for one mutator."""
+        return [{} for _ in self._groups]
+
+    def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
+        """The row of key ``values``, kept in ``rows`` when every value is a string (``True`` and ``1`` are
+        one dict key but two instance keys). ``None`` when a value is not a valid key part."""
+        paths, names = self._groups[group]
+        if any(v is _UNSET or v is None for v in values):
+            return None
+        try:
+            key = "|".join(_escape(_key_text(path, v)) for path, v in zip(paths, values, strict=True))
+        except InvalidEventError:
+            return None
+        if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
+            return None
+        row = Row(tuple((name, key) for name in names))
+        if all(type(v) is str for v in values):
+            rows[values[0] if len(values) == 1 else values] = row
+        return row
+
+__all__ = ["FastRoute", "Row"]

@@ -1,0 +1,162 @@
+"""The batch path (:meth:`Mutator.apply_batch`, with the topic's :class:`FastRoute`) against the reference,
+:meth:`Mutator.apply` record by record: same state bytes, dirty sets, outcomes, dead letters and errors."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumer.applying import Applier, BatchApplied, Mutator, Outcome, Record, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
+from schemas.definitions import parse_definitions
+from schemas.events import EventRouter
+from schemas.fast_route import FastRoute
+
+TOPIC = "t"
+MAX_KEY_BYTES = 24  # small, so that long keys, items and ids are common
+
+# Counter bodies the sets are drawn from: every kind, integer and float numbers, coercion, filters on
+# strings and on mixed scalars, one and two key fields, no key, shared and separate event ids.
+BODIES = [
+    'kind = "count"\nkey = ["sym"]\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nnumber = "float"',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\ncoerce = true\nevent_id = "id"\nwhere = { side = ["buy"] }',
+    'kind = "min"\nkey = ["sym", "side"]\nvalue = "x"\nnumber = "float"\ncoerce = true',
+    'kind = "max"\nkey = ["sym"]\nvalue = "n"',
+    'kind = "mean"\nkey = ["side"]\nvalue = "x"\nevent_id = "id"',
+    'kind = "variance"\nkey = ["sym"]\nvalue = "n"\nevent_id = "rid"',
+    'kind = "distinct"\nkey = ["sym"]\nvalue = "user"\nevent_id = "id"',
+    'kind = "distinct"\nkey = ["flag"]\nvalue = "n"\nwhere = { flag = [true, 1, "1"] }',
+    'kind = "quantiles"\nkey = ["sym"]\nvalue = "x"\nk = 8',
+    'kind = "top_k"\nvalue = "user"\nevent_id = "id"',
+    'kind = "count"\nkey = ["sym"]\nevent_id = "id"\nwhere = { side = ["buy", "sell"] }',
+]
+# Topics the fast path leaves to the router entirely: a bucket, exact decimals, a dotted path.
+ROUTER_ONLY = [
+    'kind = "count"\nkey = ["sym"]\nbucket = { field = "ts", size = "1h", format = "epoch_seconds" }',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nnumber = "decimal"',
+    'kind = "count"\nkey = ["meta.sym"]',
+]
+
+
+def counter_set(bodies: list[str]):  # type: ignore[no-untyped-def]
+    text = "".join(f'[[counter]]\nname = "c{i}"\ntopics = ["{TOPIC}"]\n{body}\n\n' for i, body in enumerate(bodies))
+    return parse_definitions(text, "differential")
+
+
+def mutator(counters, window: int) -> Mutator:  # type: ignore[no-untyped-def]
+    router = EventRouter(counters, max_event_bytes=400, max_depth=6, max_key_bytes=MAX_KEY_BYTES)
+    applier = Applier(router, counters, TOPIC, 0, RetryWindow(window))
+    entry = MutatorEntry(uuid.uuid4(), "g", TOPIC, 0, "h", 0, 10**18)
+    return Mutator(entry, PartitionId("g", TOPIC, 0), applier, -1, -1)
+
+
+texts = st.one_of(st.sampled_from(["IBM", "MSFT", "a|b", "a\\b", "", "buy", "sell", "1", "true", "é", "x" * 30]),
+                  st.text(max_size=30))
+scalars = st.one_of(
+    texts,
+    st.integers(min_value=-(2**70), max_value=2**70) | st.sampled_from([0, 1, -1, 2**64 - 1, 2**64, -(2**64)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+)
+values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sampled_from("ab"), scalars, max_size=2))
+FIELDS = ["sym", "n", "x", "id", "rid", "side", "user", "flag", "ts", "meta"]
+
+
+@st.composite
+def event_bytes(draw: st.DrawFn) -> bytes:
+    shape = draw(st.integers(0, 19))
+    if shape == 0:
+        return draw(st.binary(max_size=40))
+    if shape == 1:  # deeply nested, or an array, or a scalar document
+        return draw(st.sampled_from([b'{"sym": "A", "z": [[[[[[[1]]]]]]]}', b"[1, 2]", b"3", b'"s"', b"null",
+                                     b'{"sym": "A", "sym": "B", "n": 1, "id": "i"}', b'{"n": NaN, "sym": "A"}',
+                                     b'{"sym": "A", "n": 1' + b" " * 400 + b"}", b'{"sym": "\\ud800", "n": 1}']))
+    event = {name: draw(values) for name in draw(st.lists(st.sampled_from(FIELDS), unique=True))}
+    if draw(st.booleans()):  # the common shape: valid fields, ids from a small set (so retries happen)
+        # At the edges too: keys, ids and items of MAX_KEY_BYTES characters and one more.
+        edge = st.sampled_from(["e" * MAX_KEY_BYTES, "e" * (MAX_KEY_BYTES + 1), "|" * (MAX_KEY_BYTES // 2 + 1)])
+        event.update(sym=draw(st.sampled_from(["IBM", "MSFT", "a|b", 7, True]) | edge), n=draw(st.integers(-5, 5)),
+                     x=draw(st.floats(-10, 10)), id=draw(st.sampled_from(["i1", "i2", "i3", 4, "i5"]) | edge),
+                     rid=draw(st.sampled_from(["r1", "r2"])), side=draw(st.sampled_from(["buy", "sell", 1, True])),
+                     user=draw(st.sampled_from(["u1", "u2", "u3", 5]) | edge),
+                     flag=draw(st.sampled_from([True, 1, "1", 0])))
+    text = json.dumps(event, ensure_ascii=draw(st.booleans()))
+    return text.encode("utf-8", "surrogatepass")
+
+
+def outcomes(m: Mutator, records: list[Record]) -> BatchApplied:
+    result = BatchApplied()
+    for record in records:
+        outcome, error = m.apply(record)
+        result.count(record, outcome, error)
+    return result
+
+
+def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str, str | None]]]:
+    return result.applied, result.duplicates, [(r.offset, type(e).__name__, str(e), e.counter)
+                                               for r, e in result.invalid]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(st.sampled_from(BODIES), min_size=1, max_size=5),
+       events=st.lists(event_bytes(), max_size=60),
+       cuts=st.lists(st.integers(1, 12), max_size=10),
+       window=st.sampled_from([0, 1, 3, 50]),
+       redelivered=st.integers(0, 5))
+def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
+                                            redelivered: int) -> None:
+    """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII), in any
+    batches (some redelivered), apply_batch gives the bytes, dirty sets, outcomes and errors of apply."""
+    counters = counter_set(bodies)
+    reference, batched = mutator(counters, window), mutator(counters, window)
+    assert batched.applier.fast is not None
+    records = [Record(offset * 2, raw) for offset, raw in enumerate(events)]  # gaps, as transactions leave
+    start = 0
+    for size in [*cuts, len(records)]:
+        batch = records[max(0, start - redelivered):start + size]  # a redelivery repeats applied records
+        expected = outcomes(reference, batch)
+        got = batched.apply_batch(batch)
+        assert described(got) == described(expected)
+        assert batched.dirty == reference.dirty
+        assert batched.applied_through == reference.applied_through
+        assert batched.state_bytes == reference.state_bytes
+        assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+            k: s.to_bytes() for k, s in reference.states.items()}
+        batched.dirty.clear()  # as a flush takes them
+        reference.dirty.clear()
+        start += size
+        if start >= len(records):
+            break
+
+
+@given(events=st.lists(event_bytes(), max_size=30))
+@settings(max_examples=50, deadline=None)
+def test_topics_the_fast_path_leaves_to_the_router_count_the_same(events: list[bytes]) -> None:
+    """A topic with a bucketed, decimal or dotted-path counter has no fast path, and apply_batch is apply."""
+    counters = counter_set([BODIES[0], *ROUTER_ONLY])
+    assert FastRoute.build(counters, TOPIC) is None
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    records = [Record(offset, raw) for offset, raw in enumerate(events)]
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+        k: s.to_bytes() for k, s in reference.states.items()}
+
+
+def test_the_fast_path_takes_the_common_event() -> None:
+    """A plain valid event is prepared by the fast path (not handed to the router), and a retry is dropped."""
+    counters = counter_set(BODIES[:2])
+    m = mutator(counters, 10)
+    fast = m.applier.fast
+    assert fast is not None
+    raw = b'{"sym": "IBM", "n": 3, "id": "e1"}'
+    assert fast.prepare(raw, fast.new_rows()) is not None
+    result = m.apply_batch([Record(0, raw), Record(1, raw)])
+    assert (result.applied, result.duplicates) == (1, 1)
+    assert m.states[("c1", "IBM")].value() == 3
+    assert m.apply(Record(2, raw)) == (Outcome.DUPLICATE, None)
