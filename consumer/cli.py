@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from pathlib import Path
 
 from consumer.service import ConsumerService
@@ -18,6 +19,18 @@ from countersink.retry import StopRequested
 from countersink.settings import Settings
 
 log = get_logger(__name__)
+
+# Young-generation collections every 50,000 allocations instead of 700: a mutator allocates states, rows and
+# window ids that live for its whole life, and each young collection walks them again (about a sixth of the
+# batch path's time on a stream of new keys, measured with bench/hot_path.py). Cycles are rare here.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def tune_garbage_collector() -> None:
+    """Once started: what exists now lives as long as the process (modules, clients), so the collector stops
+    walking it (``gc.freeze``), and young collections run less often."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +69,7 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        tune_garbage_collector()
         try:
             await service.run()
         finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +47,8 @@ class MutatorEntry:
     retired_us: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardWrite:
-    """One whole-state snapshot of one instance by one mutator."""
+class ShardWrite(NamedTuple):
+    """One whole-state snapshot of one instance by one mutator (a tuple: a flush makes one per row written)."""
 
     counter: str
     key: str

@@ -240,8 +240,10 @@ class CassandraClient:
         """Run statements as one batch. An unlogged batch on one partition is applied atomically."""
         batch = acsylla.create_batch_logged() if logged else acsylla.create_batch_unlogged()
         for cql_text, params in statements:
-            statement = (await self._prepare(cql_text)).bind()
-            statement.bind_list(list(params))
+            # prepared once per process: a flush's rows are looked up, not awaited, one by one
+            prepared = self._prepared.get(cql_text) or await self._prepare(cql_text)
+            statement = prepared.bind()
+            statement.bind_list(params if isinstance(params, list) else list(params))
             batch.add_statement(statement)
         batch.set_consistency(_consistency(consistency or self.settings.write_consistency))
         batch.set_is_idempotent(True)

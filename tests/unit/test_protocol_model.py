@@ -564,7 +564,7 @@ class LateSnapshotStore(MemoryStore):
     async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
         owner = self.live.get(mutator)
         if owner is not None:
-            writes = [dataclasses.replace(w, state=owner.states[(w.counter, w.key)].to_bytes()) for w in writes]
+            writes = [w._replace(state=owner.states[(w.counter, w.key)].to_bytes()) for w in writes]
         await super().write_shards(mutator, timestamp_us, writes)
 
 

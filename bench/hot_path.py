@@ -1,0 +1,125 @@
+"""The consumer's hot path alone: decode, route and apply the bench's trades, no Kafka and no Cassandra.
+
+    python -m bench.hot_path [--events N] [--symbols N] [--rounds N]
+
+Measured side by side in one process, interleaved round by round (the machine is shared: read the ratios):
+
+- *record at a time*: ``Mutator.apply`` per record, the reference path (router, updates, retry window);
+- *batch*: ``Mutator.apply_batch`` on batches of 500, the path the consumer runs;
+- *batch, collector tuned*: the same with the consumer's garbage-collector settings
+  (``consumer.cli.GC_THRESHOLDS`` after ``gc.freeze()``).
+
+Each is CPU seconds (``time.process_time``) per event, best round, in two regimes: keys repeating (each
+mutator has seen every symbol before: the steady state) and new keys (every symbol first seen in the
+round: states, rows and window ids created).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+import uuid
+from collections.abc import Callable
+
+from bench.pipeline import TOPIC, definitions, trade
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.cli import GC_THRESHOLDS
+from consumer.storage import MutatorEntry, PartitionId
+from schemas.definitions import parse_definitions
+from schemas.events import EventRouter
+
+BATCH = 500
+
+
+def new_mutator(partition: int = 0) -> Mutator:
+    counters = parse_definitions(definitions(TOPIC), "bench")
+    applier = Applier(EventRouter(counters), counters, TOPIC, partition, RetryWindow(10_000))
+    entry = MutatorEntry(uuid.uuid4(), "bench", TOPIC, partition, "bench", 0, 2**62)
+    return Mutator(entry, PartitionId("bench", TOPIC, partition), applier, -1, -1)
+
+
+def record_at_a_time(mutator: Mutator, records: list[Record]) -> None:
+    for record in records:
+        mutator.apply(record)
+
+
+def batched(mutator: Mutator, records: list[Record]) -> None:
+    for start in range(0, len(records), BATCH):
+        mutator.apply_batch(records[start:start + BATCH])
+
+
+def cpu_us_per_event(run: Callable[[Mutator, list[Record]], None], mutator: Mutator, records: list[Record],
+                     *, tuned: bool) -> float:
+    thresholds = gc.get_threshold()
+    if tuned:
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        started = time.process_time()
+        run(mutator, records)
+        return (time.process_time() - started) / len(records) * 1e6
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+PATHS: dict[str, tuple[Callable[[Mutator, list[Record]], None], bool]] = {
+    "record at a time": (record_at_a_time, False),
+    "batch": (batched, False),
+    "batch, collector tuned": (batched, True),
+}
+
+
+def measure(events: int, symbols: int, rounds: int, seed: int = 7) -> dict[str, dict[str, float]]:
+    """Best µs/event of each path, keys repeating and new keys."""
+    rng = random.Random(seed)
+    offset = 0
+
+    def stream(n: int) -> list[Record]:
+        nonlocal offset
+        records = [Record(offset + i, trade(offset + i, rng, symbols)[1]) for i in range(n)]
+        offset += n
+        return records
+
+    results: dict[str, dict[str, float]] = {name: {"keys repeating": float("inf"), "new keys": float("inf")}
+                                            for name in PATHS}
+    warm = {name: new_mutator() for name in PATHS}
+    seen = stream(symbols * 5)  # every symbol, several times over: each mutator's rows and states exist
+    for name, (run, _) in PATHS.items():
+        run(warm[name], seen)
+    for _ in range(rounds):
+        repeating = stream(events)
+        fresh = stream(events)
+        for name, (run, tuned) in PATHS.items():
+            best = results[name]
+            best["keys repeating"] = min(best["keys repeating"],
+                                         cpu_us_per_event(run, warm[name], repeating, tuned=tuned))
+            best["new keys"] = min(best["new keys"], cpu_us_per_event(run, new_mutator(), fresh, tuned=tuned))
+    return results
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    reference = results["record at a time"]
+    lines = ["| path | keys repeating, µs/event | ratio | new keys, µs/event | ratio |", "|---|---:|---:|---:|---:|"]
+    for name, figures in results.items():
+        lines.append(f"| {name} | {figures['keys repeating']:.2f} | "
+                     f"{reference['keys repeating'] / figures['keys repeating']:.2f}× | {figures['new keys']:.2f} | "
+                     f"{reference['new keys'] / figures['new keys']:.2f}× |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hot_path", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=100_000, help="events per path and round")
+    parser.add_argument("--symbols", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(table(measure(args.events, args.symbols, args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
