@@ -131,7 +131,7 @@ def exposed_names() -> set[str]:
             _, _, family, kind = line.split()
             # some prometheus_client versions name a counter's family with its _total suffix, some without
             family = family.removesuffix("_total") if kind == "counter" else family
-            suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count", "_created"],
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"],
                         "gauge": [""]}[kind]
             names |= {family + s for s in suffixes}
     return names
