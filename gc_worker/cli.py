@@ -11,9 +11,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
+import socket
 import sys
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from consumer.cassandra_store import CassandraStore
@@ -21,6 +25,7 @@ from consumer.storage import PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError
 from countersink.cli import run_async, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
+from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.health import HealthServer
 from countersink.kafka import make_admin
 from countersink.logs import get_logger
@@ -119,12 +124,29 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
         progress=progress,
     )
     started = time.perf_counter()
-    log.info("gc_started", grace_s=settings.gc.grace_s, consistency=str(store.instance_cl), dry_run=args.dry_run)
+    run, started_us = uuid.uuid4(), now_us()
+    runs = None if args.dry_run else GcRunLog(client)
+    if runs is not None:
+        await runs.started(run, started_us, f"{socket.gethostname()}:{os.getpid()}")
+    log.info("gc_started", run=str(run), grace_s=settings.gc.grace_s, consistency=str(store.instance_cl),
+             dry_run=args.dry_run)
     try:
-        report = await collector.run(now_us())
+        report = await collector.run(started_us)
+    except CassandraError as exc:
+        if runs is not None:
+            await runs.finished(run, started_us, now_us(), outcome="failed", error=str(exc))
+        raise
     finally:
         progress.close()
     elapsed = time.perf_counter() - started
+    if runs is not None:
+        ended_us = now_us()
+        complete = await runs.finished(
+            run, started_us, ended_us, outcome="deferred" if report.instances_deferred else "complete",
+            instances_folded=report.instances_folded, instances_deferred=report.instances_deferred,
+            mutators_collected=report.mutators_collected, shards_deleted=report.shards_deleted)
+        if complete and not report.instances_deferred:
+            METRICS.gc_age.set_last_complete(ended_us / 1e6)
     if not args.dry_run:
         METRICS.gc_instances_folded.inc(report.instances_folded)
         METRICS.gc_shards_deleted.inc(report.shards_deleted)
@@ -196,10 +218,11 @@ async def _loop(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Namespace) -> int:
     healthy = {"ok": True}
-    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"]) if settings.gc.health_port else None
+    client = CassandraClient(settings.cassandra, app="countersink-gc")
+    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"],
+                          before_scrape=_scrape_refresh(client)) if settings.gc.health_port else None
     if health:
         await health.start()
-    client = CassandraClient(settings.cassandra, app="countersink-gc")
     try:
         while not stop.is_set():
             run = asyncio.ensure_future(_guarded_run(settings, client, args))
@@ -224,6 +247,16 @@ async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Na
             await health.stop()
     log.info("gc_loop_stopped")
     return 0
+
+
+def _scrape_refresh(client: CassandraClient) -> Callable[[], Awaitable[None]]:
+    gc_age = GcAgeSampler(client)
+
+    async def refresh() -> None:
+        client.sample_driver_metrics()
+        await gc_age()
+
+    return refresh
 
 
 async def _guarded_run(settings: Settings, client: CassandraClient, args: argparse.Namespace) -> bool:
