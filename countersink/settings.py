@@ -212,3 +212,9 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.
+    no_color_variable: str = Field(default="", validation_alias="NO_COLOR", max_length=1000)
+
+    @property
+    def no_color(self) -> bool:
+        return bool(self.no_color_variable)
