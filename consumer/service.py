@@ -136,8 +136,8 @@ class ConsumerService:
         timeout_s = self.config.startup_timeout_s
         await wait_until_reachable("cassandra", self._prepare_cassandra, timeout_s=timeout_s, stop=self._stopping)
         await wait_until_reachable("kafka", functools.partial(
-            ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: 1}), timeout_s=timeout_s,
-            stop=self._stopping)
+            ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: self.config.dead_letter_partitions},
+            replication=self.config.dead_letter_replication_factor), timeout_s=timeout_s, stop=self._stopping)
         await self.producer.start()
         start_source = getattr(self.source, "start", None)
         if start_source is not None:
