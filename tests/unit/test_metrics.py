@@ -8,7 +8,9 @@ import math
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from countersink.metrics import GcAge, Metrics, PartitionFreshness
+from countersink.cassandra import CassandraClient
+from countersink.metrics import METRICS, GcAge, Metrics, PartitionFreshness
+from countersink.settings import CassandraSettings
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -82,3 +84,38 @@ def test_driver_timeouts_are_a_counter() -> None:
     exposition = generate_latest(metrics.registry).decode()
     assert "# TYPE countersink_cassandra_driver_timeouts_total counter" in exposition
     assert 'countersink_cassandra_driver_timeouts_total{level="request"} 2.0' in exposition
+
+
+class _DriverStats:
+    def __init__(self, connection: int, request: int) -> None:
+        self.stats_total_connections = 1
+        self.errors_connection_timeouts = connection
+        self.errors_request_timeouts = request
+
+
+class _SessionCounting:
+    """The driver's session as sample_driver_metrics sees it: running counts of timeouts since it opened."""
+
+    def __init__(self) -> None:
+        self.stats = _DriverStats(0, 0)
+
+    def metrics(self) -> _DriverStats:
+        return self.stats
+
+
+def test_driver_running_counts_become_counter_increments() -> None:
+    """Sampling the driver's running counts adds only what they grew by, so repeated samples count nothing
+    twice (as a gauge set to the running count, rate() made no sense and restarts looked like drops)."""
+    def total(level: str) -> float:
+        return METRICS.cassandra_driver_timeouts.labels(level=level)._value.get()  # type: ignore[no-any-return]
+
+    before = {level: total(level) for level in ("connection", "request")}
+    client = CassandraClient(CassandraSettings())
+    session = _SessionCounting()
+    client._session = session
+    for connection, request in [(0, 2), (0, 2), (1, 5), (1, 5)]:
+        session.stats = _DriverStats(connection, request)
+        client.sample_driver_metrics()
+    client._session = None
+    assert total("connection") - before["connection"] == 1
+    assert total("request") - before["request"] == 5
