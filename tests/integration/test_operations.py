@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from aiokafka.errors import InvalidReplicationFactorError
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,7 +28,8 @@ from countersink.cassandra import CassandraClient
 from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.kafka import broker_topic_defaults, ensure_topics, make_admin
 from countersink.metrics import METRICS
-from countersink.settings import CassandraSettings, KafkaSettings
+from countersink.serve import ReadApi
+from countersink.settings import CassandraSettings, KafkaSettings, ServeSettings
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import REPO, make_events, start_consumer, wait_until_started, write_definitions
 
@@ -248,3 +250,18 @@ async def test_dead_letter_topic_settings_and_broker_defaults(kafka_settings: Ka
     finally:
         await admin.close()
     assert shapes == {defaulted: (partitions, replication), counted: (3, replication)}
+
+
+async def test_serve_exports_the_gc_age(kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings) -> None:
+    """`countersink serve`'s /metrics reads the last complete GC run from Cassandra and exports its age."""
+    done = _gc(kafka_settings, cassandra_settings, "--once", "--json")
+    assert done.returncode == 0, done.stderr
+    async with CassandraClient(cassandra_settings) as client:
+        api = ReadApi(client, ServeSettings())
+        async with TestClient(TestServer(api.app())) as http:
+            response = await http.get("/metrics")
+            assert response.status == 200
+            text = await response.text()
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    assert 0 <= values["countersink_gc_last_complete_age_seconds"] < 120
+    assert values["countersink_cassandra_connections"] >= 1  # sampled from the driver before the scrape
