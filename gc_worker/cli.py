@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import json
 import os
 import re
@@ -64,6 +66,9 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--once", action="store_true", help="one run, then exit (for cron); the default")
     when.add_argument("--every", type=parse_duration, metavar="DURATION",
                       help="run in a loop, e.g. 5m (default: COUNTERSINK_GC__EVERY_S; 0 means once)")
+    when.add_argument("--runs", type=int, nargs="?", const=10, metavar="N",
+                      help="show the last N runs recorded in Cassandra (default 10) and when one last completed; "
+                           "run nothing")
     parser.add_argument("--dry-run", action="store_true", help="show what would be folded; write nothing")
     parser.add_argument("--grace", type=parse_duration, metavar="DURATION",
                         help="fold only mutators retired this long ago (default: COUNTERSINK_GC__GRACE_S)")
@@ -76,6 +81,11 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_gc(args: argparse.Namespace, settings: Settings) -> int:
+    if args.runs is not None:
+        if not 1 <= args.runs <= 1000:
+            print("countersink gc: --runs takes 1 to 1000", file=sys.stderr)
+            return 2
+        return run_async(_show_runs(settings, args.runs, as_json=args.json))
     updates: dict[str, Any] = {}
     if args.every is not None:
         updates["every_s"] = args.every
@@ -162,6 +172,48 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
     else:
         print(_summary(report, elapsed), flush=True)
     return report
+
+
+async def _show_runs(settings: Settings, limit: int, *, as_json: bool) -> int:
+    """The record of the latest runs (what a CronJob's pods leave behind), newest first."""
+    try:
+        async with CassandraClient(settings.cassandra, app="countersink-gc") as client:
+            runs = GcRunLog(client)
+            last_us = await runs.last_complete_us()
+            recent = await runs.recent(limit)
+    except CassandraError as exc:
+        log.error("gc_runs_unreadable", error=str(exc))
+        return 1
+    if as_json:
+        print(json.dumps({"last_complete_us": last_us}))
+        for run in recent:
+            print(json.dumps({**dataclasses.asdict(run), "run": str(run.run)}))
+        return 0
+    now = time.time()
+    print("last complete run: " + ("never" if last_us is None else
+                                   f"{_when(last_us)} ({_ago(now - last_us / 1e6)} ago)"))
+    if recent:
+        print(f"{'started':<21} {'outcome':<9} {'seconds':>8} {'folded':>8} {'deferred':>8} {'collected':>9}  host")
+    for run in recent:
+        took = "" if run.ended_us is None else f"{(run.ended_us - run.started_us) / 1e6:.1f}"
+        print(f"{_when(run.started_us):<21} {run.outcome:<9} {took:>8} {run.instances_folded:>8} "
+              f"{run.instances_deferred:>8} {run.mutators_collected:>9}  {run.host}"
+              + (f"\n    error: {run.error}" if run.error else ""))
+    return 0
+
+
+def _when(us: int) -> str:
+    return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ago(seconds: float) -> str:
+    """``3d4h``, ``5m12s``, ``40s``: the two largest units."""
+    left = max(0, int(seconds))
+    days, left = divmod(left, 86400)
+    hours, left = divmod(left, 3600)
+    minutes, left = divmod(left, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (left, "s")) if n]
+    return "".join(parts[:2]) or "0s"
 
 
 def _summary(report: GcReport, elapsed: float) -> str:

@@ -193,7 +193,7 @@ async def test_gc_runs_are_recorded_and_their_age_exported(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings
 ) -> None:
     """A `gc --once` run leaves a complete row and moves last_complete_us; a deferred or failed run is
-    recorded without moving it; the sampler turns it into the exported age."""
+    recorded without moving it; the sampler turns it into the exported age; `gc --runs` shows the record."""
     async with CassandraClient(cassandra_settings) as client:
         runs = GcRunLog(client)
         assert await runs.last_complete_us() is None
@@ -225,6 +225,16 @@ async def test_gc_runs_are_recorded_and_their_age_exported(
 
         await sampler()
         assert 0 <= _gc_age() < 120
+
+    shown = _gc(kafka_settings, cassandra_settings, "--runs", "2", "--json")
+    assert shown.returncode == 0, shown.stderr
+    head, *rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert head == {"last_complete_us": last}
+    assert [(r["outcome"], r["run"]) for r in rows] == [("failed", str(failed)), ("deferred", str(deferred))]
+    text = _gc(kafka_settings, cassandra_settings, "--runs")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("last complete run: ")
+    assert "error: " + "x" * 1000 in text.stdout
 
 
 def _gc_age() -> float:
