@@ -1,24 +1,29 @@
 # countersink: one image for every process (consume, gc, serve, schema, get/explain/list).
 #   docker build -t countersink .
 #   docker run --rm countersink --help
-# Settings come from COUNTERSINK_* environment variables (see the README); nothing secret is baked in.
+# Settings come from COUNTERSINK_* environment variables (see docs/); nothing secret is baked in.
+# The Python minor version is the one CI tests (pyproject.toml's mypy python_version); every dependency is
+# installed at the version constraints.txt pins, the file `make venv` and so CI install from too.
 
-FROM python:3.12-slim AS build
+ARG PYTHON_VERSION=3.11
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 WORKDIR /src
 # Wheels of every dependency first, so that a source change does not rebuild them.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY schemas schemas
 COPY countersink countersink
 COPY consumer consumer
 COPY gc_worker gc_worker
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt .
 
-FROM python:3.12-slim
-RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin countersink
+FROM python:${PYTHON_VERSION}-slim-bookworm
+RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin countersink
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels countersink && rm -rf /wheels
+COPY --from=build /src/constraints.txt /tmp/constraints.txt
+RUN pip install --no-cache-dir --no-index --find-links /wheels -c /tmp/constraints.txt countersink \
+    && rm -rf /wheels /tmp/constraints.txt
 WORKDIR /app
-USER 10001
+USER 10001:10001
 ENV PYTHONUNBUFFERED=1 COUNTERSINK_LOG_FORMAT=json
 # consumer health/metrics, GC loop health/metrics, read API
 EXPOSE 8080 8081 8082

@@ -5,19 +5,28 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 
-.PHONY: help venv lint test unit integration services-up services-down services-status demo bench bench-apply chaos clean
+.PHONY: help venv constraints lint test unit integration services-up services-down services-status demo bench bench-apply chaos clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $@
 
-venv: $(STAMP)  ## create .venv with countersink and its development tools
+venv: $(STAMP)  ## create .venv with countersink and its development tools (versions from constraints.txt)
+
+constraints:  ## rewrite constraints.txt from a fresh resolve of pyproject.toml's dependencies (run on Python 3.11)
+	rm -rf $(VENV).constraints
+	$(PYTHON) -m venv $(VENV).constraints
+	$(VENV).constraints/bin/python -m pip install --quiet --upgrade pip
+	$(VENV).constraints/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '/^#/p' constraints.txt; $(VENV).constraints/bin/python -m pip freeze --exclude-editable; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(VENV).constraints
 
 lint: $(STAMP)  ## ruff and mypy (strict)
 	$(VENV)/bin/ruff check .

@@ -69,6 +69,11 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except Exception as exc:
+            # e.g. a server still away after startup_timeout_s: every client is closed on this path too.
+            log.error("consumer_start_failed", error=str(exc) or type(exc).__name__)
+            await service.close()
+            return 1
         tune_garbage_collector()
         try:
             await service.run()

@@ -110,4 +110,5 @@ class Flushing:
         if rows:
             METRICS.flush_seconds.observe(time.perf_counter() - started)
             METRICS.flush_rows.observe(rows)
+        METRICS.partition_flushed(tp.topic, tp.partition)
         return False

@@ -293,6 +293,7 @@ class Ownership:
         """Hand ``revoked`` over cleanly (the caller has let the flush in flight end first)."""
         for tp in revoked:
             self.stopped.pop(tp, None)
+            METRICS.forget_partition(tp.topic, tp.partition)
         METRICS.partitions_stopped.set(len(self.stopped))
         await self.dead_letters.deliver()
         releasing = [(tp, mutator) for tp in revoked
@@ -341,6 +342,7 @@ class Ownership:
     def _forget(self, tp: TopicPartition, mutator: Mutator) -> None:
         if self.mutators.get(tp) is mutator:
             del self.mutators[tp]
+            METRICS.forget_partition(tp.topic, tp.partition)
         METRICS.live_mutators.set(len(self.mutators))
         with contextlib.suppress(Exception):
             self.consumer.pause(tp)

@@ -32,6 +32,7 @@ from consumer.schedule import Progress
 from consumer.storage import Store
 from countersink.cassandra import CassandraClient
 from countersink.consistency import check_deciding_reads, replication_factors
+from countersink.gc_runs import GcAgeSampler
 from countersink.health import HealthServer
 from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer
 from countersink.logs import get_logger
@@ -103,7 +104,13 @@ class ConsumerService:
         self._lock = asyncio.Lock()
         self._started = False
         self.ready = False
-        self.health = HealthServer(self.config.health_port, lambda: self.is_ready)
+        gc_age = GcAgeSampler(self.cassandra)
+
+        async def before_scrape() -> None:
+            self.cassandra.sample_driver_metrics()
+            await gc_age()
+
+        self.health = HealthServer(self.config.health_port, lambda: self.is_ready, before_scrape=before_scrape)
 
     @property
     def mutators(self) -> dict[TopicPartition, Mutator]:
@@ -129,8 +136,8 @@ class ConsumerService:
         timeout_s = self.config.startup_timeout_s
         await wait_until_reachable("cassandra", self._prepare_cassandra, timeout_s=timeout_s, stop=self._stopping)
         await wait_until_reachable("kafka", functools.partial(
-            ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: 1}), timeout_s=timeout_s,
-            stop=self._stopping)
+            ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: self.config.dead_letter_partitions},
+            replication=self.config.dead_letter_replication_factor), timeout_s=timeout_s, stop=self._stopping)
         await self.producer.start()
         start_source = getattr(self.source, "start", None)
         if start_source is not None:

@@ -82,6 +82,7 @@ class CassandraClient:
         self._prepared: dict[str, Any] = {}
         self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._in_flight = 0
+        self._timeouts_counted = {"connection": 0, "request": 0}  # the session's running counts, as last added
 
     async def __aenter__(self) -> CassandraClient:
         await self.start()
@@ -128,6 +129,7 @@ class CassandraClient:
         if self._session is not None:
             return
         try:
+            self._timeouts_counted = {"connection": 0, "request": 0}  # a new session counts from 0
             self._session = await self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None)
         except acsylla.errors.CassErrorServerBadCredentials as exc:
             raise CassandraError(
@@ -280,8 +282,13 @@ class CassandraClient:
             return
         stats = self._session.metrics()
         METRICS.cassandra_connections.set(stats.stats_total_connections)
-        METRICS.cassandra_driver_timeouts.labels(level="connection").set(stats.errors_connection_timeouts)
-        METRICS.cassandra_driver_timeouts.labels(level="request").set(stats.errors_request_timeouts)
+        # The driver keeps running counts per session: the counter grows by what they grew since last time.
+        counts = {"connection": stats.errors_connection_timeouts, "request": stats.errors_request_timeouts}
+        for level, count in counts.items():
+            grown = int(count) - self._timeouts_counted[level]
+            if grown > 0:
+                METRICS.cassandra_driver_timeouts.labels(level=level).inc(grown)
+                self._timeouts_counted[level] = int(count)
 
 
 def _short(cql_text: str) -> str:

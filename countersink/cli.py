@@ -53,7 +53,9 @@ def load_definitions_or_refuse(path: Path | str) -> CounterSet | None:
 def main(argv: list[str] | None = None) -> int:
     _remember_early_stop()
     # Imported here, after the handler above, because these imports are most of a process's start-up time.
-    from countersink.logs import configure_logging
+    from pydantic import ValidationError
+
+    from countersink.logs import configure_logging, get_logger
     from countersink.settings import Settings
 
     parser = argparse.ArgumentParser(prog="countersink", description=__doc__)
@@ -72,9 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         add_arguments(command)
         runners[name] = getattr(module, f"run_{ident}", None) or module.run
     args = parser.parse_args(argv)
-    settings = Settings()
-    configure_logging(settings.log_level, settings.log_format)
-    return runners[args.command](args, settings)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        configure_logging()
+        errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)]
+        get_logger(__name__).error("settings_refused", errors=errors)
+        return 2
+    configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color)
+    try:
+        return runners[args.command](args, settings)
+    except Exception:
+        # Through the log stream (in JSON mode a structured traceback), not as text lines on stderr.
+        get_logger(__name__).exception("command_failed", command=args.command)
+        return 1
 
 
 def run_async(coroutine: Coroutine[Any, Any, int | None], *, graceful: bool = False) -> int:

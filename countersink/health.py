@@ -1,75 +1,88 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` over plain HTTP/1.1, for probes and Prometheus.
+"""``/healthz``, ``/readyz`` and ``/metrics`` for probes and Prometheus, served by aiohttp.
 
-Small on purpose: three GET paths, bounded request size, one response per connection.
+``/metrics`` is prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, ``name[]``
+filters); :func:`metrics_handler` lets a process refresh what is read at scrape time first (the driver's
+counts, the GC status) and is shared with ``countersink serve``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 
 log = get_logger(__name__)
 
-_MAX_REQUEST_BYTES = 8192
+BeforeScrape = Callable[[], Awaitable[None]]
+
+# A refresh that takes longer than this is skipped for this scrape: the scrape still answers, with what the
+# process last knew, well inside Prometheus' default 10 s scrape timeout.
+SCRAPE_REFRESH_TIMEOUT_S = 2.0
+
+
+def metrics_handler(before_scrape: BeforeScrape | None = None
+                    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The ``/metrics`` handler: ``before_scrape`` (bounded in time, its failures logged), then the registry."""
+    export = make_aiohttp_handler(METRICS.registry)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if before_scrape is not None:
+            try:
+                await asyncio.wait_for(before_scrape(), SCRAPE_REFRESH_TIMEOUT_S)
+            except Exception as exc:  # a metric that cannot be refreshed must not fail the whole scrape
+                log.warning("metrics_refresh_failed", error=str(exc) or type(exc).__name__)
+        return await export(request)
+
+    return handle
 
 
 class HealthServer:
-    """Serves liveness, readiness (a callable) and metrics on ``host:port``; ``port=0`` picks a free one."""
+    """Serves liveness, readiness (a callable) and metrics on ``host:port``; ``port=0`` picks a free one.
+    ``start()``/``stop()`` (safe twice)."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> None:  # noqa: S104
+    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0",  # noqa: S104
+                 before_scrape: BeforeScrape | None = None) -> None:
         self.host = host
         self.port = port
         self._ready = ready
-        self._server: asyncio.Server | None = None
+        self._before_scrape = before_scrape
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        # Probes send no body: anything larger than a request line and a few headers is refused.
+        app = web.Application(client_max_size=1024)
+        app.add_routes([
+            web.get("/healthz", self._healthz),
+            web.get("/readyz", self._readyz),
+            web.get("/metrics", metrics_handler(self._before_scrape)),
+        ])
+        return app
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
         log.info("health_server_started", port=self.port)
 
     async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            writer.close()
-            return
-        if len(head) > _MAX_REQUEST_BYTES:
-            await self._respond(writer, 431, b"request too large\n")
-            return
-        parts = head.split(b" ", 2)
-        method, path = (parts[0], parts[1].split(b"?")[0]) if len(parts) >= 2 else (b"", b"")
-        if method != b"GET":
-            await self._respond(writer, 405, b"GET only\n")
-        elif path == b"/healthz":
-            await self._respond(writer, 200, b"ok\n")
-        elif path == b"/readyz":
-            ready = self._ready()
-            await self._respond(writer, 200 if ready else 503, b"ready\n" if ready else b"not ready\n")
-        elif path == b"/metrics":
-            await self._respond(writer, 200, generate_latest(METRICS.registry), CONTENT_TYPE_LATEST)
-        else:
-            await self._respond(writer, 404, b"not found\n")
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
 
-    @staticmethod
-    async def _respond(writer: asyncio.StreamWriter, status: int, body: bytes,
-                       content_type: str = "text/plain; charset=utf-8") -> None:
-        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large", 503: "Unavailable"}
-        writer.write(
-            f"HTTP/1.1 {status} {reason.get(status, '')}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-        )
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-        writer.close()
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "not ready\n")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from countersink.settings import KafkaSecurity, KafkaSettings
 
@@ -70,16 +70,37 @@ def make_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(**options, client_id=f"{settings.client_id}-admin")
 
 
-async def ensure_topics(settings: KafkaSettings, topics: dict[str, int], replication: int = 1) -> None:
-    """Create topics that do not exist yet, with the given partition counts."""
+async def broker_topic_defaults(admin: AIOKafkaAdminClient) -> tuple[int, int]:
+    """The partitions and replication factor a broker gives a topic created without them (``num.partitions``,
+    ``default.replication.factor``). Asked of the broker, because aiokafka's CreateTopics request predates the
+    protocol version that lets the broker fill them in."""
+    broker = min(b.nodeId for b in admin._client.cluster.brokers())
+    wanted = {"num.partitions": None, "default.replication.factor": None}
+    (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(broker), wanted)])
+    values = {entry[0]: entry[1] for resource in response.resources for entry in resource[4]}
+    return int(values.get("num.partitions") or 1), int(values.get("default.replication.factor") or 1)
+
+
+async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], replication: int | None = 1) -> None:
+    """Create topics that do not exist yet, with the given partition counts and replication factor; None takes
+    the broker's default. A topic that exists is left as it is."""
     admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [NewTopic(name, count, replication) for name, count in topics.items() if name not in existing]
+        todo = {name: count for name, count in topics.items() if name not in existing}
+        if todo and (replication is None or None in todo.values()):
+            default_count, default_replication = await broker_topic_defaults(admin)
+            replication = replication or default_replication
+            todo = {name: count or default_count for name, count in todo.items()}
+        missing = [NewTopic(name, count, replication) for name, count in todo.items()]
         if missing:
-            # Another process may create the same topic between our listing and our request.
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics(missing)
+            response = await admin.create_topics(missing)
+            for topic, code, *message in response.topic_errors:
+                # Another process may create the same topic between our listing and our request: that is fine.
+                # Anything else (a replication factor above the broker count, a policy) is said, not ignored.
+                if code and code != TopicAlreadyExistsError.errno:
+                    error = for_code(code)
+                    raise error(f"cannot create topic {topic}: {message[0] if message else error.description}")
     finally:
         await admin.close()

@@ -1,36 +1,63 @@
-"""structlog set-up: JSON lines when stderr is not a terminal, readable key=value when it is."""
+"""One log stream for the whole process, through structlog: JSON lines when stderr is not a terminal,
+readable key=value lines when it is.
+
+countersink logs with structlog; aiokafka, acsylla, asyncio and Python's warnings log through the standard
+library. Their records go through the same processors and the same renderer, so a JSON stream holds JSON
+lines only (a traceback is a structured ``exception`` field, not lines of text), and every line has the
+same ``timestamp``, ``level`` and ``event`` keys. On a terminal, colours follow ``NO_COLOR``
+(https://no-color.org): set and not empty, none.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
+_HANDLER_NAME = "countersink"
+# A traceback as a structured field, without local variables: they may hold credentials or event payloads.
+_TRACEBACK_AS_FIELDS = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
 
-def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
-    """Configure structlog and the standard library logging that aiokafka and acsylla use."""
-    as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer()
-    )
-    processors: list[structlog.types.Processor] = [
+
+def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool = False,
+                      stream: TextIO | None = None) -> None:
+    """Configure structlog and the standard library logging that aiokafka, acsylla and asyncio use."""
+    out = stream or sys.stderr
+    terminal = out.isatty()
+    as_json = fmt == "json" or (fmt == "auto" and not terminal)
+    shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.StackInfoRenderer(),
-        structlog.processors.format_exc_info,
-        renderer,
     ]
+    rendering: list[structlog.types.Processor] = (
+        [_TRACEBACK_AS_FIELDS, structlog.processors.JSONRenderer()] if as_json
+        else [structlog.dev.ConsoleRenderer(colors=terminal and not no_color)]
+    )
     structlog.configure(
-        processors=processors,
+        processors=[*shared, structlog.processors.StackInfoRenderer(), *rendering],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
         # One write() per line, newline included: print() writes the newline separately, and lines of
         # processes sharing one log file or pipe then interleave mid-line.
-        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    # The libraries' records: the same processors, with the library's logger name.
+    handler = logging.StreamHandler(out)  # also one write() per line: message and terminator together
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendering],
+    ))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:  # configured again: replaced
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.captureWarnings(True)  # warnings.warn(...) from any library: a log line like any other
     # aiokafka logs every refused connection at ERROR while a broker restarts; our own logs say it once.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.DEBUG)
     quiet_driver_noise()

@@ -1,8 +1,88 @@
-"""Prometheus metrics of every countersink process, in one registry, exported by the health server."""
+"""Prometheus metrics of every countersink process, in one registry, exported by the health server.
+
+Besides countersink's own series the registry carries the process (CPU, memory, open files), platform and
+Python GC collectors, and ``countersink_build_info``. Counters and histograms export no ``_created`` series:
+they double the series count and no dashboard or alert here reads them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import contextlib
+import math
+import platform
+import time
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+def _version() -> str:
+    try:
+        return version("countersink")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+class PartitionFreshness(Collector):
+    """Seconds since each owned partition's last completed flush, computed at each scrape: what is in
+    Cassandra for a partition is at most this old (plus the flush interval). A partition this process no longer
+    owns has no series."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._flushed: dict[tuple[str, str], float] = {}
+
+    def flushed(self, topic: str, partition: int) -> None:
+        self._flushed[(topic, str(partition))] = self._clock()
+
+    def forget(self, topic: str, partition: int) -> None:
+        self._flushed.pop((topic, str(partition)), None)
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("countersink_partition_flush_age_seconds",
+                                   "Seconds since the partition's last completed flush", labels=["topic", "partition"])
+        now = self._clock()
+        for (topic, partition), at in sorted(self._flushed.items()):
+            family.add_metric([topic, partition], max(0.0, now - at))
+        yield family
+
+
+class GcAge(Collector):
+    """Seconds since the last complete GC run (nothing deferred), as recorded in Cassandra by whichever GC
+    worker ran it. No series until the process has read the record; +Inf when no run has ever completed."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._known = False
+        self._last_complete_s: float | None = None
+
+    def set_last_complete(self, seconds: float | None) -> None:
+        """``seconds`` since the epoch of the last complete run's end, or None when none has completed."""
+        self._known = True
+        self._last_complete_s = seconds
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("countersink_gc_last_complete_age_seconds",
+                                   "Seconds since a GC run last finished with nothing deferred (+Inf: never)")
+        if self._known:
+            last = self._last_complete_s
+            family.add_metric([], math.inf if last is None else max(0.0, self._clock() - last))
+        yield family
 
 
 class Metrics:
@@ -11,6 +91,17 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build_info = Info("countersink_build", "Version of countersink and of the Python running it",
+                               registry=r)
+        self.build_info.info({"version": _version(), "python": platform.python_version(),
+                              "implementation": platform.python_implementation()})
+        self.freshness = PartitionFreshness()
+        r.register(self.freshness)
+        self.gc_age = GcAge()
+        r.register(self.gc_age)
         self.cassandra_in_flight = Gauge("countersink_cassandra_in_flight", "Cassandra requests in flight", registry=r)
         self.cassandra_queue_timeouts = Counter(
             "countersink_cassandra_queue_timeouts", "Requests refused: no in-flight slot in time", registry=r)
@@ -21,8 +112,8 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.cassandra_connections = Gauge(
             "countersink_cassandra_connections", "Open driver connections to Cassandra nodes", registry=r)
-        self.cassandra_driver_timeouts = Gauge(
-            "countersink_cassandra_driver_timeouts", "Timeouts the driver counted since start", ["level"], registry=r)
+        self.cassandra_driver_timeouts = Counter(
+            "countersink_cassandra_driver_timeouts", "Timeouts the Cassandra driver counted", ["level"], registry=r)
         self.events_applied = Counter("countersink_events_applied", "Events applied to counters", registry=r)
         self.dead_lettered = Counter("countersink_events_dead_lettered", "Invalid events sent to the dead-letter topic",
                                      registry=r)
@@ -67,6 +158,17 @@ class Metrics:
         self.serve_request_seconds = Histogram(
             "countersink_serve_request_seconds", "Read API request latency", ["route"], registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+
+    def partition_flushed(self, topic: str, partition: int) -> None:
+        """A flush of the partition completed: its freshness starts again from 0."""
+        self.freshness.flushed(topic, partition)
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """The partition was revoked or lost: drop its lag and freshness series, which would otherwise stay
+        frozen at the last value this process saw while another member owns the partition."""
+        with contextlib.suppress(KeyError):  # never set: the partition was released before its first batch
+            self.lag.remove(topic, str(partition))
+        self.freshness.forget(topic, partition)
 
 
 METRICS = Metrics()

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from countersink.cassandra import (
     CassandraClient,
@@ -30,6 +29,8 @@ from countersink.cassandra import (
     CassandraUnavailableError,
 )
 from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.gc_runs import GcAgeSampler
+from countersink.health import metrics_handler
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
@@ -50,6 +51,7 @@ class ReadApi:
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
+        self._gc_age = GcAgeSampler(client)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_observed], client_max_size=16 * 1024)
@@ -59,7 +61,7 @@ class ReadApi:
             web.get("/openapi.json", self.openapi),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
-            web.get("/metrics", self.metrics),
+            web.get("/metrics", metrics_handler(self._before_scrape)),
         ])
         app[_API] = self
         return app
@@ -127,9 +129,9 @@ class ReadApi:
         ready = self.client.connections() > 0
         return web.Response(status=200 if ready else 503, text="ready\n" if ready else "not ready\n")
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def _before_scrape(self) -> None:
         self.client.sample_driver_metrics()
-        return web.Response(body=generate_latest(METRICS.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        await self._gc_age()
 
 
 def _checked_key(key: str) -> str:

@@ -156,6 +156,10 @@ class ConsumerSettings(_Section):
     memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
     retry_window_records: int = Field(default=10_000, ge=0, le=10_000_000)
     dead_letter_topic: str = Field(default="countersink-dead-letter", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # Partitions and replication factor of the dead-letter topic when the consumer creates it; unset, the
+    # broker's num.partitions and default.replication.factor. A topic that exists is left as it is.
+    dead_letter_partitions: int | None = Field(default=None, ge=1, le=100_000)
+    dead_letter_replication_factor: int | None = Field(default=None, ge=1, le=32_767)
     # A dead letter the broker refuses as too large is sent again cut to this many bytes, with the reason.
     dead_letter_max_bytes: int = Field(default=512 * 1024, ge=1024, le=64 * 1_048_576)
     # Records deleted by retention before they were counted: "stop" consuming that partition (and report
@@ -212,3 +216,9 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.
+    no_color_variable: str = Field(default="", validation_alias="NO_COLOR", max_length=1000)
+
+    @property
+    def no_color(self) -> bool:
+        return bool(self.no_color_variable)

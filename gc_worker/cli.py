@@ -10,10 +10,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import json
+import os
 import re
+import socket
 import sys
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from consumer.cassandra_store import CassandraStore
@@ -21,6 +27,7 @@ from consumer.storage import PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError
 from countersink.cli import run_async, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
+from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.health import HealthServer
 from countersink.kafka import make_admin
 from countersink.logs import get_logger
@@ -59,6 +66,9 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--once", action="store_true", help="one run, then exit (for cron); the default")
     when.add_argument("--every", type=parse_duration, metavar="DURATION",
                       help="run in a loop, e.g. 5m (default: COUNTERSINK_GC__EVERY_S; 0 means once)")
+    when.add_argument("--runs", type=int, nargs="?", const=10, metavar="N",
+                      help="show the last N runs recorded in Cassandra (default 10) and when one last completed; "
+                           "run nothing")
     parser.add_argument("--dry-run", action="store_true", help="show what would be folded; write nothing")
     parser.add_argument("--grace", type=parse_duration, metavar="DURATION",
                         help="fold only mutators retired this long ago (default: COUNTERSINK_GC__GRACE_S)")
@@ -71,6 +81,11 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_gc(args: argparse.Namespace, settings: Settings) -> int:
+    if args.runs is not None:
+        if not 1 <= args.runs <= 1000:
+            print("countersink gc: --runs takes 1 to 1000", file=sys.stderr)
+            return 2
+        return run_async(_show_runs(settings, args.runs, as_json=args.json))
     updates: dict[str, Any] = {}
     if args.every is not None:
         updates["every_s"] = args.every
@@ -119,12 +134,29 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
         progress=progress,
     )
     started = time.perf_counter()
-    log.info("gc_started", grace_s=settings.gc.grace_s, consistency=str(store.instance_cl), dry_run=args.dry_run)
+    run, started_us = uuid.uuid4(), now_us()
+    runs = None if args.dry_run else GcRunLog(client)
+    if runs is not None:
+        await runs.started(run, started_us, f"{socket.gethostname()}:{os.getpid()}")
+    log.info("gc_started", run=str(run), grace_s=settings.gc.grace_s, consistency=str(store.instance_cl),
+             dry_run=args.dry_run)
     try:
-        report = await collector.run(now_us())
+        report = await collector.run(started_us)
+    except CassandraError as exc:
+        if runs is not None:
+            await runs.finished(run, started_us, now_us(), outcome="failed", error=str(exc))
+        raise
     finally:
         progress.close()
     elapsed = time.perf_counter() - started
+    if runs is not None:
+        ended_us = now_us()
+        complete = await runs.finished(
+            run, started_us, ended_us, outcome="deferred" if report.instances_deferred else "complete",
+            instances_folded=report.instances_folded, instances_deferred=report.instances_deferred,
+            mutators_collected=report.mutators_collected, shards_deleted=report.shards_deleted)
+        if complete and not report.instances_deferred:
+            METRICS.gc_age.set_last_complete(ended_us / 1e6)
     if not args.dry_run:
         METRICS.gc_instances_folded.inc(report.instances_folded)
         METRICS.gc_shards_deleted.inc(report.shards_deleted)
@@ -140,6 +172,48 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
     else:
         print(_summary(report, elapsed), flush=True)
     return report
+
+
+async def _show_runs(settings: Settings, limit: int, *, as_json: bool) -> int:
+    """The record of the latest runs (what a CronJob's pods leave behind), newest first."""
+    try:
+        async with CassandraClient(settings.cassandra, app="countersink-gc") as client:
+            runs = GcRunLog(client)
+            last_us = await runs.last_complete_us()
+            recent = await runs.recent(limit)
+    except CassandraError as exc:
+        log.error("gc_runs_unreadable", error=str(exc))
+        return 1
+    if as_json:
+        print(json.dumps({"last_complete_us": last_us}))
+        for run in recent:
+            print(json.dumps({**dataclasses.asdict(run), "run": str(run.run)}))
+        return 0
+    now = time.time()
+    print("last complete run: " + ("never" if last_us is None else
+                                   f"{_when(last_us)} ({_ago(now - last_us / 1e6)} ago)"))
+    if recent:
+        print(f"{'started':<21} {'outcome':<9} {'seconds':>8} {'folded':>8} {'deferred':>8} {'collected':>9}  host")
+    for run in recent:
+        took = "" if run.ended_us is None else f"{(run.ended_us - run.started_us) / 1e6:.1f}"
+        print(f"{_when(run.started_us):<21} {run.outcome:<9} {took:>8} {run.instances_folded:>8} "
+              f"{run.instances_deferred:>8} {run.mutators_collected:>9}  {run.host}"
+              + (f"\n    error: {run.error}" if run.error else ""))
+    return 0
+
+
+def _when(us: int) -> str:
+    return datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ago(seconds: float) -> str:
+    """``3d4h``, ``5m12s``, ``40s``: the two largest units."""
+    left = max(0, int(seconds))
+    days, left = divmod(left, 86400)
+    hours, left = divmod(left, 3600)
+    minutes, left = divmod(left, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (left, "s")) if n]
+    return "".join(parts[:2]) or "0s"
 
 
 def _summary(report: GcReport, elapsed: float) -> str:
@@ -196,10 +270,11 @@ async def _loop(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Namespace) -> int:
     healthy = {"ok": True}
-    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"]) if settings.gc.health_port else None
+    client = CassandraClient(settings.cassandra, app="countersink-gc")
+    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"],
+                          before_scrape=_scrape_refresh(client)) if settings.gc.health_port else None
     if health:
         await health.start()
-    client = CassandraClient(settings.cassandra, app="countersink-gc")
     try:
         while not stop.is_set():
             run = asyncio.ensure_future(_guarded_run(settings, client, args))
@@ -224,6 +299,16 @@ async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Na
             await health.stop()
     log.info("gc_loop_stopped")
     return 0
+
+
+def _scrape_refresh(client: CassandraClient) -> Callable[[], Awaitable[None]]:
+    gc_age = GcAgeSampler(client)
+
+    async def refresh() -> None:
+        client.sample_driver_metrics()
+        await gc_age()
+
+    return refresh
 
 
 async def _guarded_run(settings: Settings, client: CassandraClient, args: argparse.Namespace) -> bool:

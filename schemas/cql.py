@@ -12,6 +12,7 @@ import re
 from schemas.errors import CountersinkError
 
 SCHEMA_VERSION = 1
+GC_RUNS_TTL_S = 30 * 24 * 3600  # how long the record of each GC run is kept
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
@@ -96,6 +97,23 @@ def create_tables(keyspace: str) -> list[str]:
             name text PRIMARY KEY,
             version int
         )""",
+        # One row per GC run, newest first, kept 30 days; the static column is the end of the last run that
+        # deferred nothing (written with TTL 0). Read by every process's /metrics (countersink.gc_runs).
+        f"""CREATE TABLE IF NOT EXISTS {ks}.gc_runs (
+            name text,
+            started_us bigint,
+            run uuid,
+            host text,
+            ended_us bigint,
+            outcome text,
+            instances_folded bigint,
+            instances_deferred bigint,
+            mutators_collected bigint,
+            shards_deleted bigint,
+            error text,
+            last_complete_us bigint STATIC,
+            PRIMARY KEY ((name), started_us, run)
+        ) WITH CLUSTERING ORDER BY (started_us DESC, run ASC) AND default_time_to_live = {GC_RUNS_TTL_S:d}""",
     ]
 
 

@@ -1,10 +1,13 @@
 """Shared fixtures: real servers for the session, a fresh keyspace and topic per test.
 
-Servers, in order of preference:
+Servers (chosen by ``tests/server_choice.py``, and named in the session header):
 1. named by ``COUNTERSINK_TEST_KAFKA`` (bootstrap servers) and ``COUNTERSINK_TEST_CASSANDRA`` (host:port):
    an existing deployment; it must answer, or the session fails;
-2. otherwise the local stack (``stack/``): Kafka and Cassandra from Maven artifacts as JVM processes, on
-   ports of their own (so ``make services-up`` may run beside the tests), stopped at the end of the session.
+2. otherwise, when a Docker engine answers and testcontainers is installed (or ``COUNTERSINK_TEST_SERVERS=
+   testcontainers``): Kafka and Cassandra containers started through testcontainers' modules;
+3. otherwise (``COUNTERSINK_TEST_SERVERS=stack`` forces it) the local stack (``stack/``): Kafka and Cassandra
+   from Maven artifacts as JVM processes, on ports of their own (so ``make services-up`` may run beside the
+   tests). Whatever the session starts, it stops at its end.
 There is no skip: an integration test without servers fails.
 """
 
@@ -23,6 +26,14 @@ from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics, make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack import servers
+from tests.server_choice import (
+    Choice,
+    ServerChoiceError,
+    Servers,
+    choose_servers,
+    docker_engine_answers,
+    testcontainers_installed,
+)
 
 TEST_STACK_DIR = servers.STACK_DIR / "test"
 
@@ -34,13 +45,24 @@ class Endpoints:
     cassandra_port: int
 
 
+_choice: list[Choice] = []
+
+
+def _servers() -> Choice:
+    """The session's servers, decided on first use (asking the Docker engine at most once)."""
+    if not _choice:
+        try:
+            _choice.append(choose_servers(os.environ, docker_engine=docker_engine_answers,
+                                          testcontainers=testcontainers_installed))
+        except ServerChoiceError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return _choice[0]
+
+
 def _external_endpoints() -> Endpoints | None:
-    kafka = os.environ.get("COUNTERSINK_TEST_KAFKA")
-    cassandra = os.environ.get("COUNTERSINK_TEST_CASSANDRA")
-    if not (kafka or cassandra):
+    if _servers().servers is not Servers.EXTERNAL:
         return None
-    if not (kafka and cassandra):
-        raise pytest.UsageError("set both COUNTERSINK_TEST_KAFKA and COUNTERSINK_TEST_CASSANDRA, or neither")
+    kafka, cassandra = os.environ["COUNTERSINK_TEST_KAFKA"], os.environ["COUNTERSINK_TEST_CASSANDRA"]
     host, _, port = cassandra.rpartition(":")
     return Endpoints(kafka, host or cassandra, int(port or 9042))
 
@@ -80,7 +102,7 @@ _started: dict[str, object] = {}
 
 def _local_servers(which: str) -> Iterator[object]:
     """Start both local servers together the first time either is asked for; stop them at session end."""
-    if _external_endpoints() is not None:
+    if _servers().servers is not Servers.LOCAL_STACK:
         yield None
         return
     if not _started:
@@ -117,6 +139,7 @@ def _stop_local_servers() -> Iterator[None]:
         server.stop()  # type: ignore[attr-defined]
         _announce(f"{name} stopped")
     _started.clear()
+    _container_endpoints_found.clear()
 
 
 @pytest.fixture(scope="session")
@@ -128,9 +151,29 @@ def endpoints(local_kafka: servers.KafkaServer | None, local_cassandra: servers.
         if not servers.probe_cassandra(external.cassandra_host, external.cassandra_port):
             pytest.fail(f"COUNTERSINK_TEST_CASSANDRA={external.cassandra_host}:{external.cassandra_port} is silent")
         return external
+    if _servers().servers is Servers.TESTCONTAINERS:
+        return _container_endpoints()
     assert local_kafka is not None
     assert local_cassandra is not None
     return Endpoints(local_kafka.bootstrap, local_cassandra.address, local_cassandra.native_port)
+
+
+_container_endpoints_found: list[Endpoints] = []
+
+
+def _container_endpoints() -> Endpoints:
+    """Start the Kafka and Cassandra containers (once); ``_stop_local_servers`` removes them."""
+    if not _container_endpoints_found:
+        from tests.containers import KAFKA_IMAGE, Containers  # testcontainers is only installed with [docker]
+
+        containers = Containers()
+        _started["containers"] = containers
+        started = time.monotonic()
+        kafka, host, port = containers.start()
+        _container_endpoints_found.append(Endpoints(kafka, host, port))
+        _announce(f"containers ready in {time.monotonic() - started:.1f}s: {KAFKA_IMAGE} on {kafka}, "
+                  f"cassandra on {host}:{port}")
+    return _container_endpoints_found[0]
 
 
 @pytest.fixture(scope="session")
@@ -207,9 +250,14 @@ def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    choice = _servers()
     external = _external_endpoints()
     if external:
         cassandra = f"{external.cassandra_host}:{external.cassandra_port}"
-        return f"servers: external kafka={external.kafka_bootstrap} cassandra={cassandra}"
+        return f"servers: external kafka={external.kafka_bootstrap} cassandra={cassandra} ({choice.reason})"
+    if choice.servers is Servers.TESTCONTAINERS:
+        from tests.containers import CASSANDRA_IMAGE, KAFKA_IMAGE
+
+        return f"servers: testcontainers ({KAFKA_IMAGE}, {CASSANDRA_IMAGE}; {choice.reason})"
     versions = f"kafka {servers.KAFKA_VERSION}, cassandra {servers.CASSANDRA_VERSION}"
-    return f"servers: local stack ({versions}) in {Path(TEST_STACK_DIR)}"
+    return f"servers: local stack ({versions}) in {Path(TEST_STACK_DIR)} ({choice.reason})"

@@ -1,6 +1,8 @@
-"""The deployment files (compose, Kubernetes, Grafana) agree with the code: every command parses with the real
-command line, every COUNTERSINK_* variable is a real setting, every metric on the dashboard exists, probes
-point at the ports the processes listen on."""
+"""The deployment files (compose, Kubernetes, Grafana, Prometheus rules, Dockerfile) agree with the code and with
+what an operator needs: every command parses with the real command line, every COUNTERSINK_* variable is a real
+setting, every metric on the dashboard and in the alert rules exists, probes point at the ports the processes
+listen on, pods meet the "restricted" Pod Security Standard, disruptions and GC deferrals are handled as the
+comments say, and the image installs what CI tests."""
 
 from __future__ import annotations
 
@@ -8,16 +10,20 @@ import argparse
 import importlib
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from prometheus_client import generate_latest
 
 from countersink.cli import SUBCOMMANDS
 from countersink.metrics import Metrics
 from countersink.settings import Settings
+from gc_worker.cli import EXIT_DEFERRED
+from schemas.definitions import load_definitions
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -30,6 +36,37 @@ def documents() -> list[tuple[str, dict[str, Any]]]:
     for path in sorted(KUBERNETES.glob("*.yaml")):
         found += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
     return found
+
+
+def kustomization() -> dict[str, Any]:
+    return yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())  # type: ignore[no-any-return]
+
+
+def generated_settings() -> dict[str, str]:
+    """The variables of the generated ConfigMap (kustomize's env files: KEY=VALUE lines, # comments)."""
+    values = {}
+    for generator in kustomization()["configMapGenerator"]:
+        for env_file in generator.get("envs", []):
+            for line in (KUBERNETES / env_file).read_text().splitlines():
+                if line.strip() and not line.startswith("#"):
+                    name, _, value = line.partition("=")
+                    values[name] = value
+    return values
+
+
+def pods() -> list[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) of every Kubernetes workload."""
+    out = []
+    for name, doc in documents():
+        if name == "compose.yaml" or doc.get("kind") not in ("Deployment", "Job", "CronJob"):
+            continue
+        spec = doc["spec"]
+        out.append((f"{name}:{doc['kind']}", (spec.get("jobTemplate", {}).get("spec", {}) or spec)["template"]["spec"]))
+    return out
+
+
+def workloads(kind: str) -> list[dict[str, Any]]:
+    return [doc for name, doc in documents() if name != "compose.yaml" and doc.get("kind") == kind]
 
 
 def containers() -> list[tuple[str, dict[str, Any]]]:
@@ -84,7 +121,7 @@ def _setting_exists(name: str) -> bool:
 
 def test_every_variable_is_a_setting() -> None:
     """Every COUNTERSINK_ variable the deployment files set names a real setting."""
-    names: set[str] = set()
+    names: set[str] = set(generated_settings())
     for _, doc in documents():
         names |= set(re.findall(r"COUNTERSINK_[A-Z0-9_]+", json.dumps(doc)))
     assert len(names) > 10
@@ -116,11 +153,150 @@ def test_probes_use_the_default_ports() -> None:
 
 def test_kustomization_lists_existing_files_and_no_secret() -> None:
     """The kustomization lists every manifest that exists and no secret."""
-    resources = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["resources"]
+    resources = kustomization()["resources"]
     assert all((KUBERNETES / r).is_file() for r in resources)
     assert not [r for r in resources if "secret" in r]
     assert {p.name for p in KUBERNETES.glob("*.yaml")} - set(resources) == {"kustomization.yaml",
                                                                            "secret.example.yaml"}
+
+
+def test_configuration_changes_roll_the_pods() -> None:
+    """The settings ConfigMap is generated with a content hash in its name (kustomize rewrites every reference
+    to it), so a change gives the pods a new template; every pod takes its settings from it by that name."""
+    (generator,) = kustomization()["configMapGenerator"]
+    assert generator["name"] == "countersink"
+    assert not generator.get("options", {}).get("disableNameSuffixHash")
+    assert not kustomization().get("generatorOptions", {}).get("disableNameSuffixHash")
+    assert all((KUBERNETES / f).is_file() for f in generator.get("envs", []) + generator.get("files", []))
+    assert not [d for _, d in documents() if d.get("kind") == "ConfigMap"]  # a hand-written one would not roll
+    load_definitions(KUBERNETES / "counters.toml")  # the definitions it carries are valid
+    for where, pod in pods():
+        sources = [s["configMapRef"]["name"] for c in pod["containers"] for s in c.get("envFrom", [])
+                   if "configMapRef" in s]
+        assert sources == ["countersink"], where
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] == "countersink", where
+
+
+def test_pods_meet_the_restricted_pod_security_standard() -> None:
+    """Every pod runs as non-root with the RuntimeDefault seccomp profile and no service-account token; every
+    container drops all capabilities, cannot escalate, and has a read-only root file system."""
+    checked = 0
+    for where, pod in pods():
+        assert pod.get("automountServiceAccountToken") is False, where
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True, where
+        assert context["runAsUser"] >= 10000, where
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        for container in pod["containers"]:
+            own = container["securityContext"]
+            assert own["allowPrivilegeEscalation"] is False, where
+            assert own["readOnlyRootFilesystem"] is True, where
+            assert own["capabilities"]["drop"] == ["ALL"], where
+            assert not own.get("privileged"), where
+            assert not own["capabilities"].get("add"), where
+            checked += 1
+    assert checked == 4
+
+
+def test_gc_deferral_waits_for_the_next_schedule() -> None:
+    """Exit 3 (deferred) ends the GC Job (FailJob): no pod is started again at once to read at CL ALL while a
+    replica is down. Ignore, which starts another pod without counting this one, applies only to disruptions."""
+    (cronjob,) = workloads("CronJob")
+    job = cronjob["spec"]["jobTemplate"]["spec"]
+    rules = job["podFailurePolicy"]["rules"]
+
+    def action_for_exit(code: int) -> str | None:
+        for rule in rules:
+            on = rule.get("onExitCodes")
+            if on and (code in on["values"]) == (on["operator"] == "In"):
+                return str(rule["action"])
+        return None
+
+    assert action_for_exit(EXIT_DEFERRED) == "FailJob"
+    assert action_for_exit(2) == "FailJob"
+    assert action_for_exit(1) is None  # counted against backoffLimit: retried a few times
+    assert [r for r in rules if r["action"] == "Ignore" and "onExitCodes" in r] == []
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_long_running_pods_have_a_disruption_budget_and_spread() -> None:
+    """Each Deployment has a PodDisruptionBudget selecting its pods, and spreads them across nodes and zones."""
+    budgets = workloads("PodDisruptionBudget")
+    deployments = workloads("Deployment")
+    assert len(deployments) == 2
+    for deployment in deployments:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        name = deployment["metadata"]["name"]
+        matching = [b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        assert len(matching) == 1, name
+        budget = matching[0]["spec"]
+        assert budget.get("maxUnavailable") == 1 or budget.get("minAvailable", 0) >= 1, name
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}, name
+        assert all(c["labelSelector"]["matchLabels"].items() <= labels.items() for c in spread), name
+    (consumer_budget,) = [b for b in budgets if b["metadata"]["name"] == "countersink-consumer"]
+    assert consumer_budget["spec"]["maxUnavailable"] == 1  # one member leaves the group at a time
+
+
+def test_compose_app_profile_creates_the_topics_it_consumes() -> None:
+    """compose's app profile creates every topic demo/counters.toml reads before the consumer starts."""
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    topics = services["topics"]
+    assert topics["profiles"] == ["app"]
+    script = " ".join(topics["command"])
+    assert "--create" in script
+    assert "--if-not-exists" in script
+    for topic in load_definitions(ROOT / "demo" / "counters.toml").topics:
+        assert re.search(rf"\b{re.escape(topic)}\b", script), topic
+    assert services["consumer"]["depends_on"]["topics"] == {"condition": "service_completed_successfully"}
+
+
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_image_runs_the_python_ci_tests_with_the_pinned_versions() -> None:
+    """The image's Python is the minor version CI type-checks and tests, and both the image and `make venv`
+    install from constraints.txt."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    (version,) = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", dockerfile, re.M)
+    assert version == pyproject()["tool"]["mypy"]["python_version"]
+    bases = re.findall(r"^FROM (\S+)", dockerfile, re.M)
+    assert bases
+    assert all(b.startswith("python:${PYTHON_VERSION}-slim") for b in bases)
+    installs = re.findall(r"pip (?:wheel|install)[^\n]*", dockerfile)
+    assert len(installs) == 2
+    assert all("-c " in line for line in installs)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install --quiet -c constraints.txt -e '.[dev]'" in makefile
+
+
+def test_constraints_pin_every_dependency() -> None:
+    """constraints.txt pins every runtime and development dependency to one version its specifier accepts."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pins[requirement.name.lower().replace("_", "-")] = spec.version
+    project = pyproject()["project"]
+    for line in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        requirement = Requirement(line)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned"
+        assert requirement.specifier.contains(pins[name]), (name, pins[name])
+
+
+def test_license_file_and_spdx_expression() -> None:
+    """pyproject.toml names the license as an SPDX expression, and LICENSE holds that license's text."""
+    assert pyproject()["project"]["license"] == "Apache-2.0"
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text.split("\n\n")[0]
+    assert "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
 
 
 def exposed_names() -> set[str]:
@@ -131,7 +307,7 @@ def exposed_names() -> set[str]:
             _, _, family, kind = line.split()
             # some prometheus_client versions name a counter's family with its _total suffix, some without
             family = family.removesuffix("_total") if kind == "counter" else family
-            suffixes = {"counter": ["_total", "_created"], "histogram": ["_bucket", "_sum", "_count", "_created"],
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"],
                         "gauge": [""]}[kind]
             names |= {family + s for s in suffixes}
     return names
@@ -140,7 +316,23 @@ def exposed_names() -> set[str]:
 def dashboard_metrics() -> set[str]:
     dashboard = json.loads((ROOT / "deploy" / "grafana" / "countersink.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    return set(re.findall(r"\bcountersink_[a-z_]+", " ".join(exprs)))
+    return set(re.findall(r"\b(?:countersink|process|python)_[a-z_]+", " ".join(exprs)))
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_alert_rules_use_real_metrics_and_watch_gc() -> None:
+    """The example alert rules query only exported metrics, and one fires when GC has not completed."""
+    rules = alert_rules()
+    used = set(re.findall(r"\bcountersink_[a-z_]+", " ".join(r["expr"] for r in rules)))
+    assert sorted(used - exposed_names()) == []
+    assert all({"alert", "expr", "for", "labels", "annotations"} <= set(r) for r in rules)
+    (gc,) = [r for r in rules if "countersink_gc_last_complete_age_seconds" in r["expr"]]
+    assert gc["alert"] == "CountersinkGcNotCompleted"
+    assert "countersink_partition_flush_age_seconds" in used
 
 
 def test_dashboard_uses_only_real_metrics() -> None:
@@ -148,4 +340,5 @@ def test_dashboard_uses_only_real_metrics() -> None:
     used = dashboard_metrics()
     assert len(used) >= 20
     assert sorted(used - exposed_names()) == []
+    assert {"countersink_gc_last_complete_age_seconds", "countersink_partition_flush_age_seconds"} <= used
     assert "countersink_events_applied" not in exposed_names()  # counters only exist with their suffix

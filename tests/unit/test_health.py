@@ -1,20 +1,12 @@
-"""The health server answers liveness, readiness and metrics, and refuses anything else."""
+"""The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else."""
 
 from __future__ import annotations
 
 import asyncio
 
+import aiohttp
+
 from countersink.health import HealthServer
-
-
-async def _get(port: int, request: bytes) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(request)
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    status = int(response.split(b" ", 2)[1])
-    return status, response.split(b"\r\n\r\n", 1)[1]
 
 
 async def test_probes_and_metrics() -> None:
@@ -22,16 +14,61 @@ async def test_probes_and_metrics() -> None:
     ready = False
     server = HealthServer(0, lambda: ready, host="127.0.0.1")
     await server.start()
+    base = f"http://127.0.0.1:{server.port}"
     try:
-        assert await _get(server.port, b"GET /healthz HTTP/1.1\r\n\r\n") == (200, b"ok\n")
-        assert (await _get(server.port, b"GET /readyz HTTP/1.1\r\n\r\n"))[0] == 503
-        ready = True
-        assert (await _get(server.port, b"GET /readyz HTTP/1.1\r\n\r\n"))[0] == 200
-        status, body = await _get(server.port, b"GET /metrics HTTP/1.1\r\n\r\n")
-        assert status == 200
-        assert b"countersink_events_applied" in body
-        assert (await _get(server.port, b"POST /healthz HTTP/1.1\r\n\r\n"))[0] == 405
-        assert (await _get(server.port, b"GET /nope HTTP/1.1\r\n\r\n"))[0] == 404
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as response:
+                assert (response.status, await response.text()) == (200, "ok\n")
+            async with http.get(f"{base}/readyz") as response:
+                assert response.status == 503
+            ready = True
+            async with http.get(f"{base}/readyz") as response:
+                assert response.status == 200
+            async with http.get(f"{base}/metrics") as response:
+                assert response.status == 200
+                assert response.content_type == "text/plain"
+                body = await response.text()
+            assert "countersink_events_applied_total" in body
+            async with http.post(f"{base}/healthz") as response:
+                assert response.status == 405
+            async with http.get(f"{base}/nope") as response:
+                assert response.status == 404
     finally:
         await server.stop()
         await server.stop()  # safe twice
+
+
+async def test_openmetrics_is_negotiated() -> None:
+    """A scraper that asks for OpenMetrics gets it: the handler is prometheus-client's own."""
+    server = HealthServer(0, lambda: True, host="127.0.0.1")
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(
+                f"http://127.0.0.1:{server.port}/metrics",
+                headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as response:
+            assert response.content_type == "application/openmetrics-text"
+            assert (await response.text()).rstrip().endswith("# EOF")
+    finally:
+        await server.stop()
+
+
+async def test_a_failing_refresh_still_answers() -> None:
+    """A refresh before the scrape that fails or hangs is skipped: the scrape still answers 200."""
+    calls = []
+
+    async def broken() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("cassandra away")
+        await asyncio.sleep(60)
+
+    server = HealthServer(0, lambda: True, host="127.0.0.1", before_scrape=broken)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(2):
+                async with http.get(f"http://127.0.0.1:{server.port}/metrics") as response:
+                    assert response.status == 200
+        assert len(calls) == 2
+    finally:
+        await server.stop()

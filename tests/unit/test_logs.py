@@ -1,0 +1,111 @@
+"""One log stream: structlog's records and every library's (stdlib logging, warnings, asyncio) rendered alike,
+JSON lines with structured tracebacks in JSON mode, plain text when NO_COLOR is set."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from countersink.logs import configure_logging, get_logger
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Whatever a test configures is undone: later tests see structlog's and logging's defaults."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_every_record_is_a_json_line() -> None:
+    """Our events, a library's error with a traceback, a warning and asyncio's complaints are JSON lines."""
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    get_logger("countersink.test").info("shards_flushed", partition=3, rows=10)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("acsylla").error("driver failed", exc_info=True)
+        get_logger("countersink.test").exception("flush_failed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("careful", UserWarning, stacklevel=1)
+
+    async def complain() -> None:
+        asyncio.get_running_loop().call_exception_handler({"message": "Task exception was never retrieved"})
+
+    asyncio.run(complain())
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line["event"] for line in lines[:3]] == ["shards_flushed", "driver failed", "flush_failed"]
+    assert all({"timestamp", "level", "event"} <= set(line) for line in lines)
+    assert lines[1]["logger"] == "acsylla"
+    for line in lines[1:3]:
+        (error,) = line["exception"]
+        assert (error["exc_type"], error["exc_value"]) == ("ValueError", "boom")
+        assert all("locals" not in frame for frame in error["frames"])  # locals may hold secrets
+    assert "careful" in lines[3]["event"]
+    assert lines[3]["logger"] == "py.warnings"
+    assert lines[4]["logger"] == "asyncio"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_no_color_is_honoured_on_a_terminal() -> None:
+    """On a terminal the console renderer colours its lines, unless NO_COLOR asks for none."""
+    coloured, plain = _Terminal(), _Terminal()
+    configure_logging("INFO", "auto", stream=coloured)
+    get_logger("t").warning("mutator_expired", partition=1)
+    logging.getLogger("aiohttp").warning("from a library")
+    configure_logging("INFO", "auto", no_color=True, stream=plain)
+    get_logger("t").warning("mutator_expired", partition=1)
+    logging.getLogger("aiohttp").warning("from a library")
+    assert "\x1b[" in coloured.getvalue()
+    assert "\x1b[" not in plain.getvalue()
+    assert "mutator_expired" in plain.getvalue()
+    assert "from a library" in plain.getvalue()
+    assert len(plain.getvalue().splitlines()) == 2  # configured twice: one handler, not two
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_debug_records_are_dropped_below_the_level() -> None:
+    """Our own debug lines are dropped at INFO; aiokafka's chatter is kept to CRITICAL."""
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    get_logger("t").debug("noise")
+    logging.getLogger("aiokafka").error("connection refused")
+    assert out.getvalue() == ""
+
+
+def test_refused_settings_are_one_json_line_without_the_value() -> None:
+    """A setting that fails validation ends the command with exit 2 and one JSON line naming the setting,
+    not a Python traceback, and without echoing the value (it may be a secret)."""
+    env = {**os.environ, "COUNTERSINK_CASSANDRA__PORT": "s3cr3t-not-a-port"}
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "get", "likes", "p1"], env=env,
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2
+    (line,) = [json.loads(x) for x in done.stderr.splitlines()]
+    assert line["event"] == "settings_refused"
+    assert any(e.startswith("cassandra.port") for e in line["errors"])
+    assert "s3cr3t" not in done.stderr
