@@ -115,7 +115,8 @@ class Report:
     cpu_s_per_million: float = 0.0
     server_cpu_s_per_million: dict[str, float] = field(default_factory=dict)  # during the countersink run
     rows_per_event: float = 0.0  # shard rows the countersink run wrote per event
-    apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O
+    apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O (the batch path)
+    hot_path_us: dict[str, dict[str, float]] = field(default_factory=dict)  # bench.hot_path: path -> regime -> µs
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
     memory_bytes: dict[str, float] = field(default_factory=dict)
@@ -180,27 +181,6 @@ async def raw_rate(kafka: KafkaSettings, partitions: int, total: int) -> float:
     finally:
         await consumer.stop()
     return total / (time.monotonic() - started)
-
-
-def apply_only_rate(events: int, symbols: int, seed: int) -> float:
-    """Decode, route and apply the same kind of trades to the same three counters in this process, with no
-    Kafka and no Cassandra: the ceiling of the consumer's CPU work per event (best of three)."""
-    from schemas.definitions import parse_definitions
-    from schemas.events import EventRouter, apply_updates
-    from schemas.kinds import State
-
-    counters = parse_definitions(definitions(TOPIC), "bench")
-    router = EventRouter(counters)
-    rng = random.Random(seed)
-    raws = [trade(i, rng, symbols)[1] for i in range(events)]
-    best = float("inf")
-    for _ in range(3):
-        states: dict[tuple[str, str], State] = {}
-        started = time.perf_counter()
-        for raw in raws:
-            apply_updates(states, router.route(TOPIC, raw), counters)
-        best = min(best, time.perf_counter() - started)
-    return events / best
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -708,8 +688,13 @@ async def run(args: argparse.Namespace) -> Report:
         report.notes["Quix Streams (exactly-once)"] = f"{done:,} events committed"
         say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
 
-        report.apply_only = apply_only_rate(min(args.events, 300_000), args.symbols, args.seed)
-        say(f"decode + route + apply alone, in process: {report.apply_only:,.0f} events/s")
+        from bench.hot_path import measure
+
+        # The issue's regime: keys repeating over 10,000 symbols; every path side by side, best of three.
+        report.hot_path_us = measure(100_000, 10_000, 3, args.seed)
+        report.apply_only = 1e6 / report.hot_path_us["batch, collector tuned"]["keys repeating"]
+        say("decode + route + apply alone, in process: " + ", ".join(
+            f"{name} {figures['keys repeating']:.2f} µs/event" for name, figures in report.hot_path_us.items()))
 
         say("GC of the countersink run's shards")
         report.gc = await gc_throughput(kafka, cassandra)

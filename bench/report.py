@@ -18,6 +18,17 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+# The same figures from `make bench` before the batch path, the lean flush and unified compaction (commit
+# b3521e5, bench/results/REPORT.md of that commit): the "before" column of the cost table.
+BEFORE = {
+    "consumer_cpu": 33.2,
+    "cassandra_cpu": 23.2,
+    "raw_ratio": 0.10,
+    "native_ratio": 6.2,
+    "quix_ratio": 1.7,
+}
+
+
 def _plots(report: Report, out: Path) -> list[str]:
     import matplotlib
 
@@ -58,6 +69,47 @@ def _plots(report: Report, out: Path) -> list[str]:
     names.append("memory.png")
     plt.close(fig)
     return names
+
+
+def _cost_table(report: Report, cs: float, raw: float, native: float, quix: float) -> list[str]:
+    """Cost per event, before and now, against its targets."""
+    cassandra = report.server_cpu_s_per_million.get("Cassandra", 0.0)
+    hot = report.hot_path_us
+    lines = [
+        "## Cost per event",
+        "",
+        "Before: the same command at commit b3521e5 (records applied one at a time, a frozen dataclass and an "
+        "awaited statement look-up per row written, leveled compaction). Now: this run.",
+        "",
+        "| figure | before | now | target | |",
+        "|---|---:|---:|---:|---|",
+        f"| consumer CPU s per million events (whole process, flushes included) | {BEFORE['consumer_cpu']:.1f} | "
+        f"{report.cpu_s_per_million:.1f} | ≤ 10 | {_verdict(report.cpu_s_per_million <= 10)} |",
+        f"| Cassandra CPU s per million events | {BEFORE['cassandra_cpu']:.1f} | {cassandra:.1f} | ≤ 8 | "
+        f"{_verdict(0 < cassandra <= 8)} |",
+        f"| throughput, ratio to raw aiokafka | {BEFORE['raw_ratio']:.2f}× | {cs / raw:.2f}× | ≥ 0.3× | "
+        f"{_verdict(cs >= 0.3 * raw)} |",
+        f"| ratio to Cassandra counter columns | {BEFORE['native_ratio']:.1f}× | {cs / native:.1f}× | ≥ 15× | "
+        f"{_verdict(cs >= 15 * native)} |",
+        f"| ratio to Quix Streams, exactly-once | {BEFORE['quix_ratio']:.1f}× | {cs / quix:.1f}× | ≥ 4× | "
+        f"{_verdict(cs >= 4 * quix)} |",
+    ]
+    if hot:
+        reference = hot["record at a time"]["keys repeating"]
+        batch = hot["batch, collector tuned"]["keys repeating"]
+        lines.append(f"| decode + route + apply, no I/O, keys repeating, µs/event (before: record at a time, "
+                     f"same run) | {reference:.2f} | {batch:.2f} | ≤ 2.5 | {_verdict(batch <= 2.5)} |")
+        lines += [
+            "",
+            "The hot path alone (`python -m bench.hot_path`: 100,000 events per round over 10,000 symbols, best "
+            "of three rounds, every path interleaved in one process; CPU time):",
+            "",
+            "| path | keys repeating, µs/event | new keys, µs/event |",
+            "|---|---:|---:|",
+            *[f"| {name} | {figures['keys repeating']:.2f} | {figures['new keys']:.2f} |"
+              for name, figures in hot.items()],
+        ]
+    return [*lines, ""]
 
 
 def write_report(report: Report, out: Path, command: str, made_on: str | None = None) -> str:
@@ -119,6 +171,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         f"are applied again (default settings); its first flush after {worst_flushed:.1f} s at worst | "
         f"{_verdict(worst_recovery <= 10)} |",
         "",
+        *_cost_table(report, cs, raw, native, quix),
         "## Exactness of the countersink run",
         "",
         f"Count and sum of 2,000 symbols compared with the truth computed while publishing: "
@@ -189,7 +242,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         "## Where the consumer's time goes",
         "",
         f"- Decoding, routing and applying the same trades to the same three counters in one process, with no "
-        f"Kafka and no Cassandra (best of three over {min(report.events, 300_000):,} events): "
+        f"Kafka and no Cassandra (the batch path, keys repeating, see above): "
         f"**{report.apply_only:,.0f} events/s**, {report.apply_only / raw:.2f}× the raw consumption rate. "
         "That is the ceiling of countersink's per-event CPU work in Python before any I/O.",
         f"- The consumer reached {cs / report.apply_only:.2f}× that ceiling. It wrote "

@@ -305,19 +305,21 @@ class Mutator:
         if rows is None:
             rows = self.rows = fast.new_rows()
         window, states, counters = applier.window, self.states, applier.counters
+        prepare, fresh, advance = fast.prepare, window.fresh, window.advance
         touched: list[Row] = []
+        applied = duplicates = 0
         try:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
                     continue
-                updates = fast.prepare(record.value or b"", rows)
+                updates = prepare(record.value or b"", rows)
                 if updates is None:
                     result.count(record, *self.apply(record))
                     continue
                 changed = False
                 for row, index, value, event_id in updates:
-                    if event_id is not None and not window.fresh(row.idents[index][0], event_id):
+                    if event_id is not None and not fresh(row.idents[index][0], event_id):
                         continue
                     state = row.states[index]
                     if state is None:
@@ -332,13 +334,15 @@ class Mutator:
                         touched.append(row)
                     row.touched |= 1 << index
                     changed = True
-                window.advance()
+                advance()
                 self.applied_through = offset
                 if changed:
-                    result.applied += 1
+                    applied += 1
                 elif updates:
-                    result.duplicates += 1
+                    duplicates += 1
         finally:
+            result.applied += applied
+            result.duplicates += duplicates
             dirty = self.dirty
             for row in touched:
                 bits, index = row.touched, 0
