@@ -56,3 +56,31 @@ def test_memory_holds_at_most_two_windows_of_ids() -> None:
     for n in range(10_000):
         window.admit([Update("trades", "k", 1, f"id{n}")])
         assert window.ids_held() <= 200
+
+
+# Records as counters that share an id field under one filter see them: either every counter of the group has
+# an update with the record's id, or none has (filtered out, or an invalid record: None).
+grouped_records = st.lists(st.one_of(st.none(), st.tuples(st.booleans(), st.sampled_from("abcdef"),
+                                                          st.sampled_from("abcdef"))), max_size=150)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=grouped_records, size=st.integers(min_value=0, max_value=12))
+def test_a_shared_dict_decides_as_one_dict_per_counter(records: list, size: int) -> None:
+    """Counters sharing one dict of ids (same id field, same filter) are told exactly what a dict each would
+    tell them, through generation changes, with another counter beside them on its own."""
+    shared, separate = RetryWindow(size), RetryWindow(size)
+    shared.share({"trades": "id|[]", "shares": "id|[]", "buyers": "buyer_id|[]"})
+    for record in records:
+        if record is None:
+            shared.push(())
+            separate.push(())
+            continue
+        in_group, event_id, other_id = record
+        updates = [Update("buyers", "k", 1, other_id)]
+        if in_group:
+            updates = [Update("trades", "k", 1, event_id), Update("shares", "k", 1, event_id), *updates]
+        assert shared.admit(updates) == separate.admit(updates)
+    for event_id in "abcdef":
+        for counter in ("trades", "shares", "buyers"):
+            assert shared.seen(counter, event_id) == separate.seen(counter, event_id)
