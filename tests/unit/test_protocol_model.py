@@ -350,11 +350,11 @@ class ProtocolModel(RuleBasedStateMachine):
             self.drive(actor.task, ops, fault)
 
     def apply_next(self, mutator: Mutator, n: int) -> None:
-        """Apply the next ``n`` records; then, as the consumer does with its position, skip the offsets
+        """Apply the next ``n`` records in one batch, as the consumer does (``apply_batch``: the fast path,
+        the router for what it does not take); then, as the consumer does with its position, skip the offsets
         without a record (markers) up to the one after."""
         following = [r for r in self.log.records if r.offset > mutator.applied_through]
-        for record in following[:n]:
-            mutator.apply(record)
+        mutator.apply_batch(following[:n])
         if len(following) > n:
             mutator.skip_to(following[n].offset)
 
