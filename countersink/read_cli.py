@@ -8,34 +8,43 @@ import json
 from datetime import UTC, datetime
 
 from countersink.cassandra import CassandraClient
-from countersink.cli import run_async
+from countersink.cli import counter_name, instance_key, positive_int, run_async, setting_default
 from countersink.reader import CounterReader, Explanation, to_jsonable
 from countersink.settings import Consistency, Settings
 
 
+def _page_token(text: str) -> bytes:
+    """An argparse type: the page token a previous ``list`` printed."""
+    try:
+        return base64.b64decode(text.encode("ascii"), altchars=b"-_", validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a page token printed by countersink list") from None
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
-                        help="read consistency (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)")
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+                        help="read consistency, any case: " + ", ".join(Consistency) + " "
+                        + setting_default("cassandra.read_consistency"))
 
 
 def add_get_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("keys", nargs="+", metavar="KEY",
-                        help="instance key(s), encoded as the README says (Instance keys)")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("keys", nargs="+", metavar="KEY", type=instance_key,
+                        help="instance key(s): key fields' values joined by | (docs/counters.md, Instance keys)")
     _common(parser)
 
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("key")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("key", type=instance_key, help="instance key (docs/counters.md, Instance keys)")
     _common(parser)
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--page", help="page token printed by the previous call")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("--limit", type=positive_int, default=100, help="at most this many keys")
+    parser.add_argument("--page", type=_page_token, metavar="TOKEN", help="page token printed by the previous call")
     _common(parser)
 
 
@@ -94,7 +103,7 @@ def run_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_list(args: argparse.Namespace, settings: Settings) -> int:
     async def list_keys() -> int:
-        page = base64.urlsafe_b64decode(args.page) if args.page else None
+        page = args.page
         async with CassandraClient(settings.cassandra) as client:
             keys, next_page = await CounterReader(client, args.consistency).list_instances(
                 args.counter, args.limit, page)

@@ -29,7 +29,7 @@ from countersink.cassandra import (
     CassandraOverloadedError,
     CassandraUnavailableError,
 )
-from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, port_number, run_async, setting_default, stop_on_signals
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
@@ -237,10 +237,11 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counters", type=Path,
                         help="definitions file: unknown counter names answer 404 (default: no check)")
-    parser.add_argument("--host", help="listen address (default: COUNTERSINK_SERVE__HOST)")
-    parser.add_argument("--port", type=int, help="listen port (default: COUNTERSINK_SERVE__PORT, 8082)")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
-                        help="default read consistency (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)")
+    parser.add_argument("--host", help="listen address " + setting_default("serve.host"))
+    parser.add_argument("--port", type=port_number, help="listen port " + setting_default("serve.port"))
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+                        help="default read consistency, any case: " + ", ".join(Consistency) + " "
+                        + setting_default("cassandra.read_consistency"))
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
