@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 
 from consumer.service import ConsumerService
-from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
@@ -21,9 +21,13 @@ log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--counters", type=Path,
-                        help="counter definitions file (default: COUNTERSINK_CONSUMER__COUNTERS_FILE)")
-    parser.add_argument("--group", help="Kafka consumer group (default: COUNTERSINK_CONSUMER__GROUP_ID)")
+    parser.add_argument("--counters", type=Path, metavar="FILE",
+                        help="counter definitions file " + setting_default("consumer.counters_file"))
+    parser.add_argument("--group", help="Kafka consumer group " + setting_default("consumer.group_id"))
+    parser.add_argument("--create-topics", action="store_true",
+                        help="create missing topics, COUNTERSINK_CONSUMER__TOPIC_PARTITIONS partitions each; "
+                        "without it the consumer waits, unready, until they exist "
+                        + setting_default("consumer.create_topics"))
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -32,6 +36,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         updates["counters_file"] = args.counters
     if args.group:
         updates["group_id"] = args.group
+    if args.create_topics:
+        updates["create_topics"] = True
     if updates:
         settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
     counters = load_definitions_or_refuse(settings.consumer.counters_file)
@@ -56,6 +62,9 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except BaseException:
+            await service.close()  # every client closed before the error is reported: no "Unclosed" noise
+            raise
         try:
             await service.run()
         finally:

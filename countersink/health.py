@@ -22,10 +22,12 @@ _MAX_REQUEST_BYTES = 8192
 class HealthServer:
     """Serves liveness, readiness (a callable) and metrics on ``host:port``; ``port=0`` picks a free one."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0") -> None:  # noqa: S104
+    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0",  # noqa: S104
+                 why_not_ready: Callable[[], str] | None = None) -> None:
         self.host = host
         self.port = port
         self._ready = ready
+        self._why_not_ready = why_not_ready  # a line added to /readyz's 503 ("waiting for topics: a, b")
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -56,7 +58,9 @@ class HealthServer:
             await self._respond(writer, 200, b"ok\n")
         elif path == b"/readyz":
             ready = self._ready()
-            await self._respond(writer, 200 if ready else 503, b"ready\n" if ready else b"not ready\n")
+            why = "" if ready or self._why_not_ready is None else self._why_not_ready()
+            body = b"ready\n" if ready else f"not ready{': ' + why if why else ''}\n".encode()
+            await self._respond(writer, 200 if ready else 503, body)
         elif path == b"/metrics":
             await self._respond(writer, 200, generate_latest(METRICS.registry), CONTENT_TYPE_LATEST)
         else:

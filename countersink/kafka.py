@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -83,3 +84,14 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int], replica
                 await admin.create_topics(missing)
     finally:
         await admin.close()
+
+
+async def missing_topics(settings: KafkaSettings, topics: Iterable[str]) -> list[str]:
+    """The topics of ``topics`` that do not exist, sorted."""
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    return sorted(set(topics) - existing)
