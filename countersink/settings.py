@@ -196,7 +196,7 @@ class GcSettings(_Section):
     """The GC worker: which mutators are final, how much it does at once, how long it keeps collected ones."""
 
     # A mutator is final once retired for this long. It must exceed the clock skew between any two machines
-    # that run consumers or GC workers (see the README, "GC").
+    # that run consumers or GC workers (see docs/running.md, "Running the GC").
     grace_s: float = Field(default=300.0, ge=0)
     # 0 runs once and exits (for cron); a positive interval runs in a loop.
     every_s: float = Field(default=0.0, ge=0)

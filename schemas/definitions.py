@@ -1,7 +1,7 @@
 """Counter definitions: which events feed which counter, and how.
 
 A definitions file is TOML with one ``[[counter]]`` table per counter (the fields are documented in
-the README, "Counter definitions")::
+docs/counters.md)::
 
     [[counter]]
     name = "shares_traded"
