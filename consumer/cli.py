@@ -16,6 +16,7 @@ from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.settings import Settings
+from schemas.errors import DefinitionChangedError
 
 log = get_logger(__name__)
 
@@ -62,6 +63,11 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except DefinitionChangedError as exc:
+            for problem in exc.problems:
+                log.error("definition_changed", error=problem.line)
+            await service.close()
+            return 2
         except BaseException:
             await service.close()  # every client closed before the error is reported: no "Unclosed" noise
             raise

@@ -36,6 +36,7 @@ from countersink.health import HealthServer
 from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer, missing_topics
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
+from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
@@ -184,6 +185,8 @@ class ConsumerService:
         check_deciding_reads(self.settings.cassandra, factors,
                              {"replay_read_consistency": self.settings.cassandra.replay_read_consistency})
         await self.cassandra.ensure_schema()
+        # Before anything is counted: a changed meaning under a recorded name is refused (not retriable).
+        await CounterRegistry(self.cassandra).register(self.counters, self.host)
 
     def request_stop(self) -> None:
         if self._stop_requested_at is None:

@@ -33,6 +33,11 @@ class DefinitionError(CountersinkError):
         super().__init__(self.line + (f" (and {len(more)} more problems)" if more else ""))
 
 
+class DefinitionChangedError(DefinitionError):
+    """Raised when a consumer starts with a counter whose meaning differs from the definition recorded in the
+    counter registry under the same name; every changed counter is one of ``problems``."""
+
+
 class InvalidEventError(CountersinkError):
     """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
 
