@@ -71,7 +71,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if ("%(default)" in text or "default:" in text or default in (None, False, argparse.SUPPRESS)
+        if ("%(default)" in text or "default:" in text or default in (None, False, [], argparse.SUPPRESS)
                 or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)"
@@ -86,7 +86,8 @@ def setting_default(dotted: str) -> str:
     section_class: Any = Settings.model_fields[section].annotation if section else None
     value = getattr(section_class(), name) if section_class is not None else Settings.model_fields[name].default
     variable = "COUNTERSINK_" + "__".join(part.upper() for part in dotted.split("."))
-    return f"(default: {value}, from {variable})"
+    shown = f"{value:g}s" if name.endswith("_s") and isinstance(value, float) else value
+    return f"(default: {shown}, from {variable})"
 
 
 def positive_int(text: str) -> int:

@@ -39,16 +39,16 @@ def _topic_name(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create missing topics (idempotent)",
-                                description="Create the topics a definitions file names, and any given by name, "
+                                description="Create the topics a definitions file names, and any given by name,\n"
                                 "that do not exist yet. Prints one line per topic: created or exists.",
                                 formatter_class=HelpFormatter)
     create.add_argument("topics", nargs="*", metavar="TOPIC", type=_topic_name,
                         help="topic names (besides those of --counters)")
     create.add_argument("--counters", type=Path, metavar="FILE",
                         help="create every topic this definitions file names")
-    create.add_argument("--partitions", type=positive_int, default=None,
+    create.add_argument("--partitions", type=positive_int, default=None, metavar="N",
                         help="partitions of each new topic " + setting_default("consumer.topic_partitions"))
-    create.add_argument("--replication-factor", type=positive_int, default=1,
+    create.add_argument("--replication-factor", type=positive_int, default=1, metavar="N",
                         help="replicas of each new topic (at most the number of brokers)")
 
 
