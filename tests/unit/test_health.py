@@ -35,3 +35,17 @@ async def test_probes_and_metrics() -> None:
     finally:
         await server.stop()
         await server.stop()  # safe twice
+
+
+async def test_unready_says_why() -> None:
+    """/readyz's 503 carries the reason the process gives (a consumer waiting for its topics names them)."""
+    why = "waiting for topics: trades"
+    server = HealthServer(0, lambda: False, host="127.0.0.1", why_not_ready=lambda: why)
+    await server.start()
+    try:
+        answer = await _get(server.port, b"GET /readyz HTTP/1.1\r\n\r\n")
+        assert answer == (503, b"not ready: waiting for topics: trades\n")
+        why = ""
+        assert await _get(server.port, b"GET /readyz HTTP/1.1\r\n\r\n") == (503, b"not ready\n")
+    finally:
+        await server.stop()
