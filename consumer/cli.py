@@ -12,11 +12,12 @@ import gc
 from pathlib import Path
 
 from consumer.service import ConsumerService
-from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.settings import Settings
+from schemas.errors import DefinitionChangedError
 
 log = get_logger(__name__)
 
@@ -34,9 +35,13 @@ def tune_garbage_collector() -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--counters", type=Path,
-                        help="counter definitions file (default: COUNTERSINK_CONSUMER__COUNTERS_FILE)")
-    parser.add_argument("--group", help="Kafka consumer group (default: COUNTERSINK_CONSUMER__GROUP_ID)")
+    parser.add_argument("--counters", type=Path, metavar="FILE",
+                        help="counter definitions file " + setting_default("consumer.counters_file"))
+    parser.add_argument("--group", help="Kafka consumer group " + setting_default("consumer.group_id"))
+    parser.add_argument("--create-topics", action="store_true",
+                        help="create missing topics, COUNTERSINK_CONSUMER__TOPIC_PARTITIONS partitions each; "
+                        "without it the consumer waits, unready, until they exist "
+                        + setting_default("consumer.create_topics"))
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -45,6 +50,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         updates["counters_file"] = args.counters
     if args.group:
         updates["group_id"] = args.group
+    if args.create_topics:
+        updates["create_topics"] = True
     if updates:
         settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
     counters = load_definitions_or_refuse(settings.consumer.counters_file)
@@ -69,11 +76,19 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except DefinitionChangedError as exc:
+            for problem in exc.problems:
+                log.error("definition_changed", error=problem.line)
+            await service.close()
+            return 2
         except Exception as exc:
             # e.g. a server still away after startup_timeout_s: every client is closed on this path too.
             log.error("consumer_start_failed", error=str(exc) or type(exc).__name__)
             await service.close()
             return 1
+        except BaseException:
+            await service.close()  # every client closed before the error is reported: no "Unclosed" noise
+            raise
         tune_garbage_collector()
         try:
             await service.run()

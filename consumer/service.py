@@ -34,10 +34,11 @@ from countersink.cassandra import CassandraClient
 from countersink.consistency import check_deciding_reads, replication_factors
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import HealthServer
-from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer
+from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer, missing_topics
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.retry import is_retriable, wait_until_reachable
+from countersink.registry import CounterRegistry
+from countersink.retry import StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
 from schemas.events import EventRouter
@@ -110,7 +111,9 @@ class ConsumerService:
             self.cassandra.sample_driver_metrics()
             await gc_age()
 
-        self.health = HealthServer(self.config.health_port, lambda: self.is_ready, before_scrape=before_scrape)
+        self.waiting_for_topics: list[str] = []
+        self.health = HealthServer(self.config.health_port, lambda: self.is_ready, before_scrape=before_scrape,
+                                   why_not_ready=self._why_not_ready)
 
     @property
     def mutators(self) -> dict[TopicPartition, Mutator]:
@@ -138,16 +141,48 @@ class ConsumerService:
         await wait_until_reachable("kafka", functools.partial(
             ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: self.config.dead_letter_partitions},
             replication=self.config.dead_letter_replication_factor), timeout_s=timeout_s, stop=self._stopping)
+        if self.config.health_port:
+            await self.health.start()  # before the topics are waited for, so that /readyz can say so
+        await self._wait_for_topics()
         await self.producer.start()
         start_source = getattr(self.source, "start", None)
         if start_source is not None:
             await start_source()
         self.consumer.subscribe(topics=list(self.counters.topics), listener=_Rebalance(self))
         await self.consumer.start()
-        if self.config.health_port:
-            await self.health.start()
         self._started = True
         log.info("consumer_started", group=self.config.group_id, topics=list(self.counters.topics), host=self.host)
+
+    async def _wait_for_topics(self) -> None:
+        """The topics the definitions name exist before the group is joined: created when ``create_topics``
+        says so, else waited for, unready, with the missing names in the log (each minute) and on /readyz."""
+        kafka = self.settings.kafka
+        missing: list[str] = []
+
+        async def look() -> None:
+            missing[:] = await missing_topics(kafka, self.counters.topics)
+
+        await look()
+        if missing and self.config.create_topics:
+            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions))
+            log.info("topics_created", topics=missing, partitions=self.config.topic_partitions)
+            return
+        checks = 0
+        while missing:
+            self.waiting_for_topics = list(missing)
+            if checks % 12 == 0:
+                log.warning("topics_missing", topics=self.waiting_for_topics, hint="create them (countersink "
+                            "topics create --counters FILE), or start the consumer with --create-topics")
+            checks += 1
+            if await pause_unless_stopped(5.0, self._stopping):
+                raise StopRequested("stop requested while waiting for topics")
+            await wait_until_reachable("kafka", look, timeout_s=self.config.startup_timeout_s, stop=self._stopping)
+        if self.waiting_for_topics:
+            log.info("topics_found", topics=self.waiting_for_topics)
+        self.waiting_for_topics = []
+
+    def _why_not_ready(self) -> str:
+        return f"waiting for topics: {', '.join(self.waiting_for_topics)}" if self.waiting_for_topics else ""
 
     async def _prepare_cassandra(self) -> None:
         await self.cassandra.start()
@@ -157,6 +192,8 @@ class ConsumerService:
         check_deciding_reads(self.settings.cassandra, factors,
                              {"replay_read_consistency": self.settings.cassandra.replay_read_consistency})
         await self.cassandra.ensure_schema()
+        # Before anything is counted: a changed meaning under a recorded name is refused (not retriable).
+        await CounterRegistry(self.cassandra).register(self.counters, self.host)
 
     def request_stop(self) -> None:
         if self._stop_requested_at is None:

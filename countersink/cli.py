@@ -1,7 +1,9 @@
 """``countersink``: one command line for every process. Each subcommand lives with its package.
 
-``countersink consume`` runs the consumer, ``countersink gc`` the GC worker; ``countersink schema``
-creates the keyspace and tables.
+Exit codes, the same for every subcommand: 0 done; 1 failed (a server unreachable, with the address tried,
+or a request refused); 2 usage or settings error (a bad argument, variable or definitions file, or an unknown
+counter); 3 ``gc --once`` deferred some instances; 130 interrupted. Every error is one line on stderr; the
+traceback only with ``--debug`` or ``COUNTERSINK_LOG_LEVEL=DEBUG``.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,10 +25,15 @@ if TYPE_CHECKING:
     from countersink.settings import Settings
     from schemas.definitions import CounterSet
 
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
 # subcommand -> (module, help). A module provides ``add_arguments(parser)`` and ``run(args, settings) -> int``,
 # or, when it serves several subcommands, ``add_<name>_arguments`` and ``run_<name>``.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("countersink.schema_cli", "create the keyspace and tables (idempotent)"),
+    "topics": ("countersink.topics_cli", "create the Kafka topics a definitions file names (idempotent)"),
+    "publish": ("countersink.publish_cli", "publish JSON lines from a file or stdin to a Kafka topic"),
     "consume": ("consumer.cli", "consume events and keep the counters"),
     "gc": ("gc_worker.cli", "fold shards of retired mutators into tallies"),
     "retire-orphans": ("gc_worker.cli", "retire mutators of partitions that no longer exist, so GC can fold them"),
@@ -35,19 +43,131 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
 }
 
+DESCRIPTION = """\
+Exact counters from a Kafka event stream, kept as CRDT shards in Cassandra.
+
+Settings come from COUNTERSINK_* environment variables (or a .env file); `countersink COMMAND --help`
+describes each command."""
+
+EPILOG = """\
+exit codes:
+  0    done
+  1    failed: a server unreachable (the address tried is named) or a request refused
+  2    usage or settings error: a bad argument, variable or definitions file, an unknown counter
+  3    gc --once: some instances were deferred; run again later
+  130  interrupted (Ctrl-C)"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (and exit code 2) instead of the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and every option's default shown as its value (unless it has none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or "default:" in text or default in (None, False, [], argparse.SUPPRESS)
+                or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def setting_default(dotted: str) -> str:
+    """``(default: VALUE, from COUNTERSINK_SECTION__NAME)`` for an option that overrides a setting."""
+    from countersink.settings import Settings
+
+    section, _, name = dotted.rpartition(".")
+    # The section classes are plain models: built with no arguments, they hold the defaults (no environment).
+    section_class: Any = Settings.model_fields[section].annotation if section else None
+    value = getattr(section_class(), name) if section_class is not None else Settings.model_fields[name].default
+    variable = "COUNTERSINK_" + "__".join(part.upper() for part in dotted.split("."))
+    shown = f"{value:g}s" if name.endswith("_s") and isinstance(value, float) else value
+    return f"(default: {shown}, from {variable})"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (0..65535)")
+    return value
+
+
+def counter_name(text: str) -> str:
+    """An argparse type: a counter name as definitions allow them (checked before anything connects)."""
+    from schemas.definitions import NAME_PATTERN
+
+    if not NAME_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a counter name ({NAME_PATTERN.pattern})")
+    return text
+
+
+def instance_key(text: str) -> str:
+    """An argparse type: an instance key of at most 1 KiB of UTF-8."""
+    from schemas.events import DEFAULT_MAX_KEY_BYTES
+
+    if len(text.encode("utf-8", "surrogatepass")) > DEFAULT_MAX_KEY_BYTES:
+        raise argparse.ArgumentTypeError(f"an instance key is at most {DEFAULT_MAX_KEY_BYTES} bytes of UTF-8")
+    return text
+
 
 def load_definitions_or_refuse(path: Path | str) -> CounterSet | None:
-    """The definitions file, or None after one ``definitions_refused`` log line naming the file, counter and
-    field (the caller exits 2, as for any usage error)."""
+    """The definitions file, or None after one ``definitions_refused`` log line per problem, each naming the
+    file, counter and field (the caller exits 2, as for any usage error)."""
     from countersink.logs import get_logger
     from schemas.definitions import load_definitions
     from schemas.errors import DefinitionError
 
     try:
         return load_definitions(path)
-    except (DefinitionError, OSError) as exc:
-        get_logger(__name__).error("definitions_refused", error=str(exc))
+    except DefinitionError as exc:
+        for problem in exc.problems:
+            get_logger(__name__).error("definitions_refused", error=problem.line)
         return None
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace, Settings], int]]]:
+    """The command line, and each subcommand's runner."""
+    from importlib.metadata import version
+
+    parser = Parser(prog="countersink", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('countersink')}")
+    parser.add_argument("--debug", action="store_true",
+                        help="log at DEBUG and show the traceback of an error (as COUNTERSINK_LOG_LEVEL=DEBUG)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    runners: dict[str, Callable[[argparse.Namespace, Settings], int]] = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a part not built yet is simply not offered
+        command = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
+        ident = name.replace("-", "_")
+        add_arguments = getattr(module, f"add_{ident}_arguments", None) or module.add_arguments
+        add_arguments(command)
+        runners[name] = getattr(module, f"run_{ident}", None) or module.run
+    return parser, runners
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,36 +178,57 @@ def main(argv: list[str] | None = None) -> int:
     from countersink.logs import configure_logging, get_logger
     from countersink.settings import Settings
 
-    parser = argparse.ArgumentParser(prog="countersink", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    runners: dict[str, Callable[[argparse.Namespace, Settings], int]] = {}
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # a part not built yet is simply not offered
-        command = sub.add_parser(name, help=help_text, description=help_text)
-        ident = name.replace("-", "_")
-        add_arguments = getattr(module, f"add_{ident}_arguments", None) or module.add_arguments
-        add_arguments(command)
-        runners[name] = getattr(module, f"run_{ident}", None) or module.run
+    parser, runners = build_parser()
     args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("COUNTERSINK_LOG_LEVEL", "").upper() == "DEBUG"
     try:
         settings = Settings()
     except ValidationError as exc:
-        configure_logging()
-        errors = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors(include_input=False)]
-        get_logger(__name__).error("settings_refused", errors=errors)
-        return 2
+        configure_logging("DEBUG" if debug else "INFO", os.environ.get("COUNTERSINK_LOG_FORMAT", "auto").lower())
+        for line in settings_problems(exc):
+            get_logger(__name__).error("settings_refused", error=line)
+        return EXIT_USAGE
+    if args.debug:
+        settings = settings.model_copy(update={"log_level": "DEBUG"})
     configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color)
     try:
         return runners[args.command](args, settings)
-    except Exception:
-        # Through the log stream (in JSON mode a structured traceback), not as text lines on stderr.
-        get_logger(__name__).exception("command_failed", command=args.command)
-        return 1
+    except Exception as exc:
+        if debug:
+            raise
+        code, line = describe_failure(exc, settings)
+        get_logger(__name__).error("command_failed", command=args.command, error=line)
+        return code
+
+
+def settings_problems(exc: Any) -> list[str]:
+    """One line per refused setting, naming its variable; never its value (it may be a secret)."""
+    lines = []
+    for err in exc.errors():
+        variable = "COUNTERSINK_" + "__".join(str(part).upper() for part in err["loc"])
+        lines.append(f"{variable}: {err['msg'].removeprefix('Value error, ')}")
+    return lines
+
+
+def describe_failure(exc: BaseException, settings: Settings) -> tuple[int, str]:
+    """The exit code and the one line an error ends a command with."""
+    from countersink.cassandra import CassandraError
+    from countersink.consistency import ConsistencyError
+    from schemas.errors import DefinitionError
+
+    if isinstance(exc, DefinitionError | ConsistencyError):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, CassandraError):
+        return EXIT_FAILED, str(exc)
+    from aiokafka.errors import KafkaError
+
+    if isinstance(exc, KafkaError):
+        servers = ",".join(settings.kafka.bootstrap_servers)
+        text = str(exc) if str(exc).startswith(type(exc).__name__) else f"{type(exc).__name__}: {exc}"
+        return EXIT_FAILED, f"Kafka at {servers}: {text}".rstrip(": ")
+    if isinstance(exc, OSError):
+        return EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    return EXIT_FAILED, f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
 
 
 def run_async(coroutine: Coroutine[Any, Any, int | None], *, graceful: bool = False) -> int:

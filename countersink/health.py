@@ -46,11 +46,12 @@ class HealthServer:
     ``start()``/``stop()`` (safe twice)."""
 
     def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0",  # noqa: S104
-                 before_scrape: BeforeScrape | None = None) -> None:
+                 before_scrape: BeforeScrape | None = None, why_not_ready: Callable[[], str] | None = None) -> None:
         self.host = host
         self.port = port
         self._ready = ready
         self._before_scrape = before_scrape
+        self._why_not_ready = why_not_ready  # a line added to /readyz's 503 ("waiting for topics: a, b")
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
@@ -85,4 +86,6 @@ class HealthServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ready = self._ready()
-        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "not ready\n")
+        why = "" if ready or self._why_not_ready is None else self._why_not_ready()
+        return web.Response(status=200 if ready else 503,
+                            text="ready\n" if ready else f"not ready{': ' + why if why else ''}\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -104,3 +105,14 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], 
                     raise error(f"cannot create topic {topic}: {message[0] if message else error.description}")
     finally:
         await admin.close()
+
+
+async def missing_topics(settings: KafkaSettings, topics: Iterable[str]) -> list[str]:
+    """The topics of ``topics`` that do not exist, sorted."""
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+    finally:
+        await admin.close()
+    return sorted(set(topics) - existing)

@@ -11,6 +11,7 @@ same ``timestamp``, ``level`` and ``event`` keys. On a terminal, colours follow 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import TextIO
 
@@ -25,6 +26,8 @@ _TRACEBACK_AS_FIELDS = structlog.processors.ExceptionRenderer(
 def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool = False,
                       stream: TextIO | None = None) -> None:
     """Configure structlog and the standard library logging that aiokafka, acsylla and asyncio use."""
+    global _debug
+    _debug = level == "DEBUG"
     out = stream or sys.stderr
     terminal = out.isatty()
     as_json = fmt == "json" or (fmt == "auto" and not terminal)
@@ -63,12 +66,20 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool 
     quiet_driver_noise()
 
 
+_debug = False  # set by configure_logging: at DEBUG the driver's every line is shown
+_CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect")
+
+
 class _DropShardingNotice(logging.Filter):
     """The Cassandra driver reports, at ERROR and on every connection, that the server does not describe
     ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "sharding info" not in record.getMessage()
+        message = record.getMessage()
+        # Refused connections are also said, with the address, by countersink's own error or waiting line.
+        return "sharding info" not in message and not (
+            record.levelno < logging.CRITICAL and _CONNECT_FAILURES.search(message) is not None
+            and not _debug)
 
 
 def quiet_driver_noise() -> None:

@@ -4,52 +4,110 @@ from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import json
 from datetime import UTC, datetime
 
 from countersink.cassandra import CassandraClient
-from countersink.cli import run_async
+from countersink.cli import EXIT_USAGE, counter_name, instance_key, positive_int, run_async, setting_default
+from countersink.logs import get_logger
 from countersink.reader import CounterReader, Explanation, to_jsonable
+from countersink.registry import CounterRegistry
 from countersink.settings import Consistency, Settings
+from schemas.definitions import CounterDefinition
+from schemas.kinds._moments import MomentsValue
+from schemas.kinds.distinct import DistinctEstimate
+from schemas.kinds.quantiles import QuantilesEstimate
+from schemas.kinds.top_k import TopKEstimate
+
+log = get_logger(__name__)
+
+
+def _page_token(text: str) -> bytes:
+    """An argparse type: the page token a previous ``list`` printed."""
+    try:
+        return base64.b64decode(text.encode("ascii"), altchars=b"-_", validate=True)
+    except (ValueError, UnicodeEncodeError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a page token printed by countersink list") from None
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
-                        help="read consistency (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)")
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+                        help="read consistency, any case: " + ", ".join(Consistency) + " "
+                        + setting_default("cassandra.read_consistency"))
 
 
 def add_get_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("keys", nargs="+", metavar="KEY",
-                        help="instance key(s), encoded as the README says (Instance keys)")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("keys", nargs="+", metavar="KEY", type=instance_key,
+                        help="instance key(s): key fields' values joined by | (docs/counters.md, Instance keys)")
     _common(parser)
 
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("key")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("key", type=instance_key, help="instance key (docs/counters.md, Instance keys)")
     _common(parser)
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("counter")
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--page", help="page token printed by the previous call")
+    parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
+    parser.add_argument("--limit", type=positive_int, default=100, help="at most this many keys")
+    parser.add_argument("--page", type=_page_token, metavar="TOKEN", help="page token printed by the previous call")
     _common(parser)
 
 
 def _render(value: object) -> str:
+    """A value for people, by its kind: sketches with their bounds, numbers as they are."""
+    if value is None:
+        return "(nothing counted)"
+    if isinstance(value, DistinctEstimate):
+        return f"about {value.estimate:.6g} (between {value.lower_bound:.6g} and {value.upper_bound:.6g})"
+    if isinstance(value, QuantilesEstimate):
+        if not value.count:
+            return "(nothing counted)"
+        ranks = ", ".join(f"p{rank * 100:g} {estimate:.6g}" for rank, estimate in value.quantiles)
+        return (f"{ranks} ({value.count} values from {value.min:.6g} to {value.max:.6g}; "
+                f"ranks within ±{value.normalized_rank_error:.2%})")
+    if isinstance(value, TopKEstimate):
+        items = ", ".join(f"{item.item} {item.estimate}" + (
+            "" if item.lower_bound == item.upper_bound else f" [{item.lower_bound}..{item.upper_bound}]")
+            for item in value.items)
+        return f"{items or '(none)'} (of {value.total_weight})"
+    if isinstance(value, MomentsValue):
+        return (f"mean {value.mean}, stddev {value.stddev}, variance {value.variance} ({value.count} values)"
+                if value.count else "(nothing counted)")
     plain = to_jsonable(value)
-    return "(nothing counted)" if plain is None else json.dumps(plain) if isinstance(plain, dict | list) else str(plain)
+    return json.dumps(plain) if isinstance(plain, dict | list) else str(plain)
+
+
+async def _known_or_refuse(client: CassandraClient, args: argparse.Namespace) -> CounterDefinition | bool | None:
+    """The counter's recorded definition (None when the registry is empty), or False after one
+    ``unknown_counter`` line: a name no consumer has recorded."""
+    registry = CounterRegistry(client, args.consistency)
+    known, definition = await registry.lookup(args.counter)
+    if known:
+        return definition
+    names = [c.name for c in (await registry.counters() or [])]
+    close = difflib.get_close_matches(args.counter, names, n=3)
+    log.error("unknown_counter", counter=args.counter,
+              error=f"no counter {args.counter!r} in the counter registry"
+              + (f"; did you mean {' or '.join(close)}?" if close else "")
+              + f" ({len(names)} known: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})")
+    return False
 
 
 def run_get(args: argparse.Namespace, settings: Settings) -> int:
     async def get() -> int:
         async with CassandraClient(settings.cassandra) as client:
+            definition = await _known_or_refuse(client, args)
+            if definition is False:
+                return EXIT_USAGE
             values = await CounterReader(client, args.consistency).get_many(args.counter, args.keys)
         if args.json:
-            print(json.dumps({"counter": args.counter, "values": to_jsonable(values)}))
+            kind = {"kind": definition.kind} if isinstance(definition, CounterDefinition) else {}
+            print(json.dumps({"counter": args.counter, **kind, "values": to_jsonable(values)}))
         else:
             for key, value in values.items():
                 print(f"{args.counter} {key!r}: {_render(value)}")
@@ -82,6 +140,8 @@ def _print_explanation(e: Explanation) -> None:
 def run_explain(args: argparse.Namespace, settings: Settings) -> int:
     async def explain() -> int:
         async with CassandraClient(settings.cassandra) as client:
+            if await _known_or_refuse(client, args) is False:
+                return EXIT_USAGE
             explanation = await CounterReader(client, args.consistency).explain(args.counter, args.key)
         if args.json:
             print(json.dumps(to_jsonable(explanation)))
@@ -94,8 +154,10 @@ def run_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 def run_list(args: argparse.Namespace, settings: Settings) -> int:
     async def list_keys() -> int:
-        page = base64.urlsafe_b64decode(args.page) if args.page else None
+        page = args.page
         async with CassandraClient(settings.cassandra) as client:
+            if await _known_or_refuse(client, args) is False:
+                return EXIT_USAGE
             keys, next_page = await CounterReader(client, args.consistency).list_instances(
                 args.counter, args.limit, page)
         token = base64.urlsafe_b64encode(next_page).decode() if next_page else None

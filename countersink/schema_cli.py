@@ -4,28 +4,44 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 
 from countersink.cassandra import CassandraClient, CassandraError
-from countersink.cli import run_async
+from countersink.cli import run_async, setting_default
 from countersink.logs import get_logger
 from countersink.retry import wait_until_reachable
 from countersink.settings import Settings
+from schemas import cql
 
 log = get_logger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replication", help="CQL replication map for a new keyspace (default: the setting)")
-    parser.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
-                        help="how long to wait for Cassandra to answer (default: 120)")
+    parser.add_argument("--replication", metavar="MAP", type=_replication,
+                        help="CQL replication map for a new keyspace " + setting_default("cassandra.replication"))
+    parser.add_argument("--wait", type=_seconds, default=120.0, metavar="SECONDS",
+                        help="how long to wait for Cassandra to answer")
+
+
+def _replication(text: str) -> str:
+    """An argparse type: a plain CQL replication map (it is placed in CQL text)."""
+    try:
+        return cql.check_replication(text)
+    except cql.InvalidIdentifierError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    if args.wait < 0:
-        print("countersink schema: --wait must not be negative", file=sys.stderr)
-        return 2
-
     async def create() -> int:
         client = CassandraClient(settings.cassandra, use_keyspace=False)
         try:

@@ -28,12 +28,13 @@ from countersink.cassandra import (
     CassandraOverloadedError,
     CassandraUnavailableError,
 )
-from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
+from countersink.cli import load_definitions_or_refuse, port_number, run_async, setting_default, stop_on_signals
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import metrics_handler
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import read_state, to_jsonable
+from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import Consistency, ServeSettings, Settings
 from schemas.definitions import NAME_PATTERN, CounterSet
@@ -42,11 +43,13 @@ from schemas.events import DEFAULT_MAX_KEY_BYTES
 log = get_logger(__name__)
 
 class ReadApi:
-    """The HTTP handlers over one Cassandra client. ``counters`` (optional) turns unknown names into 404s."""
+    """The HTTP handlers over one Cassandra client. Unknown names answer 404: names not in ``counters`` when
+    given, else names not in the counter ``registry`` (when it has entries)."""
 
     def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
-                 consistency: Consistency | None = None) -> None:
+                 consistency: Consistency | None = None, *, registry: CounterRegistry | None = None) -> None:
         self.client = client
+        self.registry = registry
         self.settings = settings
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
@@ -69,14 +72,14 @@ class ReadApi:
     # --- reads
 
     async def get_one(self, request: web.Request) -> web.Response:
-        name = self._counter(request)
+        name = await self._counter(request)
         key = _checked_key(request.match_info["key"])
         level = _consistency(request)
         kind, value = await self._read(name, key, level)
         return web.json_response({"counter": name, "key": key, "kind": kind, "value": to_jsonable(value)})
 
     async def get_many(self, request: web.Request) -> web.Response:
-        name = self._counter(request)
+        name = await self._counter(request)
         keys = list(dict.fromkeys(request.query.getall("key", [])))
         if not keys:
             raise _problem(web.HTTPBadRequest, "give at least one ?key=")
@@ -106,21 +109,33 @@ class ReadApi:
             raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
         if state is None:
             definition = self.counters.get(name) if self.counters else None
+            if definition is None and self.registry is not None:
+                definition = (await self.registry.lookup(name))[1]
             return (definition.kind if definition else None), None
         return state.kind, state.value()
 
-    def _counter(self, request: web.Request) -> str:
+    async def _counter(self, request: web.Request) -> str:
         name = request.match_info["name"]
         if not NAME_PATTERN.fullmatch(name):
             raise _problem(web.HTTPBadRequest, f"counter names match {NAME_PATTERN.pattern}")
         if self.counters is not None and self.counters.get(name) is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in {self.counters.source}")
+        if self.counters is None and self.registry is not None:
+            try:
+                known, _ = await self.registry.lookup(name)
+            except CassandraUnavailableError as exc:
+                raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+            if not known:
+                raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry")
         return name
 
     # --- operations
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_document(self.settings, self.counters))
+        counters = self.counters
+        if counters is None and self.registry is not None:
+            counters = await self.registry.counters()
+        return web.json_response(openapi_document(self.settings, counters))
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -237,12 +252,14 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--counters", type=Path,
-                        help="definitions file: unknown counter names answer 404 (default: no check)")
-    parser.add_argument("--host", help="listen address (default: COUNTERSINK_SERVE__HOST)")
-    parser.add_argument("--port", type=int, help="listen port (default: COUNTERSINK_SERVE__PORT, 8082)")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
-                        help="default read consistency (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)")
+    parser.add_argument("--counters", type=Path, metavar="FILE",
+                        help="definitions file: names not in it answer 404 (default: the counter registry "
+                        "the consumers keep in Cassandra)")
+    parser.add_argument("--host", help="listen address " + setting_default("serve.host"))
+    parser.add_argument("--port", type=port_number, help="listen port " + setting_default("serve.port"))
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+                        help="default read consistency, any case: " + ", ".join(Consistency) + " "
+                        + setting_default("cassandra.read_consistency"))
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -277,7 +294,9 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         log.error("cassandra_unreachable", error=str(exc), waited_s=serve_settings.startup_timeout_s)
         return 1
     async with client:
-        api = ReadApi(client, serve_settings, counters, consistency)
+        # Without a definitions file, the names and kinds the consumers recorded.
+        registry = CounterRegistry(client, consistency) if counters is None else None
+        api = ReadApi(client, serve_settings, counters, consistency, registry=registry)
         app = api.app()
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
         await runner.setup()

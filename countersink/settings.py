@@ -23,7 +23,19 @@ def _split_csv(value: Any) -> Any:
     return value
 
 
-class Consistency(StrEnum):
+class _AnyCase(StrEnum):
+    """An enum whose values are accepted in any case (``one``, ``One``, ``ONE``), from flags and variables."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> _AnyCase | None:
+        if isinstance(value, str):
+            for member in cls:
+                if member.value.lower() == value.lower():
+                    return member
+        return None
+
+
+class Consistency(_AnyCase):
     """Cassandra consistency levels countersink accepts for reads and writes."""
 
     ONE = "ONE"
@@ -36,7 +48,7 @@ class Consistency(StrEnum):
     LOCAL_ONE = "LOCAL_ONE"
 
 
-class SerialConsistency(StrEnum):
+class SerialConsistency(_AnyCase):
     """Consistency of the Paxos phase of lightweight transactions."""
 
     SERIAL = "SERIAL"
@@ -47,7 +59,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class KafkaSecurity(StrEnum):
+class KafkaSecurity(_AnyCase):
     PLAINTEXT = "PLAINTEXT"
     SSL = "SSL"
     SASL_PLAINTEXT = "SASL_PLAINTEXT"
@@ -174,13 +186,21 @@ class ConsumerSettings(_Section):
     # 6 s is the broker's default group.min.session.timeout.ms; heartbeats go every quarter of it.
     session_timeout_ms: int = Field(default=6_000, ge=1_000)
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
+    # Topics the definitions name that do not exist: created at start (True), or waited for, unready (False).
+    create_topics: bool = False
+    topic_partitions: int = Field(default=3, ge=1, le=100_000)  # partitions of a topic the consumer creates
+
+    @field_validator("auto_offset_reset", "on_records_lost", mode="before")
+    @classmethod
+    def _choice_lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
 
 
 class GcSettings(_Section):
     """The GC worker: which mutators are final, how much it does at once, how long it keeps collected ones."""
 
     # A mutator is final once retired for this long. It must exceed the clock skew between any two machines
-    # that run consumers or GC workers (see the README, "GC").
+    # that run consumers or GC workers (see docs/running.md, "Running the GC").
     grace_s: float = Field(default=300.0, ge=0)
     # 0 runs once and exits (for cron); a positive interval runs in a loop.
     every_s: float = Field(default=0.0, ge=0)
@@ -222,3 +242,14 @@ class Settings(BaseSettings):
     @property
     def no_color(self) -> bool:
         return bool(self.no_color_variable)
+
+    # Names of levels and formats are accepted in any case: COUNTERSINK_LOG_LEVEL=debug.
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format_lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value

@@ -25,7 +25,7 @@ from typing import Any
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError
-from countersink.cli import run_async, stop_on_signals
+from countersink.cli import positive_int, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.health import HealthServer
@@ -65,17 +65,18 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--once", action="store_true", help="one run, then exit (for cron); the default")
     when.add_argument("--every", type=parse_duration, metavar="DURATION",
-                      help="run in a loop, e.g. 5m (default: COUNTERSINK_GC__EVERY_S; 0 means once)")
+                      help="run in a loop, e.g. 5m; 0 means once " + setting_default("gc.every_s"))
     when.add_argument("--runs", type=int, nargs="?", const=10, metavar="N",
                       help="show the last N runs recorded in Cassandra (default 10) and when one last completed; "
                            "run nothing")
     parser.add_argument("--dry-run", action="store_true", help="show what would be folded; write nothing")
     parser.add_argument("--grace", type=parse_duration, metavar="DURATION",
-                        help="fold only mutators retired this long ago (default: COUNTERSINK_GC__GRACE_S)")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency),
-                        help="consistency of the instance reads (default: COUNTERSINK_CASSANDRA__GC_READ_CONSISTENCY)")
-    parser.add_argument("--concurrency", type=int,
-                        help="instances worked on at once (default: COUNTERSINK_GC__CONCURRENCY)")
+                        help="fold only mutators retired this long ago, e.g. 5m " + setting_default("gc.grace_s"))
+    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+                        help="consistency of the instance reads, any case: " + ", ".join(Consistency) + " "
+                        + setting_default("cassandra.gc_read_consistency"))
+    parser.add_argument("--concurrency", type=positive_int,
+                        help="instances worked on at once " + setting_default("gc.concurrency"))
     parser.add_argument("--json", action="store_true", help="print each run's report as one JSON line")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar, even on a terminal")
 
@@ -94,9 +95,6 @@ def run_gc(args: argparse.Namespace, settings: Settings) -> int:
     if args.grace is not None:
         updates["grace_s"] = args.grace
     if args.concurrency is not None:
-        if args.concurrency < 1:
-            print("countersink gc: --concurrency must be at least 1", file=sys.stderr)
-            return 2
         updates["concurrency"] = args.concurrency
     if updates:
         settings = settings.model_copy(update={"gc": settings.gc.model_copy(update=updates)})
@@ -330,7 +328,7 @@ async def _guarded_run(settings: Settings, client: CassandraClient, args: argpar
 def add_retire_orphans_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--apply", action="store_true", help="retire them (without it: only list them)")
     parser.add_argument("--grace", type=parse_duration, metavar="DURATION",
-                        help="only mutators expired this long ago (default: COUNTERSINK_GC__GRACE_S)")
+                        help="only mutators expired this long ago, e.g. 5m " + setting_default("gc.grace_s"))
     parser.add_argument("--json", action="store_true", help="print the orphans as JSON lines")
 
 

@@ -96,6 +96,16 @@ def create_tables(keyspace: str) -> list[str]:
             key text,
             PRIMARY KEY ((mutator), counter, key)
         )""",
+        # The counter registry: each counter's definition as a consumer recorded it before counting
+        # (schemas/registry.py). Readers learn names and kinds from it; a changed meaning is refused.
+        f"""CREATE TABLE IF NOT EXISTS {ks}.counters (
+            name text PRIMARY KEY,
+            kind text,
+            fingerprint text,
+            definition text,
+            registered_us bigint,
+            registered_by text
+        )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
             name text PRIMARY KEY,
             version int

@@ -1,7 +1,7 @@
 """Counter definitions: which events feed which counter, and how.
 
 A definitions file is TOML with one ``[[counter]]`` table per counter (the fields are documented in
-the README, "Counter definitions")::
+docs/counters.md)::
 
     [[counter]]
     name = "shares_traded"
@@ -296,35 +296,49 @@ def _label(entry: object, index: int) -> str:
     return f"{name!r} (#{index + 1})" if isinstance(name, str) else f"#{index + 1}"
 
 
-def _definition_error(exc: ValidationError, source: str, counter: str) -> DefinitionError:
-    err = exc.errors()[0]
-    problem = err.get("ctx", {}).get("error")
-    if isinstance(problem, _FieldProblem):
-        return DefinitionError(source, counter, problem.field, problem.reason)
-    field = ".".join(str(part) for part in err["loc"])
-    reason = err["msg"].removeprefix("Value error, ")
-    extra = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-    return DefinitionError(source, counter, field, reason + extra)
+def _definition_errors(exc: ValidationError, source: str, counter: str) -> list[DefinitionError]:
+    """One :class:`DefinitionError` per problem pydantic found in one counter."""
+    found = []
+    for err in exc.errors():
+        problem = err.get("ctx", {}).get("error")
+        if isinstance(problem, _FieldProblem):
+            found.append(DefinitionError(source, counter, problem.field, problem.reason))
+            continue
+        field = ".".join(str(part) for part in err["loc"])
+        found.append(DefinitionError(source, counter, field, err["msg"].removeprefix("Value error, ")))
+    return found
 
 
 def parse_definitions(text: str, source: str = "<string>") -> CounterSet:
-    """Parse definitions from TOML text; ``source`` names the file in every :class:`DefinitionError`."""
+    """Parse definitions from TOML text; ``source`` names the file in every :class:`DefinitionError`.
+
+    Every counter is checked before anything is refused: the error raised carries every problem of the file
+    in ``problems``."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(source, "", "", f"not valid TOML: {exc}") from exc
-    for top in doc:
-        if top != "counter":
-            raise DefinitionError(source, "", top, "unknown top-level table (expected [[counter]])")
+    problems = [DefinitionError(source, "", top, "unknown top-level table (expected [[counter]])")
+                for top in doc if top != "counter"]
     entries = doc.get("counter", [])
     if not isinstance(entries, list) or not entries:
-        raise DefinitionError(source, "", "counter", "the file defines no [[counter]] tables")
+        problems.append(DefinitionError(source, "", "counter", "the file defines no [[counter]] tables"))
+        entries = []
     counters: list[CounterDefinition] = []
+    names: set[str] = set()
     for i, entry in enumerate(entries):
         try:
-            counters.append(CounterDefinition.model_validate(entry))
+            counter = CounterDefinition.model_validate(entry)
         except ValidationError as exc:
-            raise _definition_error(exc, source, _label(entry, i)) from exc
+            problems += _definition_errors(exc, source, _label(entry, i))
+            continue
+        if counter.name in names:
+            problems.append(DefinitionError(source, _label(entry, i), "name", "duplicate counter name"))
+        names.add(counter.name)
+        counters.append(counter)
+    if problems:
+        first, *more = problems
+        raise DefinitionError(first.source, first.counter, first.field, first.reason, tuple(more))
     return CounterSet(tuple(counters), source)
 
 

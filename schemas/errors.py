@@ -4,6 +4,8 @@ Pure code raises these; the I/O layers decide whether to retry, dead-letter or s
 whether trying the same operation again can succeed.
 """
 
+from __future__ import annotations
+
 
 class CountersinkError(Exception):
     """Root of every error countersink raises on purpose."""
@@ -12,17 +14,28 @@ class CountersinkError(Exception):
 
 
 class DefinitionError(CountersinkError):
-    """Raised when a counter definitions file is refused; the message names the file, counter and field."""
+    """Raised when a counter definitions file is refused; the message names the file, counter and field.
 
-    def __init__(self, source: str, counter: str, field: str, reason: str) -> None:
+    Its attributes describe the first problem; ``problems`` holds every problem found in the file (this one
+    first), so that one run shows them all."""
+
+    def __init__(self, source: str, counter: str, field: str, reason: str,
+                 more: tuple[DefinitionError, ...] = ()) -> None:
         self.source = source
         self.counter = counter
         self.field = field
         self.reason = reason
+        self.problems: tuple[DefinitionError, ...] = (self, *more)
         where = f"{source}: counter {counter}" if counter else source
         if field:
             where += f", field {field!r}"
-        super().__init__(f"{where}: {reason}")
+        self.line = f"{where}: {reason}"
+        super().__init__(self.line + (f" (and {len(more)} more problems)" if more else ""))
+
+
+class DefinitionChangedError(DefinitionError):
+    """Raised when a consumer starts with a counter whose meaning differs from the definition recorded in the
+    counter registry under the same name; every changed counter is one of ``problems``."""
 
 
 class InvalidEventError(CountersinkError):

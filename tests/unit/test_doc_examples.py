@@ -1,9 +1,11 @@
-"""The worked example of the README's "Counter definitions": the values stated there are the values computed here."""
+"""The worked example of docs/counters.md: the values stated there are the values computed here."""
 
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,3 +166,17 @@ def test_instances_are_exactly_the_documented_ones(states: dict[tuple[str, str],
     """The example creates 20 instances; no sell trade reaches shares_bought."""
     assert len(states) == 20
     assert states[("shares_bought", "IBM")].value() == 100 + 60
+
+
+WORKED_EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "counters.md"
+
+
+def test_the_page_shows_the_definitions_and_events_checked_here() -> None:
+    """docs/counters.md's worked example holds exactly this file and these four trades, so it cannot drift."""
+    section = WORKED_EXAMPLE.read_text().split("### Worked example", 1)[1]
+    toml_block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    json_block = re.search(r"```json\n(.*?)```", section, re.DOTALL)
+    assert toml_block is not None
+    assert json_block is not None
+    assert toml_block.group(1).strip() == TOML.strip()
+    assert [json.loads(line) for line in json_block.group(1).splitlines()] == TRADES

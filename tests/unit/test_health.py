@@ -72,3 +72,19 @@ async def test_a_failing_refresh_still_answers() -> None:
         assert len(calls) == 2
     finally:
         await server.stop()
+
+
+async def test_unready_says_why() -> None:
+    """/readyz's 503 carries the reason the process gives (a consumer waiting for its topics names them)."""
+    why = "waiting for topics: trades"
+    server = HealthServer(0, lambda: False, host="127.0.0.1", why_not_ready=lambda: why)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
+                assert (response.status, await response.text()) == (503, "not ready: waiting for topics: trades\n")
+            why = ""
+            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as response:
+                assert (response.status, await response.text()) == (503, "not ready\n")
+    finally:
+        await server.stop()

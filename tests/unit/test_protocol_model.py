@@ -1,11 +1,11 @@
-"""A stateful model test of the flush / takeover / release / GC protocol (README, "Guarantees") on one
+"""A stateful model test of the flush / takeover / release / GC protocol (docs/guarantees.md) on one
 partition.
 
 The protocol's own coroutines (:func:`take_over`, :func:`flush`, :func:`release`) run against
 :class:`MemoryStore`, one storage operation at a time, so hypothesis chooses every interleaving: owners
 taking over from live, dead or frozen predecessors, zombies resuming mid-flush, any operation failing or
 applying with its answer lost, shard writes held in flight and landing late (after takeovers and GC), in any
-order, or never. The GC is the fold the README describes ("Running the GC"), run by up to two workers at
+order, or never. The GC is the fold docs/running.md describes ("Running the GC"), run by up to two workers at
 once.
 
 After every step the store must hold only what the log justifies: each visible shard is exactly its

@@ -1,0 +1,134 @@
+"""``countersink publish``: JSON lines from a file or stdin to a Kafka topic, one record per line.
+
+Each line goes as it is (its numbers keep their text: a decimal is never rounded on the way). The record's
+key, when ``--key`` names fields, is their values joined by ``|``: events of one key go to one partition,
+which is where a publisher's retry is recognised and dropped. The producer is idempotent (acks=all), so its
+own retries never duplicate a record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from countersink.cli import EXIT_USAGE, run_async
+from countersink.kafka import make_producer, missing_topics
+from countersink.logs import get_logger
+from countersink.settings import Settings
+from countersink.topics_cli import _topic_name
+
+log = get_logger(__name__)
+
+
+class BadLineError(ValueError):
+    """Raised for an input line that cannot be published: not a JSON object, too long, or without its key."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic", type=_topic_name, help="the topic to publish to (it must exist)")
+    parser.add_argument("file", nargs="?", default="-", metavar="FILE",
+                        help="JSON lines to publish; - reads stdin (default: -)")
+    parser.add_argument("--key", action="append", default=[], metavar="FIELD",
+                        help="field path whose value keys the record (repeat for several, joined by |); "
+                        "without it records have no key and are spread over the partitions")
+
+
+def record_key(event: Any, fields: list[str]) -> bytes | None:
+    """The Kafka key of ``event``: the values of ``fields`` (dotted paths) as text, joined by ``|``."""
+    if not fields:
+        return None
+    parts = []
+    for path in fields:
+        value = event
+        for name in path.split("."):
+            if not isinstance(value, dict) or name not in value:
+                raise BadLineError(f"no field {path!r} for the key")
+            value = value[name]
+        if isinstance(value, bool):
+            parts.append("true" if value else "false")
+        elif isinstance(value, str | int):
+            parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
+        else:
+            raise BadLineError(f"key field {path!r} is not a string, integer or boolean")
+    return "|".join(parts).encode()
+
+
+def parse_line(line: bytes, fields: list[str], max_bytes: int) -> tuple[bytes, bytes | None]:
+    """The record's value and key for one input line."""
+    value = line.rstrip(b"\r\n")
+    if len(value) > max_bytes:
+        raise BadLineError(f"longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
+    try:
+        event = json.loads(value)
+    except ValueError as exc:
+        raise BadLineError(f"not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise BadLineError("not a JSON object")
+    return value, record_key(event, fields)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.file == "-":
+        return run_async(publish(settings, args.topic, sys.stdin.buffer, args.key, from_pipe=True))
+    try:
+        stream = Path(args.file).open("rb")  # noqa: SIM115 - closed below, after the run
+    except OSError as exc:
+        log.error("usage_refused", error=f"{args.file}: {exc.strerror}")
+        return EXIT_USAGE
+    with stream:
+        return run_async(publish(settings, args.topic, stream, args.key, from_pipe=False))
+
+
+async def publish(settings: Settings, topic: str, stream: IO[bytes], key_fields: list[str], *,
+                  from_pipe: bool) -> int:
+    """Publish every line of ``stream``; stop at the first line that cannot be published (exit 2)."""
+    if missing := await missing_topics(settings.kafka, [topic]):
+        log.error("topic_missing", topic=missing[0],
+                  hint=f"create it first: countersink topics create {missing[0]}")
+        return EXIT_USAGE
+    from tqdm import tqdm
+
+    limit = settings.consumer.max_event_bytes
+    producer = make_producer(settings.kafka)
+    await producer.start()
+    sent = 0
+    progress = tqdm(unit=" records", desc=f"publish {topic}", file=sys.stderr, disable=not sys.stderr.isatty())
+    try:
+        pending: list[asyncio.Future[Any]] = []
+        async for number, line in _lines(stream, from_pipe=from_pipe, limit=limit + 2):
+            if not line.strip():
+                continue
+            try:
+                value, key = parse_line(line, key_fields, limit)
+            except BadLineError as exc:
+                await asyncio.gather(*pending)
+                log.error("line_refused", line=number, error=str(exc), published_before=sent)
+                return EXIT_USAGE
+            pending.append(await producer.send(topic, value, key=key))
+            sent += 1
+            progress.update()
+            if len(pending) >= 10_000:  # bounded: wait for a batch of acknowledgements
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        progress.close()
+        await producer.stop()
+    print(f"published {sent} records to {topic}")
+    return 0
+
+
+async def _lines(stream: IO[bytes], *, from_pipe: bool, limit: int) -> Any:
+    """(line number, line) of ``stream``; stdin is read off the event loop, so the producer keeps sending
+    while a pipe or a terminal has nothing new."""
+    number = 0
+    while True:
+        line = await asyncio.to_thread(stream.readline, limit) if from_pipe else stream.readline(limit)
+        if not line:
+            return
+        number += 1
+        yield number, line

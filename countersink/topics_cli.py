@@ -1,0 +1,90 @@
+"""``countersink topics create``: create the Kafka topics a definitions file names (or the ones given).
+
+Brokers usually refuse to create topics on first use (``auto.create.topics.enable=false``), and a consumer
+whose topics do not exist waits for them, unready. Topics that exist already are left as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+from aiokafka.admin import NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from countersink.cli import (
+    EXIT_USAGE,
+    HelpFormatter,
+    load_definitions_or_refuse,
+    positive_int,
+    run_async,
+    setting_default,
+)
+from countersink.kafka import make_admin
+from countersink.logs import get_logger
+from countersink.settings import Settings
+from schemas.definitions import TOPIC_PATTERN
+
+log = get_logger(__name__)
+
+
+def _topic_name(text: str) -> str:
+    """An argparse type: a Kafka topic name."""
+    if not TOPIC_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kafka topic name ([A-Za-z0-9._-], at most 249)")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create missing topics (idempotent)",
+                                description="Create the topics a definitions file names, and any given by name,\n"
+                                "that do not exist yet. Prints one line per topic: created or exists.",
+                                formatter_class=HelpFormatter)
+    create.add_argument("topics", nargs="*", metavar="TOPIC", type=_topic_name,
+                        help="topic names (besides those of --counters)")
+    create.add_argument("--counters", type=Path, metavar="FILE",
+                        help="create every topic this definitions file names")
+    create.add_argument("--partitions", type=positive_int, default=None, metavar="N",
+                        help="partitions of each new topic " + setting_default("consumer.topic_partitions"))
+    create.add_argument("--replication-factor", type=positive_int, default=1, metavar="N",
+                        help="replicas of each new topic (at most the number of brokers)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    topics = list(args.topics)
+    if args.counters is not None:
+        counters = load_definitions_or_refuse(args.counters)
+        if counters is None:
+            return EXIT_USAGE
+        topics += [t for t in counters.topics if t not in topics]
+    if not topics:
+        log.error("usage_refused", error="name topics, or a definitions file with --counters")
+        return EXIT_USAGE
+    partitions = args.partitions or settings.consumer.topic_partitions
+    return run_async(create_topics(settings, topics, partitions, args.replication_factor))
+
+
+async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int) -> int:
+    """Create each missing topic; print ``created NAME (N partitions)`` or ``exists NAME (N partitions)``."""
+    admin = make_admin(settings.kafka)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in topics if t not in existing]
+        if missing:
+            # Another process may create the same topic between the listing and this request.
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([NewTopic(t, partitions, replication_factor) for t in missing])
+        existing_ones = [t for t in topics if t not in missing]
+        described = {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(existing_ones)
+                     } if existing_ones else {}
+    finally:
+        await admin.close()
+    for topic in topics:
+        if topic in missing:
+            print(f"created {topic} ({partitions} partitions)")
+        else:
+            print(f"exists  {topic} ({described.get(topic, '?')} partitions)")
+    return 0

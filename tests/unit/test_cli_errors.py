@@ -1,0 +1,222 @@
+"""The command line explains itself: one line per error, documented exit codes, arguments checked before any
+connection, enum values in any case, help for every argument with its default.
+
+Commands that must fail to connect are pointed at ports where nothing listens; each runs as a child process,
+as a user would run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from countersink.cli import SUBCOMMANDS, build_parser
+from countersink.publish_cli import BadLineError, parse_line
+from countersink.settings import Settings
+from schemas.definitions import parse_definitions
+from schemas.errors import DefinitionError
+
+REPO = Path(__file__).resolve().parents[2]
+# Nothing listens on these ports (they are in the range kept for this kind of check).
+CASSANDRA_DOWN = {"COUNTERSINK_CASSANDRA__PORT": "39991", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
+KAFKA_DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:39992"}
+
+
+def countersink(*args: str, env: dict[str, str] | None = None,
+                stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")}
+    return subprocess.run([sys.executable, "-m", "countersink.cli", *args], cwd=REPO, input=stdin,
+                          env={**clean, "COUNTERSINK_LOG_FORMAT": "json", **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def error_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.strip()]
+
+
+def test_version_is_printed() -> None:
+    """``--version`` prints the installed version and exits 0."""
+    done = countersink("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"countersink {version('countersink')}")
+
+
+@pytest.mark.parametrize("command", [["get", "shares", "IBM"], ["explain", "shares", "IBM"], ["list", "shares"],
+                                     ["get", "shares", "IBM", "--consistency", "one"]])
+def test_an_unreachable_cassandra_is_one_line_naming_the_address_and_exit_1(command: list[str]) -> None:
+    """A read with Cassandra down exits 1 with one error line that names the address tried, no traceback."""
+    done = countersink(*command, env=CASSANDRA_DOWN)
+    assert done.returncode == 1, done.stderr
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr
+    failure = json.loads(lines[0])
+    assert failure["event"] == "command_failed"
+    assert "127.0.0.1:39991" in failure["error"]
+
+
+@pytest.mark.parametrize("command", [["topics", "create", "trades"], ["publish", "trades", "-"]])
+def test_an_unreachable_kafka_is_one_line_naming_the_address_and_exit_1(command: list[str]) -> None:
+    """``topics`` and ``publish`` with Kafka down exit 1 with one line naming the bootstrap servers."""
+    done = countersink(*command, env=KAFKA_DOWN, stdin="")
+    assert done.returncode == 1, done.stderr
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr
+    assert "127.0.0.1:39992" in json.loads(lines[0])["error"]
+
+
+@pytest.mark.parametrize(("variable", "value"), [("COUNTERSINK_CASSANDRA__PORT", "abc"),
+                                                  ("COUNTERSINK_LOG_LEVEL", "loud"),
+                                                  ("COUNTERSINK_GC__CONCURRENCY", "0")])
+def test_a_bad_setting_is_one_line_naming_the_variable_and_exit_2(variable: str, value: str) -> None:
+    """A refused variable exits 2 with one settings_refused line naming it, never a pydantic traceback."""
+    done = countersink("get", "shares", "IBM", env={variable: value})
+    assert done.returncode == 2, done.stderr
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr
+    refused = json.loads(lines[0])
+    assert refused["event"] == "settings_refused"
+    assert refused["error"].startswith(f"{variable}: ")
+    assert value not in refused["error"]  # values are never echoed: a refused one may be a password
+
+
+def test_a_refused_password_setting_is_not_echoed() -> None:
+    """The value of a secret that fails validation never appears in the output."""
+    done = countersink("get", "shares", "IBM", env={"COUNTERSINK_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                                                    "COUNTERSINK_KAFKA__SASL_PASSWORD": "hunter2-secret"})
+    assert done.returncode == 2, done.stderr
+    assert "hunter2-secret" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("command", "complaint"), [
+    (["list", "shares", "--limit", "-5"], "--limit: -5 is not a positive integer"),
+    (["list", "shares", "--page", "%%%"], "is not a page token"),
+    (["get", "Shares", "IBM"], "is not a counter name"),
+    (["get", "shares", "x" * 2000], "at most 1024 bytes"),
+    (["get", "shares", "IBM", "--consistency", "most"], "--consistency"),
+    (["gc", "--concurrency", "0"], "--concurrency: 0 is not a positive integer"),
+    (["gc", "--every", "soon"], "is not a duration"),
+    (["serve", "--port", "70000"], "not a port number"),
+    (["schema", "--wait", "-1"], "must not be negative"),
+    (["schema", "--replication", "{'class': 'x'}; DROP"], "not a plain CQL map"),
+    (["topics", "create", "bad topic"], "is not a Kafka topic name"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_arguments_are_refused_before_connecting(command: list[str], complaint: str) -> None:
+    """A bad argument exits 2 with one line, before anything connects (the servers here are unreachable)."""
+    done = countersink(*command, env={**CASSANDRA_DOWN, **KAFKA_DOWN})
+    assert done.returncode == 2, done.stderr
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr
+    assert complaint in lines[0]
+    assert "connect" not in done.stderr
+
+
+def test_enum_settings_and_options_take_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--consistency one``, ``COUNTERSINK_LOG_LEVEL=debug`` and lower-case consistency variables are accepted."""
+    monkeypatch.setenv("COUNTERSINK_LOG_LEVEL", "debug")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__READ_CONSISTENCY", "local_quorum")
+    monkeypatch.setenv("COUNTERSINK_CONSUMER__ON_RECORDS_LOST", "SKIP")
+    settings = Settings()
+    assert (settings.log_level, settings.cassandra.read_consistency) == ("DEBUG", "LOCAL_QUORUM")
+    assert settings.consumer.on_records_lost == "skip"
+    parser, _ = build_parser()
+    assert parser.parse_args(["get", "c", "k", "--consistency", "one"]).consistency == "ONE"
+
+
+@pytest.mark.parametrize("debug", [["--debug"], []])
+def test_the_traceback_only_with_debug(debug: list[str]) -> None:
+    """An error shows its traceback with ``--debug`` or COUNTERSINK_LOG_LEVEL=DEBUG, and only then."""
+    env = CASSANDRA_DOWN if debug else {**CASSANDRA_DOWN, "COUNTERSINK_LOG_LEVEL": "debug"}
+    shown = countersink(*debug, "get", "shares", "IBM", env=env)
+    hidden = countersink("get", "shares", "IBM", env=CASSANDRA_DOWN)
+    assert shown.returncode != 0
+    assert "Traceback" in shown.stderr
+    assert "Traceback" not in hidden.stderr
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[f"{parser.prog} {name}"] = sub
+                found.update(_subparsers(sub))
+    return found
+
+
+def test_every_argument_has_help_and_options_show_their_default() -> None:
+    """Each argument of each command is described; an option overriding a setting names it and its default."""
+    parser, _ = build_parser()
+    commands = _subparsers(parser)
+    assert {name.split(" ", 1)[1] for name in commands} >= set(SUBCOMMANDS)
+    for name, command in commands.items():
+        text = command.format_help()
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{name}: {action.dest} has no help"
+            if action.help and "COUNTERSINK_" in action.help:
+                assert "(default: " in action.help, f"{name}: {action.dest}"
+        assert "(default: 100)" in commands["countersink list"].format_help()
+        assert "``" not in text
+
+
+def test_the_top_level_help_lists_exit_codes_without_markup() -> None:
+    """``countersink --help`` reads as prose: no reStructuredText markup, the exit codes listed."""
+    text = countersink("--help").stdout
+    assert "``" not in text
+    assert ":class:" not in text
+    assert "exit codes:" in text
+    assert "publish" in text
+
+
+def test_every_problem_of_a_definitions_file_is_listed_at_once(tmp_path: Path) -> None:
+    """A definitions file with three problems in two counters is refused with all three named, exit 2."""
+    bad = tmp_path / "counters.toml"
+    bad.write_text('[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "sum"\nvalue = "v"\nlg_k = 3\nk = 1\n'
+                   '[[counter]]\nname = "B"\ntopics = ["t"]\nkind = "count"\n')
+    done = countersink("consume", "--counters", str(bad), env={**CASSANDRA_DOWN, **KAFKA_DOWN})
+    assert done.returncode == 2, done.stderr
+    refused = [json.loads(line)["error"] for line in error_lines(done)]
+    assert len(refused) == 3, refused
+    assert any("'a' (#1), field 'lg_k'" in line for line in refused)
+    assert any("'a' (#1), field 'k'" in line for line in refused)
+    assert any("'B' (#2), field 'name'" in line for line in refused)
+
+
+def test_definition_error_carries_every_problem() -> None:
+    """``DefinitionError.problems`` holds one entry per problem; the error itself is the first."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions('[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\n'
+                          '[[counter]]\nname = "a"\ntopics = ["bad topic"]\nkind = "count"\n'
+                          '[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\n', "f.toml")
+    problems = info.value.problems
+    assert [(p.counter, p.field) for p in problems] == [("'a' (#2)", "topics"), ("'a' (#3)", "name")]
+    assert str(info.value).endswith("(and 1 more problems)")
+
+
+@pytest.mark.parametrize(("line", "keys", "expected"), [
+    (b'{"symbol": "IBM", "qty": 1.10}\n', ["symbol"], (b'{"symbol": "IBM", "qty": 1.10}', b"IBM")),
+    (b'{"s": "a|b", "u": {"id": 5}}\n', ["s", "u.id"], (b'{"s": "a|b", "u": {"id": 5}}', b"a\\|b|5")),
+    (b'{"ok": true}', [], (b'{"ok": true}', None)),
+])
+def test_publish_sends_each_line_as_written_keyed_by_its_fields(
+        line: bytes, keys: list[str], expected: tuple[bytes, bytes | None]) -> None:
+    """A line goes as written (its decimals untouched); its key is the fields' values joined by ``|``."""
+    assert parse_line(line, keys, 1024) == expected
+
+
+@pytest.mark.parametrize(("line", "reason"), [
+    (b"[1, 2]", "not a JSON object"), (b"{oops", "not JSON"), (b'{"a": 1}', "no field 'symbol'"),
+    (b'{"symbol": 1.5}', "not a string, integer or boolean"), (b'{"symbol": "' + b"x" * 2000 + b'"}', "longer"),
+])
+def test_publish_refuses_a_line_it_cannot_send(line: bytes, reason: str) -> None:
+    """A line that is not a JSON object, too long, or without its key field is refused with the reason."""
+    with pytest.raises(BadLineError, match=reason):
+        parse_line(line, ["symbol"], 1024)

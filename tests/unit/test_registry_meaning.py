@@ -1,0 +1,49 @@
+"""What the counter registry treats as a counter's meaning, and how readers print values by kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from countersink.read_cli import _render
+from schemas import registry
+from schemas.definitions import CounterDefinition, parse_definitions
+from schemas.kinds.distinct import DistinctEstimate
+from schemas.kinds.top_k import TopKEstimate, TopKItem
+
+BASE = '[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "distinct"\nkey = "symbol"\nvalue = "user"\n'
+
+
+def _one(text: str) -> CounterDefinition:
+    return parse_definitions(text, "f.toml")["c"]
+
+
+@pytest.mark.parametrize("change", ['topics = ["t", "u"]', 'event_id = "id"', "lg_k = 12"])
+def test_what_does_not_change_the_meaning(change: str) -> None:
+    """Topics, the event id, and a default written out keep the fingerprint."""
+    text = BASE.replace('topics = ["t"]\n', "") if change.startswith("topics") else BASE
+    assert registry.fingerprint(_one(text + change + "\n")) == registry.fingerprint(_one(BASE))
+
+
+@pytest.mark.parametrize(("change", "field"), [('key = "user"', "key"), ('value = "other"', "value"),
+                                               ("lg_k = 14", "lg_k"), ('where = { side = "buy" }', "where")])
+def test_what_changes_the_meaning(change: str, field: str) -> None:
+    """The key, value, where and sketch size are the meaning: each change is named with old and new."""
+    lines = [line for line in BASE.splitlines() if line.split(" = ")[0] != change.split(" = ")[0]]
+    changed = _one("\n".join(lines) + "\n" + change + "\n")
+    assert registry.fingerprint(changed) != registry.fingerprint(_one(BASE))
+    assert [c.split(":")[0] for c in registry.changes(_one(BASE), changed)] == [field]
+
+
+def test_a_record_round_trips() -> None:
+    """The stored JSON gives back the same definition."""
+    definition = _one(BASE + 'where = { side = ["buy", "sell"] }\nbucket = { field = "ts", size = "1h" }\n')
+    assert registry.from_record(registry.to_record(definition)) == definition
+
+
+def test_values_are_printed_by_kind() -> None:
+    """Sketches print with their bounds in words; nothing counted says so."""
+    assert _render(DistinctEstimate(2.000000004967054, 2.0, 2.0001997319422404)) == "about 2 (between 2 and 2.0002)"
+    top = TopKEstimate((TopKItem("alice", 2, 2, 2), TopKItem("bob", 1, 1, 3)), 4, 1)
+    assert _render(top) == "alice 2, bob 1 [1..3] (of 4)"
+    assert _render(None) == "(nothing counted)"
+    assert _render(160) == "160"
