@@ -10,12 +10,15 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
+
 from consumer.service import ConsumerService
 from countersink.cli import load_definitions_or_refuse, run_async, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.settings import Settings
+from schemas.errors import CountersinkError
 
 log = get_logger(__name__)
 
@@ -56,6 +59,11 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except (CountersinkError, KafkaError) as exc:
+            # A refused login or certificate, a server away past the start-up timeout: one line, exit 1.
+            log.error("consumer_start_failed", error=str(exc))
+            await service.close()
+            return 1
         try:
             await service.run()
         finally:

@@ -72,9 +72,26 @@ def main(argv: list[str] | None = None) -> int:
         add_arguments(command)
         runners[name] = getattr(module, f"run_{ident}", None) or module.run
     args = parser.parse_args(argv)
-    settings = Settings()
+    from pydantic import ValidationError
+
+    from countersink.logs import get_logger
+    from schemas.errors import CountersinkError
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        # Without the values given: a refused setting may be a password.
+        problems = "; ".join(f"{'.'.join(map(str, error['loc'])) or 'settings'}: {error['msg']}"
+                             for error in exc.errors(include_input=False, include_url=False))
+        print(f"countersink {args.command}: refused settings: {problems}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
-    return runners[args.command](args, settings)
+    try:
+        return runners[args.command](args, settings)
+    except CountersinkError as exc:
+        # A refused login, an untrusted certificate, an unreadable key: one line that says what to check.
+        get_logger(__name__).error("command_failed", command=args.command, error=str(exc))
+        return 1
 
 
 def run_async(coroutine: Coroutine[Any, Any, int | None], *, graceful: bool = False) -> int:

@@ -38,10 +38,14 @@ def configure_logging(level: str = "INFO", fmt: str = "auto") -> None:
 
 class _DropShardingNotice(logging.Filter):
     """The Cassandra driver reports, at ERROR and on every connection, that the server does not describe
-    ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones."""
+    ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones.
+
+    It also reports a first connection that failed (refused credentials, an untrusted certificate), which
+    the error countersink raises says once, with what to check: a failed start stays one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "sharding info" not in record.getMessage()
+        message = record.getMessage()
+        return "sharding info" not in message and not message.startswith("Unable to establish a control connection")
 
 
 def quiet_driver_noise() -> None:
