@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -25,7 +26,9 @@ import pytest
 from aiokafka import TopicPartition
 
 from countersink.cassandra import CassandraClient, CassandraError
+from countersink.cli import SUBCOMMANDS
 from countersink.kafka import ensure_topics, make_admin
+from countersink.settings import Settings
 from stack.loading import end_offsets, publish, wait_until_flushed
 from stack.secure import ADMIN_ROLE, SecureStack
 from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
@@ -399,3 +402,212 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
                                use_keyspace=False) as schema:
         with pytest.raises(CassandraError, match="has no SELECT permission"):
             await schema.execute("SELECT role, salted_hash FROM system_auth.roles")
+
+
+# ---------------------------------------------------------------------------------- the guarded API
+
+
+@dataclass
+class Guarded:
+    base: str
+    tokens_file: Path
+    running: Running
+    tls: ssl.SSLContext
+
+    def session(self, limit: int = 100) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.tls, limit=limit))
+
+
+@pytest.fixture(scope="module")
+async def guarded(secure_stack: SecureStack, granted_keyspace: str, tmp_path_factory: pytest.TempPathFactory
+                  ) -> AsyncIterator[Guarded]:
+    """serve over HTTPS with two tokens in a variable and one in a file, and small bounds, as the reader role."""
+    assert secure_stack.certs is not None
+    tokens_file = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens_file.write_text(f"# the API's tokens, one a line\n{FILE_TOKEN}\n")
+    port = free_port()
+    running = await start("serve-guarded", ["serve"], env_for(
+        secure_stack, "countersink_reader", granted_keyspace,
+        serve={"host": "127.0.0.1", "port": port, "tls_cert": secure_stack.certs.server_cert,
+               "tls_key": secure_stack.certs.server_key, "tokens": ",".join(TOKENS), "tokens_file": tokens_file,
+               "max_keys": 20, "max_url_bytes": 1024, "max_header_bytes": 2048, "max_body_bytes": 256,
+               "max_requests": 2}))
+    guarded = Guarded(f"https://127.0.0.1:{port}", tokens_file, running, client_tls(secure_stack))
+    try:
+        async with guarded.session() as http:
+            await wait_ready(http, guarded.base, running)
+        yield guarded
+    finally:
+        assert await running.stop() == 0, running.text()
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_probes_are_open_and_everything_else_needs_a_token(guarded: Guarded) -> None:
+    """/healthz and /readyz answer without a token; counters, /metrics and /openapi.json answer 401 problem
+    documents without one, with a wrong one, or with another scheme."""
+    async with guarded.session() as http:
+        for path in ("/healthz", "/readyz"):
+            status, _, body = await https_get(http, guarded.base + path)
+            assert status == 200, body
+        for path in ("/counters/trades_count/X", "/counters/trades_count?key=X", "/metrics", "/openapi.json"):
+            for headers in ({}, _bearer("not-a-token-of-this-server"), {"Authorization": f"Basic {TOKENS[0]}"}):
+                status, response_headers, body = await https_get(http, guarded.base + path, headers=headers)
+                assert status == 401, (path, headers, body)
+                assert response_headers["Content-Type"].startswith("application/problem+json")
+                assert response_headers["WWW-Authenticate"] == 'Bearer realm="countersink"'
+                assert json.loads(body)["status"] == 401
+
+
+async def test_every_token_is_accepted_and_a_rotated_file_takes_effect(guarded: Guarded) -> None:
+    """Both tokens of the variable and the file's token are accepted; once the file holds a new token
+    instead, the new one is accepted and the removed one refused, without a restart."""
+    async with guarded.session() as http:
+        for token in (*TOKENS, FILE_TOKEN):
+            status, _, body = await https_get(http, guarded.base + "/counters/trades_count/X", headers=_bearer(token))
+            assert status == 200, body
+        rotated = "file-token-rotated-" + uuid.uuid4().hex
+        TOKENS.append(rotated)  # for the secrets test
+        guarded.tokens_file.write_text(f"{rotated}\n")
+        deadline = time.monotonic() + 10
+        while True:
+            new, _, _ = await https_get(http, guarded.base + "/metrics", headers=_bearer(rotated))
+            old, _, _ = await https_get(http, guarded.base + "/metrics", headers=_bearer(FILE_TOKEN))
+            if (new, old) == (200, 401):
+                break
+            assert time.monotonic() < deadline, f"rotation not seen: new token {new}, old token {old}"
+            await asyncio.sleep(0.3)
+        status, _, _ = await https_get(http, guarded.base + "/metrics", headers=_bearer(TOKENS[0]))
+        assert status == 200
+
+
+async def test_plain_http_to_the_https_port_is_not_answered(guarded: Guarded) -> None:
+    """A client speaking plain HTTP to the HTTPS port gets no HTTP answer."""
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.ClientError):
+            await https_get(http, guarded.base.replace("https://", "http://") + "/healthz")
+
+
+async def test_oversize_and_malformed_requests_are_refused_and_the_server_stays_up(guarded: Guarded) -> None:
+    """A long request target, too many keys, a body (announced or chunked) past the limit, a long header
+    line, a bad counter name, key or consistency, and a request line that is not HTTP are each refused with
+    a 4xx; the server answers normally afterwards."""
+    auth = _bearer(TOKENS[1])
+    counters = guarded.base + "/counters/trades_count"
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(8):
+            yield b"x" * 100
+
+    async with guarded.session() as http:
+        expectations: list[tuple[str, int, dict[str, object]]] = [
+            (f"{counters}?key=X&pad={'p' * 1000}", 414, {}),
+            (counters + "?" + "&".join(f"key=k{i}" for i in range(21)), 400, {}),
+            (counters + "/X", 413, {"data": b"x" * 1000}),
+            (counters + "/X", 413, {"data": chunks()}),
+            (guarded.base + "/counters/bad-name!/X", 400, {}),
+            (counters + "/X?consistency=SOMETIMES", 400, {}),
+            (counters, 400, {}),
+        ]
+        for url, expected, extra in expectations:
+            async with http.request("GET", url, headers=auth, **extra) as response:  # type: ignore[arg-type]
+                body = await response.text()
+                assert response.status == expected, (url[:80], response.status, body)
+                assert response.headers["Content-Type"].startswith("application/problem+json"), body
+        # Past the parser's own limits (request line, header line) the answer is its plain 400.
+        async with http.get(counters + "/" + "k" * 4000, headers=auth) as response:
+            assert response.status == 400, await response.text()
+        async with http.get(counters + "/X", headers={**auth, "X-Padding": "p" * 4000}) as response:
+            assert response.status in (400, 431), await response.text()
+        status, _, body = await https_get(http, guarded.base + "/counters/trades_count/%FF%FE", headers=auth)
+        assert status in (200, 400), body
+
+        host, port = guarded.base.removeprefix("https://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=guarded.tls)
+        writer.write(b"NOT AN HTTP REQUEST\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(200), 10)
+        writer.close()
+        assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer
+
+        status, _, body = await https_get(http, counters + "/X", headers=auth)
+        assert status == 200, body
+    assert guarded.running.process.returncode is None
+
+
+async def test_requests_past_the_limit_answer_503_at_once(guarded: Guarded) -> None:
+    """With at most two requests handled at once, a burst of multi-key reads gets 503 (with Retry-After)
+    for those past the limit and 200 for the others; nothing else."""
+    url = guarded.base + "/counters/trades_count?" + "&".join(f"key=k{i}" for i in range(20))
+    async with guarded.session(limit=40) as http:
+        seen: list[int] = []
+        for _ in range(10):
+            # Open the connections first, so the burst's requests arrive together rather than one handshake apart.
+            await asyncio.gather(*(https_get(http, guarded.base + "/healthz") for _ in range(40)))
+            answers = await asyncio.gather(*(https_get(http, url, headers=_bearer(TOKENS[0])) for _ in range(40)))
+            seen.extend(status for status, _, _ in answers)
+            assert {status for status, _, _ in answers} <= {200, 503}, answers
+            assert all(headers.get("Retry-After") == "1" for status, headers, _ in answers if status == 503)
+            if 503 in seen and 200 in seen:
+                break
+        assert 503 in seen, seen
+        assert 200 in seen, seen
+
+
+# --------------------------------------------------------------------------------- no secret leaks
+
+
+def _secrets(stack: SecureStack) -> list[str]:
+    """Every password, token and private-key line of the stack and of these tests."""
+    assert stack.certs is not None
+    key_lines = [line for key in (stack.certs.server_key, stack.certs.client_key)
+                 for line in key.read_text().splitlines() if line and not line.startswith("-----")]
+    return [*stack.kafka_users.values(), *stack.cassandra_roles.values(), stack.admin_password, "not-the-password",
+            *TOKENS, FILE_TOKEN, *key_lines, "PRIVATE KEY"]
+
+
+async def test_no_secret_reaches_a_log_line_a_repr_or_a_help_text(
+        secure_stack: SecureStack, granted_keyspace: str, secure_topic: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every line every process of this module wrote (with DEBUG runs that log in, and one refused, added
+    here), repr() and str() of the settings, and every --help: no password, SASL secret, token or key."""
+    counters = write_definitions(tmp_path, secure_topic)
+    debug = {"COUNTERSINK_LOG_LEVEL": "DEBUG", "COUNTERSINK_SERVE__TOKENS": ",".join(TOKENS)}
+    reader = {**env_for(secure_stack, "countersink_reader", granted_keyspace), **debug}
+    got = await run_command("debug-get", ["get", "trades_count", "X"], reader)
+    assert got.returncode == 0, got.output
+    consume = ["consume", "--counters", str(counters), "--group", f"g-{uuid.uuid4().hex[:8]}"]
+    consumer = await start("debug-consume", consume,
+                           {**env_for(secure_stack, "countersink_consumer", granted_keyspace), **debug})
+    try:
+        await wait_for_line(consumer, "consumer_started")
+    finally:
+        assert await consumer.stop() == 0, consumer.text()
+    refused = await run_command("debug-refused", consume, {
+        **env_for(secure_stack, "countersink_consumer", granted_keyspace, kafka={"sasl_password": "not-the-password"}),
+        **debug})
+    assert refused.returncode == 1, refused.output
+
+    written = {path.name: path.read_text(errors="replace") for path in sorted(LOGS.iterdir())}
+    assert len(written) >= 3
+    assert any("DEBUG aiokafka.conn" in text for text in written.values())  # the SASL exchange, at DEBUG
+    secrets = _secrets(secure_stack)
+    for name, text in written.items():
+        leaked = [secret[:4] + "..." for secret in secrets if secret in text]
+        assert leaked == [], f"{name} holds secrets starting {leaked}"
+
+    for key, value in reader.items():
+        if key.startswith("COUNTERSINK_"):
+            monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.serve.tokens is not None
+    shown = repr(settings) + str(settings) + repr(settings.kafka) + repr(settings.cassandra) + repr(settings.serve)
+    assert [secret for secret in secrets if secret in shown] == []
+
+    helps = [["--help"], *([name, "--help"] for name in SUBCOMMANDS)]
+    outputs = await asyncio.gather(*(run_command("help", args, reader, within_s=60) for args in helps))
+    for args, finished in zip(helps, outputs, strict=True):
+        assert finished.returncode == 0, finished.output
+        assert [secret for secret in secrets if secret in finished.output] == [], args
