@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 from aiokafka import TopicPartition
 
-from countersink.cassandra import CassandraClient, CassandraError
+from countersink.cassandra import CassandraClient, CassandraError, as_dicts
 from countersink.cli import SUBCOMMANDS
 from countersink.kafka import ensure_topics, make_admin
 from countersink.settings import Settings
@@ -556,7 +556,30 @@ async def test_requests_past_the_limit_answer_503_at_once(guarded: Guarded) -> N
         assert 200 in seen, seen
 
 
-# --------------------------------------------------------------------------------- no secret leaks
+# ----------------------------------------------------------------------------- what TLS is spoken
+
+
+async def test_the_cassandra_driver_speaks_tls_1_3_with_cassandra(
+        secure_stack: SecureStack, granted_keyspace: str) -> None:
+    """Cassandra's own view of every countersink connection (system_views.clients): TLS 1.3 with an AEAD
+    suite, from the driver acsylla bundles, for the version and suite docs/security.md states."""
+    settings = secure_stack.cassandra_settings("countersink_reader", granted_keyspace)
+    async with CassandraClient(settings, app="countersink-tls-check") as reader:
+        await reader.execute("SELECT counter FROM shards LIMIT 1")
+        async with CassandraClient(secure_stack.cassandra_settings(ADMIN_ROLE), use_keyspace=False) as admin:
+            rows = as_dicts(await admin.execute(
+                "SELECT username, driver_name, driver_version, ssl_enabled, ssl_protocol, ssl_cipher_suite "
+                "FROM system_views.clients", prepared=False, consistency="ONE"))
+    ours = [row for row in rows if row["username"] == "countersink_reader"]
+    assert ours, rows
+    for row in ours:
+        assert row["ssl_enabled"] is True
+        assert row["ssl_protocol"] == "TLSv1.3", row
+        assert row["ssl_cipher_suite"] == "TLS_AES_256_GCM_SHA384", row
+        assert row["driver_name"] == "Scylla Shard-Aware C/C++ Driver", row
+
+
+# ------------------------------------------------------------------- no secret leaks (keep this last)
 
 
 def _secrets(stack: SecureStack) -> list[str]:
@@ -611,3 +634,4 @@ async def test_no_secret_reaches_a_log_line_a_repr_or_a_help_text(
     for args, finished in zip(helps, outputs, strict=True):
         assert finished.returncode == 0, finished.output
         assert [secret for secret in secrets if secret in finished.output] == [], args
+
