@@ -11,7 +11,8 @@ Everything secret is made at start and written to files readable by the owner on
   it). The controller listener is TLS with client certificates too.
 - Cassandra: ``client_encryption_options`` (TLS only, client certificates optional), ``PasswordAuthenticator``
   and ``CassandraAuthorizer``; at start one role per countersink process is created (see :data:`ROLES`), an
-  administrator role takes over and the default ``cassandra`` superuser is dropped.
+  administrator role takes over and the default ``cassandra`` superuser is dropped; the schema role makes the
+  ``countersink`` keyspace and the others are granted what they need on it.
 - ``stack.json``: ports, paths, users and passwords, for tests and for ``countersink.env``.
 
 ``python -m stack up --secure`` starts it for people; the test session starts its own (tests/conftest.py).
@@ -488,6 +489,14 @@ async def _setup_cassandra(stack: dict[str, Any]) -> None:
             await client.execute(statement, prepared=False, consistency="ONE")
         # The well-known default superuser would let anyone in; the administrator role replaces it.
         await client.execute("DROP ROLE IF EXISTS cassandra", prepared=False, consistency="ONE")
+    # The default keyspace, made by the schema role and granted to the others, as docs/security.md says.
+    schema = _cassandra_settings(stack, "countersink_schema", stack["cassandra"]["roles"]["countersink_schema"])
+    async with CassandraClient(schema, use_keyspace=False) as client:
+        await client.ensure_schema()
+    async with CassandraClient(_cassandra_settings(stack, admin["name"], admin["password"]),
+                               use_keyspace=False) as client:
+        for statement in keyspace_grants(schema.keyspace):
+            await client.execute(statement, prepared=False, consistency="ONE")
 
 
 def schema_role_grants(role: str) -> list[str]:
