@@ -47,7 +47,7 @@ def _reason(exc: BaseException) -> str:
         exc, "strerror", None) or str(exc)
 
 
-async def explain_refusal(settings: KafkaSettings, timeout_s: float = 10.0) -> None:
+async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> None:
     """After a client could not bootstrap: raise :class:`KafkaSecurityError` when the first bootstrap server
     refuses us for a reason retrying cannot fix; return quietly when it is simply away (or answers now).
 
