@@ -117,8 +117,10 @@ class CassandraClient:
             options["password"] = s.password.get_secret_value() if s.password else ""
         if s.ssl_enabled:
             options["ssl_enabled"] = True
-            verify = acsylla.SSLVerifyFlags.PEER_CERT if s.ssl_verify else acsylla.SSLVerifyFlags.NONE
-            options["ssl_verify_flags"] = verify
+            options["ssl_verify_flags"] = _VerifyFlags(
+                (_PEER_CERT | _PEER_IDENTITY[s.ssl_verify_identity]) if s.ssl_verify else 0)
+            if s.ssl_verify and s.ssl_verify_identity == "dns":
+                options["hostname_resolution"] = True  # the driver compares the name of each node's address
             for name in ("ssl_trusted_cert", "ssl_cert", "ssl_private_key"):
                 path = getattr(s, name)
                 if path is not None:
@@ -137,8 +139,11 @@ class CassandraClient:
             ) from exc
         except _TLS_REFUSED as exc:
             # Retrying cannot fix a certificate: say what TLS refused, at once.
-            raise CassandraError(f"TLS with Cassandra at {self._where()} failed: {_tls_reason(exc)} (check "
-                                 "COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT, __SSL_CERT and __SSL_PRIVATE_KEY)") from exc
+            check = ("the names in the node's certificate, and COUNTERSINK_CASSANDRA__SSL_VERIFY_IDENTITY"
+                     if isinstance(exc, acsylla.errors.CassErrorSslIdentityMismatch) else
+                     "COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT, __SSL_CERT and __SSL_PRIVATE_KEY")
+            raise CassandraError(f"TLS with Cassandra at {self._where()} failed: {_tls_reason(exc)} (check {check})"
+                                 ) from exc
         except (acsylla.errors.CassException, OSError) as exc:
             raise CassandraUnavailableError(
                 f"cannot connect to Cassandra at {self._where()}: {type(exc).__name__}: {exc}"
@@ -304,6 +309,19 @@ class CassandraClient:
         METRICS.cassandra_connections.set(stats.stats_total_connections)
         METRICS.cassandra_driver_timeouts.labels(level="connection").set(stats.errors_connection_timeouts)
         METRICS.cassandra_driver_timeouts.labels(level="request").set(stats.errors_request_timeouts)
+
+
+# The driver's verification flags (cass_ssl_set_verify_flags), combined as the C API intends. acsylla's enum
+# cannot express a combination, and its PEER_IDENTITY member aliases PEER_CERT's value.
+_PEER_CERT = 0x01
+_PEER_IDENTITY = {"none": 0x00, "ip": 0x02, "dns": 0x04}
+
+
+class _VerifyFlags:
+    """What acsylla's ``create_cluster`` reads from an ``SSLVerifyFlags`` member: its ``value``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
 
 
 _TLS_REFUSED = (

@@ -94,6 +94,9 @@ class CassandraSettings(_Section):
     ssl_cert: Path | None = None
     ssl_private_key: Path | None = None
     ssl_verify: bool = True
+    # Whether the node's certificate must also name it: "ip" (the address connected to is in the certificate),
+    # "dns" (the name its address resolves back to is), or "none" (any certificate of a trusted authority).
+    ssl_verify_identity: str = Field(default="none", pattern=r"^(none|ip|dns)$")
     write_consistency: Consistency = Consistency.QUORUM
     read_consistency: Consistency = Consistency.QUORUM
     serial_consistency: SerialConsistency = SerialConsistency.SERIAL

@@ -70,6 +70,8 @@ class Certificates:
     client_cert: Path
     client_key: Path
     other_ca_cert: Path  # an authority that signed nothing the servers present
+    elsewhere_cert: Path  # signed by the stack's authority for a host that is not ours (host-name checks)
+    elsewhere_key: Path
 
     @property
     def server_keystore(self) -> Path:
@@ -141,11 +143,16 @@ def make_certificates(directory: Path, hosts: tuple[str, ...] = ("localhost", "1
                                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], alt_names)
     client_key, client_cert = leaf("countersink", ca_key, ca_cert, [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     _, other_ca_cert = authority("some other CA")
+    elsewhere_names: list[x509.GeneralName] = [x509.DNSName("elsewhere.invalid"),
+                                               x509.IPAddress(ipaddress.ip_address("192.0.2.1"))]
+    elsewhere_key, elsewhere_cert = leaf("elsewhere.invalid", ca_key, ca_cert, [ExtendedKeyUsageOID.SERVER_AUTH],
+                                         elsewhere_names)
 
     certs = Certificates(
         ca_cert=directory / "ca.pem", server_cert=directory / "server.pem", server_key=directory / "server-key.pem",
         client_cert=directory / "client.pem", client_key=directory / "client-key.pem",
-        other_ca_cert=directory / "other-ca.pem",
+        other_ca_cert=directory / "other-ca.pem", elsewhere_cert=directory / "elsewhere.pem",
+        elsewhere_key=directory / "elsewhere-key.pem",
     )
     _write_secret(certs.ca_cert, pem(ca_cert))
     _write_secret(certs.server_cert, pem(server_cert) + pem(ca_cert))
@@ -154,6 +161,8 @@ def make_certificates(directory: Path, hosts: tuple[str, ...] = ("localhost", "1
     _write_secret(certs.client_cert, pem(client_cert))
     _write_secret(certs.client_key, key_pem(client_key))
     _write_secret(certs.other_ca_cert, pem(other_ca_cert))
+    _write_secret(certs.elsewhere_cert, pem(elsewhere_cert) + pem(ca_cert))
+    _write_secret(certs.elsewhere_key, key_pem(elsewhere_key))
     return certs
 
 

@@ -562,14 +562,19 @@ async def test_requests_past_the_limit_answer_503_at_once(guarded: Guarded) -> N
 async def test_the_cassandra_driver_speaks_tls_1_3_with_cassandra(
         secure_stack: SecureStack, granted_keyspace: str) -> None:
     """Cassandra's own view of every countersink connection (system_views.clients): TLS 1.3 with an AEAD
-    suite, from the driver acsylla bundles, for the version and suite docs/security.md states."""
-    settings = secure_stack.cassandra_settings("countersink_reader", granted_keyspace)
+    suite, from the driver acsylla bundles, for the version and suite docs/security.md states; with the
+    node's identity checked too, by address and by name (its certificate names 127.0.0.1 and localhost)."""
+    settings = secure_stack.cassandra_settings("countersink_reader", granted_keyspace, ssl_verify_identity="ip")
     async with CassandraClient(settings, app="countersink-tls-check") as reader:
         await reader.execute("SELECT counter FROM shards LIMIT 1")
         async with CassandraClient(secure_stack.cassandra_settings(ADMIN_ROLE), use_keyspace=False) as admin:
             rows = as_dicts(await admin.execute(
                 "SELECT username, driver_name, driver_version, ssl_enabled, ssl_protocol, ssl_cipher_suite "
                 "FROM system_views.clients", prepared=False, consistency="ONE"))
+    # The name 127.0.0.1 resolves back to, localhost, is in the certificate too.
+    async with CassandraClient(secure_stack.cassandra_settings("countersink_reader", granted_keyspace,
+                                                               ssl_verify_identity="dns")) as by_name:
+        await by_name.execute("SELECT counter FROM shards LIMIT 1")
     ours = [row for row in rows if row["username"] == "countersink_reader"]
     assert ours, rows
     for row in ours:
