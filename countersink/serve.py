@@ -233,6 +233,9 @@ class Tokens:
     def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self._fixed = _parse_tokens(settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else "",
                                     "COUNTERSINK_SERVE__TOKENS")
+        if settings.tokens is not None and not self._fixed:
+            # Set but empty (a secret that did not arrive): refuse rather than serve without tokens.
+            raise TokenError("COUNTERSINK_SERVE__TOKENS is set but holds no token")
         self._file = settings.tokens_file
         self._clock = clock
         self._from_file: list[bytes] = []

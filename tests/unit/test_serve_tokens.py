@@ -40,6 +40,21 @@ def test_every_comma_separated_token_is_accepted_and_nothing_else() -> None:
         assert not tokens.accepts(wrong)
 
 
+def test_a_tokens_setting_without_a_token_is_refused() -> None:
+    """TOKENS set but empty (a secret that did not arrive) stops the start instead of serving without tokens."""
+    with pytest.raises(TokenError, match="holds no token"):
+        Tokens(ServeSettings(tokens=SecretStr(" , ")))
+
+
+def test_an_empty_tokens_file_lets_nobody_in(tmp_path: Path) -> None:
+    """A tokens file with no token still requires one: every guarded request is refused."""
+    path = tmp_path / "tokens"
+    path.write_text("# none yet\n")
+    tokens = Tokens(ServeSettings(tokens_file=path))
+    assert tokens.required
+    assert not tokens.accepts(A)
+
+
 def test_short_tokens_are_refused() -> None:
     """A token under 16 characters is not a secret: the server refuses to start with it."""
     with pytest.raises(TokenError, match="shorter than 16"):
