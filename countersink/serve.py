@@ -410,6 +410,7 @@ async def serve(settings: Settings, serve_settings: ServeSettings, counters: Cou
 async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
                        counters: CounterSet | None, consistency: Consistency | None) -> int:
     client = CassandraClient(settings.cassandra, app="countersink-serve")
+    started = time.monotonic()
     try:
         # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
         await wait_until_reachable("cassandra", client.start, timeout_s=serve_settings.startup_timeout_s, stop=stop)
@@ -417,7 +418,7 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         log.info("serve_stopped_before_start")
         return 0
     except CassandraError as exc:
-        log.error("cassandra_unreachable", error=str(exc), waited_s=serve_settings.startup_timeout_s)
+        log.error("cassandra_unreachable", error=str(exc), waited_s=round(time.monotonic() - started, 1))
         return 1
     async with client:
         try:
