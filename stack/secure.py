@@ -8,7 +8,8 @@ Everything secret is made at start and written to files readable by the owner on
 - Kafka: a ``SASL_SSL`` listener (SCRAM-SHA-512; users written by the broker's own storage tool when it
   formats its storage), an ``SSL`` listener that requires a client certificate, and a second ``SASL_SSL``
   listener on ``127.0.0.2``, an address the server certificate does not name (host-name checks must refuse
-  it). The controller listener is TLS with client certificates too.
+  it). The controller listener is TLS with client certificates too. The standard authorizer is on: the
+  broker's certificate and the ``loader`` user are super users, ``countersink`` gets only :func:`kafka_acls`.
 - Cassandra: ``client_encryption_options`` (TLS only, client certificates optional), ``PasswordAuthenticator``
   and ``CassandraAuthorizer``; at start one role per countersink process is created (see :data:`ROLES`), an
   administrator role takes over and the default ``cassandra`` superuser is dropped; the schema role makes the
@@ -35,7 +36,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stack.servers import REPO, STACK_DIR, CassandraNode, KafkaServer, StackError
+from stack.servers import (
+    LOG4J2_VERSION,
+    REPO,
+    STACK_DIR,
+    CassandraNode,
+    KafkaServer,
+    StackError,
+    check_java,
+    resolve_jars,
+)
 
 # Cassandra roles, one per countersink process, and the keyspace permissions each one needs. The schema
 # role creates keyspaces (and owns what it creates); the others get their grants once the keyspace exists.
@@ -47,6 +57,22 @@ ROLES: dict[str, tuple[str, ...]] = {
 }
 KAFKA_USERS = ("countersink", "loader")
 ADMIN_ROLE = "stack_admin"
+# Kafka principals: the broker's certificate (brokers and controller talk to each other with it) and the
+# loading tool are super users; countersink's user and client certificate get only the ACLs below.
+BROKER_PRINCIPAL = "User:CN=localhost,O=countersink local stack"
+CLIENT_CERT_PRINCIPAL = "User:CN=countersink,O=countersink local stack"
+DEAD_LETTER_TOPIC = "countersink-dead-letter"
+
+
+def kafka_acls(principals: list[str], dead_letter_topic: str = DEAD_LETTER_TOPIC) -> list[list[str]]:
+    """kafka-acls (AclCommand) arguments giving countersink what it uses: read and describe the topics and
+    groups, and create, describe and write its dead-letter topic. Nothing else: no writes to event topics."""
+    allow = [arg for principal in principals for arg in ("--allow-principal", principal)]
+    return [
+        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--topic", "*", "--group", "*"],
+        ["--add", *allow, "--operation", "Create", "--operation", "Describe", "--operation", "Write",
+         "--topic", dead_letter_topic],
+    ]
 
 
 def _write_secret(path: Path, data: bytes) -> None:
@@ -213,8 +239,34 @@ class SecureKafkaServer(KafkaServer):
             "ssl.client.auth": "required",
             "listener.name.sasl_ssl.ssl.client.auth": "none",
             "listener.name.elsewhere.ssl.client.auth": "none",
+            # Authorization on: what a principal may do is what its ACLs say (kafka_acls), nothing more.
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"{BROKER_PRINCIPAL};User:loader",
         })
         return props
+
+    def grant_acls(self, timeout: float = 120.0) -> None:
+        """countersink's ACLs, written with the broker's own tool over the SSL listener as the broker."""
+        assert self.certs is not None
+        java = check_java()
+        lib = resolve_jars("kafka-tools", self.version, [f"-Dlog4j2.version={LOG4J2_VERSION}"])
+        client = self.root / "admin-client.properties"
+        client.write_text(f"security.protocol=SSL\nssl.truststore.type=PEM\nssl.truststore.location={self.certs.ca_cert}\n"
+                          f"ssl.keystore.type=PEM\nssl.keystore.location={self.certs.server_keystore}\n")
+        tool = [java, f"-Dlog4j2.configurationFile={self.root}/log4j2.properties", "-cp", f"{lib}/*",
+                "org.apache.kafka.tools.AclCommand", "--bootstrap-server", self.ssl_bootstrap,
+                "--command-config", str(client)]
+        commands = [[*tool, *args] for args in kafka_acls(["User:countersink", CLIENT_CERT_PRINCIPAL])]
+        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for command in commands]
+        for process in running:
+            try:
+                output, _ = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise StackError(f"kafka-acls did not finish within {timeout:.0f}s") from None
+            if process.returncode != 0:
+                raise StackError(f"kafka-acls failed: {output.decode(errors='replace')[-800:]}")
 
     def _format_options(self) -> list[str]:
         # The storage tool writes the SCRAM credentials into the first metadata snapshot: the users exist
@@ -349,6 +401,7 @@ class SecureStack:
             self.kafka.start(tied_to_parent=tied_to_parent, wait=False)
             self.cassandra.start(tied_to_parent=tied_to_parent, wait=False)
             self.kafka.wait_ready()
+            self.kafka.grant_acls()
             self.cassandra.wait_ready()
             self.setup_roles()
         except BaseException:

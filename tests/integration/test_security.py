@@ -24,10 +24,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from countersink.cassandra import CassandraClient, CassandraError, as_dicts
 from countersink.cli import SUBCOMMANDS
-from countersink.kafka import ensure_topics, make_admin
+from countersink.kafka import ensure_topics, make_admin, make_producer
 from countersink.settings import Settings
 from stack.loading import end_offsets, publish, wait_until_flushed
 from stack.secure import ADMIN_ROLE, SecureStack
@@ -402,6 +404,32 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
                                use_keyspace=False) as schema:
         with pytest.raises(CassandraError, match="has no SELECT permission"):
             await schema.execute("SELECT role, salted_hash FROM system_auth.roles")
+
+
+async def test_the_kafka_user_reads_events_and_cannot_write_them_or_make_topics(
+        secure_stack: SecureStack, secure_topic: str) -> None:
+    """The broker authorizes: countersink's user, with only its ACLs, is refused a write to an event topic
+    and the creation of a topic other than its dead-letter topic; the loading tool's user may do both."""
+    settings = secure_stack.kafka_settings("countersink")
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            await producer.send_and_wait(secure_topic, b'{"symbol": "X"}')
+    finally:
+        await producer.stop()
+    other = f"not-ours-{uuid.uuid4().hex[:8]}"
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(other, 1, 1)])
+        assert [(name, code) for name, code, *_ in response.topic_errors] == [(other, 29)]  # topic authorization
+        assert other not in await admin.list_topics()
+    finally:
+        await admin.close()
+    loader = secure_stack.kafka_settings("loader")
+    await ensure_topics(loader, {other: 1})
+    await publish(loader, other, [b'{"symbol": "X"}'])
 
 
 # ---------------------------------------------------------------------------------- the guarded API

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stack.secure import ROLES, keyspace_grants, schema_role_grants
+from stack.secure import ROLES, kafka_acls, keyspace_grants, schema_role_grants
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 
@@ -27,3 +27,12 @@ def test_the_documented_roles_are_the_tested_ones() -> None:
     created = [statement for statement in _sql_statements() if statement.startswith("CREATE ROLE")]
     assert sorted(statement.split()[2] for statement in created) == sorted(ROLES)
     assert all("LOGIN = true" in statement for statement in created)
+
+
+def test_the_documented_kafka_acls_are_the_tested_ones() -> None:
+    """The page's kafka-acls commands add exactly the ACLs the secured broker gives countersink's user."""
+    blocks = re.findall(r"```sh\n(kafka-acls .*?)```", DOC.read_text(), flags=re.DOTALL)
+    assert len(blocks) == 1
+    commands = [" ".join(command.replace("\\\n", " ").split()) for command in blocks[0].strip().split("\nkafka-acls")]
+    documented = [command.split(" --add ", 1)[1].replace("'", "").split() for command in commands]
+    assert documented == [args[1:] for args in kafka_acls(["User:countersink"])]
