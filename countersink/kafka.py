@@ -42,6 +42,25 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
     return context
 
 
+class KafkaUnavailableError(CountersinkError):
+    """Raised when no bootstrap server answered and none refused us for good: retry later."""
+
+    retriable = True
+
+
+async def start_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
+    """A started admin client; a refusal raises :class:`KafkaSecurityError`, no answer
+    :class:`KafkaUnavailableError` (both one line for a command to print)."""
+    admin = make_admin(settings)
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        await admin.close()
+        await explain_refusal(settings)
+        raise KafkaUnavailableError(f"cannot reach Kafka at {','.join(settings.bootstrap_servers)}: {exc}") from exc
+    return admin
+
+
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or getattr(
         exc, "strerror", None) or str(exc)

@@ -22,7 +22,7 @@ from countersink.cassandra import CassandraClient, CassandraError
 from countersink.cli import run_async, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.health import HealthServer
-from countersink.kafka import make_admin
+from countersink.kafka import start_admin
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.retry import pause_unless_stopped
@@ -255,8 +255,7 @@ def run_retire_orphans(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _partition_counts(settings: Settings) -> dict[str, int]:
-    admin = make_admin(settings.kafka)
-    await admin.start()
+    admin = await start_admin(settings.kafka)  # a refused login or certificate: one line, not a traceback
     try:
         names = [t for t in await admin.list_topics() if not t.startswith("__")]
         described = await admin.describe_topics(names) if names else []

@@ -330,6 +330,8 @@ def _refusals() -> list[Refusal]:
                 {"password": "not-the-password"}, "Cassandra refused the credentials"),
         Refusal("kafka-wrong-password", consume, "countersink_consumer", {"sasl_password": "not-the-password"}, {},
                 "refused the SASL login of user 'countersink'"),
+        Refusal("retire-orphans-kafka-wrong-password", ["retire-orphans"], "countersink_gc",
+                {"sasl_password": "not-the-password"}, {}, "refused the SASL login of user 'countersink'"),
         Refusal("kafka-unknown-user", consume, "countersink_consumer", {"sasl_username": "nobody-here"}, {},
                 "refused the SASL login of user 'nobody-here'"),
         Refusal("kafka-other-ca", consume, "countersink_consumer", {"ssl_cafile": other_ca}, {},
