@@ -335,8 +335,11 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                             "(estimate with bounds), null when nothing was counted"}
     problem = {"description": "a problem document",
                "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
-    errors = {"400": problem, "404": problem, "503": problem, "504": problem}
-    return {
+    errors = {"400": problem, "404": problem, "413": problem, "414": problem, "503": problem, "504": problem}
+    guarded = settings.tokens is not None or settings.tokens_file is not None
+    if guarded:
+        errors["401"] = problem
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "countersink read API", "version": version("countersink"),
                  "description": "Exact counters kept from Kafka events, read from Cassandra."},
@@ -370,10 +373,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "counter": {"type": "string"},
                 "values": {"type": "object", "additionalProperties": {"type": "object", "properties": {
                     "kind": {"type": ["string", "null"]}, "value": value}}}}},
-            "Problem": {"type": "object", "properties": {"status": {"type": "integer"},
+            "Problem": {"type": "object", "properties": {"title": {"type": "string"}, "status": {"type": "integer"},
                                                          "detail": {"type": "string"}}},
         }},
     }
+    if guarded:
+        # Every path described here needs a token; /healthz and /readyz, which stay open, are not described.
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+    return document
 
 
 # --- command line

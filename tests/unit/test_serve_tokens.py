@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from countersink.serve import TokenError, Tokens
+from countersink.serve import TokenError, Tokens, openapi_document
 from countersink.settings import ServeSettings
 
 A = "a" * 16
@@ -98,3 +98,15 @@ def test_tokens_do_not_appear_in_the_settings_repr() -> None:
     settings = ServeSettings(tokens=SecretStr(A))
     assert A not in repr(settings)
     assert A not in str(settings)
+
+
+def test_the_openapi_document_says_a_bearer_token_is_needed_when_one_is() -> None:
+    """With tokens set, /openapi.json declares the bearer scheme for every path and a 401 answer; without
+    tokens it declares neither."""
+    guarded = openapi_document(ServeSettings(tokens=SecretStr(A)))
+    assert guarded["security"] == [{"bearer": []}]
+    assert guarded["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    assert all("401" in operation["get"]["responses"] for operation in guarded["paths"].values())
+    open_document = openapi_document(ServeSettings())
+    assert "security" not in open_document
+    assert all("401" not in operation["get"]["responses"] for operation in open_document["paths"].values())
