@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 
-.PHONY: help venv constraints lint test unit integration services-up services-down services-status demo bench bench-apply chaos clean
+.PHONY: help venv constraints lint test unit integration services-up services-down services-status demo bench bench-apply chaos audit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -66,6 +66,18 @@ bench-apply: $(STAMP)  ## apply throughput per kind and bytes per stored state (
 chaos: $(STAMP)  ## 1M events plus 20k in transactions, 3 consumers, kill -9, restarts, a zombie; ends with lost=0 duplicated=0 (CHAOS_ARGS="--quick": CI's short run)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
+# pip-audit lives in a virtualenv of its own, so that the audit covers countersink's dependencies, not its own.
+AUDIT_VENV := .venv-audit
+$(AUDIT_VENV)/.installed-stamp:
+	$(PYTHON) -m venv $(AUDIT_VENV)
+	$(AUDIT_VENV)/bin/python -m pip install --quiet 'pip-audit>=2.7,<3'
+	@touch $@
+
+audit: $(STAMP) $(AUDIT_VENV)/.installed-stamp  ## the installed dependencies against known vulnerabilities (pip-audit; fails when any package could not be checked)
+	$(PY) -m pip freeze --exclude-editable > $(VENV)/audited-requirements.txt
+	$(AUDIT_VENV)/bin/pip-audit --strict --no-deps --disable-pip --progress-spinner off \
+		--requirement $(VENV)/audited-requirements.txt
+
 clean:  ## remove the virtualenv and the local servers' data
 	-$(PY) -m stack down 2>/dev/null
-	rm -rf $(VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(AUDIT_VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import acsylla
@@ -117,12 +118,14 @@ class CassandraClient:
             options["password"] = s.password.get_secret_value() if s.password else ""
         if s.ssl_enabled:
             options["ssl_enabled"] = True
-            verify = acsylla.SSLVerifyFlags.PEER_CERT if s.ssl_verify else acsylla.SSLVerifyFlags.NONE
-            options["ssl_verify_flags"] = verify
+            options["ssl_verify_flags"] = _VerifyFlags(
+                (_PEER_CERT | _PEER_IDENTITY[s.ssl_verify_identity]) if s.ssl_verify else 0)
+            if s.ssl_verify and s.ssl_verify_identity == "dns":
+                options["hostname_resolution"] = True  # the driver compares the name of each node's address
             for name in ("ssl_trusted_cert", "ssl_cert", "ssl_private_key"):
                 path = getattr(s, name)
                 if path is not None:
-                    options[name] = path.read_text()
+                    options[name] = _read_pem(path, name)
         return acsylla.create_cluster(list(s.contact_points), **options)
 
     async def start(self) -> None:
@@ -132,15 +135,25 @@ class CassandraClient:
             self._timeouts_counted = {"connection": 0, "request": 0}  # a new session counts from 0
             self._session = await self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None)
         except acsylla.errors.CassErrorServerBadCredentials as exc:
+            user = f"user {self.settings.username!r}" if self.settings.username else "no user name"
             raise CassandraError(
-                "Cassandra refused the credentials (check COUNTERSINK_CASSANDRA__USERNAME and __PASSWORD)"
+                f"Cassandra refused the credentials ({user}; check COUNTERSINK_CASSANDRA__USERNAME and __PASSWORD)"
             ) from exc
+        except _TLS_REFUSED as exc:
+            # Retrying cannot fix a certificate: say what TLS refused, at once.
+            check = ("the names in the node's certificate, and COUNTERSINK_CASSANDRA__SSL_VERIFY_IDENTITY"
+                     if isinstance(exc, acsylla.errors.CassErrorSslIdentityMismatch) else
+                     "COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT, __SSL_CERT and __SSL_PRIVATE_KEY")
+            raise CassandraError(f"TLS with Cassandra at {self._where()} failed: {_tls_reason(exc)} (check {check})"
+                                 ) from exc
         except (acsylla.errors.CassException, OSError) as exc:
-            points = ",".join(self.settings.contact_points)
             raise CassandraUnavailableError(
-                f"cannot connect to Cassandra at {points}:{self.settings.port}: {type(exc).__name__}: {exc}"
+                f"cannot connect to Cassandra at {self._where()}: {type(exc).__name__}: {exc}"
             ) from exc
         log.info("cassandra_connected", contact_points=list(self.settings.contact_points), keyspace=self.keyspace)
+
+    def _where(self) -> str:
+        return f"{','.join(self.settings.contact_points)}:{self.settings.port}"
 
     async def stop(self) -> None:
         session, self._session = self._session, None
@@ -254,12 +267,28 @@ class CassandraClient:
         return await self._run(self._session.execute_batch(batch), "BATCH " + (statements[0][0] if statements else ""))
 
     async def ensure_schema(self, replication: str | None = None) -> None:
-        """Create the keyspace and tables if missing (idempotent)."""
+        """Create the keyspace and tables if missing (idempotent).
+
+        A schema already complete at this version is only read, never created again: a consumer whose role
+        may select and modify but not create (least privilege) starts on what ``countersink schema`` made."""
+        if await self.schema_complete():
+            return
         await self.execute(cql.create_keyspace(self.keyspace, replication or self.settings.replication),
                            prepared=False, consistency=Consistency.ONE)
         for statement in cql.create_tables(self.keyspace):
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
+
+    async def schema_complete(self) -> bool:
+        """True when every table exists and the keyspace records this schema version (or a later one)."""
+        tables = as_dicts(await self.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?", [self.keyspace],
+            consistency=Consistency.ONE))
+        if not cql.table_names(self.keyspace) <= {row["table_name"] for row in tables}:
+            return False
+        rows = as_dicts(await self.execute(cql.read_schema_version(self.keyspace), prepared=False,
+                                           consistency=Consistency.ONE))
+        return bool(rows) and int(rows[0]["version"]) >= cql.SCHEMA_VERSION
 
     async def replication_factors(self) -> dict[str, int]:
         """Replicas per data centre of the keyspace as it exists (``""`` for SimpleStrategy)."""
@@ -289,6 +318,46 @@ class CassandraClient:
             if grown > 0:
                 METRICS.cassandra_driver_timeouts.labels(level=level).inc(grown)
                 self._timeouts_counted[level] = int(count)
+
+
+# The driver's verification flags (cass_ssl_set_verify_flags), combined as the C API intends. acsylla's enum
+# cannot express a combination, and its PEER_IDENTITY member aliases PEER_CERT's value.
+_PEER_CERT = 0x01
+_PEER_IDENTITY = {"none": 0x00, "ip": 0x02, "dns": 0x04}
+
+
+class _VerifyFlags:
+    """What acsylla's ``create_cluster`` reads from an ``SSLVerifyFlags`` member: its ``value``."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+_TLS_REFUSED = (
+    acsylla.errors.CassErrorSslInvalidPeerCert,
+    acsylla.errors.CassErrorSslNoPeerCert,
+    acsylla.errors.CassErrorSslIdentityMismatch,
+    acsylla.errors.CassErrorSslInvalidCert,
+    acsylla.errors.CassErrorSslInvalidPrivateKey,
+    acsylla.errors.CassErrorSslProtocolError,
+)
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """The driver's reason without its layers of prefixes: 'self signed certificate in certificate chain'."""
+    return str(exc).rsplit(": ", 1)[-1] or type(exc).__name__
+
+
+def _read_pem(path: Path, setting: str) -> str:
+    """A PEM file named by a setting; a missing or unreadable one is a configuration error, not a retry."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CassandraError(f"COUNTERSINK_CASSANDRA__{setting.upper()}: cannot read {path}: "
+                             f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    if "-----BEGIN " not in text:
+        raise CassandraError(f"COUNTERSINK_CASSANDRA__{setting.upper()}: {path} is not a PEM file")
+    return text
 
 
 def _short(cql_text: str) -> str:

@@ -228,6 +228,11 @@ def describe_failure(exc: BaseException, settings: Settings) -> tuple[int, str]:
         return EXIT_FAILED, f"Kafka at {servers}: {text}".rstrip(": ")
     if isinstance(exc, OSError):
         return EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    from schemas.errors import CountersinkError
+
+    if isinstance(exc, CountersinkError):
+        # A refused login, an untrusted certificate, an unreadable key: one line that says what to check.
+        return EXIT_FAILED, str(exc)
     return EXIT_FAILED, f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
 
 

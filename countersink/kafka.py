@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -9,20 +11,120 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from countersink.settings import KafkaSecurity, KafkaSettings
+from schemas.errors import CountersinkError
+
+
+class KafkaSecurityError(CountersinkError):
+    """Raised when Kafka refuses the connection for a reason retrying cannot fix: a certificate that does not
+    verify or does not name the host, a missing client certificate, refused SASL credentials."""
 
 
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
-    """A verifying TLS context when the protocol uses TLS, else None."""
+    """A verifying TLS context when the protocol uses TLS, else None. An unreadable certificate or key file
+    raises :class:`KafkaSecurityError` naming the setting."""
     if settings.security_protocol not in (KafkaSecurity.SSL, KafkaSecurity.SASL_SSL):
         return None
-    context = ssl.create_default_context(cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None)
+    try:
+        context = ssl.create_default_context(cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise KafkaSecurityError(f"COUNTERSINK_KAFKA__SSL_CAFILE: cannot use {settings.ssl_cafile}: {_reason(exc)}"
+                                 ) from None
     context.check_hostname = settings.ssl_check_hostname
     if settings.ssl_certfile:
-        context.load_cert_chain(str(settings.ssl_certfile), str(settings.ssl_keyfile) if settings.ssl_keyfile else None)
+        try:
+            context.load_cert_chain(str(settings.ssl_certfile),
+                                    str(settings.ssl_keyfile) if settings.ssl_keyfile else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise KafkaSecurityError(f"COUNTERSINK_KAFKA__SSL_CERTFILE/__SSL_KEYFILE: cannot use "
+                                     f"{settings.ssl_certfile}: {_reason(exc)}") from None
     return context
+
+
+class KafkaUnavailableError(CountersinkError):
+    """Raised when no bootstrap server answered and none refused us for good: retry later."""
+
+    retriable = True
+
+
+async def start_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
+    """A started admin client; a refusal raises :class:`KafkaSecurityError`, no answer
+    :class:`KafkaUnavailableError` (both one line for a command to print)."""
+    admin = make_admin(settings)
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        await admin.close()
+        await explain_refusal(settings)
+        raise KafkaUnavailableError(f"cannot reach Kafka at {','.join(settings.bootstrap_servers)}: {exc}") from exc
+    return admin
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or getattr(
+        exc, "strerror", None) or str(exc)
+
+
+async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> None:
+    """After a client could not bootstrap: raise :class:`KafkaSecurityError` when the first bootstrap server
+    refuses us for a reason retrying cannot fix; return quietly when it is simply away (or answers now).
+
+    aiokafka reports every failed bootstrap as one retriable "Unable to bootstrap" and keeps the cause in a
+    log line; this asks again, once, with a single connection that raises the cause itself."""
+    host, _, port_text = settings.bootstrap_servers[0].rpartition(":")
+    where = settings.bootstrap_servers[0]
+    options = connection_options(settings)
+    try:
+        async with asyncio.timeout(timeout_s):
+            connection = await create_conn(
+                host, int(port_text), client_id=settings.client_id, ssl_context=options.get("ssl_context"),
+                security_protocol=options["security_protocol"], request_timeout_ms=settings.request_timeout_ms,
+                sasl_mechanism=options.get("sasl_mechanism") or "PLAIN",
+                sasl_plain_username=options.get("sasl_plain_username"),
+                sasl_plain_password=options.get("sasl_plain_password"))
+            connection.close()
+    except ssl.SSLCertVerificationError as exc:
+        raise KafkaSecurityError(f"TLS with Kafka at {where} failed: {_reason(exc)} (check "
+                                 "COUNTERSINK_KAFKA__SSL_CAFILE and the server's certificate)") from None
+    except KafkaConnectionError:
+        if options.get("ssl_context") is not None and await _client_certificate_refused(host, int(port_text),
+                                                                                         options["ssl_context"]):
+            if settings.ssl_certfile is None:
+                raise KafkaSecurityError(f"Kafka at {where} requires a client certificate (set "
+                                         "COUNTERSINK_KAFKA__SSL_CERTFILE and __SSL_KEYFILE)") from None
+            raise KafkaSecurityError(f"Kafka at {where} refused the client certificate {settings.ssl_certfile} "
+                                     "(is it signed by an authority the broker trusts?)") from None
+    except KafkaError as exc:
+        if not exc.retriable:
+            raise KafkaSecurityError(f"Kafka at {where} refused the SASL login of user {settings.sasl_username!r}: "
+                                     f"{exc.description if hasattr(exc, 'description') else exc} (check "
+                                     "COUNTERSINK_KAFKA__SASL_USERNAME, __SASL_PASSWORD and __SASL_MECHANISM)"
+                                     ) from None
+    except (OSError, TimeoutError):
+        return
+
+
+async def _client_certificate_refused(host: str, port: int, context: ssl.SSLContext) -> bool:
+    """True when the server ends a TLS session at once with a 'bad certificate' or 'certificate required'
+    alert: in TLS 1.3 the client hears of it only after the handshake, on its first read."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=context), 5)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        await asyncio.wait_for(reader.read(1), 2)
+    except ssl.SSLError as exc:
+        return any(alert in str(exc) for alert in ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "HANDSHAKE_FAILURE"))
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    return False
 
 
 def connection_options(settings: KafkaSettings) -> dict[str, Any]:
@@ -86,7 +188,12 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], 
     """Create topics that do not exist yet, with the given partition counts and replication factor; None takes
     the broker's default. A topic that exists is left as it is."""
     admin = make_admin(settings)
-    await admin.start()
+    try:
+        await admin.start()
+    except KafkaConnectionError:
+        await admin.close()
+        await explain_refusal(settings)
+        raise
     try:
         existing = set(await admin.list_topics())
         todo = {name: count for name, count in topics.items() if name not in existing}

@@ -72,7 +72,10 @@ _CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connec
 
 class _DropShardingNotice(logging.Filter):
     """The Cassandra driver reports, at ERROR and on every connection, that the server does not describe
-    ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones."""
+    ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones.
+
+    It also reports a first connection that failed (refused credentials, an untrusted certificate), which
+    the error countersink raises says once, with what to check: a failed start stays one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

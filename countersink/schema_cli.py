@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import time
 
 from countersink.cassandra import CassandraClient, CassandraError
 from countersink.cli import run_async, setting_default
@@ -44,12 +45,14 @@ def _seconds(text: str) -> float:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     async def create() -> int:
         client = CassandraClient(settings.cassandra, use_keyspace=False)
+        started = time.monotonic()
         try:
             # A schema job started beside a Cassandra that is still booting waits for it.
             await wait_until_reachable("cassandra", functools.partial(_create, client, args.replication),
                                        timeout_s=args.wait)
         except CassandraError as exc:
-            log.error("schema_failed", error=str(exc), waited_s=args.wait)
+            # The time actually waited: a refused password or certificate is not retried, so it is ~0.
+            log.error("schema_failed", error=str(exc), waited_s=round(time.monotonic() - started, 1))
             return 1
         finally:
             await client.stop()

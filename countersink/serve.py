@@ -6,16 +6,25 @@ Prometheus. Reads go straight to Cassandra (tally + shards, merged), like ``coun
 keeps no cache, so a value is as fresh as the last flush.
 
 Untrusted input is bounded: names must be counter identifiers, keys are limited in size and number, and
-a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the connection.
+a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the connection. The
+request target, header lines, bodies and requests handled at once are bounded too (414, 400, 413, 503).
+
+With ``tls_cert``/``tls_key`` the server speaks HTTPS only. With bearer tokens set (``tokens`` or
+``tokens_file``), every route but ``/healthz`` and ``/readyz`` answers 401 without one of them; tokens are
+compared in constant time, and a tokens file is read again within a second of a change (rotation without a
+restart: add the new token, move the clients, remove the old one).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -55,9 +64,11 @@ class ReadApi:
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
         self._gc_age = GcAgeSampler(client)
+        self.tokens = Tokens(settings)
+        self._handling = 0
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_observed], client_max_size=16 * 1024)
+        app = web.Application(middlewares=[_observed, self._guard], client_max_size=self.settings.max_body_bytes)
         app.add_routes([
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}", self.get_many),
@@ -68,6 +79,50 @@ class ReadApi:
         ])
         app[_API] = self
         return app
+
+    # --- the guard in front of every route
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        """Bounds first (cheap, and before any work for an unknown caller), then the token, then a slot."""
+        if len(request.raw_path) > self.settings.max_url_bytes:
+            raise _problem(web.HTTPRequestURITooLong,
+                           f"request targets are at most {self.settings.max_url_bytes} bytes")
+        await self._refuse_large_body(request)
+        if request.path not in _OPEN_PATHS and self.tokens.required:
+            self._check_token(request)
+        if self._handling >= self.settings.max_requests:
+            raise _problem(web.HTTPServiceUnavailable,
+                           f"more than {self.settings.max_requests} requests at once; try again", retry_after=1)
+        self._handling += 1
+        try:
+            return await handler(request)
+        finally:
+            self._handling -= 1
+
+    async def _refuse_large_body(self, request: web.Request) -> None:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None:
+            size = request.content_length
+        else:
+            # A chunked body announces no length: read at most one byte past the limit to know.
+            size = 0
+            while request.body_exists and size <= limit:
+                chunk = await request.content.read(limit + 1 - size)
+                if not chunk:
+                    break
+                size += len(chunk)
+        if size > limit:
+            raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
+                           max_size=limit, actual_size=size)
+
+    def _check_token(self, request: web.Request) -> None:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+        if not self.tokens.accepts(given.strip()):
+            raise _unauthorized("the bearer token is not valid")
 
     # --- reads
 
@@ -166,11 +221,101 @@ def _consistency(request: web.Request) -> Consistency:
         raise _problem(web.HTTPBadRequest, f"consistency is one of {', '.join(Consistency)}") from None
 
 
-def _problem(error: type[web.HTTPException], detail: str, retry_after: int | None = None) -> web.HTTPException:
+def _problem(error: type[web.HTTPException], detail: str, retry_after: int | None = None,
+             headers: dict[str, str] | None = None, **details: Any) -> web.HTTPException:
     """An RFC 9457 problem document, so clients get a reason and not just a status."""
-    headers = {"Retry-After": str(retry_after)} if retry_after else None
-    return error(text=json.dumps({"status": error.status_code, "detail": detail}),
-                 content_type="application/problem+json", headers=headers)
+    headers = {**(headers or {}), **({"Retry-After": str(retry_after)} if retry_after else {})}
+    title = HTTPStatus(error.status_code).phrase
+    return error(text=json.dumps({"title": title, "status": error.status_code, "detail": detail}),
+                 content_type="application/problem+json", headers=headers or None, **details)
+
+
+def _unauthorized(detail: str) -> web.HTTPException:
+    return _problem(web.HTTPUnauthorized, detail, headers={"WWW-Authenticate": 'Bearer realm="countersink"'})
+
+
+# Probes must answer without credentials: an orchestrator's health checks carry none.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_MIN_TOKEN_CHARS = 16
+
+
+class TokenError(ValueError):
+    """Raised when the configured tokens cannot be read or one is too short to be a secret."""
+
+
+class Tokens:
+    """The bearer tokens the server accepts: from ``tokens`` and from ``tokens_file``, which is read again
+    (at most once a second) when it changes. A file that becomes unreadable keeps the last tokens read."""
+
+    def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self._fixed = _parse_tokens(settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else "",
+                                    "COUNTERSINK_SERVE__TOKENS")
+        if settings.tokens is not None and not self._fixed:
+            # Set but empty (a secret that did not arrive): refuse rather than serve without tokens.
+            raise TokenError("COUNTERSINK_SERVE__TOKENS is set but holds no token")
+        self._file = settings.tokens_file
+        self._clock = clock
+        self._from_file: list[bytes] = []
+        self._file_stamp: tuple[int, int] | None = None
+        self._checked_at = float("-inf")
+        if self._file is not None:
+            self._reload(strict=True)
+
+    @property
+    def required(self) -> bool:
+        return bool(self._fixed) or self._file is not None
+
+    def accepts(self, token: str) -> bool:
+        """True when ``token`` is one of the accepted tokens; every one is compared, in constant time each."""
+        if self._file is not None and self._clock() - self._checked_at >= 1.0:
+            self._reload(strict=False)
+        given = token.encode()
+        matched = False
+        for accepted in (*self._fixed, *self._from_file):
+            matched |= hmac.compare_digest(given, accepted)
+        return matched
+
+    def _reload(self, *, strict: bool) -> None:
+        assert self._file is not None
+        self._checked_at = self._clock()
+        try:
+            stat = self._file.stat()
+            if (stat.st_mtime_ns, stat.st_size) == self._file_stamp:
+                return
+            tokens = _parse_tokens(self._file.read_text(), f"COUNTERSINK_SERVE__TOKENS_FILE ({self._file})")
+        except (OSError, UnicodeDecodeError, TokenError) as exc:
+            if strict:
+                raise TokenError(str(exc) if isinstance(exc, TokenError) else
+                                 f"COUNTERSINK_SERVE__TOKENS_FILE: cannot read {self._file}: "
+                                 f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+            log.warning("tokens_file_unreadable", path=str(self._file), kept=len(self._from_file))
+            return
+        self._from_file, self._file_stamp = tokens, (stat.st_mtime_ns, stat.st_size)
+        if not strict:
+            log.info("tokens_reloaded", path=str(self._file), tokens=len(tokens))
+
+
+def _parse_tokens(text: str, source: str) -> list[bytes]:
+    """One token per line (blank lines and ``#`` comments ignored); each at least 16 characters."""
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    short = sum(1 for token in tokens if len(token) < _MIN_TOKEN_CHARS)
+    if short:
+        raise TokenError(f"{source}: {short} token(s) shorter than {_MIN_TOKEN_CHARS} characters")
+    return [token.encode() for token in tokens]
+
+
+def server_tls(settings: ServeSettings) -> ssl.SSLContext | None:
+    """The HTTPS context (TLS 1.2 or later) when a certificate and key are set."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+    except (OSError, ssl.SSLError) as exc:
+        raise TokenError(f"COUNTERSINK_SERVE__TLS_CERT/__TLS_KEY: cannot use {settings.tls_cert}: "
+                         f"{getattr(exc, 'reason', None) or getattr(exc, 'strerror', None) or exc}") from None
+    return context
 
 
 _API = web.AppKey("api", ReadApi)
@@ -207,8 +352,11 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                             "(estimate with bounds), null when nothing was counted"}
     problem = {"description": "a problem document",
                "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
-    errors = {"400": problem, "404": problem, "503": problem, "504": problem}
-    return {
+    errors = {"400": problem, "404": problem, "413": problem, "414": problem, "503": problem, "504": problem}
+    guarded = settings.tokens is not None or settings.tokens_file is not None
+    if guarded:
+        errors["401"] = problem
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "countersink read API", "version": version("countersink"),
                  "description": "Exact counters kept from Kafka events, read from Cassandra."},
@@ -242,10 +390,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "counter": {"type": "string"},
                 "values": {"type": "object", "additionalProperties": {"type": "object", "properties": {
                     "kind": {"type": ["string", "null"]}, "value": value}}}}},
-            "Problem": {"type": "object", "properties": {"status": {"type": "integer"},
+            "Problem": {"type": "object", "properties": {"title": {"type": "string"}, "status": {"type": "integer"},
                                                          "detail": {"type": "string"}}},
         }},
     }
+    if guarded:
+        # Every path described here needs a token; /healthz and /readyz, which stay open, are not described.
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["security"] = [{"bearer": []}]
+    return document
 
 
 # --- command line
@@ -284,6 +437,7 @@ async def serve(settings: Settings, serve_settings: ServeSettings, counters: Cou
 async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
                        counters: CounterSet | None, consistency: Consistency | None) -> int:
     client = CassandraClient(settings.cassandra, app="countersink-serve")
+    started = time.monotonic()
     try:
         # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
         await wait_until_reachable("cassandra", client.start, timeout_s=serve_settings.startup_timeout_s, stop=stop)
@@ -291,20 +445,28 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         log.info("serve_stopped_before_start")
         return 0
     except CassandraError as exc:
-        log.error("cassandra_unreachable", error=str(exc), waited_s=serve_settings.startup_timeout_s)
+        log.error("cassandra_unreachable", error=str(exc), waited_s=round(time.monotonic() - started, 1))
         return 1
     async with client:
         # Without a definitions file, the names and kinds the consumers recorded.
         registry = CounterRegistry(client, consistency) if counters is None else None
-        api = ReadApi(client, serve_settings, counters, consistency, registry=registry)
+        try:
+            tls = server_tls(serve_settings)
+            api = ReadApi(client, serve_settings, counters, consistency, registry=registry)
+        except TokenError as exc:
+            log.error("serve_settings_refused", error=str(exc))
+            return 2
         app = api.app()
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+        # The parser's own limits: a request line or header line past them is answered 400 before routing.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5,
+                               max_line_size=serve_settings.max_url_bytes + 64,
+                               max_field_size=serve_settings.max_header_bytes)
         await runner.setup()
-        site = web.TCPSite(runner, serve_settings.host, serve_settings.port)
+        site = web.TCPSite(runner, serve_settings.host, serve_settings.port, ssl_context=tls)
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else serve_settings.port
-        log.info("serve_started", host=serve_settings.host, port=port,
-                 counters=str(counters.source) if counters else None)
+        log.info("serve_started", host=serve_settings.host, port=port, https=tls is not None,
+                 tokens_required=api.tokens.required, counters=str(counters.source) if counters else None)
         try:
             await stop.wait()
         finally:

@@ -106,6 +106,9 @@ class CassandraSettings(_Section):
     ssl_cert: Path | None = None
     ssl_private_key: Path | None = None
     ssl_verify: bool = True
+    # Whether the node's certificate must also name it: "ip" (the address connected to is in the certificate),
+    # "dns" (the name its address resolves back to is), or "none" (any certificate of a trusted authority).
+    ssl_verify_identity: str = Field(default="none", pattern=r"^(none|ip|dns)$")
     write_consistency: Consistency = Consistency.QUORUM
     read_consistency: Consistency = Consistency.QUORUM
     serial_consistency: SerialConsistency = SerialConsistency.SERIAL
@@ -220,6 +223,23 @@ class ServeSettings(_Section):
     concurrency: int = Field(default=64, ge=1, le=4096)  # Cassandra reads in flight across all requests
     request_timeout_s: float = Field(default=5.0, gt=0, le=300)
     startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting server waits for Cassandra
+    # HTTPS: both or neither (PEM files; the key unencrypted, readable by the server's user only).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Bearer tokens; when any is set, everything but /healthz and /readyz needs one. Several (comma-separated,
+    # or one per line in the file) so that a new token can be rolled out before the old one is removed.
+    tokens: SecretStr | None = None
+    tokens_file: Path | None = None  # read at start and again within a second of any change
+    max_url_bytes: int = Field(default=4096, ge=256, le=65_536)  # longer request targets answer 414
+    max_header_bytes: int = Field(default=8190, ge=1024, le=65_536)  # per header line; longer ones answer 400
+    max_body_bytes: int = Field(default=1024, ge=0, le=1_048_576)  # the API reads no body; larger ones answer 413
+    max_requests: int = Field(default=256, ge=1, le=65_536)  # handled at once; more answer 503 at once
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServeSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("HTTPS needs both tls_cert and tls_key")
+        return self
 
 
 class Settings(BaseSettings):

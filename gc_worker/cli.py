@@ -29,7 +29,7 @@ from countersink.cli import positive_int, run_async, setting_default, stop_on_si
 from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.health import HealthServer
-from countersink.kafka import make_admin
+from countersink.kafka import start_admin
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.retry import pause_unless_stopped
@@ -338,8 +338,7 @@ def run_retire_orphans(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _partition_counts(settings: Settings) -> dict[str, int]:
-    admin = make_admin(settings.kafka)
-    await admin.start()
+    admin = await start_admin(settings.kafka)  # a refused login or certificate: one line, not a traceback
     try:
         names = [t for t in await admin.list_topics() if not t.startswith("__")]
         described = await admin.describe_topics(names) if names else []

@@ -130,6 +130,16 @@ def create_tables(keyspace: str) -> list[str]:
     ]
 
 
+def table_names(keyspace: str) -> set[str]:
+    """The tables :func:`create_tables` makes."""
+    return {re.search(r"CREATE TABLE IF NOT EXISTS \w+\.(\w+)", statement).group(1)  # type: ignore[union-attr]
+            for statement in create_tables(keyspace)}
+
+
+def read_schema_version(keyspace: str) -> str:
+    return f"SELECT version FROM {check_identifier(keyspace)}.schema_meta WHERE name = 'countersink'"  # noqa: S608
+
+
 def record_schema_version(keyspace: str) -> str:
     ks = check_identifier(keyspace)  # validated identifier; the version is our own integer constant
     return f"INSERT INTO {ks}.schema_meta (name, version) VALUES ('countersink', {SCHEMA_VERSION:d})"  # noqa: S608

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--cassandra-port", type=int, default=_env_int("CASSANDRA_PORT", 9042))
     up.add_argument("--cassandra-nodes", type=int, choices=(1, 3), default=_env_int("CASSANDRA_NODES", 1))
     up.add_argument("--only", choices=("kafka", "cassandra"), help="start just one of the two")
+    up.add_argument("--secure", action="store_true",
+                    help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 39192, SSL with client certificates on "
+                         "39193) and Cassandra (TLS, password roles, on 39142), with fresh certificates and passwords")
     sub.add_parser("down", help="stop what `up` started")
     sub.add_parser("status", help="show what `up` started and whether it still runs")
     args = parser.parse_args(argv)
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: pid {entry['pid']} {entry['endpoint']}")
             return 0
         state = load_state()
+        if args.secure:
+            return _up_secure(state)
         wanted = ("kafka", "cassandra") if args.only is None else (args.only,)
         running = [name for name in state if name.split("@")[0] in wanted]
         if running:
@@ -84,6 +89,36 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _up_secure(state: dict[str, dict[str, object]]) -> int:
+    """Start the secured pair, record both, and write the settings a countersink process needs."""
+    from stack.secure import SecureStack
+
+    if any(name.startswith("secure-") for name in state):
+        print("the secured stack is already started; run `python -m stack down` first", file=sys.stderr)
+        return 1
+    stack = SecureStack()
+    try:
+        stack.start()
+        assert stack.kafka is not None
+        assert stack.cassandra is not None
+        assert stack.kafka.process is not None
+        assert stack.cassandra.process is not None
+        state["secure-kafka"] = {"pid": stack.kafka.process.pid, "endpoint": stack.kafka.bootstrap}
+        state["secure-cassandra"] = {"pid": stack.cassandra.process.pid,
+                                     "endpoint": f"{stack.cassandra.address}:{stack.cassandra.native_port}"}
+        save_state(state)
+    except BaseException:
+        stack.stop()
+        raise
+    env_file = stack.root / "countersink.env"
+    stack.write_env_file(env_file)
+    print(f"secured kafka on {stack.kafka.bootstrap} (SASL_SSL), {stack.kafka.ssl_bootstrap} (SSL, client "
+          f"certificates); secured cassandra on {stack.cassandra.address}:{stack.cassandra.native_port}")
+    print(f"certificates in {stack.root / 'certs'}; users, roles and passwords in {stack.description_file}")
+    print(f"settings of a consumer (mode 0600): set -a; . {env_file}; set +a")
+    return 0
 
 
 if __name__ == "__main__":

@@ -236,8 +236,9 @@ class KafkaServer:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _write_config(self, data: Path) -> Path:
-        props = {
+    def _properties(self, data: Path) -> dict[str, str]:
+        """The broker's server.properties; a secured broker adds its listeners and TLS settings."""
+        return {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
@@ -261,6 +262,13 @@ class KafkaServer:
             # The cleaner looks for work every second (15 s by default): tests of compacted topics wait for it.
             "log.cleaner.backoff.ms": "1000",
         }
+
+    def _format_options(self) -> list[str]:
+        """Extra options of the storage format step (a secured broker writes its SCRAM users there)."""
+        return []
+
+    def _write_config(self, data: Path) -> Path:
+        props = self._properties(data)
         path = self.root / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (self.root / "log4j2.properties").write_text(
@@ -296,7 +304,7 @@ class KafkaServer:
         ]
         cluster_id = kraft_cluster_id()
         fmt = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), *self._format_options()],
             capture_output=True, text=True, check=False, cwd=self.root,
         )
         if fmt.returncode != 0:

@@ -26,6 +26,7 @@ from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics, make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack import servers
+from stack.secure import SecureStack
 from tests.server_choice import (
     Choice,
     ServerChoiceError,
@@ -247,6 +248,30 @@ def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
     finally:
         cluster.stop()
         _announce("3-node cassandra cluster stopped")
+
+
+@pytest.fixture(scope="session")
+def secure_stack() -> Iterator[SecureStack]:
+    """One TLS-only Kafka (SASL_SSL 39092, SSL 39093) and one TLS-only Cassandra with password roles (39042),
+    with fresh certificates, users and roles; started on first use, whatever servers the other tests use
+    (or the running one whose stack.json ``COUNTERSINK_TEST_SECURE_STACK`` names)."""
+    running = os.environ.get("COUNTERSINK_TEST_SECURE_STACK")  # stack.json of `python -m stack up --secure`
+    if running:
+        yield SecureStack.attach(Path(running))
+        return
+    stack = SecureStack(root=TEST_STACK_DIR / "secure", kafka_port=39092, kafka_ssl_port=39093,
+                        kafka_controller_port=39094, kafka_elsewhere_port=39095, cassandra_port=39042,
+                        cassandra_storage_port=37000, cassandra_jmx_port=37199)
+    started = time.monotonic()
+    try:
+        # From this, the main thread: a server tied to its parent dies with the thread that started it.
+        stack.start(tied_to_parent=True)
+        _announce(f"secured kafka and cassandra ready on 127.0.0.1:39092/39093 and :39042 "
+                  f"in {time.monotonic() - started:.1f}s")
+        yield stack
+    finally:
+        stack.stop()
+        _announce("secured kafka and cassandra stopped")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
