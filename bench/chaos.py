@@ -389,7 +389,7 @@ def committed_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], plan
                     window: int) -> TxTruth:
     """The truth from what was committed, as read back: per partition, record number ``k`` (aborted records
     and markers take no number) repeating an event id last seen at number ``j`` is dropped when
-    ``k - j <= window``, as the consumers' publisher-retry window does (the README, "Publisher retries").
+    ``k - j <= window``, as the consumers' publisher-retry window does (docs/guarantees.md, "Publisher retries").
     Also checks the read-back against the publisher's log: all of a committed attempt, none of an aborted
     one, and all or nothing of the others."""
     result = TxTruth(Truth(), {}, {})

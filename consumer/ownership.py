@@ -276,7 +276,7 @@ class Ownership:
 
     async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
         """Stop a takeover still running (or failed), as a crash would: nothing it did needs undoing (the next
-        claimant finishes it the same way: README, "Guarantees")."""
+        claimant finishes it the same way: docs/guarantees.md)."""
         task = self._takeovers.pop(mutator.id, None)
         self.warming.discard(mutator.id)
         mutator.fenced = True  # never writes

@@ -4,7 +4,7 @@ Writing whole state makes a retried *write* harmless, not a redelivered *message
 through offset 200 and died before recording it would see 151–200 counted again by its successor. So every
 shard records the offset it is complete through, ownership of a partition moves only by LWT, and a flush
 opens a *window* (committed, intent] before writing, which a successor replays as the writer if it finds it
-open. The argument, step by step, is in the README ("Guarantees").
+open. The argument, step by step, is in docs/guarantees.md.
 
 Everything here talks to storage through :class:`~consumer.storage.Store` and to Kafka through
 :class:`~consumer.applying.RecordSource`, and takes ``now_us`` as an argument: the same code runs against
@@ -104,7 +104,7 @@ async def _commit_window(store: Store, mutator: Mutator) -> None:
 
 
 async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
-    """Open the window of the next flush by LWT and return its number (README, "Guarantees": a flush opens a
+    """Open the window of the next flush by LWT and return its number (docs/guarantees.md: a flush opens a
     window first).
 
     After an attempt that may have opened a window without writing it all, the row says what happened: if it

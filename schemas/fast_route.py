@@ -49,15 +49,16 @@ _UNICODE_ESCAPE = b"\\u"
 class Row:
     """The states of every counter of one key group for one key value, created as events need them.
 
-    ``idents[i]`` is the ``(counter, key)`` identity of the group's counter ``i``; ``states[i]`` its state
-    once an event has been applied to it (``None`` before); ``touched`` a bit per counter changed in the
-    batch being applied."""
+    ``(names[i], key)`` is the identity of the group's counter ``i`` (``names`` is the group's, shared by
+    its rows: a row holds no tuple of its own per counter); ``states[i]`` its state once an event has been
+    applied to it (``None`` before); ``touched`` a bit per counter changed in the batch being applied."""
 
-    __slots__ = ("idents", "states", "touched")
+    __slots__ = ("key", "names", "states", "touched")
 
-    def __init__(self, idents: tuple[tuple[str, str], ...]) -> None:
-        self.idents = idents
-        self.states: list[State | None] = [None] * len(idents)
+    def __init__(self, key: str, names: tuple[str, ...]) -> None:
+        self.key = key
+        self.names = names
+        self.states: list[State | None] = [None] * len(names)
         self.touched = 0
 
 
@@ -207,7 +208,7 @@ class FastRoute:
             return None
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
             return None
-        row = Row(tuple((name, key) for name in names))
+        row = Row(key, names)
         if all(type(v) is str for v in values):
             rows[values[0] if len(values) == 1 else values] = row
         return row
