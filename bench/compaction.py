@@ -18,7 +18,6 @@ from bench import pipeline as bp
 from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics
 from countersink.settings import CassandraSettings, KafkaSettings
-from stack import servers
 
 STRATEGIES = {
     "lcs": "{'class': 'LeveledCompactionStrategy'}",
@@ -30,15 +29,8 @@ PARTITIONS = 12
 
 async def run(events: int, rounds: int) -> None:
     bp.STACK.mkdir(parents=True, exist_ok=True)
-    kafka_server = servers.KafkaServer(port=29092, controller_port=29093, root=bp.STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=29042, storage_port=27000, jmx_port=27199,
-                                           seeds="127.0.0.1:27000", cluster_name="countersink-bench",
-                                           root=bp.STACK / "cassandra")
-    kafka_server.start(tied_to_parent=True, wait=False)
-    cassandra_node.start(tied_to_parent=True, wait=False)
-    try:
-        kafka_server.wait_ready()
-        cassandra_node.wait_ready()
+    with bp.bench_servers(bp.STACK, kafka_port=29092, native_port=29042, storage_port=27000, jmx_port=27199,
+                          cluster_name="countersink-bench") as (kafka_server, cassandra_node):
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-bench")
         keyspaces = {}
         for name, compaction in STRATEGIES.items():
@@ -64,9 +56,6 @@ async def run(events: int, rounds: int) -> None:
                 print(f"{name}, round {round_ + 1}: Cassandra {result.server_cpu_s['Cassandra'] / events * 1e6:.1f} "
                       f"CPU s per million events, consumer {result.cpu_s / events * 1e6:.1f}, "
                       f"{result.rows / events:.3f} rows per event", flush=True)
-    finally:
-        kafka_server.stop()
-        cassandra_node.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,16 +30,9 @@ from stack import servers
 async def run(args: argparse.Namespace) -> int:
     pipeline.STACK = servers.STACK_DIR / "compare"
     pipeline.STACK.mkdir(parents=True, exist_ok=True)
-    kafka_server = servers.KafkaServer(port=29192, controller_port=29193, root=pipeline.STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=29142, storage_port=27100, jmx_port=27299,
-                                           seeds="127.0.0.1:27100", cluster_name="countersink-compare",
-                                           root=pipeline.STACK / "cassandra")
-    kafka_server.start(tied_to_parent=True, wait=False)
-    cassandra_node.start(tied_to_parent=True, wait=False)
     mismatched = 0
-    try:
-        kafka_server.wait_ready()
-        cassandra_node.wait_ready()
+    with pipeline.bench_servers(pipeline.STACK, kafka_port=29192, native_port=29142, storage_port=27100,
+                                jmx_port=27299, cluster_name="countersink-compare") as (kafka_server, cassandra_node):
         jvms = {name: server.process.pid for name, server in (("Cassandra", cassandra_node), ("Kafka", kafka_server))
                 if server.process is not None and server.process.pid is not None}
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-compare")
@@ -82,9 +75,6 @@ async def run(args: argparse.Namespace) -> int:
                       f"{result.rows / args.events:.2f} rows per event, servers {servers_cpu}; "
                       f"{len(problems)} of {2 * min(args.check, len(truth))} checked values mismatched "
                       + "; ".join(problems[:3]), flush=True)
-    finally:
-        kafka_server.stop()
-        cassandra_node.stop()
     return 1 if mismatched else 0
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -37,7 +38,7 @@ import urllib.request
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,31 @@ class Report:
     recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
     profile: str = ""
     checks: list[str] = field(default_factory=list)
+
+
+# --- servers
+
+
+@contextlib.contextmanager
+def bench_servers(root: Path, *, kafka_port: int, native_port: int, storage_port: int, jmx_port: int,
+                  cluster_name: str) -> Iterator[tuple[servers.KafkaServer, servers.CassandraNode]]:
+    """A Kafka broker (its controller on the next port) and one Cassandra node of a benchmark's own, started
+    side by side, ready inside the block, stopped on the way out. Ports below Linux's ephemeral range
+    (32768-60999): a readiness probe of a port in that range, sent before the server listens, can be given
+    that same port as its own and connect to itself, and the server then fails to bind."""
+    kafka_server = servers.KafkaServer(port=kafka_port, controller_port=kafka_port + 1, root=root / "kafka")
+    cassandra_node = servers.CassandraNode(native_port=native_port, storage_port=storage_port, jmx_port=jmx_port,
+                                           seeds=f"127.0.0.1:{storage_port}", cluster_name=cluster_name,
+                                           root=root / "cassandra")
+    kafka_server.start(tied_to_parent=True, wait=False)
+    cassandra_node.start(tied_to_parent=True, wait=False)
+    try:
+        kafka_server.wait_ready()
+        cassandra_node.wait_ready()
+        yield kafka_server, cassandra_node
+    finally:
+        kafka_server.stop()
+        cassandra_node.stop()
 
 
 # --- loading
@@ -600,19 +626,9 @@ async def run(args: argparse.Namespace) -> Report:
     STACK.mkdir(parents=True, exist_ok=True)
     for old in STACK.glob("*.log"):
         old.unlink()
-    # Ports below Linux's ephemeral range (32768-60999): a readiness probe of a port in that range, sent
-    # before the server listens, can be given that same port as its own and connect to itself, and the
-    # server then fails to bind.
-    kafka_server = servers.KafkaServer(port=29092, controller_port=29093, root=STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=29042, storage_port=27000, jmx_port=27199,
-                                           seeds="127.0.0.1:27000", cluster_name="countersink-bench",
-                                           root=STACK / "cassandra")
     say("starting Kafka and Cassandra")
-    kafka_server.start(tied_to_parent=True, wait=False)
-    cassandra_node.start(tied_to_parent=True, wait=False)
-    try:
-        kafka_server.wait_ready()
-        cassandra_node.wait_ready()
+    with bench_servers(STACK, kafka_port=29092, native_port=29042, storage_port=27000, jmx_port=27199,
+                       cluster_name="countersink-bench") as (kafka_server, cassandra_node):
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-bench")
         cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=29042, keyspace="countersink_bench",
                                       replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
@@ -723,10 +739,7 @@ async def run(args: argparse.Namespace) -> Report:
             profile = STACK / "consumer-stacks.txt"
             await countersink_rate(kafka, cassandra, args.partitions, args.events, "bench-profiled", jvms, profile)
             report.profile = profile_table(profile)
-    finally:
-        kafka_server.stop()
-        cassandra_node.stop()
-        say("servers stopped")
+    say("servers stopped")
     return report
 
 

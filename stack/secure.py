@@ -44,6 +44,7 @@ from stack.servers import (
     KafkaServer,
     StackError,
     check_java,
+    kafka_answers,
     resolve_jars,
 )
 
@@ -504,16 +505,8 @@ def _cassandra_settings(stack: dict[str, Any], user: str, password: str) -> Any:
 async def _kafka_answers(stack: dict[str, Any]) -> bool:
     from countersink.kafka import make_admin
 
-    admin = make_admin(_kafka_settings(stack, KAFKA_USERS[0]))
-    try:
-        await asyncio.wait_for(admin.start(), 5)
-        await asyncio.wait_for(admin.list_topics(), 5)
-        return True
-    except Exception:
-        return False
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+    settings = _kafka_settings(stack, KAFKA_USERS[0])
+    return await kafka_answers(",".join(settings.bootstrap_servers), make_admin(settings))
 
 
 async def _cassandra_answers(stack: dict[str, Any]) -> bool:

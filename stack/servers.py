@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 KAFKA_VERSION = "4.3.1"
 CASSANDRA_VERSION = "5.0.9"
@@ -341,11 +342,14 @@ class KafkaServer:
         return time.monotonic() - started
 
 
-async def kafka_answers(bootstrap: str) -> bool:
-    """True when the broker answers a metadata request (an admin client lists topics)."""
+async def kafka_answers(bootstrap: str, admin: Any = None) -> bool:
+    """True when the broker answers a metadata request (an admin client lists topics). ``admin``: an
+    unstarted admin client to ask with (a secured broker's, with its credentials); one for ``bootstrap``
+    otherwise."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    if admin is None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
     try:
         await asyncio.wait_for(admin.start(), 5)
         await asyncio.wait_for(admin.list_topics(), 5)
