@@ -204,6 +204,7 @@ async def claim(store: Store, new: MutatorEntry, initial_last_offset: int, max_a
     for _ in range(max_attempts):
         row = await store.read_partition(pid)
         if from_owner is not None and (row is None or row.owner not in (from_owner, new.id)):
+            await _retire_unused(store, new)
             raise FencedError(f"{pid} is owned by {row.owner if row else None}, not by {from_owner}: not rotating")
         if row is None:
             if await store.create_partition(pid, new.id, new.born_us, initial_last_offset):
@@ -211,7 +212,15 @@ async def claim(store: Store, new: MutatorEntry, initial_last_offset: int, max_a
             continue
         if row.owner == new.id or await store.claim_partition(pid, new.id, row):
             return Claim(new, row, initial_last_offset)
+    await _retire_unused(store, new)
     raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
+
+
+async def _retire_unused(store: Store, new: MutatorEntry) -> None:
+    """Retire a registered mutator that never owned its partition (every claim it tried was refused, so it
+    wrote nothing): the GC collects its registry row instead of keeping it forever, waiting for a retirement
+    no one else would record."""
+    await store.retire_mutator(new.id, new.born_us)
 
 
 InvalidRecordHandler = Callable[[KafkaRecord, InvalidEventError], Awaitable[None]]
