@@ -146,6 +146,12 @@ class CassandraClient:
                      "COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT, __SSL_CERT and __SSL_PRIVATE_KEY")
             raise CassandraError(f"TLS with Cassandra at {self._where()} failed: {_tls_reason(exc)} (check {check})"
                                  ) from exc
+        except acsylla.errors.CassErrorLibUnableToSetKeyspace as exc:
+            # Still retried: a schema job may be creating it right now. But say what makes the wait end.
+            raise CassandraUnavailableError(
+                f"Cassandra at {self._where()} has no keyspace {self.keyspace!r} yet: create it with "
+                "`countersink schema`"
+            ) from exc
         except (acsylla.errors.CassException, OSError) as exc:
             raise CassandraUnavailableError(
                 f"cannot connect to Cassandra at {self._where()}: {type(exc).__name__}: {exc}"

@@ -128,3 +128,13 @@ async def test_three_nodes_rf3_quorum_survives_one_node_down(cassandra_cluster) 
         if child.returncode is None:
             child.kill()
             await child.wait()
+
+
+async def test_a_keyspace_not_yet_created_says_how_to_create_it(base_cassandra_settings: CassandraSettings) -> None:
+    """Connecting to a keyspace that does not exist is retriable (a schema job may be creating it) and the
+    error says what creates it, instead of the driver's "unable to set keyspace"."""
+    settings = base_cassandra_settings.model_copy(update={"keyspace": f"missing_{uuid.uuid4().hex[:8]}"})
+    with pytest.raises(CassandraUnavailableError, match="create it with `countersink schema`") as raised:
+        async with CassandraClient(settings):
+            pass
+    assert raised.value.retriable
