@@ -419,13 +419,10 @@ def _none(event: dict[str, Any]) -> None:
     return None
 
 
-def _event_id_reader(path: str | None, max_bytes: int) -> Callable[[dict[str, Any]], str | None]:
-    if path is None:
-        return _none
-    get = _getter(path)
+def _event_id_converter(path: str, max_bytes: int) -> Callable[[Any], str]:
+    """An event id's rule: a string of at most ``max_bytes``, or an integer by its decimal text."""
 
-    def event_id_of(event: dict[str, Any]) -> str | None:
-        v = get(event)
+    def convert(v: Any) -> str:
         t = type(v)
         if t is str:
             if len(v) > max_bytes:
@@ -436,6 +433,18 @@ def _event_id_reader(path: str | None, max_bytes: int) -> Callable[[dict[str, An
         if v is _MISSING or v is None:
             raise MissingFieldError(path, "event id is missing" if v is _MISSING else "event id is null")
         raise _wrong(path, v, "a string or an integer")
+
+    return convert
+
+
+def _event_id_reader(path: str | None, max_bytes: int) -> Callable[[dict[str, Any]], str | None]:
+    if path is None:
+        return _none
+    get = _getter(path)
+    convert = _event_id_converter(path, max_bytes)
+
+    def event_id_of(event: dict[str, Any]) -> str | None:
+        return convert(get(event))
 
     return event_id_of
 

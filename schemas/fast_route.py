@@ -36,6 +36,7 @@ from schemas.events import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_KEY_BYTES,
     _escape,
+    _event_id_converter,
     _key_text,
     _value_converter,
     _where_check,
@@ -43,7 +44,6 @@ from schemas.events import (
 from schemas.kinds import State
 
 _UNSET = msgspec.UNSET
-_UNICODE_ESCAPE = b"\\u"
 
 
 class Row:
@@ -72,17 +72,6 @@ def _eligible(definition: CounterDefinition) -> bool:
             and all("." not in path for path in paths))
 
 
-def _event_id_text(v: Any, max_bytes: int) -> str | None:
-    """The router's event-id rule (a string within ``max_bytes``, or an integer's decimal text); ``None`` when
-    the router must decide."""
-    kind = type(v)
-    if kind is str:
-        return None if len(v) > max_bytes else v
-    if kind is int:
-        return str(v)
-    return None
-
-
 Prepared = list[tuple[Row, int, Any, "str | None"]]
 
 
@@ -104,9 +93,8 @@ class FastRoute:
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
             # TypeError: an array or object as a key value, which no dict of rows can hold
-            "REFUSED": (InvalidEventError, ValueError, TypeError), "event_id_text": _event_id_text,
+            "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
-            "MAX_KEY_BYTES": max_key_bytes,
         }
 
         def attr(path: str) -> str:
@@ -170,10 +158,9 @@ class FastRoute:
                         event_id = f"id_{c}"
                         if not definition.where:
                             ids[definition.event_id] = event_id
-                        lines += [f"{indent}{event_id} = event_id_text(event.{attr(definition.event_id)}, "
-                                  "MAX_KEY_BYTES)",
-                                  f"{indent}if {event_id} is None:",
-                                  f"{indent}    return None"]
+                        # the router's own rule: a refused id raises, and the router decides the event
+                        namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
+                        lines.append(f"{indent}{event_id} = check_{event_id}(event.{attr(definition.event_id)})")
                 lines.append(f"{indent}updates.append((row{g}, {index}, {value}, {event_id}))")
         lines += ["    except REFUSED:", "        return None", "    return updates"]
         self.source = "\n".join(lines) + "\n"
