@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 
 from consumer.applying import Mutator
 from consumer.dead_letters import DeadLetters
-from consumer.ownership import Ownership, PartitionRetry, now_us
+from consumer.ownership import Ownership, PartitionRetry
 from consumer.protocol import FencedError, MutatorExpiredError, flush
 from consumer.storage import Store
 from countersink.cassandra import CassandraClient
@@ -78,7 +78,7 @@ class Flushing:
             await asyncio.gather(*dead_letters)
         # Mutators own different partitions and rows, so their flushes overlap: one LWT's round trip does not
         # idle the others, and the client's in-flight slots stay full.
-        outcomes = await asyncio.gather(*(self._flush_one(tp, m) for tp, m in mutators), return_exceptions=True)
+        outcomes = await asyncio.gather(*(self.flush_one(tp, m) for tp, m in mutators), return_exceptions=True)
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
             raise failures[0]
@@ -87,7 +87,7 @@ class Flushing:
             self.cassandra.sample_driver_metrics()
         return [(tp, mutator) for (tp, mutator), expired in zip(mutators, outcomes, strict=True) if expired is True]
 
-    async def _flush_one(self, tp: TopicPartition, mutator: Mutator) -> bool:
+    async def flush_one(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """Flush one mutator, retrying while Cassandra is unavailable. True when the mutator is past its expiry
         (it wrote nothing; the caller replaces it). A mutator whose takeover is still replaying is left for a
         later flush: one slow replay must not hold every other partition's flush."""
@@ -98,7 +98,7 @@ class Flushing:
         async def attempt() -> int:
             nonlocal started
             started = time.perf_counter()  # the attempt that succeeds is timed, not the outage before it
-            return await flush(self.store, mutator, now_us())
+            return await flush(self.store, mutator, self.ownership.clock())
 
         try:
             rows = await self.retry("flush", tp, attempt, on_retry=METRICS.flush_retries.inc)

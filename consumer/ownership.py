@@ -20,8 +20,8 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -55,6 +55,22 @@ def now_us() -> int:
     return time.time_ns() // 1_000
 
 
+class Background(Protocol):
+    """What ownership needs of a takeover running in the background: an :class:`asyncio.Task`, or a stand-in
+    that lets a test decide when each of its steps runs."""
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def exception(self) -> BaseException | None: ...
+    def result(self) -> None: ...
+    def cancel(self) -> bool: ...
+    def __await__(self) -> Generator[Any, None, None]: ...
+
+
+def in_background(step: Coroutine[Any, Any, None]) -> Background:
+    return asyncio.create_task(step)
+
+
 class PartitionRetry:
     """Runs one idempotent step of one partition until it succeeds, retrying what the error says is retriable
     (a server away, a timeout), with backoff up to ``flush_retry_max_s``; consumption waits meanwhile. Once a
@@ -86,7 +102,11 @@ class Ownership:
 
     def __init__(self, config: ConsumerSettings, host: str, router: EventRouter, counters: CounterSet, store: Store,
                  source: RecordSource, consumer: AIOKafkaConsumer, dead_letters: DeadLetters,
-                 retry: PartitionRetry) -> None:
+                 retry: PartitionRetry, *,
+                 clock: Callable[[], int] = now_us, new_id: Callable[[], uuid.UUID] = uuid.uuid4,
+                 spawn: Callable[[Coroutine[Any, Any, None]], Background] = in_background) -> None:
+        """``clock`` (microseconds), ``new_id`` and ``spawn`` are the process's own unless a test passes
+        stand-ins: the protocol model runs this class step by step, with its own clocks and interleavings."""
         self.config = config
         self.host = host
         self.router = router
@@ -96,10 +116,13 @@ class Ownership:
         self.consumer = consumer
         self.dead_letters = dead_letters
         self.retry = retry
+        self.clock = clock
+        self.new_id = new_id
+        self.spawn = spawn
         self.mutators: dict[TopicPartition, Mutator] = {}
         # Takeovers still finishing in the background, by new mutator: it applies meanwhile, but writes
         # nothing until its takeover is finished (see takeover_pending).
-        self._takeovers: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._takeovers: dict[uuid.UUID, Background] = {}
         self.warming: set[uuid.UUID] = set()  # new mutators whose retry window is not rebuilt yet: not applying
         # Partitions not consumed because records were deleted before they were counted (on_records_lost =
         # stop): the process reports unready until they are revoked or an operator decides.
@@ -153,9 +176,9 @@ class Ownership:
         The new mutator writes nothing (no flush, no release) before both are done: see takeover_pending.
         ``applier`` (a rotation) keeps the rotating mutator's warm retry window; ``from_owner`` claims only
         from that mutator."""
-        born = now_us()
+        born = self.clock()
         entry = MutatorEntry(
-            id=uuid.uuid4(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
+            id=self.new_id(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
             host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
         )
 
@@ -174,18 +197,15 @@ class Ownership:
         METRICS.live_mutators.set(len(self.mutators))
         if warm and claimed.finished:
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
-                                                                     now_us()), started)
+                                                                     self.clock()), started)
             return mutator
         if not warm:
             self.warming.add(entry.id)
             with contextlib.suppress(Exception):
                 self.consumer.pause(tp)
-        task = asyncio.create_task(self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
-        self._takeovers[entry.id] = task
-        # Forgotten once it succeeds; a failure stays for whoever asks next, to raise.
-        task.add_done_callback(
-            lambda done: None if done.cancelled() or done.exception() is not None
-            else self._takeovers.pop(entry.id, None))
+        # Forgotten once it is seen to have succeeded; a failure stays for whoever asks next, to raise.
+        self._takeovers[entry.id] = self.spawn(
+            self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
 
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
@@ -225,7 +245,7 @@ class Ownership:
 
     async def _finish_take_over(self, tp: TopicPartition, claimed: Claim, applier_factory: Callable[[], Applier],
                                 accept_lost: bool) -> Takeover:
-        return await finish_take_over(self.store, self.source, claimed, applier_factory, now_us(),
+        return await finish_take_over(self.store, self.source, claimed, applier_factory, self.clock(),
                                       on_invalid=functools.partial(self.dead_letters.send, tp),
                                       accept_lost=accept_lost)
 
@@ -272,6 +292,7 @@ class Ownership:
         if not task.done():
             return True
         task.result()
+        del self._takeovers[mutator.id]
         return False
 
     async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
@@ -296,17 +317,20 @@ class Ownership:
             METRICS.forget_partition(tp.topic, tp.partition)
         METRICS.partitions_stopped.set(len(self.stopped))
         await self.dead_letters.deliver()
-        releasing = [(tp, mutator) for tp in revoked
-                     if (mutator := self.mutators.pop(tp, None)) is not None and not mutator.fenced]
         # Concurrently, as flushes run: a shutdown in the middle of a backlog has a final flush of every
         # partition to write, and one after the other they would not fit in shutdown_timeout_s.
-        outcomes = await asyncio.gather(*(self._release_one(tp, m) for tp, m in releasing), return_exceptions=True)
-        METRICS.live_mutators.set(len(self.mutators))
+        outcomes = await asyncio.gather(*(self.release_partition(tp) for tp in revoked), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def _release_one(self, tp: TopicPartition, mutator: Mutator) -> None:
+    async def release_partition(self, tp: TopicPartition) -> None:
+        """Hand one partition over: its mutator's last flush is recorded complete and the mutator retired.
+        A mutator still taking over writes nothing: its takeover is abandoned as a crash would abandon it."""
+        mutator = self.mutators.pop(tp, None)
+        METRICS.live_mutators.set(len(self.mutators))
+        if mutator is None or mutator.fenced:
+            return
         task = self._takeovers.get(mutator.id)
         if task is not None and (not task.done() or task.cancelled() or task.exception() is not None):
             # It has written nothing yet, and never will: whoever takes the partition next finishes the
@@ -317,7 +341,7 @@ class Ownership:
         if mutator.fenced:
             return  # it lost the partition before its takeover was finished, and has nothing to hand over
         try:
-            await release(self.store, mutator, now_us())
+            await release(self.store, mutator, self.clock())
             log.info("partition_released", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
                      through=mutator.flushed_through)
         except FencedError as exc:
@@ -364,30 +388,35 @@ class Ownership:
     def rotation_reasons(self) -> dict[TopicPartition, str]:
         return schedule.rotation_reasons(
             {tp: Footprint(m.memory_bytes(), m.entry.born_us) for tp, m in self.mutators.items()}, self.config,
-            now_us())
+            self.clock())
 
     async def rotate_if_due(self) -> None:
         for tp, reason in self.rotation_reasons().items():
-            mutator = self.mutators[tp]
-            if self.takeover_pending(mutator):
-                continue  # rotated once its takeover is finished: a replay must not hold the loop
-            try:
-                # Every record it skipped as invalid is on the dead-letter topic before its last window is
-                # recorded complete.
-                await self.dead_letters.deliver()
-                # Safe to repeat after any failure: a committed release only retries its retire.
-                await self.retry("rotation", tp, functools.partial(release, self.store, mutator, now_us()))
-                # Only from itself: a member that lost the partition without noticing must not fence its owner.
-                successor = await self.retry("takeover", tp, functools.partial(
-                    self.take_over, tp, applier=mutator.applier, from_owner=mutator.id))
-            except FencedError as exc:
-                self.drop(tp, mutator, str(exc))
-                continue
-            except MutatorExpiredError:
-                await self.replace_expired(tp, mutator)
-                continue
-            log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
-                     old=str(mutator.id), new=str(successor.id))
+            await self.rotate(tp, reason)
+
+    async def rotate(self, tp: TopicPartition, reason: str) -> None:
+        """Release ``tp``'s mutator and take the partition over with a fresh one of this process, which keeps
+        the warm publisher-retry window (a mutator too old, or holding too much, starts afresh)."""
+        mutator = self.mutators[tp]
+        if self.takeover_pending(mutator):
+            return  # rotated once its takeover is finished: a replay must not hold the loop
+        try:
+            # Every record it skipped as invalid is on the dead-letter topic before its last window is
+            # recorded complete.
+            await self.dead_letters.deliver()
+            # Safe to repeat after any failure: a committed release only retries its retire.
+            await self.retry("rotation", tp, functools.partial(release, self.store, mutator, self.clock()))
+            # Only from itself: a member that lost the partition without noticing must not fence its owner.
+            successor = await self.retry("takeover", tp, functools.partial(
+                self.take_over, tp, applier=mutator.applier, from_owner=mutator.id))
+        except FencedError as exc:
+            self.drop(tp, mutator, str(exc))
+            return
+        except MutatorExpiredError:
+            await self.replace_expired(tp, mutator)
+            return
+        log.info("mutator_rotated", topic=tp.topic, partition=tp.partition, reason=reason,
+                 old=str(mutator.id), new=str(successor.id))
 
     def cancel_takeovers(self) -> None:
         """Closing: takeovers still running end as a crash would end them."""

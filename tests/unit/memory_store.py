@@ -14,6 +14,7 @@ lost, or (a shard write) is held in flight to land later or never. No event loop
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import struct
@@ -378,14 +379,20 @@ class Task:
     ``error`` holds its outcome.
     """
 
-    def __init__(self, label: str, coro: Coroutine[Any, Any, Any]) -> None:
+    def __init__(self, label: str, coro: Coroutine[Any, Any, Any], *, start: bool = True) -> None:
+        """``start=False`` runs nothing yet (as :func:`asyncio.create_task` does): the first :meth:`step`
+        starts the coroutine, which then waits at its first operation."""
         self.label = label
         self._coro = coro
         self.pending: Op | None = None
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
-        self._advance(None)
+        self._started = start
+        if start:
+            self._advance(None)
+        else:
+            self.pending = Op("start")
 
     def _advance(self, fault: Fault | None) -> None:
         try:
@@ -402,6 +409,10 @@ class Task:
     def step(self, fault: Fault = Fault.NONE) -> None:
         if self.done:
             raise RuntimeError(f"{self.label} has finished")
+        if not self._started:
+            self._started = True
+            self._advance(None)  # nothing has failed yet: there was no operation
+            return
         self._advance(fault)
 
     def finish(self) -> Task:
@@ -414,6 +425,51 @@ class Task:
         """The process running it dies: operations not yet at their gate never happen."""
         self._coro.close()
         self.done, self.pending = True, None
+
+
+class BackgroundTask:
+    """:class:`consumer.ownership.Background` over a :class:`Task`: a takeover's background half, run by the
+    test one storage operation at a time, or cancelled as a process's loop cancels it."""
+
+    def __init__(self, label: str, coro: Coroutine[Any, Any, None]) -> None:
+        self.task = Task(label, coro, start=False)
+        self._cancelled = False
+
+    def done(self) -> bool:
+        return self.task.done
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def exception(self) -> BaseException | None:
+        if self._cancelled:
+            raise asyncio.CancelledError
+        if not self.task.done:
+            raise asyncio.InvalidStateError(f"{self.task.label} has not finished")
+        return self.task.error
+
+    def result(self) -> None:
+        error = self.exception()
+        if error is not None:
+            raise error
+
+    def cancel(self) -> bool:
+        if self.task.done:
+            return False
+        self.task.abandon()
+        self._cancelled = True
+        return True
+
+    def __await__(self) -> Generator[Any, None, None]:
+        # Awaited only once it is done (ownership awaits a takeover it has just cancelled): nothing to wait for.
+        self.result()
+        return
+        yield
+
+
+async def retry_pause(what: str) -> None:
+    """Where a step that failed waits before it is tried again: the test decides when that is."""
+    await _gate(Op("retry_pause", what))
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
