@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.storage import MutatorEntry, PartitionId
@@ -20,6 +21,7 @@ from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates
 from schemas.fast_route import FastRoute, Row
 from schemas.kinds import State, new_state
+from schemas.kinds.base import KindSpec
 
 # What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
 # about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
@@ -28,6 +30,10 @@ RETRY_ID_BYTES = 160
 # sharing it): the row, its list of states and its entry in the row cache (tracemalloc, 100k keys, three
 # counters).
 ROW_BYTES = 250
+# What one measured sketch size costs: its dict slot and int.
+MEASURED_BYTES = 80
+# Kinds whose states grow as they fill; the others keep the size they have when new.
+GROWING_KINDS = frozenset({"distinct", "quantiles", "top_k"})
 
 
 class KafkaRecord(Protocol):
@@ -277,6 +283,9 @@ class Mutator:
     # The fast path's rows (per key group: key value -> the states of that key), holding the same state
     # objects as ``states``. Valid because ``states`` only ever grows, by this mutator's own applying.
     rows: list[dict[object, Row]] | None = None
+    # The size last measured of each sketch state written (sketches grow as they fill; the other kinds keep
+    # their size when new), so that a flush re-measures what it wrote instead of every state it holds.
+    measured: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
     @property
     def id(self) -> uuid.UUID:
@@ -366,6 +375,20 @@ class Mutator:
         if position - 1 > self.applied_through:
             self.applied_through = position - 1
 
+    def remeasure(self, written: Iterable[tuple[str, str]]) -> None:
+        """Bring the memory estimate up to date for states just written: each sketch's growth since it was
+        last measured (its size when new, the first time)."""
+        counters = self.applier.counters
+        for ident in written:
+            if counters[ident[0]].kind not in GROWING_KINDS:
+                continue
+            size = self.states[ident].size_bytes()
+            before = self.measured.get(ident)
+            if before is None:
+                before = _size_when_new(counters[ident[0]].spec)
+            self.state_bytes += size - before
+            self.measured[ident] = size
+
     def needs_flush(self) -> bool:
         return bool(self.dirty) or self.applied_through > self.flushed_through
 
@@ -373,7 +396,13 @@ class Mutator:
         """An estimate of the memory held: states (refreshed at each flush, sketches grow as they fill), the
         batch path's rows, and the event ids of the publisher-retry window."""
         rows = 0 if self.rows is None else sum(len(cache) for cache in self.rows)
-        return self.state_bytes + rows * ROW_BYTES + self.applier.window.ids_held() * RETRY_ID_BYTES
+        return (self.state_bytes + rows * ROW_BYTES + len(self.measured) * MEASURED_BYTES
+                + self.applier.window.ids_held() * RETRY_ID_BYTES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _size_when_new(spec: KindSpec) -> int:
+    return new_state(spec).size_bytes()
 
 
 __all__ = [

@@ -84,7 +84,7 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     mutator.flush_seq = seq
     mutator.flushed_through = intent
     mutator.window_seq = None
-    mutator.state_bytes = sum(state.size_bytes() for state in mutator.states.values())
+    mutator.remeasure(flushing)
     return len(writes)
 
 
