@@ -19,7 +19,7 @@ from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates
-from schemas.fast_route import FastRoute, Row
+from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
 from schemas.kinds import State, new_state
 from schemas.kinds.base import KindSpec
 
@@ -318,40 +318,33 @@ class Mutator:
         if rows is None:
             rows = self.rows = fast.new_rows()
         window, states, counters = applier.window, self.states, applier.counters
-        prepare, fresh, advance = fast.prepare, window.fresh, window.advance
+        apply_event, fresh, advance = fast.apply_event, window.fresh, window.advance
         touched: list[Row] = []
+
+        def create(row: Row, index: int) -> State:
+            ident = (row.names[index], row.key)
+            state = states.get(ident)
+            if state is None:
+                state = states[ident] = new_state(counters[ident[0]])
+                self.state_bytes += state.size_bytes()
+            row.states[index] = state
+            return state
+
         applied = duplicates = 0
         try:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
                     continue
-                updates = prepare(record.value or b"", rows)
-                if updates is None:
+                outcome = apply_event(record.value or b"", rows, fresh, touched, create)
+                if outcome is None:
                     result.count(record, *self.apply(record))
                     continue
-                changed = False
-                for row, index, value, event_id in updates:
-                    if event_id is not None and not fresh(row.names[index], event_id):
-                        continue
-                    state = row.states[index]
-                    if state is None:
-                        ident = (row.names[index], row.key)
-                        state = states.get(ident)
-                        if state is None:
-                            state = states[ident] = new_state(counters[ident[0]])
-                            self.state_bytes += state.size_bytes()
-                        row.states[index] = state
-                    state.apply(value)
-                    if not row.touched:
-                        touched.append(row)
-                    row.touched |= 1 << index
-                    changed = True
                 advance()
                 self.applied_through = offset
-                if changed:
+                if outcome == APPLIED:
                     applied += 1
-                elif updates:
+                elif outcome == DUPLICATE:
                     duplicates += 1
         finally:
             result.applied += applied

@@ -13,7 +13,7 @@ updates with less work per event, for the shapes of definition most counters hav
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
 escape, deeply bracketed, over the size limit, a missing, null or wrongly typed field, a key too long —
-makes :meth:`FastRoute.prepare` return ``None``, and the caller routes that event through
+makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
 :class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
 the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
 
@@ -72,23 +72,33 @@ def _eligible(definition: CounterDefinition) -> bool:
             and all("." not in path for path in paths))
 
 
-Prepared = list[tuple[Row, int, Any, "str | None"]]
+# What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
+# dropped as a publisher retry by all, or wanted by none (filtered out).
+APPLIED, DUPLICATE, FILTERED = 1, 2, 0
+# apply_event(raw, rows, fresh, touched, create): one of the above, or None for an event it leaves to the
+# router (nothing changed). ``fresh(counter, event_id)`` is the retry window's; ``touched`` collects the rows
+# changed; ``create(row, index)`` makes (or finds) the state of a row's counter.
+ApplyEvent = Callable[[bytes, list[dict[Any, "Row"]], Callable[[str, str], bool], list["Row"],
+                       Callable[["Row", int], State]], "int | None"]
 
 
 class FastRoute:
-    """The fast path of one topic: :meth:`prepare` is a function generated for the topic's counters.
+    """The fast path of one topic: ``apply_event`` is a function generated for the topic's counters.
 
-    The generated source (kept in ``source``, for a reader or a debugger) is the router's extractors written
-    out for this topic: per key group, the row of the event's key value; per counter, its filter, its value
-    through the router's converter, and its event id. It returns, for each counter that wants the event, its
-    row, its index in the row, its value and its event id. The row caches (:meth:`new_rows`) belong to
-    whoever applies (a mutator)."""
+    The generated source (kept in ``source``, for a reader or a debugger) is the router's extractors and the
+    mutator's apply written out for this topic, in two steps. First it reads and checks, per key group, the
+    row of the event's key value and, per counter, its filter, its value through the router's converter and
+    its event id; anything refused ends it there, with nothing changed. Then, per counter that wants the
+    event, the retry window's decision on its id (once per window group) and the apply to its state, with
+    the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a mutator)."""
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
                  max_key_bytes: int) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
+        # A counter of the topic has no filter: every event taken is wanted (applied, or a publisher retry).
+        self._always_wanted = not all(definition.where for definition in counters)
         fields: dict[str, str] = {}  # event field -> attribute of the decoded struct
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
@@ -108,7 +118,7 @@ class FastRoute:
         self._groups = tuple((paths, tuple(d.name for d in members)) for paths, members in groups.items())
 
         lines = [
-            "def prepare(raw, rows):",
+            "def apply_event(raw, rows, fresh, touched, create):",
             "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or b'\\\\u' in raw",
             "            or raw.count(b'{') + raw.count(b'[') > MAX_DEPTH):",
             "        return None",
@@ -116,9 +126,13 @@ class FastRoute:
             "        event = decode(raw)",
             "    except DECODE_ERRORS:",
             "        return None",
-            "    updates = []",
+            "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet",
             "    try:",
         ]
+        applying = ["    # 2. the publisher-retry window, then the states", "    changed = False"]
+        if not self._always_wanted:
+            applying.append("    wanted = False")
+        decided: dict[tuple[str, str], str] = {}  # window group, id local -> the local holding its decision
         for g, (paths, members) in enumerate(groups.items()):
             lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}")
             lines.append(f"        row{g} = None")
@@ -131,12 +145,14 @@ class FastRoute:
                 lines.append(f"        # counter {definition.name} ({definition.kind})")
                 indent = "        "
                 if definition.where:
+                    lines.append(f"{indent}want_{c} = False")
                     checks = []
                     for n, (path, allowed) in enumerate(definition.where.items()):
                         namespace[f"where_{c}_{n}"] = _where_check(operator.attrgetter(attr(path)), allowed)
                         checks.append(f"where_{c}_{n}(event)")
                     lines.append(f"{indent}if {' and '.join(checks)}:")
                     indent += "    "
+                    lines.append(f"{indent}want_{c} = True")
                 if not row_known:
                     lines += [f"{indent}if row{g} is None:",
                               f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
@@ -146,11 +162,12 @@ class FastRoute:
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
-                    lines += [f"{indent}value = event.{attr(definition.value)}",
-                              f"{indent}if value is UNSET or value is None:",
-                              f"{indent}    return None"]
-                    value = f"convert_{c}(value)"
-                event_id = "None"
+                    lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
+                              f"{indent}if value_{c} is UNSET or value_{c} is None:",
+                              f"{indent}    return None",
+                              f"{indent}value_{c} = convert_{c}(value_{c})"]
+                    value = f"value_{c}"
+                event_id = None
                 if definition.event_id is not None:
                     # Read once per record for the counters without a filter; under a filter, read again.
                     event_id = ids.get(definition.event_id, "") if not definition.where else ""
@@ -161,14 +178,46 @@ class FastRoute:
                         # the router's own rule: a refused id raises, and the router decides the event
                         namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
                         lines.append(f"{indent}{event_id} = check_{event_id}(event.{attr(definition.event_id)})")
-                lines.append(f"{indent}updates.append((row{g}, {index}, {value}, {event_id}))")
-        lines += ["    except REFUSED:", "        return None", "    return updates"]
+                applying += self._apply_lines(definition, g, index, value, event_id, decided)
+        lines += ["    except REFUSED:", "        return None", *applying,
+                  "    return APPLIED if changed else " + ("DUPLICATE" if self._always_wanted else
+                                                        "(DUPLICATE if wanted else FILTERED)")]
         self.source = "\n".join(lines) + "\n"
         struct = msgspec.defstruct(
             "TopicFields", [(a, Any, msgspec.field(default=_UNSET, name=path)) for path, a in fields.items()])
         namespace["decode"] = msgspec.json.Decoder(struct).decode
+        namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
-        self.prepare: Callable[[bytes, list[dict[Any, Row]]], Prepared | None] = namespace["prepare"]
+        self.apply_event: ApplyEvent = namespace["apply_event"]
+
+    def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,
+                     event_id: str | None, decided: dict[tuple[str, str], str]) -> list[str]:
+        """Step 2 for one counter: the window's decision on its event id (one look-up per window group and
+        record: counters sharing an id field and a filter share the decision), then its state."""
+        c, row, indent = f"{group}_{index}", f"row{group}", "    "
+        lines = [f"    # counter {definition.name}"]
+        if definition.where:
+            lines.append(f"    if want_{c}:")
+            if not self._always_wanted:
+                lines.append("        wanted = True")
+            indent += "    "
+        if event_id is not None:
+            share = (f"{definition.event_id}|{sorted(definition.where.items())!r}", event_id)
+            fresh = decided.get(share)
+            if fresh is None:
+                fresh = decided[share] = f"fresh_{c}"
+                lines.append(f"{indent}{fresh} = fresh({definition.name!r}, {event_id})")
+            lines.append(f"{indent}if {fresh}:")
+            indent += "    "
+        lines += [f"{indent}state = {row}.states[{index}]",
+                  f"{indent}if state is None:",
+                  f"{indent}    state = create({row}, {index})",
+                  f"{indent}state.apply({value})",
+                  f"{indent}if not {row}.touched:",
+                  f"{indent}    touched.append({row})",
+                  f"{indent}{row}.touched |= {1 << index}",
+                  f"{indent}changed = True"]
+        return lines
 
     @classmethod
     def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,

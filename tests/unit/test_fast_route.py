@@ -13,7 +13,8 @@ from consumer.applying import Applier, BatchApplied, Mutator, Outcome, Record, R
 from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
-from schemas.fast_route import FastRoute
+from schemas.fast_route import APPLIED, FastRoute
+from schemas.kinds import new_state
 
 TOPIC = "t"
 MAX_KEY_BYTES = 24  # small, so that long keys, items and ids are common
@@ -155,7 +156,8 @@ def test_the_fast_path_takes_the_common_event() -> None:
     fast = m.applier.fast
     assert fast is not None
     raw = b'{"sym": "IBM", "n": 3, "id": "e1"}'
-    assert fast.prepare(raw, fast.new_rows()) is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    assert fast.apply_event(raw, fast.new_rows(), lambda counter, event_id: True, [], create) == APPLIED
     result = m.apply_batch([Record(0, raw), Record(1, raw)])
     assert (result.applied, result.duplicates) == (1, 1)
     assert m.states[("c1", "IBM")].value() == 3
