@@ -215,8 +215,9 @@ def describe_failure(exc: BaseException, settings: Settings) -> tuple[int, str]:
     from countersink.cassandra import CassandraError
     from countersink.consistency import ConsistencyError
     from schemas.errors import DefinitionError
+    from schemas.timeseries import TimeRangeError
 
-    if isinstance(exc, DefinitionError | ConsistencyError):
+    if isinstance(exc, DefinitionError | ConsistencyError | TimeRangeError):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, CassandraError):
         return EXIT_FAILED, str(exc)

@@ -14,11 +14,13 @@ from countersink.logs import get_logger
 from countersink.reader import CounterReader, Explanation, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.settings import Consistency, Settings
+from schemas import timeseries
 from schemas.definitions import CounterDefinition
 from schemas.kinds._moments import MomentsValue
 from schemas.kinds.distinct import DistinctEstimate
 from schemas.kinds.quantiles import QuantilesEstimate
 from schemas.kinds.top_k import TopKEstimate
+from schemas.timeseries import TimeRangeError
 
 log = get_logger(__name__)
 
@@ -38,10 +40,35 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         + setting_default("cassandra.read_consistency"))
 
 
+def _instant(text: str) -> int:
+    """An argparse type: a time for --from and --to."""
+    try:
+        return timeseries.parse_instant(text)
+    except TimeRangeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> int:
+    """An argparse type: a step like 1h or 1d."""
+    try:
+        return timeseries.parse_duration(text)
+    except TimeRangeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_get_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
     parser.add_argument("keys", nargs="+", metavar="KEY", type=instance_key,
-                        help="instance key(s): key fields' values joined by | (docs/counters.md, Instance keys)")
+                        help="instance key(s): key fields' values joined by | (docs/counters.md, Instance keys); "
+                        "with --from/--to, one key without its bucket")
+    series = parser.add_argument_group("time series (bucketed counters; docs/reading.md, Time series)")
+    series.add_argument("--from", dest="start", type=_instant, metavar="TIME",
+                        help="first time of the range: ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, "
+                        "or now-6h / -7d; each bucket starting in [--from, --to) is read")
+    series.add_argument("--to", dest="end", type=_instant, metavar="TIME", help="end of the range (excluded)")
+    series.add_argument("--step", type=_duration, metavar="DURATION",
+                        help="merge the buckets of each step (1h, 1d, 1w; a multiple of the bucket size)")
+    series.add_argument("--rollup", action="store_true", help="merge every bucket of the range into one value")
     _common(parser)
 
 
@@ -98,7 +125,63 @@ async def _known_or_refuse(client: CassandraClient, args: argparse.Namespace) ->
     return False
 
 
+def _check_range_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with the range arguments, before anything connects; None when they fit together."""
+    ranged = args.start is not None or args.end is not None
+    if not ranged:
+        return "--step and --rollup read a range: give --from and --to" if args.step or args.rollup else None
+    if args.start is None or args.end is None:
+        return "a range needs both --from and --to"
+    if len(args.keys) != 1:
+        return "a range is read for one key at a time"
+    if args.step and args.rollup:
+        return "give --step or --rollup, not both"
+    if args.end <= args.start:
+        return "--to must come after --from"
+    return None
+
+
+def run_series(args: argparse.Namespace, settings: Settings) -> int:
+    async def series() -> int:
+        async with CassandraClient(settings.cassandra) as client:
+            definition = await _known_or_refuse(client, args)
+            if not isinstance(definition, CounterDefinition):
+                if definition is None:
+                    log.error("unknown_counter", counter=args.counter, error="the counter registry is empty: "
+                              "no consumer has recorded a counter yet, so its bucket size is not known")
+                return EXIT_USAGE
+            reader = CounterReader(client, args.consistency, max_range_buckets=settings.read.max_range_buckets,
+                                   concurrency=settings.read.range_concurrency)
+            key = args.keys[0]
+            if args.rollup:
+                points = [await reader.rollup(definition, key, args.start, args.end)]
+            elif args.step:
+                points = await reader.rollup(definition, key, args.start, args.end, args.step)
+            else:
+                points = await reader.series(definition, key, args.start, args.end)
+        if args.json:
+            print(json.dumps({"counter": args.counter, "kind": definition.kind, "key": key,
+                              "from": timeseries.iso(args.start), "to": timeseries.iso(args.end),
+                              "step": args.step, "points": to_jsonable(points)}))
+            return 0
+        for point in points:
+            span = point.start.strftime("%Y-%m-%dT%H:%MZ")
+            if args.step or args.rollup:
+                span += " .. " + point.end.strftime("%Y-%m-%dT%H:%MZ")
+            print(f"{args.counter} {key!r} {span}: {_render(point.value)}")
+        return 0
+
+    return run_async(series())
+
+
 def run_get(args: argparse.Namespace, settings: Settings) -> int:
+    problem = _check_range_arguments(args)
+    if problem is not None:
+        log.error("usage_refused", error=problem)
+        return EXIT_USAGE
+    if args.start is not None:
+        return run_series(args, settings)
+
     async def get() -> int:
         async with CassandraClient(settings.cassandra) as client:
             definition = await _known_or_refuse(client, args)

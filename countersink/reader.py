@@ -10,12 +10,17 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, overload
 
 from countersink.cassandra import CassandraClient, as_dicts
+from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
+from schemas import timeseries
+from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_stored, state_from_bytes
+from schemas.timeseries import SeriesPoint, TimeRangeError
 
 _INSTANCE = "SELECT tally, mutator, state, through_offset, writetime(state) AS written_us FROM shards " \
             "WHERE counter = ? AND key = ?"
@@ -64,12 +69,32 @@ async def read_state(
     return merge_stored(_blobs(as_dicts(result)))
 
 
-class CounterReader:
-    """Typed counter values: ints or Decimals for sums, floats for means, estimates with bounds for sketches."""
+Instant = datetime | int | str
 
-    def __init__(self, client: CassandraClient, consistency: Consistency | None = None) -> None:
+
+def _seconds(when: Instant) -> int:
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            raise TimeRangeError(f"{when!r} has no time zone: give an aware datetime")
+        return int(when.timestamp() // 1)
+    if isinstance(when, int):
+        return when
+    return timeseries.parse_instant(when)
+
+
+class CounterReader:
+    """Typed counter values: ints or Decimals for sums, floats for means, estimates with bounds for sketches.
+
+    Range reads of bucketed counters (:meth:`series`, :meth:`rollup`) read at most ``max_range_buckets``
+    buckets, ``concurrency`` at a time (or within ``reads``, a limit shared with other readers)."""
+
+    def __init__(self, client: CassandraClient, consistency: Consistency | None = None, *,
+                 max_range_buckets: int = 1000, concurrency: int = 32,
+                 reads: asyncio.Semaphore | None = None) -> None:
         self.client = client
         self.consistency = consistency or client.settings.read_consistency
+        self.max_range_buckets = max_range_buckets
+        self._reads = reads or asyncio.Semaphore(concurrency)
 
     async def get(self, counter: str, key: str) -> object:
         """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
@@ -79,6 +104,57 @@ class CounterReader:
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
         values = await asyncio.gather(*(self.get(counter, key) for key in keys))
         return dict(zip(keys, values, strict=True))
+
+    async def series(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant
+                     ) -> list[SeriesPoint]:
+        """Each bucket of ``key`` starting in ``[start, end)``, in order, empty ones included (value None)."""
+        return await self._points(counter, key, start, end, None)
+
+    @overload
+    async def rollup(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
+                     step: None = None) -> SeriesPoint: ...
+
+    @overload
+    async def rollup(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
+                     step: int | str) -> list[SeriesPoint]: ...
+
+    async def rollup(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
+                     step: int | str | None = None) -> SeriesPoint | list[SeriesPoint]:
+        """The buckets of ``[start, end)`` merged into one value, or, with ``step`` (seconds or ``1d``, a
+        multiple of the bucket size), one merged value per step. States merge as CRDTs: sums, counts, min,
+        max, mean and variance exactly; distinct, quantiles and top-k as their sketches merge, with bounds."""
+        if step is None:
+            first, last = _seconds(start), _seconds(end)
+            points = await self._points(counter, key, first, last, last - first, whole=True)
+            return points[0]
+        return await self._points(counter, key, start, end,
+                                  step if isinstance(step, int) else timeseries.parse_duration(step))
+
+    async def _points(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
+                      step: int | None, *, whole: bool = False) -> list[SeriesPoint]:
+        definition = await self._definition(counter)
+        first, last = _seconds(start), _seconds(end)
+        starts = timeseries.bucket_starts(definition, first, last, self.max_range_buckets)
+        if whole:
+            groups = [timeseries.Step(first, last, tuple(starts))]
+        else:
+            groups = timeseries.steps(definition, starts, first, last, step)
+
+        async def read(bucket: int) -> State | None:
+            async with self._reads:
+                return await read_state(self.client, definition.name,
+                                        timeseries.bucket_key(definition, key, bucket), self.consistency)
+
+        states = dict(zip(starts, await asyncio.gather(*(read(s) for s in starts)), strict=True))
+        return timeseries.roll_up(groups, states)
+
+    async def _definition(self, counter: CounterDefinition | str) -> CounterDefinition:
+        if isinstance(counter, CounterDefinition):
+            return counter
+        known, definition = await CounterRegistry(self.client, self.consistency).lookup(counter)
+        if not known or definition is None:
+            raise TimeRangeError(f"no counter {counter!r} in the counter registry")
+        return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
         rows = as_dicts(await self.client.execute(_INSTANCE, [counter, key], consistency=self.consistency))
@@ -153,4 +229,6 @@ def to_jsonable(value: object) -> object:
         return [to_jsonable(v) for v in value]
     if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return str(value)

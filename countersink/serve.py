@@ -1,13 +1,16 @@
 """``countersink serve``: counters over HTTP as JSON, for services that do not speak Python.
 
-``GET /counters/{name}/{key}`` reads one instance, ``GET /counters/{name}?key=a&key=b`` several at once.
-``/openapi.json`` describes both. ``/healthz``, ``/readyz`` and ``/metrics`` are there for probes and
-Prometheus. Reads go straight to Cassandra (tally + shards, merged), like ``countersink get``; the server
-keeps no cache, so a value is as fresh as the last flush.
+``GET /counters/{name}/{key}`` reads one instance, ``GET /counters/{name}?key=a&key=b`` several at once, and
+``GET /counters/{name}/{key}/series?from=&to=[&step=|&rollup=true]`` a bucketed counter's buckets in a range,
+one per bucket, merged per step, or merged into one. ``/openapi.json`` describes them. ``/healthz``,
+``/readyz`` and ``/metrics`` are there for probes and Prometheus. Reads go straight to Cassandra (tally +
+shards, merged), like ``countersink get``; the server keeps no cache, so a value is as fresh as the last
+flush.
 
-Untrusted input is bounded: names must be counter identifiers, keys are limited in size and number, and
-a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the connection. The
-request target, header lines, bodies and requests handled at once are bounded too (414, 400, 413, 503).
+Untrusted input is bounded: names must be counter identifiers, keys are limited in size and number, ranges
+in buckets, and a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the
+connection. The request target, header lines, bodies and requests handled at once are bounded too (414,
+400, 413, 503).
 
 With ``tls_cert``/``tls_key`` the server speaks HTTPS only. With bearer tokens set (``tokens`` or
 ``tokens_file``), every route but ``/healthz`` and ``/readyz`` answers 401 without one of them; tokens are
@@ -19,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import json
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from importlib.metadata import version
 from pathlib import Path
@@ -42,12 +46,14 @@ from countersink.gc_runs import GcAgeSampler
 from countersink.health import metrics_handler
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.reader import read_state, to_jsonable
+from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, wait_until_reachable
-from countersink.settings import Consistency, ServeSettings, Settings
-from schemas.definitions import NAME_PATTERN, CounterSet
+from countersink.settings import Consistency, ReadSettings, ServeSettings, Settings
+from schemas import timeseries
+from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
 from schemas.events import DEFAULT_MAX_KEY_BYTES
+from schemas.timeseries import SeriesPoint, TimeRangeError
 
 log = get_logger(__name__)
 
@@ -56,10 +62,12 @@ class ReadApi:
     given, else names not in the counter ``registry`` (when it has entries)."""
 
     def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
-                 consistency: Consistency | None = None, *, registry: CounterRegistry | None = None) -> None:
+                 consistency: Consistency | None = None, *, registry: CounterRegistry | None = None,
+                 read_settings: ReadSettings | None = None) -> None:
         self.client = client
         self.registry = registry
         self.settings = settings
+        self.read_settings = read_settings or ReadSettings()
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
@@ -71,6 +79,7 @@ class ReadApi:
         app = web.Application(middlewares=[_observed, self._guard], client_max_size=self.settings.max_body_bytes)
         app.add_routes([
             web.get("/counters/{name}/{key}", self.get_one),
+            web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
             web.get("/openapi.json", self.openapi),
             web.get("/healthz", self.healthz),
@@ -150,10 +159,62 @@ class ReadApi:
                        zip(keys, results, strict=True)},
         })
 
-    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
+    async def series(self, request: web.Request) -> web.Response:
+        name = await self._counter(request)
+        key = request.match_info["key"]
+        if key:
+            _checked_key(key)
+        level = _consistency(request)
+        definition = await self._definition(name)
+        if definition is None:
+            raise _problem(web.HTTPNotFound, f"counter {name!r} is not recorded yet: its bucket size is not known")
+        query = request.query
+        if "from" not in query or "to" not in query:
+            raise _problem(web.HTTPBadRequest, "give ?from= and ?to= (ISO-8601 with an offset, now, now-6h)")
+        rollup = query.get("rollup", "false").lower()
+        if rollup not in ("true", "false"):
+            raise _problem(web.HTTPBadRequest, "rollup is true or false")
+        reader = CounterReader(self.client, level, max_range_buckets=self.read_settings.max_range_buckets,
+                               reads=self._reads)
         try:
-            async with asyncio.timeout(self.settings.request_timeout_s), self._reads:
-                state = await read_state(self.client, name, key, level)
+            start, end = timeseries.parse_instant(query["from"]), timeseries.parse_instant(query["to"])
+            step = timeseries.parse_duration(query["step"]) if "step" in query else None
+            if step is not None and rollup == "true":
+                raise TimeRangeError("give step or rollup=true, not both")
+            async with self._cassandra_answers():
+                points: list[SeriesPoint]
+                if rollup == "true":
+                    points = [await reader.rollup(definition, key, start, end)]
+                elif step is not None:
+                    points = await reader.rollup(definition, key, start, end, step)
+                else:
+                    points = await reader.series(definition, key, start, end)
+        except TimeRangeError as exc:
+            raise _problem(web.HTTPBadRequest, str(exc)) from None
+        return web.json_response({"counter": name, "key": key, "kind": definition.kind,
+                                  "from": timeseries.iso(start), "to": timeseries.iso(end), "step": step,
+                                  "points": to_jsonable(points)})
+
+    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
+        async with self._cassandra_answers(), self._reads:
+            state = await read_state(self.client, name, key, level)
+        if state is None:
+            definition = await self._definition(name)
+            return (definition.kind if definition else None), None
+        return state.kind, state.value()
+
+    async def _definition(self, name: str) -> CounterDefinition | None:
+        definition = self.counters.get(name) if self.counters else None
+        if definition is None and self.registry is not None:
+            definition = (await self.registry.lookup(name))[1]
+        return definition
+
+    @contextlib.asynccontextmanager
+    async def _cassandra_answers(self) -> AsyncIterator[None]:
+        """Within ``request_timeout_s``, and Cassandra's refusals as problem documents."""
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_s):
+                yield
         except TimeoutError:
             raise _problem(web.HTTPGatewayTimeout,
                            f"Cassandra did not answer within {self.settings.request_timeout_s}s") from None
@@ -162,12 +223,6 @@ class ReadApi:
         except CassandraUnavailableError as exc:
             # e.g. too few replicas for the consistency level: the caller may retry or ask for a lower level
             raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
-        if state is None:
-            definition = self.counters.get(name) if self.counters else None
-            if definition is None and self.registry is not None:
-                definition = (await self.registry.lookup(name))[1]
-            return (definition.kind if definition else None), None
-        return state.kind, state.value()
 
     async def _counter(self, request: web.Request) -> str:
         name = request.match_info["name"]
@@ -371,6 +426,30 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "responses": {"200": {"description": "the value", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/Instance"}}}}, **errors},
             }},
+            "/counters/{name}/{key}/series": {"get": {
+                "summary": "A bucketed counter's buckets in a time range: each, merged per step, or merged into one",
+                "operationId": "getSeries",
+                "description": "Buckets whose start lies in [from, to). Merging is the kinds' own: exact for sums, "
+                               "counts, min, max, mean and variance; sketches merge with their bounds. At most "
+                               "COUNTERSINK_READ__MAX_RANGE_BUCKETS buckets per request.",
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                               {"name": "key", "in": "path", "required": True,
+                                "schema": {"type": "string", "maxLength": DEFAULT_MAX_KEY_BYTES},
+                                "description": "the instance key without its bucket, URL-encoded"},
+                               {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
+                                "description": "ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, now-6h"},
+                               {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
+                                "description": "end of the range, excluded; same forms as from"},
+                               {"name": "step", "in": "query", "required": False,
+                                "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
+                                "description": "merge the buckets of each step (a multiple of the bucket size)"},
+                               {"name": "rollup", "in": "query", "required": False,
+                                "schema": {"type": "boolean", "default": False},
+                                "description": "merge every bucket of the range into one point"},
+                               consistency],
+                "responses": {"200": {"description": "the points, in time order", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Series"}}}}, **errors},
+            }},
             "/counters/{name}": {"get": {
                 "summary": "The values of several instances of one counter",
                 "operationId": "getCounters",
@@ -390,6 +469,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "counter": {"type": "string"},
                 "values": {"type": "object", "additionalProperties": {"type": "object", "properties": {
                     "kind": {"type": ["string", "null"]}, "value": value}}}}},
+            "Series": {"type": "object", "required": ["counter", "key", "kind", "from", "to", "points"],
+                       "properties": {
+                           "counter": {"type": "string"}, "key": {"type": "string"}, "kind": {"type": "string"},
+                           "from": {"type": "string"}, "to": {"type": "string"},
+                           "step": {"type": ["integer", "null"], "description": "seconds"},
+                           "points": {"type": "array", "items": {
+                               "type": "object", "required": ["start", "end", "value", "buckets_counted"],
+                               "properties": {"start": {"type": "string"}, "end": {"type": "string"}, "value": value,
+                                              "buckets_counted": {"type": "integer"}}}}}},
             "Problem": {"type": "object", "properties": {"title": {"type": "string"}, "status": {"type": "integer"},
                                                          "detail": {"type": "string"}}},
         }},
@@ -452,7 +540,8 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         registry = CounterRegistry(client, consistency) if counters is None else None
         try:
             tls = server_tls(serve_settings)
-            api = ReadApi(client, serve_settings, counters, consistency, registry=registry)
+            api = ReadApi(client, serve_settings, counters, consistency, registry=registry,
+                          read_settings=settings.read)
         except TokenError as exc:
             log.error("serve_settings_refused", error=str(exc))
             return 2

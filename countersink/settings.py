@@ -242,6 +242,13 @@ class ServeSettings(_Section):
         return self
 
 
+class ReadSettings(_Section):
+    """Range reads of bucketed counters (``countersink get --from/--to``, ``serve``'s series, the reader)."""
+
+    max_range_buckets: int = Field(default=1000, ge=1, le=100_000)  # buckets one range read may cover
+    range_concurrency: int = Field(default=32, ge=1, le=1024)  # bucket reads in flight for one range read
+
+
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
@@ -254,6 +261,7 @@ class Settings(BaseSettings):
     consumer: ConsumerSettings = Field(default_factory=ConsumerSettings)
     gc: GcSettings = Field(default_factory=GcSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    read: ReadSettings = Field(default_factory=ReadSettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.

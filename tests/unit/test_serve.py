@@ -65,12 +65,14 @@ async def test_probes_and_metrics(http: TestClient) -> None:  # type: ignore[typ
     assert (await http.post("/counters/likes/x")).status == 405
 
 
-async def test_openapi_describes_both_reads(http: TestClient) -> None:  # type: ignore[type-arg]
-    """The OpenAPI document describes both reads with the configured limits."""
+async def test_openapi_describes_every_read(http: TestClient) -> None:  # type: ignore[type-arg]
+    """The OpenAPI document describes the reads (one key, several keys, a range) with the configured limits."""
     served = await (await http.get("/openapi.json")).json()
     assert served == openapi_document(ServeSettings(max_keys=3), COUNTERS)
     assert served["openapi"].startswith("3.1")
-    assert set(served["paths"]) == {"/counters/{name}/{key}", "/counters/{name}"}
+    assert set(served["paths"]) == {"/counters/{name}/{key}", "/counters/{name}", "/counters/{name}/{key}/series"}
+    series = {p["name"]: p for p in served["paths"]["/counters/{name}/{key}/series"]["get"]["parameters"]}
+    assert (series["from"]["required"], series["to"]["required"], series["step"]["required"]) == (True, True, False)
     name = served["paths"]["/counters/{name}"]["get"]["parameters"][0]
     assert name["schema"]["enum"] == ["likes"]
     keys = served["paths"]["/counters/{name}"]["get"]["parameters"][1]

@@ -1,0 +1,158 @@
+"""Time-bucketed counters read as time series: which buckets a range holds, how steps group them, and the
+instance key of each bucket.
+
+A bucketed counter keeps one instance per key and bucket, the bucket's start in UTC being the last component
+of the instance key (``IBM|2026-11-22T10:00Z``, docs/counters.md). Buckets start at multiples of their size
+counted from 1970-01-01T00:00Z (sub-day sizes divide a day, so every day's buckets start at midnight). A
+range ``[start, end)`` holds the buckets whose start lies in it; a step (a multiple of the bucket size)
+groups them the same way, at multiples of the step.
+
+Pure functions: the reader (``countersink.reader``) reads and merges; the CLI and ``serve`` parse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+from schemas.definitions import CounterDefinition
+from schemas.errors import CountersinkError
+from schemas.kinds import State
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
+_RELATIVE = re.compile(r"(?:now)?(?:([+-])([1-9][0-9]{0,6})([smhdw]))?")
+# The last instant a bucket key can name (9999-12-31T23:59Z), as the router refuses later event times.
+_LAST_SECOND = 253_402_300_799
+BUCKET_FORMAT = "%Y-%m-%dT%H:%MZ"
+
+
+class TimeRangeError(CountersinkError, ValueError):
+    """A time, duration or range that cannot be read: the message says what is expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One point of a series or a roll-up: ``[start, end)`` and the buckets it merges (their starts)."""
+
+    start: int
+    end: int
+    buckets: tuple[int, ...]
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in ``30m``, ``6h``, ``1d``, ``2w``."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise TimeRangeError(f"{text!r} is not a duration like 30m, 6h, 1d or 2w")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_instant(text: str, now: float | None = None) -> int:
+    """Epoch seconds of an ISO-8601 time with an offset (``2026-11-22T10:00Z``, ``2026-11-22T11:00+01:00``),
+    a date (midnight UTC), ``now``, or a time relative to now (``now-6h``, ``-7d``, ``now+1h``)."""
+    given = text.strip()
+    relative = _RELATIVE.fullmatch(given.lower())
+    if given and relative is not None:
+        seconds = time.time() if now is None else now
+        if relative.group(1):
+            delta = int(relative.group(2)) * _UNITS[relative.group(3)]
+            seconds += delta if relative.group(1) == "+" else -delta
+        return math.floor(seconds)
+    try:
+        when = datetime.fromisoformat(given.replace("z", "Z"))
+    except ValueError:
+        raise TimeRangeError(f"{text!r} is not a time: give ISO-8601 with an offset (2026-11-22T10:00Z), a date, "
+                             "now, or now-6h / -7d") from None
+    if when.tzinfo is None:
+        if len(given) > 10:
+            raise TimeRangeError(f"{text!r} has no UTC offset: add Z or +hh:mm")
+        when = when.replace(tzinfo=UTC)
+    return math.floor(when.timestamp())
+
+
+def bucket_seconds(definition: CounterDefinition) -> int:
+    if definition.bucket is None:
+        raise TimeRangeError(f"counter {definition.name!r} has no time bucket: read it with a plain key")
+    return definition.bucket.seconds
+
+
+def bucket_starts(definition: CounterDefinition, start: int, end: int, max_buckets: int) -> list[int]:
+    """The starts of the buckets of ``[start, end)``; refuses an empty range and more than ``max_buckets``."""
+    size = bucket_seconds(definition)
+    if end <= start:
+        raise TimeRangeError(f"the range ends ({_text(end)}) before it starts ({_text(start)})")
+    first = -(-max(start, 0) // size) * size
+    last = min(end, _LAST_SECOND + 1)
+    count = max(0, -(-(last - first) // size))
+    if count > max_buckets:
+        raise TimeRangeError(f"{_text(start)} to {_text(end)} holds {count} buckets of {definition.bucket.size}"  # type: ignore[union-attr]
+                             f"; at most {max_buckets} are read at once (COUNTERSINK_READ__MAX_RANGE_BUCKETS)")
+    return [first + i * size for i in range(count)]
+
+
+def steps(definition: CounterDefinition, starts: list[int], start: int, end: int, step: int | None) -> list[Step]:
+    """Group bucket starts: one step per bucket without ``step``; with it, one per multiple of ``step`` that
+    the range reaches, clipped to the range. ``step`` must be a multiple of the bucket size."""
+    size = bucket_seconds(definition)
+    if step is None:
+        return [Step(s, s + size, (s,)) for s in starts]
+    if step % size:
+        raise TimeRangeError(f"a step of {_span(step)} is not a whole number of {definition.bucket.size} buckets")  # type: ignore[union-attr]
+    grouped: dict[int, list[int]] = {}
+    for s in starts:
+        grouped.setdefault(s // step * step, []).append(s)
+    first, out = start // step * step, []
+    for at in range(first, end, step):
+        out.append(Step(max(at, start), min(at + step, end), tuple(grouped.get(at, ()))))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesPoint:
+    """One point of a time series: the merged value of the buckets starting in ``[start, end)`` (``None``
+    when nothing was counted in any of them), and how many of them hold anything."""
+
+    start: datetime
+    end: datetime
+    value: object
+    buckets_counted: int
+
+
+def roll_up(groups: list[Step], states: Mapping[int, State | None]) -> list[SeriesPoint]:
+    """Each step's buckets merged (``states`` by bucket start; ``None`` for a bucket never counted). States
+    merge as CRDTs, so a step reads as the state of its whole stream would: exactly for sums, counts, min,
+    max, mean and variance, within the sketch's bounds for distinct, quantiles and top-k."""
+    points = []
+    for group in groups:
+        counted = [state for start in group.buckets if (state := states.get(start)) is not None]
+        merged = counted[0].copy() if counted else None
+        for other in counted[1:]:
+            merged.merge(other)  # type: ignore[union-attr]
+        points.append(SeriesPoint(datetime.fromtimestamp(group.start, UTC), datetime.fromtimestamp(group.end, UTC),
+                                  None if merged is None else merged.value(), len(counted)))
+    return points
+
+
+def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> str:
+    """The instance key of ``key``'s bucket starting at ``bucket_start`` (``key`` as readers give it: the key
+    fields' values joined by ``|``, escaped; the empty text for a counter without key fields)."""
+    text = time.strftime(BUCKET_FORMAT, time.gmtime(bucket_start))
+    return key + "|" + text if definition.key else text
+
+
+def _text(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime(BUCKET_FORMAT)
+
+
+def _span(seconds: int) -> str:
+    return str(timedelta(seconds=seconds))
+
+
+def iso(seconds: int) -> str:
+    """A point's start or end for people and JSON: ``2026-11-22T10:00:00Z``."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,183 @@
+"""Time series of bucketed counters without servers: which buckets a range holds, steps, keys, parsing, and
+roll-ups that merge any split of a stream into buckets back into the state of the whole stream."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.definitions import parse_definitions
+from schemas.events import EventRouter, apply_updates
+from schemas.kinds import State
+from schemas.kinds.distinct import relative_standard_error
+from schemas.kinds.quantiles import normalized_rank_error
+from schemas.timeseries import (
+    Step,
+    TimeRangeError,
+    bucket_key,
+    bucket_starts,
+    parse_duration,
+    parse_instant,
+    roll_up,
+    steps,
+)
+
+HOUR, DAY = 3600, 86400
+T0 = 1_795_000_000 // DAY * DAY  # a UTC midnight in November 2026
+
+KINDS = {
+    "count": "",
+    "sum": 'value = "n"',
+    "min": 'value = "n"',
+    "max": 'value = "n"',
+    "mean": 'value = "n"',
+    "variance": 'value = "n"',
+    "distinct": 'value = "user"',
+    "quantiles": 'value = "n"',
+    "top_k": 'value = "user"\ntop = 5',
+}
+
+
+def definitions(bucketed: bool) -> str:
+    """One counter of every kind, keyed by page; hourly buckets, or none (the whole stream)."""
+    bucket = 'bucket = { field = "ts", size = "1h", format = "epoch_seconds" }\n' if bucketed else ""
+    return "".join(f'[[counter]]\nname = "{kind}"\ntopics = ["t"]\nkind = "{kind}"\nkey = ["page"]\n{extra}\n{bucket}\n'
+                   for kind, extra in KINDS.items())
+
+
+BUCKETED = parse_definitions(definitions(True))
+WHOLE = parse_definitions(definitions(False))
+
+
+def test_a_range_holds_the_buckets_starting_in_it() -> None:
+    """[start, end) holds each bucket whose start lies in it, at multiples of the size from 1970."""
+    hourly = BUCKETED["count"]
+    assert bucket_starts(hourly, T0, T0 + 3 * HOUR, 100) == [T0, T0 + HOUR, T0 + 2 * HOUR]
+    assert bucket_starts(hourly, T0 + 1, T0 + 3 * HOUR + 1, 100) == [T0 + HOUR, T0 + 2 * HOUR, T0 + 3 * HOUR]
+    assert bucket_starts(hourly, T0 + 1, T0 + HOUR, 100) == []
+
+
+def test_a_range_of_too_many_buckets_is_refused_with_the_limit_named() -> None:
+    """More buckets than allowed: a clear error naming the limit and its setting."""
+    with pytest.raises(TimeRangeError, match=r"168 buckets of 1h; at most 100 .*MAX_RANGE_BUCKETS"):
+        bucket_starts(BUCKETED["count"], T0, T0 + 7 * DAY, 100)
+    with pytest.raises(TimeRangeError, match="before it starts"):
+        bucket_starts(BUCKETED["count"], T0, T0, 100)
+
+
+def test_an_unbucketed_counter_has_no_range() -> None:
+    """Asking a plain counter for a range says it has no bucket."""
+    with pytest.raises(TimeRangeError, match="has no time bucket"):
+        bucket_starts(WHOLE["count"], T0, T0 + HOUR, 10)
+
+
+def test_steps_group_buckets_at_multiples_of_the_step_clipped_to_the_range() -> None:
+    """Daily steps of hourly buckets from 06:00 on day 1 to 12:00 on day 3: three steps, the first and last
+    clipped to the range; a step that is not a whole number of buckets is refused."""
+    hourly = BUCKETED["count"]
+    start, end = T0 + 6 * HOUR, T0 + 2 * DAY + 12 * HOUR
+    starts = bucket_starts(hourly, start, end, 1000)
+    grouped = steps(hourly, starts, start, end, DAY)
+    assert [(g.start, g.end, len(g.buckets)) for g in grouped] == [
+        (start, T0 + DAY, 18), (T0 + DAY, T0 + 2 * DAY, 24), (T0 + 2 * DAY, end, 12)]
+    assert [len(g.buckets) for g in steps(hourly, starts, start, end, None)] == [1] * 54
+    with pytest.raises(TimeRangeError, match="not a whole number of 1h buckets"):
+        steps(hourly, starts, start, end, 90 * 60)
+
+
+def test_bucket_keys_are_the_routers() -> None:
+    """The key a range read builds for a bucket is the key the router gave the events of that bucket."""
+    router = EventRouter(BUCKETED)
+    event = {"page": "a|b", "ts": T0 + 5 * HOUR + 17, "n": 1, "user": "u"}
+    routed = {u.key for u in router.route("t", json.dumps(event).encode()) if u.counter == "count"}
+    assert routed == {bucket_key(BUCKETED["count"], "a\\|b", T0 + 5 * HOUR)}
+    no_key = parse_definitions('[[counter]]\nname = "all"\ntopics = ["t"]\nkind = "count"\n'
+                               'bucket = { field = "ts", size = "1d", format = "epoch_seconds" }\n')
+    keys = {u.key for u in EventRouter(no_key).route("t", json.dumps({"ts": T0 + 5}).encode())}
+    assert keys == {bucket_key(no_key["all"], "", T0)}
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("2026-11-22T10:00Z", int(datetime(2026, 11, 22, 10, tzinfo=UTC).timestamp())),
+    ("2026-11-22T11:00+01:00", int(datetime(2026, 11, 22, 10, tzinfo=UTC).timestamp())),
+    ("2026-11-22", int(datetime(2026, 11, 22, tzinfo=UTC).timestamp())),
+    ("now", 1_000_000), ("NOW-6h", 1_000_000 - 6 * HOUR), ("-7d", 1_000_000 - 7 * DAY), ("now+30m", 1_001_800),
+])
+def test_instants_are_read_as_a_user_writes_them(text: str, seconds: int) -> None:
+    """ISO-8601 with an offset, a date (UTC midnight), now, and times relative to now."""
+    assert parse_instant(text, now=1_000_000.5) == seconds
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2026-11-22T10:00", "now-6", "now-0h", "", "6h"])
+def test_instants_that_cannot_be_read_are_refused(text: str) -> None:
+    """A time without an offset, a relative time without a unit, or words: refused with what to give."""
+    with pytest.raises(TimeRangeError):
+        parse_instant(text, now=1_000_000)
+
+
+def test_durations() -> None:
+    """Steps are written as a count and a unit."""
+    assert [parse_duration(t) for t in ("30m", "6h", "1d", "2w", "45s")] == [1800, 6 * HOUR, DAY, 14 * DAY, 45]
+    for bad in ("0h", "1y", "h", "1.5h"):
+        with pytest.raises(TimeRangeError):
+            parse_duration(bad)
+
+
+EVENTS = st.lists(st.tuples(st.integers(0, 3 * DAY - 1), st.integers(-50, 200), st.integers(0, 40)),
+                  min_size=1, max_size=300)
+
+
+def _states(counters: object, events: list[tuple[int, int, int]]) -> dict[tuple[str, str], State]:
+    router, states = EventRouter(counters), {}  # type: ignore[arg-type]
+    for offset, n, user in events:
+        raw = json.dumps({"page": "home", "ts": T0 + offset, "n": n, "user": f"u{user}"}).encode()
+        apply_updates(states, router.route("t", raw), counters)  # type: ignore[arg-type]
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=EVENTS, step_hours=st.sampled_from([None, 1, 6, 24, 72]))
+def test_any_split_into_buckets_merges_back_into_the_whole_stream(events: list[tuple[int, int, int]],
+                                                                 step_hours: int | None) -> None:
+    """Events spread over three days, counted in hourly buckets and rolled up over the whole range (or per
+    step, then the steps merged again), read as the same events counted without buckets: exactly for the
+    exact kinds, within the sketches' bounds for distinct, quantiles and top-k."""
+    bucketed, whole = _states(BUCKETED, events), _states(WHOLE, events)
+    start, end = T0, T0 + 3 * DAY
+    for kind in KINDS:
+        definition = BUCKETED[kind]
+        starts = bucket_starts(definition, start, end, 1000)
+        by_start = {s: bucketed.get((kind, bucket_key(definition, "home", s))) for s in starts}
+        if step_hours is not None and kind in ("count", "sum"):
+            for point in roll_up(steps(definition, starts, start, end, step_hours * HOUR), by_start):
+                first, last = point.start.timestamp() - T0, point.end.timestamp() - T0
+                inside = [n for offset, n, _ in events if first <= offset < last]
+                assert point.value == ((len(inside) if kind == "count" else sum(inside)) if inside else None)
+        points = roll_up([Step(start, end, tuple(starts))], by_start)
+        assert len(points) == 1
+        got, expected = points[0].value, whole[(kind, "home")].value()
+        assert points[0].buckets_counted == len({offset // HOUR for offset, _, _ in events})
+        if kind == "distinct":
+            truth = len({user for _, _, user in events})
+            bound = 4 * relative_standard_error(definition.spec.lg_k, merged=True) * truth + 1
+            assert abs(got.estimate - truth) <= bound  # type: ignore[attr-defined]
+        elif kind == "quantiles":
+            values = sorted(n for _, n, _ in events)
+            assert (got.count, got.min, got.max) == (len(values), values[0], values[-1])  # type: ignore[attr-defined]
+            epsilon = normalized_rank_error(definition.spec.k)
+            for rank, estimate in got.quantiles:  # type: ignore[attr-defined]
+                below = sum(v < estimate for v in values) / len(values)
+                at_or_below = sum(v <= estimate for v in values) / len(values)
+                assert below - epsilon <= rank <= at_or_below + epsilon + 1 / len(values)
+        elif kind == "top_k":
+            frequency = Counter(f"u{user}" for _, _, user in events)
+            assert got.total_weight == len(events)  # type: ignore[attr-defined]
+            for item in got.items:  # type: ignore[attr-defined]
+                assert item.lower_bound <= frequency[item.item] <= item.upper_bound
+        else:
+            assert got == expected
