@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.storage import MutatorEntry, PartitionId
+from schemas import timeseries
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates
@@ -45,12 +46,16 @@ class KafkaRecord(Protocol):
     @property
     def value(self) -> bytes | None: ...
 
+    @property
+    def timestamp(self) -> int | None: ...
+
 
 class Record(NamedTuple):
     """One Kafka record of the partition a mutator consumes."""
 
     offset: int
     value: bytes | None
+    timestamp: int | None = None  # the record's Kafka timestamp, ms (retention decides lateness by it)
 
 
 class RecordSource(Protocol):
@@ -217,7 +222,7 @@ class Applier:
     def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
         """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
         try:
-            updates = self.router.route(self.topic, record.value or b"")
+            updates = self.router.route(self.topic, record.value or b"", record.timestamp)
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc
@@ -227,6 +232,11 @@ class Applier:
         if not fresh:
             return Outcome.DUPLICATE, [], None
         return Outcome.APPLIED, fresh, None
+
+    def expires_at(self, counter: str, key: str) -> int | None:
+        """When the instance's bucket reaches the end of its retention; None for a counter kept forever."""
+        definition = self.counters[counter]
+        return None if definition.retain is None else timeseries.expiry(definition, key)
 
     async def warm_up(self, source: RecordSource, before: int) -> None:
         """Rebuild the retry window from the last ``size`` records before offset ``before``: the window the

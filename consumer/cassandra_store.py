@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -20,6 +21,8 @@ def _uuid(value: object) -> uuid.UUID | None:
 _BATCH_BYTES = 4096
 # What a row adds beyond its key and state bytes (mutator id, offset, timestamp, cell headers), roughly.
 _ROW_OVERHEAD_BYTES = 32
+# Cassandra's longest TTL (20 years).
+_MAX_TTL_S = 630_720_000
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
 # client pays for one request. Far below the IN-list limits Cassandra warns about.
 _READ_KEYS_PER_REQUEST = 50
@@ -115,6 +118,11 @@ class CassandraStore:
             "USING TIMESTAMP ?"
         )
         work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
+        # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
+        # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
+        # not bring back part of a bucket that is gone.
+        grace, now_s = self.client.settings.retention_grace_s, int(time.time())
+        writes = [w for w in writes if w.expires_at is None or w.expires_at + grace > now_s]
         calls: list[Callable[[], Awaitable[object]]] = []
         # Shard rows of different instances go several to a request (an unlogged batch): one request per row
         # costs the client and the server more than the row itself. Each row is still its own mutation (no
@@ -127,8 +135,13 @@ class CassandraStore:
             if group and (len(group) >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
                 calls.append(self._shard_call(group))
                 group, group_bytes = [], 0
-            group.append((shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset,
-                                      timestamp_us]))
+            if write.expires_at is None:
+                group.append((shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset,
+                                          timestamp_us]))
+            else:
+                group.append((shard_cql + " AND TTL ?", [write.counter, write.key, mutator, write.state,
+                                                         write.through_offset, timestamp_us,
+                                                         min(write.expires_at + grace - now_s, _MAX_TTL_S)]))
             group_bytes += row_bytes
         if group:
             calls.append(self._shard_call(group))

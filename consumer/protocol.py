@@ -68,9 +68,10 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     # this flush is in flight (the consumer goes on applying) belong to the next window, not to this one.
     intent = mutator.applied_through
     flushing, mutator.dirty = mutator.dirty, set()
+    expires_at = mutator.applier.expires_at
     writes = [
         ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
-                   (counter, key) not in mutator.recorded)
+                   (counter, key) not in mutator.recorded, expires_at(counter, key))
         for counter, key in sorted(flushing)
     ]
     mutator.window_committed = False
@@ -310,7 +311,8 @@ async def _replay_window(
                 state, through = states[(update.counter, update.key)]
                 if offset > through:
                     state.apply(update.value)
-    writes = [ShardWrite(c, k, state.to_bytes(), intent, True) for (c, k), (state, _) in sorted(states.items())]
+    writes = [ShardWrite(c, k, state.to_bytes(), intent, True, applier.expires_at(c, k))
+              for (c, k), (state, _) in sorted(states.items())]
     await store.write_shards(writer, writer_born_us + seq, writes)
     return replayed, len(writes)
 

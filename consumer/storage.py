@@ -55,6 +55,8 @@ class ShardWrite(NamedTuple):
     state: bytes
     through_offset: int
     first_write: bool  # also record the instance in the GC's work list
+    # When the bucket's retention ends (epoch seconds): the row gets a TTL to match, and none is written after.
+    expires_at: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,6 +119,9 @@ class Metrics:
                                      registry=r)
         self.duplicates_dropped = Counter("countersink_duplicates_dropped", "Publisher retries dropped by event id",
                                           registry=r)
+        self.late_events = Counter(
+            "countersink_late_events", "Events not counted: their bucket was past its retention when the record "
+            "was written (a replay counts its records again)", ["counter"], registry=r)
         self.flush_seconds = Histogram("countersink_flush_seconds", "Time to flush one mutator", registry=r)
         self.flush_rows = Histogram("countersink_flush_rows", "Shards written by one flush", registry=r,
                                     buckets=(1, 10, 100, 1_000, 10_000, 100_000))

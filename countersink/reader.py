@@ -60,13 +60,22 @@ def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
     return ([rows[0]["tally"]] if rows else []) + [row["state"] for row in rows]
 
 
+_VALUES = "SELECT tally, state, ttl(tally) AS tally_ttl, ttl(state) AS state_ttl FROM shards " \
+          "WHERE counter = ? AND key = ?"
+
+
 async def read_state(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
 ) -> State | None:
-    """The merged state of one instance, or None when nothing was ever counted for it."""
+    """The merged state of one instance, or None when nothing was ever counted for it, or when it is a bucket
+    past its retention (its rows, written to expire a grace period after that, are hidden from then on, so a
+    bucket never reads as partly gone)."""
     level = consistency or client.settings.read_consistency
-    result = await client.execute(_INSTANCE, [counter, key], consistency=level)
-    return merge_stored(_blobs(as_dicts(result)))
+    rows = as_dicts(await client.execute(_VALUES, [counter, key], consistency=level))
+    grace = client.settings.retention_grace_s
+    if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
+        return None
+    return merge_stored(_blobs(rows))
 
 
 Instant = datetime | int | str

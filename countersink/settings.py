@@ -127,6 +127,9 @@ class CassandraSettings(_Section):
     # Cassandra warns (unlogged_batch_across_partitions_warn_threshold): a log line a minute, and a warning
     # sent back with every such batch.
     write_batch_rows: int = Field(default=10, ge=1, le=100)
+    # Rows of a bucket past its retention stay this long after its expiry before Cassandra drops them, hidden
+    # from reads meanwhile: a bucket disappears whole unless clocks disagree by more than this.
+    retention_grace_s: int = Field(default=3600, ge=60, le=30 * 86400)
     connections_per_host: int = Field(default=1, ge=1, le=64)
     io_threads: int = Field(default=1, ge=1, le=32)
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"

@@ -92,6 +92,8 @@ class InstanceView:
     tally_write_us: int | None
     shards: tuple[ShardView, ...]
     pages: int = 1
+    # Seconds until the last of its rows expires (a bucket with retention); None when a row never expires.
+    ttl_s: int | None = None
 
 
 class GcStore(Protocol):
@@ -114,7 +116,8 @@ class GcStore(Protocol):
         """The tally of one instance and its write time, in one request at the GC's read consistency."""
         ...
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int) -> None:
+    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int,
+                   ttl_s: int | None = None) -> None:
         """One single-partition batch: set the tally and delete the folded shard rows, at ``timestamp_us``."""
         ...
 
@@ -263,7 +266,7 @@ class Collector:
                 return Verdict.NOTHING
             tally = merged.to_bytes()
             if not self.dry_run:
-                await self.store.fold(counter, key, tally, [s.mutator for s in folded], timestamp)
+                await self.store.fold(counter, key, tally, [s.mutator for s in folded], timestamp, view.ttl_s)
         except (CountersinkError, TypeError, ValueError, OSError) as exc:
             if self.retriable(exc):
                 return self._defer(report, counter, key, "storage_unavailable", error=str(exc))

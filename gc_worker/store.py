@@ -63,21 +63,29 @@ class CassandraGcStore:
         tally_write_us: int | None = None
         shards = []
         pages = 0
+        ttls: list[int | None] = []
         async for rows in self._pages(
-                "SELECT mutator, state, through_offset, writetime(state) AS state_us, tally, "
-                "writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ?",
+                "SELECT mutator, state, through_offset, writetime(state) AS state_us, ttl(state) AS state_ttl, "
+                "tally, writetime(tally) AS tally_us, ttl(tally) AS tally_ttl "
+                "FROM shards WHERE counter = ? AND key = ?",
                 [counter, key], self.instance_cl):
             pages += 1
             if pages == 1 and rows:
                 # Every row carries the static tally as of its own request: keep the first request's, which
                 # the collector checks against a read of the tally after the last page.
                 tally, tally_write_us = rows[0]["tally"], rows[0]["tally_us"]  # type: ignore[assignment]
+                if tally is not None:
+                    ttls.append(rows[0]["tally_ttl"])  # type: ignore[arg-type]
             for r in rows:
                 if r["mutator"] is not None and r["state"] is not None:
                     shards.append(ShardView(_uuid(r["mutator"]), r["state"],  # type: ignore[arg-type]
                                             -1 if r["through_offset"] is None else int(r["through_offset"]),  # type: ignore[call-overload]
                                             int(r["state_us"])))  # type: ignore[call-overload]
-        return InstanceView(tally, tally_write_us, tuple(shards), pages)
+                    ttls.append(r["state_ttl"])  # type: ignore[arg-type]
+        # A bucket with retention: the tally lives as long as the longest-lived of its rows (they all expire
+        # at the bucket's expiry plus the grace, give or take the writers' clocks).
+        ttl_s = max(ttls) if ttls and None not in ttls else None  # type: ignore[type-var]
+        return InstanceView(tally, tally_write_us, tuple(shards), pages, ttl_s)
 
     async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
         # The static columns come with any row of the partition (or alone, if it has no shard rows).
@@ -88,11 +96,14 @@ class CassandraGcStore:
             return None, None
         return rows[0]["tally"], int(rows[0]["tally_us"])
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int) -> None:
+    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int,
+                   ttl_s: int | None = None) -> None:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
         # takes the batch's timestamp, so repeating it changes nothing.
         statements: list[tuple[str, Sequence[object]]] = [
-            ("UPDATE shards SET tally = ? WHERE counter = ? AND key = ?", [tally, counter, key])]
+            ("UPDATE shards SET tally = ? WHERE counter = ? AND key = ?", [tally, counter, key]) if ttl_s is None
+            else ("UPDATE shards USING TTL ? SET tally = ? WHERE counter = ? AND key = ?",
+                  [max(ttl_s, 1), tally, counter, key])]
         statements.extend(("DELETE FROM shards WHERE counter = ? AND key = ? AND mutator = ?", [counter, key, m])
                           for m in folded)
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)

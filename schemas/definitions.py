@@ -65,6 +65,10 @@ _KIND_OPTIONS: dict[str, frozenset[str]] = {
 _ALL_OPTIONS = frozenset().union(*_KIND_OPTIONS.values())
 _BUCKET_UNITS = {"m": 60, "h": 3600, "d": 86400}
 _BUCKET_SIZE = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
+_RETAIN = re.compile(r"([1-9][0-9]{0,6})([mhdw])")
+_RETAIN_UNITS = {**_BUCKET_UNITS, "w": 7 * 86400}
+# Cassandra's longest TTL is 20 years; a bucket's rows must outlive its retention by the grace.
+_MAX_RETAIN_SECONDS = 3650 * 86400
 
 
 class _FieldProblem(ValueError):
@@ -148,6 +152,9 @@ class CounterDefinition(BaseModel):
     event_id: str | None = None
     where: dict[str, tuple[WhereScalar, ...]] = Field(default_factory=dict)
     bucket: Bucket | None = None
+    # How long a bucket is kept after it ends (bucketed counters only): then it disappears whole, and an event
+    # that reaches it later is late (docs/counters.md, Retention and late events).
+    retain: str | None = None
     number: NumberMode | None = None
     coerce: bool | None = None
     lg_k: int | None = Field(default=None, ge=4, le=21)
@@ -228,7 +235,22 @@ class CounterDefinition(BaseModel):
             raise _FieldProblem("value", f"kind {self.kind} needs a value field")
         if self.max_map_size is not None and self.max_map_size & (self.max_map_size - 1):
             raise _FieldProblem("max_map_size", f"{self.max_map_size} is not a power of two")
+        if self.retain is not None:
+            if self.bucket is None:
+                raise _FieldProblem("retain", "retain applies to bucketed counters only (a bucket = { ... })")
+            seconds = self.retain_seconds
+            if seconds is None or seconds < self.bucket.seconds or seconds > _MAX_RETAIN_SECONDS:
+                raise _FieldProblem("retain", f"{self.retain!r} is not a retention like 7d or 2w, at least one "
+                                    f"bucket ({self.bucket.size}) and at most 3650d")
         return self
+
+    @property
+    def retain_seconds(self) -> int | None:
+        """Retention in seconds, ``None`` for a counter kept forever."""
+        if self.retain is None:
+            return None
+        m = _RETAIN.fullmatch(self.retain)
+        return None if m is None else int(m.group(1)) * _RETAIN_UNITS[m.group(2)]
 
     @cached_property
     def spec(self) -> KindSpec:

@@ -81,7 +81,10 @@ class Update(NamedTuple):
     event_id: str | None
 
 
-Extractor = Callable[[dict[str, Any]], Update | None]
+# An extractor reads one counter's update from an event (and the record's Kafka timestamp, in ms, for
+# retention): None when the event is filtered out, LATE when it belongs to a bucket past its retention.
+Extractor = Callable[[dict[str, Any], "int | None"], "Update | object | None"]
+LATE = object()
 
 
 def _json_type(v: object) -> str:
@@ -331,7 +334,7 @@ def _key_text(path: str, v: Any) -> str:
     raise _wrong(path, v, "a string, integer or boolean")
 
 
-def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], str]:
+def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], tuple[int, str]]:
     bucket = definition.bucket
     assert bucket is not None
     path = bucket.field
@@ -364,7 +367,8 @@ def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], 
             return x / scale
         raise _wrong(path, v, f"a number of {'milliseconds' if scale > 1 else 'seconds'} since 1970")
 
-    def read(event: dict[str, Any]) -> str:
+    def read(event: dict[str, Any]) -> tuple[int, str]:
+        """The bucket's start (epoch seconds) and its text in the instance key."""
         seconds = seconds_of(get(event))
         if not 0 <= seconds < _MAX_EPOCH_SECONDS:
             raise ValueOutOfRangeError(path, "timestamp is outside 1970..9999")
@@ -373,7 +377,7 @@ def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], 
             last[0] = start
             last[1] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(start))
         text: str = last[1]
-        return text
+        return start, text
 
     return read
 
@@ -488,12 +492,16 @@ def _compile(definition: CounterDefinition, max_key_bytes: int) -> Extractor:
 
     event_id_of = _event_id_reader(definition.event_id, max_key_bytes)
     value_of = _value_reader(definition, max_key_bytes)
+    # An event is late when its record was written (its Kafka timestamp) at or after its bucket's expiry:
+    # decided from the record alone, so a replay decides as the original did, whatever the clock says.
+    kept_ms = ((definition.bucket.seconds + definition.retain_seconds) * 1000
+               if definition.bucket is not None and definition.retain_seconds is not None else None)
 
     # The common shapes get their own closures: one key field, no bucket is most counters.
     if len(key_fields) == 1 and bucket is None:
         ((kpath, kget),) = key_fields
 
-        def extract_one(event: dict[str, Any]) -> Update | None:
+        def extract_one(event: dict[str, Any], timestamp_ms: int | None = None) -> Update | None:
             if matches is not None and not matches(event):
                 return None
             key = _escape(_key_text(kpath, kget(event)))
@@ -501,12 +509,17 @@ def _compile(definition: CounterDefinition, max_key_bytes: int) -> Extractor:
 
         return extract_one
 
-    def extract(event: dict[str, Any]) -> Update | None:
+    def extract(event: dict[str, Any], timestamp_ms: int | None = None) -> Update | object | None:
         if matches is not None and not matches(event):
             return None
         parts = [_escape(_key_text(p, get(event))) for p, get in key_fields]
         if bucket is not None:
-            parts.append(bucket(event))
+            start, text = bucket(event)
+            parts.append(text)
+            update = Update(name, check_key("|".join(parts)), value_of(event), event_id_of(event))
+            if kept_ms is not None and timestamp_ms is not None and timestamp_ms >= start * 1000 + kept_ms:
+                return LATE  # after the checks: a late event that is also invalid is dead-lettered
+            return update
         return Update(name, check_key("|".join(parts)), value_of(event), event_id_of(event))
 
     return extract
@@ -564,8 +577,10 @@ class EventRouter:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        on_late: Callable[[str], None] | None = None,
     ) -> None:
         self.counter_set = counter_set
+        self.on_late = on_late
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
@@ -599,8 +614,11 @@ class EventRouter:
             raise UnparseableEventError("", f"event is nested deeper than {self.max_depth}")
         return event
 
-    def route(self, topic: str, raw: bytes) -> list[Update]:
+    def route(self, topic: str, raw: bytes, timestamp_ms: int | None = None) -> list[Update]:
         """Return the updates one event makes; ``[]`` for a topic no counter reads or a filtered event.
+
+        ``timestamp_ms`` is the record's Kafka timestamp: a counter with retention takes no update of an event
+        whose bucket had expired when the record was written (``on_late`` hears the counter's name).
 
         Raises an :class:`InvalidEventError` subclass (with ``path``, ``reason`` and ``counter``) when the
         event is invalid for any counter; then no update of that event is applied anywhere.
@@ -610,14 +628,20 @@ class EventRouter:
             return []
         event = self._parse(raw, plan.parse)
         updates: list[Update] = []
+        late: list[str] = []
         for name, extract in plan.extractors:
             try:
-                update = extract(event)
+                update = extract(event, timestamp_ms)
             except InvalidEventError as exc:
                 exc.counter = name
                 raise
-            if update is not None:
-                updates.append(update)
+            if update is LATE:
+                late.append(name)
+            elif update is not None:
+                updates.append(update)  # type: ignore[arg-type]
+        if late and self.on_late is not None:
+            for name in late:
+                self.on_late(name)
         return updates
 
 

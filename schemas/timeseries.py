@@ -12,6 +12,7 @@ Pure functions: the reader (``countersink.reader``) reads and merges; the CLI an
 
 from __future__ import annotations
 
+import calendar
 import dataclasses
 import math
 import re
@@ -143,6 +144,15 @@ def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> st
     fields' values joined by ``|``, escaped; the empty text for a counter without key fields)."""
     text = time.strftime(BUCKET_FORMAT, time.gmtime(bucket_start))
     return key + "|" + text if definition.key else text
+
+
+def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
+    """When the bucket an instance key names reaches the end of its retention (epoch seconds): the bucket's
+    end plus ``retain``. ``None`` for a counter kept forever."""
+    if definition.bucket is None or definition.retain_seconds is None:
+        return None
+    start = calendar.timegm(time.strptime(instance_key[-len("2026-11-22T10:00Z"):], BUCKET_FORMAT))
+    return start + definition.bucket.seconds + definition.retain_seconds
 
 
 def _text(seconds: int) -> str:

@@ -311,7 +311,8 @@ class MemoryStore:
         tally = self.tallies.get((counter, key))
         return InstanceView(tally.value if tally else None, tally.ts if tally else None, tuple(shards))
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], ts: int) -> None:
+    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], ts: int,
+                   ttl_s: int | None = None) -> None:
         """The GC batch: write the static tally and delete the folded shard rows, all ``USING TIMESTAMP ts``;
         one partition, so Cassandra applies it atomically."""
         fault = await _gate(Op("gc_batch", (counter, key, tuple(folded), ts)))

@@ -1,0 +1,119 @@
+"""Retention on real Kafka and Cassandra, with minute buckets kept two minutes: rows expire with their bucket,
+a bucket past its expiry reads as absent (never partly), nothing is written for a bucket already gone, late
+events are neither counted nor dead-lettered, and the GC's tally expires with the shards it folds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from consumer.service import ConsumerService
+from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
+from countersink.kafka import make_producer
+from countersink.metrics import METRICS
+from countersink.reader import CounterReader
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from gc_worker.collector import Collector
+from gc_worker.store import CassandraGcStore
+from schemas.definitions import parse_definitions
+from schemas.timeseries import BUCKET_FORMAT
+from stack.loading import end_offsets, wait_until_flushed
+from tests.integration.consumer_support import read_topic, running
+
+pytestmark = pytest.mark.integration
+MINUTE = 60
+GRACE_S = 60  # the shortest grace allowed
+
+
+def _key(bucket_start: int) -> str:
+    return "home|" + time.strftime(BUCKET_FORMAT, time.gmtime(bucket_start))
+
+
+async def _rows(client: CassandraClient, key: str) -> list[dict[str, object]]:
+    return as_dicts(await client.execute(
+        "SELECT mutator, ttl(state) AS state_ttl, tally, ttl(tally) AS tally_ttl FROM shards "
+        "WHERE counter = 'views' AND key = ?", [key]))
+
+
+def _late() -> float:
+    return METRICS.registry.get_sample_value("countersink_late_events_total", {"counter": "views"}) or 0.0
+
+
+async def test_buckets_expire_whole_and_late_events_are_not_counted(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+) -> None:
+    """Four minute buckets, each event's record written at a chosen time: the current bucket counts and its
+    rows expire within its retention plus the grace; a bucket whose expiry has just passed is written to
+    expire within the grace and reads as absent meanwhile; a bucket already past expiry plus grace is not
+    written at all; events whose record came after their bucket's expiry are counted as late only. After
+    the GC, the tally carries its shards' expiry."""
+    # Early in a minute, so that the margins below hold however long the consumer takes to start.
+    await asyncio.sleep((MINUTE - time.time() % MINUTE) % MINUTE if time.time() % MINUTE > 30 else 0)
+    now = time.time()
+    live = int(now) // MINUTE * MINUTE
+    hidden, gone, late = live - 3 * MINUTE, live - 5 * MINUTE, live - 4 * MINUTE
+    topic = await topic_factory(partitions=2)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(f"""
+[[counter]]
+name = "views"
+topics = ["{topic}"]
+kind = "count"
+key = ["page"]
+event_id = "id"
+bucket = {{ field = "ts", size = "1m", format = "epoch_seconds" }}
+retain = "2m"
+""")
+    cassandra = cassandra_settings.model_copy(update={"retention_grace_s": GRACE_S})
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra, consumer=ConsumerSettings(
+        group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
+        session_timeout_ms=6000, health_port=0))
+    # (bucket of the event, when its record is written, how many)
+    plan = [(live, now, 5), (hidden, hidden + 30, 4), (gone, gone + 10, 3), (late, now, 6)]
+    late_before = _late()
+    async with running(ConsumerService(settings, parse_definitions(counters.read_text()))):
+        async with make_producer(kafka_settings) as producer:
+            for bucket, written_at, n in plan:
+                for i in range(n):
+                    event = {"id": uuid.uuid4().hex, "page": "home", "ts": bucket + i}
+                    await producer.send_and_wait(topic, json.dumps(event).encode(), key=b"home",
+                                                 timestamp_ms=int(written_at * 1000))
+        await wait_until_flushed(cassandra, group, await end_offsets(kafka_settings, {topic: 2}))
+    assert _late() - late_before == 6
+
+    async with CassandraClient(cassandra) as client:
+        reader = CounterReader(client)
+        assert await reader.get("views", _key(live)) == 5
+        live_rows = await _rows(client, _key(live))
+        assert live_rows
+        assert all(0 < row["state_ttl"] <= 3 * MINUTE + GRACE_S for row in live_rows)  # type: ignore[operator]
+        assert all(row["state_ttl"] > GRACE_S for row in live_rows)  # type: ignore[operator]
+
+        hidden_rows = await _rows(client, _key(hidden))
+        assert hidden_rows  # written, to expire within the grace ...
+        assert all(0 < row["state_ttl"] <= GRACE_S for row in hidden_rows)  # type: ignore[operator]
+        assert await reader.get("views", _key(hidden)) is None  # ... and hidden from reads meanwhile
+
+        assert await _rows(client, _key(gone)) == []  # past expiry and grace: never written
+        assert await _rows(client, _key(late)) == []  # late events: not counted anywhere
+        series = await reader.series(parse_definitions(counters.read_text())["views"], "home", live - 5 * MINUTE,
+                                     live + MINUTE)
+        assert [p.value for p in series] == [None, None, None, None, None, 5]
+
+        await asyncio.sleep(1.0)
+        await Collector(CassandraGcStore(client), 500_000, retriable=(CassandraUnavailableError,)
+                        ).run(time.time_ns() // 1000)
+        folded = await _rows(client, _key(live))
+        assert folded[0]["tally"] is not None
+        assert GRACE_S < folded[0]["tally_ttl"] <= 3 * MINUTE + GRACE_S  # type: ignore[operator]
+        assert await reader.get("views", _key(live)) == 5
+
+    dead = await read_topic(kafka_settings, f"dlq-{group}", at_least=1, within_s=3)
+    assert dead == []
