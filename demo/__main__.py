@@ -113,10 +113,10 @@ def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
 
 def print_table(rows: list[Row], shards: list[int]) -> None:
     width = max(len(r.value_text) for r in rows)
-    print(f"{'counter':<14}{'kind':<11}{'key':<11}{'countersink':<{width + 2}}{'truth':<28}{'shards':<8}ok")
-    print("-" * (74 + width))
+    print(f"{'counter':<17}{'kind':<15}{'key':<17}{'countersink':<{width + 2}}{'truth':<28}{'shards':<8}ok")
+    print("-" * (89 + width))
     for r, n in zip(rows, shards, strict=True):
-        print(f"{r.counter:<14}{r.kind:<11}{r.key:<11}{r.value_text:<{width + 2}}{r.truth_text:<28}{n:<8}"
+        print(f"{r.counter:<17}{r.kind:<15}{r.key:<17}{r.value_text:<{width + 2}}{r.truth_text:<28}{n:<8}"
               f"{'yes' if r.ok else 'NO'}")
 
 
@@ -125,7 +125,8 @@ async def read_table(cassandra: CassandraSettings, truth: Truth) -> tuple[list[R
     async with CassandraClient(cassandra) as client:
         reader = CounterReader(client)
         rows = await compare(reader, truth)
-        shards = [len((await reader.explain(r.counter, r.instance_key)).shards) for r in rows]
+        shards = [sum([len((await reader.explain(r.counter, key)).shards) for key in r.buckets or (r.instance_key,)])
+                  for r in rows]
     return rows, shards
 
 

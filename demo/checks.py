@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from dataclasses import dataclass
 
 from countersink.reader import CounterReader
-from demo.sample import ENDPOINTS, Truth
+from demo.sample import ENDPOINTS, HOUR, SERIES_HOURS, Truth
+from schemas.timeseries import BUCKET_FORMAT
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class Row:
     truth_text: str
     ok: bool
     instance: str | None = None  # the instance key read, when it is not ``key`` (top-k reads one instance)
+    buckets: tuple[str, ...] = ()  # the instance keys a roll-up merges
 
     @property
     def instance_key(self) -> str:
@@ -73,4 +76,28 @@ async def compare(reader: CounterReader, truth: Truth) -> list[Row]:
     for post, count in true_top[:2]:
         got = await reader.get("likes", post)
         rows.append(Row("likes", "count", post, str(got), str(count), got == count))
+    rows.extend(await compare_series(reader, truth, symbols[0]))
     return rows
+
+
+async def compare_series(reader: CounterReader, truth: Truth, symbol: str) -> list[Row]:
+    """Hourly buckets read as a range: merged per day and over the two days, beside the truth."""
+    rows: list[Row] = []
+    start, end = truth.series_start, truth.series_start + SERIES_HOURS * HOUR
+    days = await reader.rollup("trades_per_hour", symbol, start, end, "1d")
+    for day in days:
+        first, last = int(day.start.timestamp()), int(day.end.timestamp())
+        expected = sum(n for (s, hour), n in truth.hourly.items() if s == symbol and first <= hour < last)
+        rows.append(Row("trades_per_hour", "count, 1d", f"{symbol} {day.start:%m-%d %H:%M}", str(day.value),
+                        str(expected), day.value == expected, buckets=_bucket_keys(symbol, first, last)))
+    buyers = await reader.rollup("buyers_per_hour", symbol, start, end)
+    true_buyers = len(set().union(*(b for (s, _), b in truth.hourly_buyers.items() if s == symbol)))
+    low, high = getattr(buyers.value, "lower_bound", math.nan), getattr(buyers.value, "upper_bound", math.nan)
+    rows.append(Row("buyers_per_hour", "distinct, 48h", symbol,
+                    f"{getattr(buyers.value, 'estimate', math.nan):.1f} [{low:.0f}..{high:.0f}]",
+                    str(true_buyers), low <= true_buyers <= high, buckets=_bucket_keys(symbol, start, end)))
+    return rows
+
+
+def _bucket_keys(symbol: str, start: int, end: int) -> tuple[str, ...]:
+    return tuple(f"{symbol}|{time.strftime(BUCKET_FORMAT, time.gmtime(hour))}" for hour in range(start, end, HOUR))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from fractions import Fraction
 
 SYMBOLS = ["IBM", "AAPL", "MSFT", "NVDA", "ORCL", "SAP", "ASML", "TSM"]
 ENDPOINTS = ["/search", "/checkout", "/login"]
+HOUR = 3600
+SERIES_HOURS = 48  # trades carry event times over the last two days
 # Records every counter of their topic must refuse (a record that merely fails a `where` filter is valid).
 MALFORMED = {
     "demo-trades": [b"{not json", b'{"trade_id": "m1", "symbol": "IBM", "side": "buy", "buyer": "a", "price": 1}',
@@ -32,6 +35,10 @@ class Truth:
     likes: Counter[str] = field(default_factory=Counter)
     malformed: int = 0
     duplicates: int = 0
+    # Time series: the first hour of the range, trades and buyers per (symbol, hour start)
+    series_start: int = 0
+    hourly: Counter[tuple[str, int]] = field(default_factory=Counter)
+    hourly_buyers: defaultdict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
 
     def mean(self, symbol: str) -> float:
         values = self.qty[symbol]
@@ -48,7 +55,8 @@ def make_stream(trades: int, likes: int, api_calls: int, duplicates: int, malfor
                 seed: int = 2026) -> tuple[dict[str, list[bytes]], Truth]:
     """Events per topic, with publisher retries (same id, same key, shortly after) and malformed records."""
     rng = random.Random(seed)
-    truth = Truth()
+    # The last two whole hours' worth of days before now: within the counters' 30-day retention.
+    truth = Truth(series_start=int(time.time()) // HOUR * HOUR - SERIES_HOURS * HOUR)
     topics: dict[str, list[bytes]] = {"demo-trades": [], "demo-likes": [], "demo-api-calls": []}
     for _ in range(trades):
         symbol = rng.choice(SYMBOLS)
@@ -56,8 +64,14 @@ def make_stream(trades: int, likes: int, api_calls: int, duplicates: int, malfor
         qty = rng.randrange(1, 500) * (10 if rng.random() < 0.05 else 1)
         price = Decimal(rng.randrange(5_000, 50_000)) / 100
         buyer = f"acct-{rng.randrange(3_000)}"
+        at = truth.series_start + rng.randrange(SERIES_HOURS * HOUR)
         trade = json.dumps({"trade_id": uuid.UUID(int=rng.getrandbits(128)).hex, "symbol": symbol, "side": side,
-                            "qty": qty, "buyer": buyer})
+                            "qty": qty, "buyer": buyer,
+                            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))})
+        hour = at // HOUR * HOUR
+        truth.hourly[(symbol, hour)] += 1
+        if side == "buy":
+            truth.hourly_buyers[(symbol, hour)].add(buyer)
         # The price goes in as a JSON number written from its exact decimal text (json.dumps has no Decimal).
         topics["demo-trades"].append(f'{trade[:-1]}, "price": {price}}}'.encode())
         truth.qty[symbol].append(qty)
