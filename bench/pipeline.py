@@ -120,6 +120,7 @@ class Report:
     hot_path_us: dict[str, dict[str, float]] = field(default_factory=dict)  # bench.hot_path: path -> regime -> µs
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
+    rollup_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.rollup: (p50, p99)
     memory_bytes: dict[str, float] = field(default_factory=dict)
     recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
     profile: str = ""
@@ -462,6 +463,12 @@ async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str,
             for name, t in timings.items()}
 
 
+async def rollup_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:
+    from bench import rollup
+
+    return await rollup.rollup_latencies(cassandra, rounds)
+
+
 def memory_per_instance(instances: int) -> dict[str, float]:
     """Resident bytes per live instance of each kind, each measured in a fresh interpreter."""
     from bench.apply import COUNTERS
@@ -719,6 +726,8 @@ async def run(args: argparse.Namespace) -> Report:
 
         say("read latency")
         report.read_latency_ms = await read_latencies(cassandra, args.read_rounds)
+        say("roll-up latency")
+        report.rollup_latency_ms = await rollup_latencies(cassandra, args.read_rounds)
         say("memory per live instance")
         report.memory_bytes = memory_per_instance(args.memory_instances)
 

@@ -19,6 +19,7 @@ from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
 from schemas import timeseries
 from schemas.definitions import CounterDefinition
+from schemas.errors import IncompatibleStateError
 from schemas.kinds import State, merge_stored, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
@@ -64,18 +65,57 @@ _VALUES = "SELECT tally, state, ttl(tally) AS tally_ttl, ttl(state) AS state_ttl
           "WHERE counter = ? AND key = ?"
 
 
-async def read_state(
+async def read_states(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
-) -> State | None:
-    """The merged state of one instance, or None when nothing was ever counted for it, or when it is a bucket
-    past its retention (its rows, written to expire a grace period after that, are hidden from then on, so a
-    bucket never reads as partly gone)."""
+) -> list[State]:
+    """Every stored state of one instance (its tally and each shard), not merged; none when nothing was ever
+    counted for it, or when it is a bucket past its retention (its rows, written to expire a grace period
+    after that, are hidden from then on, so a bucket never reads as partly gone)."""
     level = consistency or client.settings.read_consistency
     rows = as_dicts(await client.execute(_VALUES, [counter, key], consistency=level))
     grace = client.settings.retention_grace_s
     if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
-        return None
-    return merge_stored(_blobs(rows))
+        return []
+    return [state_from_bytes(blob) for blob in _blobs(rows) if blob is not None]
+
+
+# Instances per request of a range read: the coordinator reads them as separate partitions, the client pays
+# for one request (far below the IN-list sizes Cassandra warns about).
+_KEYS_PER_READ = 24
+
+
+async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[str],
+                         consistency: Consistency | None = None) -> dict[str, list[State]]:
+    """:func:`read_states` of several instances of one counter, in one request."""
+    level = consistency or client.settings.read_consistency
+    marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
+    rows = as_dicts(await client.execute(
+        "SELECT key, tally, state, ttl(tally) AS tally_ttl, ttl(state) AS state_ttl FROM shards "  # noqa: S608
+        f"WHERE counter = ? AND key IN ({marks})", [counter, *keys], consistency=level))
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault(row["key"], []).append(row)
+    grace = client.settings.retention_grace_s
+    out: dict[str, list[State]] = {}
+    for key in keys:
+        found = by_key.get(key, [])
+        if any(ttl is not None and ttl <= grace for row in found for ttl in (row["tally_ttl"], row["state_ttl"])):
+            out[key] = []
+        else:
+            out[key] = [state_from_bytes(blob) for blob in _blobs(found) if blob is not None]
+    return out
+
+
+async def read_state(
+    client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
+) -> State | None:
+    """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
+    its retention: :func:`read_states`)."""
+    states = await read_states(client, counter, key, consistency)
+    for state in states[1:]:
+        if type(state) is not type(states[0]):
+            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(states[0]).__name__}")
+    return None if not states else states[0] if len(states) == 1 else type(states[0]).merged(states)
 
 
 Instant = datetime | int | str
@@ -149,12 +189,17 @@ class CounterReader:
         else:
             groups = timeseries.steps(definition, starts, first, last, step)
 
-        async def read(bucket: int) -> State | None:
-            async with self._reads:
-                return await read_state(self.client, definition.name,
-                                        timeseries.bucket_key(definition, key, bucket), self.consistency)
+        keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
+        names = list(keys)
 
-        states = dict(zip(starts, await asyncio.gather(*(read(s) for s in starts)), strict=True))
+        async def read(chunk: list[str]) -> dict[str, list[State]]:
+            async with self._reads:
+                return await read_states_of(self.client, definition.name, chunk, self.consistency)
+
+        states: dict[int, list[State]] = {}
+        for found in await asyncio.gather(*(read(names[i:i + _KEYS_PER_READ])
+                                            for i in range(0, len(names), _KEYS_PER_READ))):
+            states.update((keys[name], bucket_states) for name, bucket_states in found.items())
         return timeseries.roll_up(groups, states)
 
     async def _definition(self, counter: CounterDefinition | str) -> CounterDefinition:

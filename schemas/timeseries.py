@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from schemas.definitions import CounterDefinition
@@ -124,16 +124,16 @@ class SeriesPoint:
     buckets_counted: int
 
 
-def roll_up(groups: list[Step], states: Mapping[int, State | None]) -> list[SeriesPoint]:
-    """Each step's buckets merged (``states`` by bucket start; ``None`` for a bucket never counted). States
-    merge as CRDTs, so a step reads as the state of its whole stream would: exactly for sums, counts, min,
-    max, mean and variance, within the sketch's bounds for distinct, quantiles and top-k."""
+def roll_up(groups: list[Step], states: Mapping[int, Sequence[State]]) -> list[SeriesPoint]:
+    """Each step's buckets merged (``states``: each bucket's stored states by its start; none for a bucket
+    never counted). States merge as CRDTs, so a step reads as the state of its whole stream would: exactly
+    for sums, counts, min, max, mean and variance, within the sketch's bounds for distinct, quantiles and
+    top-k. All of a step's states merge at once: a week of hourly sketches is one union, not 168."""
     points = []
     for group in groups:
-        counted = [state for start in group.buckets if (state := states.get(start)) is not None]
-        merged = counted[0].copy() if counted else None
-        for other in counted[1:]:
-            merged.merge(other)  # type: ignore[union-attr]
+        counted = [start for start in group.buckets if states.get(start)]
+        every = [state for start in counted for state in states[start]]
+        merged = type(every[0]).merged(every) if every else None
         points.append(SeriesPoint(datetime.fromtimestamp(group.start, UTC), datetime.fromtimestamp(group.end, UTC),
                                   None if merged is None else merged.value(), len(counted)))
     return points

@@ -77,15 +77,10 @@ def state_from_bytes(data: bytes) -> State:
 def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
     """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
     kinds never merge: :class:`IncompatibleStateError`."""
-    merged: State | None = None
-    for blob in blobs:
-        if blob is None:
-            continue
-        state = state_from_bytes(blob)
-        if merged is None:
-            merged = state
-        elif type(state) is not type(merged):
-            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(merged).__name__}")
-        else:
-            merged.merge(state)
-    return merged
+    states = [state_from_bytes(blob) for blob in blobs if blob is not None]
+    if not states:
+        return None
+    for state in states[1:]:
+        if type(state) is not type(states[0]):
+            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(states[0]).__name__}")
+    return states[0] if len(states) == 1 else type(states[0]).merged(states)

@@ -13,6 +13,7 @@ not pay for a second check per value.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, Self
 
@@ -82,6 +83,15 @@ class State(abc.ABC):
     @abc.abstractmethod
     def copy(self) -> Self:
         """Return an independent state equal to this one."""
+
+    @classmethod
+    def merged(cls, states: Sequence[Self]) -> Self:
+        """One state merging every state of ``states`` (not empty), which are left unchanged. A kind whose
+        library merges many at once cheaper than pair by pair overrides it."""
+        result = states[0].copy()
+        for other in states[1:]:
+            result.merge(other)
+        return result
 
     @abc.abstractmethod
     def value(self) -> object:

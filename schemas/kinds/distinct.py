@@ -18,6 +18,7 @@ are equal for equal inputs in equal order only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Self
 
@@ -79,6 +80,18 @@ class DistinctState(State):
 
     def copy(self) -> Self:
         return type(self)(ds.hll_sketch.deserialize(self._sketch.serialize_updatable()))
+
+    @classmethod
+    def merged(cls, states: Sequence[Self]) -> Self:
+        # One union of every sketch: a roll-up of a week of hourly buckets merges thousands of shards, and a
+        # union per pair (its result materialized each time) cost 38 µs a merge.
+        present = [state for state in states if not state._sketch.is_empty()]
+        if len(present) <= 1:
+            return (present[0] if present else states[0]).copy()
+        union = ds.hll_union(max(state.lg_k for state in present))
+        for state in present:
+            union.update(state._sketch)
+        return cls(union.get_result(_HLL_8))
 
     def value(self) -> DistinctEstimate:
         # The second update merges the sketch's registers with themselves (no change), which marks the

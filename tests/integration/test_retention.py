@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from consumer.protocol import MIN_LIFETIME_US
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.kafka import make_producer
@@ -107,7 +108,7 @@ retain = "2m"
                                      live + MINUTE)
         assert [p.value for p in series] == [None, None, None, None, None, 5]
 
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(MIN_LIFETIME_US / 1e6 + 1.0)  # past retire times (born + 1 s at the least) and the grace
         await Collector(CassandraGcStore(client), 500_000, retriable=(CassandraUnavailableError,)
                         ).run(time.time_ns() // 1000)
         folded = await _rows(client, _key(live))

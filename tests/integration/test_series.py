@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from consumer.protocol import MIN_LIFETIME_US
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.reader import CounterReader
@@ -126,7 +127,7 @@ async def test_series_and_roll_ups_read_the_truth_across_a_gc(
     trades = Trades()
     await _consume(settings, topic, trades.make(1500, 0, 30, seed=1))
     async with CassandraClient(cassandra_settings) as client:
-        await asyncio.sleep(1.0)  # past the GC's grace
+        await asyncio.sleep(MIN_LIFETIME_US / 1e6 + 1.0)  # past retire times (born + 1 s at the least) and the grace
         report = await Collector(CassandraGcStore(client), 500_000, retriable=(CassandraUnavailableError,)
                                  ).run(time.time_ns() // 1000)
         assert report.instances_folded > 0

@@ -152,7 +152,8 @@ def test_any_split_into_buckets_merges_back_into_the_whole_stream(events: list[t
     for kind in KINDS:
         definition = BUCKETED[kind]
         starts = bucket_starts(definition, start, end, 1000)
-        by_start = {s: bucketed.get((kind, bucket_key(definition, "home", s))) for s in starts}
+        by_start = {s: [state] if (state := bucketed.get((kind, bucket_key(definition, "home", s)))) else []
+                    for s in starts}
         if step_hours is not None and kind in ("count", "sum"):
             for point in roll_up(steps(definition, starts, start, end, step_hours * HOUR), by_start):
                 first, last = point.start.timestamp() - T0, point.end.timestamp() - T0
