@@ -9,12 +9,17 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from consumer.protocol import MIN_LIFETIME_US
+from consumer.applying import Applier, Mutator, RetryWindow
+from consumer.cassandra_store import CassandraStore
+from consumer.kafka_source import KafkaRecordSource
+from consumer.protocol import MIN_LIFETIME_US, claim, finish_take_over, flush
 from consumer.service import ConsumerService
+from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.kafka import make_producer
 from countersink.metrics import METRICS
@@ -23,6 +28,7 @@ from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSetti
 from gc_worker.collector import Collector
 from gc_worker.store import CassandraGcStore
 from schemas.definitions import parse_definitions
+from schemas.events import EventRouter
 from schemas.timeseries import BUCKET_FORMAT
 from stack.loading import end_offsets, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
@@ -118,3 +124,75 @@ retain = "2m"
 
     dead = await read_topic(kafka_settings, f"dlq-{group}", at_least=1, within_s=3)
     assert dead == []
+
+
+class CrashingStore(CassandraStore):
+    """Opens its flush's window, then dies before any shard of it is written."""
+
+    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+        raise ConnectionError("the process died here")
+
+
+async def test_a_replay_after_the_retention_boundary_decides_as_the_original(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory,
+) -> None:
+    """Records of a bucket written before its expiry are read after it, by a mutator that opens its flush
+    window and dies; its successor replays the window from Kafka: the same records count (their Kafka
+    timestamps decide, not the replay's clock), the late ones stay late, and the bucket, now past its
+    expiry, is written to expire within the grace and reads as absent meanwhile."""
+    if time.time() % MINUTE > 40:  # the bucket must still be within its grace when the replay writes it
+        await asyncio.sleep(MINUTE - time.time() % MINUTE + 0.5)
+    now = time.time()
+    live = int(now) // MINUTE * MINUTE
+    expired = live - 2 * MINUTE  # kept one minute after it ends: expired at the start of this minute
+    topic = await topic_factory(partitions=1)
+    counters = parse_definitions(f"""
+[[counter]]
+name = "views"
+topics = ["{topic}"]
+kind = "count"
+key = ["page"]
+bucket = {{ field = "ts", size = "1m", format = "epoch_seconds" }}
+retain = "1m"
+""")
+    # (bucket of the event, when its record is written, how many): 4 written before the expiry, 3 after it
+    plan = [(expired, live - 5, 4), (expired, now, 3), (live, now, 2)]
+    async with make_producer(kafka_settings) as producer:
+        for bucket, written_at, n in plan:
+            for i in range(n):
+                await producer.send_and_wait(topic, json.dumps({"page": "home", "ts": bucket + i}).encode(),
+                                             partition=0, timestamp_ms=int(written_at * 1000))
+    cassandra = cassandra_settings.model_copy(update={"retention_grace_s": GRACE_S})
+    late: list[str] = []
+
+    def applier() -> Applier:
+        return Applier(EventRouter(counters, on_late=late.append), counters, topic, 0, RetryWindow(100))
+
+    source = KafkaRecordSource(kafka_settings)
+    await source.start()
+    try:
+        async with CassandraClient(cassandra) as client:
+            first = MutatorEntry(uuid.uuid4(), "g", topic, 0, "first", time.time_ns() // 1000, 10**18)
+            claimed = await claim(CassandraStore(client), first, -1)
+            await finish_take_over(CassandraStore(client), source, claimed, applier, first.born_us)
+            mutator = Mutator(first, PartitionId("g", topic, 0), applier(), applied_through=-1, flushed_through=-1)
+            mutator.apply_batch(await source.read(topic, 0, 0, 8))
+            assert (len(late), mutator.states[("views", _key(expired))].value()) == (3, 4)
+            with pytest.raises(ConnectionError):
+                await flush(CrashingStore(client), mutator, time.time_ns() // 1000)  # window 0..8 open, no shard
+            assert await _rows(client, _key(expired)) == []
+
+            second = MutatorEntry(uuid.uuid4(), "g", topic, 0, "second", time.time_ns() // 1000 + 1, 10**18)
+            result = await finish_take_over(CassandraStore(client), source,
+                                            await claim(CassandraStore(client), second, -1), applier,
+                                            second.born_us)
+            assert (result.replayed_records, len(late)) == (9, 6)  # the same three late again, no more
+            reader = CounterReader(client)
+            assert await reader.get("views", _key(live)) == 2
+            rows = await _rows(client, _key(expired))
+            assert [row["mutator"] for row in rows] == [str(first.id)]  # written by the replay, as the first
+            assert 0 < rows[0]["state_ttl"] <= GRACE_S  # type: ignore[operator]
+            assert (await CounterReader(client).explain("views", _key(expired))).value == 4
+            assert await reader.get("views", _key(expired)) is None  # past its expiry: hidden
+    finally:
+        await source.stop()
