@@ -19,8 +19,7 @@ from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
 from schemas import timeseries
 from schemas.definitions import CounterDefinition
-from schemas.errors import IncompatibleStateError
-from schemas.kinds import State, merge_stored, state_from_bytes
+from schemas.kinds import State, merge_states, merge_stored, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 _INSTANCE = "SELECT tally, mutator, state, through_offset, writetime(state) AS written_us FROM shards " \
@@ -111,11 +110,7 @@ async def read_state(
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
     its retention: :func:`read_states`)."""
-    states = await read_states(client, counter, key, consistency)
-    for state in states[1:]:
-        if type(state) is not type(states[0]):
-            raise IncompatibleStateError(f"cannot merge {type(state).__name__} into {type(states[0]).__name__}")
-    return None if not states else states[0] if len(states) == 1 else type(states[0]).merged(states)
+    return merge_states(await read_states(client, counter, key, consistency))
 
 
 Instant = datetime | int | str

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError
-from schemas.kinds import State
+from schemas.kinds import State, merge_states
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
@@ -133,7 +133,7 @@ def roll_up(groups: list[Step], states: Mapping[int, Sequence[State]]) -> list[S
     for group in groups:
         counted = [start for start in group.buckets if states.get(start)]
         every = [state for start in counted for state in states[start]]
-        merged = type(every[0]).merged(every) if every else None
+        merged = merge_states(every)
         points.append(SeriesPoint(datetime.fromtimestamp(group.start, UTC), datetime.fromtimestamp(group.end, UTC),
                                   None if merged is None else merged.value(), len(counted)))
     return points

@@ -7,7 +7,7 @@ to its module; :func:`new_state` and :func:`state_from_bytes` dispatch through i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
@@ -25,6 +25,7 @@ __all__ = [
     "NumberMode",
     "State",
     "kind_of_bytes",
+    "merge_states",
     "merge_stored",
     "new_state",
     "state_from_bytes",
@@ -77,7 +78,12 @@ def state_from_bytes(data: bytes) -> State:
 def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
     """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
     kinds never merge: :class:`IncompatibleStateError`."""
-    states = [state_from_bytes(blob) for blob in blobs if blob is not None]
+    return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
+
+
+def merge_states(states: Sequence[State]) -> State | None:
+    """Merge states of one kind into one (the only one as it is, else a new state); None when there are
+    none. States of different kinds never merge: :class:`IncompatibleStateError`."""
     if not states:
         return None
     for state in states[1:]:
