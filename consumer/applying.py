@@ -279,7 +279,7 @@ class Mutator:
     flush_seq: int = 0  # k-1: the number of the last flush whose window this mutator opened
     states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
     dirty: set[tuple[str, str]] = dataclasses.field(default_factory=set)
-    recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # in mutator_counters already
+    recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # in the GC's work list already
     state_bytes: int = 0
     # The window a flush attempt may have opened without finishing its writes (its LWT can apply even when
     # the caller sees a timeout); the next attempt reads the row to learn what happened.

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
+from schemas.cql import shard_cell, shard_of_cell, work_chunk
 
 
 def _uuid(value: object) -> uuid.UUID | None:
@@ -19,8 +20,12 @@ def _uuid(value: object) -> uuid.UUID | None:
 
 # Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
 _BATCH_BYTES = 4096
-# What a row adds beyond its key and state bytes (mutator id, offset, timestamp, cell headers), roughly.
-_ROW_OVERHEAD_BYTES = 32
+# What a cell adds beyond its name and value bytes (cell header, and the row's mutator id and timestamp
+# shared out), roughly.
+_CELL_OVERHEAD_BYTES = 32
+# Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
+# stays far below Cassandra's mutation size limits).
+_WORK_CHUNK_INSTANCES = 1000
 # Cassandra's longest TTL (20 years).
 _MAX_TTL_S = 630_720_000
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
@@ -113,51 +118,47 @@ class CassandraStore:
         )
 
     async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
-        shard_cql = (
-            "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?) "
-            "USING TIMESTAMP ?"
-        )
-        work_cql = "INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)"
+        # The counters of one key go to one row (one cell each, added to the map: no tombstone, and a counter
+        # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
+        shard_cql = "UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?"
+        expiring_cql = "UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? WHERE key = ? AND mutator = ?"
+        work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
         # not bring back part of a bucket that is gone.
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
         writes = [w for w in writes if w.expires_at is None or w.expires_at + grace > now_s]
+        rows: dict[tuple[str, int | None], dict[str, bytes]] = {}
+        for write in writes:
+            rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,
+                                                                                            write.through_offset)
         calls: list[Callable[[], Awaitable[object]]] = []
-        # Shard rows of different instances go several to a request (an unlogged batch): one request per row
-        # costs the client and the server more than the row itself. Each row is still its own mutation (no
-        # atomicity across them is needed or assumed), and the batch stays under Cassandra's warning
-        # thresholds for size and for partitions per unlogged batch.
+        # Rows of different keys go several to a request (an unlogged batch): one request per row costs the
+        # client and the server more than the row itself. Each row is still its own mutation (no atomicity
+        # across them is needed or assumed), and the batch stays under Cassandra's warning thresholds for size
+        # and for partitions per unlogged batch.
         group: list[tuple[str, list[object]]] = []
         group_bytes = 0
-        for write in writes:
-            row_bytes = len(write.state) + len(write.counter) + len(write.key.encode()) + _ROW_OVERHEAD_BYTES
+        for (key, expires_at), cells in rows.items():
+            row_bytes = len(key.encode()) + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
             if group and (len(group) >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
                 calls.append(self._shard_call(group))
                 group, group_bytes = [], 0
-            if write.expires_at is None:
-                group.append((shard_cql, [write.counter, write.key, mutator, write.state, write.through_offset,
-                                          timestamp_us]))
+            if expires_at is None:
+                group.append((shard_cql, [timestamp_us, cells, key, mutator]))
             else:
-                group.append((shard_cql + " AND TTL ?", [write.counter, write.key, mutator, write.state,
-                                                         write.through_offset, timestamp_us,
-                                                         min(write.expires_at + grace - now_s, _MAX_TTL_S)]))
+                ttl_s = min(expires_at + grace - now_s, _MAX_TTL_S)
+                group.append((expiring_cql, [timestamp_us, ttl_s, cells, key, mutator]))
             group_bytes += row_bytes
         if group:
             calls.append(self._shard_call(group))
-        # The GC's work list is one partition per mutator: its new rows go as single-partition unlogged batches
-        # (applied atomically, one request per batch), kept well under Cassandra's batch size limits.
-        batch: list[tuple[str, list[object]]] = []
-        batch_bytes = 0
-        for write in writes:
-            if write.first_write:
-                batch.append((work_cql, [mutator, write.counter, write.key]))
-                batch_bytes += len(write.counter) + len(write.key.encode()) + _ROW_OVERHEAD_BYTES
-                if batch_bytes >= _BATCH_BYTES:
-                    calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
-                    batch, batch_bytes = [], 0
-        if batch:
-            calls.append(functools.partial(self.client.execute_batch, batch, consistency=self.write_cl))
+        # The GC's work list: the instances new to this mutator, a few thousand to a row. Their number follows
+        # the keys, not the events, and a row per instance cost Cassandra as much as a shard row.
+        new = [(write.counter, write.key) for write in writes if write.first_write]
+        for start in range(0, len(new), _WORK_CHUNK_INSTANCES):
+            chunk, body = work_chunk(new[start:start + _WORK_CHUNK_INSTANCES])
+            calls.append(functools.partial(self.client.execute, work_cql, [mutator, chunk, body],
+                                           consistency=self.write_cl))
         # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
         # (idempotent) set after a failure.
         await self._run_bounded(calls)
@@ -189,34 +190,33 @@ class CassandraStore:
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
         result = await self.client.execute(
-            "SELECT state, through_offset FROM shards WHERE counter = ? AND key = ? AND mutator = ?",
+            "SELECT states[?] AS cell FROM shards WHERE key = ? AND mutator = ?",
             [counter, key, mutator], consistency=self.read_cl)
         rows = as_dicts(result)
-        if not rows or rows[0]["state"] is None:
+        if not rows or rows[0]["cell"] is None:
             return None
-        return StoredShard(rows[0]["state"], rows[0]["through_offset"])
+        return StoredShard(*shard_of_cell(rows[0]["cell"]))
 
     async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
                           ) -> dict[tuple[str, str], StoredShard | None]:
-        # Keys of one counter go _READ_KEYS_PER_REQUEST to a request (IN on the partition key): a takeover
-        # replaying a window of tens of thousands of instances would otherwise spend most of its time on
-        # per-request overhead. The requests run concurrently, a bounded number at a time.
-        by_counter: dict[str, list[str]] = {}
-        for counter, key in instances:
-            by_counter.setdefault(counter, []).append(key)
-        chunks = [(counter, keys[i:i + _READ_KEYS_PER_REQUEST])
-                  for counter, keys in by_counter.items() for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)]
+        # Keys go _READ_KEYS_PER_REQUEST to a request (IN on the partition key), each row with the cells of
+        # every counter of the key: a takeover replaying a window of tens of thousands of instances would
+        # otherwise spend most of its time on per-request overhead. The requests run concurrently, a bounded
+        # number at a time.
+        keys = list(dict.fromkeys(key for _, key in instances))
         found: dict[tuple[str, str], StoredShard | None] = dict.fromkeys(instances)
 
-        async def read(counter: str, keys: list[str]) -> None:
+        async def read(chunk: list[str]) -> None:
             result = await self.client.execute(
-                "SELECT key, state, through_offset FROM shards WHERE counter = ? AND key IN ? AND mutator = ?",
-                [counter, keys, mutator], consistency=self.read_cl)
+                "SELECT key, states FROM shards WHERE key IN ? AND mutator = ?", [chunk, mutator],
+                consistency=self.read_cl)
             for row in as_dicts(result):
-                if row["state"] is not None:
-                    found[(counter, row["key"])] = StoredShard(row["state"], row["through_offset"])
+                for counter, cell in (row["states"] or {}).items():
+                    if (counter, row["key"]) in found:
+                        found[(counter, row["key"])] = StoredShard(*shard_of_cell(cell))
 
-        await self._run_bounded([functools.partial(read, counter, keys) for counter, keys in chunks])
+        await self._run_bounded([functools.partial(read, keys[i:i + _READ_KEYS_PER_REQUEST])
+                                 for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)])
         return found
 
     async def register_mutator(self, record: MutatorEntry) -> bool:

@@ -294,6 +294,13 @@ class CassandraClient:
             return False
         rows = as_dicts(await self.execute(cql.read_schema_version(self.keyspace), prepared=False,
                                            consistency=Consistency.ONE))
+        if rows and int(rows[0]["version"]) < cql.SCHEMA_VERSION:
+            # Tables of an older layout exist under the same names: creating ours "if not exists" would keep
+            # theirs, and every write would fail (or worse, land where no reader looks).
+            raise cql.SchemaVersionError(
+                f"keyspace {self.keyspace!r} holds countersink schema {rows[0]['version']}; this version needs "
+                f"{cql.SCHEMA_VERSION}, and no migration exists before the first release: drop the keyspace "
+                "or choose another (COUNTERSINK_CASSANDRA__KEYSPACE)")
         return bool(rows) and int(rows[0]["version"]) >= cql.SCHEMA_VERSION
 
     async def replication_factors(self) -> dict[str, int]:

@@ -18,12 +18,14 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
 from schemas import timeseries
+from schemas.cql import shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_states, merge_stored, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
-_INSTANCE = "SELECT tally, mutator, state, through_offset, writetime(state) AS written_us FROM shards " \
-            "WHERE counter = ? AND key = ?"
+# Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
+_INSTANCE = "SELECT tallies[?] AS tally, mutator, states[?] AS cell, writetime(states[?]) AS written_us " \
+            "FROM shards WHERE key = ?"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +58,14 @@ class Explanation:
 
 
 def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
-    # The static tally is repeated on every row of the partition: take it once.
-    return ([rows[0]["tally"]] if rows else []) + [row["state"] for row in rows]
+    # The static tally is repeated on every row of the partition: take it once. Rows of the key's other
+    # counters come without a cell of this one.
+    return ([rows[0]["tally"]] if rows else []) + [shard_of_cell(row["cell"])[0] for row in rows
+                                                   if row["cell"] is not None]
 
 
-_VALUES = "SELECT tally, state, ttl(tally) AS tally_ttl, ttl(state) AS state_ttl FROM shards " \
-          "WHERE counter = ? AND key = ?"
+_VALUES = "SELECT tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, " \
+          "ttl(states[?]) AS state_ttl FROM shards WHERE key = ?"
 
 
 async def read_states(
@@ -71,7 +75,7 @@ async def read_states(
     counted for it, or when it is a bucket past its retention (its rows, written to expire a grace period
     after that, are hidden from then on, so a bucket never reads as partly gone)."""
     level = consistency or client.settings.read_consistency
-    rows = as_dicts(await client.execute(_VALUES, [counter, key], consistency=level))
+    rows = as_dicts(await client.execute(_VALUES, [counter] * 4 + [key], consistency=level))
     grace = client.settings.retention_grace_s
     if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
         return []
@@ -89,8 +93,9 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
     level = consistency or client.settings.read_consistency
     marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
     rows = as_dicts(await client.execute(
-        "SELECT key, tally, state, ttl(tally) AS tally_ttl, ttl(state) AS state_ttl FROM shards "  # noqa: S608
-        f"WHERE counter = ? AND key IN ({marks})", [counter, *keys], consistency=level))
+        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})", [counter] * 4 + list(keys),
+        consistency=level))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_key.setdefault(row["key"], []).append(row)
@@ -206,22 +211,23 @@ class CounterReader:
         return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
-        rows = as_dicts(await self.client.execute(_INSTANCE, [counter, key], consistency=self.consistency))
+        rows = as_dicts(await self.client.execute(_INSTANCE, [counter] * 3 + [key], consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
         shards = []
         partitions: dict[tuple[str, str, int], dict[str, Any]] = {}
         for row in rows:
-            if row["state"] is None:
-                continue  # a partition holding only the tally
+            if row["cell"] is None:
+                continue  # a partition holding only tallies, or a row of another counter of the key
+            state, through_offset = shard_of_cell(row["cell"])
             mutator = uuid.UUID(str(row["mutator"]))
             registry = as_dicts(await self.client.execute(
                 "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us FROM mutators "
                 "WHERE id = ?", [mutator], consistency=self.consistency))
             info = registry[0] if registry else {}
             shards.append(ShardView(
-                mutator=mutator, through_offset=row["through_offset"], written_us=row["written_us"],
-                value=state_from_bytes(row["state"]).value(), topic=info.get("topic"),
+                mutator=mutator, through_offset=through_offset, written_us=row["written_us"],
+                value=state_from_bytes(state).value(), topic=info.get("topic"),
                 partition=info.get("partition"), host=info.get("host"), born_us=info.get("born_us"),
                 retired_us=info.get("retired_us"), collected_us=info.get("collected_us")))
             if info:
@@ -242,22 +248,41 @@ class CounterReader:
                              ) -> tuple[list[str], bytes | None]:
         """Instance keys of a counter, ``limit`` at a time; pass the returned page token for more.
 
-        This walks the token ring (``SELECT DISTINCT``): an operator's tool, not a hot path.
+        This walks every row of the table in token order: an operator's tool, not a hot path.
         """
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        # Keys are shared by counters, so the walk is over rows, and one key's rows may straddle two pages:
+        # the token carries the last key returned, and its remaining rows are skipped.
+        last, page = _split_token(page) if page else (None, None)
         keys: list[str] = []
         while len(keys) < limit:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
-            # key returned, so none is skipped or repeated.
+            # row returned, so no key is skipped.
             result = await self.client.execute(
-                "SELECT DISTINCT counter, key FROM shards", consistency=self.consistency,
-                page_size=limit - len(keys), page_state=page)
-            keys.extend(row["key"] for row in as_dicts(result) if row["counter"] == counter)
+                "SELECT key, tallies[?] AS tally, states[?] AS cell FROM shards", [counter, counter],
+                consistency=self.consistency, page_size=limit - len(keys), page_state=page)
+            for row in as_dicts(result):
+                if row["key"] != last and (row["tally"] is not None or row["cell"] is not None):
+                    keys.append(row["key"])
+                    last = row["key"]
             page = result.page_state() if result.has_more_pages() else None
             if page is None:
                 break
-        return sorted(keys), page
+        return sorted(keys), None if page is None else _join_token(last, page)
+
+
+def _join_token(last: str | None, page: bytes) -> bytes:
+    key = (last or "").encode()
+    return len(key).to_bytes(4, "big") + (b"\x01" if last is not None else b"\x00") + key + page
+
+
+def _split_token(token: bytes) -> tuple[str | None, bytes]:
+    size = int.from_bytes(token[:4], "big")
+    if len(token) < 5 + size:
+        raise ValueError("not a page token of this listing")
+    key = token[5:5 + size].decode()
+    return (key if token[4:5] == b"\x01" else None), token[5 + size:]
 
 
 def to_jsonable(value: object) -> object:

@@ -1,9 +1,9 @@
 """The GC: fold the shards of retired mutators into each instance's tally, safely and without coordination.
 
 For every mutator retired before ``now - grace`` and not yet collected, page through the instances it wrote
-(``mutator_counters``). For each instance, read the whole partition (at CL ALL by default) and let F be every
-shard whose mutator is final (retired before the cutoff). Write ``tally + F`` as the new tally and delete F's
-rows in one single-partition batch ``USING TIMESTAMP max(retired_us of F)``. Cassandra applies such a batch
+(``mutator_work``). For each instance, read its cells of the key's partition (at CL ALL by default) and let F
+be every shard whose mutator is final (retired before the cutoff). Write ``tally + F`` as the new tally and
+delete F's cells in one single-partition batch ``USING TIMESTAMP max(retired_us of F)``. Cassandra applies such a batch
 atomically and in isolation, so a reader sees the instance before it or after it, never a mix.
 
 Why several workers at once are safe (seed 000's argument with the retire time for the expiry): a later run

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator, Sequence
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, InstanceView, RegistryEntry, ShardView
+from schemas.cql import instances_of_work, shard_of_cell
 
 _PAGE = 1000
+_WORK_ROWS_PER_PAGE = 4
 
 
 def _uuid(value: object) -> uuid.UUID:
@@ -29,12 +31,16 @@ class CassandraGcStore:
         self.write_cl = settings.write_consistency
         self.page_size = page_size
 
-    async def _pages(self, cql_text: str, params: list[object], consistency: Consistency
-                     ) -> AsyncIterator[list[dict[str, object]]]:
+    def _pages(self, cql_text: str, params: list[object], consistency: Consistency
+               ) -> AsyncIterator[list[dict[str, object]]]:
+        return self._pages_of(cql_text, params, consistency, self.page_size)
+
+    async def _pages_of(self, cql_text: str, params: list[object], consistency: Consistency, page_size: int
+                        ) -> AsyncIterator[list[dict[str, object]]]:
         page_state: bytes | None = None
         while True:
             result = await self.client.execute(cql_text, params, consistency=consistency,
-                                               page_size=self.page_size, page_state=page_state)
+                                               page_size=page_size, page_state=page_state)
             yield as_dicts(result)
             if not result.has_more_pages():
                 return
@@ -54,9 +60,11 @@ class CassandraGcStore:
         return entries
 
     async def read_work(self, mutator: uuid.UUID) -> AsyncIterator[Sequence[Instance]]:
-        async for rows in self._pages("SELECT counter, key FROM mutator_counters WHERE mutator = ?",
-                                      [mutator], self.read_cl):
-            yield [(str(r["counter"]), str(r["key"])) for r in rows]
+        # A row holds up to a thousand instances: a few rows to a page.
+        async for rows in self._pages_of("SELECT instances FROM mutator_work WHERE mutator = ?",
+                                         [mutator], self.read_cl, _WORK_ROWS_PER_PAGE):
+            for r in rows:
+                yield instances_of_work(r["instances"])  # type: ignore[arg-type]
 
     async def read_instance(self, counter: str, key: str) -> InstanceView:
         tally: bytes | None = None
@@ -65,10 +73,10 @@ class CassandraGcStore:
         pages = 0
         ttls: list[int | None] = []
         async for rows in self._pages(
-                "SELECT mutator, state, through_offset, writetime(state) AS state_us, ttl(state) AS state_ttl, "
-                "tally, writetime(tally) AS tally_us, ttl(tally) AS tally_ttl "
-                "FROM shards WHERE counter = ? AND key = ?",
-                [counter, key], self.instance_cl):
+                "SELECT mutator, states[?] AS cell, writetime(states[?]) AS state_us, ttl(states[?]) AS state_ttl, "
+                "tallies[?] AS tally, writetime(tallies[?]) AS tally_us, ttl(tallies[?]) AS tally_ttl "
+                "FROM shards WHERE key = ?",
+                [*[counter] * 6, key], self.instance_cl):
             pages += 1
             if pages == 1 and rows:
                 # Every row carries the static tally as of its own request: keep the first request's, which
@@ -77,9 +85,10 @@ class CassandraGcStore:
                 if tally is not None:
                     ttls.append(rows[0]["tally_ttl"])  # type: ignore[arg-type]
             for r in rows:
-                if r["mutator"] is not None and r["state"] is not None:
-                    shards.append(ShardView(_uuid(r["mutator"]), r["state"],  # type: ignore[arg-type]
-                                            -1 if r["through_offset"] is None else int(r["through_offset"]),  # type: ignore[call-overload]
+                # Rows of the key's other counters come too, without a cell of this one.
+                if r["mutator"] is not None and r["cell"] is not None:
+                    state, through_offset = shard_of_cell(r["cell"])  # type: ignore[arg-type]
+                    shards.append(ShardView(_uuid(r["mutator"]), state, through_offset,
                                             int(r["state_us"])))  # type: ignore[call-overload]
                     ttls.append(r["state_ttl"])  # type: ignore[arg-type]
         # A bucket with retention: the tally lives as long as the longest-lived of its rows (they all expire
@@ -90,8 +99,8 @@ class CassandraGcStore:
     async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
         # The static columns come with any row of the partition (or alone, if it has no shard rows).
         rows = as_dicts(await self.client.execute(
-            "SELECT tally, writetime(tally) AS tally_us FROM shards WHERE counter = ? AND key = ? LIMIT 1",
-            [counter, key], consistency=self.instance_cl))
+            "SELECT tallies[?] AS tally, writetime(tallies[?]) AS tally_us FROM shards WHERE key = ? LIMIT 1",
+            [counter, counter, key], consistency=self.instance_cl))
         if not rows or rows[0]["tally"] is None:
             return None, None
         return rows[0]["tally"], int(rows[0]["tally_us"])
@@ -99,12 +108,12 @@ class CassandraGcStore:
     async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int,
                    ttl_s: int | None = None) -> None:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
-        # takes the batch's timestamp, so repeating it changes nothing.
+        # takes the batch's timestamp, so repeating it changes nothing. Only this counter's cells change: the
+        # key's other counters in the same rows are folded on their own.
         statements: list[tuple[str, Sequence[object]]] = [
-            ("UPDATE shards SET tally = ? WHERE counter = ? AND key = ?", [tally, counter, key]) if ttl_s is None
-            else ("UPDATE shards USING TTL ? SET tally = ? WHERE counter = ? AND key = ?",
-                  [max(ttl_s, 1), tally, counter, key])]
-        statements.extend(("DELETE FROM shards WHERE counter = ? AND key = ? AND mutator = ?", [counter, key, m])
+            ("UPDATE shards SET tallies[?] = ? WHERE key = ?", [counter, tally, key]) if ttl_s is None
+            else ("UPDATE shards USING TTL ? SET tallies[?] = ? WHERE key = ?", [max(ttl_s, 1), counter, tally, key])]
+        statements.extend(("DELETE states[?] FROM shards WHERE key = ? AND mutator = ?", [counter, key, m])
                           for m in folded)
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
@@ -113,7 +122,7 @@ class CassandraGcStore:
                                   consistency=self.write_cl)
 
     async def forget(self, mutator: uuid.UUID) -> None:
-        await self.client.execute("DELETE FROM mutator_counters WHERE mutator = ?", [mutator],
+        await self.client.execute("DELETE FROM mutator_work WHERE mutator = ?", [mutator],
                                   consistency=self.write_cl)
         await self.client.execute("DELETE FROM mutators WHERE id = ?", [mutator], consistency=self.write_cl)
 

@@ -1,20 +1,64 @@
 """countersink's tables in Cassandra. Pure text: the I/O layer executes these statements.
 
-One instance of a counter (``shares_traded`` / ``IBM``) is one partition of ``shards``: the static ``tally``
-holds what the GC has folded, and one clustering row per mutator holds that mutator's whole state. The value
-of an instance is ``merge(tally, every shard)``, read with one single-partition query.
+One key (``IBM``) is one partition of ``shards``, shared by every counter with that key. Each mutator that
+counted the key has one row there, holding its whole state of each of its counters as one cell of ``states``
+(keyed by counter name); the static ``tallies`` hold, per counter, what the GC has folded. The value of an
+instance (``shares_traded`` / ``IBM``) is ``merge(tallies[counter], states[counter] of every row)``, read with
+one single-partition query. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the
+state's bytes.
+
+Counters that share a topic and a key are written together: one row per key per flush instead of one per
+counter, which is what Cassandra's CPU follows (``python -m bench.layouts``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import struct
+from collections.abc import Sequence
 
-from schemas.errors import CountersinkError
+from schemas.errors import CorruptStateError, CountersinkError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 GC_RUNS_TTL_S = 30 * 24 * 3600  # how long the record of each GC run is kept
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+class SchemaVersionError(CountersinkError):
+    """Raised when a keyspace holds an older countersink schema than this version reads and writes."""
+
+
+_OFFSET = struct.Struct(">q")
+
+
+def shard_cell(state: bytes, through_offset: int) -> bytes:
+    """One cell of ``shards.states``: the last Kafka offset the state covers, then the state's bytes."""
+    return _OFFSET.pack(through_offset) + state
+
+
+def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
+    """The state's bytes and the offset of a :func:`shard_cell`."""
+    if len(cell) <= _OFFSET.size:
+        raise CorruptStateError(f"a shard cell of {len(cell)} bytes holds no state")
+    return cell[_OFFSET.size:], _OFFSET.unpack_from(cell)[0]
+
+
+def work_chunk(instances: Sequence[tuple[str, str]]) -> tuple[bytes, bytes]:
+    """One row of ``mutator_work``: its name (a digest of the content) and the instances, as JSON pairs."""
+    body = json.dumps(instances, ensure_ascii=False, separators=(",", ":")).encode()
+    return hashlib.blake2b(body, digest_size=16).digest(), body
+
+
+def instances_of_work(body: bytes) -> list[tuple[str, str]]:
+    """The instances of a :func:`work_chunk`."""
+    try:
+        pairs = json.loads(body)
+        return [(str(counter), str(key)) for counter, key in pairs]
+    except (ValueError, TypeError) as exc:
+        raise CorruptStateError(f"a work-list row does not decode: {exc}") from exc
 
 
 class InvalidIdentifierError(CountersinkError):
@@ -59,13 +103,11 @@ def create_tables(keyspace: str) -> list[str]:
     overwrite_heavy = "compaction = {'class': 'UnifiedCompactionStrategy', 'scaling_parameters': 'L4'}"
     return [
         f"""CREATE TABLE IF NOT EXISTS {ks}.shards (
-            counter text,
             key text,
             mutator uuid,
-            tally blob STATIC,
-            state blob,
-            through_offset bigint,
-            PRIMARY KEY ((counter, key), mutator)
+            tallies map<text, blob> STATIC,
+            states map<text, blob>,
+            PRIMARY KEY ((key), mutator)
         ) WITH {overwrite_heavy}""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.partitions (
             consumer_group text,
@@ -90,11 +132,14 @@ def create_tables(keyspace: str) -> list[str]:
             retired_us bigint,
             collected_us bigint
         )""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.mutator_counters (
+        # The GC's work list: the instances each mutator wrote, a flush's new ones in a few rows of
+        # work_chunk() each, named by a digest of their content, so that a repeated write rewrites the
+        # same row and a different one never overwrites another.
+        f"""CREATE TABLE IF NOT EXISTS {ks}.mutator_work (
             mutator uuid,
-            counter text,
-            key text,
-            PRIMARY KEY ((mutator), counter, key)
+            chunk blob,
+            instances blob,
+            PRIMARY KEY ((mutator), chunk)
         )""",
         # The counter registry: each counter's definition as a consumer recorded it before counting
         # (schemas/registry.py). Readers learn names and kinds from it; a changed meaning is refused.

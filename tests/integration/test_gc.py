@@ -24,6 +24,7 @@ from countersink.reader import read_state
 from countersink.settings import CassandraSettings, Consistency, ConsumerSettings, KafkaSettings, Settings
 from gc_worker.collector import Collector, GcReport
 from gc_worker.store import CassandraGcStore
+from schemas.cql import shard_cell, work_chunk
 from schemas.definitions import load_definitions, parse_definitions
 from schemas.kinds import new_state
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
@@ -63,7 +64,7 @@ async def _gc_run(client: CassandraClient, **options: object) -> GcReport:
 
 
 async def _shards(client: CassandraClient, counter: str, key: str) -> list[str]:
-    rows = as_dicts(await client.execute("SELECT mutator, state FROM shards WHERE counter = ? AND key = ?",
+    rows = as_dicts(await client.execute("SELECT mutator, states[?] AS state FROM shards WHERE key = ?",
                                          [counter, key]))
     return [str(r["mutator"]) for r in rows if r["mutator"] is not None and r["state"] is not None]
 
@@ -201,10 +202,10 @@ async def _insert_mutator(client: CassandraClient, *, topic: str, born_us: int, 
     state = new_state(COUNTERS[counter])
     for _ in range(n):
         state.apply(1)
-    await client.execute("INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, 0) "
-                         "USING TIMESTAMP ?", [counter, key, mutator, state.to_bytes(), write_us])
-    await client.execute("INSERT INTO mutator_counters (mutator, counter, key) VALUES (?, ?, ?)",
-                         [mutator, counter, key])
+    await client.execute("UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?",
+                         [write_us, {counter: shard_cell(state.to_bytes(), 0)}, key, mutator])
+    await client.execute("INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)",
+                         [mutator, *work_chunk([(counter, key)])])
     return mutator
 
 
@@ -288,7 +289,7 @@ class _PausingStore(CassandraGcStore):
                      ) -> AsyncIterator[list[dict[str, object]]]:
         async for rows in super()._pages(cql_text, params, consistency):
             yield rows
-            if self.between is not None and "writetime(state)" in cql_text:
+            if self.between is not None and "writetime(states" in cql_text:
                 between, self.between = self.between, None
                 await between()
 

@@ -59,12 +59,15 @@ async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> No
 
 async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings: CassandraSettings) -> None:
     """list_instances returns at most ``limit`` keys and a page token; following the tokens yields every key
-    of the counter once, and none of another counter."""
+    of the counter exactly once, though each key has several rows (three mutators) and counters share keys,
+    and none that only another counter has."""
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
-        mutator = uuid.uuid4()
-        await store.write_shards(mutator, 1, [ShardWrite(counter, f"k{i:02d}", b"\x02\x01\x01", 0, True)
-                                              for counter in ("likes", "views") for i in range(23)])
+        for _ in range(3):
+            await store.write_shards(uuid.uuid4(), 1, [ShardWrite(counter, f"k{i:02d}", b"\x02\x01\x01", 0, True)
+                                                       for counter in ("likes", "views") for i in range(23)])
+        await store.write_shards(uuid.uuid4(), 1, [ShardWrite("views", f"v{i:02d}", b"\x02\x01\x01", 0, True)
+                                                   for i in range(9)])
         reader = CounterReader(client)
         seen: list[str] = []
         pages = 0

@@ -44,8 +44,8 @@ def _key(bucket_start: int) -> str:
 
 async def _rows(client: CassandraClient, key: str) -> list[dict[str, object]]:
     return as_dicts(await client.execute(
-        "SELECT mutator, ttl(state) AS state_ttl, tally, ttl(tally) AS tally_ttl FROM shards "
-        "WHERE counter = 'views' AND key = ?", [key]))
+        "SELECT mutator, ttl(states['views']) AS state_ttl, tallies['views'] AS tally, "
+        "ttl(tallies['views']) AS tally_ttl FROM shards WHERE key = ?", [key]))
 
 
 def _late() -> float:

@@ -17,6 +17,7 @@ from countersink.cassandra import CassandraClient, CassandraUnavailableError, as
 from countersink.kafka import make_consumer, make_producer
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
+from schemas.cql import SchemaVersionError
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -52,14 +53,13 @@ async def test_cassandra_schema_rows_at_quorum_and_lwt(cassandra_settings: Cassa
     mutator = uuid.uuid4()
     async with CassandraClient(cassandra_settings) as client:
         await client.execute(
-            "INSERT INTO shards (counter, key, mutator, state, through_offset) VALUES (?, ?, ?, ?, ?) "
-            "USING TIMESTAMP ?",
-            ["likes", "post-1", mutator, b"\x01\x01state", 41, 1_000], consistency=Consistency.QUORUM)
+            "UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?",
+            [1_000, {"likes": b"\x01\x01state"}, "post-1", mutator], consistency=Consistency.QUORUM)
         result = await client.execute(
-            "SELECT mutator, state, through_offset, writetime(state) AS ts FROM shards WHERE counter = ? AND key = ?",
-            ["likes", "post-1"], consistency=Consistency.QUORUM)
+            "SELECT mutator, states[?] AS state, writetime(states[?]) AS ts FROM shards WHERE key = ?",
+            ["likes", "likes", "post-1"], consistency=Consistency.QUORUM)
         # The driver returns uuid columns as text; countersink's store converts them where it reads them.
-        expected = {"mutator": str(mutator), "state": b"\x01\x01state", "through_offset": 41, "ts": 1_000}
+        expected = {"mutator": str(mutator), "state": b"\x01\x01state", "ts": 1_000}
         assert as_dicts(result) == [expected]
 
         claim = ("INSERT INTO partitions (consumer_group, topic, partition, owner, flush_seq) VALUES (?, ?, ?, ?, 0) "
@@ -138,3 +138,12 @@ async def test_a_keyspace_not_yet_created_says_how_to_create_it(base_cassandra_s
         async with CassandraClient(settings):
             pass
     assert raised.value.retriable
+
+
+async def test_a_keyspace_of_an_older_schema_is_refused_with_what_to_do(cassandra_settings: CassandraSettings) -> None:
+    """A keyspace recording an older schema version is refused by name, not written in the old layout."""
+    async with CassandraClient(cassandra_settings) as client:
+        await client.ensure_schema()
+        await client.execute("UPDATE schema_meta SET version = 1 WHERE name = 'countersink'")
+        with pytest.raises(SchemaVersionError, match=rf"{cassandra_settings.keyspace}.*schema 1.*needs 2.*drop"):
+            await client.ensure_schema()

@@ -1,4 +1,5 @@
-"""The consumer's Cassandra store on a real node: shard reads of a replay, many keys to a request."""
+"""The consumer's Cassandra store on a real node: shard reads of a replay, many keys to a request, and the
+cells of counters sharing a key."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient
+from countersink.reader import read_state
 from countersink.settings import CassandraSettings
+from gc_worker.store import CassandraGcStore
+from schemas.kinds import KindSpec, new_state
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +35,39 @@ async def test_read_shards_returns_each_instance_of_one_mutator_and_none_for_the
     assert set(found) == set(wanted)
     assert {instance: shard for instance, shard in found.items() if shard is not None} == {
         (w.counter, w.key): StoredShard(w.state, w.through_offset) for w in written}
+
+
+async def test_counters_sharing_a_key_keep_their_own_cells_through_flushes_and_folds(
+    cassandra_settings: CassandraSettings,
+) -> None:
+    """Three counters share key IBM in one row per mutator. A later flush of one counter leaves the others'
+    cells as they were; an older write of a cell loses to a newer one; a GC fold of one counter folds and
+    deletes only that counter's cells; the work list names every instance once."""
+    async with CassandraClient(cassandra_settings) as client:
+        store, gc = CassandraStore(client), CassandraGcStore(client)
+        mutator, other = uuid.uuid4(), uuid.uuid4()
+        states = {name: new_state(KindSpec("count")) for name in ("trades", "likes", "views")}
+        for state in states.values():
+            state.apply(1)
+        await store.write_shards(mutator, 10, [ShardWrite(name, "IBM", state.to_bytes(), 5, True)
+                                               for name, state in states.items()])
+        states["likes"].apply(1)
+        await store.write_shards(mutator, 12, [ShardWrite("likes", "IBM", states["likes"].to_bytes(), 9, False)])
+        await store.write_shards(mutator, 9, [ShardWrite("views", "IBM", b"\x02\x01\x09", 7, False)])  # older
+        await store.write_shards(other, 10, [ShardWrite("trades", "IBM", states["trades"].to_bytes(), 3, True)])
+        assert await store.read_shard("likes", "IBM", mutator) == StoredShard(states["likes"].to_bytes(), 9)
+        assert await store.read_shard("views", "IBM", mutator) == StoredShard(states["views"].to_bytes(), 5)
+        assert {name: (await read_state(client, name, "IBM")).value() for name in states} == {  # type: ignore[union-attr]
+            "trades": 2, "likes": 2, "views": 1}
+
+        view = await gc.read_instance("trades", "IBM")
+        assert {s.mutator for s in view.shards} == {mutator, other}
+        tally = type(states["trades"]).merged([states["trades"], states["trades"]]).to_bytes()
+        await gc.fold("trades", "IBM", tally, [mutator, other], 20)
+        after = await gc.read_instance("trades", "IBM")
+        assert (after.shards, after.tally) == ((), tally)
+        assert [s.mutator for s in (await gc.read_instance("likes", "IBM")).shards] == [mutator]
+        assert (await read_state(client, "likes", "IBM")).value() == 2  # type: ignore[union-attr]
+        assert (await read_state(client, "trades", "IBM")).value() == 2  # type: ignore[union-attr]
+        listed = [instance async for page in gc.read_work(mutator) for instance in page]
+        assert sorted(listed) == [("likes", "IBM"), ("trades", "IBM"), ("views", "IBM")]

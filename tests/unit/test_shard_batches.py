@@ -1,16 +1,21 @@
-"""How a flush's shard rows are grouped into requests: several instances per unlogged batch, within
-Cassandra's warning thresholds (10 partitions, 5 KiB), every row sent exactly once."""
+"""How a flush's shard rows are grouped into requests: the counters of one key in one row, several keys per
+unlogged batch, within Cassandra's warning thresholds (10 partitions, 5 KiB), every row sent exactly once."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
+from schemas.cql import instances_of_work, shard_cell, shard_of_cell
+from schemas.errors import CorruptStateError
 
 
 class RecordingClient:
@@ -30,8 +35,16 @@ class RecordingClient:
 def shard_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
     client = RecordingClient(batch_rows)
     asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 1, writes))  # type: ignore[arg-type]
-    return [[s for s in request if "INTO shards" in s[0]] for request in client.requests
-            if any("INTO shards" in s[0] for s in request)]
+    return [[s for s in request if "UPDATE shards" in s[0]] for request in client.requests
+            if any("UPDATE shards" in s[0] for s in request)]
+
+
+def key_of(params: Sequence[Any]) -> str:
+    return params[-2]
+
+
+def cells_of(params: Sequence[Any]) -> dict[str, bytes]:
+    return params[-3]
 
 
 def write(i: int, state_bytes: int = 40) -> ShardWrite:
@@ -42,14 +55,14 @@ def test_rows_go_ten_to_a_request_and_each_exactly_once() -> None:
     """Shard rows go ten to a request, each exactly once."""
     requests = shard_requests([write(i) for i in range(95)])
     assert [len(r) for r in requests] == [10] * 9 + [5]
-    assert sorted(params[1] for r in requests for _, params in r) == [f"S{i:06d}" for i in range(95)]
+    assert sorted(key_of(params) for r in requests for _, params in r) == [f"S{i:06d}" for i in range(95)]
 
 
 def test_a_batch_stays_under_four_kib() -> None:
     """A batch of shard rows stays under 4 KiB."""
     requests = shard_requests([write(i, state_bytes=1500) for i in range(7)])
     assert [len(r) for r in requests] == [2, 2, 2, 1]
-    assert all(sum(len(params[3]) for _, params in r) <= 4096 for r in requests)
+    assert all(sum(len(cell) for _, params in r for cell in cells_of(params).values()) <= 4096 for r in requests)
 
 
 def test_a_large_state_goes_alone() -> None:
@@ -61,3 +74,59 @@ def test_a_large_state_goes_alone() -> None:
 def test_one_row_per_request_when_batching_is_off() -> None:
     """With write_batch_rows 1, each row is its own request."""
     assert [len(r) for r in shard_requests([write(i) for i in range(3)], batch_rows=1)] == [1, 1, 1]
+
+
+def test_the_counters_of_one_key_share_one_row() -> None:
+    """Three counters of one key are one statement on one row, each with its own cell, state and offset."""
+    writes = [ShardWrite(counter, "IBM", counter.encode(), offset, True)
+              for counter, offset in (("trades", 7), ("shares", 8), ("buyers", 9))]
+    writes.append(ShardWrite("trades", "MSFT", b"t", 7, True))
+    requests = shard_requests(writes)
+    statements = [params for r in requests for _, params in r]
+    assert sorted(key_of(p) for p in statements) == ["IBM", "MSFT"]
+    ibm = next(cells_of(p) for p in statements if key_of(p) == "IBM")
+    assert {counter: shard_of_cell(cell) for counter, cell in ibm.items()} == {
+        "trades": (b"trades", 7), "shares": (b"shares", 8), "buyers": (b"buyers", 9)}
+
+
+def test_counters_of_one_key_with_different_expiries_get_their_own_ttls() -> None:
+    """Cells that expire at different times go in separate statements, each with its TTL."""
+    far = int(time.time()) + 86_400
+    writes = [ShardWrite("kept", "IBM", b"k", 1, False), ShardWrite("hourly", "IBM", b"h", 1, False, far),
+              ShardWrite("daily", "IBM", b"d", 1, False, far + 3600)]
+    statements = [(cql, params) for r in shard_requests(writes) for cql, params in r]
+    assert len(statements) == 3
+    plain = [params for cql, params in statements if "TTL" not in cql]
+    assert [set(cells_of(p)) for p in plain] == [{"kept"}]
+    ttls = {next(iter(cells_of(p))): p[1] for cql, p in statements if "TTL" in cql}
+    assert set(ttls) == {"hourly", "daily"}
+    assert ttls["daily"] - ttls["hourly"] == 3600
+
+
+def work_requests(writes: list[ShardWrite]) -> list[tuple[str, Sequence[Any]]]:
+    client = RecordingClient(10)
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 1, writes))  # type: ignore[arg-type]
+    return [s for request in client.requests for s in request if "mutator_work" in s[0]]
+
+
+def test_the_work_list_is_a_row_per_thousand_new_instances_named_by_content() -> None:
+    """Only first writes enter the work list, a thousand to a row; a repeated flush names its rows alike."""
+    writes = [ShardWrite(counter, f"k|{i}\u00e9\"\n", b"s", 1, i % 3 != 0)
+              for i in range(1800) for counter in ("trades", "buyers")]
+    rows = work_requests(writes)
+    assert [len(instances_of_work(params[2])) for _, params in rows] == [1000, 1000, 400]
+    listed = [i for _, params in rows for i in instances_of_work(params[2])]
+    assert sorted(listed) == sorted((w.counter, w.key) for w in writes if w.first_write)
+    assert [params[1] for _, params in work_requests(writes)] == [params[1] for _, params in rows]
+    assert len({params[1] for _, params in rows}) == 3
+
+
+def test_cells_and_work_rows_refuse_corrupt_bytes() -> None:
+    """A truncated shard cell or an undecodable work row is a CorruptStateError, not a wrong number."""
+    assert shard_of_cell(shard_cell(b"\x02\x01", -1)) == (b"\x02\x01", -1)
+    with pytest.raises(CorruptStateError):
+        shard_of_cell(b"\x00" * 8)
+    with pytest.raises(CorruptStateError):
+        instances_of_work(b'[["trades"]]')
+    with pytest.raises(CorruptStateError):
+        instances_of_work(b"\xff")
