@@ -55,7 +55,7 @@ async def run(events: int, rounds: int) -> None:
                                                    jvms)
                 print(f"{name}, round {round_ + 1}: Cassandra {result.server_cpu_s['Cassandra'] / events * 1e6:.1f} "
                       f"CPU s per million events, consumer {result.cpu_s / events * 1e6:.1f}, "
-                      f"{result.rows / events:.3f} rows per event", flush=True)
+                      f"{result.rows / events:.3f} shards per event", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

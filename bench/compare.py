@@ -6,8 +6,8 @@ Each variant is a JSON object of consumer settings (``COUNTERSINK_CONSUMER__*`` 
 ``"processes": N`` to run N consumer processes in one group (default 1). The topic
 is ``make bench``'s (JSON trades keyed by symbol); each run gets a fresh keyspace and group, consumes the
 whole topic until every record is flushed, and has count and sum of a sample of symbols checked against the
-truth. Prints events per second, the ratio to raw consumption measured in the same run, consumer CPU, shard
-rows per event and the servers' CPU. Starts its own Kafka and Cassandra (ports 29192 and 29142, data under
+truth. Prints events per second, the ratio to raw consumption measured in the same run, consumer CPU, shards
+per event and the servers' CPU. Starts its own Kafka and Cassandra (ports 29192 and 29142, data under
 ``.stack/compare``) and stops them.
 """
 
@@ -72,7 +72,7 @@ async def run(args: argparse.Namespace) -> int:
                                         for name, cpu in result.server_cpu_s.items())
                 print(f"{variant}: {result.rate:,.0f} events/s ({result.rate / raw:.3f}× raw), consumer "
                       f"{result.cpu_s / args.events * 1e6:.1f} CPU s per million events, "
-                      f"{result.rows / args.events:.2f} rows per event, servers {servers_cpu}; "
+                      f"{result.rows / args.events:.2f} shards per event, servers {servers_cpu}; "
                       f"{len(problems)} of {2 * min(args.check, len(truth))} checked values mismatched "
                       + "; ".join(problems[:3]), flush=True)
     return 1 if mismatched else 0

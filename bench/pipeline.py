@@ -115,7 +115,7 @@ class Report:
     notes: dict[str, str] = field(default_factory=dict)
     cpu_s_per_million: float = 0.0
     server_cpu_s_per_million: dict[str, float] = field(default_factory=dict)  # during the countersink run
-    rows_per_event: float = 0.0  # shard rows the countersink run wrote per event
+    rows_per_event: float = 0.0  # shards the countersink run wrote per event (three to a Cassandra row)
     apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O (the batch path)
     hot_path_us: dict[str, dict[str, float]] = field(default_factory=dict)  # bench.hot_path: path -> regime -> µs
     gc: dict[str, float] = field(default_factory=dict)
@@ -257,7 +257,7 @@ def metric_values(port: int, names: tuple[str, ...]) -> dict[str, float]:
 class ConsumerRun:
     rate: float  # events per second, start to clean exit
     cpu_s: float  # user + system CPU of the consumer processes
-    rows: float  # shard rows written until every record was flushed
+    rows: float  # shards written until every record was flushed
     server_cpu_s: dict[str, float]  # CPU the Kafka and Cassandra processes used meanwhile
 
 
@@ -681,7 +681,7 @@ async def run(args: argparse.Namespace) -> Report:
                                            for name, cpu in run_.server_cpu_s.items()}
         report.rows_per_event = run_.rows / args.events
         say(f"countersink: {run_.rate:,.0f} events/s, {report.cpu_s_per_million:.1f} CPU s per million events, "
-            f"{report.rows_per_event:.2f} shard rows per event")
+            f"{report.rows_per_event:.2f} shards per event")
         report.checks = await check_values(cassandra, truth, 2000)
         say(f"checked count and sum of 2,000 symbols against the truth: {len(report.checks)} mismatched")
 
@@ -694,7 +694,7 @@ async def run(args: argparse.Namespace) -> Report:
             say(f"{step} {name}")
             run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, group, jvms, **options)
             report.rates[name] = run_.rate
-            report.notes[name] = (f"{run_.rows / args.events:.2f} rows per event; CPU s per million events: "
+            report.notes[name] = (f"{run_.rows / args.events:.2f} shards per event; CPU s per million events: "
                                   f"consumers {run_.cpu_s / args.events * 1e6:.1f}, Cassandra "
                                   f"{run_.server_cpu_s.get('Cassandra', 0) / args.events * 1e6:.1f}")
             say(f"{name}: {run_.rate:,.0f} events/s")

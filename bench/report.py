@@ -254,10 +254,11 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         f"**{report.apply_only:,.0f} events/s**, {report.apply_only / raw:.2f}× the raw consumption rate. "
         "That is the ceiling of countersink's per-event CPU work in Python before any I/O.",
         f"- The consumer reached {cs / report.apply_only:.2f}× that ceiling. It wrote "
-        f"{report.rows_per_event:.2f} shard rows per event: a flush rewrites every instance touched since the "
-        "last one, whole, so its cost follows the keys touched, and while a backlog remains flushes are spaced "
-        "out (`flush_spacing`) so that each folds in more events. Encoding rows and driving requests take the "
-        "same Python thread as applying.",
+        f"{report.rows_per_event:.2f} shards per event, three to a Cassandra row (one row per key holds the "
+        "shards of the counters sharing it): a flush rewrites every instance touched since the last one, whole, "
+        "so its cost follows the keys touched, and while a backlog remains flushes are spaced out "
+        "(`flush_spacing`) so that each folds in more events. Encoding rows and driving requests take the same "
+        "Python thread as applying.",
         "- CPU seconds per million events during the countersink run: "
         + ", ".join([f"consumer {report.cpu_s_per_million:.1f}"]
                     + [f"{name} {cpu:.1f}" for name, cpu in report.server_cpu_s_per_million.items()])
@@ -265,7 +266,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         f"- Spacing flushes further apart while a backlog remains folds more events into each row: with "
         f"`flush_spacing` 4 instead of the default 10 the consumer reached "
         f"{report.rates.get('countersink, flush_spacing 4', 0) / cs:.2f}× the default's rate in the same run. On "
-        "streams where keys repeat within a flush interval (most real streams are skewed), the rows per event "
+        "streams where keys repeat within a flush interval (most real streams are skewed), the shards per event "
         "fall further.",
         f"- Two consumer processes in one group reached "
         f"{report.rates.get('countersink, 2 processes', 0) / cs:.2f}× one process's rate: each applies in its own "
