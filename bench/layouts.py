@@ -194,7 +194,7 @@ async def run(keys: int, rounds: int) -> None:
         print(f"\nCPU s per 100,000 keys flushed ({keys:,} keys, 3 counters, {rounds} rounds):")
         for name, (server, own) in totals.items():
             per = 100_000 / keys / rounds
-            print(f"  {name:36} Cassandra {server * per:6.2f}  client {own * per:6.2f}  "
+            print(f"  {name:58} Cassandra {server * per:6.2f}  client {own * per:6.2f}  "
                   f"Cassandra ratio {server / baseline:.2f}")
 
 
