@@ -90,6 +90,15 @@ def work_per_flush(client: CassandraClient, mutator: uuid.UUID, seq: int, new: l
     return calls
 
 
+def work_list(client: CassandraClient, mutator: uuid.UUID, seq: int, new: list[tuple[str, str]], *,
+              per_flush: bool) -> list[Callable[[], Awaitable[object]]]:
+    if per_flush:
+        return work_per_flush(client, mutator, seq, new)
+    work = "INSERT INTO instance_work (mutator, counter, key) VALUES (?, ?, ?)"
+    rows = [(work, [mutator, counter, key]) for counter, key in new]
+    return [functools.partial(client.execute_batch, rows[i:i + 100]) for i in range(0, len(rows), 100)]
+
+
 def state(counter: str, rng: random.Random) -> bytes:
     return rng.randbytes(STATE_BYTES[counter])
 
@@ -100,12 +109,9 @@ async def instance_rows(client: CassandraClient, mutator: uuid.UUID, seq: int, k
     # the consumer groups rows in the order its dirty set gives them: instances of one counter, then the next
     statements = [(cql, [counter, key, mutator, state(counter, rng), seq]) for counter in COUNTERS for key in keys]
     calls = batches(client, statements, rows)
-    if new and work_list_per_flush:
-        calls += work_per_flush(client, mutator, seq, [(counter, key) for counter in COUNTERS for key in keys])
-    elif new:
-        work = "INSERT INTO instance_work (mutator, counter, key) VALUES (?, ?, ?)"
-        rows = [(work, [mutator, counter, key]) for counter in COUNTERS for key in keys]
-        calls += [functools.partial(client.execute_batch, rows[i:i + 100]) for i in range(0, len(rows), 100)]
+    if new:
+        calls += work_list(client, mutator, seq, [(counter, key) for counter in COUNTERS for key in keys],
+                           per_flush=work_list_per_flush)
     await run_bounded(calls)
 
 
@@ -136,12 +142,9 @@ async def key_cells(client: CassandraClient, mutator: uuid.UUID, seq: int, keys:
     statements = [(cql, [seq, {counter: seq.to_bytes(8, "big") + state(counter, rng) for counter in COUNTERS},
                          key, mutator]) for key in keys]
     calls = batches(client, statements)
-    if new and work_list_per_flush:
-        calls += work_per_flush(client, mutator, seq, [(counter, key) for key in keys for counter in COUNTERS])
-    elif new:
-        work = "INSERT INTO instance_work (mutator, counter, key) VALUES (?, ?, ?)"
-        rows = [(work, [mutator, counter, key]) for key in keys for counter in COUNTERS]
-        calls += [functools.partial(client.execute_batch, rows[i:i + 100]) for i in range(0, len(rows), 100)]
+    if new:
+        calls += work_list(client, mutator, seq, [(counter, key) for key in keys for counter in COUNTERS],
+                           per_flush=work_list_per_flush)
     await run_bounded(calls)
 
 
