@@ -211,9 +211,12 @@ class Applier:
     window: RetryWindow
     # The topic's fast path (None: every record takes the router). Built from the router's limits.
     fast: FastRoute | None = dataclasses.field(default=None, init=False)
+    # The topic's counters kept for a while (retain): only their instances have an expiry.
+    retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         router = self.router
+        self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes)
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"

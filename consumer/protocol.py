@@ -68,11 +68,13 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     # this flush is in flight (the consumer goes on applying) belong to the next window, not to this one.
     intent = mutator.applied_through
     flushing, mutator.dirty = mutator.dirty, set()
-    expires_at = mutator.applier.expires_at
+    expires_at, retained = mutator.applier.expires_at, mutator.applier.retained
+    states, recorded = mutator.states, mutator.recorded
+    # In no particular order: the store groups them by key (sorting them cost more than building them).
     writes = [
-        ShardWrite(counter, key, mutator.states[(counter, key)].to_bytes(), intent,
-                   (counter, key) not in mutator.recorded, expires_at(counter, key))
-        for counter, key in sorted(flushing)
+        ShardWrite(counter, key, states[(counter, key)].to_bytes(), intent, (counter, key) not in recorded,
+                   expires_at(counter, key) if counter in retained else None)
+        for counter, key in flushing
     ]
     mutator.window_committed = False
     try:
