@@ -1,6 +1,6 @@
 """The consumer's hot path alone: decode, route and apply the bench's trades, no Kafka and no Cassandra.
 
-    python -m bench.hot_path [--events N] [--symbols N] [--rounds N]
+    python -m bench.hot_path [--events N] [--symbols N] [--rounds N] [--parts]
 
 Measured side by side in one process, interleaved round by round (the machine is shared: read the ratios):
 
@@ -12,6 +12,10 @@ Measured side by side in one process, interleaved round by round (the machine is
 Each is CPU seconds (``time.process_time``) per event, best round, in two regimes: keys repeating (each
 mutator has seen every symbol before: the steady state) and new keys (every symbol first seen in the
 round: states, rows and window ids created).
+
+``--parts`` measures instead what each part of the work costs on the batch path (collector tuned, keys
+repeating): the same stream with the counters' event ids removed (no publisher-retry window), with the
+distinct counter removed, with both, and msgspec's decoding of the four fields alone.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import time
 import uuid
 from collections.abc import Callable
 
+import msgspec
+
 from bench.pipeline import TOPIC, definitions, trade
 from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.cli import GC_THRESHOLDS
@@ -33,8 +39,8 @@ from schemas.events import EventRouter
 BATCH = 500
 
 
-def new_mutator(partition: int = 0) -> Mutator:
-    counters = parse_definitions(definitions(TOPIC), "bench")
+def new_mutator(partition: int = 0, text: str | None = None) -> Mutator:
+    counters = parse_definitions(text or definitions(TOPIC), "bench")
     applier = Applier(EventRouter(counters), counters, TOPIC, partition, RetryWindow(10_000))
     entry = MutatorEntry(uuid.uuid4(), "bench", TOPIC, partition, "bench", 0, 2**62)
     return Mutator(entry, PartitionId("bench", TOPIC, partition), applier, -1, -1)
@@ -100,6 +106,47 @@ def measure(events: int, symbols: int, rounds: int, seed: int = 7) -> dict[str, 
     return results
 
 
+def without(*, event_ids: bool = False, distinct: bool = False) -> str:
+    """The bench's definitions with the event ids or the distinct counter taken out."""
+    text = definitions(TOPIC)
+    if event_ids:
+        text = text.replace('event_id = "id"\n', "")
+    if distinct:
+        text = text[:text.index('[[counter]]\nname = "buyers"')]
+    return text
+
+
+def parts(events: int, symbols: int, rounds: int, seed: int = 7) -> dict[str, float]:
+    """Best µs/event of the batch path (collector tuned, keys repeating) with parts of the work removed."""
+    rng = random.Random(seed)
+    variants = {"all three counters, event ids": definitions(TOPIC), "no event ids": without(event_ids=True),
+                "no distinct": without(distinct=True), "no event ids, no distinct": without(event_ids=True,
+                                                                                           distinct=True)}
+    mutators = {name: new_mutator(text=text) for name, text in variants.items()}
+    seen = [Record(i, trade(i, rng, symbols)[1]) for i in range(symbols * 5)]
+    for mutator in mutators.values():
+        batched(mutator, seen)
+    best = dict.fromkeys([*variants, "msgspec decode of the four fields alone"], float("inf"))
+    decoder = msgspec.json.Decoder(_Trade)
+    for round_ in range(rounds):
+        records = [Record(len(seen) + events * round_ + i, trade(i, rng, symbols)[1]) for i in range(events)]
+        for name, mutator in mutators.items():
+            best[name] = min(best[name], cpu_us_per_event(batched, mutator, records, tuned=True))
+        started = time.process_time()
+        for record in records:
+            decoder.decode(record.value)
+        best["msgspec decode of the four fields alone"] = min(
+            best["msgspec decode of the four fields alone"], (time.process_time() - started) / events * 1e6)
+    return best
+
+
+class _Trade(msgspec.Struct):
+    symbol: str
+    id: str
+    qty: int
+    buyer: str
+
+
 def table(results: dict[str, dict[str, float]]) -> str:
     reference = results["record at a time"]
     lines = ["| path | keys repeating, µs/event | ratio | new keys, µs/event | ratio |", "|---|---:|---:|---:|---:|"]
@@ -116,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=100_000, help="events per path and round")
     parser.add_argument("--symbols", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--parts", action="store_true", help="what each part of the batch path costs")
     args = parser.parse_args(argv)
+    if args.parts:
+        print("| batch path (collector tuned, keys repeating) | µs/event |\n|---|---:|")
+        print("\n".join(f"| {name} | {us:.2f} |" for name, us in parts(args.events, args.symbols,
+                                                                       args.rounds).items()))
+        return 0
     print(table(measure(args.events, args.symbols, args.rounds)))
     return 0
 
