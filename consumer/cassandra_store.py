@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
-from schemas.cql import shard_cell, shard_of_cell, work_chunk
+from schemas.cql import key_of_partition, partition_key, shard_cell, shard_of_cell, work_chunk
 
 
 def _uuid(value: object) -> uuid.UUID | None:
@@ -145,10 +145,10 @@ class CassandraStore:
                 calls.append(self._shard_call(group))
                 group, group_bytes = [], 0
             if expires_at is None:
-                group.append((shard_cql, [timestamp_us, cells, key, mutator]))
+                group.append((shard_cql, [timestamp_us, cells, partition_key(key), mutator]))
             else:
                 ttl_s = min(expires_at + grace - now_s, _MAX_TTL_S)
-                group.append((expiring_cql, [timestamp_us, ttl_s, cells, key, mutator]))
+                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition_key(key), mutator]))
             group_bytes += row_bytes
         if group:
             calls.append(self._shard_call(group))
@@ -191,7 +191,7 @@ class CassandraStore:
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
         result = await self.client.execute(
             "SELECT states[?] AS cell FROM shards WHERE key = ? AND mutator = ?",
-            [counter, key, mutator], consistency=self.read_cl)
+            [counter, partition_key(key), mutator], consistency=self.read_cl)
         rows = as_dicts(result)
         if not rows or rows[0]["cell"] is None:
             return None
@@ -203,7 +203,7 @@ class CassandraStore:
         # every counter of the key: a takeover replaying a window of tens of thousands of instances would
         # otherwise spend most of its time on per-request overhead. The requests run concurrently, a bounded
         # number at a time.
-        keys = list(dict.fromkeys(key for _, key in instances))
+        keys = list(dict.fromkeys(partition_key(key) for _, key in instances))
         found: dict[tuple[str, str], StoredShard | None] = dict.fromkeys(instances)
 
         async def read(chunk: list[str]) -> None:
@@ -211,9 +211,10 @@ class CassandraStore:
                 "SELECT key, states FROM shards WHERE key IN ? AND mutator = ?", [chunk, mutator],
                 consistency=self.read_cl)
             for row in as_dicts(result):
+                key = key_of_partition(row["key"])
                 for counter, cell in (row["states"] or {}).items():
-                    if (counter, row["key"]) in found:
-                        found[(counter, row["key"])] = StoredShard(*shard_of_cell(cell))
+                    if (counter, key) in found:
+                        found[(counter, key)] = StoredShard(*shard_of_cell(cell))
 
         await self._run_bounded([functools.partial(read, keys[i:i + _READ_KEYS_PER_REQUEST])
                                  for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)])

@@ -18,7 +18,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
 from schemas import timeseries
-from schemas.cql import shard_of_cell
+from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_states, merge_stored, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
@@ -64,22 +64,13 @@ def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
                                                    if row["cell"] is not None]
 
 
-_VALUES = "SELECT tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, " \
-          "ttl(states[?]) AS state_ttl FROM shards WHERE key = ?"
-
-
 async def read_states(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
 ) -> list[State]:
     """Every stored state of one instance (its tally and each shard), not merged; none when nothing was ever
     counted for it, or when it is a bucket past its retention (its rows, written to expire a grace period
     after that, are hidden from then on, so a bucket never reads as partly gone)."""
-    level = consistency or client.settings.read_consistency
-    rows = as_dicts(await client.execute(_VALUES, [counter] * 4 + [key], consistency=level))
-    grace = client.settings.retention_grace_s
-    if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
-        return []
-    return [state_from_bytes(blob) for blob in _blobs(rows) if blob is not None]
+    return (await read_states_of(client, counter, [key], consistency))[key]
 
 
 # Instances per request of a range read: the coordinator reads them as separate partitions, the client pays
@@ -94,11 +85,11 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
     marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
     rows = as_dicts(await client.execute(
         "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})", [counter] * 4 + list(keys),
-        consistency=level))
+        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
+        [counter] * 4 + [partition_key(key) for key in keys], consistency=level))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        by_key.setdefault(row["key"], []).append(row)
+        by_key.setdefault(key_of_partition(row["key"]), []).append(row)
     grace = client.settings.retention_grace_s
     out: dict[str, list[State]] = {}
     for key in keys:
@@ -211,7 +202,8 @@ class CounterReader:
         return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
-        rows = as_dicts(await self.client.execute(_INSTANCE, [counter] * 3 + [key], consistency=self.consistency))
+        rows = as_dicts(await self.client.execute(_INSTANCE, [counter] * 3 + [partition_key(key)],
+                                                  consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
         shards = []
@@ -264,8 +256,8 @@ class CounterReader:
                 consistency=self.consistency, page_size=limit - len(keys), page_state=page)
             for row in as_dicts(result):
                 if row["key"] != last and (row["tally"] is not None or row["cell"] is not None):
-                    keys.append(row["key"])
-                    last = row["key"]
+                    keys.append(key_of_partition(row["key"]))
+                    last = row["key"]  # the partition, as the walk meets it
             page = result.page_state() if result.has_more_pages() else None
             if page is None:
                 break

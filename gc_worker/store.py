@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, InstanceView, RegistryEntry, ShardView
-from schemas.cql import instances_of_work, shard_of_cell
+from schemas.cql import instances_of_work, partition_key, shard_of_cell
 
 _PAGE = 1000
 _WORK_ROWS_PER_PAGE = 4
@@ -76,7 +76,7 @@ class CassandraGcStore:
                 "SELECT mutator, states[?] AS cell, writetime(states[?]) AS state_us, ttl(states[?]) AS state_ttl, "
                 "tallies[?] AS tally, writetime(tallies[?]) AS tally_us, ttl(tallies[?]) AS tally_ttl "
                 "FROM shards WHERE key = ?",
-                [*[counter] * 6, key], self.instance_cl):
+                [*[counter] * 6, partition_key(key)], self.instance_cl):
             pages += 1
             if pages == 1 and rows:
                 # Every row carries the static tally as of its own request: keep the first request's, which
@@ -100,7 +100,7 @@ class CassandraGcStore:
         # The static columns come with any row of the partition (or alone, if it has no shard rows).
         rows = as_dicts(await self.client.execute(
             "SELECT tallies[?] AS tally, writetime(tallies[?]) AS tally_us FROM shards WHERE key = ? LIMIT 1",
-            [counter, counter, key], consistency=self.instance_cl))
+            [counter, counter, partition_key(key)], consistency=self.instance_cl))
         if not rows or rows[0]["tally"] is None:
             return None, None
         return rows[0]["tally"], int(rows[0]["tally_us"])
@@ -110,6 +110,7 @@ class CassandraGcStore:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
         # takes the batch's timestamp, so repeating it changes nothing. Only this counter's cells change: the
         # key's other counters in the same rows are folded on their own.
+        key = partition_key(key)
         statements: list[tuple[str, Sequence[object]]] = [
             ("UPDATE shards SET tallies[?] = ? WHERE key = ?", [counter, tally, key]) if ttl_s is None
             else ("UPDATE shards USING TTL ? SET tallies[?] = ? WHERE key = ?", [max(ttl_s, 1), counter, tally, key])]

@@ -6,6 +6,8 @@ counted the key has one row there, holding its whole state of each of its counte
 instance (``shares_traded`` / ``IBM``) is ``merge(tallies[counter], states[counter] of every row)``, read with
 one single-partition query. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the
 state's bytes.
+The keyless instance (key ``""``) lives in partition ``\\`` (:func:`partition_key`): Cassandra refuses an empty
+partition key, and a lone escape is a key no event can produce.
 
 Counters that share a topic and a key are written together: one row per key per flush instead of one per
 counter, which is what Cassandra's CPU follows (``python -m bench.layouts``).
@@ -19,7 +21,7 @@ import re
 import struct
 from collections.abc import Sequence
 
-from schemas.errors import CorruptStateError, CountersinkError
+from schemas.errors import CorruptStateError, CountersinkError, MalformedInstanceKeyError
 
 SCHEMA_VERSION = 2
 GC_RUNS_TTL_S = 30 * 24 * 3600  # how long the record of each GC run is kept
@@ -32,6 +34,25 @@ class SchemaVersionError(CountersinkError):
 
 
 _OFFSET = struct.Struct(">q")
+_KEYLESS_PARTITION = "\\"  # a dangling escape: decode_instance_key refuses it, so no event's key is this
+
+
+def partition_key(key: str) -> str:
+    """The ``shards`` partition of an instance key; :func:`key_of_partition` is its inverse.
+
+    Raises :class:`MalformedInstanceKeyError` for the one string that is not an instance key and would alias
+    the keyless instance.
+    """
+    if key == "":
+        return _KEYLESS_PARTITION
+    if key == _KEYLESS_PARTITION:
+        raise MalformedInstanceKeyError(f"bad escape in instance key {key!r}")
+    return key
+
+
+def key_of_partition(partition: str) -> str:
+    """The instance key stored in a ``shards`` partition."""
+    return "" if partition == _KEYLESS_PARTITION else partition
 
 
 def shard_cell(state: bytes, through_offset: int) -> bytes:

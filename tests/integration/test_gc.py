@@ -20,12 +20,13 @@ import pytest
 from consumer.protocol import MIN_LIFETIME_US
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
-from countersink.reader import read_state
+from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings, Consistency, ConsumerSettings, KafkaSettings, Settings
 from gc_worker.collector import Collector, GcReport
 from gc_worker.store import CassandraGcStore
 from schemas.cql import shard_cell, work_chunk
 from schemas.definitions import load_definitions, parse_definitions
+from schemas.errors import MalformedInstanceKeyError
 from schemas.kinds import new_state
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import (
@@ -415,3 +416,70 @@ def _distinct(events: list[bytes]) -> list[bytes]:
             seen.add(body["trade_id"])
             out.append(event)
     return out
+
+
+KEYLESS = """
+[[counter]]
+name = "all_trades"
+topics = ["{topic}"]
+kind = "count"
+event_id = "trade_id"
+
+[[counter]]
+name = "all_shares"
+topics = ["{topic}"]
+kind = "sum"
+value = "qty"
+event_id = "trade_id"
+
+[[counter]]
+name = "trades_count"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "trade_id"
+"""
+
+
+async def test_counters_without_key_fields_count_fold_and_read_like_any_other(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Counters with no key fields have one instance, the empty key, beside a keyed counter of the same
+    topic: consumers count into it from three partitions, the GC folds their shards into its tally, later
+    shards merge with that tally, and get, get_many, explain and list read it; the one string that is not an
+    instance key and would alias it is refused."""
+    topic = await topic_factory(partitions=3)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(KEYLESS.replace("{topic}", topic))
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    first, truth = make_events(900, symbols=7, duplicates=40, seed=31)
+    second, more = make_events(600, symbols=7, duplicates=25, seed=32)
+
+    async def consume(events: list[bytes]) -> None:
+        async with running(ConsumerService(settings, load_definitions(counters))):
+            await publish(kafka_settings, topic, events)
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+
+    await consume(first)
+    async with CassandraClient(cassandra_settings) as client:
+        await asyncio.sleep(MIN_LIFETIME_US / 1e6 + GRACE_S + 0.5)
+        report = await _gc_run(client)
+        assert report.instances_folded >= 2 + len(truth.count)  # mutators rotate: an instance may fold twice
+        assert await _shards(client, "all_trades", "\\") == []
+    await consume(second)
+
+    total = sum(truth.count.values()) + sum(more.count.values())
+    shares = sum(truth.qty.values()) + sum(more.qty.values())
+    async with CassandraClient(cassandra_settings) as client:
+        reader = CounterReader(client)
+        assert await reader.get("all_trades", "") == total
+        assert await reader.get_many("all_shares", ["", "S001"]) == {"": shares, "S001": None}
+        assert await reader.get("trades_count", "S001") == truth.count["S001"] + more.count["S001"]
+        explanation = await reader.explain("all_trades", "")
+        assert (explanation.key, explanation.value, explanation.tally) == ("", total, sum(truth.count.values()))
+        assert {shard.partition for shard in explanation.shards} == {0, 1, 2}  # the second run's, beside the tally
+        assert await reader.list_instances("all_trades") == ([""], None)
+        assert (await reader.list_instances("trades_count"))[0] == sorted(truth.count)
+        with pytest.raises(MalformedInstanceKeyError):
+            await reader.get("all_trades", "\\")

@@ -10,12 +10,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
-from schemas.cql import instances_of_work, shard_cell, shard_of_cell
-from schemas.errors import CorruptStateError
+from schemas.cql import instances_of_work, key_of_partition, partition_key, shard_cell, shard_of_cell
+from schemas.errors import CorruptStateError, MalformedInstanceKeyError
+from schemas.events import encode_instance_key
 
 
 class RecordingClient:
@@ -130,3 +133,24 @@ def test_cells_and_work_rows_refuse_corrupt_bytes() -> None:
         instances_of_work(b'[["trades"]]')
     with pytest.raises(CorruptStateError):
         instances_of_work(b"\xff")
+
+
+@given(st.lists(st.lists(st.text(max_size=4), max_size=3), min_size=2, max_size=6, unique_by=encode_instance_key))
+def test_every_instance_key_has_its_own_non_empty_partition(components: list[list[str]]) -> None:
+    """Cassandra refuses an empty partition key: every instance key, the keyless "" included, maps to a
+    non-empty partition, no two keys to the same one, and back."""
+    keys = [encode_instance_key(parts) for parts in components]
+    partitions = [partition_key(key) for key in keys]
+    assert all(partitions)
+    assert len(set(partitions)) == len(keys)
+    assert [key_of_partition(p) for p in partitions] == keys
+
+
+def test_the_keyless_instance_is_written_to_its_own_partition() -> None:
+    """A counter with no key fields is written to partition "\\", beside a keyed counter's row; the one
+    string that would alias it is not an instance key."""
+    requests = shard_requests([ShardWrite("all_trades", "", b"a", 3, True), ShardWrite("trades", "IBM", b"t", 3, True)])
+    assert sorted(key_of(params) for r in requests for _, params in r) == ["IBM", "\\"]
+    assert key_of_partition("\\") == ""
+    with pytest.raises(MalformedInstanceKeyError):
+        partition_key("\\")
