@@ -182,6 +182,25 @@ def _check_int(path: str, v: int) -> int:
     raise ValueOutOfRangeError(path, f"integer {v} is outside ±2**64")
 
 
+class Passes(NamedTuple):
+    """What a converter returns unchanged: a value of exactly type ``kind`` (an ``int`` strictly within
+    ±``limit``; a ``str`` of ASCII text at most ``limit`` characters long, any length when ``limit`` is
+    None). The fast path tests this in line and calls the converter only for anything else."""
+
+    kind: type
+    limit: int | None
+
+
+def _passing(convert: Callable[[Any], Any], passes: Passes) -> Callable[[Any], Any]:
+    convert.passes = passes  # type: ignore[attr-defined]
+    return convert
+
+
+def passes_of(convert: Callable[[Any], Any]) -> Passes | None:
+    """The :class:`Passes` of a converter, if it declares one."""
+    return getattr(convert, "passes", None)
+
+
 def _check_decimal(path: str, d: Decimal) -> Decimal:
     if not d.is_finite():
         raise ValueOutOfRangeError(path, f"{d} is not a finite number")
@@ -223,7 +242,7 @@ def _integer_converter(path: str, coerce: bool) -> Callable[[Any], int]:
                 return _check_int(path, int(v))
         raise _wrong(path, v, "an integer")
 
-    return convert
+    return _passing(convert, Passes(int, MAX_INTEGER))
 
 
 def _float_converter(path: str, coerce: bool) -> Callable[[Any], float | int]:
@@ -296,7 +315,7 @@ def _item_converter(path: str, max_bytes: int | None) -> Callable[[Any], str]:
             raise ValueOutOfRangeError(path, f"item of {size} bytes exceeds {max_bytes}")
         return s
 
-    return convert
+    return _passing(convert, Passes(str, max_bytes))  # ASCII: a character is a byte
 
 
 def _value_converter(definition: CounterDefinition, max_key_bytes: int) -> Callable[[Any], Any]:
@@ -438,7 +457,7 @@ def _event_id_converter(path: str, max_bytes: int) -> Callable[[Any], str]:
             raise MissingFieldError(path, "event id is missing" if v is _MISSING else "event id is null")
         raise _wrong(path, v, "a string or an integer")
 
-    return convert
+    return _passing(convert, Passes(str, max_bytes))
 
 
 def _event_id_reader(path: str | None, max_bytes: int) -> Callable[[dict[str, Any]], str | None]:

@@ -40,6 +40,7 @@ from schemas.events import (
     _key_text,
     _value_converter,
     _where_check,
+    passes_of,
 )
 from schemas.kinds import State
 
@@ -82,6 +83,24 @@ ApplyEvent = Callable[[bytes, list[dict[Any, "Row"]], Callable[[str, str], bool]
                        Callable[["Row", int], State]], "int | None"]
 
 
+def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
+    """Lines converting ``local`` in place with the router's converter ``converter`` (in ``namespace``),
+    calling it only for a value it would not return unchanged (:class:`~schemas.events.Passes`): a call per
+    field and event costs more than the test. Every string here is ASCII (``apply_event`` takes no other
+    event), as ``Passes`` requires."""
+    passes = passes_of(namespace[converter])
+    if passes is None:
+        return [f"{indent}{local} = {converter}({local})"]
+    kind = passes.kind.__name__
+    if passes.limit is None:
+        accepted = f"type({local}) is {kind}"
+    elif passes.kind is int:
+        accepted = f"type({local}) is int and -{passes.limit} < {local} < {passes.limit}"
+    else:
+        accepted = f"type({local}) is {kind} and len({local}) <= {passes.limit}"
+    return [f"{indent}if not ({accepted}):", f"{indent}    {local} = {converter}({local})"]
+
+
 class FastRoute:
     """The fast path of one topic: ``apply_event`` is a function generated for the topic's counters.
 
@@ -119,8 +138,10 @@ class FastRoute:
 
         lines = [
             "def apply_event(raw, rows, fresh, touched, create):",
-            "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or b'\\\\u' in raw",
-            "            or raw.count(b'{') + raw.count(b'[') > MAX_DEPTH):",
+            "    # Bytes are searched for an int (one memchr) before a bytes needle (a substring search, costing as",
+            "    # much as the decode): most events hold no backslash and no array.",
+            "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or (92 in raw and b'\\\\u' in raw)",
+            "            or (raw.count(123) + raw.count(91) if 91 in raw else raw.count(123)) > MAX_DEPTH):",
             "        return None",
             "    try:",
             "        event = decode(raw)",
@@ -129,7 +150,8 @@ class FastRoute:
             "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet",
             "    try:",
         ]
-        applying = ["    # 2. the publisher-retry window, then the states", "    changed = False"]
+        applying = ["    # 2. the publisher-retry window, then the states; bits{g}: the counters of row{g} changed",
+                    *(f"    bits{g} = 0" for g in range(len(groups)))]
         if not self._always_wanted:
             applying.append("    wanted = False")
         decided: dict[tuple[str, str], str] = {}  # window group, id local -> the local holding its decision
@@ -165,7 +187,7 @@ class FastRoute:
                     lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
                               f"{indent}if value_{c} is UNSET or value_{c} is None:",
                               f"{indent}    return None",
-                              f"{indent}value_{c} = convert_{c}(value_{c})"]
+                              *_converted(f"value_{c}", f"convert_{c}", namespace, indent)]
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
@@ -177,11 +199,22 @@ class FastRoute:
                             ids[definition.event_id] = event_id
                         # the router's own rule: a refused id raises, and the router decides the event
                         namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
-                        lines.append(f"{indent}{event_id} = check_{event_id}(event.{attr(definition.event_id)})")
+                        lines += [f"{indent}{event_id} = event.{attr(definition.event_id)}",
+                                  *_converted(event_id, f"check_{event_id}", namespace, indent)]
                 applying += self._apply_lines(definition, g, index, value, event_id, decided)
-        lines += ["    except REFUSED:", "        return None", *applying,
-                  "    return APPLIED if changed else " + ("DUPLICATE" if self._always_wanted else
-                                                        "(DUPLICATE if wanted else FILTERED)")]
+        # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
+        # before an apply that raised is marked all the same, as the router's path marks it.
+        marking = ["    finally:"]
+        for g in range(len(groups)):
+            marking += [f"        if bits{g}:",
+                        f"            if not row{g}.touched:",
+                        f"                touched.append(row{g})",
+                        f"            row{g}.touched |= bits{g}"]
+        changed = " or ".join(f"bits{g}" for g in range(len(groups)))
+        lines += ["    except REFUSED:", "        return None", *applying[:1 + len(groups)], "    try:",
+                  *("    " + line for line in applying[1 + len(groups):]), *marking,
+                  f"    return APPLIED if {changed} else " + ("DUPLICATE" if self._always_wanted else
+                                                             "(DUPLICATE if wanted else FILTERED)")]
         self.source = "\n".join(lines) + "\n"
         struct = msgspec.defstruct(
             "TopicFields", [(a, Any, msgspec.field(default=_UNSET, name=path)) for path, a in fields.items()])
@@ -213,10 +246,7 @@ class FastRoute:
                   f"{indent}if state is None:",
                   f"{indent}    state = create({row}, {index})",
                   f"{indent}state.apply({value})",
-                  f"{indent}if not {row}.touched:",
-                  f"{indent}    touched.append({row})",
-                  f"{indent}{row}.touched |= {1 << index}",
-                  f"{indent}changed = True"]
+                  f"{indent}bits{group} |= {1 << index}"]
         return lines
 
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from consumer.applying import Applier, BatchApplied, Mutator, Outcome, Record, RetryWindow
@@ -69,13 +69,25 @@ values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sa
 FIELDS = ["sym", "n", "x", "id", "rid", "side", "user", "flag", "ts", "meta"]
 
 
+# A key of 13 characters escaped as \u00e9: 26 bytes of UTF-8, over MAX_KEY_BYTES, though 13 characters are not.
+ESCAPED_LONG_KEY = b'{"sym": "' + b"\\u00e9" * 13 + b'", "n": 1, "id": "i1"}'
+
+
+def nested_objects(depth: int) -> bytes:
+    """A valid event for every body, nested ``depth + 1`` deep in objects alone (no array: the fast path counts
+    braces alone then)."""
+    fields = b'"sym": "A", "n": 1, "x": 1.5, "id": "i9", "rid": "r9", "side": "buy", "user": "u1", "flag": true'
+    return b"{" + fields + b', "z": ' + b'{"a": ' * depth + b"1" + b"}" * (depth + 1)
+
+
 @st.composite
 def event_bytes(draw: st.DrawFn) -> bytes:
     shape = draw(st.integers(0, 19))
     if shape == 0:
         return draw(st.binary(max_size=40))
     if shape == 1:  # deeply nested, or an array, or a scalar document
-        return draw(st.sampled_from([b'{"sym": "A", "z": [[[[[[[1]]]]]]]}', b"[1, 2]", b"3", b'"s"', b"null",
+        return draw(st.sampled_from([b'{"sym": "A", "z": [[[[[[[1]]]]]]]}', nested_objects(6), nested_objects(5),
+                                     b"[1, 2]", b"3", b'"s"', b"null",
                                      b'{"sym": "A", "sym": "B", "n": 1, "id": "i"}', b'{"n": NaN, "sym": "A"}',
                                      b'{"sym": "A", "n": 1' + b" " * 400 + b"}", b'{"sym": "\\ud800", "n": 1}']))
     event = {name: draw(values) for name in draw(st.lists(st.sampled_from(FIELDS), unique=True))}
@@ -110,6 +122,8 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
        cuts=st.lists(st.integers(1, 12), max_size=10),
        window=st.sampled_from([0, 1, 3, 50]),
        redelivered=st.integers(0, 5))
+@example(bodies=BODIES[:2], events=[nested_objects(6), nested_objects(5), ESCAPED_LONG_KEY], cuts=[], window=3,
+         redelivered=0)
 def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
                                             redelivered: int) -> None:
     """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII), in any
