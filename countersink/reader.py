@@ -20,7 +20,7 @@ from countersink.settings import Consistency
 from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
-from schemas.kinds import State, merge_states, merge_stored, state_from_bytes
+from schemas.kinds import State, merge_states, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
@@ -206,35 +206,47 @@ class CounterReader:
                                                   consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
-        shards = []
-        partitions: dict[tuple[str, str, int], dict[str, Any]] = {}
+        # Each cell decoded once: its state is shown and merged (merging leaves its inputs unchanged).
+        cells = []
         for row in rows:
             if row["cell"] is None:
                 continue  # a partition holding only tallies, or a row of another counter of the key
-            state, through_offset = shard_of_cell(row["cell"])
-            mutator = uuid.UUID(str(row["mutator"]))
-            registry = as_dicts(await self.client.execute(
-                "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us FROM mutators "
-                "WHERE id = ?", [mutator], consistency=self.consistency))
-            info = registry[0] if registry else {}
+            blob, through_offset = shard_of_cell(row["cell"])
+            cells.append((row, uuid.UUID(str(row["mutator"])), state_from_bytes(blob), through_offset))
+
+        async def registered(mutator: uuid.UUID) -> dict[str, Any]:
+            async with self._reads:
+                found = as_dicts(await self.client.execute(
+                    "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us "
+                    "FROM mutators WHERE id = ?", [mutator], consistency=self.consistency))
+            return found[0] if found else {}
+
+        infos = await asyncio.gather(*(registered(mutator) for _, mutator, _, _ in cells))
+        shards = []
+        partitions: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for (row, mutator, state, through_offset), info in zip(cells, infos, strict=True):
             shards.append(ShardView(
                 mutator=mutator, through_offset=through_offset, written_us=row["written_us"],
-                value=state_from_bytes(state).value(), topic=info.get("topic"),
+                value=state.value(), topic=info.get("topic"),
                 partition=info.get("partition"), host=info.get("host"), born_us=info.get("born_us"),
                 retired_us=info.get("retired_us"), collected_us=info.get("collected_us")))
             if info:
                 partitions[(info["consumer_group"], info["topic"], info["partition"])] = {}
-        for group, topic, partition in partitions:
-            found = as_dicts(await self.client.execute(
-                "SELECT consumer_group, topic, partition, owner, window_mutator, flush_seq, committed_offset, "
-                "intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
-                [group, topic, partition], consistency=self.consistency))
-            partitions[(group, topic, partition)] = found[0] if found else {}
-        merged = merge_stored(_blobs(rows))
+
+        async def partition_row(group: str, topic: str, partition: int) -> dict[str, Any]:
+            async with self._reads:
+                found = as_dicts(await self.client.execute(
+                    "SELECT consumer_group, topic, partition, owner, window_mutator, flush_seq, "
+                    "committed_offset, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                    "AND partition = ?", [group, topic, partition], consistency=self.consistency))
+            return found[0] if found else {}
+
+        found_partitions = await asyncio.gather(*(partition_row(*ident) for ident in partitions))
+        merged = merge_states([state for state in (tally, *(cell[2] for cell in cells)) if state is not None])
         return Explanation(
             counter=counter, key=key, kind=merged.kind if merged is not None else None,
             tally=tally.value() if tally is not None else None, shards=tuple(shards),
-            value=merged.value() if merged is not None else None, partitions=tuple(partitions.values()))
+            value=merged.value() if merged is not None else None, partitions=tuple(found_partitions))
 
     async def list_instances(self, counter: str, limit: int = 100, page: bytes | None = None
                              ) -> tuple[list[str], bytes | None]:

@@ -50,6 +50,7 @@ async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> No
         assert await reader.get_many("notional", ["IBM", "MSFT"]) == {"IBM": Decimal("15.40"), "MSFT": None}
         explanation = await reader.explain("notional", "IBM")
         assert explanation.kind == "sum"
+        assert (explanation.value, explanation.tally) == (Decimal("15.40"), None)
         assert {(s.mutator, s.topic, s.partition, s.through_offset, s.value) for s in explanation.shards} == {
             (first, "trades", 0, 42, Decimal("10.35")), (second, "trades", 1, 42, Decimal("5.05"))}
         assert len(explanation.partitions) == 2
