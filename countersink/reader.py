@@ -213,17 +213,11 @@ class CounterReader:
                 continue  # a partition holding only tallies, or a row of another counter of the key
             blob, through_offset = shard_of_cell(row["cell"])
             cells.append((row, uuid.UUID(str(row["mutator"])), state_from_bytes(blob), through_offset))
-
-        async def registered(mutator: uuid.UUID) -> dict[str, Any]:
-            async with self._reads:
-                found = as_dicts(await self.client.execute(
-                    "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us "
-                    "FROM mutators WHERE id = ?", [mutator], consistency=self.consistency))
-            return found[0] if found else {}
-
-        infos = await asyncio.gather(*(registered(mutator) for _, mutator, _, _ in cells))
+        infos = await asyncio.gather(*(self._first_row(
+            "SELECT consumer_group, topic, partition, host, born_us, retired_us, collected_us FROM mutators "
+            "WHERE id = ?", [mutator]) for _, mutator, _, _ in cells))
         shards = []
-        partitions: dict[tuple[str, str, int], dict[str, Any]] = {}
+        partitions: dict[tuple[str, str, int], None] = {}  # in the order the shards name them, once each
         for (row, mutator, state, through_offset), info in zip(cells, infos, strict=True):
             shards.append(ShardView(
                 mutator=mutator, through_offset=through_offset, written_us=row["written_us"],
@@ -231,22 +225,23 @@ class CounterReader:
                 partition=info.get("partition"), host=info.get("host"), born_us=info.get("born_us"),
                 retired_us=info.get("retired_us"), collected_us=info.get("collected_us")))
             if info:
-                partitions[(info["consumer_group"], info["topic"], info["partition"])] = {}
-
-        async def partition_row(group: str, topic: str, partition: int) -> dict[str, Any]:
-            async with self._reads:
-                found = as_dicts(await self.client.execute(
-                    "SELECT consumer_group, topic, partition, owner, window_mutator, flush_seq, "
-                    "committed_offset, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
-                    "AND partition = ?", [group, topic, partition], consistency=self.consistency))
-            return found[0] if found else {}
-
-        found_partitions = await asyncio.gather(*(partition_row(*ident) for ident in partitions))
-        merged = merge_states([state for state in (tally, *(cell[2] for cell in cells)) if state is not None])
+                partitions[(info["consumer_group"], info["topic"], info["partition"])] = None
+        found_partitions = await asyncio.gather(*(self._first_row(
+            "SELECT consumer_group, topic, partition, owner, window_mutator, flush_seq, committed_offset, "
+            "intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
+            list(ident)) for ident in partitions))
+        states = [state for _, _, state, _ in cells]
+        merged = merge_states(states if tally is None else [tally, *states])
         return Explanation(
             counter=counter, key=key, kind=merged.kind if merged is not None else None,
             tally=tally.value() if tally is not None else None, shards=tuple(shards),
             value=merged.value() if merged is not None else None, partitions=tuple(found_partitions))
+
+    async def _first_row(self, cql_text: str, params: list[object]) -> dict[str, Any]:
+        """The first row ``cql_text`` selects (``{}`` for none), within the reader's limit on reads in flight."""
+        async with self._reads:
+            found = as_dicts(await self.client.execute(cql_text, params, consistency=self.consistency))
+        return found[0] if found else {}
 
     async def list_instances(self, counter: str, limit: int = 100, page: bytes | None = None
                              ) -> tuple[list[str], bytes | None]:
