@@ -1,7 +1,7 @@
 """``make chaos``: a long run under faults that ends by comparing every counter with the truth.
 
-    python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--consumers 3] [--kill-every 6]
-                          [--seed 1]
+    python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--poison-events 20000]
+                          [--consumers 3] [--kill-every 6] [--seed 1]
 
 It starts its own Kafka and Cassandra (ports 19092 and 19042, data under ``.stack/chaos``), three consumers
 and a GC loop, and publishes the events (trades over 500 symbols, with publisher retries and malformed
@@ -19,10 +19,17 @@ retries within the window excluded; the read-back is checked against the publish
 record visible, every committed one there). Every malformed record committed there must be on the
 dead-letter topic.
 
+A third topic carries the poison phase: ``--poison-events`` ordinary trades with about 5% poison mixed in
+(event times past 2038 or a year ahead on a counter kept 30 days, numbers of thousands of digits, nesting
+past the bound, keys over the bound, escapes, duplicate fields, invalid UTF-8). Its truth is what a single
+owner decides: every record read back and routed, in offset order, through the reference router. Every
+value must match it, every record it refuses must reach the dead-letter topic (and no other), and every
+poison record that must be refused must be refused by it; a partition that stalls never reaches lag 0.
+
 It prints ``lost=N duplicated=M`` (events missing from, or counted twice in, the trade counts of both
 topics), ``dead_letters_missing=N`` and the faults injected, and exits 0 only if all three are 0 and every
-value matches. ``--quick`` is the short run CI makes: 40,000 plain and 6,000 transactional trades, the
-one-off faults sooner. Everything it starts, it stops.
+value matches. ``--quick`` is the short run CI makes: 40,000 plain, 6,000 transactional and 4,000 poison-
+phase trades, the one-off faults sooner. Everything it starts, it stops.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import heapq
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +60,10 @@ from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
+from schemas.definitions import parse_definitions
+from schemas.errors import InvalidEventError
+from schemas.events import EventRouter, apply_updates
+from schemas.kinds import State
 from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 
@@ -449,6 +461,149 @@ async def read_dead_letters(kafka: KafkaSettings, topic: str, within_s: float = 
     return found
 
 
+# ------------------------------------------------------------------------------ the poison phase
+
+POISON_TOPIC = "chaos-poison"
+POISON_PREFIX = "poison_"
+POISON_DEFINITIONS = f"""
+[[counter]]
+name = "{POISON_PREFIX}trades"
+topics = ["{POISON_TOPIC}"]
+kind = "count"
+key = ["symbol"]
+event_id = "id"
+
+[[counter]]
+name = "{POISON_PREFIX}shares"
+topics = ["{POISON_TOPIC}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+
+[[counter]]
+name = "{POISON_PREFIX}hourly"
+topics = ["{POISON_TOPIC}"]
+kind = "count"
+key = ["symbol"]
+bucket = {{ field = "at", size = "1h" }}
+retain = "30d"
+event_id = "id"
+"""
+# Content that must never stall a partition, each with what a single owner must decide: "refused" (the
+# record goes to the dead-letter topic and no counter moves) or "either" (the reference router decides).
+# Every case is a JSON template; {id}, {now} and {case} are filled in per record (the ``case`` field, which no
+# counter reads, names it in the truth).
+_HEAD = '{{"case":"{case}","id":"{id}",'
+POISON_CASES: dict[str, tuple[str, str]] = {
+    # Times whose retained bucket's expiry cannot be stored (Cassandra 5 refuses expiries past 2038).
+    "far_future_2040": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2040-01-01T00:00:00Z"}}'),
+    "far_future_9999": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"9999-12-31T23:59:59Z"}}'),
+    "just_past_2038": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2038-01-19T03:14:08Z"}}'),
+    "next_year": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2027-11-25T00:00:00Z"}}'),
+    # A bucket long past its retention: late for the hourly counter, counted by the others.
+    "long_past": ("either", _HEAD + '"symbol":"P2","qty":2,"at":"1971-01-01T00:00:00Z"}}'),
+    # A number far past every parser's comfort in a field no counter reads, and in the summed field.
+    "huge_unread_integer": ("either", _HEAD + '"symbol":"P3","qty":3,"at":"{now}","pad":' + "9" * 5000 + "}}"),
+    "huge_value": ("refused", _HEAD + '"symbol":"P3","qty":' + "1" * 40 + ',"at":"{now}"}}'),
+    "huge_float_value": ("refused", _HEAD + '"symbol":"P3","qty":1e400,"at":"{now}"}}'),
+    # Nesting past the router's bound (32) in a field no counter reads, and just inside it.
+    "too_deep": ("refused", _HEAD + '"symbol":"P4","qty":4,"at":"{now}","pad":' + "[" * 40 + "]" * 40 + "}}"),
+    "deep_but_legal": ("either", _HEAD + '"symbol":"P4","qty":4,"at":"{now}","pad":' + "[" * 20 + "]" * 20 + "}}"),
+    # A key over the 1 KiB bound, and legal keys full of escapes.
+    "oversize_key": ("refused", _HEAD + '"symbol":"' + "K" * 5000 + '","qty":5,"at":"{now}"}}'),
+    "escaped_key": ("either", _HEAD + '"symbol":"P5\\\\|\\"\\u00e9\\ud83d\\ude00\\u0001","qty":5,"at":"{now}"}}'),
+    "duplicate_field": ("either", _HEAD + '"symbol":"P6","symbol":"P7","qty":6,"at":"{now}"}}'),
+    "lone_surrogate": ("either", _HEAD + '"symbol":"P8\\ud800","qty":7,"at":"{now}"}}'),
+    "invalid_utf8": ("refused", _HEAD + '"symbol":"P9\udcff","qty":8,"at":"{now}"}}'),
+}
+
+
+def poison_stream(n: int, rng: random.Random, now: float, share: float = 0.05) -> tuple[list[bytes], Counter[str]]:
+    """``n`` ordinary trades with times in the last day, and about ``share`` as many poison records drawn
+    from :data:`POISON_CASES` (every case at least once). Returns the records and the cases drawn."""
+    drawn: Counter[str] = Counter()
+    stream: list[bytes] = []
+    cases = list(POISON_CASES)
+    forced = list(cases)
+    for _ in range(n):
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - rng.uniform(0, 86_400)))
+        symbol = f"S{rng.randrange(50):02d}"
+        event_id = uuid.UUID(int=rng.getrandbits(128)).hex
+        stream.append(f'{{"id":"{event_id}","symbol":"{symbol}","qty":{rng.randrange(1, 1000)},"at":"{at}"}}'
+                      .encode())
+        if forced or rng.random() < share:
+            case = forced.pop() if forced else rng.choice(cases)
+            drawn[case] += 1
+            text = POISON_CASES[case][1].format(id=uuid.UUID(int=rng.getrandbits(128)).hex, case=case,
+                                                now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+            stream.append(text.encode("utf-8", "surrogateescape"))
+    rng.shuffle(stream)
+    return stream, drawn
+
+
+@dataclass
+class PoisonTruth:
+    """What one owner reading the poison topic from its start decides, record by record."""
+
+    values: dict[tuple[str, str], object]  # (counter, instance key) -> value
+    refused: dict[str, bytes]  # countersink.source -> value, of the records the dead-letter topic must hold
+    last_offsets: dict[int, int]
+    accepted_poison: list[str]  # poison records that must be refused and were not
+
+
+_POISON_CASE = re.compile(rb'"case":"([a-z0-9_]+)"')
+
+
+def poison_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], definitions_text: str) -> PoisonTruth:
+    """Route every record of the poison topic through the reference router, in offset order per partition,
+    as a single owner with no faults would: the oracle the consumers' results are held to. Also lists the
+    poison records that must be refused and were accepted (the oracle itself would be wrong)."""
+    counter_set = parse_definitions(definitions_text)
+    router = EventRouter(counter_set)
+    states: dict[tuple[str, str], State] = {}
+    refused: dict[str, bytes] = {}
+    accepted_poison: list[str] = []
+    last: dict[int, int] = {}
+    for partition, batch in records.items():
+        for record in batch:
+            last[partition] = record.offset
+            value = record.value or b""
+            try:
+                updates = router.route(POISON_TOPIC, value, record.timestamp)
+            except InvalidEventError:
+                refused[f"{POISON_TOPIC}/{partition}/{record.offset}"] = value
+                continue
+            case = _POISON_CASE.search(value)
+            if case is not None and POISON_CASES[case[1].decode()][0] == "refused":
+                accepted_poison.append(case[1].decode())
+            apply_updates(states, updates, counter_set)  # every event id is new: no retries on this topic
+    return PoisonTruth({ident: state.value() for ident, state in states.items()}, refused, last, accepted_poison)
+
+
+async def read_poison_values(cassandra: CassandraSettings, idents: list[tuple[str, str]]
+                             ) -> dict[tuple[str, str], object]:
+    values: dict[tuple[str, str], object] = {}
+    async with CassandraClient(cassandra) as client:
+        for counter, key in idents:
+            state = await read_state(client, counter, key)
+            values[counter, key] = None if state is None else state.value()
+    return values
+
+
+def compare_poison(values: dict[tuple[str, str], object], truth: PoisonTruth) -> tuple[int, int, list[str]]:
+    """(lost, duplicated, mismatched values) of the poison topic's counters against the single owner's."""
+    lost = duplicated = 0
+    for (counter, key), expected in truth.values.items():
+        if counter == f"{POISON_PREFIX}trades":
+            got = int(values.get((counter, key)) or 0)  # type: ignore[call-overload]
+            lost += max(0, int(expected) - got)  # type: ignore[call-overload]
+            duplicated += max(0, got - int(expected))  # type: ignore[call-overload]
+    mismatched = [f"{c}/{k!r}: {values.get((c, k))!r} != {v!r}" for (c, k), v in truth.values.items()
+                  if values.get((c, k)) != v]
+    return lost, duplicated, mismatched
+
+
 class Fleet:
     """The consumer processes and the GC loop, restartable by slot."""
 
@@ -600,14 +755,14 @@ def ownership_changes() -> tuple[int, int]:
     return takeovers, rotations
 
 
-async def publish_plain(kafka: KafkaSettings, stream: list[bytes]) -> None:
-    """The plain stream, a hundredth at a time, half a second apart."""
+async def publish_plain(kafka: KafkaSettings, stream: list[bytes], topic: str = TOPIC) -> None:
+    """A plain stream, a hundredth at a time, half a second apart."""
     chunk = max(1, len(stream) // 100)
     for i in range(0, len(stream), chunk):
-        await publish(kafka, TOPIC, stream[i:i + chunk])
+        await publish(kafka, topic, stream[i:i + chunk])
         await asyncio.sleep(0.5)
         if i // chunk % 10 == 9:
-            say(f"published {min(len(stream), i + chunk)}/{len(stream)} records")
+            say(f"published {min(len(stream), i + chunk)}/{len(stream)} records to {topic}")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -627,6 +782,7 @@ async def run(args: argparse.Namespace) -> int:
     cassandra_node.start(tied_to_parent=True, wait=False)
     fleet: Fleet | None = None
     transactional = args.tx_events > 0
+    poisoned = args.poison_events > 0
     try:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
@@ -636,9 +792,11 @@ async def run(args: argparse.Namespace) -> int:
         async with CassandraClient(cassandra, use_keyspace=False) as client:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_chaos", prepared=False)
             await client.ensure_schema()
-        await ensure_topics(kafka, {TOPIC: PARTITIONS, **({TX_TOPIC: PARTITIONS} if transactional else {})})
+        await ensure_topics(kafka, {TOPIC: PARTITIONS, **({TX_TOPIC: PARTITIONS} if transactional else {}),
+                                    **({POISON_TOPIC: PARTITIONS} if poisoned else {})})
         counters = STACK / "counters.toml"
-        counters.write_text(DEFINITIONS + (definitions(TX_TOPIC, TX_PREFIX) if transactional else ""))
+        counters.write_text(DEFINITIONS + (definitions(TX_TOPIC, TX_PREFIX) if transactional else "")
+                            + (POISON_DEFINITIONS if poisoned else ""))
         stream, truth, retries, bad = make_events(args.events, rng)
         say(f"{args.events} trades over {len(truth.count)} symbols, {retries} publisher retries, {bad} malformed "
             f"records: {len(stream)} records")
@@ -658,6 +816,10 @@ async def run(args: argparse.Namespace) -> int:
                 f"{RETRY_DISTANCE} records later in their partition (retry window {RETRY_WINDOW} records), "
                 f"{plan.bad} malformed records: {plan.records} records in {len(plan.transactions)} "
                 f"transactions of 1 to 8, {aborts} of them aborted once first")
+        poison, drawn = poison_stream(args.poison_events, random.Random(f"poison-{args.seed}"), time.time())
+        if poisoned:
+            say(f"poison phase on {POISON_TOPIC}: {args.poison_events} trades and {sum(drawn.values())} poison "
+                f"records ({', '.join(f'{case} {n}' for case, n in sorted(drawn.items()))})")
         env = child_env(kafka, cassandra, consumer=consumer, gc={"grace_s": 2, "health_port": 0})
         fleet = Fleet(env, args.consumers)
         faults = Faults()
@@ -668,12 +830,14 @@ async def run(args: argparse.Namespace) -> int:
         publishers = [publish_plain(kafka, stream)]
         if transactional:
             publishers.append(publish_transactions(kafka, plan, tx_log))
+        if poisoned:
+            publishers.append(publish_plain(kafka, poison, POISON_TOPIC))
         await asyncio.gather(*publishers)
-        say(f"all {len(stream) + (plan.records if transactional else 0)} records published after "
+        say(f"all {len(stream) + (plan.records if transactional else 0) + len(poison)} records published after "
             f"{time.monotonic() - started:.0f}s; waiting for the planned faults, then for the consumers")
         done.set()
         await injector
-        ends = await end_offsets(kafka, {TOPIC: PARTITIONS})
+        ends = await end_offsets(kafka, {TOPIC: PARTITIONS, **({POISON_TOPIC: PARTITIONS} if poisoned else {})})
         committed: TxTruth | None = None
         if transactional:
             committed = committed_truth(await read_topic(kafka, TX_TOPIC, PARTITIONS), plan, tx_log, RETRY_WINDOW)
@@ -699,6 +863,10 @@ async def run(args: argparse.Namespace) -> int:
         if committed is not None:
             expected.update(committed.truth.expected(TX_PREFIX))
         values = await read_values(cassandra, expected)
+        poisoned_truth: PoisonTruth | None = None
+        if poisoned:
+            poisoned_truth = poison_truth(await read_topic(kafka, POISON_TOPIC, PARTITIONS), POISON_DEFINITIONS)
+            poison_values = await read_poison_values(cassandra, list(poisoned_truth.values))
         lost, duplicated, mismatched = compare(values, truth)
         takeovers, rotations = ownership_changes()
         say(f"exit codes at stop (consumers, GC loop): {codes}")
@@ -731,18 +899,36 @@ async def run(args: argparse.Namespace) -> int:
               f"mismatched={len(mismatched)}")
         for line in mismatched[:10]:
             print(f"  {line}")
+        if poisoned_truth is not None:
+            p_lost, p_duplicated, p_mismatched = compare_poison(poison_values, poisoned_truth)
+            print(f"poison phase ({POISON_TOPIC}): lost={p_lost} duplicated={p_duplicated} "
+                  f"mismatched={len(p_mismatched)} over {len(poisoned_truth.values)} instances; "
+                  f"{len(poisoned_truth.refused)} records refused by a single owner")
+            for line in p_mismatched[:10]:
+                print(f"  {line[:300]}")
+            if poisoned_truth.accepted_poison:
+                print(f"poison the reference router accepted: {sorted(set(poisoned_truth.accepted_poison))}")
+                harness_ok = False
+            lost, duplicated, mismatched = lost + p_lost, duplicated + p_duplicated, mismatched + p_mismatched
         missing: list[str] = []
+        dead = await read_dead_letters(kafka, DEAD_LETTERS) if committed or poisoned_truth else {}
+        if poisoned_truth is not None:
+            p_missing = [s for s, value in poisoned_truth.refused.items() if value not in dead.get(s, [])]
+            p_unexpected = [s for s in dead if s.startswith(f"{POISON_TOPIC}/") and s not in poisoned_truth.refused]
+            print(f"poison phase: dead_letters_missing={len(p_missing)} dead_letters_unexpected={len(p_unexpected)}")
+            for source in (p_missing + p_unexpected)[:10]:
+                print(f"  {source}")
+            missing += p_missing + p_unexpected
         if committed is not None:
-            dead = await read_dead_letters(kafka, DEAD_LETTERS)
-            missing = [source for source, value in committed.malformed.items() if value not in dead.get(source, [])]
+            tx_missing = [s for s, value in committed.malformed.items() if value not in dead.get(s, [])]
             unexpected = [source for source in dead if source.startswith(f"{TX_TOPIC}/")
                           and source not in committed.malformed]
-            print(f"dead_letters_missing={len(missing)} dead_letters_unexpected={len(unexpected)} "
+            print(f"dead_letters_missing={len(tx_missing)} dead_letters_unexpected={len(unexpected)} "
                   f"({len(committed.malformed)} malformed records committed to {TX_TOPIC}; "
                   f"{sum(len(dead[s]) for s in committed.malformed if s in dead)} dead letters from them)")
-            for source in (missing + unexpected)[:10]:
+            for source in (tx_missing + unexpected)[:10]:
                 print(f"  {source}")
-            missing += unexpected
+            missing += tx_missing + unexpected
         print(f"lost={lost} duplicated={duplicated}")
         return 0 if (lost == 0 and duplicated == 0 and not mismatched and not missing and harness_ok
                      and gc.returncode == 0) else 1
@@ -760,6 +946,10 @@ def main() -> int:
     parser.add_argument("--events", type=int, help="plain trades (default 1,000,000; 40,000 with --quick)")
     parser.add_argument("--tx-events", type=int,
                         help="trades published in transactions (default 20,000; 6,000 with --quick; 0 skips them)")
+    parser.add_argument("--poison-events", type=int,
+                        help="trades on the poison topic, with about 5%% poison records mixed in (far-future "
+                             "times, huge numbers, deep nesting, oversize keys, bad UTF-8); default 20,000, "
+                             "4,000 with --quick; 0 skips them")
     parser.add_argument("--quick", action="store_true",
                         help="a CI-sized run: fewer events, the one-off faults sooner (about 4 minutes on 2 cores)")
     parser.add_argument("--consumers", type=int, default=3)
@@ -771,6 +961,8 @@ def main() -> int:
         args.events = 40_000 if args.quick else 1_000_000
     if args.tx_events is None:
         args.tx_events = 6_000 if args.quick else 20_000
+    if args.poison_events is None:
+        args.poison_events = 4_000 if args.quick else 20_000
     if args.kill_every is None:
         args.kill_every = 4.0 if args.quick else 6.0
     configure_logging("WARNING", "console")
