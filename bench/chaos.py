@@ -492,7 +492,7 @@ event_id = "id"
 """
 # Content that must never stall a partition, each with what a single owner must decide: "refused" (the
 # record goes to the dead-letter topic and no counter moves) or "either" (the reference router decides).
-# Every case is a JSON template; {id}, {now} and {case} are filled in per record (the ``case`` field, which no
+# Every case is a JSON template; {id}, {now}, {ahead} and {case} are filled in per record (the ``case`` field, which no
 # counter reads, names it in the truth).
 _HEAD = '{{"case":"{case}","id":"{id}",'
 POISON_CASES: dict[str, tuple[str, str]] = {
@@ -500,7 +500,8 @@ POISON_CASES: dict[str, tuple[str, str]] = {
     "far_future_2040": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2040-01-01T00:00:00Z"}}'),
     "far_future_9999": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"9999-12-31T23:59:59Z"}}'),
     "just_past_2038": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2038-01-19T03:14:08Z"}}'),
-    "next_year": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"2027-11-25T00:00:00Z"}}'),
+    # A time a month ahead of the record: further than any bucketed counter takes.
+    "month_ahead": ("refused", _HEAD + '"symbol":"P1","qty":1,"at":"{ahead}"}}'),
     # A bucket long past its retention: late for the hourly counter, counted by the others.
     "long_past": ("either", _HEAD + '"symbol":"P2","qty":2,"at":"1971-01-01T00:00:00Z"}}'),
     # A number far past every parser's comfort in a field no counter reads, and in the summed field.
@@ -535,8 +536,10 @@ def poison_stream(n: int, rng: random.Random, now: float, share: float = 0.05) -
         if forced or rng.random() < share:
             case = forced.pop() if forced else rng.choice(cases)
             drawn[case] += 1
-            text = POISON_CASES[case][1].format(id=uuid.UUID(int=rng.getrandbits(128)).hex, case=case,
-                                                now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+            text = POISON_CASES[case][1].format(
+                id=uuid.UUID(int=rng.getrandbits(128)).hex, case=case,
+                now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                ahead=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 30 * 86_400)))
             stream.append(text.encode("utf-8", "surrogateescape"))
     rng.shuffle(stream)
     return stream, drawn
