@@ -233,6 +233,9 @@ class ServeSettings(_Section):
     # or one per line in the file) so that a new token can be rolled out before the old one is removed.
     tokens: SecretStr | None = None
     tokens_file: Path | None = None  # read at start and again within a second of any change
+    # Tokens without TLS (tls_cert/tls_key) are refused at start unless this is set: then they cross the
+    # network readable, which is only safe behind a TLS-terminating proxy on the same host.
+    allow_insecure: bool = False
     max_url_bytes: int = Field(default=4096, ge=256, le=65_536)  # longer request targets answer 414
     max_header_bytes: int = Field(default=8190, ge=1024, le=65_536)  # per header line; longer ones answer 400
     max_body_bytes: int = Field(default=1024, ge=0, le=1_048_576)  # the API reads no body; larger ones answer 413

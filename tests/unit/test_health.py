@@ -1,10 +1,13 @@
-"""The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else."""
+"""The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else
+(quietly: what its parser refuses is neither quoted nor logged at ERROR)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import pytest
 
 from countersink.health import HealthServer
 
@@ -88,3 +91,24 @@ async def test_unready_says_why() -> None:
                 assert (response.status, await response.text()) == (503, "not ready\n")
     finally:
         await server.stop()
+
+
+async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A header past aiohttp's limit: a problem document quoting none of it, and no log line at ERROR."""
+    caplog.set_level(logging.DEBUG)
+    server = HealthServer(0, lambda: True, host="127.0.0.1")
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nCookie: s=secret-" + b"x" * 9000 + b"\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+        writer.close()
+    finally:
+        await server.stop()
+    assert answer.startswith(b"HTTP/1.1 400 ") or answer.startswith(b"HTTP/1.0 400 "), answer
+    assert b"application/problem+json" in answer
+    assert b"secret-" not in answer
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert "secret-" not in caplog.text
+
