@@ -144,7 +144,7 @@ class HealthServer:
     """Serves liveness, readiness (a callable) and metrics on ``host:port``; ``port=0`` picks a free one.
     ``start()``/``stop()`` (safe twice)."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0",  # noqa: S104
+    def __init__(self, port: int, ready: Callable[[], bool], host: str = "127.0.0.1",
                  before_scrape: BeforeScrape | None = None, why_not_ready: Callable[[], str] | None = None) -> None:
         self.host = host
         self.port = port

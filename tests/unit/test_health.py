@@ -1,5 +1,5 @@
 """The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else
-(quietly: what its parser refuses is neither quoted nor logged at ERROR)."""
+(quietly: what its parser refuses is neither quoted nor logged at ERROR); it listens on loopback by default."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from countersink.health import HealthServer
+from countersink.settings import Settings
 
 
 async def test_probes_and_metrics() -> None:
@@ -93,6 +94,20 @@ async def test_unready_says_why() -> None:
         await server.stop()
 
 
+async def test_it_listens_on_this_host_only_unless_told() -> None:
+    """Without a host the health server listens on the loopback address only; the consumer's and the GC's
+    settings default to it too (the image sets 0.0.0.0)."""
+    server = HealthServer(0, lambda: True)
+    await server.start()
+    try:
+        assert server._runner is not None
+        assert [address[0] for address in server._runner.addresses] == ["127.0.0.1"]
+    finally:
+        await server.stop()
+    settings = Settings()
+    assert (settings.consumer.health_host, settings.gc.health_host) == ("127.0.0.1", "127.0.0.1")
+
+
 async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.LogCaptureFixture) -> None:
     """A header past aiohttp's limit: a problem document quoting none of it, and no log line at ERROR."""
     caplog.set_level(logging.DEBUG)
@@ -112,3 +127,12 @@ async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.L
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert "secret-" not in caplog.text
 
+
+async def test_the_consumer_listens_where_its_settings_say() -> None:
+    """The consumer's health server takes COUNTERSINK_CONSUMER__HEALTH_HOST."""
+    from consumer.service import ConsumerService
+    from schemas.definitions import parse_definitions
+
+    counters = parse_definitions('[[counter]]\nname = "n"\nkind = "count"\ntopics = ["t"]\nkey = ["k"]\n')
+    service = ConsumerService(Settings(consumer={"health_host": "127.0.0.2"}), counters)  # type: ignore[arg-type]
+    assert service.health.host == "127.0.0.2"
