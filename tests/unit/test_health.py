@@ -8,6 +8,7 @@ import logging
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from countersink.health import HealthServer
 from countersink.settings import Settings
@@ -115,7 +116,7 @@ async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.L
     await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nCookie: s=secret-" + b"x" * 9000 + b"\r\n\r\n")
+        writer.write(b"GET /healthz HTTP/1.1\r\nCookie: s=hdr-7f3b-" + b"x" * 9000 + b"\r\n\r\n")
         await writer.drain()
         answer = await asyncio.wait_for(reader.read(65536), 10)
         writer.close()
@@ -123,9 +124,9 @@ async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.L
         await server.stop()
     assert answer.startswith(b"HTTP/1.1 400 ") or answer.startswith(b"HTTP/1.0 400 "), answer
     assert b"application/problem+json" in answer
-    assert b"secret-" not in answer
+    assert b"hdr-7f3b" not in answer
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
-    assert "secret-" not in caplog.text
+    assert "hdr-7f3b" not in caplog.text
 
 
 async def test_the_consumer_listens_where_its_settings_say() -> None:
@@ -135,4 +136,36 @@ async def test_the_consumer_listens_where_its_settings_say() -> None:
 
     counters = parse_definitions('[[counter]]\nname = "n"\nkind = "count"\ntopics = ["t"]\nkey = ["k"]\n')
     service = ConsumerService(Settings(consumer={"health_host": "127.0.0.2"}), counters)  # type: ignore[arg-type]
-    assert service.health.host == "127.0.0.2"
+    try:
+        assert service.health.host == "127.0.0.2"
+    finally:
+        await service.close()
+
+
+async def test_a_failing_handler_is_logged_with_its_type_and_place_not_its_message() -> None:
+    """A handler that raises: a 500 problem document, and one ERROR line naming the error's type and where it
+    was raised, without its message (which may quote the request)."""
+    from aiohttp import web
+
+    from countersink.health import QuietAppRunner
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("quoting quoted-header-value-7f3a")
+
+    app = web.Application()
+    app.router.add_get("/broken", broken)
+    runner = QuietAppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"http://127.0.0.1:{runner.addresses[0][1]}/broken") as response:
+                assert (response.status, response.content_type) == (500, "application/problem+json")
+                assert "7f3a" not in await response.text()
+    finally:
+        await runner.cleanup()
+    failed = [("error", "http_request_failed", "RuntimeError")]
+    assert [(e["log_level"], e["event"], e["error"]) for e in logs] == failed
+    assert any("broken" in frame for frame in logs[0]["where"])
+    assert "7f3a" not in repr(logs)
