@@ -347,6 +347,7 @@ class Tokens:
         fixed = settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else ""
         self._fixed = _parse_tokens(fixed, "COUNTERSINK_SERVE__TOKENS", unit="entry")
         if settings.tokens is not None and not self._fixed:
+            # Set but empty (a secret that did not arrive): refuse rather than serve without tokens.
             raise TokenError("COUNTERSINK_SERVE__TOKENS is set but holds no token")
         self._file = settings.tokens_file
         self._clock = clock
