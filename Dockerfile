@@ -25,6 +25,9 @@ RUN pip install --no-cache-dir --no-index --find-links /wheels -c /tmp/constrain
 WORKDIR /app
 USER 10001:10001
 ENV PYTHONUNBUFFERED=1 COUNTERSINK_LOG_FORMAT=json
+# Probes and Prometheus reach a container from outside it: its health servers listen on every interface here
+# (outside the image they listen on 127.0.0.1 unless told otherwise).
+ENV COUNTERSINK_CONSUMER__HEALTH_HOST=0.0.0.0 COUNTERSINK_GC__HEALTH_HOST=0.0.0.0
 # consumer health/metrics, GC loop health/metrics, read API
 EXPOSE 8080 8081 8082
 ENTRYPOINT ["countersink"]

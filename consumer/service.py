@@ -113,8 +113,8 @@ class ConsumerService:
             await gc_age()
 
         self.waiting_for_topics: list[str] = []
-        self.health = HealthServer(self.config.health_port, lambda: self.is_ready, before_scrape=before_scrape,
-                                   why_not_ready=self._why_not_ready)
+        self.health = HealthServer(self.config.health_port, lambda: self.is_ready, host=self.config.health_host,
+                                   before_scrape=before_scrape, why_not_ready=self._why_not_ready)
 
     @property
     def mutators(self) -> dict[TopicPartition, Mutator]:

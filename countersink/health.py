@@ -2,15 +2,22 @@
 
 ``/metrics`` is prometheus-client's own aiohttp handler (content negotiation, OpenMetrics, ``name[]``
 filters); :func:`metrics_handler` lets a process refresh what is read at scrape time first (the driver's
-counts, the GC status) and is shared with ``countersink serve``.
+counts, the GC status) and is shared with ``countersink serve``, as is :class:`QuietAppRunner`, which
+answers what aiohttp's HTTP parser refuses with a problem document that quotes none of the request, and
+logs it without the parser's message (it quotes the offending line: an ``Authorization`` header, a cookie).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import traceback
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from countersink.logs import get_logger
@@ -41,11 +48,103 @@ def metrics_handler(before_scrape: BeforeScrape | None = None
     return handle
 
 
+def problem_response(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An RFC 9457 problem document (``application/problem+json``): a status, its title and a reason."""
+    title = HTTPStatus(status).phrase
+    return web.Response(status=status, headers=headers, content_type="application/problem+json",
+                        text=json.dumps({"title": title, "status": status, "detail": detail}))
+
+
+def where_raised(exc: BaseException | None, frames: int = 6) -> list[str]:
+    """The last ``frames`` frames of a traceback as ``file:line function``: where, without the message,
+    which may quote the request."""
+    if exc is None:
+        return []
+    return [f"{frame.filename}:{frame.lineno} {frame.name}"
+            for frame in traceback.extract_tb(exc.__traceback__)[-frames:]]
+
+
+def _parser_detail(status: int, exc: BaseException | None) -> str:
+    if isinstance(exc, LineTooLong):
+        return "the request line or a header line is longer than this server takes"
+    if status < 500:
+        return f"the request is not valid HTTP/1.1 ({type(exc).__name__ if exc else 'unparsed'})"
+    if status == HTTPStatus.GATEWAY_TIMEOUT:
+        return "the request took too long"
+    return "the server failed to answer this request; its log says where"
+
+
+class QuietRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, with its error answers and error logs replaced.
+
+    aiohttp answers a request its parser refuses with the parser's message as the body, and logs it at ERROR
+    with the message and stack frames: both quote the offending line, an ``Authorization`` header or a
+    cookie among them, and anyone can send one. Here the answer is a problem document naming only the kind
+    of error, the log line is at DEBUG, and a failure of the server itself (500) is logged at ERROR with the
+    error's type and where it was raised, never its message."""
+
+    on_refused: Callable[[int], None] | None = None
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status >= 500:
+            log.error("http_request_failed", status=status, error=type(exc).__name__ if exc else None,
+                      where=where_raised(exc))
+        else:
+            log.debug("http_request_refused", status=status, error=type(exc).__name__ if exc else None)
+        if self.on_refused is not None:
+            self.on_refused(status)
+        if request.writer.output_size > 0:  # some of a response went out already: the connection is broken
+            raise ConnectionError("response already started; cannot send an error answer")
+        response = problem_response(status, _parser_detail(status, exc))
+        response.force_close()
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        log.error("http_connection_failed", message=str(args[0]) if args else None,
+                  error=type(exc).__name__ if isinstance(exc, BaseException) else None,
+                  where=where_raised(exc if isinstance(exc, BaseException) else None))
+
+    def log_debug(self, *args: Any, **kw: Any) -> None:
+        if self.debug:
+            log.debug("http_connection_debug", message=str(args[0]) if args else None)
+
+
+class _QuietServer(web.Server):
+    def __init__(self, *args: Any, on_refused: Callable[[int], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_refused = on_refused
+
+    def __call__(self) -> web.RequestHandler:
+        handler = QuietRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler.on_refused = self._on_refused
+        return handler
+
+
+class QuietAppRunner(web.AppRunner):
+    """An :class:`aiohttp.web.AppRunner` whose connections are each a :class:`QuietRequestHandler`;
+    ``on_refused(status)`` is called for each request answered by :meth:`QuietRequestHandler.handle_error`
+    (refused by the parser, or failed)."""
+
+    def __init__(self, app: web.Application, *, on_refused: Callable[[int], None] | None = None,
+                 shutdown_timeout: float = 60.0, **handler_args: Any) -> None:
+        super().__init__(app, shutdown_timeout=shutdown_timeout, **handler_args)
+        self._handler_args = handler_args
+        self._on_refused = on_refused
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # the application's start-up, and the handler it routes with
+        return _QuietServer(made.request_handler, request_factory=made.request_factory,
+                            handler_cancellation=made.handler_cancellation, on_refused=self._on_refused,
+                            **self._handler_args)
+
+
 class HealthServer:
     """Serves liveness, readiness (a callable) and metrics on ``host:port``; ``port=0`` picks a free one.
     ``start()``/``stop()`` (safe twice)."""
 
-    def __init__(self, port: int, ready: Callable[[], bool], host: str = "0.0.0.0",  # noqa: S104
+    def __init__(self, port: int, ready: Callable[[], bool], host: str = "127.0.0.1",
                  before_scrape: BeforeScrape | None = None, why_not_ready: Callable[[], str] | None = None) -> None:
         self.host = host
         self.port = port
@@ -65,7 +164,7 @@ class HealthServer:
         return app
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1)
+        runner = QuietAppRunner(self.app(), access_log=None, shutdown_timeout=1)
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()
@@ -74,7 +173,7 @@ class HealthServer:
             raise
         self._runner = runner
         self.port = runner.addresses[0][1]
-        log.info("health_server_started", port=self.port)
+        log.info("health_server_started", host=self.host, port=self.port)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -161,6 +161,12 @@ class Metrics:
         self.serve_request_seconds = Histogram(
             "countersink_serve_request_seconds", "Read API request latency", ["route"], registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.serve_tokens_accepted = Gauge("countersink_serve_tokens_accepted",
+                                           "Bearer tokens the read API accepts now", registry=r)
+        self.serve_tokens_file_refused = Counter(
+            "countersink_serve_tokens_file_refused",
+            "Changes of the read API's tokens file refused (every token it held revoked), by reason: "
+            "missing, unreadable, invalid", ["reason"], registry=r)
 
     def partition_flushed(self, topic: str, partition: int) -> None:
         """A flush of the partition completed: its freshness starts again from 0."""

@@ -15,7 +15,13 @@ connection. The request target, header lines, bodies and requests handled at onc
 With ``tls_cert``/``tls_key`` the server speaks HTTPS only. With bearer tokens set (``tokens`` or
 ``tokens_file``), every route but ``/healthz`` and ``/readyz`` answers 401 without one of them; tokens are
 compared in constant time, and a tokens file is read again within a second of a change (rotation without a
-restart: add the new token, move the clients, remove the old one).
+restart: add the new token, move the clients, remove the old one). A tokens file is applied whole or not at
+all: one that cannot be read, holds a bad line or is deleted revokes every token it held. Tokens without
+TLS need ``allow_insecure``.
+
+Every answer of 400 or more is a problem document (RFC 9457), aiohttp's own 404 and 405 and its HTTP
+parser's refusals included, and none quotes the request: a header the parser refuses (an oversize
+``Authorization``) reaches neither the answer nor the log.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import hmac
-import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,7 +49,7 @@ from countersink.cassandra import (
 )
 from countersink.cli import load_definitions_or_refuse, port_number, run_async, setting_default, stop_on_signals
 from countersink.gc_runs import GcAgeSampler
-from countersink.health import metrics_handler
+from countersink.health import QuietAppRunner, metrics_handler, problem_response
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_state, to_jsonable
@@ -63,7 +69,7 @@ class ReadApi:
 
     def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
                  consistency: Consistency | None = None, *, registry: CounterRegistry | None = None,
-                 read_settings: ReadSettings | None = None) -> None:
+                 read_settings: ReadSettings | None = None, tokens: Tokens | None = None) -> None:
         self.client = client
         self.registry = registry
         self.settings = settings
@@ -72,11 +78,12 @@ class ReadApi:
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
         self._gc_age = GcAgeSampler(client)
-        self.tokens = Tokens(settings)
+        self.tokens = tokens or Tokens(settings)
         self._handling = 0
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_observed, self._guard], client_max_size=self.settings.max_body_bytes)
+        app = web.Application(middlewares=[_observed, _problems, self._guard],
+                              client_max_size=self.settings.max_body_bytes)
         app.add_routes([
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
@@ -251,6 +258,9 @@ class ReadApi:
         return web.Response(text="ok\n")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        if not self.tokens.usable():
+            # Every guarded request would answer 401: out of the load balancer until a token is valid again.
+            return web.Response(status=503, text="not ready: no bearer token is accepted\n")
         ready = self.client.connections() > 0
         return web.Response(status=200 if ready else 503, text="ready\n" if ready else "not ready\n")
 
@@ -280,9 +290,31 @@ def _problem(error: type[web.HTTPException], detail: str, retry_after: int | Non
              headers: dict[str, str] | None = None, **details: Any) -> web.HTTPException:
     """An RFC 9457 problem document, so clients get a reason and not just a status."""
     headers = {**(headers or {}), **({"Retry-After": str(retry_after)} if retry_after else {})}
-    title = HTTPStatus(error.status_code).phrase
-    return error(text=json.dumps({"title": title, "status": error.status_code, "detail": detail}),
-                 content_type="application/problem+json", headers=headers or None, **details)
+    document = problem_response(error.status_code, detail)
+    return error(text=document.text, content_type=document.content_type, headers=headers or None, **details)
+
+
+_PROBLEM = "application/problem+json"
+
+
+@web.middleware
+async def _problems(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+    """aiohttp's own refusals (404, 405, ...) as problem documents too; never quoting the request."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == _PROBLEM:
+            raise
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            detail = f"this path answers {', '.join(sorted(exc.allowed_methods))} only"
+        elif isinstance(exc, web.HTTPNotFound):
+            detail = "no such path; /openapi.json describes the paths this server answers"
+        else:
+            detail = HTTPStatus(exc.status).description or HTTPStatus(exc.status).phrase
+        kept = {name: value for name, value in exc.headers.items() if name in ("Allow", "Retry-After",
+                                                                               "WWW-Authenticate")}
+        return problem_response(exc.status, detail, headers=kept or None)
 
 
 def _unauthorized(detail: str) -> web.HTTPException:
@@ -292,39 +324,64 @@ def _unauthorized(detail: str) -> web.HTTPException:
 # Probes must answer without credentials: an orchestrator's health checks carry none.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _MIN_TOKEN_CHARS = 16
+_MAX_TOKENS_FILE_BYTES = 1 << 20
 
 
 class TokenError(ValueError):
-    """Raised when the configured tokens cannot be read or one is too short to be a secret."""
+    """Raised when serve's credentials cannot be used as set: tokens that cannot be read or are too short to
+    be secrets, a certificate that cannot be loaded, or tokens over plain HTTP without ``allow_insecure``."""
 
 
 class Tokens:
-    """The bearer tokens the server accepts: from ``tokens`` and from ``tokens_file``, which is read again
-    (at most once a second) when it changes. A file that becomes unreadable keeps the last tokens read."""
+    """The bearer tokens the server accepts: from ``tokens`` and from ``tokens_file``.
+
+    The file is read at start (one that cannot be used stops the start) and looked at again at most once a
+    second, when a request or a readiness probe comes. A change is applied whole or not at all, and never
+    fails open: a file that cannot be read, is not UTF-8 text, is larger than 1 MiB or holds a token shorter
+    than 16 characters is refused, and so is a deleted file; either way every token the file held is revoked
+    (the change may have been meant to revoke one). A refusal is logged at ERROR with the reason (never a
+    token) and counted in ``countersink_serve_tokens_file_refused_total{reason}``; while no token is
+    accepted, :meth:`usable` is false and the server reports unready."""
 
     def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        self._fixed = _parse_tokens(settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else "",
-                                    "COUNTERSINK_SERVE__TOKENS")
+        fixed = settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else ""
+        self._fixed = _parse_tokens(fixed, "COUNTERSINK_SERVE__TOKENS", unit="entry")
         if settings.tokens is not None and not self._fixed:
             # Set but empty (a secret that did not arrive): refuse rather than serve without tokens.
             raise TokenError("COUNTERSINK_SERVE__TOKENS is set but holds no token")
         self._file = settings.tokens_file
         self._clock = clock
         self._from_file: list[bytes] = []
-        self._file_stamp: tuple[int, int] | None = None
+        self._seen: bytes | str | None = None  # a digest of the content last looked at, or why it was unreadable
         self._checked_at = float("-inf")
         if self._file is not None:
             self._reload(strict=True)
+        METRICS.serve_tokens_accepted.set(self.count)
 
     @property
     def required(self) -> bool:
         return bool(self._fixed) or self._file is not None
 
-    def accepts(self, token: str) -> bool:
-        """True when ``token`` is one of the accepted tokens; every one is compared, in constant time each."""
+    @property
+    def count(self) -> int:
+        """How many tokens are accepted now."""
+        return len(self._fixed) + len(self._from_file)
+
+    def refresh(self) -> None:
+        """Look at the tokens file again if a second has passed since the last look."""
         if self._file is not None and self._clock() - self._checked_at >= 1.0:
             self._reload(strict=False)
-        given = token.encode()
+
+    def usable(self) -> bool:
+        """False when tokens are required and none is accepted: every guarded request would answer 401."""
+        self.refresh()
+        return not self.required or self.count > 0
+
+    def accepts(self, token: str) -> bool:
+        """True when ``token`` is one of the accepted tokens; every one is compared, in constant time each."""
+        self.refresh()
+        # Header values are decoded with surrogateescape: a byte that is not UTF-8 must not fail the encoding.
+        given = token.encode("utf-8", "surrogateescape")
         matched = False
         for accepted in (*self._fixed, *self._from_file):
             matched |= hmac.compare_digest(given, accepted)
@@ -333,30 +390,69 @@ class Tokens:
     def _reload(self, *, strict: bool) -> None:
         assert self._file is not None
         self._checked_at = self._clock()
-        try:
-            stat = self._file.stat()
-            if (stat.st_mtime_ns, stat.st_size) == self._file_stamp:
-                return
-            tokens = _parse_tokens(self._file.read_text(), f"COUNTERSINK_SERVE__TOKENS_FILE ({self._file})")
-        except (OSError, UnicodeDecodeError, TokenError) as exc:
-            if strict:
-                raise TokenError(str(exc) if isinstance(exc, TokenError) else
-                                 f"COUNTERSINK_SERVE__TOKENS_FILE: cannot read {self._file}: "
-                                 f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
-            log.warning("tokens_file_unreadable", path=str(self._file), kept=len(self._from_file))
+        seen, text, cause, reason = _read_tokens_file(self._file)
+        if seen == self._seen:
             return
-        self._from_file, self._file_stamp = tokens, (stat.st_mtime_ns, stat.st_size)
+        self._seen = seen
+        tokens: list[bytes] = []
+        if text is not None:
+            try:
+                tokens = _parse_tokens(text, "", unit="line")
+            except TokenError as exc:
+                cause, reason = "invalid", str(exc)
+        if reason is not None:
+            if strict:
+                raise TokenError(f"COUNTERSINK_SERVE__TOKENS_FILE ({self._file}): {reason}")
+            revoked, self._from_file = len(self._from_file), []
+            METRICS.serve_tokens_file_refused.labels(reason=cause).inc()
+            METRICS.serve_tokens_accepted.set(self.count)
+            log.error("tokens_file_refused", path=str(self._file), reason=reason, cause=cause,
+                      revoked=revoked, accepted=self.count)
+            return
+        self._from_file = tokens
+        METRICS.serve_tokens_accepted.set(self.count)
         if not strict:
-            log.info("tokens_reloaded", path=str(self._file), tokens=len(tokens))
+            (log.info if self.count else log.warning)("tokens_reloaded", path=str(self._file), tokens=len(tokens),
+                                                      accepted=self.count)
 
 
-def _parse_tokens(text: str, source: str) -> list[bytes]:
-    """One token per line (blank lines and ``#`` comments ignored); each at least 16 characters."""
-    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    short = sum(1 for token in tokens if len(token) < _MIN_TOKEN_CHARS)
+def _read_tokens_file(path: Path) -> tuple[bytes | str, str | None, str, str | None]:
+    """(what identifies this state of the file, its text, the kind of refusal, the reason) — the text or the
+    reason is None. The state is a digest of the content, so that the tokens are not kept twice."""
+    try:
+        with path.open("rb") as file:
+            content = file.read(_MAX_TOKENS_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return "missing", None, "missing", "cannot read it: the file does not exist"
+    except OSError as exc:
+        reason = f"cannot read it: {exc.strerror or type(exc).__name__}"
+        return reason, None, "unreadable", reason
+    digest = hashlib.sha256(content).digest()
+    if len(content) > _MAX_TOKENS_FILE_BYTES:
+        return digest, None, "invalid", f"it is larger than {_MAX_TOKENS_FILE_BYTES} bytes"
+    try:
+        return digest, content.decode("utf-8"), "", None
+    except UnicodeDecodeError as exc:
+        return digest, None, "invalid", f"it is not UTF-8 text (byte {exc.start})"
+
+
+def _parse_tokens(text: str, source: str, *, unit: str) -> list[bytes]:
+    """One token per line (blank lines and ``#`` comments ignored); each at least 16 characters. A refusal
+    names the lines (or comma-separated entries) at fault, never what they hold."""
+    tokens: list[bytes] = []
+    short: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        token = line.strip()
+        if not token or token.startswith("#"):
+            continue
+        if len(token) < _MIN_TOKEN_CHARS:
+            short.append(str(number))
+        tokens.append(token.encode("utf-8", "surrogateescape"))
     if short:
-        raise TokenError(f"{source}: {short} token(s) shorter than {_MIN_TOKEN_CHARS} characters")
-    return [token.encode() for token in tokens]
+        where = f"{unit} {short[0]}" if len(short) == 1 else f"{unit.replace('y', 'ie')}s {', '.join(short)}"
+        raise TokenError(f"{source + ': ' if source else ''}{where}: "
+                         f"{'a token' if len(short) == 1 else 'tokens'} shorter than {_MIN_TOKEN_CHARS} characters")
+    return tokens
 
 
 def server_tls(settings: ServeSettings) -> ssl.SSLContext | None:
@@ -392,6 +488,18 @@ async def _observed(request: web.Request, handler: Callable[[web.Request], Await
     finally:
         METRICS.serve_requests.labels(route=route, status=str(status)).inc()
         METRICS.serve_request_seconds.labels(route=route).observe(time.perf_counter() - started)
+
+
+def api_runner(api: ReadApi, *, shutdown_timeout: float = 5) -> web.AppRunner:
+    """The runner of ``api``'s application. The parser's own limits (a request line or header line past them
+    is answered 400 before routing) and its refusals answered and logged without quoting the request."""
+
+    def refused(status: int) -> None:
+        METRICS.serve_requests.labels(route="unparsed", status=str(status)).inc()
+
+    return QuietAppRunner(api.app(), access_log=None, shutdown_timeout=shutdown_timeout, on_refused=refused,
+                          max_line_size=api.settings.max_url_bytes + 64,
+                          max_field_size=api.settings.max_header_bytes)
 
 
 def openapi_document(settings: ServeSettings, counters: CounterSet | None = None) -> dict[str, Any]:
@@ -524,6 +632,20 @@ async def serve(settings: Settings, serve_settings: ServeSettings, counters: Cou
 
 async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
                        counters: CounterSet | None, consistency: Consistency | None) -> int:
+    # Settings first: a refused one stops the start at once, before any wait for Cassandra.
+    try:
+        tls = server_tls(serve_settings)
+        tokens = Tokens(serve_settings)
+        if tokens.required and tls is None and not serve_settings.allow_insecure:
+            raise TokenError("bearer tokens over plain HTTP can be read by anyone on the path: set "
+                             "COUNTERSINK_SERVE__TLS_CERT and __TLS_KEY, or COUNTERSINK_SERVE__ALLOW_INSECURE=true "
+                             "if a TLS proxy on this host is the only client")
+    except TokenError as exc:
+        log.error("serve_settings_refused", error=str(exc))
+        return 2
+    if tokens.required and tls is None:
+        log.warning("serve_tokens_over_plain_http", allow_insecure=True,
+                    why="tokens and requests cross the network readable; only safe behind a TLS proxy on this host")
     client = CassandraClient(settings.cassandra, app="countersink-serve")
     started = time.monotonic()
     try:
@@ -538,18 +660,9 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
     async with client:
         # Without a definitions file, the names and kinds the consumers recorded.
         registry = CounterRegistry(client, consistency) if counters is None else None
-        try:
-            tls = server_tls(serve_settings)
-            api = ReadApi(client, serve_settings, counters, consistency, registry=registry,
-                          read_settings=settings.read)
-        except TokenError as exc:
-            log.error("serve_settings_refused", error=str(exc))
-            return 2
-        app = api.app()
-        # The parser's own limits: a request line or header line past them is answered 400 before routing.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5,
-                               max_line_size=serve_settings.max_url_bytes + 64,
-                               max_field_size=serve_settings.max_header_bytes)
+        api = ReadApi(client, serve_settings, counters, consistency, registry=registry,
+                      read_settings=settings.read, tokens=tokens)
+        runner = api_runner(api)
         await runner.setup()
         site = web.TCPSite(runner, serve_settings.host, serve_settings.port, ssl_context=tls)
         await site.start()

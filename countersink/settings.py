@@ -192,6 +192,8 @@ class ConsumerSettings(_Section):
     # 6 s is the broker's default group.min.session.timeout.ms; heartbeats go every quarter of it.
     session_timeout_ms: int = Field(default=6_000, ge=1_000)
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
+    # Where the health server listens: this host only by default; the image sets 0.0.0.0 (probes, Prometheus).
+    health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     # Topics the definitions name that do not exist: created at start (True), or waited for, unready (False).
     create_topics: bool = False
     topic_partitions: int = Field(default=3, ge=1, le=100_000)  # partitions of a topic the consumer creates
@@ -215,6 +217,7 @@ class GcSettings(_Section):
     forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     progress_interval_s: float = Field(default=10.0, gt=0)  # how often a non-interactive run logs progress
     health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
+    health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)  # as the consumer's
 
 
 class ServeSettings(_Section):
@@ -233,6 +236,9 @@ class ServeSettings(_Section):
     # or one per line in the file) so that a new token can be rolled out before the old one is removed.
     tokens: SecretStr | None = None
     tokens_file: Path | None = None  # read at start and again within a second of any change
+    # Tokens without TLS (tls_cert/tls_key) are refused at start unless this is set: then they cross the
+    # network readable, which is only safe behind a TLS-terminating proxy on the same host.
+    allow_insecure: bool = False
     max_url_bytes: int = Field(default=4096, ge=256, le=65_536)  # longer request targets answer 414
     max_header_bytes: int = Field(default=8190, ge=1024, le=65_536)  # per header line; longer ones answer 400
     max_body_bytes: int = Field(default=1024, ge=0, le=1_048_576)  # the API reads no body; larger ones answer 413

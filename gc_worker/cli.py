@@ -269,7 +269,7 @@ async def _loop(settings: Settings, args: argparse.Namespace) -> int:
 async def _loop_until(stop: asyncio.Event, settings: Settings, args: argparse.Namespace) -> int:
     healthy = {"ok": True}
     client = CassandraClient(settings.cassandra, app="countersink-gc")
-    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"],
+    health = HealthServer(settings.gc.health_port, ready=lambda: healthy["ok"], host=settings.gc.health_host,
                           before_scrape=_scrape_refresh(client)) if settings.gc.health_port else None
     if health:
         await health.start()

@@ -439,7 +439,9 @@ class SecureStack:
 
     def write_env_file(self, path: Path) -> None:
         """``countersink.env``: the settings of a countersink process as the consumer's role and user."""
-        _write_secret(path, "".join(f"{k}={v}\n" for k, v in self.env("countersink_consumer").items()).encode())
+        local = {"COUNTERSINK_CONSUMER__HEALTH_HOST": "127.0.0.1", "COUNTERSINK_GC__HEALTH_HOST": "127.0.0.1"}
+        settings = {**self.env("countersink_consumer"), **local}
+        _write_secret(path, "".join(f"{k}={v}\n" for k, v in settings.items()).encode())
 
     def env(self, role: str, kafka_user: str = "countersink") -> dict[str, str]:
         """COUNTERSINK_* variables for a process that connects as ``role`` (Cassandra) and ``kafka_user``."""

@@ -538,8 +538,9 @@ async def test_plain_http_to_the_https_port_is_not_answered(guarded: Guarded) ->
 
 async def test_oversize_and_malformed_requests_are_refused_and_the_server_stays_up(guarded: Guarded) -> None:
     """A long request target, too many keys, a body (announced or chunked) past the limit, a long header
-    line, a bad counter name, key or consistency, and a request line that is not HTTP are each refused with
-    a 4xx; the server answers normally afterwards."""
+    line (a token in it too), a bad counter name, key or consistency, and a request line that is not HTTP
+    are each refused with a 4xx problem document; the server answers normally afterwards. (The last test
+    reads every line the server wrote for the tokens.)"""
     auth = _bearer(TOKENS[1])
     counters = guarded.base + "/counters/trades_count"
 
@@ -562,11 +563,19 @@ async def test_oversize_and_malformed_requests_are_refused_and_the_server_stays_
                 body = await response.text()
                 assert response.status == expected, (url[:80], response.status, body)
                 assert response.headers["Content-Type"].startswith("application/problem+json"), body
-        # Past the parser's own limits (request line, header line) the answer is its plain 400.
+        # Past the parser's own limits (request line, header line) the answer is its 400, as a problem document
+        # that quotes nothing of the request: not the token in an oversize Authorization or Cookie header.
+        oversize = [{"X-Padding": "p" * 4000}, {"Authorization": f"Bearer {TOKENS[1]}{'x' * 4000}"},
+                    {**auth, "Cookie": f"session={TOKENS[1]}{'x' * 4000}"}]
         async with http.get(counters + "/" + "k" * 4000, headers=auth) as response:
             assert response.status == 400, await response.text()
-        async with http.get(counters + "/X", headers={**auth, "X-Padding": "p" * 4000}) as response:
-            assert response.status in (400, 431), await response.text()
+            assert response.content_type == "application/problem+json"
+        for headers in oversize:
+            async with http.get(counters + "/X", headers={**auth, **headers}) as response:
+                body = await response.text()
+                assert response.status == 400, body
+                assert response.content_type == "application/problem+json"
+                assert TOKENS[1] not in body
         status, _, body = await https_get(http, guarded.base + "/counters/trades_count/%FF%FE", headers=auth)
         assert status in (200, 400), body
 
@@ -574,9 +583,10 @@ async def test_oversize_and_malformed_requests_are_refused_and_the_server_stays_
         reader, writer = await asyncio.open_connection(host, int(port), ssl=guarded.tls)
         writer.write(b"NOT AN HTTP REQUEST\r\n\r\n")
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(200), 10)
+        answer = await asyncio.wait_for(reader.read(400), 10)
         writer.close()
         assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer
+        assert b"application/problem+json" in answer
 
         status, _, body = await https_get(http, counters + "/X", headers=auth)
         assert status == 200, body

@@ -129,6 +129,17 @@ def test_every_variable_is_a_setting() -> None:
     assert unknown == []
 
 
+def test_the_image_opens_the_health_servers_to_probes() -> None:
+    """The health servers listen on loopback by default; the image sets every interface for both (real
+    settings), so that probes and Prometheus reach a container."""
+    assert (Settings().consumer.health_host, Settings().gc.health_host) == ("127.0.0.1", "127.0.0.1")
+    env = dict(re.findall(r"(COUNTERSINK_[A-Z_]+)=(\S+)", "\n".join(
+        line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("ENV "))))
+    assert {name: env.get(name) for name in ("COUNTERSINK_CONSUMER__HEALTH_HOST", "COUNTERSINK_GC__HEALTH_HOST")} == {
+        "COUNTERSINK_CONSUMER__HEALTH_HOST": "0.0.0.0", "COUNTERSINK_GC__HEALTH_HOST": "0.0.0.0"}  # noqa: S104
+    assert all(_setting_exists(name) for name in env)
+
+
 def test_a_misspelt_variable_would_be_caught() -> None:
     """The setting check tells a real variable from a misspelt one."""
     assert _setting_exists("COUNTERSINK_CONSUMER__GROUP_ID")

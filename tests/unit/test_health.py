@@ -1,12 +1,17 @@
-"""The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else."""
+"""The health server answers liveness, readiness and metrics through aiohttp, and refuses anything else
+(quietly: what its parser refuses is neither quoted nor logged at ERROR); it listens on loopback by default."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
+import pytest
+from structlog.testing import capture_logs
 
 from countersink.health import HealthServer
+from countersink.settings import Settings
 
 
 async def test_probes_and_metrics() -> None:
@@ -88,3 +93,79 @@ async def test_unready_says_why() -> None:
                 assert (response.status, await response.text()) == (503, "not ready\n")
     finally:
         await server.stop()
+
+
+async def test_it_listens_on_this_host_only_unless_told() -> None:
+    """Without a host the health server listens on the loopback address only; the consumer's and the GC's
+    settings default to it too (the image sets 0.0.0.0)."""
+    server = HealthServer(0, lambda: True)
+    await server.start()
+    try:
+        assert server._runner is not None
+        assert [address[0] for address in server._runner.addresses] == ["127.0.0.1"]
+    finally:
+        await server.stop()
+    settings = Settings()
+    assert (settings.consumer.health_host, settings.gc.health_host) == ("127.0.0.1", "127.0.0.1")
+
+
+async def test_a_request_the_parser_refuses_is_answered_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A header past aiohttp's limit: a problem document quoting none of it, and no log line at ERROR."""
+    caplog.set_level(logging.DEBUG)
+    server = HealthServer(0, lambda: True, host="127.0.0.1")
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nCookie: s=hdr-7f3b-" + b"x" * 9000 + b"\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+        writer.close()
+    finally:
+        await server.stop()
+    assert answer.startswith(b"HTTP/1.1 400 ") or answer.startswith(b"HTTP/1.0 400 "), answer
+    assert b"application/problem+json" in answer
+    assert b"hdr-7f3b" not in answer
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert "hdr-7f3b" not in caplog.text
+
+
+async def test_the_consumer_listens_where_its_settings_say() -> None:
+    """The consumer's health server takes COUNTERSINK_CONSUMER__HEALTH_HOST."""
+    from consumer.service import ConsumerService
+    from schemas.definitions import parse_definitions
+
+    counters = parse_definitions('[[counter]]\nname = "n"\nkind = "count"\ntopics = ["t"]\nkey = ["k"]\n')
+    service = ConsumerService(Settings(consumer={"health_host": "127.0.0.2"}), counters)  # type: ignore[arg-type]
+    try:
+        assert service.health.host == "127.0.0.2"
+    finally:
+        await service.close()
+
+
+async def test_a_failing_handler_is_logged_with_its_type_and_place_not_its_message() -> None:
+    """A handler that raises: a 500 problem document, and one ERROR line naming the error's type and where it
+    was raised, without its message (which may quote the request)."""
+    from aiohttp import web
+
+    from countersink.health import QuietAppRunner
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("quoting quoted-header-value-7f3a")
+
+    app = web.Application()
+    app.router.add_get("/broken", broken)
+    runner = QuietAppRunner(app, access_log=None, shutdown_timeout=1)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"http://127.0.0.1:{runner.addresses[0][1]}/broken") as response:
+                assert (response.status, response.content_type) == (500, "application/problem+json")
+                assert "7f3a" not in await response.text()
+    finally:
+        await runner.cleanup()
+    failed = [("error", "http_request_failed", "RuntimeError")]
+    assert [(e["log_level"], e["event"], e["error"]) for e in logs] == failed
+    assert any("broken" in frame for frame in logs[0]["where"])
+    assert "7f3a" not in repr(logs)

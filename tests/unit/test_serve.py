@@ -7,14 +7,20 @@ client is never started, so any request that got past validation would fail with
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from countersink.cassandra import CassandraClient
-from countersink.serve import ReadApi, openapi_document
+from countersink.serve import ReadApi, api_runner, openapi_document
 from countersink.serve import run as serve_command
 from countersink.settings import CassandraSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
@@ -96,3 +102,149 @@ def test_a_missing_or_bad_definitions_file_exits_2_with_one_line(tmp_path, conte
         assert serve_command(args, Settings()) == 2
     assert [entry["event"] for entry in logs] == ["definitions_refused"]
     assert str(path) in logs[0]["error"]
+
+
+TOKEN = "served-token-" + "s" * 24
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[str, int]]:
+    """The API behind the runner `serve` uses (the parser's limits and refusals are the runner's), with a token
+    and small line limits, on a free local port: (host, port)."""
+    api = ReadApi(CassandraClient(CassandraSettings()),
+                  ServeSettings(tokens=SecretStr(TOKEN), max_url_bytes=1024, max_header_bytes=2048), COUNTERS)
+    runner = api_runner(api, shutdown_timeout=1)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield "127.0.0.1", runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+async def exchange(address: tuple[str, int], raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``raw`` on a new connection; the answer's status, headers and body."""
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        writer.write(raw)
+        await writer.drain()
+        head, _, body = (await asyncio.wait_for(reader.read(65536), 10)).partition(b"\r\n\r\n")
+    finally:
+        writer.close()
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def _request(*header_lines: bytes, line: bytes = b"GET /counters/likes/p1 HTTP/1.1") -> bytes:
+    return line + b"\r\nHost: test\r\n" + b"".join(h + b"\r\n" for h in header_lines) + b"\r\n"
+
+
+SECRET = TOKEN.encode()
+PAD = b"x" * 3000
+
+
+@pytest.mark.parametrize("raw", [
+    _request(b"Authorization: Bearer " + SECRET + PAD),  # past max_header_bytes: the parser's LineTooLong
+    _request(b"Cookie: session=" + SECRET + PAD),
+    _request(b"Authorization: Bearer " + SECRET + b"\x01"),  # a control character in the value
+    _request(b"Cookie: session=" + SECRET + b"\x7f; other=1"),
+    _request(b"Bearer " + SECRET),  # a header line without a name
+    _request(line=b"GET /counters/likes/" + SECRET + PAD + b" HTTP/1.1"),  # past the request line's limit
+    _request(line=b"GET /counters/likes/p1?token=" + SECRET + b" HTTP/7.3"),
+    _request(line=b"G\x01T /" + SECRET + b" HTTP/1.1"),
+    b"Bearer " + SECRET + b"\r\n\r\n",  # not HTTP at all
+], ids=["long-authorization", "long-cookie", "bad-char-authorization", "bad-char-cookie", "no-header-name",
+        "long-request-line", "bad-version", "bad-method", "not-http"])
+async def test_what_the_parser_refuses_is_answered_and_logged_without_the_request(
+        served: tuple[str, int], raw: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """A request aiohttp's parser refuses, with the token in the offending line: a 4xx problem document that
+    quotes none of it, no line at ERROR, and the token in no log record (countersink's or a library's, at
+    any level) and nowhere in the answer."""
+    caplog.set_level(logging.DEBUG)
+    with capture_logs() as logs:
+        status, headers, body = await exchange(served, raw)
+    assert 400 <= status < 500, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert json.loads(body)["status"] == status
+    assert SECRET not in body
+    assert TOKEN not in json.dumps(headers)
+    assert [entry for entry in logs if entry["log_level"] in ("error", "critical")] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert TOKEN not in repr(logs)
+    assert TOKEN not in caplog.text
+    assert all(TOKEN not in repr(r.args) and r.exc_info is None for r in caplog.records)
+
+
+async def test_a_token_that_is_not_utf8_answers_401(served: tuple[str, int]) -> None:
+    """A bearer token with bytes that are not UTF-8 is a wrong token: 401, not a server error."""
+    status, _, body = await exchange(served, _request(b"Authorization: Bearer " + SECRET + b"\xff\xfe"))
+    assert status == 401, body
+
+
+async def test_every_refusal_is_a_problem_document(served: tuple[str, int]) -> None:
+    """404 (an unknown path), 405 (with its Allow header), 413, 401 and the parser's 400: each an
+    application/problem+json document with its status, none quoting the request."""
+    base = f"http://{served[0]}:{served[1]}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        cases = [("GET", "/no/such/path", auth, None, 404), ("POST", "/counters/likes/p1", auth, None, 405),
+                 ("GET", "/counters/likes/p1", auth, b"x" * 2000, 413), ("GET", "/no/such/path", {}, None, 401),
+                 ("GET", "/counters/likes/p1", {"Authorization": "Bearer wrong-" + TOKEN}, None, 401),
+                 ("GET", "/counters/likes/p1", {**auth, "X-Padding": "p" * 3000}, None, 400)]
+        for method, path, headers, data, expected in cases:
+            async with http.request(method, base + path, headers=headers, data=data) as response:
+                body = await response.text()
+                assert response.status == expected, (method, path, body)
+                assert response.content_type == "application/problem+json", body
+                document = json.loads(body)
+                assert (document["status"], bool(document["title"]), bool(document["detail"])) == (expected, True, True)
+                assert "no/such" not in body
+                assert TOKEN not in body
+                if expected == 405:
+                    assert response.headers["Allow"] == "GET,HEAD"
+
+
+async def test_a_forbidden_answer_from_aiohttp_is_a_problem_document() -> None:
+    """serve answers no 403 of its own; one raised by aiohttp (plain text there) leaves as a problem document too."""
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS)
+    app = api.app()
+
+    async def forbidden(request: web.Request) -> web.Response:
+        raise web.HTTPForbidden()
+
+    app.router.add_get("/forbidden", forbidden)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/forbidden")
+        assert (response.status, response.content_type) == (403, "application/problem+json")
+        assert (await response.json(content_type=None))["title"] == "Forbidden"
+
+
+def _args() -> argparse.Namespace:
+    return argparse.Namespace(counters=None, host="127.0.0.1", port=0, consistency=None)
+
+
+@pytest.mark.parametrize("where", ["tokens", "tokens_file"])
+def test_tokens_over_plain_http_stop_the_start(tmp_path, where: str) -> None:
+    """Bearer tokens (in the variable or a file) without TLS and without allow_insecure: exit 2 at once with
+    one line naming the settings that fix it, before any wait for Cassandra, and no token in it."""
+    (tmp_path / "tokens").write_text(TOKEN + "\n")
+    serve = {"tokens": TOKEN} if where == "tokens" else {"tokens_file": str(tmp_path / "tokens")}
+    with capture_logs() as logs:
+        assert serve_command(_args(), Settings(serve=serve)) == 2  # type: ignore[arg-type]
+    assert [entry["event"] for entry in logs] == ["serve_settings_refused"]
+    assert "COUNTERSINK_SERVE__TLS_CERT" in logs[0]["error"]
+    assert "ALLOW_INSECURE=true" in logs[0]["error"]
+    assert TOKEN not in repr(logs)
+
+
+def test_allow_insecure_serves_tokens_over_plain_http_with_a_warning() -> None:
+    """With allow_insecure, the same settings start (here up to the wait for a Cassandra that is not there),
+    with a WARNING first."""
+    settings = Settings(serve={"tokens": TOKEN, "allow_insecure": True, "startup_timeout_s": 0.2},  # type: ignore[arg-type]
+                        cassandra={"port": 1, "connect_timeout_s": 0.2})  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        assert serve_command(_args(), settings) == 1
+    assert (logs[0]["log_level"], logs[0]["event"]) == ("warning", "serve_tokens_over_plain_http")
+    assert logs[-1]["event"] == "cassandra_unreachable"
+    assert TOKEN not in repr(logs)
