@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:
         settings = settings.model_copy(update={"log_level": "DEBUG"})
     configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color)
+    warn_insecure(settings)
     try:
         return runners[args.command](args, settings)
     except Exception as exc:
@@ -199,6 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         code, line = describe_failure(exc, settings)
         get_logger(__name__).error("command_failed", command=args.command, error=line)
         return code
+
+
+def warn_insecure(settings: Settings) -> None:
+    """One WARNING line for each protection the settings give up: credentials sent without TLS (which
+    ``allow_insecure`` must allow), a server certificate or host name left unchecked."""
+    from countersink.logs import get_logger
+
+    for event, fields in settings.insecure_choices():
+        get_logger(__name__).warning(event, **fields)
 
 
 def settings_problems(exc: Any) -> list[str]:

@@ -80,6 +80,9 @@ class KafkaSettings(_Section):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    # SASL over a connection without TLS (SASL_PLAINTEXT) is refused unless this is true: the user name, and
+    # with PLAIN the password, cross the network in the clear (SCRAM's exchange can be replayed to a guesser).
+    allow_insecure: bool = False
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
 
@@ -89,7 +92,20 @@ class KafkaSettings(_Section):
             self.sasl_mechanism and self.sasl_username and self.sasl_password
         ):
             raise ValueError("SASL needs sasl_mechanism, sasl_username and sasl_password")
+        if self.security_protocol is KafkaSecurity.SASL_PLAINTEXT and not self.allow_insecure:
+            raise ValueError("SASL_PLAINTEXT sends the SASL credentials without TLS: use SASL_SSL (or set "
+                             "COUNTERSINK_KAFKA__ALLOW_INSECURE=true to accept that)")
         return self
+
+    def insecure_choices(self) -> list[tuple[str, dict[str, Any]]]:
+        """What these settings give up (a log event and its fields each), for a WARNING at start."""
+        choices: list[tuple[str, dict[str, Any]]] = []
+        if self.security_protocol is KafkaSecurity.SASL_PLAINTEXT:
+            choices.append(("kafka_credentials_without_tls", {"user": self.sasl_username,
+                                                               "mechanism": self.sasl_mechanism}))
+        if self.security_protocol in (KafkaSecurity.SSL, KafkaSecurity.SASL_SSL) and not self.ssl_check_hostname:
+            choices.append(("kafka_host_name_not_checked", {"bootstrap_servers": list(self.bootstrap_servers)}))
+        return choices
 
 
 class CassandraSettings(_Section):
@@ -133,8 +149,31 @@ class CassandraSettings(_Section):
     connections_per_host: int = Field(default=1, ge=1, le=64)
     io_threads: int = Field(default=1, ge=1, le=32)
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    # A user name and password without TLS (ssl_enabled false) are refused unless this is true: the driver
+    # sends them in the clear.
+    allow_insecure: bool = False
 
     _split = field_validator("contact_points", mode="before")(_split_csv)
+
+    @model_validator(mode="after")
+    def _credentials_over_tls(self) -> CassandraSettings:
+        if self._credentials_in_clear() and not self.allow_insecure:
+            raise ValueError("a user name and password without TLS cross the network in the clear: set "
+                             "COUNTERSINK_CASSANDRA__SSL_ENABLED=true (or COUNTERSINK_CASSANDRA__ALLOW_INSECURE=true "
+                             "to accept that)")
+        return self
+
+    def _credentials_in_clear(self) -> bool:
+        return bool(self.username or self.password) and not self.ssl_enabled
+
+    def insecure_choices(self) -> list[tuple[str, dict[str, Any]]]:
+        """What these settings give up (a log event and its fields each), for a WARNING at start."""
+        choices: list[tuple[str, dict[str, Any]]] = []
+        if self._credentials_in_clear():
+            choices.append(("cassandra_credentials_without_tls", {"user": self.username}))
+        if self.ssl_enabled and not self.ssl_verify:
+            choices.append(("cassandra_certificate_not_verified", {"contact_points": list(self.contact_points)}))
+        return choices
 
     # Keyspace and replication reach CQL text (they cannot be bound parameters): validate them up front.
     @field_validator("keyspace")
@@ -279,6 +318,11 @@ class Settings(BaseSettings):
     @property
     def no_color(self) -> bool:
         return bool(self.no_color_variable)
+
+    def insecure_choices(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every security the Kafka and Cassandra settings give up, each a WARNING log event and its fields:
+        credentials sent without TLS (allowed by ``allow_insecure``), a certificate or host name unchecked."""
+        return [*self.kafka.insecure_choices(), *self.cassandra.insecure_choices()]
 
     # Names of levels and formats are accepted in any case: COUNTERSINK_LOG_LEVEL=debug.
     @field_validator("log_level", mode="before")

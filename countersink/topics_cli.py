@@ -21,7 +21,7 @@ from countersink.cli import (
     run_async,
     setting_default,
 )
-from countersink.kafka import make_admin
+from countersink.kafka import start_admin
 from countersink.logs import get_logger
 from countersink.settings import Settings
 from schemas.definitions import TOPIC_PATTERN
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int) -> int:
     """Create each missing topic; print ``created NAME (N partitions)`` or ``exists NAME (N partitions)``."""
-    admin = make_admin(settings.kafka)
-    await admin.start()
+    # A refused login or certificate is named (KafkaSecurityError), not reported as a failed bootstrap.
+    admin = await start_admin(settings.kafka)
     try:
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]

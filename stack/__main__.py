@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--only", choices=("kafka", "cassandra"), help="start just one of the two")
     up.add_argument("--secure", action="store_true",
                     help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 39192, SSL with client certificates on "
-                         "39193) and Cassandra (TLS, password roles, on 39142), with fresh certificates and passwords")
+                         "39193) and Cassandra (TLS with client certificates, password roles, on 39142; JMX with a "
+                         "login), with fresh certificates and passwords")
     sub.add_parser("down", help="stop what `up` started")
     sub.add_parser("status", help="show what `up` started and whether it still runs")
     args = parser.parse_args(argv)
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _up_secure(state: dict[str, dict[str, object]]) -> int:
     """Start the secured pair, record both, and write the settings a countersink process needs."""
-    from stack.secure import SecureStack
+    from stack.secure import JMX_USER, SecureStack
 
     if any(name.startswith("secure-") for name in state):
         print("the secured stack is already started; run `python -m stack down` first", file=sys.stderr)
@@ -118,6 +119,8 @@ def _up_secure(state: dict[str, dict[str, object]]) -> int:
           f"certificates); secured cassandra on {stack.cassandra.address}:{stack.cassandra.native_port}")
     print(f"certificates in {stack.root / 'certs'}; users, roles and passwords in {stack.description_file}")
     print(f"settings of a consumer (mode 0600): set -a; . {env_file}; set +a")
+    print(f"nodetool: -h {stack.cassandra.address} -p {stack.cassandra.jmx_port} -u {JMX_USER} "
+          f"-pwf {stack.jmx_password_file}")
     return 0
 
 

@@ -6,19 +6,23 @@ Everything secret is made at start and written to files readable by the owner on
   both servers), a client certificate, and a second authority that signed nothing the servers use (to show
   that a client trusting the wrong authority is refused). Made with ``cryptography``.
 - Kafka: a ``SASL_SSL`` listener (SCRAM-SHA-512; users written by the broker's own storage tool when it
-  formats its storage), an ``SSL`` listener that requires a client certificate, and a second ``SASL_SSL``
-  listener on ``127.0.0.2``, an address the server certificate does not name (host-name checks must refuse
-  it). The controller listener is TLS with client certificates too. The standard authorizer is on: the
-  broker's certificate and the ``loader`` user are super users, ``countersink`` gets only :func:`kafka_acls`.
-- Cassandra: ``client_encryption_options`` (TLS only, client certificates optional), ``PasswordAuthenticator``
-  and ``CassandraAuthorizer``; at start one role per countersink process is created (see :data:`ROLES`), an
-  administrator role takes over and the default ``cassandra`` superuser is dropped; the schema role makes the
-  ``countersink`` keyspace and the others are granted what they need on it.
+  formats its storage, its arguments passed in a 0600 argument file, never on a command line), an ``SSL``
+  listener that requires a client certificate, and a second ``SASL_SSL`` listener on ``127.0.0.2``, an
+  address the server certificate does not name (host-name checks must refuse it). The controller listener is
+  TLS with client certificates too. The standard authorizer is on: the broker's certificate and the
+  ``loader`` user are super users, ``countersink`` gets only :func:`kafka_acls`.
+- Cassandra: ``client_encryption_options`` (TLS only, client certificates required: until the stack has
+  replaced the default ``cassandra`` superuser, nobody without the stack's client key can try it),
+  ``PasswordAuthenticator`` and ``CassandraAuthorizer``; at start one role per countersink process is created
+  (see :data:`ROLES`), an administrator role takes over, the default superuser is dropped, and any other
+  role found fails the start; the schema role makes the ``countersink`` keyspace and the others are granted
+  what they need on it. JMX (nodetool) asks for a user and password (a 0600 password file).
 - ``stack.json``: ports, paths, users and passwords, for tests and for ``countersink.env``.
 
 ``python -m stack up --secure`` starts it for people; the test session starts its own (tests/conftest.py).
-The helpers ``python -m stack.secure probe-kafka|probe-cassandra|setup-cassandra STACK_JSON`` run in short-lived
-child processes, like :mod:`stack.probe`, and read their secrets from that file (never from argv).
+The helpers ``python -m stack.secure COMMAND STACK_JSON`` (probe-kafka, probe-cassandra, setup-cassandra,
+verify-roles) run in short-lived child processes, like :mod:`stack.probe`, and read their secrets from that
+file: no secret is ever in a process's argv, where any local user can read it (``/proc/PID/cmdline``).
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ from stack.servers import (
     resolve_jars,
 )
 
-# Cassandra roles, one per countersink process, and the keyspace permissions each one needs. The schema
-# role creates keyspaces (and owns what it creates); the others get their grants once the keyspace exists.
-ROLES: dict[str, tuple[str, ...]] = {
+# Cassandra roles, one per countersink process, and the permissions each one needs: (permission, table),
+# a table of None meaning the whole keyspace. The schema role creates keyspaces (and owns what it creates);
+# the others get their grants once the keyspace and its tables exist. MODIFY (which in Cassandra includes
+# TRUNCATE, and cannot be split from it) only on the tables the process writes.
+CONSUMER_WRITES = ("shards", "partitions", "mutators", "mutator_work", "counters")
+GC_WRITES = ("shards", "mutators", "mutator_work", "gc_runs")
+ROLES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "countersink_schema": (),
-    "countersink_consumer": ("SELECT", "MODIFY"),
-    "countersink_gc": ("SELECT", "MODIFY"),
-    "countersink_reader": ("SELECT",),
+    "countersink_consumer": (("SELECT", None), *(("MODIFY", table) for table in CONSUMER_WRITES)),
+    "countersink_gc": (("SELECT", None), *(("MODIFY", table) for table in GC_WRITES)),
+    "countersink_reader": (("SELECT", None),),
 }
 KAFKA_USERS = ("countersink", "loader")
 ADMIN_ROLE = "stack_admin"
@@ -63,14 +71,22 @@ ADMIN_ROLE = "stack_admin"
 BROKER_PRINCIPAL = "User:CN=localhost,O=countersink local stack"
 CLIENT_CERT_PRINCIPAL = "User:CN=countersink,O=countersink local stack"
 DEAD_LETTER_TOPIC = "countersink-dead-letter"
+# Consumer groups countersink's principals may join and commit offsets for: those whose id starts with this.
+GROUP_PREFIX = "countersink"
+JMX_USER = "stack_jmx"
 
 
-def kafka_acls(principals: list[str], dead_letter_topic: str = DEAD_LETTER_TOPIC) -> list[list[str]]:
-    """kafka-acls (AclCommand) arguments giving countersink what it uses: read and describe the topics and
-    groups, and create, describe and write its dead-letter topic. Nothing else: no writes to event topics."""
+def kafka_acls(principals: list[str], dead_letter_topic: str = DEAD_LETTER_TOPIC,
+               group_prefix: str = GROUP_PREFIX) -> list[list[str]]:
+    """kafka-acls (AclCommand) arguments giving countersink what it uses: read and describe the topics, read
+    and describe the consumer groups whose id starts with ``group_prefix`` (another group's offsets are not
+    its to move), and create, describe and write its dead-letter topic. Nothing else: no writes to event
+    topics."""
     allow = [arg for principal in principals for arg in ("--allow-principal", principal)]
     return [
-        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--topic", "*", "--group", "*"],
+        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--topic", "*"],
+        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--group", group_prefix,
+         "--resource-pattern-type", "prefixed"],
         ["--add", *allow, "--operation", "Create", "--operation", "Describe", "--operation", "Write",
          "--topic", dead_letter_topic],
     ]
@@ -271,7 +287,8 @@ class SecureKafkaServer(KafkaServer):
 
     def _format_options(self) -> list[str]:
         # The storage tool writes the SCRAM credentials into the first metadata snapshot: the users exist
-        # from the broker's first second, with no unauthenticated window to create them in.
+        # from the broker's first second, with no unauthenticated window to create them in. The options
+        # reach the tool in an argument file (KafkaServer.start), not on its command line.
         return [option for user, password in self.users.items()
                 for option in ("--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]")]
 
@@ -284,7 +301,12 @@ class SecureKafkaServer(KafkaServer):
 
 @dataclasses.dataclass
 class SecureCassandraNode(CassandraNode):
-    """A Cassandra node that accepts only TLS clients (client certificates optional) with a password."""
+    """A Cassandra node that accepts only TLS clients holding a certificate of the stack's authority, and a
+    password; JMX (nodetool) asks for the user and password in ``jmx_password_file``.
+
+    Client certificates are required from the node's first second: Cassandra creates the well-known default
+    superuser ``cassandra``/``cassandra`` at start, and until the stack has replaced it only a holder of the
+    stack's client key (mode 0600) can even open a CQL session to try it."""
 
     heap: str = "768M"
     authenticator: str = "PasswordAuthenticator"
@@ -302,7 +324,7 @@ client_encryption_options:
     class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
   keystore: {self.certs.server_keystore}
   truststore: {self.certs.ca_cert}
-  require_client_auth: false
+  require_client_auth: true
   accepted_protocols: [TLSv1.2, TLSv1.3]
 """)
         return path
@@ -332,10 +354,15 @@ class SecureStack:
     kafka_users: dict[str, str] = dataclasses.field(default_factory=dict)
     cassandra_roles: dict[str, str] = dataclasses.field(default_factory=dict)
     admin_password: str = ""
+    jmx_password: str = ""
 
     @property
     def description_file(self) -> Path:
         return self.root / "stack.json"
+
+    @property
+    def jmx_password_file(self) -> Path:
+        return self.root / "jmxremote.password"
 
     def prepare(self) -> None:
         """Certificates, passwords, and the two servers' configuration objects (nothing started yet)."""
@@ -348,6 +375,9 @@ class SecureStack:
         self.kafka_users = {user: secrets.token_urlsafe(18) for user in KAFKA_USERS}
         self.cassandra_roles = {role: secrets.token_urlsafe(18) for role in ROLES}
         self.admin_password = secrets.token_urlsafe(18)
+        self.jmx_password = secrets.token_urlsafe(18)
+        # The JVM reads it only if its owner alone may read it; nodetool takes the same file (-pwf).
+        _write_secret(self.jmx_password_file, f"{JMX_USER} {self.jmx_password}\n".encode())
         self.kafka = SecureKafkaServer(
             port=self.kafka_port, ssl_port=self.kafka_ssl_port, controller_port=self.kafka_controller_port,
             elsewhere_port=self.kafka_elsewhere_port, root=self.root / "kafka", certs=self.certs,
@@ -357,6 +387,7 @@ class SecureStack:
             native_port=self.cassandra_port, storage_port=self.cassandra_storage_port,
             jmx_port=self.cassandra_jmx_port, seeds=f"127.0.0.1:{self.cassandra_storage_port}",
             cluster_name="countersink-secure", root=self.root / "cassandra", certs=self.certs,
+            jmx_password_file=self.jmx_password_file,
         )
         _write_secret(self.description_file, json.dumps(self.describe(), indent=2).encode())
 
@@ -370,13 +401,16 @@ class SecureStack:
         elsewhere_host, _, elsewhere_port = described["kafka"]["elsewhere"].rpartition(":")
         stack = cls(root=description_file.parent, certs=certs, kafka_users=described["kafka"]["users"],
                     cassandra_roles=described["cassandra"]["roles"],
-                    admin_password=described["cassandra"]["admin"]["password"])
+                    admin_password=described["cassandra"]["admin"]["password"],
+                    jmx_password=described["cassandra"]["jmx"]["password"])
         stack.kafka = SecureKafkaServer(host=kafka_host, port=int(kafka_port),
                                         ssl_port=int(described["kafka"]["ssl"].rpartition(":")[2]),
                                         elsewhere_host=elsewhere_host, elsewhere_port=int(elsewhere_port),
                                         certs=certs, root=description_file.parent / "kafka")
         stack.cassandra = SecureCassandraNode(address=described["cassandra"]["host"],
                                               native_port=described["cassandra"]["port"], certs=certs,
+                                              jmx_port=described["cassandra"]["jmx"]["port"],
+                                              jmx_password_file=Path(described["cassandra"]["jmx"]["password_file"]),
                                               root=description_file.parent / "cassandra")
         return stack
 
@@ -389,7 +423,9 @@ class SecureStack:
                       "elsewhere": self.kafka.elsewhere_bootstrap, "users": self.kafka_users},
             "cassandra": {"host": self.cassandra.address, "port": self.cassandra.native_port,
                           "roles": self.cassandra_roles,
-                          "admin": {"name": ADMIN_ROLE, "password": self.admin_password}},
+                          "admin": {"name": ADMIN_ROLE, "password": self.admin_password},
+                          "jmx": {"port": self.cassandra.jmx_port, "user": JMX_USER, "password": self.jmx_password,
+                                  "password_file": str(self.jmx_password_file)}},
             "certs": {field.name: str(getattr(self.certs, field.name)) for field in dataclasses.fields(self.certs)},
         }
 
@@ -411,8 +447,13 @@ class SecureStack:
 
     def setup_roles(self) -> None:
         """As the default superuser: an administrator role and one role per process; then the default
-        superuser is dropped. In a child process that is killed if the driver never answers."""
+        superuser is dropped, and the roles that exist are checked to be exactly these (anything else fails
+        the start). In a child process that is killed if the driver never answers."""
         _run_helper("setup-cassandra", self.description_file, timeout=120.0)
+
+    def verify_roles(self) -> None:
+        """Raise :class:`StackError` when Cassandra holds a role the stack did not make."""
+        _run_helper("verify-roles", self.description_file, timeout=60.0)
 
     def stop(self) -> None:
         for server in (self.kafka, self.cassandra):
@@ -462,6 +503,8 @@ class SecureStack:
             "COUNTERSINK_CASSANDRA__PASSWORD": password,
             "COUNTERSINK_CASSANDRA__SSL_ENABLED": "true",
             "COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT": str(self.certs.ca_cert),
+            "COUNTERSINK_CASSANDRA__SSL_CERT": str(self.certs.client_cert),
+            "COUNTERSINK_CASSANDRA__SSL_PRIVATE_KEY": str(self.certs.client_key),
         }
 
 
@@ -501,7 +544,8 @@ def _cassandra_settings(stack: dict[str, Any], user: str, password: str) -> Any:
 
     return CassandraSettings(contact_points=[stack["cassandra"]["host"]], port=stack["cassandra"]["port"],
                              username=user, password=password, ssl_enabled=True,
-                             ssl_trusted_cert=stack["certs"]["ca_cert"], connect_timeout_s=3, request_timeout_s=5)
+                             ssl_trusted_cert=stack["certs"]["ca_cert"], ssl_cert=stack["certs"]["client_cert"],
+                             ssl_private_key=stack["certs"]["client_key"], connect_timeout_s=3, request_timeout_s=5)
 
 
 async def _kafka_answers(stack: dict[str, Any]) -> bool:
@@ -554,6 +598,27 @@ async def _setup_cassandra(stack: dict[str, Any]) -> None:
                                use_keyspace=False) as client:
         for statement in keyspace_grants(schema.keyspace):
             await client.execute(statement, prepared=False, consistency="ONE")
+    await _verify_roles(stack)
+
+
+async def _verify_roles(stack: dict[str, Any]) -> None:
+    """Raise :class:`StackError` when Cassandra holds a role the stack did not make (or still the default
+    superuser): someone got in while it was set up, or since."""
+    from countersink.cassandra import CassandraClient, as_dicts
+
+    admin = stack["cassandra"]["admin"]
+    async with CassandraClient(_cassandra_settings(stack, admin["name"], admin["password"]),
+                               use_keyspace=False) as client:
+        rows = as_dicts(await client.execute("SELECT role FROM system_auth.roles", prepared=False, consistency="ONE"))
+    unexpected = unexpected_roles({row["role"] for row in rows}, {admin["name"], *stack["cassandra"]["roles"]})
+    if unexpected:
+        raise StackError(f"Cassandra holds roles the stack did not make: {', '.join(unexpected)}; someone logged "
+                         "in while it was set up or since: do not use this stack")
+
+
+def unexpected_roles(found: set[str], made: set[str]) -> list[str]:
+    """The roles of ``found`` that are not among ``made`` (the default superuser included, once dropped)."""
+    return sorted(found - made)
 
 
 def schema_role_grants(role: str) -> list[str]:
@@ -561,18 +626,21 @@ def schema_role_grants(role: str) -> list[str]:
     return [f"GRANT CREATE ON ALL KEYSPACES TO {role}"]
 
 
-def keyspace_grants(keyspace: str, roles: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """GRANT statements giving each process role its permissions on ``keyspace``."""
+def keyspace_grants(keyspace: str, roles: dict[str, tuple[tuple[str, str | None], ...]] | None = None) -> list[str]:
+    """GRANT statements giving each process role its permissions on ``keyspace`` and its tables (which must
+    exist: run them after ``countersink schema``)."""
     from schemas.cql import check_identifier
 
     ks = check_identifier(keyspace)
-    return [f"GRANT {permission} ON KEYSPACE {ks} TO {role}"
-            for role, permissions in (roles or ROLES).items() for permission in permissions]
+    return [f"GRANT {permission} ON KEYSPACE {ks} TO {role}" if table is None else
+            f"GRANT {permission} ON TABLE {ks}.{check_identifier(table)} TO {role}"
+            for role, permissions in (roles or ROLES).items() for permission, table in permissions]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("probe-kafka", "probe-cassandra", "setup-cassandra"):
-        print("usage: python -m stack.secure probe-kafka|probe-cassandra|setup-cassandra STACK_JSON", file=sys.stderr)
+    commands = ("probe-kafka", "probe-cassandra", "setup-cassandra", "verify-roles")
+    if len(argv) != 2 or argv[0] not in commands:
+        print(f"usage: python -m stack.secure {'|'.join(commands)} STACK_JSON", file=sys.stderr)
         return 2
     import logging
 
@@ -585,7 +653,11 @@ def main(argv: list[str]) -> int:
         return 0 if asyncio.run(_kafka_answers(stack)) else 1
     if argv[0] == "probe-cassandra":
         return 0 if asyncio.run(_cassandra_answers(stack)) else 1
-    asyncio.run(_setup_cassandra(stack))
+    try:
+        asyncio.run(_setup_cassandra(stack) if argv[0] == "setup-cassandra" else _verify_roles(stack))
+    except StackError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 

@@ -110,6 +110,23 @@ def _die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read or write (mode 0600 from its creation on)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def write_argument_file(path: Path, arguments: Sequence[str]) -> None:
+    """A java launcher argument file (``java @FILE``): the main class and its arguments, one quoted per line,
+    mode 0600. What it holds never appears in the process's command line."""
+    quoted = ['"' + argument.replace("\\", "\\\\").replace('"', '\\"') + '"' for argument in arguments]
+    write_private(path, ("\n".join(quoted) + "\n").encode())
+
+
 @dataclasses.dataclass
 class JvmProcess:
     """One server JVM: its command, its folders, and the running process once started."""
@@ -265,7 +282,8 @@ class KafkaServer:
         }
 
     def _format_options(self) -> list[str]:
-        """Extra options of the storage format step (a secured broker writes its SCRAM users there)."""
+        """Extra options of the storage format step (a secured broker writes its SCRAM users there). They
+        reach the tool through a java argument file (mode 0600, deleted after), never its command line."""
         return []
 
     def _write_config(self, data: Path) -> Path:
@@ -304,10 +322,15 @@ class KafkaServer:
             "-cp", f"{lib}/*",
         ]
         cluster_id = kraft_cluster_id()
-        fmt = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config), *self._format_options()],
-            capture_output=True, text=True, check=False, cwd=self.root,
-        )
+        # The tool's arguments may hold passwords (SCRAM users): any local user reads a command line in
+        # /proc/PID/cmdline, so they go to the launcher in an argument file only we can read.
+        arguments = self.root / "format.args"
+        write_argument_file(arguments, ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
+                                        *self._format_options()])
+        try:
+            fmt = subprocess.run([*jvm, f"@{arguments}"], capture_output=True, text=True, check=False, cwd=self.root)
+        finally:
+            arguments.unlink()
         if fmt.returncode != 0:
             raise StackError(f"formatting Kafka storage failed: {fmt.stdout[-800:]}{fmt.stderr[-800:]}")
         self.process = JvmProcess("kafka", [*jvm, "kafka.Kafka", str(config)], self.root,
@@ -379,6 +402,7 @@ _JVM17_OPTIONS = [
 _JPMS_OPTIONS = [
     *[f"--add-exports={m}=ALL-UNNAMED" for m in (
         "java.base/jdk.internal.misc", "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+        "java.management/com.sun.jmx.remote.security",
         "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql",
         "java.base/java.lang.ref", "jdk.unsupported/sun.misc", "jdk.compiler/com.sun.tools.javac.file",
         "jdk.attach/sun.tools.attach")],
@@ -406,6 +430,9 @@ class CassandraNode:
     version: str = CASSANDRA_VERSION
     root: Path = STACK_DIR / "cassandra"
     authenticator: str = "AllowAllAuthenticator"
+    # JMX (nodetool) without a login unless this names a password file ("USER PASSWORD" lines, mode 0600):
+    # the path is on the command line, the password only in the file.
+    jmx_password_file: Path | None = None
     process: JvmProcess | None = None
 
     def _write_config(self) -> Path:
@@ -473,6 +500,9 @@ commit_failure_policy: stop
             f"-Dcassandra.logdir={self.root}/logs",
             f"-Dlogback.configurationFile={self.root}/conf/logback.xml",
             f"-Dcassandra.jmx.local.port={self.jmx_port}",
+            *([] if self.jmx_password_file is None else [
+                "-Dcom.sun.management.jmxremote.authenticate=true",
+                f"-Dcom.sun.management.jmxremote.password.file={self.jmx_password_file}"]),
             "-cp", f"{self.root}/conf:{lib}/*",
             "org.apache.cassandra.service.CassandraDaemon",
         ]
@@ -497,6 +527,14 @@ commit_failure_policy: stop
     def wait_ready(self, timeout: float = 240.0) -> float:
         assert self.process is not None
         return _wait_ready(self.process, self.answers, timeout, f"Cassandra on {self.address}:{self.native_port}")
+
+    def nodetool(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """``nodetool -h ADDRESS -p JMX_PORT ARGS`` from the node's own jars, to the end. Credentials go in
+        ``args`` as ``-u USER -pwf FILE`` (never ``-pw``: a command line is readable by every local user)."""
+        lib = resolve_jars("cassandra", self.version)
+        command = [check_java(), *_JPMS_OPTIONS, "-cp", f"{lib}/*", "org.apache.cassandra.tools.NodeTool",
+                   "-h", self.address, "-p", str(self.jmx_port), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
     def answers(self, peers: int | None = None) -> bool:
         return probe_cassandra(self.address, self.native_port, peers)

@@ -25,14 +25,14 @@ import aiohttp
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
 from countersink.cassandra import CassandraClient, CassandraError, as_dicts
 from countersink.cli import SUBCOMMANDS
-from countersink.kafka import ensure_topics, make_admin, make_producer
+from countersink.kafka import ensure_topics, make_admin, make_consumer, make_producer
 from countersink.settings import Settings
 from stack.loading import end_offsets, publish, wait_until_flushed
-from stack.secure import ADMIN_ROLE, SecureStack
+from stack.secure import ADMIN_ROLE, GROUP_PREFIX, SecureStack
 from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
 
 pytestmark = pytest.mark.integration
@@ -228,7 +228,7 @@ async def test_schema_consume_gc_get_and_serve_work_over_tls_with_a_role_each(
     events, truth = make_events(400, symbols=6, seed=17)
     await publish(loader, topic, events)
     counters = write_definitions(tmp_path, topic)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    group = f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"
     consumer = await start("consume", ["consume", "--counters", str(counters), "--group", group],
                            env_for(secure_stack, "countersink_consumer", keyspace))
     try:
@@ -304,7 +304,7 @@ async def test_the_ssl_listener_takes_a_client_certificate_and_an_unchecked_host
     unchecked = env_for(secure_stack, "countersink_consumer", granted_keyspace, kafka={
         "bootstrap_servers": secure_stack.kafka.elsewhere_bootstrap, "ssl_check_hostname": "false"})
     consume = ["consume", "--counters", str(counters)]
-    consumers = [await start(name, [*consume, "--group", f"g-{uuid.uuid4().hex[:8]}"], env)
+    consumers = [await start(name, [*consume, "--group", f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"], env)
                  for name, env in (("consume-ssl", with_certificate), ("consume-unchecked", unchecked))]
     try:
         await asyncio.gather(*(wait_for_line(consumer, "consumer_started") for consumer in consumers))
@@ -358,6 +358,10 @@ def _refusals() -> list[Refusal]:
         Refusal("kafka-missing-client-certificate", consume, "countersink_consumer",
                 {"bootstrap_servers": "{ssl_listener}", "security_protocol": "SSL"}, {},
                 "requires a client certificate"),
+        Refusal("topics-kafka-wrong-password", ["topics", "create", "--counters", "{counters}"], "countersink_consumer",
+                {"sasl_password": "not-the-password"}, {}, "refused the SASL login of user 'countersink'"),
+        Refusal("topics-kafka-other-ca", ["topics", "create", "--counters", "{counters}"], "countersink_consumer",
+                {"ssl_cafile": other_ca}, {}, "certificate in certificate chain"),
     ]
 
 
@@ -396,7 +400,8 @@ async def test_a_refused_connection_ends_the_process_with_one_line(
 async def test_a_select_only_role_serves_reads_and_cannot_write(
         secure_stack: SecureStack, granted_keyspace: str) -> None:
     """serve runs with the SELECT-only role; a write with that role is refused by Cassandra, and so are
-    a schema change by the consumer's role and a read by a role never granted the keyspace."""
+    a schema change and a TRUNCATE of the GC's table by the consumer's role, and a read by a role never
+    granted the keyspace."""
     port = free_port()
     serve = await start("serve-reader", ["serve"], env_for(
         secure_stack, "countersink_reader", granted_keyspace, serve={"host": "127.0.0.1", "port": port}))
@@ -418,6 +423,8 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
             await consumer.execute("CREATE TABLE extra (k int PRIMARY KEY)", prepared=False)
         with pytest.raises(CassandraError, match="countersink_consumer has no DROP permission"):
             await consumer.execute(f"DROP TABLE {granted_keyspace}.shards", prepared=False)
+        with pytest.raises(CassandraError, match="countersink_consumer has no MODIFY permission"):
+            await consumer.execute(f"TRUNCATE {granted_keyspace}.gc_runs", prepared=False)
     async with CassandraClient(secure_stack.cassandra_settings("countersink_schema", "system_auth"),
                                use_keyspace=False) as schema:
         with pytest.raises(CassandraError, match="has no SELECT permission"):
@@ -448,6 +455,27 @@ async def test_the_kafka_user_reads_events_and_cannot_write_them_or_make_topics(
     loader = secure_stack.kafka_settings("loader")
     await ensure_topics(loader, {other: 1})
     await publish(loader, other, [b'{"symbol": "X"}'])
+
+
+async def test_the_kafka_user_commits_offsets_only_for_its_own_groups(
+        secure_stack: SecureStack, secure_topic: str) -> None:
+    """countersink's user commits offsets for a group whose id starts with its prefix, and is refused for
+    any other group: it cannot move another application's offsets."""
+    partition = TopicPartition(secure_topic, 0)
+    settings = secure_stack.kafka_settings("countersink")
+    for group, allowed in ((f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}", True), (f"other-app-{uuid.uuid4().hex[:8]}",
+                                                                             False)):
+        consumer = make_consumer(settings, group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([partition])
+            if allowed:
+                await consumer.commit({partition: 0})
+            else:
+                with pytest.raises(GroupAuthorizationFailedError):
+                    await consumer.commit({partition: 0})
+        finally:
+            await consumer.stop()
 
 
 # ---------------------------------------------------------------------------------- the guarded API
@@ -662,7 +690,7 @@ async def test_no_secret_reaches_a_log_line_a_repr_or_a_help_text(
     reader = {**env_for(secure_stack, "countersink_reader", granted_keyspace), **debug}
     got = await run_command("debug-get", ["get", "trades_count", "X"], reader)
     assert got.returncode == 0, got.output
-    consume = ["consume", "--counters", str(counters), "--group", f"g-{uuid.uuid4().hex[:8]}"]
+    consume = ["consume", "--counters", str(counters), "--group", f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"]
     consumer = await start("debug-consume", consume,
                            {**env_for(secure_stack, "countersink_consumer", granted_keyspace), **debug})
     try:

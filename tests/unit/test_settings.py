@@ -46,6 +46,7 @@ def test_secrets_never_appear_in_repr_or_dump(monkeypatch: pytest.MonkeyPatch) -
     """Passwords are SecretStr: repr, str and a JSON dump hide them."""
     monkeypatch.setenv("COUNTERSINK_CASSANDRA__USERNAME", "app")
     monkeypatch.setenv("COUNTERSINK_CASSANDRA__PASSWORD", "hunter2-cass")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__SSL_ENABLED", "true")
     monkeypatch.setenv("COUNTERSINK_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_MECHANISM", "SCRAM-SHA-512")
     monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_USERNAME", "app")
