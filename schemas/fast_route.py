@@ -18,8 +18,10 @@ makes the generated ``apply_event`` return ``None`` before it changes anything, 
 :class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
 the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path,
-has a time bucket or keeps exact decimals; its events all take the router.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path or
+a field msgspec cannot name (a quote, a backslash or a control character in it), has a time bucket or keeps
+exact decimals; its events all take the router. The router alone decides an event's time (its bucket,
+lateness, future and storage bounds), so bucketed counters stay there.
 """
 
 from __future__ import annotations
