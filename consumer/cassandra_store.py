@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
-from schemas.cql import key_of_partition, partition_key, shard_cell, shard_of_cell, work_chunk
+from schemas.cql import key_of_partition, partition_key, row_ttl, shard_cell, shard_of_cell, work_chunk
 
 
 def _uuid(value: object) -> uuid.UUID | None:
@@ -26,8 +26,6 @@ _CELL_OVERHEAD_BYTES = 32
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
 _WORK_CHUNK_INSTANCES = 1000
-# Cassandra's longest TTL (20 years).
-_MAX_TTL_S = 630_720_000
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
 # client pays for one request. Far below the IN-list limits Cassandra warns about.
 _READ_KEYS_PER_REQUEST = 50
@@ -125,9 +123,11 @@ class CassandraStore:
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
-        # not bring back part of a bucket that is gone.
+        # not bring back part of a bucket that is gone. No row expires after what Cassandra stores (row_ttl:
+        # a bucket whose expiry is later expires then, docs/counters.md), so no write is ever refused for it.
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
-        writes = [w for w in writes if w.expires_at is None or w.expires_at + grace > now_s]
+        ttls = {w.expires_at: row_ttl(w.expires_at + grace, now_s) for w in writes if w.expires_at is not None}
+        writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]
         rows: dict[tuple[str, int | None], dict[str, bytes]] = {}
         for write in writes:
             rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,
@@ -147,7 +147,7 @@ class CassandraStore:
             if expires_at is None:
                 group.append((shard_cql, [timestamp_us, cells, partition_key(key), mutator]))
             else:
-                ttl_s = min(expires_at + grace - now_s, _MAX_TTL_S)
+                ttl_s = ttls[expires_at]
                 group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition_key(key), mutator]))
             group_bytes += row_bytes
         if group:

@@ -59,6 +59,8 @@ class DeadLetters:
             ("countersink.path", str(error.path).encode()[:1024]),
             ("countersink.source", f"{tp.topic}/{tp.partition}/{record.offset}".encode()),
         ]
+        if error.counter is not None:  # the counter whose definition refused it (None: the whole event)
+            headers.append(("countersink.counter", error.counter.encode()))
         value = record.value
         limits = [self._max_bytes, LAST_RESORT_BYTES]
         while True:

@@ -223,6 +223,9 @@ class ConsumerSettings(_Section):
     # unready) until an operator decides, or "skip" them, log and count them, and go on.
     on_records_lost: str = Field(default="stop", pattern=r"^(stop|skip)$")
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
+    # A bucketed event whose time is further ahead of its record's Kafka timestamp is dead-lettered. Like
+    # max_event_bytes, it decides what counts: every consumer of a group must use the same value.
+    max_future_skew_s: int = Field(default=86_400, ge=0)
     max_poll_records: int = Field(default=2_000, ge=1)
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting consumer waits for the servers

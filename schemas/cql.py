@@ -28,6 +28,17 @@ GC_RUNS_TTL_S = 30 * 24 * 3600  # how long the record of each GC run is kept
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
+# The latest expiry a row may have: Cassandra 5.0, in its default ``storage_compatibility_mode:
+# CASSANDRA_4``, refuses any write whose expiry (its clock plus the TTL) is after 2038-01-19T03:14:07Z
+# (CASSANDRA-14092: "ttl ... exceeds maximum supported expiration date"), and Cassandra refuses any TTL
+# over 20 years. A refused write is not retriable, so countersink never asks for one: every expiry it writes
+# ends by LAST_EXPIRY_S, a day before the limit, which leaves that much room for the server's clock to be
+# ahead of the writer's.
+CASSANDRA_EXPIRY_LIMIT_S = 2**31 - 1
+EXPIRY_MARGIN_S = 86_400
+LAST_EXPIRY_S = CASSANDRA_EXPIRY_LIMIT_S - EXPIRY_MARGIN_S
+MAX_TTL_S = 20 * 365 * 86_400
+
 
 class SchemaVersionError(CountersinkError):
     """Raised when a keyspace holds an older countersink schema than this version reads and writes."""
@@ -65,6 +76,15 @@ def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
     if len(cell) <= _OFFSET.size:
         raise CorruptStateError(f"a shard cell of {len(cell)} bytes holds no state")
     return cell[_OFFSET.size:], _OFFSET.unpack_from(cell)[0]
+
+
+def row_ttl(expires_at: int, now_s: int) -> int | None:
+    """The TTL (seconds) of a row meant to expire at ``expires_at`` (epoch seconds), written at ``now_s``:
+    ``None`` when it must not be written at all (its expiry has passed, or the storage can hold nothing past
+    ``now_s``). The row expires at ``expires_at`` or, when that is later, at :data:`LAST_EXPIRY_S`, and its
+    TTL is at most :data:`MAX_TTL_S`: every TTL returned is one Cassandra takes."""
+    ttl = min(expires_at, LAST_EXPIRY_S) - now_s
+    return None if ttl <= 0 else min(ttl, MAX_TTL_S)
 
 
 def work_chunk(instances: Sequence[tuple[str, str]]) -> tuple[bytes, bytes]:

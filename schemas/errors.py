@@ -73,6 +73,16 @@ class ValueOutOfRangeError(InvalidEventError):
     """Raised when a field has the right type but an unusable value (non-finite, too large, bad Unicode)."""
 
 
+class FutureEventTimeError(ValueOutOfRangeError):
+    """Raised when a bucketed counter's event time is later than its record's Kafka timestamp by more than the
+    router's ``max_future_skew_s``: a clock or a field gone wrong, not an event of a bucket yet to come."""
+
+
+class UnstorableTimeError(ValueOutOfRangeError):
+    """Raised when the bucket of a counter with ``retain`` would end after the last expiry Cassandra stores
+    (``schemas.cql.LAST_EXPIRY_S``, 2038-01-18T03:14:07Z): no row of it could be kept until it is over."""
+
+
 class KeyTooLongError(InvalidEventError):
     """Raised when an encoded instance key is longer than the router's key limit."""
 

@@ -33,14 +33,17 @@ from typing import Any, NamedTuple
 
 from pydantic_core import from_json
 
+from schemas.cql import LAST_EXPIRY_S
 from schemas.definitions import CounterDefinition, CounterSet
 from schemas.errors import (
+    FutureEventTimeError,
     InvalidEventError,
     KeyTooLongError,
     MalformedInstanceKeyError,
     MissingFieldError,
     OversizedEventError,
     UnparseableEventError,
+    UnstorableTimeError,
     ValueOutOfRangeError,
     WrongTypeError,
 )
@@ -59,6 +62,8 @@ __all__ = [
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
 DEFAULT_MAX_DEPTH = 32
 DEFAULT_MAX_KEY_BYTES = 1024
+# How far a bucketed event's time may be ahead of its record's Kafka timestamp (ConsumerSettings).
+DEFAULT_MAX_FUTURE_SKEW_S = 86_400
 # Single values are bounded so one event cannot make a state or a stored body grow without limit; sums of
 # many values are still exact at any size.
 MAX_INTEGER = 2**64
@@ -353,7 +358,12 @@ def _key_text(path: str, v: Any) -> str:
     raise _wrong(path, v, "a string, integer or boolean")
 
 
-def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], tuple[int, str]]:
+def _instant(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.floor(seconds)))
+
+
+def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
+                   ) -> Callable[[dict[str, Any], int | None], tuple[int, str]]:
     bucket = definition.bucket
     assert bucket is not None
     path = bucket.field
@@ -362,6 +372,10 @@ def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], 
     fmt = bucket.format
     scale = 1000 if fmt == "epoch_millis" else 1
     last: list[Any] = [None, ""]  # the previous bucket start and its text: events arrive in time order
+    max_future_ms = max_future_skew_s * 1000
+    # A bucket whose rows expire must end by the last expiry Cassandra stores (the rows then expire with it,
+    # before the retention asked: docs/counters.md); a bucket kept forever has no expiry to store.
+    last_end = LAST_EXPIRY_S if definition.retain_seconds is not None else None
 
     def seconds_of(v: Any) -> float | int:
         if v is _MISSING or v is None:
@@ -386,12 +400,21 @@ def _bucket_reader(definition: CounterDefinition) -> Callable[[dict[str, Any]], 
             return x / scale
         raise _wrong(path, v, f"a number of {'milliseconds' if scale > 1 else 'seconds'} since 1970")
 
-    def read(event: dict[str, Any]) -> tuple[int, str]:
-        """The bucket's start (epoch seconds) and its text in the instance key."""
+    def read(event: dict[str, Any], timestamp_ms: int | None) -> tuple[int, str]:
+        """The bucket's start (epoch seconds) and its text in the instance key. ``timestamp_ms`` is the record's
+        Kafka timestamp: an event time further ahead of it than ``max_future_skew_s`` is refused. Decided
+        from the record alone, never from a clock, so a replay days later decides as the first reading did; a
+        record without a timestamp (``None`` or -1) is not checked."""
         seconds = seconds_of(get(event))
         if not 0 <= seconds < _MAX_EPOCH_SECONDS:
             raise ValueOutOfRangeError(path, "timestamp is outside 1970..9999")
+        if timestamp_ms is not None and timestamp_ms >= 0 and seconds * 1000 > timestamp_ms + max_future_ms:
+            raise FutureEventTimeError(path, f"event time {_instant(seconds)} is more than {max_future_skew_s} s "
+                                       f"after its record's timestamp {_instant(timestamp_ms / 1000)}")
         start = math.floor(seconds) // size * size
+        if last_end is not None and start + size > last_end:
+            raise UnstorableTimeError(path, f"its bucket ends after {_instant(last_end)}, the last expiry "
+                                      "Cassandra stores: none of its rows could be kept until it is over")
         if start != last[0]:
             last[0] = start
             last[1] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(start))
@@ -490,12 +513,12 @@ def _value_reader(definition: CounterDefinition, max_key_bytes: int) -> Callable
     return value_of
 
 
-def _compile(definition: CounterDefinition, max_key_bytes: int) -> Extractor:
+def _compile(definition: CounterDefinition, max_key_bytes: int, max_future_skew_s: int) -> Extractor:
     name = definition.name
     matches = _where_matcher(definition.where)
     key_fields = tuple((p, _getter(p)) for p in definition.key)
     key_paths = ",".join(definition.key) or (definition.bucket.field if definition.bucket else "")
-    bucket = _bucket_reader(definition) if definition.bucket is not None else None
+    bucket = _bucket_reader(definition, max_future_skew_s) if definition.bucket is not None else None
     fast_key_chars = max_key_bytes // 4
 
     def check_key(key: str) -> str:
@@ -533,7 +556,7 @@ def _compile(definition: CounterDefinition, max_key_bytes: int) -> Extractor:
             return None
         parts = [_escape(_key_text(p, get(event))) for p, get in key_fields]
         if bucket is not None:
-            start, text = bucket(event)
+            start, text = bucket(event, timestamp_ms)
             parts.append(text)
             update = Update(name, check_key("|".join(parts)), value_of(event), event_id_of(event))
             if kept_ms is not None and timestamp_ms is not None and timestamp_ms >= start * 1000 + kept_ms:
@@ -597,18 +620,20 @@ class EventRouter:
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         on_late: Callable[[str], None] | None = None,
+        max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
     ) -> None:
         self.counter_set = counter_set
         self.on_late = on_late
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
+        self.max_future_skew_s = max_future_skew_s
         plans: dict[str, _TopicPlan] = {}
         for topic in counter_set.topics:
             counters = counter_set.for_topic(topic)
             decimals = any(c.number_mode == "decimal" for c in counters)
             plans[topic] = _TopicPlan(
-                tuple((c.name, _compile(c, max_key_bytes)) for c in counters),
+                tuple((c.name, _compile(c, max_key_bytes, max_future_skew_s)) for c in counters),
                 _parse_decimal if decimals else _parse_fast,
             )
         self._plans = plans
@@ -637,7 +662,8 @@ class EventRouter:
         """Return the updates one event makes; ``[]`` for a topic no counter reads or a filtered event.
 
         ``timestamp_ms`` is the record's Kafka timestamp: a counter with retention takes no update of an event
-        whose bucket had expired when the record was written (``on_late`` hears the counter's name).
+        whose bucket had expired when the record was written (``on_late`` hears the counter's name), and a
+        bucketed event whose time is more than ``max_future_skew_s`` after it is invalid.
 
         Raises an :class:`InvalidEventError` subclass (with ``path``, ``reason`` and ``counter``) when the
         event is invalid for any counter; then no update of that event is applied anywhere.

@@ -12,13 +12,16 @@ updates with less work per event, for the shapes of definition most counters hav
   converted exactly as the router does.
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
-escape, deeply bracketed, over the size limit, a missing, null or wrongly typed field, a key too long —
+escape, deeply bracketed, over the size limit, a long run of digits, a missing, null or wrongly typed field,
+a key too long, a literal its decoder refuses —
 makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
 :class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
 the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path,
-has a time bucket or keeps exact decimals; its events all take the router.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path or
+a field msgspec cannot name (a quote, a backslash or a control character in it), has a time bucket or keeps
+exact decimals; its events all take the router. The router alone decides an event's time (its bucket,
+lateness, future and storage bounds), so bucketed counters stay there.
 """
 
 from __future__ import annotations
@@ -45,6 +48,15 @@ from schemas.events import (
 from schemas.kinds import State
 
 _UNSET = msgspec.UNSET
+# The router's parser refuses a number whose integer part has more than 4,300 digits ("number out of range"),
+# anywhere in the event; msgspec skips a field no counter reads without looking at it. So an event holding
+# a run of this many digits (in a number or a string: the test is on bytes) goes to the router, which decides
+# it. Only events at least this long can hold one, so the others pay one comparison.
+LONG_DIGITS = 4096
+_DIGIT_RUN = b"0" * LONG_DIGITS
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+# Field names msgspec cannot take (as a struct field's name): a topic reading one has no fast path.
+_UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
 
 
 class Row:
@@ -70,7 +82,7 @@ def _eligible(definition: CounterDefinition) -> bool:
     if definition.event_id is not None:
         paths.append(definition.event_id)
     return (definition.bucket is None and definition.number_mode != "decimal"
-            and all("." not in path for path in paths))
+            and all("." not in path and _UNNAMEABLE.isdisjoint(path) for path in paths))
 
 
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
@@ -124,6 +136,7 @@ class FastRoute:
             # TypeError: an array or object as a key value, which no dict of rows can hold
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
+            "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
         }
 
         def attr(path: str) -> str:
@@ -141,7 +154,8 @@ class FastRoute:
             "    # Bytes are searched for an int (one memchr) before a bytes needle (a substring search, costing as",
             "    # much as the decode): most events hold no backslash and no array.",
             "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or (92 in raw and b'\\\\u' in raw)",
-            "            or (raw.count(123) + raw.count(91) if 91 in raw else raw.count(123)) > MAX_DEPTH):",
+            "            or (raw.count(123) + raw.count(91) if 91 in raw else raw.count(123)) > MAX_DEPTH",
+            "            or (len(raw) >= LONG_DIGITS and DIGIT_RUN in raw.translate(DIGITS_AS_ZERO))):",
             "        return None",
             "    try:",
             "        event = decode(raw)",

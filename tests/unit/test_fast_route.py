@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 
-from hypothesis import HealthCheck, example, given, settings
+import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from consumer.applying import Applier, BatchApplied, Mutator, Outcome, Record, RetryWindow
 from consumer.storage import MutatorEntry, PartitionId
+from schemas import fast_route
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.fast_route import APPLIED, FastRoute
@@ -49,8 +51,8 @@ def counter_set(bodies: list[str]):  # type: ignore[no-untyped-def]
     return parse_definitions(text, "differential")
 
 
-def mutator(counters, window: int) -> Mutator:  # type: ignore[no-untyped-def]
-    router = EventRouter(counters, max_event_bytes=400, max_depth=6, max_key_bytes=MAX_KEY_BYTES)
+def mutator(counters, window: int, max_event_bytes: int = 400) -> Mutator:  # type: ignore[no-untyped-def]
+    router = EventRouter(counters, max_event_bytes=max_event_bytes, max_depth=6, max_key_bytes=MAX_KEY_BYTES)
     applier = Applier(router, counters, TOPIC, 0, RetryWindow(window))
     entry = MutatorEntry(uuid.uuid4(), "g", TOPIC, 0, "h", 0, 10**18)
     return Mutator(entry, PartitionId("g", TOPIC, 0), applier, -1, -1)
@@ -116,20 +118,12 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
                                                for r, e in result.invalid]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bodies=st.lists(st.sampled_from(BODIES), min_size=1, max_size=5),
-       events=st.lists(event_bytes(), max_size=60),
-       cuts=st.lists(st.integers(1, 12), max_size=10),
-       window=st.sampled_from([0, 1, 3, 50]),
-       redelivered=st.integers(0, 5))
-@example(bodies=BODIES[:2], events=[nested_objects(6), nested_objects(5), ESCAPED_LONG_KEY], cuts=[], window=3,
-         redelivered=0)
-def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
-                                            redelivered: int) -> None:
-    """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII), in any
-    batches (some redelivered), apply_batch gives the bytes, dirty sets, outcomes and errors of apply."""
+def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], window: int, redelivered: int,
+                       max_event_bytes: int = 400) -> None:
+    """The differential check: apply_batch and apply, batch by batch, end with the same everything."""
     counters = counter_set(bodies)
-    reference, batched = mutator(counters, window), mutator(counters, window)
+    reference = mutator(counters, window, max_event_bytes)
+    batched = mutator(counters, window, max_event_bytes)
     assert batched.applier.fast is not None
     records = [Record(offset * 2, raw) for offset, raw in enumerate(events)]  # gaps, as transactions leave
     start = 0
@@ -150,14 +144,124 @@ def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[byte
             break
 
 
-@given(events=st.lists(event_bytes(), max_size=30))
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(st.sampled_from(BODIES), min_size=1, max_size=5),
+       events=st.lists(event_bytes(), max_size=60),
+       cuts=st.lists(st.integers(1, 12), max_size=10),
+       window=st.sampled_from([0, 1, 3, 50]),
+       redelivered=st.integers(0, 5))
+@example(bodies=BODIES[:2], events=[nested_objects(6), nested_objects(5), ESCAPED_LONG_KEY], cuts=[], window=3,
+         redelivered=0)
+def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
+                                            redelivered: int) -> None:
+    """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII), in any
+    batches (some redelivered), apply_batch gives the bytes, dirty sets, outcomes and errors of apply."""
+    assert_paths_agree(bodies, events, cuts, window, redelivered)
+
+
+# --- the nasty inputs: events written as text, so that they hold what json.dumps never writes ----------------
+
+NASTY_MAX_EVENT_BYTES = 16_384  # room for numbers of thousands of digits and long strings
+ESCAPES = ['\\"', "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t", "\\u0041", "\\u00e9", "\\u0000", "\\u007c",
+           "\\ud800", "\\udc00", "\\ud83d\\ude00", "\\uD800\\u0041"]
+LITERALS = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "-0", "-0.0", "0e0", "1e2", "1E+2", "-5e0",
+            "2.5e1", "3.0", "18446744073709551615", "18446744073709551616", "-18446744073709551616", "true", "false",
+            "null", "[]", "{}", "01", "1.", "+1", ".5", "--1", "tru", "nul"]
+# Digit counts around the router's limit (4,300) and the fast path's hand-back (fast_route.LONG_DIGITS).
+DIGITS = st.sampled_from([4095, 4096, 4097, 4299, 4300, 4301, 5000]) | st.integers(1, 5200)
+
+
+@st.composite
+def huge_number(draw: st.DrawFn) -> str:
+    digits = "9" * draw(DIGITS)
+    return draw(st.sampled_from(["", "-"])) + digits + draw(st.sampled_from(["", "", ".5", "e3", ".0e-2"]))
+
+
+@st.composite
+def escaped_string(draw: st.DrawFn) -> str:
+    parts = draw(st.lists(st.sampled_from(ESCAPES) | st.sampled_from(["IBM", "a", "|", "buy", " ", "u1"]), max_size=6))
+    return '"' + "".join(parts) + '"'
+
+
+nasty_values = st.one_of(
+    huge_number(),
+    huge_number(),
+    st.sampled_from(LITERALS),
+    escaped_string(),
+    st.integers(0, 6000).map(lambda n: '"' + "x" * n + '"'),  # very long strings
+    st.integers(0, 40).map(lambda d: "[" * d + "1" + "]" * d),  # deep nesting
+    st.integers(0, 40).map(lambda d: '{"a": ' * d + "1" + "}" * d),
+    st.sampled_from(['"IBM"', "1", "-3", "2.5", '"buy"', "true", '"u2"', '"i1"']),  # plain values, to count
+)
+# Read fields, unread ones, and keys written with escapes (one of them is sym, spelled s\u0079m).
+NASTY_KEYS = [*FIELDS, "z", "zz", "s\\u0079m", "sy\\/m", "n\\t", ""]
+VALID = ['"sym": "IBM"', '"n": 2', '"x": 1.5', '"id": "i1"', '"rid": "r1"', '"side": "buy"', '"user": "u1"',
+         '"flag": true']
+WRAPS = [b"\xef\xbb\xbf", b" \n\t", b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x00"]
+
+
+@st.composite
+def nasty_event(draw: st.DrawFn) -> bytes:
+    """One event written as text: valid fields (or none), with nasty members anywhere (duplicate keys
+    included), perhaps a BOM, whitespace or a byte that is not UTF-8 before, inside or after it."""
+    members = list(VALID) if draw(st.booleans()) else []
+    for _ in range(draw(st.integers(0, 3))):
+        member = f'"{draw(st.sampled_from(NASTY_KEYS))}": {draw(nasty_values)}'
+        members.insert(draw(st.integers(0, len(members))), member)
+    text = ("{" + ", ".join(members) + "}").encode()
+    wrap, where = draw(st.none() | st.sampled_from(WRAPS)), draw(st.sampled_from(["before", "inside", "after"]))
+    if wrap is None:
+        return text
+    if where == "inside" and members:  # into the first string of the event
+        at = text.index(b'"') + 1
+        return text[:at] + wrap + text[at:]
+    return wrap + text if where == "before" else text + wrap
+
+
+nasty_arguments = {"bodies": st.lists(st.sampled_from(BODIES), min_size=1, max_size=4),
+                   "events": st.lists(nasty_event(), max_size=12),
+                   "cuts": st.lists(st.integers(1, 6), max_size=4),
+                   "window": st.sampled_from([0, 3]),
+                   "redelivered": st.integers(0, 2)}
+
+
+def _nasty_check(bodies: list[str], events: list[bytes], cuts: list[int], window: int, redelivered: int) -> None:
+    assert_paths_agree(bodies, events, cuts, window, redelivered, NASTY_MAX_EVENT_BYTES)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(**nasty_arguments)
+@example(bodies=[BODIES[0]], events=[b'{"sym": "A", "z": ' + b"9" * 4301 + b"}"], cuts=[], window=0, redelivered=0)
+def test_batch_path_equals_record_at_a_time_on_nasty_inputs(bodies: list[str], events: list[bytes], cuts: list[int],
+                                                             window: int, redelivered: int) -> None:
+    """Numbers of thousands of digits (in read and unread fields), deep nesting, every escape, duplicate keys,
+    BOMs, bytes that are not UTF-8, lone surrogates, long strings, NaN and Infinity, 1e400, -0 and exponents
+    in integer fields: apply_batch decides every record as apply does."""
+    _nasty_check(bodies, events, cuts, window, redelivered)
+
+
+def test_the_differential_check_catches_a_planted_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fast path's hand-back of long digit runs taken out (it then counts an event holding a number
+    the router refuses), the nasty differential check fails: it can tell the two paths apart."""
+    monkeypatch.setattr(fast_route, "LONG_DIGITS", 10**9)
+    planted = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])(
+        given(**nasty_arguments)(_nasty_check))
+    with pytest.raises(AssertionError):
+        planted()
+
+
+@given(events=st.lists(event_bytes(), max_size=30),
+       stamps=st.lists(st.none() | st.just(-1) | st.integers(0, 2**45), min_size=30, max_size=30))
 @settings(max_examples=50, deadline=None)
-def test_topics_the_fast_path_leaves_to_the_router_count_the_same(events: list[bytes]) -> None:
-    """A topic with a bucketed, decimal or dotted-path counter has no fast path, and apply_batch is apply."""
+def test_topics_the_fast_path_leaves_to_the_router_count_the_same(events: list[bytes], stamps: list[int | None]
+                                                                  ) -> None:
+    """A topic with a bucketed, decimal or dotted-path counter has no fast path, and apply_batch is apply,
+    whatever the records' timestamps (a bucketed event's time is checked against them)."""
     counters = counter_set([BODIES[0], *ROUTER_ONLY])
     assert FastRoute.build(counters, TOPIC) is None
     reference, batched = mutator(counters, 10), mutator(counters, 10)
-    records = [Record(offset, raw) for offset, raw in enumerate(events)]
+    records = [Record(offset, raw, stamp) for (offset, raw), stamp in zip(enumerate(events), stamps, strict=False)]
     assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
     assert {k: s.to_bytes() for k, s in batched.states.items()} == {
         k: s.to_bytes() for k, s in reference.states.items()}
@@ -176,3 +280,13 @@ def test_the_fast_path_takes_the_common_event() -> None:
     assert (result.applied, result.duplicates) == (1, 1)
     assert m.states[("c1", "IBM")].value() == 3
     assert m.apply(Record(2, raw)) == (Outcome.DUPLICATE, None)
+
+
+def test_a_field_name_the_decoder_cannot_take_leaves_the_topic_to_the_router() -> None:
+    """A key field named with a quote, a backslash or a control character (msgspec takes none as a field's
+    name) gives the topic no fast path, instead of an error when the consumer starts; apply_batch counts."""
+    counters = parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["a\\"b"]\n')
+    assert FastRoute.build(counters, TOPIC) is None
+    m = mutator(counters, 10)
+    assert m.apply_batch([Record(0, b'{"a\\"b": "x"}')]).applied == 1
+    assert m.states[("c", "x")].value() == 1
