@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         updates["create_topics"] = True
     if updates:
         settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
-    counters = load_definitions_or_refuse(settings.consumer.counters_file)
+    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
     if counters is None:
         return 2
     return run_async(consume(settings, counters), graceful=True)

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     topics = list(args.topics)
     if args.counters is not None:
-        counters = load_definitions_or_refuse(args.counters)
+        counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)
         if counters is None:
             return EXIT_USAGE
         topics += [t for t in counters.topics if t not in topics]

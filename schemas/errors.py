@@ -38,6 +38,18 @@ class DefinitionChangedError(DefinitionError):
     counter registry under the same name; every changed counter is one of ``problems``."""
 
 
+class RowTooLargeError(DefinitionError):
+    """Raised when a definitions file is loaded whose counters, sharing a shard row, could together write a
+    row larger than ``max_row_bytes`` (or one counter's state could outgrow what a state may be): ``counters``
+    names them, ``bound`` is the largest size in bytes."""
+
+    def __init__(self, source: str, counter: str, field: str, reason: str,
+                 more: tuple[DefinitionError, ...] = (), *, counters: tuple[str, ...] = (), bound: int = 0) -> None:
+        super().__init__(source, counter, field, reason, more)
+        self.counters = counters
+        self.bound = bound
+
+
 class InvalidEventError(CountersinkError):
     """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
 
