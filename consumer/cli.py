@@ -17,7 +17,7 @@ from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.settings import Settings
-from schemas.errors import DefinitionChangedError
+from schemas.errors import CompactedTopicError, DefinitionChangedError
 
 log = get_logger(__name__)
 
@@ -79,6 +79,11 @@ async def consume(settings: Settings, counters: object) -> int:
         except DefinitionChangedError as exc:
             for problem in exc.problems:
                 log.error("definition_changed", error=problem.line)
+            await service.close()
+            return 2
+        except CompactedTopicError as exc:
+            for topic, line in zip(sorted(exc.topics), exc.lines, strict=True):
+                log.error("topic_refused", topic=topic, policy=exc.policies[topic], error=line)
             await service.close()
             return 2
         except Exception as exc:

@@ -50,6 +50,25 @@ class RowTooLargeError(DefinitionError):
         self.bound = bound
 
 
+class CompactedTopicError(CountersinkError):
+    """Raised when a counter that drops publisher retries by event id would count a topic whose
+    ``cleanup.policy`` includes ``compact``: the log cleaner may remove an original that its retry (same
+    message key) superseded, and an owner rebuilding its retry window from the log would then count the
+    retry again. ``topics`` maps each such topic to the counters refused on it."""
+
+    def __init__(self, topics: dict[str, tuple[str, ...]], policies: dict[str, str]) -> None:
+        self.topics = topics
+        self.policies = policies
+        self.lines = tuple(
+            f"topic {topic!r} has cleanup.policy={policies[topic]}, and counter{'s' if len(names) > 1 else ''} "
+            f"{', '.join(repr(n) for n in names)} drop{'' if len(names) > 1 else 's'} publisher retries by "
+            "event_id: compaction can remove an original whose retry superseded it, and the retry would be "
+            "counted again after a takeover. Set the topic's cleanup.policy to delete, or count it with "
+            "counters without event_id"
+            for topic, names in sorted(topics.items()))
+        super().__init__("; ".join(self.lines))
+
+
 class InvalidEventError(CountersinkError):
     """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
 
