@@ -136,7 +136,7 @@ class ConsumerService:
 
     @property
     def is_ready(self) -> bool:
-        """What /healthz says: consuming, and no partition stopped for lost records."""
+        """What /healthz says: consuming, no partition stopped for lost records, none refused (compacted)."""
         return self.ready and self._started and not self.ownership.stopped and not self.refused
 
     async def __aenter__(self) -> ConsumerService:
@@ -160,8 +160,13 @@ class ConsumerService:
             await self.health.start()  # before the topics are waited for, so that /readyz can say so
         await self._wait_for_topics()
         # Refused before the group is joined (not retriable): CompactedTopicError names the topics and counters.
-        check_policies(self.counters, self.config.retry_window_records,
-                       await cleanup_policies(self.settings.kafka, self._deduplicating))
+        policies: dict[str, str] = {}
+
+        async def look_up_policies() -> None:
+            policies.update(await cleanup_policies(self.settings.kafka, self._deduplicating))
+
+        await wait_until_reachable("kafka", look_up_policies, timeout_s=timeout_s, stop=self._stopping)
+        check_policies(self.counters, self.config.retry_window_records, policies)
         await self.producer.start()
         start_source = getattr(self.source, "start", None)
         if start_source is not None:
