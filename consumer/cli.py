@@ -17,7 +17,7 @@ from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.settings import Settings
-from schemas.errors import DefinitionChangedError
+from schemas.errors import CompactedTopicError, DefinitionChangedError
 
 log = get_logger(__name__)
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         updates["create_topics"] = True
     if updates:
         settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
-    counters = load_definitions_or_refuse(settings.consumer.counters_file)
+    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
     if counters is None:
         return 2
     return run_async(consume(settings, counters), graceful=True)
@@ -79,6 +79,11 @@ async def consume(settings: Settings, counters: object) -> int:
         except DefinitionChangedError as exc:
             for problem in exc.problems:
                 log.error("definition_changed", error=problem.line)
+            await service.close()
+            return 2
+        except CompactedTopicError as exc:
+            for topic, line in zip(sorted(exc.topics), exc.lines, strict=True):
+                log.error("topic_refused", topic=topic, policy=exc.policies[topic], error=line)
             await service.close()
             return 2
         except Exception as exc:

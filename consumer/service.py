@@ -24,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 from consumer import schedule
 from consumer.applying import KafkaRecord, Mutator, RecordSource
 from consumer.cassandra_store import CassandraStore
+from consumer.cleanup_policies import check_policies, deduplicating
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
 from consumer.kafka_source import KafkaRecordSource
@@ -34,13 +35,21 @@ from countersink.cassandra import CassandraClient
 from countersink.consistency import check_deciding_reads, replication_factors
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import HealthServer
-from countersink.kafka import ensure_topics, known_position, make_consumer, make_producer, missing_topics
+from countersink.kafka import (
+    cleanup_policies,
+    ensure_topics,
+    known_position,
+    make_consumer,
+    make_producer,
+    missing_topics,
+)
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
+from schemas.errors import CompactedTopicError
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
@@ -114,6 +123,11 @@ class ConsumerService:
             await gc_age()
 
         self.waiting_for_topics: list[str] = []
+        # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
+        # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
+        self.refused: dict[TopicPartition, str] = {}
+        self._compacted: dict[str, str] = {}  # the topics found compacted at the last look, with why
+        self._deduplicating = deduplicating(counters, self.config.retry_window_records)
         self.health = HealthServer(self.config.health_port, lambda: self.is_ready, host=self.config.health_host,
                                    before_scrape=before_scrape, why_not_ready=self._why_not_ready)
 
@@ -123,8 +137,8 @@ class ConsumerService:
 
     @property
     def is_ready(self) -> bool:
-        """What /healthz says: consuming, and no partition stopped for lost records."""
-        return self.ready and self._started and not self.ownership.stopped
+        """What /healthz says: consuming, no partition stopped for lost records, none refused (compacted)."""
+        return self.ready and self._started and not self.ownership.stopped and not self.refused
 
     async def __aenter__(self) -> ConsumerService:
         await self.start()
@@ -146,6 +160,14 @@ class ConsumerService:
         if self.config.health_port:
             await self.health.start()  # before the topics are waited for, so that /readyz can say so
         await self._wait_for_topics()
+        # Refused before the group is joined (not retriable): CompactedTopicError names the topics and counters.
+        policies: dict[str, str] = {}
+
+        async def look_up_policies() -> None:
+            policies.update(await cleanup_policies(self.settings.kafka, self._deduplicating))
+
+        await wait_until_reachable("kafka", look_up_policies, timeout_s=timeout_s, stop=self._stopping)
+        check_policies(self.counters, self.config.retry_window_records, policies)
         await self.producer.start()
         start_source = getattr(self.source, "start", None)
         if start_source is not None:
@@ -166,7 +188,9 @@ class ConsumerService:
 
         await look()
         if missing and self.config.create_topics:
-            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions))
+            # Never compacted, whatever the broker's default, when a counter deduplicates by event id on it.
+            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions), configs={
+                topic: {"cleanup.policy": "delete"} for topic in missing if topic in self._deduplicating})
             log.info("topics_created", topics=missing, partitions=self.config.topic_partitions)
             return
         checks = 0
@@ -184,6 +208,8 @@ class ConsumerService:
         self.waiting_for_topics = []
 
     def _why_not_ready(self) -> str:
+        if self.refused:
+            return f"topics refused: {', '.join(sorted({tp.topic for tp in self.refused}))} (compacted)"
         return f"waiting for topics: {', '.join(self.waiting_for_topics)}" if self.waiting_for_topics else ""
 
     async def _prepare_cassandra(self) -> None:
@@ -312,11 +338,46 @@ class ConsumerService:
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
             await self.flushing.wait_until_done()
+            for tp in revoked:
+                self.refused.pop(tp, None)
             await self.ownership.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
-            await self.ownership.take(assigned)
+            refused = await self._refused_topics({tp.topic for tp in assigned})
+            for tp in assigned:
+                if tp.topic in refused:
+                    self.refused[tp] = refused[tp.topic]
+                    self.consumer.pause(tp)
+                else:
+                    self.refused.pop(tp, None)
+            await self.ownership.take([tp for tp in assigned if tp.topic not in refused])
+
+    async def _refused_topics(self, topics: set[str]) -> dict[str, str]:
+        """Topics of ``topics`` not to count now, each with why: a topic's cleanup.policy may have become
+        compact since the start. When Kafka cannot say, a topic refused before stays refused."""
+        asked = sorted(topics & set(self._deduplicating))
+        if not asked:
+            return {}
+        try:
+            # Inside the rebalance: bounded well within the session, whatever Kafka's admin requests do.
+            async with asyncio.timeout(self.config.session_timeout_ms / 2000):
+                policies = await cleanup_policies(self.settings.kafka, asked)
+            check_policies(self.counters, self.config.retry_window_records, policies)
+        except CompactedTopicError as exc:
+            for topic, line in zip(sorted(exc.topics), exc.lines, strict=True):
+                log.error("topic_refused", topic=topic, policy=exc.policies[topic], counters=list(exc.topics[topic]),
+                          error=line)
+            refused = dict(zip(sorted(exc.topics), exc.lines, strict=True))
+        except Exception as exc:
+            log.warning("cleanup_policy_unknown", topics=asked, error=str(exc) or type(exc).__name__)
+            return {topic: why for topic, why in self._compacted.items() if topic in topics}
+        else:
+            refused = {}
+        for topic in asked:
+            self._compacted.pop(topic, None)
+        self._compacted.update(refused)
+        return refused
 
     # -------------------------------------------------------------------------------------- shutdown
 

@@ -130,15 +130,16 @@ def instance_key(text: str) -> str:
     return text
 
 
-def load_definitions_or_refuse(path: Path | str) -> CounterSet | None:
+def load_definitions_or_refuse(path: Path | str, max_row_bytes: int | None = None) -> CounterSet | None:
     """The definitions file, or None after one ``definitions_refused`` log line per problem, each naming the
-    file, counter and field (the caller exits 2, as for any usage error)."""
+    file, counter and field (the caller exits 2, as for any usage error). Counters whose shared shard rows
+    could outgrow ``max_row_bytes`` (``COUNTERSINK_CASSANDRA__MAX_ROW_BYTES``) are refused too."""
     from countersink.logs import get_logger
     from schemas.definitions import load_definitions
     from schemas.errors import DefinitionError
 
     try:
-        return load_definitions(path)
+        return load_definitions(path, max_row_bytes=max_row_bytes)
     except DefinitionError as exc:
         for problem in exc.problems:
             get_logger(__name__).error("definitions_refused", error=problem.line)

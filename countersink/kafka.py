@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -184,9 +184,35 @@ async def broker_topic_defaults(admin: AIOKafkaAdminClient) -> tuple[int, int]:
     return int(values.get("num.partitions") or 1), int(values.get("default.replication.factor") or 1)
 
 
-async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], replication: int | None = 1) -> None:
+async def cleanup_policies(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, str]:
+    """Each existing topic's ``cleanup.policy`` as the broker reports it (its own or the broker default)."""
+    wanted = sorted(set(topics))
+    if not wanted:
+        return {}
+    admin = await start_admin(settings)
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": None}) for topic in wanted])
+    finally:
+        await admin.close()
+    policies: dict[str, str] = {}
+    for response in responses:
+        # resources: (error code, error message, resource type, name, [(config name, value, ...), ...])
+        for code, message, _type, name, entries in response.resources:
+            if code:
+                error = for_code(code)
+                raise error(f"cannot read the configuration of topic {name}: {message or error.description}")
+            for entry in entries:
+                if entry[0] == "cleanup.policy":
+                    policies[name] = str(entry[1])
+    return policies
+
+
+async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], replication: int | None = 1, *,
+                        configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
     """Create topics that do not exist yet, with the given partition counts and replication factor; None takes
-    the broker's default. A topic that exists is left as it is."""
+    the broker's default. ``configs`` gives some of them topic settings (``cleanup.policy``). A topic that exists
+    is left as it is."""
     admin = make_admin(settings)
     try:
         await admin.start()
@@ -201,7 +227,8 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], 
             default_count, default_replication = await broker_topic_defaults(admin)
             replication = replication or default_replication
             todo = {name: count or default_count for name, count in todo.items()}
-        missing = [NewTopic(name, count, replication) for name, count in todo.items()]
+        missing = [NewTopic(name, count, replication, topic_configs=dict((configs or {}).get(name, {})))
+                   for name, count in todo.items()]
         if missing:
             response = await admin.create_topics(missing)
             for topic, code, *message in response.topic_errors:

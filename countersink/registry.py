@@ -44,13 +44,12 @@ class CounterRegistry:
             rows = as_dicts(result)
             if not rows or rows[0].get("[applied]") or rows[0].get("fingerprint") == stamp:
                 continue
-            recorded = registry.from_record(rows[0]["definition"])
-            what = "; ".join(registry.changes(recorded, definition)) or "fingerprint differs"
-            refused.append(DefinitionChangedError(
-                counters.source, f"{definition.name!r}", "",
-                f"its meaning differs from the definition recorded in the counter registry ({what}), "
-                f"registered by {rows[0].get('registered_by')}. Changing a counter in place would apply events "
-                f"with the new meaning to state kept with the old one: give the new definition a new name"))
+            # A fingerprint recorded before the meaning covered something more (retention) differs with an
+            # unchanged meaning: the meanings decide.
+            reason = registry.refusal(registry.from_record(rows[0]["definition"]), definition,
+                                      rows[0].get("registered_by"))
+            if reason is not None:
+                refused.append(DefinitionChangedError(counters.source, f"{definition.name!r}", "", reason))
         if refused:
             first, *more = refused
             raise DefinitionChangedError(first.source, first.counter, first.field, first.reason, tuple(more))

@@ -616,7 +616,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
     counters = None
     if args.counters:
-        counters = load_definitions_or_refuse(args.counters)
+        counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)
         if counters is None:
             return 2
     return run_async(serve(settings, serve_settings, counters, args.consistency), graceful=True)

@@ -146,6 +146,10 @@ class CassandraSettings(_Section):
     # Rows of a bucket past its retention stay this long after its expiry before Cassandra drops them, hidden
     # from reads meanwhile: a bucket disappears whole unless clocks disagree by more than this.
     retention_grace_s: int = Field(default=3600, ge=60, le=30 * 86400)
+    # The largest shard row (one key's cells of every counter that can share it) a definitions file may make,
+    # judged from the definitions when they are loaded: Cassandra refuses a mutation over its max_mutation_size
+    # (16 MiB by default) for good. Raise it only with Cassandra's commitlog_segment_size (twice the limit).
+    max_row_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
     connections_per_host: int = Field(default=1, ge=1, le=64)
     io_threads: int = Field(default=1, ge=1, le=32)
     replication: str = "{'class': 'SimpleStrategy', 'replication_factor': 1}"

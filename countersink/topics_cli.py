@@ -2,6 +2,10 @@
 
 Brokers usually refuse to create topics on first use (``auto.create.topics.enable=false``), and a consumer
 whose topics do not exist waits for them, unready. Topics that exist already are left as they are.
+
+A topic that a counter with ``event_id`` reads is created with ``cleanup.policy=delete``, whatever the broker's
+default: the consumer refuses to count such a counter on a compacted topic (``consumer.cleanup_policies``).
+One that exists compacted is reported (``topic_refused``) and the command exits 2.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from consumer.cleanup_policies import check_policies, deduplicating
 from countersink.cli import (
     EXIT_USAGE,
     HelpFormatter,
@@ -21,10 +26,11 @@ from countersink.cli import (
     run_async,
     setting_default,
 )
-from countersink.kafka import start_admin
+from countersink.kafka import cleanup_policies, start_admin
 from countersink.logs import get_logger
 from countersink.settings import Settings
-from schemas.definitions import TOPIC_PATTERN
+from schemas.definitions import TOPIC_PATTERN, CounterSet
+from schemas.errors import CompactedTopicError
 
 log = get_logger(__name__)
 
@@ -54,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     topics = list(args.topics)
+    counters = None
     if args.counters is not None:
-        counters = load_definitions_or_refuse(args.counters)
+        counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)
         if counters is None:
             return EXIT_USAGE
         topics += [t for t in counters.topics if t not in topics]
@@ -63,11 +70,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         log.error("usage_refused", error="name topics, or a definitions file with --counters")
         return EXIT_USAGE
     partitions = args.partitions or settings.consumer.topic_partitions
-    return run_async(create_topics(settings, topics, partitions, args.replication_factor))
+    return run_async(create_topics(settings, topics, partitions, args.replication_factor, counters))
 
 
-async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int) -> int:
-    """Create each missing topic; print ``created NAME (N partitions)`` or ``exists NAME (N partitions)``."""
+async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int,
+                        counters: CounterSet | None = None) -> int:
+    """Create each missing topic; print ``created NAME (N partitions)`` or ``exists NAME (N partitions)``.
+    Topics that ``counters`` deduplicate by event id are created with ``cleanup.policy=delete``; one that exists
+    compacted is refused (exit 2)."""
+    window = settings.consumer.retry_window_records
+    plain = deduplicating(counters, window) if counters is not None else {}
     # A refused login or certificate is named (KafkaSecurityError), not reported as a failed bootstrap.
     admin = await start_admin(settings.kafka)
     try:
@@ -76,7 +88,8 @@ async def create_topics(settings: Settings, topics: list[str], partitions: int, 
         if missing:
             # Another process may create the same topic between the listing and this request.
             with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics([NewTopic(t, partitions, replication_factor) for t in missing])
+                await admin.create_topics([NewTopic(t, partitions, replication_factor, topic_configs={
+                    "cleanup.policy": "delete"} if t in plain else None) for t in missing])
         existing_ones = [t for t in topics if t not in missing]
         described = {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(existing_ones)
                      } if existing_ones else {}
@@ -87,4 +100,12 @@ async def create_topics(settings: Settings, topics: list[str], partitions: int, 
             print(f"created {topic} ({partitions} partitions)")
         else:
             print(f"exists  {topic} ({described.get(topic, '?')} partitions)")
+    if counters is None or not plain:
+        return 0
+    try:
+        check_policies(counters, window, await cleanup_policies(settings.kafka, [t for t in plain if t in topics]))
+    except CompactedTopicError as exc:
+        for topic, line in zip(sorted(exc.topics), exc.lines, strict=True):
+            log.error("topic_refused", topic=topic, policy=exc.policies[topic], error=line)
+        return EXIT_USAGE
     return 0

@@ -331,11 +331,12 @@ def _definition_errors(exc: ValidationError, source: str, counter: str) -> list[
     return found
 
 
-def parse_definitions(text: str, source: str = "<string>") -> CounterSet:
+def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int | None = None) -> CounterSet:
     """Parse definitions from TOML text; ``source`` names the file in every :class:`DefinitionError`.
 
     Every counter is checked before anything is refused: the error raised carries every problem of the file
-    in ``problems``."""
+    in ``problems``. Counters whose shard rows could outgrow ``max_row_bytes`` (default
+    ``schemas.shard_rows.DEFAULT_MAX_ROW_BYTES``) are refused with :class:`RowTooLargeError`."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -361,14 +362,19 @@ def parse_definitions(text: str, source: str = "<string>") -> CounterSet:
     if problems:
         first, *more = problems
         raise DefinitionError(first.source, first.counter, first.field, first.reason, tuple(more))
-    return CounterSet(tuple(counters), source)
+    from schemas import shard_rows  # it reads the router's limits, and the router reads definitions
+
+    counter_set = CounterSet(tuple(counters), source)
+    shard_rows.check_rows(counter_set, shard_rows.DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes)
+    return counter_set
 
 
-def load_definitions(path: str | Path) -> CounterSet:
-    """Read and parse a definitions file; an unreadable or invalid file raises :class:`DefinitionError`."""
+def load_definitions(path: str | Path, *, max_row_bytes: int | None = None) -> CounterSet:
+    """Read and parse a definitions file; an unreadable or invalid file raises :class:`DefinitionError`
+    (:func:`parse_definitions` says what ``max_row_bytes`` is)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DefinitionError(source, "", "", f"cannot read the file: {exc}") from exc
-    return parse_definitions(text, source)
+    return parse_definitions(text, source, max_row_bytes=max_row_bytes)

@@ -38,6 +38,37 @@ class DefinitionChangedError(DefinitionError):
     counter registry under the same name; every changed counter is one of ``problems``."""
 
 
+class RowTooLargeError(DefinitionError):
+    """Raised when a definitions file is loaded whose counters, sharing a shard row, could together write a
+    row larger than ``max_row_bytes`` (or one counter's state could outgrow what a state may be): ``counters``
+    names them, ``bound`` is the largest size in bytes."""
+
+    def __init__(self, source: str, counter: str, field: str, reason: str,
+                 more: tuple[DefinitionError, ...] = (), *, counters: tuple[str, ...] = (), bound: int = 0) -> None:
+        super().__init__(source, counter, field, reason, more)
+        self.counters = counters
+        self.bound = bound
+
+
+class CompactedTopicError(CountersinkError):
+    """Raised when a counter that drops publisher retries by event id would count a topic whose
+    ``cleanup.policy`` includes ``compact``: the log cleaner may remove an original that its retry (same
+    message key) superseded, and an owner rebuilding its retry window from the log would then count the
+    retry again. ``topics`` maps each such topic to the counters refused on it."""
+
+    def __init__(self, topics: dict[str, tuple[str, ...]], policies: dict[str, str]) -> None:
+        self.topics = topics
+        self.policies = policies
+        self.lines = tuple(
+            f"topic {topic!r} has cleanup.policy={policies[topic]}, and counter{'s' if len(names) > 1 else ''} "
+            f"{', '.join(repr(n) for n in names)} drop{'' if len(names) > 1 else 's'} publisher retries by "
+            "event_id: compaction can remove an original whose retry superseded it, and the retry would be "
+            "counted again after a takeover. Set the topic's cleanup.policy to delete, or count it with "
+            "counters without event_id"
+            for topic, names in sorted(topics.items()))
+        super().__init__("; ".join(self.lines))
+
+
 class InvalidEventError(CountersinkError):
     """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
 

@@ -2,8 +2,15 @@
 
 A consumer records every counter it keeps (``counters`` table) before it counts anything. The fingerprint
 covers what stored state means: the kind, the key and value fields, ``where``, the bucket, the number mode
-and the sketch sizes. ``topics``, ``event_id``, ``coerce`` and ``top`` may change under the same name: they
-decide which events arrive, not what a stored state means.
+and the sketch sizes, and the retention. ``topics``, ``event_id``, ``coerce`` and ``top`` may change under the
+same name: they decide which events arrive, not what a stored state means.
+
+Retention is part of the meaning because every row of a bucket is written with a TTL ending at the bucket's
+expiry under the retention of its writer: under a new retention a bucket would hold rows of both, and the GC
+and the readers, which treat a bucket's rows as expiring together, would show it half timed (its untimed rows
+alone once the timed ones are hidden). Only a counter with retention has the entry, so the fingerprints of the
+others are those recorded before retention was part of it; a record whose fingerprint differs but whose
+meaning does not (recorded before) is accepted.
 """
 
 from __future__ import annotations
@@ -15,6 +22,13 @@ from typing import Any
 from schemas.definitions import CounterDefinition, CounterSet
 
 REGISTRY_SOURCE = "the counter registry"
+_RETAIN_UNITS = (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60))
+
+
+def _retention(seconds: int) -> str:
+    """A retention in its largest whole unit (``14d`` and ``2w`` are one retention: ``2w``)."""
+    unit, size = next((unit, size) for unit, size in _RETAIN_UNITS if seconds % size == 0)
+    return f"{seconds // size}{unit}"
 
 
 def meaning(definition: CounterDefinition) -> dict[str, Any]:
@@ -30,6 +44,7 @@ def meaning(definition: CounterDefinition) -> dict[str, Any]:
         "lg_k": spec.lg_k if definition.kind == "distinct" else None,
         "k": spec.k if definition.kind == "quantiles" else None,
         "max_map_size": 2 ** spec.lg_max_map_size if definition.kind == "top_k" else None,
+        **({} if definition.retain_seconds is None else {"retain": _retention(definition.retain_seconds)}),
     }
 
 
@@ -51,8 +66,25 @@ def from_record(text: str) -> CounterDefinition:
 def changes(registered: CounterDefinition, new: CounterDefinition) -> list[str]:
     """What differs in meaning between two definitions of one name, as ``field: old -> new``."""
     old_meaning, new_meaning = meaning(registered), meaning(new)
-    return [f"{field}: {json.dumps(old_meaning[field])} -> {json.dumps(new_meaning[field])}"
-            for field in old_meaning if old_meaning[field] != new_meaning[field]]
+    fields = list(old_meaning) + [field for field in new_meaning if field not in old_meaning]
+    return [f"{field}: {json.dumps(old_meaning.get(field))} -> {json.dumps(new_meaning.get(field))}"
+            for field in fields if old_meaning.get(field) != new_meaning.get(field)]
+
+
+def refusal(registered: CounterDefinition, new: CounterDefinition, registered_by: object) -> str | None:
+    """Why ``new`` may not be counted under the name ``registered`` holds in the registry; None when their
+    meanings agree."""
+    changed = changes(registered, new)
+    if not changed:
+        return None
+    reason = (f"its meaning differs from the definition recorded in the counter registry ({'; '.join(changed)}), "
+              f"registered by {registered_by}. Changing a counter in place would apply events with the new "
+              "meaning to state kept with the old one: give the new definition a new name")
+    if any(change.startswith("retain:") for change in changed):
+        reason += (". A bucket's rows expire with the retention they were written under, so a new retention would "
+                   "leave buckets half timed: define a new counter (a new name) with the new retention, and read "
+                   "the old one until its buckets have expired")
+    return reason
 
 
 def registered_set(definitions: list[CounterDefinition]) -> CounterSet:

@@ -42,6 +42,8 @@ class KindModule(Protocol):
 
     def state_from_bytes(self, data: bytes) -> State: ...
 
+    def max_stored_bytes(self, spec: KindSpec, max_item_bytes: int) -> int: ...
+
 
 _MODULES: tuple[ModuleType, ...] = (count, sum, min, max, mean, variance, distinct, quantiles, top_k)
 

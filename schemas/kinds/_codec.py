@@ -16,6 +16,33 @@ _DOUBLE = struct.Struct(">d")
 # finite double, so a longer integer can only be corruption.
 MAX_INT_BYTES = 600
 _MAX_UVARINT_BYTES = 10
+# A decimal's exponent beyond this is corrupt (no supported value has one: single values are within ±100).
+MAX_DECIMAL_EXPONENT = 1_000_000
+
+
+def uvarint_size(n: int) -> int:
+    """Bytes :func:`put_uvarint` writes for ``n``."""
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def int_size(n: int) -> int:
+    """Bytes :func:`put_int` writes for ``n``."""
+    size = ((n << 1 if n >= 0 else ((-n) << 1) - 1).bit_length() + 7) // 8
+    return uvarint_size(size) + size
+
+
+# The longest encodings the readers below accept: a longer one is refused as corrupt, so no stored state holds
+# one. They bound the stored size of a kind's state (each kind's ``max_stored_bytes``).
+MAX_UVARINT_SIZE = _MAX_UVARINT_BYTES
+MAX_INT_SIZE = uvarint_size(MAX_INT_BYTES) + MAX_INT_BYTES
+MAX_FIXED_SIZE = MAX_INT_SIZE + uvarint_size(MAX_INT_BYTES * 8)
+MAX_DECIMAL_SIZE = MAX_INT_SIZE + int_size(MAX_DECIMAL_EXPONENT)
+DOUBLE_SIZE = 8
+
+
+def blob_size(size: int) -> int:
+    """Bytes :func:`put_blob` writes for a blob of ``size`` bytes."""
+    return uvarint_size(size) + 4 + size
 
 
 def put_uvarint(out: bytearray, n: int) -> None:
@@ -132,7 +159,7 @@ class Reader:
     def decimal(self) -> Decimal:
         coefficient = self.int_()
         exponent = self.int_()
-        if abs(exponent) > 1_000_000:
+        if abs(exponent) > MAX_DECIMAL_EXPONENT:
             raise CorruptStateError(f"decimal exponent {exponent} is out of range")
         sign = 1 if coefficient < 0 else 0
         digits = tuple(int(c) for c in str(abs(coefficient)))

@@ -11,8 +11,16 @@ from decimal import Decimal
 from typing import Any, Self
 
 from schemas.errors import CorruptStateError, IncompatibleStateError
-from schemas.kinds._codec import Reader, put_decimal, put_double, put_int
-from schemas.kinds.base import NUMBER_MODE_BYTES, NumberMode, State, read_number_mode, split_header
+from schemas.kinds._codec import DOUBLE_SIZE, MAX_DECIMAL_SIZE, MAX_INT_SIZE, Reader, put_decimal, put_double, put_int
+from schemas.kinds.base import (
+    HEADER_SIZE,
+    NUMBER_MODE_BYTES,
+    KindSpec,
+    NumberMode,
+    State,
+    read_number_mode,
+    split_header,
+)
 
 
 class ExtremumState(State):
@@ -102,3 +110,11 @@ class MaxState(ExtremumState):
         v = self._v
         if v is None or value > v or (value == v and type(value) is Decimal and value.compare_total(v) > 0):
             self._v = value
+
+
+_MAX_VALUE_SIZE = {"integer": MAX_INT_SIZE, "decimal": MAX_DECIMAL_SIZE, "float": DOUBLE_SIZE}
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a min or max stores (mode byte, presence byte, value): its reader refuses a longer one."""
+    return HEADER_SIZE + 2 + _MAX_VALUE_SIZE[spec.number]

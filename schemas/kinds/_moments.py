@@ -18,8 +18,26 @@ from typing import Any, ClassVar, Self
 
 from schemas.errors import CorruptStateError, IncompatibleStateError
 from schemas.kinds import _numeric
-from schemas.kinds._codec import Reader, put_decimal, put_fixed, put_int, put_uvarint
-from schemas.kinds.base import NUMBER_MODE_BYTES, NumberMode, State, read_number_mode, split_header
+from schemas.kinds._codec import (
+    MAX_DECIMAL_SIZE,
+    MAX_FIXED_SIZE,
+    MAX_INT_SIZE,
+    MAX_UVARINT_SIZE,
+    Reader,
+    put_decimal,
+    put_fixed,
+    put_int,
+    put_uvarint,
+)
+from schemas.kinds.base import (
+    HEADER_SIZE,
+    NUMBER_MODE_BYTES,
+    KindSpec,
+    NumberMode,
+    State,
+    read_number_mode,
+    split_header,
+)
 
 _ZERO = Decimal(0)
 
@@ -161,3 +179,12 @@ class VarianceState(PowerSums):
         variance = _numeric.ratio_to_float(m2_numerator, n * n * b * b * d)
         sample = _numeric.ratio_to_float(m2_numerator, n * (n - 1) * b * b * d) if n > 1 else None
         return MomentsValue(n, self._mean(), variance, math.sqrt(variance), sample)
+
+
+_MAX_SUM_SIZE = {"integer": MAX_INT_SIZE, "decimal": MAX_DECIMAL_SIZE, "float": MAX_FIXED_SIZE}
+
+
+def max_power_sums_bytes(spec: KindSpec, *, squares: bool) -> int:
+    """The largest state a mean (``squares`` False) or a variance stores: mode byte, ``n``, then one or two
+    sums, each as long as its reader accepts."""
+    return HEADER_SIZE + 1 + MAX_UVARINT_SIZE + (2 if squares else 1) * _MAX_SUM_SIZE[spec.number]

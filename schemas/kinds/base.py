@@ -41,6 +41,8 @@ def read_number_mode(reader: Reader, kind: str) -> NumberMode:
 # Larger than any body a supported configuration writes (an HLL_8 sketch at lg_k 21 is 2 MiB, a KLL
 # sketch at k 65535 a few MiB), small enough that a corrupt blob cannot make a reader allocate without bound.
 MAX_STATE_BYTES = 16 * 1024 * 1024
+# The tag and version bytes in front of every body.
+HEADER_SIZE = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Self
 
-from schemas.kinds._codec import Reader, put_uvarint
-from schemas.kinds.base import KindSpec, State, split_header
+from schemas.kinds._codec import MAX_UVARINT_SIZE, Reader, put_uvarint
+from schemas.kinds.base import HEADER_SIZE, KindSpec, State, split_header
 
 TAG = 2
 VERSIONS = frozenset({1})
@@ -54,3 +54,8 @@ def state_from_bytes(data: bytes) -> CountState:
     state = CountState(r.uvarint())
     r.end()
     return state
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a count stores: its reader refuses a longer one."""
+    return HEADER_SIZE + MAX_UVARINT_SIZE

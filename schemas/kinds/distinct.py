@@ -25,8 +25,8 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
-from schemas.kinds._codec import Reader, put_blob
-from schemas.kinds.base import KindSpec, State, split_header
+from schemas.kinds._codec import Reader, blob_size, put_blob
+from schemas.kinds.base import HEADER_SIZE, KindSpec, State, split_header
 
 TAG = 7
 VERSIONS = frozenset({1})
@@ -133,3 +133,9 @@ def state_from_bytes(data: bytes) -> DistinctState:
     if not MIN_LG_K <= sketch.lg_config_k <= MAX_LG_K:
         raise CorruptStateError(f"HLL lg_k {sketch.lg_config_k} is out of range")
     return DistinctState(sketch)
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a distinct counter stores: a full HLL_8 sketch, one byte per register (``2**lg_k``)
+    after the library's preamble, whatever the values (a list or set of hashes is smaller)."""
+    return HEADER_SIZE + blob_size(int(ds.hll_sketch.get_max_updatable_serialization_bytes(spec.lg_k, _HLL_8)))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from schemas.kinds._extremum import MaxState
+from schemas.kinds._extremum import MaxState, max_stored_bytes
 from schemas.kinds.base import KindSpec
 
 TAG = MaxState.tag
 VERSIONS = frozenset({1})
 
-__all__ = ["MaxState", "new", "state_from_bytes"]
+__all__ = ["MaxState", "max_stored_bytes", "new", "state_from_bytes"]
 
 
 def new(spec: KindSpec) -> MaxState:

@@ -6,13 +6,13 @@ The value is a ``float`` (the exact mean rounded once), or ``None`` before any e
 
 from __future__ import annotations
 
-from schemas.kinds._moments import MeanState
+from schemas.kinds._moments import MeanState, max_power_sums_bytes
 from schemas.kinds.base import KindSpec
 
 TAG = MeanState.tag
 VERSIONS = frozenset({1})
 
-__all__ = ["MeanState", "new", "state_from_bytes"]
+__all__ = ["MeanState", "max_stored_bytes", "new", "state_from_bytes"]
 
 
 def new(spec: KindSpec) -> MeanState:
@@ -23,3 +23,8 @@ def new(spec: KindSpec) -> MeanState:
 def state_from_bytes(data: bytes) -> MeanState:
     """Decode bytes written by :meth:`MeanState.to_bytes`."""
     return MeanState._decode(data, TAG, VERSIONS)
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a mean stores: its reader refuses a longer one."""
+    return max_power_sums_bytes(spec, squares=False)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from schemas.kinds._extremum import MinState
+from schemas.kinds._extremum import MinState, max_stored_bytes
 from schemas.kinds.base import KindSpec
 
 TAG = MinState.tag
 VERSIONS = frozenset({1})
 
-__all__ = ["MinState", "new", "state_from_bytes"]
+__all__ = ["MinState", "max_stored_bytes", "new", "state_from_bytes"]
 
 
 def new(spec: KindSpec) -> MinState:

@@ -18,8 +18,8 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
-from schemas.kinds._codec import Reader, put_blob
-from schemas.kinds.base import MAX_STATE_BYTES, KindSpec, State, split_header
+from schemas.kinds._codec import Reader, blob_size, put_blob
+from schemas.kinds.base import HEADER_SIZE, MAX_STATE_BYTES, KindSpec, State, split_header
 
 TAG = 8
 VERSIONS = frozenset({1})
@@ -136,3 +136,30 @@ def state_from_bytes(data: bytes) -> QuantilesState:
     if not MIN_K <= sketch.k <= MAX_K:
         raise CorruptStateError(f"KLL k {sketch.k} is out of range")
     return QuantilesState(sketch)
+
+
+_KLL_MIN_LEVEL_WIDTH = 8
+_KLL_PREAMBLE_BYTES = 20
+
+
+def _kll_level_capacity(k: int, depth: int) -> int:
+    """Items a KLL level ``depth`` levels below the top holds: ``k·(2/3)^depth`` rounded, as the library
+    computes it (in two halves past depth 30, as it does)."""
+    if depth > 30:
+        half = depth // 2
+        return _kll_level_capacity(_kll_level_capacity(k, half), depth - half)
+    widened: int = ((2 * k) << depth) // pow(3, depth)
+    return (widened + 1) >> 1
+
+
+def kll_max_bytes(k: int, levels: int = _KLL_MAX_LEVELS) -> int:
+    """The longest serialization of a KLL doubles sketch with ``levels`` levels: preamble, level offsets,
+    min and max, and every item the levels can hold (never more than their capacities together)."""
+    capacity = sum(max(_KLL_MIN_LEVEL_WIDTH, _kll_level_capacity(k, depth)) for depth in range(levels))
+    return _KLL_PREAMBLE_BYTES + 4 * levels + 16 + 8 * capacity
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a quantiles counter stores: a KLL sketch of ``k`` at the most levels its reader
+    accepts (61: far more than 2**64 values make), each level full."""
+    return HEADER_SIZE + blob_size(kll_max_bytes(spec.k))

@@ -18,8 +18,23 @@ from typing import ClassVar, Self
 
 from schemas.errors import CorruptStateError, IncompatibleStateError
 from schemas.kinds import _numeric
-from schemas.kinds._codec import Reader, put_decimal, put_fixed, put_int
-from schemas.kinds.base import NUMBER_MODE_BYTES, KindSpec, State, read_number_mode, split_header
+from schemas.kinds._codec import (
+    MAX_DECIMAL_SIZE,
+    MAX_FIXED_SIZE,
+    MAX_INT_SIZE,
+    Reader,
+    put_decimal,
+    put_fixed,
+    put_int,
+)
+from schemas.kinds.base import (
+    HEADER_SIZE,
+    NUMBER_MODE_BYTES,
+    KindSpec,
+    State,
+    read_number_mode,
+    split_header,
+)
 
 TAG = 1
 VERSIONS = frozenset({1})
@@ -166,3 +181,12 @@ def state_from_bytes(data: bytes) -> SumState:
         state = FloatSum(r.fixed())
     r.end()
     return state
+
+
+# The longest total each mode's reader accepts (the decimal one after its presence byte).
+_MAX_TOTAL_SIZE = {"integer": MAX_INT_SIZE, "decimal": 1 + MAX_DECIMAL_SIZE, "float": MAX_FIXED_SIZE}
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a sum stores in the definition's number mode: its reader refuses a longer one."""
+    return HEADER_SIZE + 1 + _MAX_TOTAL_SIZE[spec.number]

@@ -21,8 +21,8 @@ from typing import Self
 import datasketches as ds
 
 from schemas.errors import CorruptStateError
-from schemas.kinds._codec import Reader, put_blob, put_uvarint
-from schemas.kinds.base import MAX_STATE_BYTES, KindSpec, State, split_header
+from schemas.kinds._codec import Reader, blob_size, put_blob, put_uvarint, uvarint_size
+from schemas.kinds.base import HEADER_SIZE, MAX_STATE_BYTES, KindSpec, State, split_header
 
 TAG = 9
 VERSIONS = frozenset({1})
@@ -154,3 +154,16 @@ def state_from_bytes(data: bytes) -> TopKState:
     except Exception as exc:  # the C++ library raises several types; all mean a bad body
         raise CorruptStateError(f"frequent-items body does not decode: {exc}") from exc
     return TopKState(sketch, top)
+
+
+# DataSketches' frequent items: a 32-byte preamble, then a count (8 bytes) and a length-prefixed string (4 bytes
+# and the item) per item it tracks; it tracks at most 3/4 of its map before it purges.
+_FREQUENT_PREAMBLE_BYTES = 32
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a top_k counter stores: as many items as its map tracks (3/4 of
+    ``max_map_size``), each of ``max_item_bytes`` (the router refuses longer items)."""
+    tracked = 3 * (1 << spec.lg_max_map_size) // 4
+    sketch = _FREQUENT_PREAMBLE_BYTES + tracked * (8 + 4 + max_item_bytes)
+    return HEADER_SIZE + uvarint_size(spec.top) + blob_size(sketch)

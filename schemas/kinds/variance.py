@@ -7,13 +7,13 @@ double, except ``stddev`` (sqrt of the rounded variance, within one ulp). Number
 
 from __future__ import annotations
 
-from schemas.kinds._moments import MomentsValue, VarianceState
+from schemas.kinds._moments import MomentsValue, VarianceState, max_power_sums_bytes
 from schemas.kinds.base import KindSpec
 
 TAG = VarianceState.tag
 VERSIONS = frozenset({1})
 
-__all__ = ["MomentsValue", "VarianceState", "new", "state_from_bytes"]
+__all__ = ["MomentsValue", "VarianceState", "max_stored_bytes", "new", "state_from_bytes"]
 
 
 def new(spec: KindSpec) -> VarianceState:
@@ -24,3 +24,8 @@ def new(spec: KindSpec) -> VarianceState:
 def state_from_bytes(data: bytes) -> VarianceState:
     """Decode bytes written by :meth:`VarianceState.to_bytes`."""
     return VarianceState._decode(data, TAG, VERSIONS)
+
+
+def max_stored_bytes(spec: KindSpec, max_item_bytes: int) -> int:
+    """The largest state a variance stores: its reader refuses a longer one."""
+    return max_power_sums_bytes(spec, squares=True)

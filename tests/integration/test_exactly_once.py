@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
@@ -171,10 +172,11 @@ async def _compacted_offsets(kafka: KafkaSettings, topic: str, within_s: float =
 async def test_a_successor_on_a_compacted_topic_drops_the_retries_its_predecessor_dropped(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, tmp_path: Path
 ) -> None:
-    """On a compacted topic (records superseded by a later one with the same key removed, leaving offsets
-    without a record), a consumer killed with kill -9 is followed by one whose retry window holds the same
-    200 records: retries within them are dropped though more than 200 offsets away, and what counts is
-    what the log kept."""
+    """On a topic compacted before it is counted (records superseded by a later one with the same key
+    removed, leaving offsets without a record; then set to cleanup.policy=delete, as the consumer requires
+    of a topic counted with event ids), a consumer killed with kill -9 is followed by one whose retry window
+    holds the same 200 records: retries within them are dropped though more than 200 offsets away, and what
+    counts is what the log kept."""
     topic = f"compacted-{uuid.uuid4().hex[:10]}"
     admin = make_admin(kafka_settings)
     await admin.start()
@@ -204,6 +206,12 @@ async def test_a_successor_on_a_compacted_topic_drops_the_retries_its_predecesso
         offsets = await _compacted_offsets(kafka_settings, topic)
         updates_kept = sum(1 for r in await read_topic(kafka_settings, topic, at_least=len(offsets))
                            if json.loads(r.value)["symbol"] == "U")
+        admin = make_admin(kafka_settings)
+        await admin.start()
+        try:
+            await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": "delete"})])
+        finally:
+            await admin.close()
 
         log = tmp_path / "consumer.log"
         process = start_consumer(kafka_settings, cassandra_settings, log, retry_window_records=200,

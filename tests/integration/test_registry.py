@@ -78,6 +78,26 @@ async def test_a_changed_meaning_is_refused_naming_every_changed_counter(client:
     assert "lg_k: 12 -> 14" in lines[1]
 
 
+async def test_a_changed_retention_is_refused_and_an_equal_one_is_not(client: CassandraClient) -> None:
+    """A bucketed counter recorded with retain 30d: registering it with 60d is refused, saying to define a
+    new counter; with 720h (the same retention) it is accepted, as is a counter recorded before retention
+    was part of the fingerprint."""
+    retained = ('[[counter]]\nname = "views"\ntopics = ["t"]\nkind = "count"\nkey = "page"\n'
+                'bucket = { field = "ts", size = "1h" }\nretain = "30d"\n')
+    registry = CounterRegistry(client)
+    await registry.register(parse_definitions(retained, "a.toml"), "host-a")
+    with pytest.raises(DefinitionChangedError) as info:
+        await registry.register(parse_definitions(retained.replace("30d", "60d"), "b.toml"), "host-b")
+    assert 'retain: "30d" -> "60d"' in info.value.line
+    assert "define a new counter (a new name) with the new retention" in info.value.line
+    await registry.register(parse_definitions(retained.replace("30d", "720h"), "c.toml"), "host-c")
+    # Recorded by a version whose fingerprint left retention out: the meaning is the same, so it is accepted.
+    await client.execute("UPDATE counters SET fingerprint = 'recorded-before' WHERE name = 'views'", [])
+    await registry.register(parse_definitions(retained, "d.toml"), "host-d")
+    with pytest.raises(DefinitionChangedError):
+        await registry.register(parse_definitions(retained.replace('retain = "30d"\n', ""), "e.toml"), "host-e")
+
+
 async def test_a_consumer_started_with_a_changed_definition_refuses_to_start(
         kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, client: CassandraClient,
         tmp_path: Path) -> None:

@@ -198,6 +198,25 @@ def test_every_problem_of_a_definitions_file_is_listed_at_once(tmp_path: Path) -
     assert any("'B' (#2), field 'name'" in line for line in refused)
 
 
+def test_counters_whose_shared_row_could_outgrow_the_limit_are_refused_before_any_connection(tmp_path: Path) -> None:
+    """A top-k of 8192 and a distinct of lg_k 21 that can share rows: ``consume`` exits 2 with one line naming
+    both and the setting, without reaching a server; with the limit raised, the same file gets past loading."""
+    big = tmp_path / "counters.toml"
+    big.write_text('[[counter]]\nname = "top_users"\ntopics = ["t"]\nkind = "top_k"\nkey = "s"\nvalue = "u"\n'
+                   'max_map_size = 8192\n[[counter]]\nname = "traders"\ntopics = ["t"]\nkind = "distinct"\n'
+                   'key = "site"\nvalue = "u"\nlg_k = 21\n')
+    done = countersink("consume", "--counters", str(big), env={**CASSANDRA_DOWN, **KAFKA_DOWN})
+    assert done.returncode == 2, done.stderr
+    (line,) = [json.loads(line) for line in error_lines(done)]
+    assert line["event"] == "definitions_refused"
+    assert "counter 'top_users': with 'traders', sharing rows of topic 't'" in line["error"]
+    assert "COUNTERSINK_CASSANDRA__MAX_ROW_BYTES" in line["error"]
+    raised = countersink("consume", "--counters", str(big),
+                         env={**CASSANDRA_DOWN, **KAFKA_DOWN, "COUNTERSINK_CASSANDRA__MAX_ROW_BYTES": "16777216",
+                              "COUNTERSINK_CONSUMER__STARTUP_TIMEOUT_S": "1"})
+    assert "definitions_refused" not in raised.stderr
+
+
 def test_definition_error_carries_every_problem() -> None:
     """``DefinitionError.problems`` holds one entry per problem; the error itself is the first."""
     with pytest.raises(DefinitionError) as info:

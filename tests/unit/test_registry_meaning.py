@@ -34,6 +34,30 @@ def test_what_changes_the_meaning(change: str, field: str) -> None:
     assert [c.split(":")[0] for c in registry.changes(_one(BASE), changed)] == [field]
 
 
+RETAINED = 'bucket = { field = "ts", size = "1h" }\nretain = "30d"\n'
+
+
+def test_a_retention_change_is_refused_saying_to_define_a_new_counter() -> None:
+    """Retention 30d recorded, 60d asked: refused, naming the change and saying to define a new counter;
+    the same retention written as 720h is no change."""
+    recorded = _one(BASE + RETAINED)
+    reason = registry.refusal(recorded, _one(BASE + RETAINED.replace("30d", "60d")), "host-a")
+    assert reason is not None
+    assert 'retain: "30d" -> "60d"' in reason
+    assert "registered by host-a" in reason
+    assert "define a new counter (a new name) with the new retention" in reason
+    assert registry.refusal(recorded, _one(BASE + RETAINED.replace("30d", "720h")), "host-a") is None
+
+
+def test_fingerprints_without_retention_are_the_ones_recorded_before_it_counted() -> None:
+    """A counter without retention keeps the fingerprint of the meaning before retention was part of it (so
+    nothing recorded earlier is refused); a recorded meaning equal to the new one is never refused, whatever
+    fingerprint it was recorded with."""
+    assert registry.fingerprint(_one(BASE)) == "493a0d7c12b63c55701c3852f7a4cd87d611bb98e7426dfa55cf001aafd75024"
+    retained = _one(BASE + RETAINED)
+    assert registry.refusal(retained, retained, "host-a") is None
+
+
 def test_a_record_round_trips() -> None:
     """The stored JSON gives back the same definition."""
     definition = _one(BASE + 'where = { side = ["buy", "sell"] }\nbucket = { field = "ts", size = "1h" }\n')

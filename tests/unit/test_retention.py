@@ -56,14 +56,18 @@ def test_retention_that_cannot_be_kept_is_refused(body: str, complaint: str) -> 
         parse_definitions(f'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n{body}\n')
 
 
-def test_retention_is_in_weeks_days_hours_or_minutes_and_not_part_of_the_meaning() -> None:
-    """2w is 14 days. Retention decides which events count (like topics), not what a stored state means:
-    it may change under the same name, so it is not in the registry's fingerprint."""
+def test_retention_is_in_weeks_days_hours_or_minutes_and_part_of_the_meaning() -> None:
+    """2w is 14 days, and the same retention as 14d. A bucket's rows expire with the retention they were
+    written under, so retention is part of the registry's fingerprint: setting, changing or removing it is a
+    changed meaning, written in its largest whole unit."""
     two_weeks = parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n'
                                   'bucket = { field = "ts", size = "1d" }\nretain = "2w"\n')["c"]
     assert two_weeks.retain_seconds == 14 * 86400
-    assert registry.fingerprint(COUNTERS["views"]) == registry.fingerprint(
-        COUNTERS["views_forever"].model_copy(update={"name": "views"}))
+    assert registry.fingerprint(two_weeks) == registry.fingerprint(two_weeks.model_copy(update={"retain": "14d"}))
+    forever = COUNTERS["views_forever"].model_copy(update={"name": "views"})
+    assert registry.fingerprint(COUNTERS["views"]) != registry.fingerprint(forever)
+    assert registry.changes(forever, COUNTERS["views"]) == ['retain: null -> "2h"']
+    assert registry.changes(COUNTERS["views"], forever) == ['retain: "2h" -> null']
 
 
 def test_an_event_is_late_when_its_record_was_written_after_its_bucket_expired() -> None:
