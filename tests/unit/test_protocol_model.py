@@ -252,6 +252,9 @@ class Actor:
     task: Task | None = None
     background: list[BackgroundTask] = dataclasses.field(default_factory=list)
     gone: bool = False  # dead: it never acts again
+    # Kafka has assigned it the partition and not revoked it: no rebalance comes to move the partition on.
+    assigned: bool = False
+    minted: set[uuid.UUID] = dataclasses.field(default_factory=set)  # the ids of every mutator it made
 
     @property
     def mutator(self) -> Mutator | None:
@@ -263,6 +266,9 @@ class Actor:
 
 
 FAULTS = st.sampled_from((Fault.NONE, Fault.FAIL, Fault.LOST_ANSWER, Fault.HOLD))
+# The store's conditional writes: any of them may apply and time out at its caller.
+LWTS = frozenset(("register_mutator", "create_partition", "claim_partition", "open_window", "commit_window",
+                  "close_window", "retire_mutator"))
 PICK = st.integers(0, 7)
 # How many storage operations a task gets through before it (maybe) freezes: often only a few, so that tasks
 # stop between any two operations, sometimes enough to finish a flush or a takeover with its replay.
@@ -327,12 +333,16 @@ class ProtocolModel(RuleBasedStateMachine):
             actor.background.append(background)
             return background
 
+        def new_id() -> uuid.UUID:
+            minted = uuid.UUID(int=next(self.ids))
+            actor.minted.add(minted)
+            return minted
+
         retry = RetryEachStep(CONFIG, lambda: None)
         dead_letters = DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG)
         actor.ownership = self.ownership_class(
             CONFIG, actor.name, ROUTER, COUNTERS, self.store, self.log, cast(AIOKafkaConsumer, KafkaPositions()),
-            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us,
-            new_id=lambda: uuid.UUID(int=next(self.ids)), spawn=spawn)
+            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us, new_id=new_id, spawn=spawn)
         actor.flushing = Flushing(self.store, actor.ownership, dead_letters, retry)
         self.actors.append(actor)
         return actor
@@ -358,9 +368,10 @@ class ProtocolModel(RuleBasedStateMachine):
         return ([a.task for a in self.actors if a.task is not None]
                 + [b.task for a in self.actors for b in a.background if not b.task.done] + self.gc_tasks)
 
-    def drive(self, task: Task, ops: int, fault: Fault) -> None:
+    def drive(self, task: Task, ops: int, fault: Fault, at_lwt: bool = False) -> None:
         """Let ``ops`` storage operations of ``task`` take effect, the last one with ``fault``; the task then
-        waits (frozen) at its next operation until a later rule moves it on."""
+        waits (frozen) at its next operation until a later rule moves it on. With ``at_lwt``, the last one is
+        the task's next LWT, if it comes within ``ops``."""
         for n in range(ops):
             if task.done:
                 # A takeover's claim is done: its background half runs on with the operations left, as it
@@ -370,10 +381,12 @@ class ProtocolModel(RuleBasedStateMachine):
                     break
                 self.after_task_step(task)
                 task = following[0]
-            last = n == ops - 1
+            last = n == ops - 1 or (at_lwt and task.pending is not None and task.pending.name in LWTS)
             # Any task may freeze between its read of the ownership row and its claim: a claim from a stale
             # read must not apply (the LWT's condition names the window writer as read).
             task.step(fault if last else Fault.NONE)
+            if last:
+                break
         self.after_task_step(task)
 
     def after_task_step(self, task: Task) -> None:
@@ -412,6 +425,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def new_owner(self, skew: int, ops: int, fault: Fault) -> None:
         """A process is assigned the partition (the previous owner may be alive, frozen or dead)."""
         actor = self.new_actor(skew)
+        actor.assigned = True
         self.start(actor, "take", actor.ownership.take([TP]), ops, fault)
 
     @precondition(lambda self: any(a.task is None and a.mutator is None for a in self.live()))
@@ -419,6 +433,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def reassigned(self, i: int, ops: int, fault: Fault) -> None:
         """A process that lost, released or never won the partition is assigned it again."""
         actor = self.pick([a for a in self.live() if a.task is None and a.mutator is None], i)
+        actor.assigned = True
         self.start(actor, "take", actor.ownership.take([TP]), ops, fault)
 
     @precondition(lambda self: bool(self.running()))
@@ -427,6 +442,14 @@ class ProtocolModel(RuleBasedStateMachine):
         """A running (or frozen) task moves on by some storage operations; the last may fail."""
         tasks = self.running()
         self.drive(tasks[i % len(tasks)], ops, fault)
+
+    @precondition(lambda self: bool(self.running()))
+    @rule(i=PICK)
+    def lose_an_answer(self, i: int) -> None:
+        """A running (or frozen) task's next LWT (a claim, a window's opening, commit or close, a registration
+        or a retirement: of a takeover, a flush, a release or a rotation) applies, and its answer is lost."""
+        tasks = self.running()
+        self.drive(tasks[i % len(tasks)], 100, Fault.LOST_ANSWER, at_lwt=True)
 
     @precondition(lambda self: bool(self.running()))
     @rule(i=PICK)
@@ -485,6 +508,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def begin_release(self, i: int, ops: int, fault: Fault) -> None:
         """The partition is revoked: its owner hands it over (abandoning a takeover still finishing)."""
         actor = self.pick(self.idle_owners(), i)
+        actor.assigned = False
         self.start(actor, "release", actor.ownership.release_partition(TP), ops, fault)
 
     @precondition(lambda self: bool(self.applying_owners()))
@@ -573,6 +597,21 @@ class ProtocolModel(RuleBasedStateMachine):
             for (_, end, first), (begin, _, second) in itertools.pairwise(ranges):
                 if begin <= end:
                     raise self.violation(f"{counter}/{key}: shards of {first} and {second} both hold record {begin}")
+
+    @invariant()
+    def an_assigned_process_runs_the_mutator_it_owns(self) -> None:
+        """No lost answer leaves the partition paused for good: a process still assigned the partition, whose
+        loop is free, holds the mutator of its own that the row names owner (the row names another's only
+        when another member claimed it, and a rebalance then moves the partition on)."""
+        row = self.row()
+        if row is None:
+            return
+        for actor in self.live():
+            if actor.assigned and actor.task is None and row.owner in actor.minted:
+                mutator = actor.mutator
+                if mutator is None or mutator.id != row.owner or mutator.fenced:
+                    raise self.violation(f"{actor.name} is assigned the partition and its mutator {row.owner} owns "
+                                         f"it, but it runs {mutator.id if mutator else None}: paused for good")
 
     @invariant()
     def readable_value_is_between_committed_and_intent(self) -> None:
