@@ -347,9 +347,10 @@ class ProtocolModel(RuleBasedStateMachine):
         self.actors.append(actor)
         return actor
 
-    def start(self, actor: Actor, label: str, step: Coroutine[Any, Any, Any], ops: int, fault: Fault) -> None:
+    def start(self, actor: Actor, label: str, step: Coroutine[Any, Any, Any], ops: int, fault: Fault,
+              stop_at: frozenset[str] = frozenset()) -> None:
         actor.task = Task(f"{actor.name}.{label}", step)
-        self.drive(actor.task, ops, fault)
+        self.drive(actor.task, ops, fault, stop_at)
 
     def pick(self, candidates: Sequence[Actor], index: int) -> Actor:
         return candidates[index % len(candidates)]
@@ -368,10 +369,10 @@ class ProtocolModel(RuleBasedStateMachine):
         return ([a.task for a in self.actors if a.task is not None]
                 + [b.task for a in self.actors for b in a.background if not b.task.done] + self.gc_tasks)
 
-    def drive(self, task: Task, ops: int, fault: Fault, at_lwt: bool = False) -> None:
+    def drive(self, task: Task, ops: int, fault: Fault, stop_at: frozenset[str] = frozenset()) -> None:
         """Let ``ops`` storage operations of ``task`` take effect, the last one with ``fault``; the task then
-        waits (frozen) at its next operation until a later rule moves it on. With ``at_lwt``, the last one is
-        the task's next LWT, if it comes within ``ops``."""
+        waits (frozen) at its next operation until a later rule moves it on. The last one is the first
+        operation named in ``stop_at``, if one comes within ``ops``."""
         for n in range(ops):
             if task.done:
                 # A takeover's claim is done: its background half runs on with the operations left, as it
@@ -381,7 +382,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     break
                 self.after_task_step(task)
                 task = following[0]
-            last = n == ops - 1 or (at_lwt and task.pending is not None and task.pending.name in LWTS)
+            last = n == ops - 1 or (task.pending is not None and task.pending.name in stop_at)
             # Any task may freeze between its read of the ownership row and its claim: a claim from a stale
             # read must not apply (the LWT's condition names the window writer as read).
             task.step(fault if last else Fault.NONE)
@@ -414,19 +415,27 @@ class ProtocolModel(RuleBasedStateMachine):
 
     @initialize(entries=logs(), data=st.data())
     def publish(self, entries: list[Event | bytes], data: st.DataObject) -> None:
-        """The log is written; the partition's first owner takes it (from offset 0)."""
+        """The log is written; the partition's first owner takes it (from offset 0), sometimes with the answer
+        of its registration or of the LWT creating the row lost."""
         offsets = data.draw(offsets_of(len(entries)))
         self.log = self.log_class([e.to_bytes() if isinstance(e, Event) else e for e in entries], offsets)
         self.contributions = counted(entries, offsets)
-        self.new_owner(0, 10**6, Fault.NONE)
+        lost = data.draw(st.sampled_from((None, None, "register_mutator", "create_partition")))
+        if lost is None:
+            self.new_owner(0, 10**6, Fault.NONE)
+            return
+        self.new_owner(0, 10**6, Fault.LOST_ANSWER, stop_at=frozenset((lost,)))
+        first = self.actors[0]
+        if first.task is not None:
+            self.drive(first.task, 10**6, Fault.NONE)
 
     @precondition(lambda self: len(self.live()) < MAX_ACTORS)
     @rule(skew=st.sampled_from((0, -MAX_SKEW_US, MAX_SKEW_US)), ops=OPS, fault=FAULTS)
-    def new_owner(self, skew: int, ops: int, fault: Fault) -> None:
+    def new_owner(self, skew: int, ops: int, fault: Fault, stop_at: frozenset[str] = frozenset()) -> None:
         """A process is assigned the partition (the previous owner may be alive, frozen or dead)."""
         actor = self.new_actor(skew)
         actor.assigned = True
-        self.start(actor, "take", actor.ownership.take([TP]), ops, fault)
+        self.start(actor, "take", actor.ownership.take([TP]), ops, fault, stop_at)
 
     @precondition(lambda self: any(a.task is None and a.mutator is None for a in self.live()))
     @rule(i=PICK, ops=OPS, fault=FAULTS)
@@ -444,12 +453,13 @@ class ProtocolModel(RuleBasedStateMachine):
         self.drive(tasks[i % len(tasks)], ops, fault)
 
     @precondition(lambda self: bool(self.running()))
-    @rule(i=PICK)
-    def lose_an_answer(self, i: int) -> None:
-        """A running (or frozen) task's next LWT (a claim, a window's opening, commit or close, a registration
-        or a retirement: of a takeover, a flush, a release or a rotation) applies, and its answer is lost."""
+    @rule(i=PICK, name=st.one_of(st.none(), st.sampled_from(sorted(LWTS))))
+    def lose_an_answer(self, i: int, name: str | None) -> None:
+        """A running (or frozen) task's next LWT, or its next one of that ``name`` (a claim, a window's opening,
+        commit or close, a registration or a retirement: of a takeover, a flush, a release or a rotation),
+        applies and its answer is lost."""
         tasks = self.running()
-        self.drive(tasks[i % len(tasks)], 100, Fault.LOST_ANSWER, at_lwt=True)
+        self.drive(tasks[i % len(tasks)], 100, Fault.LOST_ANSWER, LWTS if name is None else frozenset((name,)))
 
     @precondition(lambda self: bool(self.running()))
     @rule(i=PICK)
@@ -512,11 +522,15 @@ class ProtocolModel(RuleBasedStateMachine):
         self.start(actor, "release", actor.ownership.release_partition(TP), ops, fault)
 
     @precondition(lambda self: bool(self.applying_owners()))
-    @rule(i=PICK, ops=OPS, fault=FAULTS)
-    def rotate(self, i: int, ops: int, fault: Fault) -> None:
-        """An owner rotates its mutator: releases it and claims the partition from it for a fresh one."""
+    @rule(i=PICK, ops=OPS, fault=FAULTS, lost=st.one_of(st.none(), st.sampled_from(sorted(LWTS))))
+    def rotate(self, i: int, ops: int, fault: Fault, lost: str | None) -> None:
+        """An owner rotates its mutator: releases it and claims the partition from it for a fresh one. With
+        ``lost``, the rotation's first LWT of that name applies and its answer is lost."""
         actor = self.pick(self.applying_owners(), i)
-        self.start(actor, "rotate", actor.ownership.rotate(TP, "model"), ops, fault)
+        if lost is not None:
+            ops, fault = 100, Fault.LOST_ANSWER
+        self.start(actor, "rotate", actor.ownership.rotate(TP, "model"), ops, fault,
+                   frozenset(() if lost is None else (lost,)))
 
     @precondition(lambda self: bool(self.live()))
     @rule(i=PICK)
