@@ -1,7 +1,8 @@
 """Consume the topics the counter definitions name and keep every counter exact.
 
 Runs until SIGTERM or SIGINT, then flushes, releases its partitions and exits 0 (1 if that did not finish
-within COUNTERSINK_CONSUMER__SHUTDOWN_TIMEOUT_S).
+within COUNTERSINK_CONSUMER__SHUTDOWN_TIMEOUT_S). After a rebalance callback failed (``rebalance_failed``) it
+stops the same way and exits 1, for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import gc
 from pathlib import Path
 
-from consumer.service import ConsumerService
+from consumer.service import ConsumerService, RebalanceFailedError
 from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
@@ -95,12 +96,15 @@ async def consume(settings: Settings, counters: object) -> int:
             await service.close()  # every client closed before the error is reported: no "Unclosed" noise
             raise
         tune_garbage_collector()
+        code = 0
         try:
             await service.run()
+        except RebalanceFailedError:
+            code = 1  # rebalance_failed says why
         finally:
             try:
                 await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)
             except TimeoutError:
                 log.error("shutdown_timed_out", seconds=settings.consumer.shutdown_timeout_s)
                 return 1
-    return 0
+    return code

@@ -30,10 +30,11 @@ from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource, 
 from consumer.dead_letters import DeadLetters
 from consumer.protocol import (
     Claim,
+    Claimant,
+    ClaimUnresolvedError,
     FencedError,
     MutatorExpiredError,
     Takeover,
-    claim,
     finish_take_over,
     release,
 )
@@ -144,7 +145,7 @@ class Ownership:
                 continue
             self.stopped.pop(tp, None)
             try:
-                mutator: Mutator | None = await self.retry("takeover", tp, functools.partial(self.take_over, tp))
+                mutator: Mutator | None = await self.take_over(tp)
             except FencedError as exc:
                 log.warning("takeover_lost", topic=tp.topic, partition=tp.partition, reason=str(exc))
                 mutator = None
@@ -175,19 +176,15 @@ class Ownership:
 
         The new mutator writes nothing (no flush, no release) before both are done: see takeover_pending.
         ``applier`` (a rotation) keeps the rotating mutator's warm retry window; ``from_owner`` claims only
-        from that mutator."""
-        born = self.clock()
-        entry = MutatorEntry(
-            id=self.new_id(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
-            host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
-        )
+        from that mutator. The claim is retried while the servers are away (see :meth:`_claim`)."""
 
         def fresh_applier() -> Applier:
             return Applier(self.router, self.counters, tp.topic, tp.partition,
                            RetryWindow(self.config.retry_window_records))
 
         started = time.monotonic()
-        claimed = await claim(self.store, entry, await self._initial_last_offset(tp), from_owner=from_owner)
+        claimed = await self._claim(tp, from_owner)
+        entry = claimed.new
         warm = applier is not None
         mutator = Mutator(entry, PartitionId(self.config.group_id, tp.topic, tp.partition),
                           applier if applier is not None else fresh_applier(),
@@ -207,6 +204,29 @@ class Ownership:
         self._takeovers[entry.id] = self.spawn(
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
+
+    async def _claim(self, tp: TopicPartition, from_owner: uuid.UUID | None) -> Claim:
+        """Claim ``tp`` for a fresh mutator, retrying while the servers are away. Each attempt goes on with the
+        mutator of the last one: an LWT whose answer was lost is resolved by reading the row, never by
+        starting over with a new mutator (a rotation whose claim had applied would then be refused by its
+        own claim). A new mutator is made only when the claimant says its own is spent."""
+        claimant: Claimant | None = None
+
+        async def attempt() -> Claim:
+            nonlocal claimant
+            if claimant is None:
+                born = self.clock()
+                claimant = Claimant(MutatorEntry(
+                    id=self.new_id(), consumer_group=self.config.group_id, topic=tp.topic, partition=tp.partition,
+                    host=self.host, born_us=born, expires_us=born + int(self.config.mutator_max_age_s * 2e6),
+                ), await self._initial_last_offset(tp), from_owner)
+            try:
+                return await claimant.claim(self.store)
+            except ClaimUnresolvedError:
+                claimant = None
+                raise
+
+        return await self.retry("takeover", tp, attempt)
 
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                      applier_factory: Callable[[], Applier], started: float) -> None:
@@ -378,8 +398,7 @@ class Ownership:
         any window the old one left open, then retiring it) and its unflushed records are read again."""
         if self.mutators.get(tp) is not mutator:
             return
-        # Each attempt registers a fresh mutator: a takeover never reuses a registry entry.
-        successor = await self.retry("takeover", tp, functools.partial(self.take_over, tp))
+        successor = await self.take_over(tp)
         METRICS.expiries.inc()
         log.warning("mutator_expired", topic=tp.topic, partition=tp.partition, old=str(mutator.id),
                     new=str(successor.id), rereading_from=successor.applied_through + 1,
@@ -407,8 +426,7 @@ class Ownership:
             # Safe to repeat after any failure: a committed release only retries its retire.
             await self.retry("rotation", tp, functools.partial(release, self.store, mutator, self.clock()))
             # Only from itself: a member that lost the partition without noticing must not fence its owner.
-            successor = await self.retry("takeover", tp, functools.partial(
-                self.take_over, tp, applier=mutator.applier, from_owner=mutator.id))
+            successor = await self.take_over(tp, applier=mutator.applier, from_owner=mutator.id)
         except FencedError as exc:
             self.drop(tp, mutator, str(exc))
             return

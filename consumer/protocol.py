@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, Store
@@ -37,6 +38,14 @@ class FencedError(CountersinkError):
 class StaleEntryError(CountersinkError):
     """Raised by :func:`claim` given a registry entry made before: every takeover needs a fresh mutator
     (a mutator retired by a later takeover must never own a partition again)."""
+
+
+class ClaimUnresolvedError(CountersinkError):
+    """Raised by :meth:`Claimant.claim` when a claim's answer was lost and the ownership row cannot say
+    whether it applied (another mutator has claimed since): the claimant's mutator is retired unused, and a
+    takeover tries again with a fresh one."""
+
+    retriable = True
 
 
 class MutatorExpiredError(CountersinkError):
@@ -189,34 +198,101 @@ class Claim:
         return self.row is None
 
 
+class Claimant:
+    """A fresh mutator claiming a partition, across the attempts of one takeover.
+
+    An LWT may apply and still time out at the caller. What it sent and never heard the answer of is kept
+    here, so that the next :meth:`claim` reads the ownership row (SERIAL) to learn what happened instead of
+    starting over with another mutator: a claim that applied is carried on with (a rotation that started
+    over was refused by its own claim, and dropped the partition for good); one the row shows did not apply
+    is sent again; one the row cannot tell about (another mutator has claimed since) leaves this mutator
+    spent. ``from_owner`` (a rotation: a clean hand-over to oneself) claims only from that mutator: a member
+    that lost its assignment without noticing must never fence the partition's rightful owner.
+    """
+
+    def __init__(self, new: MutatorEntry, initial_last_offset: int, from_owner: uuid.UUID | None = None) -> None:
+        self.new = new
+        self.initial_last_offset = initial_last_offset
+        self.from_owner = from_owner
+        self.pid = PartitionId(new.consumer_group, new.topic, new.partition)
+        self._registering = False  # a register LWT was sent: finding the entry registered then means ours
+        self._registered = False
+        # The row a claim (or, None, a create) LWT was last sent from, while its answer is unknown.
+        self._unanswered: tuple[PartitionRow | None] | None = None
+        # Why this mutator may claim no more (retired unused: the takeover goes on, if at all, with a fresh one).
+        self.spent: CountersinkError | None = None
+
+    async def claim(self, store: Store, max_attempts: int = 20) -> Claim:
+        """Register the mutator and claim the ownership row by LWT (or create it, the first time); safe to
+        call again after any error, with the same mutator, unless :attr:`spent`.
+
+        From here on no other mutator can open a window on the partition. ``new`` may apply records from
+        :attr:`Claim.start_offset` in memory at once, but must write nothing (no flush, no release) until
+        :func:`finish_take_over` has returned: the window the previous owner left open is still to be replayed.
+
+        Raises :class:`FencedError` when someone else owns the row (a rotation), or after ``max_attempts``
+        refused claims; :class:`ClaimUnresolvedError` when the mutator is spent: claim with a fresh one.
+        Either is raised once the mutator is retired (again after an error retiring it).
+        """
+        if self.spent is not None:
+            await self._spend(store, type(self.spent)(*self.spent.args))
+        new = self.new
+        if not self._registered:
+            again, self._registering = self._registering, True
+            if not await store.register_mutator(new) and not again:
+                raise StaleEntryError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
+            self._registered = True  # by this claimant: the id is fresh, and only its own claims could retire it
+        for _ in range(max_attempts):
+            row = await store.read_partition(self.pid)
+            if self._unanswered is not None:
+                (sent_from,), self._unanswered = self._unanswered, None
+                if row is not None and row.owner == new.id:
+                    # It applied. ``sent_from`` is the row as claimed: it names the owner to retire.
+                    return Claim(new, sent_from, self.initial_last_offset)
+                if not _same_claim(row, sent_from):
+                    # Another mutator claimed since. Ours may have applied before: it may have been retired by
+                    # that claimant, and must never own the partition again.
+                    await self._spend(store, self._not_rotating(row) if self.from_owner else ClaimUnresolvedError(
+                        f"claim of {self.pid} by {new.id}: answer lost, and {row.owner if row else None} has "
+                        "claimed since"))
+                # Else the condition it was sent with still holds: it did not apply; claim as if refused.
+            if self.from_owner is not None and (row is None or row.owner != self.from_owner):
+                await self._spend(store, self._not_rotating(row))
+            self._unanswered = (row,)
+            if row is None:
+                applied = await store.create_partition(self.pid, new.id, new.born_us, self.initial_last_offset)
+            else:
+                applied = await store.claim_partition(self.pid, new.id, row)
+            self._unanswered = None
+            if applied:
+                return Claim(new, row, self.initial_last_offset)
+        await self._spend(store, FencedError(f"could not claim {self.pid} after {max_attempts} attempts"))
+
+    def _not_rotating(self, row: PartitionRow | None) -> FencedError:
+        return FencedError(f"{self.pid} is owned by {row.owner if row else None}, not by {self.from_owner}: "
+                           "not rotating")
+
+    async def _spend(self, store: Store, error: CountersinkError) -> NoReturn:
+        """This mutator claims no more: retire it (it wrote nothing) and raise ``error``."""
+        self.spent = error
+        await _retire_unused(store, self.new)
+        raise error
+
+
+def _same_claim(row: PartitionRow | None, sent_from: PartitionRow | None) -> bool:
+    """True when ``row`` still meets the condition of an LWT sent from ``sent_from``, so that LWT did not
+    apply: a claim names (owner, flush_seq, window_mutator) as read, and once a mutator has lost the row it
+    never owns it again; a create applies only where there is no row, and rows are never deleted."""
+    if row is None or sent_from is None:
+        return row is None and sent_from is None
+    return ((row.owner, row.flush_seq, row.window_mutator)
+            == (sent_from.owner, sent_from.flush_seq, sent_from.window_mutator))
+
+
 async def claim(store: Store, new: MutatorEntry, initial_last_offset: int, max_attempts: int = 20,
                 from_owner: uuid.UUID | None = None) -> Claim:
-    """Register ``new`` and claim the ownership row by LWT (or create it, the first time).
-
-    From here on no other mutator can open a window on the partition. ``new`` may apply records from
-    :attr:`Claim.start_offset` in memory at once, but must write nothing (no flush, no release) until
-    :func:`finish_take_over` has returned: the window the previous owner left open is still to be replayed.
-
-    ``from_owner`` (a rotation: a clean hand-over to oneself) claims only from that mutator: a member that
-    lost its assignment without noticing must never fence the partition's rightful owner. Raises
-    :class:`FencedError` when someone else owns the row.
-    """
-    pid = PartitionId(new.consumer_group, new.topic, new.partition)
-    if not await store.register_mutator(new):
-        raise StaleEntryError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
-    for _ in range(max_attempts):
-        row = await store.read_partition(pid)
-        if from_owner is not None and (row is None or row.owner not in (from_owner, new.id)):
-            await _retire_unused(store, new)
-            raise FencedError(f"{pid} is owned by {row.owner if row else None}, not by {from_owner}: not rotating")
-        if row is None:
-            if await store.create_partition(pid, new.id, new.born_us, initial_last_offset):
-                return Claim(new, None, initial_last_offset)
-            continue
-        if row.owner == new.id or await store.claim_partition(pid, new.id, row):
-            return Claim(new, row, initial_last_offset)
-    await _retire_unused(store, new)
-    raise FencedError(f"could not claim {pid} after {max_attempts} attempts")
+    """One :meth:`Claimant.claim` of a fresh :class:`Claimant` (see there)."""
+    return await Claimant(new, initial_last_offset, from_owner).claim(store, max_attempts)
 
 
 async def _retire_unused(store: Store, new: MutatorEntry) -> None:
@@ -245,6 +321,16 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
     if row is None:
         return Takeover(claimed.start_offset, 0, 0, (), None)
     pid = PartitionId(new.consumer_group, new.topic, new.partition)
+    # What an earlier attempt did, if any: its close may have applied with its answer lost (then the replay
+    # and the retirements before it are done), or another mutator may have claimed since (then there is
+    # nothing to replay for: this one will never write).
+    now = await store.read_partition(pid)
+    if now is None or now.owner != new.id:
+        raise FencedError(f"{pid} was claimed by {now.owner if now else None} during takeover by {new.id}")
+    if now.window_mutator == new.id:
+        # Closed by this mutator: the replay and the retirements were acknowledged before the close was sent.
+        done = tuple(dict.fromkeys(m for m in (row.window_mutator, row.owner) if m is not None and m != new.id))
+        return Takeover(claimed.start_offset, 0, 0, done, row.owner)
     replayed_records = replayed_instances = 0
     if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
         replayed_records, replayed_instances = await _replay_window(

@@ -49,10 +49,17 @@ from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.settings import Settings
 from schemas.definitions import CounterSet
-from schemas.errors import CompactedTopicError
+from schemas.errors import CompactedTopicError, CountersinkError
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
+
+
+class RebalanceFailedError(CountersinkError):
+    """Raised by the consumer's loop after a rebalance callback failed. aiokafka logs a callback's error and
+    goes on, which would leave partitions assigned to this member and never consumed (a failed take of one
+    partition leaves the rest of the assignment unclaimed): the process stops instead, releasing what it
+    holds, and exits 1 for its supervisor to restart it; the restarted process rejoins the group."""
 
 # A batch that starts this many offsets past the last one applied makes the loop ask for the log start: gaps
 # that small are transaction markers or aborted records; retention deletes whole segments.
@@ -64,10 +71,16 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.service = service
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.service.on_partitions_revoked(revoked)
+        try:
+            await self.service.on_partitions_revoked(revoked)
+        except Exception as exc:  # aiokafka would only log it, and go on
+            self.service.rebalance_failed("on_partitions_revoked", revoked, exc)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.service.on_partitions_assigned(assigned)
+        try:
+            await self.service.on_partitions_assigned(assigned)
+        except Exception as exc:  # aiokafka would only log it, and go on
+            self.service.rebalance_failed("on_partitions_assigned", assigned, exc)
 
 
 class ConsumerService:
@@ -116,6 +129,8 @@ class ConsumerService:
         self._lock = asyncio.Lock()
         self._started = False
         self.ready = False
+        # What made a rebalance callback fail: the loop raises it (RebalanceFailedError), unready meanwhile.
+        self.rebalance_error: Exception | None = None
         gc_age = GcAgeSampler(self.cassandra)
 
         async def before_scrape() -> None:
@@ -137,8 +152,10 @@ class ConsumerService:
 
     @property
     def is_ready(self) -> bool:
-        """What /healthz says: consuming, no partition stopped for lost records, none refused (compacted)."""
-        return self.ready and self._started and not self.ownership.stopped and not self.refused
+        """What /healthz says: consuming, no partition stopped for lost records, none refused (compacted), no
+        rebalance callback failed."""
+        return (self.ready and self._started and not self.ownership.stopped and not self.refused
+                and self.rebalance_error is None)
 
     async def __aenter__(self) -> ConsumerService:
         await self.start()
@@ -208,6 +225,8 @@ class ConsumerService:
         self.waiting_for_topics = []
 
     def _why_not_ready(self) -> str:
+        if self.rebalance_error is not None:
+            return f"a rebalance callback failed, exiting: {self.rebalance_error!r}"
         if self.refused:
             return f"topics refused: {', '.join(sorted({tp.topic for tp in self.refused}))} (compacted)"
         return f"waiting for topics: {', '.join(self.waiting_for_topics)}" if self.waiting_for_topics else ""
@@ -247,6 +266,9 @@ class ConsumerService:
 
     async def _consume(self) -> None:
         while not self._stopping.is_set():
+            if self.rebalance_error is not None:
+                raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
+                    self.rebalance_error)
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
             self.ready = True
             offsets = None
@@ -378,6 +400,20 @@ class ConsumerService:
             self._compacted.pop(topic, None)
         self._compacted.update(refused)
         return refused
+
+    def rebalance_failed(self, callback: str, partitions: list[TopicPartition], error: Exception) -> None:
+        """A rebalance callback raised: partitions may now be assigned to this member and never consumed, and
+        no rebalance would come to move them. Unready at once; the loop then raises RebalanceFailedError and
+        the process exits 1 (its supervisor restarts it, and it rejoins the group). A step given up because
+        a stop was requested is not a failure: the next owner finishes it."""
+        if self._stopping.is_set() and is_retriable(error):
+            log.warning("rebalance_given_up_for_stop", callback=callback, error=str(error))
+            return
+        self.rebalance_error = error
+        log.error("rebalance_failed", callback=callback, error=repr(error),
+                  partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in partitions),
+                  action="stopping: exit 1 for the supervisor to restart the process, which rejoins the group",
+                  exc_info=error)
 
     # -------------------------------------------------------------------------------------- shutdown
 

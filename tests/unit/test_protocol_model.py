@@ -252,6 +252,9 @@ class Actor:
     task: Task | None = None
     background: list[BackgroundTask] = dataclasses.field(default_factory=list)
     gone: bool = False  # dead: it never acts again
+    # Kafka has assigned it the partition and not revoked it: no rebalance comes to move the partition on.
+    assigned: bool = False
+    minted: set[uuid.UUID] = dataclasses.field(default_factory=set)  # the ids of every mutator it made
 
     @property
     def mutator(self) -> Mutator | None:
@@ -263,6 +266,9 @@ class Actor:
 
 
 FAULTS = st.sampled_from((Fault.NONE, Fault.FAIL, Fault.LOST_ANSWER, Fault.HOLD))
+# The store's conditional writes: any of them may apply and time out at its caller.
+LWTS = frozenset(("register_mutator", "create_partition", "claim_partition", "open_window", "commit_window",
+                  "close_window", "retire_mutator"))
 PICK = st.integers(0, 7)
 # How many storage operations a task gets through before it (maybe) freezes: often only a few, so that tasks
 # stop between any two operations, sometimes enough to finish a flush or a takeover with its replay.
@@ -327,19 +333,24 @@ class ProtocolModel(RuleBasedStateMachine):
             actor.background.append(background)
             return background
 
+        def new_id() -> uuid.UUID:
+            minted = uuid.UUID(int=next(self.ids))
+            actor.minted.add(minted)
+            return minted
+
         retry = RetryEachStep(CONFIG, lambda: None)
         dead_letters = DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG)
         actor.ownership = self.ownership_class(
             CONFIG, actor.name, ROUTER, COUNTERS, self.store, self.log, cast(AIOKafkaConsumer, KafkaPositions()),
-            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us,
-            new_id=lambda: uuid.UUID(int=next(self.ids)), spawn=spawn)
+            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us, new_id=new_id, spawn=spawn)
         actor.flushing = Flushing(self.store, actor.ownership, dead_letters, retry)
         self.actors.append(actor)
         return actor
 
-    def start(self, actor: Actor, label: str, step: Coroutine[Any, Any, Any], ops: int, fault: Fault) -> None:
+    def start(self, actor: Actor, label: str, step: Coroutine[Any, Any, Any], ops: int, fault: Fault,
+              stop_at: frozenset[str] = frozenset()) -> None:
         actor.task = Task(f"{actor.name}.{label}", step)
-        self.drive(actor.task, ops, fault)
+        self.drive(actor.task, ops, fault, stop_at)
 
     def pick(self, candidates: Sequence[Actor], index: int) -> Actor:
         return candidates[index % len(candidates)]
@@ -358,9 +369,10 @@ class ProtocolModel(RuleBasedStateMachine):
         return ([a.task for a in self.actors if a.task is not None]
                 + [b.task for a in self.actors for b in a.background if not b.task.done] + self.gc_tasks)
 
-    def drive(self, task: Task, ops: int, fault: Fault) -> None:
+    def drive(self, task: Task, ops: int, fault: Fault, stop_at: frozenset[str] = frozenset()) -> None:
         """Let ``ops`` storage operations of ``task`` take effect, the last one with ``fault``; the task then
-        waits (frozen) at its next operation until a later rule moves it on."""
+        waits (frozen) at its next operation until a later rule moves it on. The last one is the first
+        operation named in ``stop_at``, if one comes within ``ops``."""
         for n in range(ops):
             if task.done:
                 # A takeover's claim is done: its background half runs on with the operations left, as it
@@ -370,10 +382,12 @@ class ProtocolModel(RuleBasedStateMachine):
                     break
                 self.after_task_step(task)
                 task = following[0]
-            last = n == ops - 1
+            last = n == ops - 1 or (task.pending is not None and task.pending.name in stop_at)
             # Any task may freeze between its read of the ownership row and its claim: a claim from a stale
             # read must not apply (the LWT's condition names the window writer as read).
             task.step(fault if last else Fault.NONE)
+            if last:
+                break
         self.after_task_step(task)
 
     def after_task_step(self, task: Task) -> None:
@@ -401,24 +415,34 @@ class ProtocolModel(RuleBasedStateMachine):
 
     @initialize(entries=logs(), data=st.data())
     def publish(self, entries: list[Event | bytes], data: st.DataObject) -> None:
-        """The log is written; the partition's first owner takes it (from offset 0)."""
+        """The log is written; the partition's first owner takes it (from offset 0), sometimes with the answer
+        of its registration or of the LWT creating the row lost."""
         offsets = data.draw(offsets_of(len(entries)))
         self.log = self.log_class([e.to_bytes() if isinstance(e, Event) else e for e in entries], offsets)
         self.contributions = counted(entries, offsets)
-        self.new_owner(0, 10**6, Fault.NONE)
+        lost = data.draw(st.sampled_from((None, None, "register_mutator", "create_partition")))
+        if lost is None:
+            self.new_owner(0, 10**6, Fault.NONE)
+            return
+        self.new_owner(0, 10**6, Fault.LOST_ANSWER, stop_at=frozenset((lost,)))
+        first = self.actors[0]
+        if first.task is not None:
+            self.drive(first.task, 10**6, Fault.NONE)
 
     @precondition(lambda self: len(self.live()) < MAX_ACTORS)
     @rule(skew=st.sampled_from((0, -MAX_SKEW_US, MAX_SKEW_US)), ops=OPS, fault=FAULTS)
-    def new_owner(self, skew: int, ops: int, fault: Fault) -> None:
+    def new_owner(self, skew: int, ops: int, fault: Fault, stop_at: frozenset[str] = frozenset()) -> None:
         """A process is assigned the partition (the previous owner may be alive, frozen or dead)."""
         actor = self.new_actor(skew)
-        self.start(actor, "take", actor.ownership.take([TP]), ops, fault)
+        actor.assigned = True
+        self.start(actor, "take", actor.ownership.take([TP]), ops, fault, stop_at)
 
     @precondition(lambda self: any(a.task is None and a.mutator is None for a in self.live()))
     @rule(i=PICK, ops=OPS, fault=FAULTS)
     def reassigned(self, i: int, ops: int, fault: Fault) -> None:
         """A process that lost, released or never won the partition is assigned it again."""
         actor = self.pick([a for a in self.live() if a.task is None and a.mutator is None], i)
+        actor.assigned = True
         self.start(actor, "take", actor.ownership.take([TP]), ops, fault)
 
     @precondition(lambda self: bool(self.running()))
@@ -427,6 +451,15 @@ class ProtocolModel(RuleBasedStateMachine):
         """A running (or frozen) task moves on by some storage operations; the last may fail."""
         tasks = self.running()
         self.drive(tasks[i % len(tasks)], ops, fault)
+
+    @precondition(lambda self: bool(self.running()))
+    @rule(i=PICK, name=st.one_of(st.none(), st.sampled_from(sorted(LWTS))))
+    def lose_an_answer(self, i: int, name: str | None) -> None:
+        """A running (or frozen) task's next LWT, or its next one of that ``name`` (a claim, a window's opening,
+        commit or close, a registration or a retirement: of a takeover, a flush, a release or a rotation),
+        applies and its answer is lost."""
+        tasks = self.running()
+        self.drive(tasks[i % len(tasks)], 100, Fault.LOST_ANSWER, LWTS if name is None else frozenset((name,)))
 
     @precondition(lambda self: bool(self.running()))
     @rule(i=PICK)
@@ -485,14 +518,19 @@ class ProtocolModel(RuleBasedStateMachine):
     def begin_release(self, i: int, ops: int, fault: Fault) -> None:
         """The partition is revoked: its owner hands it over (abandoning a takeover still finishing)."""
         actor = self.pick(self.idle_owners(), i)
+        actor.assigned = False
         self.start(actor, "release", actor.ownership.release_partition(TP), ops, fault)
 
     @precondition(lambda self: bool(self.applying_owners()))
-    @rule(i=PICK, ops=OPS, fault=FAULTS)
-    def rotate(self, i: int, ops: int, fault: Fault) -> None:
-        """An owner rotates its mutator: releases it and claims the partition from it for a fresh one."""
+    @rule(i=PICK, ops=OPS, fault=FAULTS, lost=st.one_of(st.none(), st.sampled_from(sorted(LWTS))))
+    def rotate(self, i: int, ops: int, fault: Fault, lost: str | None) -> None:
+        """An owner rotates its mutator: releases it and claims the partition from it for a fresh one. With
+        ``lost``, the rotation's first LWT of that name applies and its answer is lost."""
         actor = self.pick(self.applying_owners(), i)
-        self.start(actor, "rotate", actor.ownership.rotate(TP, "model"), ops, fault)
+        if lost is not None:
+            ops, fault = 100, Fault.LOST_ANSWER
+        self.start(actor, "rotate", actor.ownership.rotate(TP, "model"), ops, fault,
+                   frozenset(() if lost is None else (lost,)))
 
     @precondition(lambda self: bool(self.live()))
     @rule(i=PICK)
@@ -573,6 +611,21 @@ class ProtocolModel(RuleBasedStateMachine):
             for (_, end, first), (begin, _, second) in itertools.pairwise(ranges):
                 if begin <= end:
                     raise self.violation(f"{counter}/{key}: shards of {first} and {second} both hold record {begin}")
+
+    @invariant()
+    def an_assigned_process_runs_the_mutator_it_owns(self) -> None:
+        """No lost answer leaves the partition paused for good: a process still assigned the partition, whose
+        loop is free, holds the mutator of its own that the row names owner (the row names another's only
+        when another member claimed it, and a rebalance then moves the partition on)."""
+        row = self.row()
+        if row is None:
+            return
+        for actor in self.live():
+            if actor.assigned and actor.task is None and row.owner in actor.minted:
+                mutator = actor.mutator
+                if mutator is None or mutator.id != row.owner or mutator.fenced:
+                    raise self.violation(f"{actor.name} is assigned the partition and its mutator {row.owner} owns "
+                                         f"it, but it runs {mutator.id if mutator else None}: paused for good")
 
     @invariant()
     def readable_value_is_between_committed_and_intent(self) -> None:

@@ -1,0 +1,190 @@
+"""An LWT that applied but whose answer was lost is resolved by reading the ownership row, never by starting
+over with a new mutator: the consumer's own :class:`~consumer.ownership.Ownership` over the in-memory store,
+each scenario stepped one storage operation at a time."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Coroutine, Iterator
+from typing import Any, cast
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from consumer.dead_letters import DeadLetters
+from consumer.ownership import Ownership
+from consumer.protocol import flush
+from tests.unit.memory_store import BackgroundTask, Fault, MemoryLog, MemoryStore, Task
+from tests.unit.test_protocol_model import (
+    CONFIG,
+    COUNTERS,
+    EPOCH_US,
+    PID,
+    ROUTER,
+    TP,
+    DeadLetterTopic,
+    Event,
+    KafkaPositions,
+    RetryEachStep,
+)
+
+
+class Process:
+    """One consumer process's ownership over ``store``, with its own clock, ids and background takeovers."""
+
+    def __init__(self, store: MemoryStore, log: MemoryLog, first_id: int) -> None:
+        self.store = store
+        self.now_us = EPOCH_US
+        self.ids = iter(range(first_id, first_id + 100))
+        self.background: list[BackgroundTask] = []
+        self.ops: list[str] = []
+
+        def spawn(finishing: Coroutine[Any, Any, None]) -> BackgroundTask:
+            self.background.append(BackgroundTask("finish_take_over", finishing))
+            return self.background[-1]
+
+        self.ownership = Ownership(
+            CONFIG, "host", ROUTER, COUNTERS, store, log, cast(AIOKafkaConsumer, KafkaPositions()),
+            DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG), RetryEachStep(CONFIG, lambda: None),
+            clock=lambda: self.now_us, new_id=lambda: uuid.UUID(int=next(self.ids)), spawn=spawn)
+
+    def run(self, step: Coroutine[Any, Any, Any] | Task, lose: str | None = None) -> Task:
+        """Run ``step`` (or a task already started) and every takeover it leaves in the background to the end;
+        the first LWT named ``lose`` applies with its answer lost (the retries that follow are acknowledged).
+        ``ops`` records every storage operation run."""
+        task = step if isinstance(step, Task) else Task("step", step)
+        for running in itertools.chain([task], self._backgrounds()):  # takeovers it starts meanwhile too
+            while not running.done:
+                assert running.pending is not None
+                self.ops.append(running.pending.name)
+                if running.pending.name == lose:
+                    running.step(Fault.LOST_ANSWER)
+                    lose = None
+                else:
+                    running.step()
+            assert running.error is None, running.error
+        assert lose is None, f"no {lose} to lose"
+        return task
+
+    def _backgrounds(self) -> Iterator[Task]:
+        while self.background:
+            yield self.background.pop(0).task
+
+
+def _log(n: int) -> MemoryLog:
+    return MemoryLog([Event("IBM", 1, f"e{o}").to_bytes() for o in range(n)])
+
+
+def _owned_and_flushed(store: MemoryStore, log: MemoryLog) -> Process:
+    process = Process(store, log, 1)
+    process.run(process.ownership.take([TP]))
+    mutator = process.ownership.applying(TP)
+    assert mutator is not None
+    mutator.apply_batch(log.records[:3])
+    return process
+
+
+def test_a_rotation_whose_claim_lost_its_answer_goes_on_with_the_mutator_it_claimed_for() -> None:
+    """The claim LWT of a rotation applies and its answer is lost: the retry reads the row, finds the
+    mutator it proposed is the owner and carries on with it; the partition is not dropped and paused."""
+    store, log = MemoryStore(), _log(6)
+    process = _owned_and_flushed(store, log)
+    old = process.ownership.mutators[TP]
+    process.now_us += 10**6
+    process.run(process.ownership.rotate(TP, "test"), lose="claim_partition")
+    new = process.ownership.applying(TP)
+    assert new is not None, "the rotation dropped the partition"
+    assert store.partitions[PID].owner == new.id != old.id
+    assert store.mutators[old.id].retired_us is not None
+    # No mutator is left registered that nobody runs or retires: the old one is retired, the new one owns.
+    assert {m.id for m in store.mutators.values() if m.retired_us is None} == {new.id}
+    assert new.applied_through == 2
+    new.apply_batch(log.records[3:])
+    process.run(process.ownership.release_partition(TP))
+    assert store.partitions[PID].committed_offset == 5
+
+
+def _unretired(store: MemoryStore) -> set[uuid.UUID]:
+    return {m.id for m in store.mutators.values() if m.retired_us is None}
+
+
+@pytest.mark.parametrize("lost", ["commit_window", "retire_mutator", "register_mutator", "claim_partition",
+                                  "close_window"])
+def test_a_rotation_that_loses_any_answer_keeps_its_partition(lost: str) -> None:
+    """Whichever LWT of a rotation applies with its answer lost, the process ends owning the partition with
+    the one fresh mutator it claimed for, the old one retired, and counting goes on exactly."""
+    store, log = MemoryStore(), _log(6)
+    process = _owned_and_flushed(store, log)
+    old = process.ownership.mutators[TP]
+    process.now_us += 10**6
+    process.run(process.ownership.rotate(TP, "test"), lose=lost)
+    new = process.ownership.applying(TP)
+    assert new is not None
+    assert store.partitions[PID].owner == new.id == uuid.UUID(int=2)  # no mutator made for a retry
+    assert _unretired(store) == {new.id}
+    assert store.mutators[old.id].retired_us is not None
+    new.apply_batch(log.records[3:])
+    process.run(process.ownership.release_partition(TP))
+    assert store.partitions[PID].committed_offset == 5
+    assert {(s.mutator, s.through_offset) for s in store.snapshot("trades", "IBM").shards} == {
+        (old.id, 2), (new.id, 5)}
+
+
+@pytest.mark.parametrize("lost", ["register_mutator", "create_partition"])
+def test_a_first_take_that_loses_its_answer_goes_on_with_its_mutator(lost: str) -> None:
+    """The first claim of a partition (its row created) whose registration or create applied with the answer
+    lost goes on with the mutator it made: no second one is registered."""
+    store, log = MemoryStore(), _log(3)
+    process = Process(store, log, 1)
+    process.run(process.ownership.take([TP]), lose=lost)
+    mutator = process.ownership.applying(TP)
+    assert mutator is not None
+    assert store.partitions[PID].owner == mutator.id == uuid.UUID(int=1)
+    assert set(store.mutators) == {mutator.id}
+
+
+def test_a_takeover_whose_close_lost_its_answer_does_not_replay_again() -> None:
+    """A takeover replays the window its predecessor left open, then its close applies with the answer lost:
+    the retry reads the row, sees the window closed by its own mutator, and neither replays nor closes again."""
+    store, log = MemoryStore(), _log(6)
+    crashed = _owned_and_flushed(store, log)
+    mutator = crashed.ownership.mutators[TP]
+    crashed.run(flush(store, mutator, EPOCH_US))  # then it dies with that window open
+    assert store.partitions[PID].window_open
+    successor = Process(store, log, 10)
+    successor.now_us += 10**6
+    changes = len(store.row_history)
+    successor.run(successor.ownership.take([TP]), lose="close_window")
+    taken = successor.ownership.applying(TP)
+    assert taken is not None
+    row = store.partitions[PID]
+    assert (row.owner, row.window_mutator, row.committed_offset, row.intent_offset) == (taken.id, taken.id, 2, 2)
+    assert len(store.row_history) - changes == 2  # the claim and one close
+    assert (successor.ops.count("write_shard"), successor.ops.count("close_window")) == (2, 1)
+    assert store.mutators[mutator.id].retired_us is not None
+    assert taken.applied_through == 2
+
+
+def test_a_claim_whose_answer_is_lost_while_another_member_claims_is_retired_and_a_fresh_one_claims() -> None:
+    """A claim applies with its answer lost and another member claims from it before the retry reads the row:
+    whether it applied cannot be told, so that mutator is retired unused (the other member may have retired it
+    too) and never claims again; a fresh one claims the partition."""
+    store, log = MemoryStore(), _log(3)
+    first = _owned_and_flushed(store, log)
+    assert first.ownership.mutators[TP].id == uuid.UUID(int=1)
+    second, rival = Process(store, log, 10), Process(store, log, 20)
+    taking = Task("take", second.ownership.take([TP]))
+    while taking.pending is not None and taking.pending.name != "claim_partition":
+        taking.step()
+    taking.step(Fault.LOST_ANSWER)  # mutator 10 owns the row; its process does not know
+    assert taking.pending is not None
+    assert taking.pending.name == "retry_pause"
+    rival.run(rival.ownership.take([TP]))  # claims from 10, retires it
+    assert store.partitions[PID].owner == uuid.UUID(int=20)
+    second.run(taking)
+    mutator = second.ownership.applying(TP)
+    assert mutator is not None
+    assert mutator.id == uuid.UUID(int=11)
+    assert store.partitions[PID].owner == mutator.id
+    assert store.mutators[uuid.UUID(int=10)].retired_us is not None
