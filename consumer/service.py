@@ -165,7 +165,8 @@ class ConsumerService:
 
         await look()
         if missing and self.config.create_topics:
-            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions))
+            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions),
+                                replication=self.config.topic_replication_factor)
             log.info("topics_created", topics=missing, partitions=self.config.topic_partitions)
             return
         checks = 0

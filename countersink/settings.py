@@ -201,6 +201,8 @@ class ConsumerSettings(_Section):
     # Topics the definitions name that do not exist: created at start (True), or waited for, unready (False).
     create_topics: bool = False
     topic_partitions: int = Field(default=3, ge=1, le=100_000)  # partitions of a topic the consumer creates
+    # Replicas of a topic the consumer or `topics create` creates; unset, the broker's default.replication.factor.
+    topic_replication_factor: int | None = Field(default=None, ge=1, le=32_767)
 
     @field_validator("auto_offset_reset", "on_records_lost", mode="before")
     @classmethod
