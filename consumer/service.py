@@ -206,7 +206,8 @@ class ConsumerService:
         await look()
         if missing and self.config.create_topics:
             # Never compacted, whatever the broker's default, when a counter deduplicates by event id on it.
-            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions), configs={
+            await ensure_topics(kafka, dict.fromkeys(missing, self.config.topic_partitions),
+                                replication=self.config.topic_replication_factor, configs={
                 topic: {"cleanup.policy": "delete"} for topic in missing if topic in self._deduplicating})
             log.info("topics_created", topics=missing, partitions=self.config.topic_partitions)
             return

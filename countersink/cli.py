@@ -43,6 +43,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
 }
 
+# Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.
+PERSON_COMMANDS = frozenset({"get", "explain", "list"})
+
 DESCRIPTION = """\
 Exact counters from a Kafka event stream, kept as CRDT shards in Cassandra.
 
@@ -185,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
-        configure_logging("DEBUG" if debug else "INFO", os.environ.get("COUNTERSINK_LOG_FORMAT", "auto").lower())
+        configure_logging("DEBUG" if debug else "INFO", os.environ.get("COUNTERSINK_LOG_FORMAT", "auto").lower(),
+                          no_color=bool(os.environ.get("NO_COLOR")), person=args.command in PERSON_COMMANDS)
         for line in settings_problems(exc):
             get_logger(__name__).error("settings_refused", error=line)
         return EXIT_USAGE
     if args.debug:
         settings = settings.model_copy(update={"log_level": "DEBUG"})
-    configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color)
+    configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color,
+                      person=args.command in PERSON_COMMANDS)
     warn_insecure(settings)
     try:
         return runners[args.command](args, settings)

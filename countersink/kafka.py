@@ -230,15 +230,20 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], 
         missing = [NewTopic(name, count, replication, topic_configs=dict((configs or {}).get(name, {})))
                    for name, count in todo.items()]
         if missing:
-            response = await admin.create_topics(missing)
-            for topic, code, *message in response.topic_errors:
-                # Another process may create the same topic between our listing and our request: that is fine.
-                # Anything else (a replication factor above the broker count, a policy) is said, not ignored.
-                if code and code != TopicAlreadyExistsError.errno:
-                    error = for_code(code)
-                    raise error(f"cannot create topic {topic}: {message[0] if message else error.description}")
+            raise_topic_errors(await admin.create_topics(missing))
     finally:
         await admin.close()
+
+
+def raise_topic_errors(response: Any) -> None:
+    """Raise the Kafka error of the first topic a CreateTopics ``response`` refused, naming the topic and the
+    broker's reason: aiokafka returns them per topic rather than raising."""
+    for topic, code, *message in response.topic_errors:
+        # Another process may create the same topic between our listing and our request: that is fine.
+        # Anything else (a replication factor above the broker count, a policy) is said, not ignored.
+        if code and code != TopicAlreadyExistsError.errno:
+            error = for_code(code)
+            raise error(f"cannot create topic {topic}: {message[0] if message else error.description}")
 
 
 async def missing_topics(settings: KafkaSettings, topics: Iterable[str]) -> list[str]:

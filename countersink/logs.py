@@ -1,5 +1,6 @@
 """One log stream for the whole process, through structlog: JSON lines when stderr is not a terminal,
-readable key=value lines when it is.
+readable key=value lines when it is. A command that answers a person (``get``, ``explain``, ``list``) shows
+a terminal only its warnings and errors, each one plain line (``error: ...``): its output is the values.
 
 countersink logs with structlog; aiokafka, acsylla, asyncio and Python's warnings log through the standard
 library. Their records go through the same processors and the same renderer, so a JSON stream holds JSON
@@ -13,7 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import TextIO
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
 
 import structlog
 
@@ -23,23 +25,43 @@ _TRACEBACK_AS_FIELDS = structlog.processors.ExceptionRenderer(
     structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
 
 
+Style = Literal["json", "console", "person"]
+
+
+def log_style(fmt: str, *, terminal: bool, person: bool = False, level: str = "INFO") -> Style:
+    """How log lines look: ``json`` (the format asked for, or ``auto`` off a terminal: services, pipes, files),
+    ``console`` (key=value lines, ``auto`` on a terminal), or ``person`` (``auto`` on a terminal for a command
+    that answers a person, below DEBUG: warnings and errors only, one plain line each)."""
+    if fmt == "json" or (fmt == "auto" and not terminal):
+        return "json"
+    if fmt == "auto" and person and level != "DEBUG":
+        return "person"
+    return "console"
+
+
 def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool = False,
-                      stream: TextIO | None = None) -> None:
-    """Configure structlog and the standard library logging that aiokafka, acsylla and asyncio use."""
+                      stream: TextIO | None = None, person: bool = False) -> None:
+    """Configure structlog and the standard library logging that aiokafka, acsylla and asyncio use.
+    ``person``: the command answers a person (see :func:`log_style`)."""
     global _debug
     _debug = level == "DEBUG"
     out = stream or sys.stderr
     terminal = out.isatty()
-    as_json = fmt == "json" or (fmt == "auto" and not terminal)
+    style = log_style(fmt, terminal=terminal, person=person, level=level)
+    if style == "person":
+        level = "WARNING"  # what went right is the command's output
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    rendering: list[structlog.types.Processor] = (
-        [_TRACEBACK_AS_FIELDS, structlog.processors.JSONRenderer()] if as_json
-        else [structlog.dev.ConsoleRenderer(colors=terminal and not no_color)]
-    )
+    rendering: list[structlog.types.Processor]
+    if style == "json":
+        rendering = [_TRACEBACK_AS_FIELDS, structlog.processors.JSONRenderer()]
+    elif style == "person":
+        rendering = [_TRACEBACK_AS_FIELDS, _PersonRenderer(colors=not no_color)]
+    else:
+        rendering = [structlog.dev.ConsoleRenderer(colors=terminal and not no_color)]
     structlog.configure(
         processors=[*shared, structlog.processors.StackInfoRenderer(), *rendering],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
@@ -64,6 +86,26 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool 
     # aiokafka logs every refused connection at ERROR while a broker restarts; our own logs say it once.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL if level != "DEBUG" else logging.DEBUG)
     quiet_driver_noise()
+
+
+class _PersonRenderer:
+    """``error: <what went wrong>`` on one line: the ``error`` field (or the event's name); a warning adds its
+    other fields as ``key=value``. No timestamp. The level word is red, unless colours are off."""
+
+    def __init__(self, *, colors: bool) -> None:
+        self._colors = colors
+
+    def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
+        level = str(event.pop("level", "error"))
+        for noise in ("timestamp", "logger", "logger_name", "exception"):
+            event.pop(noise, None)
+        name = str(event.pop("event", ""))
+        text = str(event.pop("error", "") or name)
+        # An error says it all in its line; a warning's details (what, how many) are part of it.
+        details = "" if level in ("error", "critical") else " ".join(
+            f"{key}={value}" for key, value in event.items() if not key.startswith("_"))
+        word = f"\x1b[31m{level}\x1b[0m" if self._colors else level
+        return f"{word}: {text}" + (f" ({details})" if details else "")
 
 
 _debug = False  # set by configure_logging: at DEBUG the driver's every line is shown

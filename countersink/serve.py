@@ -2,10 +2,11 @@
 
 ``GET /counters/{name}/{key}`` reads one instance, ``GET /counters/{name}?key=a&key=b`` several at once, and
 ``GET /counters/{name}/{key}/series?from=&to=[&step=|&rollup=true]`` a bucketed counter's buckets in a range,
-one per bucket, merged per step, or merged into one. ``/openapi.json`` describes them. ``/healthz``,
-``/readyz`` and ``/metrics`` are there for probes and Prometheus. Reads go straight to Cassandra (tally +
-shards, merged), like ``countersink get``; the server keeps no cache, so a value is as fresh as the last
-flush.
+one per bucket, merged per step, or merged into one. A counter with no key fields has one instance (its key is
+empty): ``GET /counters/{name}`` reads it and ``GET /counters/{name}/series`` its buckets. ``/openapi.json``
+describes them. ``/healthz``, ``/readyz`` and ``/metrics`` are there for probes and Prometheus. Reads go
+straight to Cassandra (tally + shards, merged), like ``countersink get``; the server keeps no cache, so a value
+is as fresh as the last flush.
 
 Untrusted input is bounded: names must be counter identifiers, keys are limited in size and number, ranges
 in buckets, and a read that takes longer than ``request_timeout_s`` answers 504 rather than holding the
@@ -57,7 +58,9 @@ from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import Consistency, ReadSettings, ServeSettings, Settings
 from schemas import timeseries
+from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
+from schemas.errors import MalformedInstanceKeyError
 from schemas.events import DEFAULT_MAX_KEY_BYTES
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
@@ -85,6 +88,7 @@ class ReadApi:
         app = web.Application(middlewares=[_observed, _problems, self._guard],
                               client_max_size=self.settings.max_body_bytes)
         app.add_routes([
+            web.get("/counters/{name}/series", self.keyless_series),
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
@@ -142,9 +146,9 @@ class ReadApi:
 
     # --- reads
 
-    async def get_one(self, request: web.Request) -> web.Response:
+    async def get_one(self, request: web.Request, key: str | None = None) -> web.Response:
         name = await self._counter(request)
-        key = _checked_key(request.match_info["key"])
+        key = _checked_key(request.match_info["key"]) if key is None else key
         level = _consistency(request)
         kind, value = await self._read(name, key, level)
         return web.json_response({"counter": name, "key": key, "kind": kind, "value": to_jsonable(value)})
@@ -152,8 +156,11 @@ class ReadApi:
     async def get_many(self, request: web.Request) -> web.Response:
         name = await self._counter(request)
         keys = list(dict.fromkeys(request.query.getall("key", [])))
+        if not keys and await self._keyless(name):
+            return await self.get_one(request, key="")
         if not keys:
-            raise _problem(web.HTTPBadRequest, "give at least one ?key=")
+            raise _problem(web.HTTPBadRequest, "give at least one ?key= (only a counter with no key fields "
+                           "is read without one)")
         if len(keys) > self.settings.max_keys:
             raise _problem(web.HTTPBadRequest, f"at most {self.settings.max_keys} keys per request")
         for key in keys:
@@ -166,11 +173,21 @@ class ReadApi:
                        zip(keys, results, strict=True)},
         })
 
-    async def series(self, request: web.Request) -> web.Response:
+    async def keyless_series(self, request: web.Request) -> web.Response:
+        """``/counters/{name}/series``: the series of a counter with no key fields; of any other counter, the
+        instance whose key is ``series`` (as ``/counters/{name}/{key}``)."""
         name = await self._counter(request)
-        key = request.match_info["key"]
-        if key:
-            _checked_key(key)
+        if await self._keyless(name):
+            return await self.series(request, key="")
+        return await self.get_one(request, key="series")
+
+    async def _keyless(self, name: str) -> bool:
+        definition = await self._definition(name)
+        return definition is not None and not definition.key
+
+    async def series(self, request: web.Request, key: str | None = None) -> web.Response:
+        name = await self._counter(request)
+        key = _checked_key(request.match_info["key"]) if key is None else key
         level = _consistency(request)
         definition = await self._definition(name)
         if definition is None:
@@ -270,8 +287,15 @@ class ReadApi:
 
 
 def _checked_key(key: str) -> str:
+    """A key a request gives: 1 to the bytes an event's key may have, and an instance key at all. (The empty
+    key of the one instance of a counter with no key fields is not given: /counters/{name} reads it.)"""
     if not key or len(key.encode()) > DEFAULT_MAX_KEY_BYTES:
-        raise _problem(web.HTTPBadRequest, f"a key is 1 to {DEFAULT_MAX_KEY_BYTES} bytes")
+        raise _problem(web.HTTPBadRequest, f"a key is 1 to {DEFAULT_MAX_KEY_BYTES} bytes (a counter with no key "
+                       "fields is read without one)")
+    try:
+        partition_key(key)
+    except MalformedInstanceKeyError:
+        raise _problem(web.HTTPBadRequest, "a lone backslash is not an instance key") from None
     return key
 
 
@@ -507,7 +531,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
     name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN.pattern}
     if counters is not None:
         name_schema["enum"] = sorted(c.name for c in counters.counters)
-    key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES}
+    key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES, "not": {"const": "\\"}}
     consistency = {"name": "consistency", "in": "query", "required": False,
                    "schema": {"type": "string", "enum": list(Consistency)},
                    "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
@@ -558,15 +582,43 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "responses": {"200": {"description": "the points, in time order", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/Series"}}}}, **errors},
             }},
-            "/counters/{name}": {"get": {
-                "summary": "The values of several instances of one counter",
-                "operationId": "getCounters",
+            "/counters/{name}/series": {"get": {
+                "summary": "The buckets of a bucketed counter with no key fields in a time range",
+                "operationId": "getKeylessSeries",
+                "description": "As /counters/{name}/{key}/series, for the one instance of a counter with no "
+                               "key fields. For a counter with key fields, this path reads the instance whose "
+                               "key is series, as /counters/{name}/{key}.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
-                               {"name": "key", "in": "query", "required": True, "style": "form", "explode": True,
+                               {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
+                                "description": "ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, now-6h"},
+                               {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
+                                "description": "end of the range, excluded; same forms as from"},
+                               {"name": "step", "in": "query", "required": False,
+                                "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
+                                "description": "merge the buckets of each step (a multiple of the bucket size)"},
+                               {"name": "rollup", "in": "query", "required": False,
+                                "schema": {"type": "boolean", "default": False},
+                                "description": "merge every bucket of the range into one point"},
+                               consistency],
+                "responses": {"200": {"description": "the points, in time order (or, for a counter with key fields, "
+                                      "the value of its instance series)", "content": {"application/json": {
+                    "schema": {"oneOf": [{"$ref": "#/components/schemas/Series"},
+                                         {"$ref": "#/components/schemas/Instance"}]}}}}, **errors},
+            }},
+            "/counters/{name}": {"get": {
+                "summary": "The values of several instances of one counter, or the one of a counter without keys",
+                "operationId": "getCounters",
+                "description": "With key parameters, their values (Instances). Without any, the value of the one "
+                               "instance of a counter with no key fields (Instance, its key empty); a counter "
+                               "with key fields answers 400.",
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                               {"name": "key", "in": "query", "required": False, "style": "form", "explode": True,
                                 "schema": {"type": "array", "items": key_schema, "maxItems": settings.max_keys}},
                                consistency],
-                "responses": {"200": {"description": "the values by key", "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/Instances"}}}}, **errors},
+                "responses": {"200": {"description": "the values by key, or the keyless instance's value",
+                                      "content": {"application/json": {"schema": {"oneOf": [
+                                          {"$ref": "#/components/schemas/Instances"},
+                                          {"$ref": "#/components/schemas/Instance"}]}}}}, **errors},
             }},
         },
         "components": {"schemas": {

@@ -7,11 +7,15 @@ Secrets are :class:`pydantic.SecretStr`, so they never appear in logs or reprs.
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas import cql
@@ -243,6 +247,8 @@ class ConsumerSettings(_Section):
     # Topics the definitions name that do not exist: created at start (True), or waited for, unready (False).
     create_topics: bool = False
     topic_partitions: int = Field(default=3, ge=1, le=100_000)  # partitions of a topic the consumer creates
+    # Replicas of a topic the consumer or `topics create` creates; unset, the broker's default.replication.factor.
+    topic_replication_factor: int | None = Field(default=None, ge=1, le=32_767)
 
     @field_validator("auto_offset_reset", "on_records_lost", mode="before")
     @classmethod
@@ -322,6 +328,16 @@ class Settings(BaseSettings):
     # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.
     no_color_variable: str = Field(default="", validation_alias="NO_COLOR", max_length=1000)
 
+    def __init__(self, **values: Any) -> None:
+        # A misspelt variable would otherwise fall back to its default in silence: refuse it, as a bad value is.
+        env_file = values.get("_env_file", self.model_config.get("env_file"))
+        unknown = unknown_variables(os.environ, _dotenv_names(env_file))
+        if unknown:
+            raise ValidationError.from_exception_data("Settings", [
+                InitErrorDetails(type=PydanticCustomError("unknown_setting", problem), loc=(name[len(PREFIX):],),
+                                 input=None) for name, problem in unknown])
+        super().__init__(**values)
+
     @property
     def no_color(self) -> bool:
         return bool(self.no_color_variable)
@@ -341,3 +357,55 @@ class Settings(BaseSettings):
     @classmethod
     def _format_lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+
+PREFIX = "COUNTERSINK_"
+
+# Variables of the project's own tools that share the prefix but are not settings of any process, so that a
+# developer's shell may hold them while running countersink (docs/settings.md, "Not settings").
+NOT_SETTINGS = frozenset({
+    "COUNTERSINK_TEST_KAFKA",  # tests: the Kafka to test against (tests/conftest.py)
+    "COUNTERSINK_TEST_CASSANDRA",  # tests: the Cassandra to test against
+    "COUNTERSINK_TEST_SERVERS",  # tests: how to start servers (auto, stack, testcontainers)
+    "COUNTERSINK_TEST_SECURE_STACK",  # tests: the stack.json of a running secured stack
+    "COUNTERSINK_CACHE_DIR",  # stack/: where downloaded server releases are kept
+    "COUNTERSINK_STACK_DIR",  # stack/: data and logs of the local servers
+    "COUNTERSINK_STACK_KAFKA_PORT",  # stack/: ports and size of the local servers
+    "COUNTERSINK_STACK_KAFKA_CONTROLLER_PORT",
+    "COUNTERSINK_STACK_CASSANDRA_PORT",
+    "COUNTERSINK_STACK_CASSANDRA_NODES",
+})
+
+
+def setting_variables() -> frozenset[str]:
+    """Every variable that sets a setting: ``COUNTERSINK_SECTION__NAME``, or ``COUNTERSINK_NAME`` at the top."""
+    names = set()
+    for name, field in Settings.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            names |= {f"{PREFIX}{name.upper()}__{inner.upper()}" for inner in model.model_fields}
+        elif field.validation_alias is None:  # NO_COLOR has no prefix
+            names.add(f"{PREFIX}{name.upper()}")
+    return frozenset(names)
+
+
+def unknown_variables(environ: Mapping[str, str], dotenv: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """``(name, problem)`` for each prefixed variable (of the environment, then of ``.env``) that is neither a
+    setting nor one of :data:`NOT_SETTINGS`; the problem names the nearest setting. Values are never read."""
+    known = setting_variables()
+    problems = []
+    for source, names in (("", environ), (" (in .env)", dotenv)):
+        for name in sorted(names):
+            upper = name.upper()  # variables are read in any case
+            if upper.startswith(PREFIX) and upper not in known and upper not in NOT_SETTINGS:
+                nearest = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+                hint = f"; did you mean {nearest[0]}?" if nearest else " (docs/settings.md lists them)"
+                problems.append((name, f"not a setting{source}{hint}"))
+    return problems
+
+
+def _dotenv_names(env_file: Any) -> list[str]:
+    from dotenv import dotenv_values
+
+    files = [env_file] if isinstance(env_file, str | Path) else list(env_file or ())
+    return [name for path in files if Path(path).is_file() for name in dotenv_values(path)]

@@ -11,11 +11,9 @@ One that exists compacted is reported (``topic_refused``) and the command exits 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 from aiokafka.admin import NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
 from consumer.cleanup_policies import check_policies, deduplicating
 from countersink.cli import (
@@ -26,7 +24,7 @@ from countersink.cli import (
     run_async,
     setting_default,
 )
-from countersink.kafka import cleanup_policies, start_admin
+from countersink.kafka import broker_topic_defaults, cleanup_policies, raise_topic_errors, start_admin
 from countersink.logs import get_logger
 from countersink.settings import Settings
 from schemas.definitions import TOPIC_PATTERN, CounterSet
@@ -54,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="create every topic this definitions file names")
     create.add_argument("--partitions", type=positive_int, default=None, metavar="N",
                         help="partitions of each new topic " + setting_default("consumer.topic_partitions"))
-    create.add_argument("--replication-factor", type=positive_int, default=1, metavar="N",
-                        help="replicas of each new topic (at most the number of brokers)")
+    create.add_argument("--replication-factor", type=positive_int, default=None, metavar="N",
+                        help="replicas of each new topic, at most the number of brokers (default: the broker's "
+                        "default.replication.factor, from COUNTERSINK_CONSUMER__TOPIC_REPLICATION_FACTOR)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -70,14 +69,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         log.error("usage_refused", error="name topics, or a definitions file with --counters")
         return EXIT_USAGE
     partitions = args.partitions or settings.consumer.topic_partitions
-    return run_async(create_topics(settings, topics, partitions, args.replication_factor, counters))
+    replication_factor = args.replication_factor or settings.consumer.topic_replication_factor
+    return run_async(create_topics(settings, topics, partitions, replication_factor, counters))
 
 
-async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int,
+async def create_topics(settings: Settings, topics: list[str], partitions: int, replication_factor: int | None,
                         counters: CounterSet | None = None) -> int:
     """Create each missing topic; print ``created NAME (N partitions)`` or ``exists NAME (N partitions)``.
     Topics that ``counters`` deduplicate by event id are created with ``cleanup.policy=delete``; one that exists
-    compacted is refused (exit 2)."""
+    compacted is refused (exit 2). A topic the broker refuses raises its Kafka error, naming the topic and the
+    broker's reason."""
     window = settings.consumer.retry_window_records
     plain = deduplicating(counters, window) if counters is not None else {}
     # A refused login or certificate is named (KafkaSecurityError), not reported as a failed bootstrap.
@@ -86,10 +87,11 @@ async def create_topics(settings: Settings, topics: list[str], partitions: int, 
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t not in existing]
         if missing:
-            # Another process may create the same topic between the listing and this request.
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics([NewTopic(t, partitions, replication_factor, topic_configs={
-                    "cleanup.policy": "delete"} if t in plain else None) for t in missing])
+            if replication_factor is None:  # the broker's default.replication.factor
+                replication_factor = (await broker_topic_defaults(admin))[1]
+            # A topic another process creates between the listing and this request counts as created.
+            raise_topic_errors(await admin.create_topics([NewTopic(t, partitions, replication_factor, topic_configs={
+                "cleanup.policy": "delete"} if t in plain else None) for t in missing]))
         existing_ones = [t for t in topics if t not in missing]
         described = {d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(existing_ones)
                      } if existing_ones else {}

@@ -49,6 +49,9 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes", 400, "give at least one ?key="),
     ("/counters/likes?key=a&key=b&key=c&key=d", 400, "at most 3 keys"),
     ("/counters/likes?key=a&key=", 400, "a key is 1 to 1024 bytes"),
+    ("/counters/likes/%5C", 400, "a lone backslash is not an instance key"),
+    ("/counters/likes?key=%5C", 400, "a lone backslash is not an instance key"),
+    ("/counters/likes/%5C/series?from=now-1h&to=now", 400, "a lone backslash is not an instance key"),
 ])
 async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: str, status: int,  # type: ignore[type-arg]
                                                          detail: str) -> None:
@@ -76,7 +79,10 @@ async def test_openapi_describes_every_read(http: TestClient) -> None:  # type: 
     served = await (await http.get("/openapi.json")).json()
     assert served == openapi_document(ServeSettings(max_keys=3), COUNTERS)
     assert served["openapi"].startswith("3.1")
-    assert set(served["paths"]) == {"/counters/{name}/{key}", "/counters/{name}", "/counters/{name}/{key}/series"}
+    assert set(served["paths"]) == {"/counters/{name}/{key}", "/counters/{name}", "/counters/{name}/{key}/series",
+                                    "/counters/{name}/series"}
+    keyless = {p["name"]: p for p in served["paths"]["/counters/{name}/series"]["get"]["parameters"]}
+    assert set(keyless) == {"name", "from", "to", "step", "rollup", "consistency"}
     series = {p["name"]: p for p in served["paths"]["/counters/{name}/{key}/series"]["get"]["parameters"]}
     assert (series["from"]["required"], series["to"]["required"], series["step"]["required"]) == (True, True, False)
     name = served["paths"]["/counters/{name}"]["get"]["parameters"][0]
@@ -86,8 +92,9 @@ async def test_openapi_describes_every_read(http: TestClient) -> None:  # type: 
     for path in served["paths"].values():
         for response in path["get"]["responses"].values():
             for media in response.get("content", {}).values():
-                ref = media["schema"]["$ref"].rsplit("/", 1)[1]
-                assert ref in served["components"]["schemas"]
+                for ref in [media["schema"], *media["schema"].get("oneOf", [])]:
+                    if "$ref" in ref:
+                        assert ref["$ref"].rsplit("/", 1)[1] in served["components"]["schemas"]
 
 
 @pytest.mark.parametrize("content", [None, '[[counter]]\nname = "likes"\nkind = "count"\nlg_k = 12\n'])

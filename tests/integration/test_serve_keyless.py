@@ -1,0 +1,154 @@
+"""``countersink serve`` on real Cassandra: counters with no key fields are read over HTTP (their one instance
+and its buckets), and a key that is no instance key is a 400 problem document."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import MutatorEntry, PartitionId, ShardWrite
+from countersink.cassandra import CassandraClient
+from countersink.settings import CassandraSettings
+from schemas.definitions import load_definitions
+from schemas.kinds import KindSpec, new_state
+from schemas.timeseries import bucket_key, iso
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+HOUR = 1_795_000_000 // 3600 * 3600  # a bucket start (2026-11-18T...)
+DEFINITIONS = """
+[[counter]]
+name = "total"
+kind = "sum"
+number = "decimal"
+topics = ["trades"]
+value = "amount"
+
+[[counter]]
+name = "hourly"
+kind = "sum"
+number = "decimal"
+topics = ["trades"]
+value = "amount"
+bucket = { field = "ts", size = "1h", format = "epoch_seconds" }
+
+[[counter]]
+name = "notional"
+kind = "sum"
+number = "decimal"
+topics = ["trades"]
+key = ["symbol"]
+value = "amount"
+"""
+
+
+async def _write(client: CassandraClient, shards: list[tuple[str, str, str]]) -> None:
+    """One mutator's shards: (counter, instance key, decimal amount) each."""
+    store = CassandraStore(client)
+    record = MutatorEntry(uuid.uuid4(), "g", "trades", 0, "test", 1_000_000, 9_000_000)
+    await store.register_mutator(record)
+    await store.create_partition(PartitionId("g", "trades", 0), record.id, record.born_us, 41)
+    writes = []
+    for counter, key, amount in shards:
+        state = new_state(KindSpec("sum", number="decimal"))
+        state.apply(Decimal(amount))
+        writes.append(ShardWrite(counter, key, state.to_bytes(), 42, True))
+    await store.write_shards(record.id, record.born_us + 1, writes)
+
+
+@pytest.fixture
+async def served(cassandra_settings: CassandraSettings, tmp_path: Path) -> AsyncIterator[str]:
+    """The base URL of a running ``countersink serve`` over the shards written here."""
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS)
+    hourly = load_definitions(counters)["hourly"]
+    async with CassandraClient(cassandra_settings) as client:
+        await _write(client, [("total", "", "7.5"), ("hourly", bucket_key(hourly, "", HOUR), "2.25"),
+                              ("hourly", bucket_key(hourly, "", HOUR + 3600), "1"), ("notional", "series", "3")])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra_settings.contact_points[0],
+           "COUNTERSINK_CASSANDRA__PORT": str(cassandra_settings.port),
+           "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra_settings.keyspace,
+           "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port), "PYTHONPATH": str(REPO)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "countersink.cli", "serve", "--counters", str(counters), env=env, cwd=REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):
+                try:
+                    async with http.get(base + "/readyz") as ready:
+                        if ready.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                assert process.returncode is None, (await process.stdout.read()).decode()  # type: ignore[union-attr]
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("countersink serve never became ready")
+        yield base
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def _get(base: str, path: str) -> tuple[int, str, object]:
+    async with aiohttp.ClientSession() as http, http.get(base + path) as answer:
+        return answer.status, answer.content_type, await answer.json(content_type=None)
+
+
+async def test_a_keyless_counter_is_read_over_http(served: str) -> None:
+    """``/counters/{name}`` reads the one instance of a counter with no key fields, and
+    ``/counters/{name}/series`` the buckets of a bucketed one; the OpenAPI document describes both."""
+    assert await _get(served, "/counters/total") == (200, "application/json", {
+        "counter": "total", "key": "", "kind": "sum", "value": "7.5"})
+    span = f"from={iso(HOUR)}&to={iso(HOUR + 7200)}"
+    status, _, series = await _get(served, f"/counters/hourly/series?{span}")
+    assert status == 200, series
+    assert isinstance(series, dict)
+    assert (series["counter"], series["key"]) == ("hourly", "")
+    assert [point["value"] for point in series["points"]] == ["2.25", "1"]
+    status, _, rolled = await _get(served, f"/counters/hourly/series?{span}&rollup=true")
+    assert isinstance(rolled, dict)
+    assert [point["value"] for point in rolled["points"]] == ["3.25"]
+    status, _, spec = await _get(served, "/openapi.json")
+    assert isinstance(spec, dict)
+    assert {"/counters/{name}", "/counters/{name}/series"} <= set(spec["paths"])
+
+
+async def test_a_keyed_counter_keeps_its_instance_named_series(served: str) -> None:
+    """For a counter with key fields, ``/counters/{name}/series`` is still the instance whose key is
+    ``series``, and ``/counters/{name}`` without a key is a 400 problem."""
+    assert await _get(served, "/counters/notional/series") == (200, "application/json", {
+        "counter": "notional", "key": "series", "kind": "sum", "value": "3"})
+    status, media, problem = await _get(served, "/counters/notional")
+    assert (status, media) == (400, "application/problem+json")
+    assert isinstance(problem, dict)
+    assert "give at least one ?key=" in problem["detail"]
+
+
+@pytest.mark.parametrize("path", ["/counters/notional/%5C", "/counters/notional?key=%5C",
+                                  "/counters/hourly/%5C/series?from=now-1h&to=now", "/counters/notional?key="])
+async def test_a_malformed_key_is_a_400_problem(served: str, path: str) -> None:
+    """A key that is no instance key (a lone backslash, the empty text) answers 400 with a problem document."""
+    status, media, problem = await _get(served, path)
+    assert (status, media) == (400, "application/problem+json"), problem
+    assert isinstance(problem, dict)
+    assert problem["status"] == 400
