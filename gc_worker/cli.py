@@ -120,9 +120,10 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _one_run(settings: Settings, client: CassandraClient, args: argparse.Namespace) -> GcReport:
     store = CassandraGcStore(client, instance_consistency=args.consistency)
-    # A read that misses a shard would fold the tally without it and delete nothing for it, or fold it twice.
+    # A read that misses a shard would fold the tally without it and delete nothing for it, or fold it twice;
+    # one that misses a registry or work-list row would collect a mutator whose shards were never folded.
     check_deciding_reads(settings.cassandra, await client.replication_factors(),
-                         {"gc_read_consistency": store.instance_cl})
+                         {"gc_read_consistency": store.instance_cl, "gc_list_consistency": store.list_cl})
     progress = _Progress(settings.gc.progress_interval_s, bar=not args.no_progress and sys.stderr.isatty())
     collector = Collector(
         store, int(settings.gc.grace_s * 1e6),

@@ -19,15 +19,16 @@ def _uuid(value: object) -> uuid.UUID:
 
 
 class CassandraGcStore:
-    """Reads instances at ``gc_read_consistency`` (ALL unless configured), everything else at the normal
-    read and write levels."""
+    """Reads instances at ``gc_read_consistency`` (ALL unless configured), the registry and the work lists at
+    ``gc_list_consistency``, and writes at ``write_consistency``: every read here decides what the GC writes or
+    deletes, so none is at the ``read_consistency`` configured for serving (see countersink.consistency)."""
 
     def __init__(self, client: CassandraClient, *, instance_consistency: Consistency | None = None,
                  page_size: int = _PAGE) -> None:
         self.client = client
         settings = client.settings
         self.instance_cl = instance_consistency or settings.gc_read_consistency
-        self.read_cl = settings.read_consistency
+        self.list_cl = settings.gc_list_consistency
         self.write_cl = settings.write_consistency
         self.page_size = page_size
 
@@ -50,7 +51,7 @@ class CassandraGcStore:
         entries: list[RegistryEntry] = []
         async for rows in self._pages(
                 "SELECT id, consumer_group, topic, partition, born_us, expires_us, retired_us, collected_us "
-                "FROM mutators", [], self.read_cl):
+                "FROM mutators", [], self.list_cl):
             entries.extend(
                 RegistryEntry(_uuid(r["id"]), str(r["consumer_group"] or ""), str(r["topic"] or ""),
                               int(r["partition"] if r["partition"] is not None else -1),  # type: ignore[call-overload]
@@ -62,7 +63,7 @@ class CassandraGcStore:
     async def read_work(self, mutator: uuid.UUID) -> AsyncIterator[Sequence[Instance]]:
         # A row holds up to a thousand instances: a few rows to a page.
         async for rows in self._pages_of("SELECT instances FROM mutator_work WHERE mutator = ?",
-                                         [mutator], self.read_cl, _WORK_ROWS_PER_PAGE):
+                                         [mutator], self.list_cl, _WORK_ROWS_PER_PAGE):
             for r in rows:
                 yield instances_of_work(r["instances"])  # type: ignore[arg-type]
 
