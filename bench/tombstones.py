@@ -94,7 +94,7 @@ class Bench:
             state.apply(1)
             writes = [ShardWrite(counter, key, state.to_bytes(), rotation, True)
                       for counter in self.counters for key in KEYS.values()]
-            await self.store.write_shards(entry.id, entry.born_us + 1, writes)
+            await self.store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes)
             self.live[partition] = entry
 
         await asyncio.gather(*(one(p) for p in range(self.args.partitions)))

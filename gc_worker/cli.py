@@ -221,12 +221,12 @@ def _summary(report: GcReport, elapsed: float) -> str:
         f"gc{' (dry run)' if report.dry_run else ''}: {report.mutators_final} retired mutators to collect, "
         f"{report.mutators_waiting} within the grace period",
         f"  {verb} {report.instances_folded} instances ({report.shards_deleted} shards) of "
-        f"{report.instances_checked} checked; {report.mutators_collected} mutators "
+        f"{report.instances_checked} keys checked; {report.mutators_collected} mutators "
         f"{'would be ' if report.dry_run else ''}collected, {report.mutators_forgotten} "
         f"{'would be ' if report.dry_run else ''}forgotten; {elapsed:.1f}s",
     ]
     if report.instances_deferred:
-        lines.append(f"  deferred {report.instances_deferred} instances (run again later; exit code {EXIT_DEFERRED}):")
+        lines.append(f"  deferred {report.instances_deferred} keys (run again later; exit code {EXIT_DEFERRED}):")
         lines.extend(f"    {item}" for item in report.deferred)
     return "\n".join(lines)
 

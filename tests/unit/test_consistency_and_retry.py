@@ -178,7 +178,7 @@ def test_the_gc_decides_from_reads_at_its_own_levels_not_the_serving_one() -> No
         await store.read_registry()
         async for _ in store.read_work(uuid.uuid4()):
             pass
-        await store.read_instance("likes", "IBM")
+        await store.read_key("IBM")
 
     asyncio.run(read_everything())
     assert client.levels == {"mutators": C.QUORUM, "mutator_work": C.QUORUM, "shards": C.ALL}
