@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import pytest
@@ -57,7 +57,7 @@ from consumer.protocol import (
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.retry import is_retriable
 from countersink.settings import ConsumerSettings
-from gc_worker.collector import Collector, Range, Row
+from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import new_state, state_from_bytes
@@ -654,19 +654,6 @@ class NoSkipModel(ProtocolModel):
     store_class = NoSkipStore
 
 
-class WholeRangeStore(MemoryStore):
-    """The GC's batch deletes every row born before the end of its last range, over the live mutators' births
-    that cut the ranges: what a GC deleting by one range up to its cutoff would do."""
-
-    async def fold(self, key: str, tallies: Mapping[str, tuple[bytes, int | None]], ranges: Sequence[Range],
-                   rows: Sequence[Row], ts: int) -> None:
-        await super().fold(key, tallies, [(None, max(before for _, before in ranges))] if ranges else [], rows, ts)
-
-
-class WholeRangeModel(ProtocolModel):
-    store_class = WholeRangeStore
-
-
 class OffsetWindowLog(MemoryLog):
     """Rebuilds the publisher-retry window from the last ``count`` offsets instead of records: on a log with
     gaps, a successor's window holds fewer records than its predecessor's had."""
@@ -766,15 +753,6 @@ def test_model_catches_a_flush_before_the_takeover_is_finished() -> None:
     predecessor left open, the model finds an event lost or counted twice."""
     with pytest.raises(ProtocolViolation):
         run_model(ImpatientModel, MUST_FAIL_SETTINGS)
-
-
-def test_model_catches_a_gc_range_over_a_live_mutator() -> None:
-    """With the GC's range tombstone reaching over the birth of a mutator still live, the model finds the
-    live shard deleted unfolded: an event lost. It takes a fold timestamped above a live mutator's writes (a
-    predecessor retired at least a second after its birth, past the live one's), so more examples than most
-    mutants."""
-    with pytest.raises(ProtocolViolation):
-        run_model(WholeRangeModel, settings(MUST_FAIL_SETTINGS, max_examples=2_000))
 
 
 def test_model_catches_a_retry_window_rebuilt_from_offsets() -> None:
