@@ -18,6 +18,10 @@ Layouts (the work list is one row per new instance, in single-partition batches 
 - ``one row per key, a cell per counter``: one partition per key, one row per mutator, each counter's state
   one cell of a map, 10 keys per batch (schema 2).
 - ``one row per key, one blob``: the same, with every counter's state in one blob.
+- ``... clustered by birth``: schema 3, rows at (the mutator's birth time, the mutator), so that the GC can
+  delete by ranges of births.
+
+``--only NAME`` (repeatable) measures only the layouts whose name contains NAME.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ TABLES = {
     "key_rows": "key text, mutator uuid, states blob, through_offset bigint, PRIMARY KEY ((key), mutator)",
     "key_cells": "key text, mutator uuid, tallies map<text, blob> STATIC, states map<text, blob>, "
                  "PRIMARY KEY ((key), mutator)",
+    "key_cells_born": "key text, born_us bigint, mutator uuid, tallies map<text, blob> STATIC, "
+                      "states map<text, blob>, PRIMARY KEY ((key), born_us, mutator)",
 }
 
 Flush = list[str]  # the keys one flush writes (each for all three counters)
@@ -137,10 +143,16 @@ async def key_rows(client: CassandraClient, mutator: uuid.UUID, seq: int, keys: 
 
 
 async def key_cells(client: CassandraClient, mutator: uuid.UUID, seq: int, keys: Flush, new: bool,
-                    rng: random.Random, *, work_list_per_flush: bool) -> None:
-    cql = "UPDATE key_cells USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?"
+                    rng: random.Random, *, work_list_per_flush: bool, by_birth: bool = False) -> None:
+    if by_birth:
+        cql = "UPDATE key_cells_born USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND born_us = ? " \
+              "AND mutator = ?"
+        where: list[object] = [1_795_000_000_000_000, mutator]
+    else:
+        cql = "UPDATE key_cells USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?"
+        where = [mutator]
     statements = [(cql, [seq, {counter: seq.to_bytes(8, "big") + state(counter, rng) for counter in COUNTERS},
-                         key, mutator]) for key in keys]
+                         key, *where]) for key in keys]
     calls = batches(client, statements)
     if new:
         calls += work_list(client, mutator, seq, [(counter, key) for key in keys for counter in COUNTERS],
@@ -156,6 +168,8 @@ LAYOUTS: dict[str, Callable[..., Awaitable[None]]] = {
     "one row per key, a cell per counter, work list per flush": functools.partial(key_cells,
                                                                                   work_list_per_flush=True),
     "one row per key, one blob, work list per flush": key_rows,
+    "one row per key, a cell per counter, work list per flush, clustered by birth": functools.partial(
+        key_cells, work_list_per_flush=True, by_birth=True),
 }
 
 
@@ -165,7 +179,8 @@ def flushes(keys: int, rng: random.Random) -> list[tuple[Flush, bool]]:
     return [(everything, True), (again, False)]
 
 
-async def run(keys: int, rounds: int) -> None:
+async def run(keys: int, rounds: int, only: Sequence[str] = ()) -> None:
+    layouts = {name: write for name, write in LAYOUTS.items() if not only or any(part in name for part in only)}
     bp.STACK.mkdir(parents=True, exist_ok=True)
     with bp.bench_servers(bp.STACK, kafka_port=29092, native_port=29042, storage_port=27000, jmx_port=27199,
                           cluster_name="countersink-bench") as (_, cassandra_node):
@@ -177,10 +192,10 @@ async def run(keys: int, rounds: int) -> None:
             await client.execute(f"CREATE KEYSPACE layouts WITH replication = {settings.replication}", prepared=False)
             for table, columns in TABLES.items():
                 await client.execute(f"CREATE TABLE layouts.{table} ({columns}) WITH {COMPACTION}", prepared=False)
-        totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in LAYOUTS}
+        totals: dict[str, list[float]] = {name: [0.0, 0.0] for name in layouts}
         async with CassandraClient(settings) as client:
             for round_ in range(rounds + 1):  # round 0 warms the JVM and the prepared statements up
-                for name, write in LAYOUTS.items():
+                for name, write in layouts.items():
                     rng = random.Random(round_)
                     mutator = uuid.uuid4()
                     server_before, client_before = bp.proc_cpu_s(cassandra_node.process.pid), time.process_time()
@@ -193,7 +208,7 @@ async def run(keys: int, rounds: int) -> None:
                         totals[name][0] += server
                         totals[name][1] += own
                     print(f"round {round_}: {name}: Cassandra {server:.1f} CPU s, client {own:.1f} CPU s", flush=True)
-        baseline = totals["instance rows"][0]
+        baseline = next(iter(totals.values()))[0]
         print(f"\nCPU s per 100,000 keys flushed ({keys:,} keys, 3 counters, {rounds} rounds):")
         for name, (server, own) in totals.items():
             per = 100_000 / keys / rounds
@@ -206,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="measure only the layouts whose name contains NAME (repeatable); ratios are to the "
+                             "first measured")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.keys, args.rounds))
+    asyncio.run(run(args.keys, args.rounds, args.only))
     return 0
 
 

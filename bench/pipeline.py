@@ -443,7 +443,7 @@ async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str,
                                              record.born_us, 0)
                 state = new_state(KindSpec("sum"))
                 state.apply(i + 1)
-                await store.write_shards(record.id, record.born_us + 1,
+                await store.write_shards(record.id, record.born_us, record.born_us + 1,
                                          [ShardWrite("readbench", f"shards-{shards}", state.to_bytes(), 1, True)])
         await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
         await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)

@@ -69,7 +69,7 @@ async def write_buckets(client: CassandraClient, hours: int) -> None:
                     state.apply(f"u{partition}-{hour}-{i}" if definition.kind == "distinct" else i)
                 writes.append(ShardWrite(definition.name, bucket_key(definition, "IBM", START + hour * HOUR),
                                          state.to_bytes(), 1, True))
-        await store.write_shards(entry.id, entry.born_us + 1, writes)
+        await store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes)
 
 
 async def rollup_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:

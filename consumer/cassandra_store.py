@@ -115,11 +115,14 @@ class CassandraStore:
             [owner, born_us, offset, offset, pid.consumer_group, pid.topic, pid.partition, owner],
         )
 
-    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
+                           writes: Sequence[ShardWrite]) -> None:
         # The counters of one key go to one row (one cell each, added to the map: no tombstone, and a counter
         # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
-        shard_cql = "UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND mutator = ?"
-        expiring_cql = "UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? WHERE key = ? AND mutator = ?"
+        shard_cql = ("UPDATE shards USING TIMESTAMP ? SET states = states + ? "
+                     "WHERE key = ? AND born_us = ? AND mutator = ?")
+        expiring_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? "
+                        "WHERE key = ? AND born_us = ? AND mutator = ?")
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
@@ -145,10 +148,10 @@ class CassandraStore:
                 calls.append(self._shard_call(group))
                 group, group_bytes = [], 0
             if expires_at is None:
-                group.append((shard_cql, [timestamp_us, cells, partition_key(key), mutator]))
+                group.append((shard_cql, [timestamp_us, cells, partition_key(key), born_us, mutator]))
             else:
                 ttl_s = ttls[expires_at]
-                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition_key(key), mutator]))
+                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition_key(key), born_us, mutator]))
             group_bytes += row_bytes
         if group:
             calls.append(self._shard_call(group))
@@ -188,16 +191,16 @@ class CassandraStore:
         if failures:
             raise failures[0]
 
-    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None:
         result = await self.client.execute(
-            "SELECT states[?] AS cell FROM shards WHERE key = ? AND mutator = ?",
-            [counter, partition_key(key), mutator], consistency=self.read_cl)
+            "SELECT states[?] AS cell FROM shards WHERE key = ? AND born_us = ? AND mutator = ?",
+            [counter, partition_key(key), born_us, mutator], consistency=self.read_cl)
         rows = as_dicts(result)
         if not rows or rows[0]["cell"] is None:
             return None
         return StoredShard(*shard_of_cell(rows[0]["cell"]))
 
-    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+    async def read_shards(self, mutator: uuid.UUID, born_us: int, instances: Sequence[tuple[str, str]]
                           ) -> dict[tuple[str, str], StoredShard | None]:
         # Keys go _READ_KEYS_PER_REQUEST to a request (IN on the partition key), each row with the cells of
         # every counter of the key: a takeover replaying a window of tens of thousands of instances would
@@ -208,8 +211,8 @@ class CassandraStore:
 
         async def read(chunk: list[str]) -> None:
             result = await self.client.execute(
-                "SELECT key, states FROM shards WHERE key IN ? AND mutator = ?", [chunk, mutator],
-                consistency=self.read_cl)
+                "SELECT key, states FROM shards WHERE key IN ? AND born_us = ? AND mutator = ?",
+                [chunk, born_us, mutator], consistency=self.read_cl)
             for row in as_dicts(result):
                 key = key_of_partition(row["key"])
                 for counter, cell in (row["states"] or {}).items():

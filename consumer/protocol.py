@@ -88,7 +88,7 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     mutator.window_committed = False
     try:
         seq = await _open_window(store, mutator, intent)
-        await store.write_shards(mutator.id, mutator.entry.born_us + seq, writes)
+        await store.write_shards(mutator.id, mutator.entry.born_us, mutator.entry.born_us + seq, writes)
     except BaseException:
         mutator.dirty |= flushing  # not known written: the next attempt writes them again, as they are then
         raise
@@ -389,7 +389,7 @@ async def _replay_window(
             elif outcome is Outcome.INVALID and error is not None and on_invalid is not None:
                 await on_invalid(record, error)
         if unread:
-            stored = await store.read_shards(writer, list(unread))
+            stored = await store.read_shards(writer, writer_born_us, list(unread))
             states.update({
                 (c, k): (new_state(applier.counters[c]), -1) if shard is None else
                         (state_from_bytes(shard.state), shard.through_offset)
@@ -401,7 +401,7 @@ async def _replay_window(
                     state.apply(update.value)
     writes = [ShardWrite(c, k, state.to_bytes(), intent, True, applier.expires_at(c, k))
               for (c, k), (state, _) in sorted(states.items())]
-    await store.write_shards(writer, writer_born_us + seq, writes)
+    await store.write_shards(writer, writer_born_us, writer_born_us + seq, writes)
     return replayed, len(writes)
 
 

@@ -230,8 +230,10 @@ class CassandraClient:
         page_state: bytes | None = None,
         prepared: bool = True,
         idempotent: bool = True,
+        tracing: bool = False,
     ) -> Any:
-        """Run one statement (prepared once and cached by default) and return the driver's result."""
+        """Run one statement (prepared once and cached by default) and return the driver's result. With
+        ``tracing``, Cassandra records the request in ``system_traces``."""
         level = _consistency(consistency or self.settings.write_consistency)
         if prepared:
             statement = (await self._prepare(cql_text)).bind(page_size=page_size, page_state=page_state)
@@ -248,6 +250,8 @@ class CassandraClient:
         if serial_consistency:
             statement.set_serial_consistency(acsylla.Consistency[serial_consistency])
         statement.set_is_idempotent(idempotent)
+        if tracing:
+            statement.set_tracing(True)
         return await self._run(self._session.execute(statement), cql_text)
 
     async def execute_batch(

@@ -24,7 +24,7 @@ from schemas.kinds import State, merge_states, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
-_INSTANCE = "SELECT tallies[?] AS tally, mutator, states[?] AS cell, writetime(states[?]) AS written_us " \
+_INSTANCE = "SELECT tallies[?] AS tally, born_us, mutator, states[?] AS cell, writetime(states[?]) AS written_us " \
             "FROM shards WHERE key = ?"
 
 
@@ -222,7 +222,7 @@ class CounterReader:
             shards.append(ShardView(
                 mutator=mutator, through_offset=through_offset, written_us=row["written_us"],
                 value=state.value(), topic=info.get("topic"),
-                partition=info.get("partition"), host=info.get("host"), born_us=info.get("born_us"),
+                partition=info.get("partition"), host=info.get("host"), born_us=row["born_us"],
                 retired_us=info.get("retired_us"), collected_us=info.get("collected_us")))
             if info:
                 partitions[(info["consumer_group"], info["topic"], info["partition"])] = None

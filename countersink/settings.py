@@ -138,6 +138,11 @@ class CassandraSettings(_Section):
     # A takeover reads the shards of the mutator whose flush it finishes, and writes what they lack: a stale
     # read would lose events. Like the GC's, this read must overlap the writes (see overlapping_reads).
     replay_read_consistency: Consistency = Consistency.QUORUM
+    # The GC's reads of the mutator registry and of each mutator's work list decide which shards it folds and
+    # when a mutator is collected: a registry row or a work-list row missed there is a mutator whose shards are
+    # never folded, or a live one taken for gone. Like the two above, these reads must overlap the writes,
+    # whatever read_consistency serving uses.
+    gc_list_consistency: Consistency = Consistency.QUORUM
     connect_timeout_s: float = Field(default=5.0, gt=0)
     request_timeout_s: float = Field(default=12.0, gt=0)
     # Bounded in-flight requests per process, with a bounded wait for a slot (seed 003's pending queue).

@@ -120,9 +120,10 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _one_run(settings: Settings, client: CassandraClient, args: argparse.Namespace) -> GcReport:
     store = CassandraGcStore(client, instance_consistency=args.consistency)
-    # A read that misses a shard would fold the tally without it and delete nothing for it, or fold it twice.
+    # A read that misses a shard would fold the tally without it and delete nothing for it, or fold it twice;
+    # one that misses a registry or work-list row would collect a mutator whose shards were never folded.
     check_deciding_reads(settings.cassandra, await client.replication_factors(),
-                         {"gc_read_consistency": store.instance_cl})
+                         {"gc_read_consistency": store.instance_cl, "gc_list_consistency": store.list_cl})
     progress = _Progress(settings.gc.progress_interval_s, bar=not args.no_progress and sys.stderr.isatty())
     collector = Collector(
         store, int(settings.gc.grace_s * 1e6),
@@ -220,12 +221,12 @@ def _summary(report: GcReport, elapsed: float) -> str:
         f"gc{' (dry run)' if report.dry_run else ''}: {report.mutators_final} retired mutators to collect, "
         f"{report.mutators_waiting} within the grace period",
         f"  {verb} {report.instances_folded} instances ({report.shards_deleted} shards) of "
-        f"{report.instances_checked} checked; {report.mutators_collected} mutators "
+        f"{report.instances_checked} keys checked; {report.mutators_collected} mutators "
         f"{'would be ' if report.dry_run else ''}collected, {report.mutators_forgotten} "
         f"{'would be ' if report.dry_run else ''}forgotten; {elapsed:.1f}s",
     ]
     if report.instances_deferred:
-        lines.append(f"  deferred {report.instances_deferred} instances (run again later; exit code {EXIT_DEFERRED}):")
+        lines.append(f"  deferred {report.instances_deferred} keys (run again later; exit code {EXIT_DEFERRED}):")
         lines.extend(f"    {item}" for item in report.deferred)
     return "\n".join(lines)
 

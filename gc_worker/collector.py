@@ -1,41 +1,56 @@
-"""The GC: fold the shards of retired mutators into each instance's tally, safely and without coordination.
+"""The GC: fold the shards of retired mutators into each key's tallies, safely and without coordination.
 
-For every mutator retired before ``now - grace`` and not yet collected, page through the instances it wrote
-(``mutator_work``). For each instance, read its cells of the key's partition (at CL ALL by default) and let F
-be every shard whose mutator is final (retired before the cutoff). Write ``tally + F`` as the new tally and
-delete F's cells in one single-partition batch ``USING TIMESTAMP max(retired_us of F)``. Cassandra applies such a batch
-atomically and in isolation, so a reader sees the instance before it or after it, never a mix.
+A mutator is *final* once retired before ``now - grace``. Rows of ``shards`` are ordered by the birth time
+of their mutator, so the GC deletes what it folds with range tombstones over birth times instead of a
+tombstone per cell: the births of the mutators that are not final (and the cutoff itself, above which
+mutators not yet registered will be born) cut the time line into *gaps*, and every row born strictly inside a
+gap belongs to a final mutator, now and later. For every final mutator not yet collected, the GC pages through the
+instances it wrote (``mutator_work``) and folds each key they name once: read the key's partition (at CL ALL
+by default), fold every row inside a gap into the tallies of the counters it holds, and write the new
+tallies and one range tombstone per gap it found rows in (``DELETE ... WHERE key = ? AND born_us > a AND
+born_us < b``) in one single-partition batch ``USING TIMESTAMP T``, T the latest retire time of all final
+mutators. (A final mutator born at the very microsecond of a live one sits on a bound: its row is folded too,
+and deleted on its own.) Cassandra applies such a batch atomically and
+in isolation, so a reader sees the key before it or after it, never a mix.
+
+Why reads stay cheap: the next run's gaps contain this run's (a mutator final now stays final, so the
+points cutting the line only go away, and the cutoff only moves on), and T only grows, so each range
+tombstone of a key is covered by the next one written there at a later timestamp. Cassandra merges them as
+it reads: a key carries two range markers per mutator that stayed live while later ones were folded, and
+two in all in the steady state, whatever the number of partitions, counters and rotations (schema 2's cell
+tombstones grew by partitions x counters every rotation; ``python -m bench.tombstones``).
 
 Why several workers at once are safe (seed 000's argument with the retire time for the expiry): a later run
-can only see more final shards, which retired later, so its timestamp is higher and its tally includes
-everything an earlier run folded; repeating a batch writes the same cells at the same timestamp; a late write
-of a retired mutator carries ``born_us + flush_seq``, below its retire time, and stays under the deletion.
-The grace period must exceed the clock skew between machines, so that no mutator still to be retired can get
-a retire time below a cutoff that a run has already used.
+can only see more final mutators, which retired later, so its timestamp is higher, its gaps contain the
+earlier run's, and its tallies include everything the earlier run folded; repeating a batch writes the same
+cells at the same timestamp; a late write of a retired mutator carries ``born_us + flush_seq``, below its
+retire time, and stays under the deletion. The grace period must exceed the clock skew between machines, so
+that no mutator still to be retired can get a retire time below a cutoff that a run has already used, and
+no mutator still to be registered a birth time below it.
 
-All of this needs the fold to be built from one consistent view of the instance: its tally and its shards as
+All of this needs the fold to be built from one consistent view of the key: its tallies and its rows as
 they were at one moment. One request gives that (Cassandra answers a single-partition read in isolation from a
-single-partition batch), but an instance with more shards than a page takes several, and another worker's fold
-can land between two of them. Built from a tally from before that fold and shards from after it, our fold
-drops the shards the other one folded (our later timestamp overwrites its tally); from shards before and the
-tally after, it counts them twice. So a read of more than one page takes the tally as of its first request
-and, once the last page is in, reads the tally alone again. A tally cell only ever gives way to one with a
-later timestamp (or, at the same timestamp, larger bytes), so the same bytes and write time before and after
-mean it was current throughout: no fold that changed it landed in between. (A batch that lost to it folded
-only shards that it already holds, deleted with it; one that wrote the same bytes at the same time repeated a
-fold, or folded shards that change nothing, such as a max below the tally's.) The shards read while that tally
-was current are not in it, and a final shard cannot appear later, so the view is what one request at any
-moment in between would have returned, and the timestamp argument above holds as it stands. If the tally
-changed, the instance is read again (the other worker has usually finished it by then); after a few tries it
-is deferred. The fold itself stays unconditional: Cassandra refuses ``USING TIMESTAMP`` on a conditional (LWT)
-batch, and that timestamp is what makes concurrent folds and late writes safe. Nor is the read made one large
-page: the shards of an instance have no fixed bound.
+single-partition batch), but a key with more rows than a page takes several, and another worker's fold
+can land between two of them. Built from tallies from before that fold and rows from after it, our fold
+drops the shards the other one folded (our later timestamp overwrites its tallies); from rows before and the
+tallies after, it counts them twice. So a read of more than one page takes the tallies as of its first request
+and, once the last page is in, reads the tallies alone again. A tally cell only ever gives way to one with a
+later timestamp (or, at the same timestamp, larger bytes), so the same bytes and write times before and after
+mean they were current throughout: no fold that changed them landed in between. The rows read while those
+tallies were current are not in them, and a final row cannot appear later, so the view is what one request
+at any moment in between would have returned, and the timestamp argument above holds as it stands. If the
+tallies changed, the key is read again (the other worker has usually finished it by then); after a few tries
+it is deferred. The fold itself stays unconditional: Cassandra refuses ``USING TIMESTAMP`` on a conditional
+(LWT) batch, and that timestamp is what makes concurrent folds and late writes safe. Nor is the read made
+one large page: the rows of a key have no fixed bound.
 
-Three checks turn a broken assumption into a deferral instead of a lost or double-counted event:
-- a shard whose write time is not below its mutator's retire time would survive the deletion;
+Four checks turn a broken assumption into a deferral instead of a lost or double-counted event:
+- a row inside a gap whose mutator the registry does not know as final (or knows with another birth time)
+  would be deleted unfolded;
+- a row whose write time is not below its mutator's retire time would survive the deletion;
 - a tally written at or after our timestamp means another run folded later shards but not these;
-- a tally that keeps changing while its pages are read (a busy instance, retried a few times first).
-All three leave the instance as it is (its value stays right: the shards still count) and are reported.
+- tallies that keep changing while the pages are read (a busy key, retried a few times first).
+All four leave the key as it is (its values stay right: the shards still count) and are reported.
 
 Storage is reached through :class:`GcStore`, so the model test runs this code against its in-memory
 Cassandra.
@@ -44,10 +59,11 @@ Cassandra.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import enum
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
 from countersink.logs import get_logger
@@ -58,6 +74,8 @@ from schemas.kinds import merge_stored
 log = get_logger(__name__)
 
 Instance = tuple[str, str]  # (counter, key)
+Range = tuple[int | None, int]  # births strictly between the two (None: from the first), as deleted
+Row = tuple[int, uuid.UUID]  # (born_us, mutator): one row, deleted on its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,24 +94,26 @@ class RegistryEntry:
 
 @dataclasses.dataclass(frozen=True)
 class ShardView:
+    """One row of a key's partition: one mutator's state of each counter it wrote there."""
+
     mutator: uuid.UUID
-    state: bytes
-    through_offset: int
-    write_us: int  # writetime(state)
+    born_us: int
+    states: Mapping[str, bytes]  # counter -> state bytes
+    write_us: int  # the latest write time of its cells
+    ttls: Mapping[str, int | None]  # counter -> seconds its cell has left (None: it never expires)
 
 
 @dataclasses.dataclass(frozen=True)
-class InstanceView:
-    """A whole-partition read of one instance: the tally, its write time, and every visible shard.
+class KeyView:
+    """A whole-partition read of one key: each counter's tally with its write time, and every visible row.
 
-    ``pages`` is how many requests the read took (one while the shards fit one page)."""
+    ``pages`` is how many requests the read took (one while the rows fit one page)."""
 
-    tally: bytes | None
-    tally_write_us: int | None
+    tallies: Mapping[str, bytes]
+    tally_write_us: Mapping[str, int]
     shards: tuple[ShardView, ...]
     pages: int = 1
-    # Seconds until the last of its rows expires (a bucket with retention); None when a row never expires.
-    ttl_s: int | None = None
+    tally_ttls: Mapping[str, int | None] = dataclasses.field(default_factory=dict)
 
 
 class GcStore(Protocol):
@@ -107,18 +127,19 @@ class GcStore(Protocol):
         """The instances ``mutator`` wrote, a page at a time."""
         ...
 
-    async def read_instance(self, counter: str, key: str) -> InstanceView:
-        """The whole partition of one instance, at the GC's read consistency; if it takes more than one
-        request, the tally as of the first."""
+    async def read_key(self, key: str) -> KeyView:
+        """The whole partition of one key, at the GC's read consistency; if it takes more than one request,
+        the tallies as of the first."""
         ...
 
-    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
-        """The tally of one instance and its write time, in one request at the GC's read consistency."""
+    async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
+        """The tallies of one key and their write times, in one request at the GC's read consistency."""
         ...
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int,
-                   ttl_s: int | None = None) -> None:
-        """One single-partition batch: set the tally and delete the folded shard rows, at ``timestamp_us``."""
+    async def fold(self, key: str, tallies: Mapping[str, tuple[bytes, int | None]], ranges: Sequence[Range],
+                   rows: Sequence[Row], timestamp_us: int) -> None:
+        """One single-partition batch at ``timestamp_us``: set each counter's tally (with its TTL in seconds,
+        or none), delete the rows born within each range, and each of ``rows``."""
         ...
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None: ...
@@ -126,6 +147,26 @@ class GcStore(Protocol):
     async def forget(self, mutator: uuid.UUID) -> None:
         """Delete a long-collected mutator's registry row and work list."""
         ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Gaps:
+    """Where a run may delete rows: the births strictly between two consecutive *bounds*, the births of
+    mutators that are not final and the run's cutoff (a mutator registered later is born after it)."""
+
+    bounds: tuple[int, ...]  # sorted, distinct; the last is the cutoff
+
+    @classmethod
+    def of(cls, registry: Sequence[RegistryEntry], final: Mapping[uuid.UUID, int], cutoff_us: int) -> Gaps:
+        live = {e.born_us for e in registry if e.id not in final and e.born_us < cutoff_us}
+        return cls(tuple(sorted(live | {cutoff_us})))
+
+    def range_of(self, born_us: int) -> Range | None:
+        """The gap holding ``born_us``, or None when it is a bound or past the cutoff."""
+        at = bisect.bisect_left(self.bounds, born_us)
+        if at == len(self.bounds) or self.bounds[at] == born_us:
+            return None
+        return (self.bounds[at - 1] if at else None), self.bounds[at]
 
 
 class Verdict(enum.Enum):
@@ -143,10 +184,10 @@ class GcReport:
     mutators_waiting: int = 0  # retired, but within the grace period
     mutators_collected: int = 0
     mutators_forgotten: int = 0
-    instances_checked: int = 0
-    instances_folded: int = 0
-    shards_deleted: int = 0
-    instances_deferred: int = 0
+    instances_checked: int = 0  # keys read (each key's counters are folded together)
+    instances_folded: int = 0  # tallies written
+    shards_deleted: int = 0  # states folded (one per counter and row)
+    instances_deferred: int = 0  # keys left as they were
     deferred: list[str] = dataclasses.field(default_factory=list)  # the first few, for the log and the CLI
 
     def as_dict(self) -> dict[str, object]:
@@ -154,16 +195,27 @@ class GcReport:
 
 
 _DEFERRED_SHOWN = 20
-_READ_ATTEMPTS = 3  # reads of an instance whose tally changes between its pages, before deferring it
+_READ_ATTEMPTS = 3  # reads of a key whose tallies change between its pages, before deferring it
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What one run decided from the registry: the final mutators (id -> retire time), their births, the
+    gaps, and the timestamp of every fold."""
+
+    final: Mapping[uuid.UUID, int]
+    born: Mapping[uuid.UUID, int]
+    gaps: Gaps
+    timestamp_us: int
 
 
 class Collector:
     """One GC worker. :meth:`run` is one pass; call it from cron or in a loop.
 
     ``retriable`` says which storage errors mean "not now" (a replica down for a CL ALL read, a timeout: by
-    default, what the error itself says is retriable): the instance is deferred and the run goes on. Any
+    default, what the error itself says is retriable): the key is deferred and the run goes on. Any
     other error ends the run.
-    ``concurrency`` instances are worked on at once; 1 runs strictly in order, with no asyncio tasks.
+    ``concurrency`` keys are worked on at once; 1 runs strictly in order, with no asyncio tasks.
     """
 
     def __init__(
@@ -193,31 +245,34 @@ class Collector:
         registry = await self.store.read_registry()
         # Every shard of a mutator in ``final`` is final: collected ones too (a late write of theirs may show).
         final = {e.id: e.retired_us for e in registry if e.retired_us is not None and e.retired_us < cutoff}
+        gaps = Gaps.of(registry, final, cutoff)
+        plan = _Run(final, {e.id: e.born_us for e in registry}, gaps, max(final.values(), default=0))
         todo = sorted((e for e in registry if e.id in final and e.collected_us is None),
                       key=lambda e: (e.retired_us or 0, str(e.id)))
         report.mutators_final = len(todo)
         report.mutators_waiting = sum(1 for e in registry if e.retired_us is not None and e.retired_us >= cutoff)
-        # Instances already handled in this run need no second read for the next mutator that wrote them;
-        # an instance deferred once is not tried again in the same run, and holds back every mutator in it.
-        handled: set[Instance] = set()
-        deferred: set[Instance] = set()
+        # Keys already handled in this run need no second read for the next mutator that wrote them; a key
+        # deferred once is not tried again in the same run, and holds back every mutator in it.
+        handled: set[str] = set()
+        deferred: set[str] = set()
         for done, entry in enumerate(todo):
             if self.progress:
                 self.progress(done, len(todo), report)
             complete = True
             async for page in self.store.read_work(entry.id):
-                if any(i in deferred for i in page):
+                keys = list(dict.fromkeys(key for _, key in page))
+                if any(k in deferred for k in keys):
                     complete = False
-                fresh = [i for i in page if i not in handled and i not in deferred]
-                verdicts = await self._fold_all(fresh, final, report)
-                for instance, verdict in zip(fresh, verdicts, strict=True):
+                fresh = [k for k in keys if k not in handled and k not in deferred]
+                verdicts = await self._fold_all(fresh, plan, report)
+                for key, verdict in zip(fresh, verdicts, strict=True):
                     if verdict is Verdict.DEFERRED:
-                        deferred.add(instance)
+                        deferred.add(key)
                         complete = False
                     else:
-                        handled.add(instance)
+                        handled.add(key)
                 if len(handled) > 1_000_000:
-                    handled.clear()  # bounded memory; at worst some instances are read again
+                    handled.clear()  # bounded memory; at worst some keys are read again
             if complete:
                 if not self.dry_run:
                     await self.store.mark_collected(entry.id, now_us)
@@ -230,70 +285,80 @@ class Collector:
             await self._forget(registry, now_us - self.forget_after_us, report)
         return report
 
-    async def _fold_all(self, instances: Sequence[Instance], final: dict[uuid.UUID, int],
-                          report: GcReport) -> list[Verdict]:
+    async def _fold_all(self, keys: Sequence[str], plan: _Run, report: GcReport) -> list[Verdict]:
         if self.concurrency == 1:
-            return [await self._fold_instance(c, k, final, report) for c, k in instances]
+            return [await self._fold_key(key, plan, report) for key in keys]
         slots = asyncio.Semaphore(self.concurrency)
 
-        async def bounded(counter: str, key: str) -> Verdict:
+        async def bounded(key: str) -> Verdict:
             async with slots:
-                return await self._fold_instance(counter, key, final, report)
+                return await self._fold_key(key, plan, report)
 
-        return list(await asyncio.gather(*(bounded(c, k) for c, k in instances)))
+        return list(await asyncio.gather(*(bounded(key) for key in keys)))
 
-    async def _fold_instance(self, counter: str, key: str, final: dict[uuid.UUID, int],
-                      report: GcReport) -> Verdict:
-        """Fold the final shards of one instance into its tally, or say why not."""
+    async def _fold_key(self, key: str, plan: _Run, report: GcReport) -> Verdict:
+        """Fold every row of one key that a final mutator wrote into its tallies, or say why not."""
         report.instances_checked += 1
         try:
-            view = await self._read_consistent(counter, key)
+            view = await self._read_consistent(key)
             if view is None:
-                return self._defer(report, counter, key, "changed_while_read", attempts=_READ_ATTEMPTS)
-            folded = [s for s in view.shards if s.mutator in final]
+                return self._defer(report, key, "changed_while_read", attempts=_READ_ATTEMPTS)
+            # Rows inside a gap go by range; a final mutator born at the very microsecond of a live one (a
+            # bound) has its row deleted on its own.
+            folded = [s for s in view.shards if plan.gaps.range_of(s.born_us) is not None or s.mutator in plan.final]
             if not folded:
                 return Verdict.NOTHING
-            timestamp = max(final[s.mutator] for s in folded)
-            late = [s for s in folded if s.write_us >= final[s.mutator]]
+            strangers = [s for s in folded if s.mutator not in plan.final or plan.born[s.mutator] != s.born_us]
+            if strangers:
+                return self._defer(report, key, "shard_of_no_final_mutator",
+                                   mutators=[str(s.mutator) for s in strangers])
+            late = [s for s in folded if s.write_us >= plan.final[s.mutator]]
             if late:
-                return self._defer(report, counter, key, "shard_written_after_retirement",
+                return self._defer(report, key, "shard_written_after_retirement",
                                    mutators=[str(s.mutator) for s in late])
-            if view.tally_write_us is not None and view.tally_write_us >= timestamp:
-                return self._defer(report, counter, key, "tally_newer_than_fold",
-                                   tally_write_us=view.tally_write_us, fold_us=timestamp)
-            merged = merge_stored([view.tally, *(s.state for s in folded)])
-            if merged is None:
-                return Verdict.NOTHING
-            tally = merged.to_bytes()
+            counters = sorted({counter for s in folded for counter in s.states})
+            newer = {c: view.tally_write_us[c] for c in counters
+                     if view.tally_write_us.get(c, -1) >= plan.timestamp_us}
+            if newer:
+                return self._defer(report, key, "tally_newer_than_fold", tally_write_us=newer,
+                                   fold_us=plan.timestamp_us)
+            tallies = {}
+            for counter in counters:
+                merged = merge_stored([view.tallies.get(counter), *(s.states.get(counter) for s in folded)])
+                if merged is not None:
+                    tallies[counter] = (merged.to_bytes(), _ttl_of(view, counter))
+            gaps = {gap for s in folded if (gap := plan.gaps.range_of(s.born_us)) is not None}
+            ranges = sorted(gaps, key=lambda gap: gap[1])
+            rows = [(s.born_us, s.mutator) for s in folded if plan.gaps.range_of(s.born_us) is None]
             if not self.dry_run:
-                await self.store.fold(counter, key, tally, [s.mutator for s in folded], timestamp, view.ttl_s)
+                await self.store.fold(key, tallies, ranges, rows, plan.timestamp_us)
         except (CountersinkError, TypeError, ValueError, OSError) as exc:
             if self.retriable(exc):
-                return self._defer(report, counter, key, "storage_unavailable", error=str(exc))
+                return self._defer(report, key, "storage_unavailable", error=str(exc))
             if isinstance(exc, OSError):
                 raise
             # States that cannot be merged (corrupt bytes, a kind changed in place): never guess.
-            return self._defer(report, counter, key, "unmergeable", error=f"{type(exc).__name__}: {exc}")
-        report.instances_folded += 1
-        report.shards_deleted += len(folded)
+            return self._defer(report, key, "unmergeable", error=f"{type(exc).__name__}: {exc}")
+        report.instances_folded += len(tallies)
+        report.shards_deleted += sum(len(s.states) for s in folded)
         return Verdict.FOLDED
 
-    async def _read_consistent(self, counter: str, key: str) -> InstanceView | None:
-        """The instance as one consistent view (see the module's notes), or None if it kept changing."""
+    async def _read_consistent(self, key: str) -> KeyView | None:
+        """The key as one consistent view (see the module's notes), or None if it kept changing."""
         for _ in range(_READ_ATTEMPTS):
-            view = await self.store.read_instance(counter, key)
-            if view.pages <= 1 or await self.store.read_tally(counter, key) == (view.tally, view.tally_write_us):
+            view = await self.store.read_key(key)
+            if view.pages <= 1 or await self.store.read_tallies(key) == (view.tallies, view.tally_write_us):
                 return view
         return None
 
-    def _defer(self, report: GcReport, counter: str, key: str, reason: str, **detail: object) -> Verdict:
+    def _defer(self, report: GcReport, key: str, reason: str, **detail: object) -> Verdict:
         report.instances_deferred += 1
         if len(report.deferred) < _DEFERRED_SHOWN:
-            report.deferred.append(f"{counter}/{key}: {reason}")
-        # Expected while a replica is down or other workers fold the same instance; anything else means an
+            report.deferred.append(f"{key}: {reason}")
+        # Expected while a replica is down or other workers fold the same key; anything else means an
         # assumption broke and needs a look.
         level = log.warning if reason in ("storage_unavailable", "changed_while_read") else log.error
-        level("instance_deferred", counter=counter, key=key, reason=reason, **detail)
+        level("key_deferred", key=key, reason=reason, **detail)
         return Verdict.DEFERRED
 
     async def _forget(self, registry: list[RegistryEntry], before_us: int, report: GcReport) -> None:
@@ -304,4 +369,16 @@ class Collector:
                 report.mutators_forgotten += 1
 
 
-__all__ = ["Collector", "GcReport", "GcStore", "InstanceView", "RegistryEntry", "ShardView", "Verdict"]
+def _ttl_of(view: KeyView, counter: str) -> int | None:
+    """A bucket with retention: its tally lives as long as the longest-lived of its cells (they all expire at
+    the bucket's expiry plus the grace, give or take the writers' clocks); None when one never expires."""
+    ttls = [s.ttls.get(counter) for s in view.shards if counter in s.states]
+    if counter in view.tallies:
+        ttls.append(view.tally_ttls.get(counter))
+    if not ttls or None in ttls:
+        return None
+    return max(t for t in ttls if t is not None)
+
+
+__all__ = ["Collector", "Gaps", "GcReport", "GcStore", "KeyView", "Range", "RegistryEntry", "Row", "ShardView",
+           "Verdict"]

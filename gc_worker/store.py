@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
-from gc_worker.collector import Instance, InstanceView, RegistryEntry, ShardView
+from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.cql import instances_of_work, partition_key, shard_of_cell
 
 _PAGE = 1000
@@ -19,15 +20,16 @@ def _uuid(value: object) -> uuid.UUID:
 
 
 class CassandraGcStore:
-    """Reads instances at ``gc_read_consistency`` (ALL unless configured), everything else at the normal
-    read and write levels."""
+    """Reads instances at ``gc_read_consistency`` (ALL unless configured), the registry and the work lists at
+    ``gc_list_consistency``, and writes at ``write_consistency``: every read here decides what the GC writes or
+    deletes, so none is at the ``read_consistency`` configured for serving (see countersink.consistency)."""
 
     def __init__(self, client: CassandraClient, *, instance_consistency: Consistency | None = None,
                  page_size: int = _PAGE) -> None:
         self.client = client
         settings = client.settings
         self.instance_cl = instance_consistency or settings.gc_read_consistency
-        self.read_cl = settings.read_consistency
+        self.list_cl = settings.gc_list_consistency
         self.write_cl = settings.write_consistency
         self.page_size = page_size
 
@@ -50,7 +52,7 @@ class CassandraGcStore:
         entries: list[RegistryEntry] = []
         async for rows in self._pages(
                 "SELECT id, consumer_group, topic, partition, born_us, expires_us, retired_us, collected_us "
-                "FROM mutators", [], self.read_cl):
+                "FROM mutators", [], self.list_cl):
             entries.extend(
                 RegistryEntry(_uuid(r["id"]), str(r["consumer_group"] or ""), str(r["topic"] or ""),
                               int(r["partition"] if r["partition"] is not None else -1),  # type: ignore[call-overload]
@@ -62,60 +64,67 @@ class CassandraGcStore:
     async def read_work(self, mutator: uuid.UUID) -> AsyncIterator[Sequence[Instance]]:
         # A row holds up to a thousand instances: a few rows to a page.
         async for rows in self._pages_of("SELECT instances FROM mutator_work WHERE mutator = ?",
-                                         [mutator], self.read_cl, _WORK_ROWS_PER_PAGE):
+                                         [mutator], self.list_cl, _WORK_ROWS_PER_PAGE):
             for r in rows:
                 yield instances_of_work(r["instances"])  # type: ignore[arg-type]
 
-    async def read_instance(self, counter: str, key: str) -> InstanceView:
-        tally: bytes | None = None
-        tally_write_us: int | None = None
+    async def read_key(self, key: str) -> KeyView:
+        tallies: dict[str, bytes] = {}
+        tally_write_us: dict[str, int] = {}
+        tally_ttls: dict[str, int | None] = {}
         shards = []
         pages = 0
-        ttls: list[int | None] = []
+        # Maps come back in key order, and writetime() and ttl() of a map list its cells in that order.
         async for rows in self._pages(
-                "SELECT mutator, states[?] AS cell, writetime(states[?]) AS state_us, ttl(states[?]) AS state_ttl, "
-                "tallies[?] AS tally, writetime(tallies[?]) AS tally_us, ttl(tallies[?]) AS tally_ttl "
-                "FROM shards WHERE key = ?",
-                [*[counter] * 6, partition_key(key)], self.instance_cl):
+                "SELECT born_us, mutator, states, writetime(states) AS state_us, ttl(states) AS state_ttl, "
+                "tallies, writetime(tallies) AS tally_us, ttl(tallies) AS tally_ttl FROM shards WHERE key = ?",
+                [partition_key(key)], self.instance_cl):
             pages += 1
             if pages == 1 and rows:
-                # Every row carries the static tally as of its own request: keep the first request's, which
-                # the collector checks against a read of the tally after the last page.
-                tally, tally_write_us = rows[0]["tally"], rows[0]["tally_us"]  # type: ignore[assignment]
-                if tally is not None:
-                    ttls.append(rows[0]["tally_ttl"])  # type: ignore[arg-type]
-            for r in rows:
-                # Rows of the key's other counters come too, without a cell of this one.
-                if r["mutator"] is not None and r["cell"] is not None:
-                    state, through_offset = shard_of_cell(r["cell"])  # type: ignore[arg-type]
-                    shards.append(ShardView(_uuid(r["mutator"]), state, through_offset,
-                                            int(r["state_us"])))  # type: ignore[call-overload]
-                    ttls.append(r["state_ttl"])  # type: ignore[arg-type]
-        # A bucket with retention: the tally lives as long as the longest-lived of its rows (they all expire
-        # at the bucket's expiry plus the grace, give or take the writers' clocks).
-        ttl_s = max(ttls) if ttls and None not in ttls else None  # type: ignore[type-var]
-        return InstanceView(tally, tally_write_us, tuple(shards), pages, ttl_s)
+                # Every row carries the static tallies as of its own request: keep the first request's, which
+                # the collector checks against a read of the tallies after the last page.
+                first: dict[str, Any] = rows[0]
+                for (counter, tally), write_us, ttl in zip((first["tallies"] or {}).items(), first["tally_us"] or (),
+                                                           first["tally_ttl"] or (), strict=True):
+                    tallies[counter], tally_write_us[counter], tally_ttls[counter] = tally, int(write_us), ttl
+            for found in rows:
+                row: dict[str, Any] = found
+                if row["mutator"] is None or not row["states"]:
+                    continue  # a partition holding only tallies
+                cells = row["states"]
+                shards.append(ShardView(
+                    _uuid(row["mutator"]), int(row["born_us"]),
+                    {counter: shard_of_cell(cell)[0] for counter, cell in cells.items()},
+                    max(int(w) for w in row["state_us"]),
+                    dict(zip(cells, row["state_ttl"], strict=True))))
+        return KeyView(tallies, tally_write_us, tuple(shards), pages, tally_ttls)
 
-    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+    async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
         # The static columns come with any row of the partition (or alone, if it has no shard rows).
         rows = as_dicts(await self.client.execute(
-            "SELECT tallies[?] AS tally, writetime(tallies[?]) AS tally_us FROM shards WHERE key = ? LIMIT 1",
-            [counter, counter, partition_key(key)], consistency=self.instance_cl))
-        if not rows or rows[0]["tally"] is None:
-            return None, None
-        return rows[0]["tally"], int(rows[0]["tally_us"])
+            "SELECT tallies, writetime(tallies) AS tally_us FROM shards WHERE key = ? LIMIT 1",
+            [partition_key(key)], consistency=self.instance_cl))
+        if not rows or not rows[0]["tallies"]:
+            return {}, {}
+        tallies = rows[0]["tallies"]
+        return dict(tallies), {c: int(w) for c, w in zip(tallies, rows[0]["tally_us"], strict=True)}
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], timestamp_us: int,
-                   ttl_s: int | None = None) -> None:
+    async def fold(self, key: str, tallies: Mapping[str, tuple[bytes, int | None]], ranges: Sequence[Range],
+                   rows: Sequence[Row], timestamp_us: int) -> None:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
-        # takes the batch's timestamp, so repeating it changes nothing. Only this counter's cells change: the
-        # key's other counters in the same rows are folded on their own.
+        # takes the batch's timestamp, so repeating it changes nothing. The rows go by range tombstones over
+        # birth times, each covering the last one written over the same births (schemas.cql).
         key = partition_key(key)
         statements: list[tuple[str, Sequence[object]]] = [
             ("UPDATE shards SET tallies[?] = ? WHERE key = ?", [counter, tally, key]) if ttl_s is None
-            else ("UPDATE shards USING TTL ? SET tallies[?] = ? WHERE key = ?", [max(ttl_s, 1), counter, tally, key])]
-        statements.extend(("DELETE states[?] FROM shards WHERE key = ? AND mutator = ?", [counter, key, m])
-                          for m in folded)
+            else ("UPDATE shards USING TTL ? SET tallies[?] = ? WHERE key = ?", [max(ttl_s, 1), counter, tally, key])
+            for counter, (tally, ttl_s) in tallies.items()]
+        statements.extend(
+            ("DELETE FROM shards WHERE key = ? AND born_us < ?", [key, before]) if after is None
+            else ("DELETE FROM shards WHERE key = ? AND born_us > ? AND born_us < ?", [key, after, before])
+            for after, before in ranges)
+        statements.extend(("DELETE FROM shards WHERE key = ? AND born_us = ? AND mutator = ?", [key, born, mutator])
+                          for born, mutator in rows)
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:

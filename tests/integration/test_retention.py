@@ -129,7 +129,8 @@ retain = "2m"
 class CrashingStore(CassandraStore):
     """Opens its flush's window, then dies before any shard of it is written."""
 
-    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
+                           writes: Sequence[ShardWrite]) -> None:
         raise ConnectionError("the process died here")
 
 

@@ -416,8 +416,8 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
     async with CassandraClient(secure_stack.cassandra_settings("countersink_reader", granted_keyspace)) as reader:
         await reader.execute("SELECT key FROM shards LIMIT 1")
         with pytest.raises(CassandraError, match="countersink_reader has no MODIFY permission"):
-            await reader.execute("UPDATE shards SET states = states + ? WHERE key = ? AND mutator = ?",
-                                 [{"trades_count": b"\x00"}, "X", uuid.uuid4()])
+            await reader.execute("UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?",
+                                 [{"trades_count": b"\x00"}, "X", 1, uuid.uuid4()])
     async with CassandraClient(secure_stack.cassandra_settings("countersink_consumer", granted_keyspace)) as consumer:
         with pytest.raises(CassandraError, match=r"countersink_consumer has no (ALTER|CREATE) permission"):
             await consumer.execute("CREATE TABLE extra (k int PRIMARY KEY)", prepared=False)

@@ -28,10 +28,10 @@ async def test_read_shards_returns_each_instance_of_one_mutator_and_none_for_the
         mine, other = uuid.uuid4(), uuid.uuid4()
         written = [ShardWrite(counter, f"k{i}", f"{counter}-{i}".encode(), 100 + i, True)
                    for counter in ("trades", "shares") for i in range(0, 130, 2)]
-        await store.write_shards(mine, 5, written)
-        await store.write_shards(other, 5, [ShardWrite("trades", "k1", b"theirs", 7, True)])
+        await store.write_shards(mine, 3, 5, written)
+        await store.write_shards(other, 3, 5, [ShardWrite("trades", "k1", b"theirs", 7, True)])
         wanted = [(counter, f"k{i}") for counter in ("trades", "shares") for i in range(130)]
-        found = await store.read_shards(mine, wanted)
+        found = await store.read_shards(mine, 3, wanted)
     assert set(found) == set(wanted)
     assert {instance: shard for instance, shard in found.items() if shard is not None} == {
         (w.counter, w.key): StoredShard(w.state, w.through_offset) for w in written}
@@ -41,33 +41,36 @@ async def test_counters_sharing_a_key_keep_their_own_cells_through_flushes_and_f
     cassandra_settings: CassandraSettings,
 ) -> None:
     """Three counters share key IBM in one row per mutator. A later flush of one counter leaves the others'
-    cells as they were; an older write of a cell loses to a newer one; a GC fold of one counter folds and
-    deletes only that counter's cells; the work list names every instance once."""
+    cells as they were; an older write of a cell loses to a newer one; a GC fold of the rows born in a range
+    folds every counter of theirs and leaves the rows outside it; the work list names every instance once."""
     async with CassandraClient(cassandra_settings) as client:
         store, gc = CassandraStore(client), CassandraGcStore(client)
         mutator, other = uuid.uuid4(), uuid.uuid4()
         states = {name: new_state(KindSpec("count")) for name in ("trades", "likes", "views")}
         for state in states.values():
             state.apply(1)
-        await store.write_shards(mutator, 10, [ShardWrite(name, "IBM", state.to_bytes(), 5, True)
-                                               for name, state in states.items()])
+        await store.write_shards(mutator, 5, 10, [ShardWrite(name, "IBM", state.to_bytes(), 5, True)
+                                                  for name, state in states.items()])
         states["likes"].apply(1)
-        await store.write_shards(mutator, 12, [ShardWrite("likes", "IBM", states["likes"].to_bytes(), 9, False)])
-        await store.write_shards(mutator, 9, [ShardWrite("views", "IBM", b"\x02\x01\x09", 7, False)])  # older
-        await store.write_shards(other, 10, [ShardWrite("trades", "IBM", states["trades"].to_bytes(), 3, True)])
-        assert await store.read_shard("likes", "IBM", mutator) == StoredShard(states["likes"].to_bytes(), 9)
-        assert await store.read_shard("views", "IBM", mutator) == StoredShard(states["views"].to_bytes(), 5)
+        await store.write_shards(mutator, 5, 12, [ShardWrite("likes", "IBM", states["likes"].to_bytes(), 9, False)])
+        await store.write_shards(mutator, 5, 9, [ShardWrite("views", "IBM", b"\x02\x01\x09", 7, False)])  # older
+        await store.write_shards(other, 8, 10, [ShardWrite("trades", "IBM", states["trades"].to_bytes(), 3, True)])
+        assert await store.read_shard("likes", "IBM", mutator, 5) == StoredShard(states["likes"].to_bytes(), 9)
+        assert await store.read_shard("views", "IBM", mutator, 5) == StoredShard(states["views"].to_bytes(), 5)
+        assert await store.read_shard("views", "IBM", mutator, 6) is None  # the row is at its mutator's birth
         assert {name: (await read_state(client, name, "IBM")).value() for name in states} == {  # type: ignore[union-attr]
             "trades": 2, "likes": 2, "views": 1}
 
-        view = await gc.read_instance("trades", "IBM")
-        assert {s.mutator for s in view.shards} == {mutator, other}
-        tally = type(states["trades"]).merged([states["trades"], states["trades"]]).to_bytes()
-        await gc.fold("trades", "IBM", tally, [mutator, other], 20)
-        after = await gc.read_instance("trades", "IBM")
-        assert (after.shards, after.tally) == ((), tally)
-        assert [s.mutator for s in (await gc.read_instance("likes", "IBM")).shards] == [mutator]
-        assert (await read_state(client, "likes", "IBM")).value() == 2  # type: ignore[union-attr]
-        assert (await read_state(client, "trades", "IBM")).value() == 2  # type: ignore[union-attr]
+        view = await gc.read_key("IBM")
+        assert [(s.mutator, s.born_us, sorted(s.states), s.write_us) for s in view.shards] == [
+            (mutator, 5, ["likes", "trades", "views"], 12), (other, 8, ["trades"], 10)]
+        tallies = {name: (state.to_bytes(), None) for name, state in states.items()}
+        await gc.fold("IBM", tallies, [(None, 7)], [], 20)  # the rows born before 7: ``mutator``'s
+        after = await gc.read_key("IBM")
+        assert [s.mutator for s in after.shards] == [other]
+        assert after.tallies == {name: tally for name, (tally, _) in tallies.items()}
+        assert after.tally_write_us == dict.fromkeys(states, 20)
+        assert {name: (await read_state(client, name, "IBM")).value() for name in states} == {  # type: ignore[union-attr]
+            "trades": 2, "likes": 2, "views": 1}
         listed = [instance async for page in gc.read_work(mutator) for instance in page]
         assert sorted(listed) == [("likes", "IBM"), ("trades", "IBM"), ("views", "IBM")]

@@ -2,8 +2,9 @@
 
 :class:`MemoryStore` implements :class:`consumer.storage.Store` with the semantics of the CQL in
 :class:`consumer.cassandra_store.CassandraStore`: the ``partitions`` row changes only by compare-and-set, shard cells
-resolve by write timestamp (ties to the larger value bytes, tombstones winning ties, as Cassandra does), and
-the GC's tally-and-delete batch is one atomic step on one partition.
+resolve by write timestamp (ties to the larger value bytes, tombstones winning ties, as Cassandra does), rows
+sit at their mutator's birth time, and the GC's batch of tallies and range tombstones over birth times is one
+atomic step on one key's partition.
 
 Every storage operation is a *gate*: the coroutine that calls it yields an :class:`Op` to whoever drives it
 and waits for a :class:`Fault` decision before the operation takes effect. The test drives the protocol's
@@ -20,12 +21,12 @@ import enum
 import struct
 import types
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Generator, Mapping, Sequence
 from typing import Any
 
 from consumer.applying import Record
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
-from gc_worker.collector import InstanceView, RegistryEntry, ShardView
+from gc_worker.collector import KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.errors import CountersinkError
 
 Instance = tuple[str, str]
@@ -74,17 +75,44 @@ class Cell:
 
 @dataclasses.dataclass
 class ShardRow:
-    """One clustering row of ``shards``: state and through_offset cells, and the GC's row tombstone."""
+    """One counter's cell of one clustering row of ``shards`` (the row of a mutator, at its birth time): state
+    and through_offset."""
 
+    born_us: int
     state: Cell | None = None
     through: Cell | None = None
-    deleted_ts: int | None = None
 
-    def visible(self, cell: Cell | None) -> Cell | None:
-        # A row tombstone shadows every cell written at or before its timestamp.
-        if cell is None or (self.deleted_ts is not None and cell.ts <= self.deleted_ts):
-            return None
-        return cell
+
+@dataclasses.dataclass(frozen=True)
+class RangeTombstone:
+    """``DELETE FROM shards USING TIMESTAMP ts WHERE key = ? AND born_us > after AND born_us < before``."""
+
+    after: int | None
+    before: int
+    ts: int
+
+    def shadows(self, born_us: int, cell: Cell) -> bool:
+        # A tombstone shadows every cell it covers written at or before its timestamp.
+        return (self.after is None or born_us > self.after) and born_us < self.before and cell.ts <= self.ts
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSnapshot:
+    """One visible shard of an instance, for the tests' checks."""
+
+    mutator: uuid.UUID
+    state: bytes
+    through_offset: int
+    write_us: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSnapshot:
+    """What a reader of one instance sees: its tally and every visible shard."""
+
+    tally: bytes | None
+    tally_write_us: int | None
+    shards: tuple[ShardSnapshot, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +120,7 @@ class HeldWrite:
     """A shard write in flight: it lands whenever the test delivers it, or never."""
 
     mutator: uuid.UUID
+    born_us: int
     timestamp_us: int
     write: ShardWrite
 
@@ -107,6 +136,8 @@ class MemoryStore:
         self.partitions: dict[PartitionId, PartitionRow] = {}
         self.shards: dict[Instance, dict[uuid.UUID, ShardRow]] = {}
         self.tallies: dict[Instance, Cell] = {}
+        self.ranges: dict[str, list[RangeTombstone]] = {}  # per key
+        self.row_tombstones: dict[tuple[str, uuid.UUID], int] = {}  # (key, mutator) -> timestamp
         self.mutators: dict[uuid.UUID, MutatorEntry] = {}
         self.work: set[tuple[uuid.UUID, str, str]] = set()
         self.collected: dict[uuid.UUID, int] = {}
@@ -144,9 +175,17 @@ class MemoryStore:
         if await _gate(Op(name, detail)) is not Fault.NONE:
             raise StoreTimeoutError(f"{name} timed out")
 
-    def land(self, mutator: uuid.UUID, timestamp_us: int, write: ShardWrite) -> None:
-        """Apply one shard write (``INSERT ... USING TIMESTAMP``) cell by cell."""
-        row = self.shards.setdefault((write.counter, write.key), {}).setdefault(mutator, ShardRow())
+    def visible(self, key: str, mutator: uuid.UUID, row: ShardRow, cell: Cell | None) -> Cell | None:
+        """``cell`` of ``mutator``'s ``row`` unless a range or row tombstone of the key shadows it."""
+        if cell is None or any(t.shadows(row.born_us, cell) for t in self.ranges.get(key, ())):
+            return None
+        if cell.ts <= self.row_tombstones.get((key, mutator), -1):
+            return None
+        return cell
+
+    def land(self, mutator: uuid.UUID, born_us: int, timestamp_us: int, write: ShardWrite) -> None:
+        """Apply one shard write (``UPDATE ... USING TIMESTAMP``) cell by cell."""
+        row = self.shards.setdefault((write.counter, write.key), {}).setdefault(mutator, ShardRow(born_us))
         state = Cell(write.state, timestamp_us)
         through = Cell(_bigint(write.through_offset), timestamp_us)
         if state.wins_over(row.state):
@@ -156,7 +195,7 @@ class MemoryStore:
 
     def deliver(self, index: int) -> HeldWrite:
         held = self.held.pop(index)
-        self.land(held.mutator, held.timestamp_us, held.write)
+        self.land(held.mutator, held.born_us, held.timestamp_us, held.write)
         return held
 
     def drop(self, index: int) -> HeldWrite:
@@ -227,16 +266,17 @@ class MemoryStore:
 
     # -------------------------------------------------------------------------------- shards
 
-    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
+                           writes: Sequence[ShardWrite]) -> None:
         # The Cassandra store sends every statement at once and waits for all: each lands or not on its own,
         # and the call fails if any of them was not acknowledged.
         unacknowledged = 0
         for write in writes:
             fault = await _gate(Op("write_shard", (mutator, timestamp_us, write)))
             if fault in (Fault.NONE, Fault.LOST_ANSWER):
-                self.land(mutator, timestamp_us, write)
+                self.land(mutator, born_us, timestamp_us, write)
             elif fault is Fault.HOLD:
-                self.held.append(HeldWrite(mutator, timestamp_us, write))
+                self.held.append(HeldWrite(mutator, born_us, timestamp_us, write))
             unacknowledged += fault is not Fault.NONE
             if write.first_write:
                 fault = await _gate(Op("write_work_row", (mutator, write.counter, write.key)))
@@ -247,20 +287,20 @@ class MemoryStore:
         if unacknowledged:
             raise StoreTimeoutError(f"{unacknowledged} shard writes not acknowledged")
 
-    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None:
         await self._read("read_shard", (counter, key, mutator))
         row = self.shards.get((counter, key), {}).get(mutator)
-        if row is None:
+        if row is None or row.born_us != born_us:
             return None
-        state, through = row.visible(row.state), row.visible(row.through)
+        state, through = self.visible(key, mutator, row, row.state), self.visible(key, mutator, row, row.through)
         if state is None or through is None:
             return None
         return StoredShard(state.value, struct.unpack(">q", through.value)[0])
 
-    async def read_shards(self, mutator: uuid.UUID, instances: Sequence[tuple[str, str]]
+    async def read_shards(self, mutator: uuid.UUID, born_us: int, instances: Sequence[tuple[str, str]]
                           ) -> dict[tuple[str, str], StoredShard | None]:
         # one at a time: every read is a storage step the model schedules and may fail
-        return {(counter, key): await self.read_shard(counter, key, mutator) for counter, key in instances}
+        return {(counter, key): await self.read_shard(counter, key, mutator, born_us) for counter, key in instances}
 
     # -------------------------------------------------------------------------------- registry
 
@@ -296,35 +336,60 @@ class MemoryStore:
             await self._read("read_work", mutator)
             yield page
 
-    async def read_instance(self, counter: str, key: str) -> InstanceView:
-        """The whole partition of one instance at CL ALL: tally and every visible shard, atomically."""
-        await self._read("read_instance", (counter, key))
-        return self.snapshot(counter, key)
+    async def read_key(self, key: str) -> KeyView:
+        """The whole partition of one key at CL ALL: tallies and every visible row, atomically."""
+        await self._read("read_key", key)
+        return self.key_view(key)
 
-    def snapshot(self, counter: str, key: str) -> InstanceView:
+    def key_view(self, key: str) -> KeyView:
+        rows: dict[uuid.UUID, tuple[int, dict[str, bytes], int]] = {}
+        for (counter, k), by_mutator in sorted(self.shards.items()):
+            if k != key:
+                continue
+            for mutator, row in by_mutator.items():
+                state = self.visible(key, mutator, row, row.state)
+                through = self.visible(key, mutator, row, row.through)
+                if state is not None and through is not None:
+                    born, states, write_us = rows.setdefault(mutator, (row.born_us, {}, 0))
+                    states[counter] = state.value
+                    rows[mutator] = (born, states, max(write_us, state.ts, through.ts))
+        shards = tuple(ShardView(mutator, born, states, write_us, dict.fromkeys(states))
+                       for mutator, (born, states, write_us) in sorted(rows.items(), key=lambda r: (r[1][0], r[0])))
+        tallies = {c: cell for (c, k), cell in self.tallies.items() if k == key}
+        return KeyView({c: cell.value for c, cell in tallies.items()}, {c: cell.ts for c, cell in tallies.items()},
+                       shards)
+
+    async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
+        await self._read("read_tallies", key)
+        view = self.key_view(key)
+        return view.tallies, view.tally_write_us
+
+    def snapshot(self, counter: str, key: str) -> InstanceSnapshot:
+        """What a reader of one instance sees now."""
         shards = []
         for mutator, row in sorted(self.shards.get((counter, key), {}).items()):
-            state, through = row.visible(row.state), row.visible(row.through)
+            state, through = self.visible(key, mutator, row, row.state), self.visible(key, mutator, row, row.through)
             if state is not None and through is not None:
-                shards.append(ShardView(mutator, state.value, struct.unpack(">q", through.value)[0],
-                                        max(state.ts, through.ts)))
+                shards.append(ShardSnapshot(mutator, state.value, struct.unpack(">q", through.value)[0],
+                                            max(state.ts, through.ts)))
         tally = self.tallies.get((counter, key))
-        return InstanceView(tally.value if tally else None, tally.ts if tally else None, tuple(shards))
+        return InstanceSnapshot(tally.value if tally else None, tally.ts if tally else None, tuple(shards))
 
-    async def fold(self, counter: str, key: str, tally: bytes, folded: Sequence[uuid.UUID], ts: int,
-                   ttl_s: int | None = None) -> None:
-        """The GC batch: write the static tally and delete the folded shard rows, all ``USING TIMESTAMP ts``;
-        one partition, so Cassandra applies it atomically."""
-        fault = await _gate(Op("gc_batch", (counter, key, tuple(folded), ts)))
+    async def fold(self, key: str, tallies: Mapping[str, tuple[bytes, int | None]], ranges: Sequence[Range],
+                   rows: Sequence[Row], ts: int) -> None:
+        """The GC batch: write the static tallies, the range tombstones and the row tombstones, all ``USING
+        TIMESTAMP ts``; one partition, so Cassandra applies it atomically."""
+        fault = await _gate(Op("gc_batch", (key, tuple(sorted(tallies)), tuple(ranges), tuple(rows), ts)))
         if fault is Fault.FAIL:
             raise StoreTimeoutError("gc batch timed out before applying")
-        cell = Cell(tally, ts)
-        if cell.wins_over(self.tallies.get((counter, key))):
-            self.tallies[(counter, key)] = cell
-        rows = self.shards.setdefault((counter, key), {})
-        for mutator in folded:
-            row = rows.setdefault(mutator, ShardRow())
-            row.deleted_ts = ts if row.deleted_ts is None else max(row.deleted_ts, ts)
+        for counter, (tally, _) in tallies.items():
+            cell = Cell(tally, ts)
+            if cell.wins_over(self.tallies.get((counter, key))):
+                self.tallies[(counter, key)] = cell
+        self.ranges.setdefault(key, []).extend(RangeTombstone(after, before, ts) for after, before in ranges)
+        # A row tombstone is the range of that one birth time, for that one mutator.
+        self.row_tombstones.update({(key, mutator): max(ts, self.row_tombstones.get((key, mutator), ts))
+                                    for _, mutator in rows})
         if fault is not Fault.NONE:
             raise StoreTimeoutError("gc batch applied, answer lost")
 

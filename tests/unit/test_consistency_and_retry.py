@@ -3,9 +3,12 @@ replication, and how a step is retried (what, how long, and when a stop ends it)
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
@@ -13,7 +16,9 @@ from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 from countersink.cassandra import CassandraUnavailableError
 from countersink.consistency import ConsistencyError, check_deciding_reads, reads_see_writes, replication_factors
 from countersink.retry import Backoff, StopRequested, is_retriable, retrying, wait_until_reachable
-from countersink.settings import CassandraSettings, Consistency
+from countersink.settings import CassandraSettings, Consistency, Settings
+from gc_worker.cli import _one_run
+from gc_worker.store import CassandraGcStore
 from schemas.errors import DefinitionError
 
 C = Consistency
@@ -138,3 +143,57 @@ def test_a_process_gives_up_on_a_server_after_its_startup_timeout() -> None:
 def test_a_process_stops_waiting_for_servers_as_soon_as_it_is_asked_to() -> None:
     """A stop requested while the servers are away ends the wait at once, not after the startup timeout."""
     _stopped_within(2, lambda stop: wait_until_reachable("kafka", _down, timeout_s=120, stop=stop))
+
+
+class _Rows:
+    """One page of a driver result: no rows, no more pages."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def has_more_pages(self) -> bool:
+        return False
+
+
+class _LevelRecorder:
+    """Stands in for CassandraClient: answers every read with no rows, and records each request's level."""
+
+    def __init__(self, settings: CassandraSettings) -> None:
+        self.settings = settings
+        self.levels: dict[str, Consistency] = {}
+
+    async def execute(self, cql_text: str, params: Sequence[Any], *, consistency: Consistency,
+                      **_: object) -> _Rows:
+        self.levels[cql_text.split(" FROM ")[1].split()[0]] = consistency
+        return _Rows()
+
+
+def test_the_gc_decides_from_reads_at_its_own_levels_not_the_serving_one() -> None:
+    """With read_consistency ONE, the GC still reads the registry and the work lists at gc_list_consistency and
+    instances at gc_read_consistency: a missed row there would collect a mutator whose shards were never folded."""
+    client = _LevelRecorder(CassandraSettings(read_consistency=C.ONE))
+    store = CassandraGcStore(client)  # type: ignore[arg-type]
+
+    async def read_everything() -> None:
+        await store.read_registry()
+        async for _ in store.read_work(uuid.uuid4()):
+            pass
+        await store.read_key("IBM")
+
+    asyncio.run(read_everything())
+    assert client.levels == {"mutators": C.QUORUM, "mutator_work": C.QUORUM, "shards": C.ALL}
+
+
+def test_the_gc_refuses_to_start_when_its_list_reads_need_not_meet_the_writes() -> None:
+    """A GC run checks gc_list_consistency against the writes before reading anything: ONE against QUORUM
+    writes on three replicas is refused by name (with gc_read_consistency left at ALL)."""
+    settings = Settings(cassandra=CassandraSettings(gc_list_consistency=C.ONE))
+    client = _LevelRecorder(settings.cassandra)
+
+    async def three_replicas() -> dict[str, int]:
+        return {"": 3}
+
+    client.replication_factors = three_replicas  # type: ignore[attr-defined]
+    with pytest.raises(ConsistencyError, match=r"GC_LIST_CONSISTENCY=ONE .*WRITE_CONSISTENCY=QUORUM"):
+        asyncio.run(_one_run(settings, client, argparse.Namespace(consistency=None)))  # type: ignore[arg-type]
+    assert client.levels == {}

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import uuid
+from collections.abc import Mapping
 
 import pytest
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite
 from gc_worker.cli import parse_duration
-from gc_worker.collector import Collector, GcReport, InstanceView, RegistryEntry, ShardView
+from gc_worker.collector import Collector, GcReport, KeyView, RegistryEntry, ShardView
 from gc_worker.orphans import find_orphans
 from schemas.definitions import parse_definitions
 from schemas.kinds import new_state, state_from_bytes
@@ -49,7 +51,7 @@ def add_mutator(store: MemoryStore, *, born_us: int, retired_us: int | None, sha
     store.mutators[mutator] = MutatorEntry(mutator, "g", "likes", 0, "h", born_us, born_us + 3_600_000_000,
                                             retired_us)
     for key, n in shards.items():
-        store.land(mutator, born_us + seq, ShardWrite("likes", key, count_state(n), 10, True))
+        store.land(mutator, born_us, born_us + seq, ShardWrite("likes", key, count_state(n), 10, True))
         store.work.add((mutator, "likes", key))
     return mutator
 
@@ -107,6 +109,55 @@ def test_one_batch_folds_every_final_shard_of_an_instance() -> None:
     assert value(store, "a") == 8
 
 
+def test_the_gc_deletes_by_ranges_of_birth_between_live_mutators() -> None:
+    """Folded rows go by range tombstones over birth times, cut at the births of mutators still live (and
+    at the cutoff); once the live one retires, the next run's single range covers all of them."""
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
+    live = add_mutator(store, born_us=2_000, retired_us=None, shards={"a": 2})
+    add_mutator(store, born_us=3_000, retired_us=2_000_000, shards={"a": 4})
+    cutoff = NOW_US - GRACE_US
+    report = collect(store)
+    assert (report.mutators_collected, report.shards_deleted) == (2, 2)
+    assert [s.mutator for s in store.snapshot("likes", "a").shards] == [live]
+    assert [(t.after, t.before) for t in store.ranges["a"]] == [(None, 2_000), (2_000, cutoff)]
+    assert value(store, "a") == 9
+
+    store.mutators[live] = dataclasses.replace(store.mutators[live], retired_us=NOW_US)
+    later = Collector(store, GRACE_US, concurrency=1)
+    run(later.run(NOW_US + 2 * GRACE_US))
+    assert store.snapshot("likes", "a").shards == ()
+    assert [(t.after, t.before, t.ts) for t in store.ranges["a"][2:]] == [(None, NOW_US + GRACE_US, NOW_US)]
+    assert value(store, "a") == 9
+
+
+def test_a_final_mutator_born_with_a_live_one_is_folded_row_by_row() -> None:
+    """A final mutator born at the very microsecond of a live one sits on a range bound: its row is folded and
+    deleted on its own, and the live one's stays."""
+    store = MemoryStore()
+    live = add_mutator(store, born_us=2_000, retired_us=None, shards={"a": 2})
+    final = add_mutator(store, born_us=2_000, retired_us=2_000_000, shards={"a": 5})
+    report = collect(store)
+    assert (report.mutators_collected, report.shards_deleted) == (1, 1)
+    assert [s.mutator for s in store.snapshot("likes", "a").shards] == [live]
+    assert store.row_tombstones == {("a", final): 2_000_000}
+    assert value(store, "a") == 7
+
+
+def test_a_row_inside_a_gap_of_no_final_mutator_is_never_deleted() -> None:
+    """A row inside a gap whose mutator the registry does not know (a shard brought back after its
+    tombstone was purged, say) defers the key: a range over it would delete it unfolded."""
+    store = MemoryStore()
+    mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
+    store.land(uuid.uuid4(), 500, 501, ShardWrite("likes", "a", count_state(6), 10, False))
+    report = collect(store)
+    assert report.deferred == ["a: shard_of_no_final_mutator"]
+    assert mutator not in store.collected
+    assert not store.ranges
+    assert not store.tallies
+    assert value(store, "a") == 9
+
+
 def test_dry_run_writes_nothing() -> None:
     """A dry run reports what it would fold and writes nothing."""
     store = MemoryStore()
@@ -119,16 +170,16 @@ def test_dry_run_writes_nothing() -> None:
 
 
 class FlakyStore(MemoryStore):
-    """A store whose CL ALL read of some instances fails, as with a replica down."""
+    """A store whose CL ALL read of some keys fails, as with a replica down."""
 
     def __init__(self, down: set[str]) -> None:
         super().__init__()
         self.down = down
 
-    async def read_instance(self, counter: str, key: str) -> InstanceView:
+    async def read_key(self, key: str) -> KeyView:
         if key in self.down:
             raise StoreTimeoutError("Cannot achieve consistency level ALL")
-        return await super().read_instance(counter, key)
+        return await super().read_key(key)
 
 
 def test_an_unavailable_instance_is_deferred_and_the_run_goes_on() -> None:
@@ -137,7 +188,7 @@ def test_an_unavailable_instance_is_deferred_and_the_run_goes_on() -> None:
     mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 2})
     report = collect(store)
     assert (report.instances_deferred, report.instances_folded, report.mutators_collected) == (1, 1, 0)
-    assert report.deferred == ["likes/a: storage_unavailable"]
+    assert report.deferred == ["a: storage_unavailable"]
     assert mutator not in store.collected
     assert value(store, "a") == 3
     assert value(store, "b") == 2
@@ -155,7 +206,7 @@ def test_a_shard_written_at_or_after_its_retire_time_is_not_folded() -> None:
     store = MemoryStore()
     add_mutator(store, born_us=2_000_000, retired_us=2_000_000, shards={"a": 3})
     report = collect(store)
-    assert report.deferred == ["likes/a: shard_written_after_retirement"]
+    assert report.deferred == ["a: shard_written_after_retirement"]
     assert not store.tallies
     assert value(store, "a") == 3
 
@@ -163,11 +214,11 @@ def test_a_shard_written_at_or_after_its_retire_time_is_not_folded() -> None:
 def test_a_tally_newer_than_the_fold_is_not_overwritten() -> None:
     """A fold older than the tally in place is deferred instead of overwriting it."""
     store = MemoryStore()
-    add_mutator(store, born_us=1_000, retired_us=3_000_000, shards={"a": 3})
-    collect(store)
+    # A worker whose clock ran ahead folded shards retired after every one this run knows as final.
+    store.tallies[("likes", "a")] = memory_store.Cell(count_state(3), 3_000_000)
     late = add_mutator(store, born_us=1_500, retired_us=2_000_000, shards={"a": 4})  # retired "earlier"
     report = collect(store)
-    assert report.deferred == ["likes/a: tally_newer_than_fold"]
+    assert report.deferred == ["a: tally_newer_than_fold"]
     assert late not in store.collected
     assert value(store, "a") == 7
 
@@ -178,10 +229,10 @@ def test_states_of_different_kinds_are_never_merged() -> None:
     mutator = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3})
     other = new_state(COUNTERS["top_qty"])
     other.apply(5)
-    store.land(mutator, 1_001, ShardWrite("likes", "a", other.to_bytes(), 10, False))
+    store.land(mutator, 1_000, 1_001, ShardWrite("likes", "a", other.to_bytes(), 10, False))
     second = add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 1})
     report = collect(store)
-    assert report.deferred == ["likes/a: unmergeable"]
+    assert report.deferred == ["a: unmergeable"]
     assert mutator not in store.collected
     assert second not in store.collected
 
@@ -203,34 +254,34 @@ def test_concurrent_settling_gives_the_same_result(monkeypatch: pytest.MonkeyPat
 
 
 class PagedStore(MemoryStore):
-    """Reads an instance as Cassandra pages it: ``page_size`` shards to a request, each request a storage step
-    of its own (so another worker may fold between two), the tally as of the first request."""
+    """Reads a key as Cassandra pages it: ``page_size`` rows to a request, each request a storage step of its
+    own (so another worker may fold between two), the tallies as of the first request."""
 
     def __init__(self, page_size: int) -> None:
         super().__init__()
         self.page_size = page_size
         self.tally_reads = 0
 
-    async def read_instance(self, counter: str, key: str) -> InstanceView:
-        first: InstanceView | None = None
+    async def read_key(self, key: str) -> KeyView:
+        first: KeyView | None = None
         shards: list[ShardView] = []
-        after: uuid.UUID | None = None
+        after: tuple[int, uuid.UUID] | None = None
         while True:
             pages = len(shards) // self.page_size
-            await self._read("read_instance_page", (counter, key, pages))
-            now = self.snapshot(counter, key)  # shards in clustering (mutator) order, as Cassandra keeps them
+            await self._read("read_key_page", (key, pages))
+            now = self.key_view(key)  # rows in clustering (birth, mutator) order, as Cassandra keeps them
             first = first or now
-            page = [s for s in now.shards if after is None or s.mutator > after][:self.page_size]
+            page = [s for s in now.shards if after is None or (s.born_us, s.mutator) > after][:self.page_size]
             shards.extend(page)
             if len(page) < self.page_size:  # a full page may have more after it: ask again
-                return InstanceView(first.tally, first.tally_write_us, tuple(shards), pages + 1)
-            after = page[-1].mutator
+                return KeyView(first.tallies, first.tally_write_us, tuple(shards), pages + 1)
+            after = (page[-1].born_us, page[-1].mutator)
 
-    async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
+    async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
         self.tally_reads += 1
-        await self._read("read_tally", (counter, key))
-        view = self.snapshot(counter, key)
-        return view.tally, view.tally_write_us
+        await self._read("read_tallies", key)
+        view = self.key_view(key)
+        return view.tallies, view.tally_write_us
 
 
 def test_a_paged_read_with_no_fold_between_its_pages_folds_after_one_tally_check() -> None:
@@ -253,7 +304,7 @@ def test_a_fold_between_the_pages_of_a_read_is_neither_counted_twice_nor_lost() 
     late = add_mutator(store, born_us=3_000_000, retired_us=NOW_US - 5 * GRACE_US, shards={"a": 100})
     assert value(store, "a") == 128
     reader = Task("reader", Collector(store, GRACE_US, concurrency=1).run(NOW_US))
-    while reader.pending != Op("read_instance_page", ("likes", "a", 1)):
+    while reader.pending != Op("read_key_page", ("a", 1)):
         reader.step()
     # The other worker's cutoff comes before ``late`` retired: it folds the early shards, at their retire time.
     other = Collector(store, 10 * GRACE_US, concurrency=1)
@@ -273,14 +324,14 @@ def test_an_instance_that_changes_under_every_paged_read_is_deferred() -> None:
     """A paged read whose tally never holds still is tried a few times, then deferred with nothing written."""
 
     class Restless(PagedStore):
-        async def read_tally(self, counter: str, key: str) -> tuple[bytes | None, int | None]:
-            await super().read_tally(counter, key)
-            return b"another fold", self.tally_reads
+        async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
+            await super().read_tallies(key)
+            return {"likes": b"another fold"}, {"likes": self.tally_reads}
 
     store = Restless(page_size=2)
     mutators = [add_mutator(store, born_us=1_000 + i, retired_us=2_000_000, shards={"a": 1}) for i in range(5)]
     report = collect(store)
-    assert report.deferred == ["likes/a: changed_while_read"]
+    assert report.deferred == ["a: changed_while_read"]
     assert store.tally_reads == 3
     assert not store.tallies
     assert value(store, "a") == 5

@@ -698,8 +698,8 @@ class UnfencedModel(ProtocolModel):
 class NoSkipStore(MemoryStore):
     """read_shard forgets through_offset, so a replay re-applies events its writer's shard already holds."""
 
-    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID) -> StoredShard | None:
-        stored = await super().read_shard(counter, key, mutator)
+    async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None:
+        stored = await super().read_shard(counter, key, mutator, born_us)
         return None if stored is None else StoredShard(stored.state, -1)
 
 
@@ -727,11 +727,12 @@ class LateSnapshotStore(MemoryStore):
         super().__init__()
         self.live: dict[uuid.UUID, Mutator] = {}
 
-    async def write_shards(self, mutator: uuid.UUID, timestamp_us: int, writes: Sequence[ShardWrite]) -> None:
+    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
+                           writes: Sequence[ShardWrite]) -> None:
         owner = self.live.get(mutator)
         if owner is not None:
             writes = [w._replace(state=owner.states[(w.counter, w.key)].to_bytes()) for w in writes]
-        await super().write_shards(mutator, timestamp_us, writes)
+        await super().write_shards(mutator, born_us, timestamp_us, writes)
 
 
 class LateSnapshotModel(ProtocolModel):

@@ -37,17 +37,17 @@ class RecordingClient:
 
 def shard_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
     client = RecordingClient(batch_rows)
-    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 1, writes))  # type: ignore[arg-type]
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes))  # type: ignore[arg-type]
     return [[s for s in request if "UPDATE shards" in s[0]] for request in client.requests
             if any("UPDATE shards" in s[0] for s in request)]
 
 
 def key_of(params: Sequence[Any]) -> str:
-    return params[-2]
+    return params[-3]
 
 
 def cells_of(params: Sequence[Any]) -> dict[str, bytes]:
-    return params[-3]
+    return params[-4]
 
 
 def write(i: int, state_bytes: int = 40) -> ShardWrite:
@@ -108,7 +108,7 @@ def test_counters_of_one_key_with_different_expiries_get_their_own_ttls() -> Non
 
 def work_requests(writes: list[ShardWrite]) -> list[tuple[str, Sequence[Any]]]:
     client = RecordingClient(10)
-    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 1, writes))  # type: ignore[arg-type]
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes))  # type: ignore[arg-type]
     return [s for request in client.requests for s in request if "mutator_work" in s[0]]
 
 
