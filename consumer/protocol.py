@@ -122,7 +122,9 @@ async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
     After an attempt that may have opened a window without writing it all, the row says what happened: if it
     shows that window with the same intent, it is reused as it is. If more records were applied since, a new
     window follows it, still counting from the last *completed* flush, so a successor replays both; stamping
-    the old window's shards with the new intent would make a successor count the extra records twice.
+    the old window's shards with the new intent would make a successor count the extra records twice. The
+    window the row shows may be any this mutator opened since its last completed flush, not only the last
+    it tried: an attempt after a lost answer may itself have failed before applying.
     """
     base = mutator.flush_seq
     if mutator.window_seq is not None:
@@ -130,7 +132,7 @@ async def _open_window(store: Store, mutator: Mutator, intent: int) -> int:
         if row is None or row.owner != mutator.id:
             mutator.fenced = True
             raise FencedError(f"mutator {mutator.id} lost {mutator.pid} (owner now {row.owner if row else None})")
-        if row.flush_seq == mutator.window_seq and row.window_mutator == mutator.id:
+        if mutator.flush_seq < row.flush_seq <= mutator.window_seq and row.window_mutator == mutator.id:
             if row.intent_offset == intent:
                 return row.flush_seq
             base = row.flush_seq

@@ -15,7 +15,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from consumer.dead_letters import DeadLetters
 from consumer.ownership import Ownership
 from consumer.protocol import flush
-from tests.unit.memory_store import BackgroundTask, Fault, MemoryLog, MemoryStore, Task
+from schemas.kinds import state_from_bytes
+from tests.unit.memory_store import BackgroundTask, Fault, MemoryLog, MemoryStore, StoreTimeoutError, Task
 from tests.unit.test_protocol_model import (
     CONFIG,
     COUNTERS,
@@ -188,3 +189,37 @@ def test_a_claim_whose_answer_is_lost_while_another_member_claims_is_retired_and
     assert mutator.id == uuid.UUID(int=11)
     assert store.partitions[PID].owner == mutator.id
     assert store.mutators[uuid.UUID(int=10)].retired_us is not None
+
+
+def test_a_flush_whose_window_answer_was_lost_then_whose_next_window_failed_goes_on() -> None:
+    """Window 2 opens with its answer lost; more records come and the retry opens window 3, which times out
+    before applying; the next retry finds window 2 in the row, neither the last flush completed (1) nor the
+    last attempted (3). It is this mutator's own window: the owner goes on (it was fenced, and the partition
+    paused for good, with its own mutator still the owner), and a successor replaying counts every record
+    once."""
+    store, log = MemoryStore(), _log(9)
+    process = _owned_and_flushed(store, log)
+    mutator = process.ownership.mutators[TP]
+    process.run(flush(store, mutator, EPOCH_US))  # window 1: records 0..2, complete
+    mutator.apply_batch(log.records[3:5])
+    first = Task("flush", flush(store, mutator, EPOCH_US + 1))
+    first.step(Fault.LOST_ANSWER)  # window 2 (3..4) opens; the answer is lost
+    assert isinstance(first.error, StoreTimeoutError)
+    mutator.apply_batch(log.records[5:7])
+    second = Task("flush", flush(store, mutator, EPOCH_US + 2))
+    second.step()  # reads the row: window 2, with an intent older than what is applied now
+    assert second.pending is not None
+    assert second.pending.name == "open_window"
+    second.step(Fault.FAIL)  # window 3 never opens
+    assert isinstance(second.error, StoreTimeoutError)
+    assert store.partitions[PID].flush_seq == 2
+    process.run(flush(store, mutator, EPOCH_US + 3))
+    assert not mutator.fenced
+    row = store.partitions[PID]
+    assert (row.owner, row.flush_seq, row.committed_offset, row.intent_offset) == (mutator.id, 3, 2, 6)
+    # The owner dies with that window open: its successor replays 3..6 once.
+    successor = Process(store, log, 10)
+    successor.now_us += 10**6
+    successor.run(successor.ownership.take([TP]))
+    assert {(s.mutator, s.through_offset) for s in store.snapshot("trades", "IBM").shards} == {(mutator.id, 6)}
+    assert state_from_bytes(store.snapshot("trades", "IBM").shards[0].state).value() == 7
