@@ -102,10 +102,11 @@ def test_a_flush_never_asks_for_an_expiry_past_what_cassandra_stores(monkeypatch
     writes = [ShardWrite("decade", "home|2028-06-01T00:00Z", b"s", 1, False, in_2028 + 3650 * DAY),
               ShardWrite("month", "home|2028-06-01T00:00Z", b"s", 1, False, in_2028 + 30 * DAY),
               ShardWrite("forever", "home", b"s", 1, False)]
-    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 1, writes))  # type: ignore[arg-type]
-    ttls = sorted(params[1] for params in client.params if len(params) == 5)
+    born_us = in_2028 * 1_000_000
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), born_us, 1, writes))  # type: ignore[arg-type]
+    ttls = sorted(params[1] for params in client.params if len(params) == 6)
     assert ttls == [30 * DAY + 3600, LAST_EXPIRY_S - in_2028]
-    assert sum(len(params) == 4 for params in client.params) == 1
+    assert sum(len(params) == 5 for params in client.params) == 1
 
 
 def test_an_event_time_past_what_storage_keeps_is_refused_for_its_counter() -> None:
