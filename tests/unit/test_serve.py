@@ -205,6 +205,34 @@ async def test_every_refusal_is_a_problem_document(served: tuple[str, int]) -> N
                     assert response.headers["Allow"] == "GET,HEAD"
 
 
+@pytest.mark.parametrize("path", [b"/counters/likes/p1", b"/no/such/path", b"/healthz"])
+async def test_an_unknown_expectation_is_refused_without_quoting_it(served: tuple[str, int], path: bytes) -> None:
+    """An ``Expect`` header other than 100-continue, carrying the token: a 417 problem document (aiohttp's own
+    answer, sent before any middleware, is plain text that quotes the header) with the token nowhere in it."""
+    raw = _request(b"Authorization: Bearer " + SECRET, b"Expect: " + SECRET, line=b"GET " + path + b" HTTP/1.1")
+    status, headers, body = await exchange(served, raw)
+    assert status == 417, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert json.loads(body)["status"] == 417
+    assert SECRET not in body
+    assert TOKEN not in json.dumps(headers)
+
+
+async def test_expect_100_continue_still_gets_its_answer(served: tuple[str, int]) -> None:
+    """``Expect: 100-continue`` is answered as before: an interim 100, then the request's own answer."""
+    reader, writer = await asyncio.open_connection(*served)
+    try:
+        writer.write(_request(b"Authorization: Bearer " + SECRET, b"Expect: 100-continue",
+                              line=b"GET /openapi.json HTTP/1.1"))
+        await writer.drain()
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+    finally:
+        writer.close()
+    assert interim.startswith(b"HTTP/1.1 100 Continue")
+    assert final.startswith(b"HTTP/1.1 200")
+
+
 async def test_a_forbidden_answer_from_aiohttp_is_a_problem_document() -> None:
     """serve answers no 403 of its own; one raised by aiohttp (plain text there) leaves as a problem document too."""
     api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS)
