@@ -125,7 +125,13 @@ class ReadApi:
             # A chunked body announces no length: read at most one byte past the limit to know.
             size = 0
             while request.body_exists and size <= limit:
-                chunk = await request.content.read(limit + 1 - size)
+                try:
+                    chunk = await request.content.read(limit + 1 - size)
+                except (web.RequestPayloadError, ConnectionResetError) as exc:
+                    # Broken or cut short by the client, which anyone can do: refused, not a server failure.
+                    log.debug("http_request_refused", status=400, error=type(exc).__name__)
+                    raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
+                                   "short") from None
                 if not chunk:
                     break
                 size += len(chunk)

@@ -218,6 +218,26 @@ async def test_an_unknown_expectation_is_refused_without_quoting_it(served: tupl
     assert TOKEN not in json.dumps(headers)
 
 
+async def test_a_client_that_leaves_in_the_middle_of_a_chunked_body_adds_no_error_line(
+        served: tuple[str, int], caplog: pytest.LogCaptureFixture) -> None:
+    """A chunked body cut short by the client (the request already being handled): no ERROR line and no 500
+    counted as a server failure, since anyone can do it."""
+    caplog.set_level(logging.DEBUG)
+    with capture_logs() as logs:
+        _, writer = await asyncio.open_connection(*served)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"10\r\n" + SECRET[:4])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.sleep(0.5)
+    assert [entry for entry in logs if entry["log_level"] in ("error", "critical")] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [entry for entry in logs if entry["event"] == "http_request_refused"], logs
+
+
 async def test_expect_100_continue_still_gets_its_answer(served: tuple[str, int]) -> None:
     """``Expect: 100-continue`` is answered as before: an interim 100, then the request's own answer."""
     reader, writer = await asyncio.open_connection(*served)
