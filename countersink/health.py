@@ -103,6 +103,11 @@ class QuietRequestHandler(web.RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError):
+            # A body the client broke, met again when aiohttp reads what is left of it after the answer:
+            # anyone can send one, so not an ERROR.
+            log.debug("http_request_refused", status=400, error=type(exc).__name__)
+            return
         log.error("http_connection_failed", message=str(args[0]) if args else None,
                   error=type(exc).__name__ if isinstance(exc, BaseException) else None,
                   where=where_raised(exc if isinstance(exc, BaseException) else None))

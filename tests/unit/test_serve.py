@@ -238,6 +238,28 @@ async def test_a_client_that_leaves_in_the_middle_of_a_chunked_body_adds_no_erro
     assert [entry for entry in logs if entry["event"] == "http_request_refused"], logs
 
 
+async def test_a_broken_chunked_body_adds_no_error_line_with_the_pure_python_parser(
+        served: tuple[str, int], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With aiohttp's pure-Python parser (no C extension, or AIOHTTP_NO_EXTENSIONS set), a chunked body whose
+    trailer is too long fails after the headers were taken: a 400 problem document, no ERROR line (neither for
+    the request nor for the rest of the body aiohttp reads after the answer), and the token nowhere."""
+    from aiohttp import http_parser, web_protocol
+
+    monkeypatch.setattr(web_protocol, "HttpRequestParser", http_parser.HttpRequestParserPy)
+    caplog.set_level(logging.DEBUG)
+    raw = (b"POST /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Trailer: " + SECRET
+           + PAD + b"\r\n\r\n")
+    with capture_logs() as logs:
+        status, headers, body = await exchange(served, raw)
+        await asyncio.sleep(0.3)
+    assert status == 400, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert SECRET not in body
+    assert [entry for entry in logs if entry["log_level"] in ("error", "critical")] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert TOKEN not in repr(logs)
+
+
 async def test_expect_100_continue_still_gets_its_answer(served: tuple[str, int]) -> None:
     """``Expect: 100-continue`` is answered as before: an interim 100, then the request's own answer."""
     reader, writer = await asyncio.open_connection(*served)
