@@ -318,3 +318,20 @@ def test_allow_insecure_serves_tokens_over_plain_http_with_a_warning() -> None:
     assert (logs[0]["log_level"], logs[0]["event"]) == ("warning", "serve_tokens_over_plain_http")
     assert logs[-1]["event"] == "cassandra_unreachable"
     assert TOKEN not in repr(logs)
+
+
+@pytest.mark.parametrize(("host", "warned"), [(None, True), ("10.1.2.3", True), ("127.0.0.1", False),
+                                              ("::1", False), ("localhost", False)])
+def test_serving_without_tokens_beyond_loopback_warns(host: str | None, warned: bool) -> None:
+    """No token and a listen address other than loopback (the default is every interface): anyone who reaches
+    it reads every counter, so a WARNING says so first; on loopback, nothing is said."""
+    settings = Settings(serve={"startup_timeout_s": 0.2},  # type: ignore[arg-type]
+                        cassandra={"port": 1, "connect_timeout_s": 0.2})  # type: ignore[arg-type]
+    args = argparse.Namespace(counters=None, host=host, port=0, consistency=None)
+    with capture_logs() as logs:
+        assert serve_command(args, settings) == 1
+    warnings = [entry for entry in logs if entry["event"] == "serve_without_tokens"]
+    assert len(warnings) == warned, logs
+    if warned:
+        assert warnings[0]["log_level"] == "warning"
+        assert "COUNTERSINK_SERVE__TOKENS_FILE" in warnings[0]["why"]
