@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import LineTooLong
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -102,6 +103,11 @@ class QuietRequestHandler(web.RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError):
+            # A body the client broke, met again when aiohttp reads what is left of it after the answer:
+            # anyone can send one, so not an ERROR.
+            log.debug("http_request_refused", status=400, error=type(exc).__name__)
+            return
         log.error("http_connection_failed", message=str(args[0]) if args else None,
                   error=type(exc).__name__ if isinstance(exc, BaseException) else None,
                   where=where_raised(exc if isinstance(exc, BaseException) else None))
@@ -122,6 +128,25 @@ class _QuietServer(web.Server):
         return handler
 
 
+def _unquoted_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+                           on_refused: Callable[[int], None] | None
+                           ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """``handler``, with an ``Expect`` header other than ``100-continue`` answered 417 by a problem document.
+    aiohttp answers it itself, before any middleware, as plain text that quotes the header."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        expect = request.headers.get(hdrs.EXPECT)
+        if expect and request.version >= HttpVersion11 and expect.lower() != "100-continue":
+            status = int(HTTPStatus.EXPECTATION_FAILED)
+            log.debug("http_request_refused", status=status, error="unknown Expect")
+            if on_refused is not None:
+                on_refused(status)
+            return problem_response(status, "the only expectation taken is 100-continue")
+        return await handler(request)
+
+    return handle
+
+
 class QuietAppRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` whose connections are each a :class:`QuietRequestHandler`;
     ``on_refused(status)`` is called for each request answered by :meth:`QuietRequestHandler.handle_error`
@@ -135,7 +160,8 @@ class QuietAppRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         made = await super()._make_server()  # the application's start-up, and the handler it routes with
-        return _QuietServer(made.request_handler, request_factory=made.request_factory,
+        return _QuietServer(_unquoted_expectations(made.request_handler, self._on_refused),
+                            request_factory=made.request_factory,
                             handler_cancellation=made.handler_cancellation, on_refused=self._on_refused,
                             **self._handler_args)
 

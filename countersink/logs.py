@@ -73,6 +73,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool 
     # The libraries' records: the same processors, with the library's logger name.
     handler = logging.StreamHandler(out)  # also one write() per line: message and terminator together
     handler.set_name(_HANDLER_NAME)
+    handler.addFilter(_RedactSasl())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendering],
@@ -109,6 +110,21 @@ class _PersonRenderer:
 
 
 _debug = False  # set by configure_logging: at DEBUG the driver's every line is shown
+
+
+class _RedactSasl(logging.Filter):
+    """aiokafka logs every request and answer at DEBUG with their fields. A SASL authentication's bytes carry
+    the password itself with PLAIN, and with SCRAM what an offline guesser needs (salt, iterations, proof):
+    such a record keeps its line, with the request's name only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(_is_sasl(arg) for arg in record.args):
+            record.args = tuple(f"{type(arg).__name__}(<redacted>)" if _is_sasl(arg) else arg for arg in record.args)
+        return True
+
+
+def _is_sasl(value: object) -> bool:
+    return type(value).__name__.startswith("SaslAuthenticate")
 _CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect")
 
 

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -129,7 +130,13 @@ class ReadApi:
             # A chunked body announces no length: read at most one byte past the limit to know.
             size = 0
             while request.body_exists and size <= limit:
-                chunk = await request.content.read(limit + 1 - size)
+                try:
+                    chunk = await request.content.read(limit + 1 - size)
+                except (web.RequestPayloadError, ConnectionResetError) as exc:
+                    # Broken or cut short by the client, which anyone can do: refused, not a server failure.
+                    log.debug("http_request_refused", status=400, error=type(exc).__name__)
+                    raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
+                                   "short") from None
                 if not chunk:
                     break
                 size += len(chunk)
@@ -479,6 +486,16 @@ def _parse_tokens(text: str, source: str, *, unit: str) -> list[bytes]:
     return tokens
 
 
+def _loopback(host: str) -> bool:
+    """True when ``host`` (an address, or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
 def server_tls(settings: ServeSettings) -> ssl.SSLContext | None:
     """The HTTPS context (TLS 1.2 or later) when a certificate and key are set."""
     if settings.tls_cert is None or settings.tls_key is None:
@@ -698,6 +715,10 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
     if tokens.required and tls is None:
         log.warning("serve_tokens_over_plain_http", allow_insecure=True,
                     why="tokens and requests cross the network readable; only safe behind a TLS proxy on this host")
+    if not tokens.required and not _loopback(serve_settings.host):
+        log.warning("serve_without_tokens", host=serve_settings.host,
+                    why="anyone who reaches this address reads every counter and /metrics: set "
+                        "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")
     client = CassandraClient(settings.cassandra, app="countersink-serve")
     started = time.monotonic()
     try:

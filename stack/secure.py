@@ -78,13 +78,15 @@ JMX_USER = "stack_jmx"
 
 def kafka_acls(principals: list[str], dead_letter_topic: str = DEAD_LETTER_TOPIC,
                group_prefix: str = GROUP_PREFIX) -> list[list[str]]:
-    """kafka-acls (AclCommand) arguments giving countersink what it uses: read and describe the topics, read
+    """kafka-acls (AclCommand) arguments giving countersink what it uses: read and describe the topics and their
+    configuration (the cleanup policy of a topic read by a counter with ``event_id`` is checked at start), read
     and describe the consumer groups whose id starts with ``group_prefix`` (another group's offsets are not
     its to move), and create, describe and write its dead-letter topic. Nothing else: no writes to event
     topics."""
     allow = [arg for principal in principals for arg in ("--allow-principal", principal)]
     return [
-        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--topic", "*"],
+        ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--operation", "DescribeConfigs",
+         "--topic", "*"],
         ["--add", *allow, "--operation", "Read", "--operation", "Describe", "--group", group_prefix,
          "--resource-pattern-type", "prefixed"],
         ["--add", *allow, "--operation", "Create", "--operation", "Describe", "--operation", "Write",

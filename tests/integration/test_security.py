@@ -336,7 +336,7 @@ def _refusals() -> list[Refusal]:
                 {"username": "nobody_here"}, "Cassandra refused the credentials (user 'nobody_here'"),
         Refusal("cassandra-other-ca", ["schema", "--wait", "60"], "countersink_schema", {},
                 {"ssl_trusted_cert": other_ca}, "TLS with Cassandra at 127.0.0.1:"),
-        Refusal("cassandra-other-ca-serve", ["serve", "--port", "0"], "countersink_reader", {},
+        Refusal("cassandra-other-ca-serve", ["serve", "--host", "127.0.0.1", "--port", "0"], "countersink_reader", {},
                 {"ssl_trusted_cert": other_ca}, "certificate"),
         Refusal("consume-cassandra-wrong-password", consume, "countersink_consumer", {},
                 {"password": "not-the-password"}, "Cassandra refused the credentials"),

@@ -109,3 +109,23 @@ def test_refused_settings_are_one_json_line_without_the_value() -> None:
     assert line["event"] == "settings_refused"
     assert line["error"].startswith("COUNTERSINK_CASSANDRA__PORT:")
     assert "s3cr3t" not in done.stderr
+
+
+def test_the_sasl_exchange_is_not_logged_at_debug(restore_logging: None) -> None:
+    """aiokafka logs every request and answer at DEBUG with their fields: the SASL ones carry the PLAIN password
+    itself, or a SCRAM exchange (salt, iterations, proof) that an offline guesser needs. Both are redacted;
+    the lines stay, naming the request."""
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1, SaslAuthenticateResponse_v1
+
+    stream = io.StringIO()
+    configure_logging("DEBUG", "json", stream=stream)
+    conn = logging.getLogger("aiokafka.conn")
+    plain = SaslAuthenticateRequest_v1(b"\0countersink\0plain-pass-7d1e")
+    scram = SaslAuthenticateResponse_v1(0, "", b"r=nonce9f,s=c2FsdC1zZWNyZXQtOGE=,i=4096", 0)
+    conn.debug("Request to %s:%d %d: %s", "127.0.0.1", 9092, 3, plain)  # as aiokafka.conn logs them
+    conn.debug("Response from %s:%d %d: %s", "127.0.0.1", 9092, 3, scram)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["event"].split(":")[0] for line in lines] == ["Request to 127.0.0.1", "Response from 127.0.0.1"]
+    assert "SaslAuthenticateRequest_v1" in lines[0]["event"]
+    assert "plain-pass-7d1e" not in stream.getvalue()
+    assert "c2FsdC1zZWNyZXQtOGE" not in stream.getvalue()

@@ -212,6 +212,76 @@ async def test_every_refusal_is_a_problem_document(served: tuple[str, int]) -> N
                     assert response.headers["Allow"] == "GET,HEAD"
 
 
+@pytest.mark.parametrize("path", [b"/counters/likes/p1", b"/no/such/path", b"/healthz"])
+async def test_an_unknown_expectation_is_refused_without_quoting_it(served: tuple[str, int], path: bytes) -> None:
+    """An ``Expect`` header other than 100-continue, carrying the token: a 417 problem document (aiohttp's own
+    answer, sent before any middleware, is plain text that quotes the header) with the token nowhere in it."""
+    raw = _request(b"Authorization: Bearer " + SECRET, b"Expect: " + SECRET, line=b"GET " + path + b" HTTP/1.1")
+    status, headers, body = await exchange(served, raw)
+    assert status == 417, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert json.loads(body)["status"] == 417
+    assert SECRET not in body
+    assert TOKEN not in json.dumps(headers)
+
+
+async def test_a_client_that_leaves_in_the_middle_of_a_chunked_body_adds_no_error_line(
+        served: tuple[str, int], caplog: pytest.LogCaptureFixture) -> None:
+    """A chunked body cut short by the client (the request already being handled): no ERROR line and no 500
+    counted as a server failure, since anyone can do it."""
+    caplog.set_level(logging.DEBUG)
+    with capture_logs() as logs:
+        _, writer = await asyncio.open_connection(*served)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(b"10\r\n" + SECRET[:4])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.sleep(0.5)
+    assert [entry for entry in logs if entry["log_level"] in ("error", "critical")] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [entry for entry in logs if entry["event"] == "http_request_refused"], logs
+
+
+async def test_a_broken_chunked_body_adds_no_error_line_with_the_pure_python_parser(
+        served: tuple[str, int], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With aiohttp's pure-Python parser (no C extension, or AIOHTTP_NO_EXTENSIONS set), a chunked body whose
+    trailer is too long fails after the headers were taken: a 400 problem document, no ERROR line (neither for
+    the request nor for the rest of the body aiohttp reads after the answer), and the token nowhere."""
+    from aiohttp import http_parser, web_protocol
+
+    monkeypatch.setattr(web_protocol, "HttpRequestParser", http_parser.HttpRequestParserPy)
+    caplog.set_level(logging.DEBUG)
+    raw = (b"POST /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-Trailer: " + SECRET
+           + PAD + b"\r\n\r\n")
+    with capture_logs() as logs:
+        status, headers, body = await exchange(served, raw)
+        await asyncio.sleep(0.3)
+    assert status == 400, body
+    assert headers["content-type"].startswith("application/problem+json")
+    assert SECRET not in body
+    assert [entry for entry in logs if entry["log_level"] in ("error", "critical")] == []
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert TOKEN not in repr(logs)
+
+
+async def test_expect_100_continue_still_gets_its_answer(served: tuple[str, int]) -> None:
+    """``Expect: 100-continue`` is answered as before: an interim 100, then the request's own answer."""
+    reader, writer = await asyncio.open_connection(*served)
+    try:
+        writer.write(_request(b"Authorization: Bearer " + SECRET, b"Expect: 100-continue",
+                              line=b"GET /openapi.json HTTP/1.1"))
+        await writer.drain()
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        final = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+    finally:
+        writer.close()
+    assert interim.startswith(b"HTTP/1.1 100 Continue")
+    assert final.startswith(b"HTTP/1.1 200")
+
+
 async def test_a_forbidden_answer_from_aiohttp_is_a_problem_document() -> None:
     """serve answers no 403 of its own; one raised by aiohttp (plain text there) leaves as a problem document too."""
     api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS)
@@ -255,3 +325,20 @@ def test_allow_insecure_serves_tokens_over_plain_http_with_a_warning() -> None:
     assert (logs[0]["log_level"], logs[0]["event"]) == ("warning", "serve_tokens_over_plain_http")
     assert logs[-1]["event"] == "cassandra_unreachable"
     assert TOKEN not in repr(logs)
+
+
+@pytest.mark.parametrize(("host", "warned"), [(None, True), ("10.1.2.3", True), ("127.0.0.1", False),
+                                              ("::1", False), ("localhost", False)])
+def test_serving_without_tokens_beyond_loopback_warns(host: str | None, warned: bool) -> None:
+    """No token and a listen address other than loopback (the default is every interface): anyone who reaches
+    it reads every counter, so a WARNING says so first; on loopback, nothing is said."""
+    settings = Settings(serve={"startup_timeout_s": 0.2},  # type: ignore[arg-type]
+                        cassandra={"port": 1, "connect_timeout_s": 0.2})  # type: ignore[arg-type]
+    args = argparse.Namespace(counters=None, host=host, port=0, consistency=None)
+    with capture_logs() as logs:
+        assert serve_command(args, settings) == 1
+    warnings = [entry for entry in logs if entry["event"] == "serve_without_tokens"]
+    assert len(warnings) == warned, logs
+    if warned:
+        assert warnings[0]["log_level"] == "warning"
+        assert "COUNTERSINK_SERVE__TOKENS_FILE" in warnings[0]["why"]
