@@ -221,6 +221,9 @@ def settings_problems(exc: Any) -> list[str]:
     """One line per refused setting, naming its variable; never its value (it may be a secret)."""
     lines = []
     for err in exc.errors():
+        if err["type"] == "untrusted_settings_file":  # a file, not a variable
+            lines.append(f"{err['loc'][0]}: {err['msg']}")
+            continue
         variable = "COUNTERSINK_" + "__".join(str(part).upper() for part in err["loc"])
         lines.append(f"{variable}: {err['msg'].removeprefix('Value error, ')}")
     return lines

@@ -336,11 +336,17 @@ class Settings(BaseSettings):
     def __init__(self, **values: Any) -> None:
         # A misspelt variable would otherwise fall back to its default in silence: refuse it, as a bad value is.
         env_file = values.get("_env_file", self.model_config.get("env_file"))
-        unknown = unknown_variables(os.environ, _dotenv_names(env_file))
-        if unknown:
+        # A .env another user could write may turn checks off or point the process, with its password, at
+        # another server: refused before it is read.
+        problems = [("untrusted_settings_file", name, problem) for name, problem in untrusted_env_files(
+            _env_files(env_file))]
+        if not problems:
+            problems = [("unknown_setting", name[len(PREFIX):], problem)
+                        for name, problem in unknown_variables(os.environ, _dotenv_names(env_file))]
+        if problems:
             raise ValidationError.from_exception_data("Settings", [
-                InitErrorDetails(type=PydanticCustomError("unknown_setting", problem), loc=(name[len(PREFIX):],),
-                                 input=None) for name, problem in unknown])
+                InitErrorDetails(type=PydanticCustomError(kind, problem), loc=(where,), input=None)
+                for kind, where, problem in problems])
         super().__init__(**values)
 
     @property
@@ -409,8 +415,26 @@ def unknown_variables(environ: Mapping[str, str], dotenv: Iterable[str] = ()) ->
     return problems
 
 
+def _env_files(env_file: Any) -> list[Path]:
+    files = [env_file] if isinstance(env_file, str | Path) else list(env_file or ())
+    return [Path(path) for path in files if Path(path).is_file()]
+
+
+def untrusted_env_files(files: Iterable[Path]) -> list[tuple[str, str]]:
+    """``(path, problem)`` for each settings file that another user owns or may write (group or others)."""
+    problems = []
+    for path in files:
+        status = path.stat()
+        if status.st_uid != os.geteuid():
+            problems.append((str(path), f"is owned by another user (uid {status.st_uid}); "
+                                                 "settings are read only from a file this user owns"))
+        elif status.st_mode & 0o022:
+            problems.append((str(path), f"may be written by other users (mode "
+                                                 f"{status.st_mode & 0o777:o}); chmod go-w {path}"))
+    return problems
+
+
 def _dotenv_names(env_file: Any) -> list[str]:
     from dotenv import dotenv_values
 
-    files = [env_file] if isinstance(env_file, str | Path) else list(env_file or ())
-    return [name for path in files if Path(path).is_file() for name in dotenv_values(path)]
+    return [name for path in _env_files(env_file) for name in dotenv_values(path)]

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from countersink.settings import NOT_SETTINGS, Settings, setting_variables, unknown_variables
+from countersink.settings import NOT_SETTINGS, Settings, setting_variables, unknown_variables, untrusted_env_files
 
 REPO = Path(__file__).resolve().parents[2]
 # Built from parts so that the scan below does not find these misspellings in this file.
@@ -57,6 +58,32 @@ def test_a_misspelt_dotenv_entry_stops_a_command(tmp_path: Path) -> None:
     assert line["error"] == ("COUNTERSINK_CASANDRA__KEYSPACE: not a setting (in .env); "
                              "did you mean COUNTERSINK_CASSANDRA__KEYSPACE?")
     assert "s3cr3t" not in done.stderr
+
+
+def test_a_dotenv_others_may_write_stops_a_command(tmp_path: Path) -> None:
+    """A ``.env`` that group or others may write is refused before it is read: it could turn certificate checks
+    off or point the process, and its password, at another server."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("COUNTERSINK_CASSANDRA__SSL_VERIFY=false\n")
+    env_file.chmod(0o666)
+    done = run("countersink.cli", "get", "shares", "IBM", env={}, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (line,) = [json.loads(x) for x in done.stderr.splitlines()]
+    assert line["event"] == "settings_refused"
+    assert line["error"] == ".env: may be written by other users (mode 666); chmod go-w .env"
+    env_file.chmod(0o600)
+    assert untrusted_env_files([env_file]) == []
+
+
+def test_a_dotenv_of_another_user_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``.env`` owned by another user than the one running the process is refused, whatever its mode."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("COUNTERSINK_CASSANDRA__PORT=9042\n")
+    env_file.chmod(0o600)
+    monkeypatch.setattr(os, "geteuid", lambda: env_file.stat().st_uid + 1)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="is owned by another user"):
+        Settings()
 
 
 def test_settings_refuse_unknown_names_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
