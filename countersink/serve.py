@@ -552,6 +552,18 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
     consistency = {"name": "consistency", "in": "query", "required": False,
                    "schema": {"type": "string", "enum": list(Consistency)},
                    "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
+    # The query of a range read, the same for keyed and keyless series.
+    range_query = [
+        {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
+         "description": "ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, now-6h"},
+        {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
+         "description": "end of the range, excluded; same forms as from"},
+        {"name": "step", "in": "query", "required": False,
+         "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
+         "description": "merge the buckets of each step (a multiple of the bucket size)"},
+        {"name": "rollup", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
+         "description": "merge every bucket of the range into one point"},
+        consistency]
     value = {"description": "int or decimal string for sums, number for means, an object for sketches "
                             "(estimate with bounds), null when nothing was counted"}
     problem = {"description": "a problem document",
@@ -585,17 +597,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                {"name": "key", "in": "path", "required": True,
                                 "schema": {"type": "string", "maxLength": DEFAULT_MAX_KEY_BYTES},
                                 "description": "the instance key without its bucket, URL-encoded"},
-                               {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
-                                "description": "ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, now-6h"},
-                               {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
-                                "description": "end of the range, excluded; same forms as from"},
-                               {"name": "step", "in": "query", "required": False,
-                                "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
-                                "description": "merge the buckets of each step (a multiple of the bucket size)"},
-                               {"name": "rollup", "in": "query", "required": False,
-                                "schema": {"type": "boolean", "default": False},
-                                "description": "merge every bucket of the range into one point"},
-                               consistency],
+                               *range_query],
                 "responses": {"200": {"description": "the points, in time order", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/Series"}}}}, **errors},
             }},
@@ -606,17 +608,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                "key fields. For a counter with key fields, this path reads the instance whose "
                                "key is series, as /counters/{name}/{key}.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
-                               {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
-                                "description": "ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, now-6h"},
-                               {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
-                                "description": "end of the range, excluded; same forms as from"},
-                               {"name": "step", "in": "query", "required": False,
-                                "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
-                                "description": "merge the buckets of each step (a multiple of the bucket size)"},
-                               {"name": "rollup", "in": "query", "required": False,
-                                "schema": {"type": "boolean", "default": False},
-                                "description": "merge every bucket of the range into one point"},
-                               consistency],
+                               *range_query],
                 "responses": {"200": {"description": "the points, in time order (or, for a counter with key fields, "
                                       "the value of its instance series)", "content": {"application/json": {
                     "schema": {"oneOf": [{"$ref": "#/components/schemas/Series"},
