@@ -18,6 +18,7 @@ from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings
 from schemas.kinds import KindSpec, new_state
+from tests.integration.serve_support import running_serve
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -108,9 +109,6 @@ async def test_command_line_get_and_explain_json(cassandra_settings: CassandraSe
 async def test_serve_answers_reads_over_http(cassandra_settings: CassandraSettings, tmp_path: Path) -> None:
     """`countersink serve` answers one read, a multi-get and /openapi.json with exact values from Cassandra,
     and exits 0 on SIGTERM."""
-    import signal
-    import socket
-
     import aiohttp
 
     async with CassandraClient(cassandra_settings) as client:
@@ -118,43 +116,14 @@ async def test_serve_answers_reads_over_http(cassandra_settings: CassandraSettin
     counters = tmp_path / "counters.toml"
     counters.write_text('[[counter]]\nname = "notional"\nkind = "sum"\nnumber = "decimal"\ntopics = ["trades"]\n'
                         'key = ["symbol"]\nvalue = "notional"\n')
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra_settings.contact_points[0],
-           "COUNTERSINK_CASSANDRA__PORT": str(cassandra_settings.port),
-           "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra_settings.keyspace,
-           "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port)}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "countersink.cli", "serve", "--counters", str(counters), env=env, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(200):
-                try:
-                    async with http.get(base + "/readyz") as ready:
-                        if ready.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert process.returncode is None, (await process.stdout.read()).decode()  # type: ignore[union-attr]
-                await asyncio.sleep(0.1)
-            else:
-                pytest.fail("countersink serve never became ready")
-            async with http.get(base + "/counters/notional/IBM") as one:
-                assert one.status == 200
-                assert await one.json() == {"counter": "notional", "key": "IBM", "kind": "sum", "value": "15.40"}
-            async with http.get(base + "/counters/notional", params=[("key", "IBM"), ("key", "MSFT")]) as many:
-                assert await many.json() == {"counter": "notional", "values": {
-                    "IBM": {"kind": "sum", "value": "15.40"}, "MSFT": {"kind": "sum", "value": None}}}
-            async with http.get(base + "/counters/volume/IBM") as unknown:
-                assert unknown.status == 404
-            async with http.get(base + "/openapi.json") as spec:
-                assert "/counters/{name}/{key}" in (await spec.json())["paths"]
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with running_serve(cassandra_settings, counters) as base, aiohttp.ClientSession() as http:
+        async with http.get(base + "/counters/notional/IBM") as one:
+            assert one.status == 200
+            assert await one.json() == {"counter": "notional", "key": "IBM", "kind": "sum", "value": "15.40"}
+        async with http.get(base + "/counters/notional", params=[("key", "IBM"), ("key", "MSFT")]) as many:
+            assert await many.json() == {"counter": "notional", "values": {
+                "IBM": {"kind": "sum", "value": "15.40"}, "MSFT": {"kind": "sum", "value": None}}}
+        async with http.get(base + "/counters/volume/IBM") as unknown:
+            assert unknown.status == 404
+        async with http.get(base + "/openapi.json") as spec:
+            assert "/counters/{name}/{key}" in (await spec.json())["paths"]

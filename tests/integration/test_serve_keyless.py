@@ -3,11 +3,6 @@ and its buckets), and a key that is no instance key is a 400 problem document.""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import socket
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -23,6 +18,7 @@ from countersink.settings import CassandraSettings
 from schemas.definitions import load_definitions
 from schemas.kinds import KindSpec, new_state
 from schemas.timeseries import bucket_key, iso
+from tests.integration.serve_support import running_serve
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -76,37 +72,8 @@ async def served(cassandra_settings: CassandraSettings, tmp_path: Path) -> Async
     async with CassandraClient(cassandra_settings) as client:
         await _write(client, [("total", "", "7.5"), ("hourly", bucket_key(hourly, "", HOUR), "2.25"),
                               ("hourly", bucket_key(hourly, "", HOUR + 3600), "1"), ("notional", "series", "3")])
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra_settings.contact_points[0],
-           "COUNTERSINK_CASSANDRA__PORT": str(cassandra_settings.port),
-           "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra_settings.keyspace,
-           "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port), "PYTHONPATH": str(REPO)}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "countersink.cli", "serve", "--counters", str(counters), env=env, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(300):
-                try:
-                    async with http.get(base + "/readyz") as ready:
-                        if ready.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert process.returncode is None, (await process.stdout.read()).decode()  # type: ignore[union-attr]
-                await asyncio.sleep(0.1)
-            else:
-                pytest.fail("countersink serve never became ready")
+    async with running_serve(cassandra_settings, counters) as base:
         yield base
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def _get(base: str, path: str) -> tuple[int, str, object]:
