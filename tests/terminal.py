@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import subprocess
+
+
+class TextTerminal(io.StringIO):
+    """A text stream that says it is a terminal, for code that decides what to print by ``isatty()``."""
+
+    def isatty(self) -> bool:
+        return True
 
 
 def run_on_terminal(command: list[str], env: dict[str, str], cwd: str, timeout: float = 120) -> tuple[int, str]:

@@ -11,31 +11,12 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from countersink.logs import configure_logging, get_logger
-
-
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Whatever a test configures is undone: later tests see structlog's and logging's defaults."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    structlog.reset_defaults()
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    logging.getLogger("aiokafka").setLevel(logging.NOTSET)
+from tests.terminal import TextTerminal
 
 
 @pytest.mark.usefixtures("restore_logging")
@@ -73,7 +54,7 @@ def test_every_record_is_a_json_line() -> None:
 @pytest.mark.usefixtures("restore_logging")
 def test_no_color_is_honoured_on_a_terminal() -> None:
     """On a terminal the console renderer colours its lines, unless NO_COLOR asks for none."""
-    coloured, plain = _Terminal(), _Terminal()
+    coloured, plain = TextTerminal(), TextTerminal()
     configure_logging("INFO", "auto", stream=coloured)
     get_logger("t").warning("mutator_expired", partition=1)
     logging.getLogger("aiohttp").warning("from a library")

@@ -3,39 +3,19 @@ error; services, pipes and files get JSON lines as before."""
 
 from __future__ import annotations
 
-import io
-import logging
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from countersink.cli import PERSON_COMMANDS
 from countersink.logs import configure_logging, get_logger, log_style
-from tests.terminal import run_on_terminal
+from tests.terminal import TextTerminal, run_on_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Whatever a test configures is undone: later tests see structlog's and logging's defaults."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    structlog.reset_defaults()
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    logging.getLogger("aiokafka").setLevel(logging.NOTSET)
 
 
 @pytest.mark.parametrize(("fmt", "terminal", "person", "level", "style"), [
@@ -62,7 +42,7 @@ def test_the_read_commands_answer_a_person() -> None:
 @pytest.mark.usefixtures("restore_logging")
 def test_a_person_sees_warnings_and_errors_as_plain_lines() -> None:
     """Info lines are not shown; an error is ``error: <its text>``, a warning keeps its details."""
-    shown = _Terminal()
+    shown = TextTerminal()
     configure_logging("INFO", "auto", no_color=True, stream=shown, person=True)
     log = get_logger("t")
     log.info("cassandra_connected", contact_points=["127.0.0.1"])
