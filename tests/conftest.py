@@ -216,12 +216,13 @@ async def cassandra_settings(keyspace_factory: Callable[..., Awaitable[Cassandra
 
 @pytest.fixture
 async def topic_factory(kafka_settings: KafkaSettings) -> AsyncIterator[Callable[..., Awaitable[str]]]:
-    """Creates fresh topics (name, partitions); deletes them after the test."""
+    """Creates fresh topics (name, partitions, topic settings such as cleanup.policy); deletes them after the
+    test."""
     created: list[str] = []
 
-    async def make(prefix: str = "events", partitions: int = 3) -> str:
+    async def make(prefix: str = "events", partitions: int = 3, configs: dict[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        await ensure_topics(kafka_settings, {name: partitions})
+        await ensure_topics(kafka_settings, {name: partitions}, configs={name: configs or {}})
         created.append(name)
         return name
 

@@ -10,8 +10,7 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from structlog.testing import capture_logs
 
 from consumer.service import ConsumerService
-from countersink.kafka import cleanup_policies, ensure_topics, make_admin, make_consumer
+from countersink.kafka import cleanup_policies, make_admin, make_consumer
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import load_definitions
 from stack.loading import child_env
@@ -28,26 +27,6 @@ from tests.integration.consumer_support import running, write_definitions
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def topics(kafka_settings: KafkaSettings) -> AsyncIterator[Callable[[str], Awaitable[str]]]:
-    """Creates fresh topics with a given cleanup.policy; deletes them after the test."""
-    created: list[str] = []
-
-    async def make(policy: str) -> str:
-        name = f"compaction-{uuid.uuid4().hex[:10]}"
-        await ensure_topics(kafka_settings, {name: 3}, configs={name: {"cleanup.policy": policy}})
-        created.append(name)
-        return name
-
-    yield make
-    admin = make_admin(kafka_settings)
-    await admin.start()
-    try:
-        await admin.delete_topics(created)
-    finally:
-        await admin.close()
 
 
 def _run(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -61,13 +40,13 @@ def _refusals(stderr: str) -> list[dict[str, object]]:
 
 
 async def test_a_consumer_refuses_a_compacted_topic_for_counters_with_an_event_id(
-    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topics: Callable[[str], Awaitable[str]],
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Callable[..., Awaitable[str]],
     tmp_path: Path,
 ) -> None:
     """``countersink consume`` over a topic with cleanup.policy=compact,delete and counters that deduplicate by
     event id exits 2 with one topic_refused line naming the topic, the policy and the counters; ``topics
     create`` over it says the same. Without event ids, the same topic is accepted by ``topics create``."""
-    topic = await topics("compact,delete")
+    topic = await topic_factory("compaction", configs={"cleanup.policy": "compact,delete"})
     assert await cleanup_policies(kafka_settings, [topic]) == {topic: "compact,delete"}
     counters = write_definitions(tmp_path, topic)
     done = await asyncio.to_thread(_run, kafka_settings, cassandra_settings, "consume", "--counters", str(counters))
@@ -91,13 +70,13 @@ async def test_a_consumer_refuses_a_compacted_topic_for_counters_with_an_event_i
 
 
 async def test_a_delete_topic_is_counted_and_refused_once_it_turns_compacted(
-    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topics: Callable[[str], Awaitable[str]],
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Callable[..., Awaitable[str]],
     tmp_path: Path,
 ) -> None:
     """A topic with cleanup.policy=delete is accepted and its partitions taken. Switched to compact while the
     consumer runs, the next assignment (another member joins) takes none of them: topic_refused is logged
     and the consumer reports unready, naming the topic."""
-    topic = await topics("delete")
+    topic = await topic_factory("compaction", configs={"cleanup.policy": "delete"})
     group = f"g{os.urandom(4).hex()}"
     counters = write_definitions(tmp_path, topic)
     settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
