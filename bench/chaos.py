@@ -549,9 +549,8 @@ def poison_stream(n: int, rng: random.Random, now: float, share: float = 0.05) -
 class PoisonTruth:
     """What one owner reading the poison topic from its start decides, record by record."""
 
-    values: dict[tuple[str, str], object]  # (counter, instance key) -> value
+    values: dict[str, dict[str, object]]  # counter -> instance key -> value, as read_values takes them
     refused: dict[str, bytes]  # countersink.source -> value, of the records the dead-letter topic must hold
-    last_offsets: dict[int, int]
     accepted_poison: list[str]  # poison records that must be refused and were not
 
 
@@ -567,10 +566,8 @@ def poison_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], definit
     states: dict[tuple[str, str], State] = {}
     refused: dict[str, bytes] = {}
     accepted_poison: list[str] = []
-    last: dict[int, int] = {}
     for partition, batch in records.items():
         for record in batch:
-            last[partition] = record.offset
             value = record.value or b""
             try:
                 updates = router.route(POISON_TOPIC, value, record.timestamp)
@@ -581,29 +578,20 @@ def poison_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], definit
             if case is not None and POISON_CASES[case[1].decode()][0] == "refused":
                 accepted_poison.append(case[1].decode())
             apply_updates(states, updates, counter_set)  # every event id is new: no retries on this topic
-    return PoisonTruth({ident: state.value() for ident, state in states.items()}, refused, last, accepted_poison)
+    values: dict[str, dict[str, object]] = defaultdict(dict)
+    for (counter, key), state in states.items():
+        values[counter][key] = state.value()
+    return PoisonTruth(dict(values), refused, accepted_poison)
 
 
-async def read_poison_values(cassandra: CassandraSettings, idents: list[tuple[str, str]]
-                             ) -> dict[tuple[str, str], object]:
-    values: dict[tuple[str, str], object] = {}
-    async with CassandraClient(cassandra) as client:
-        for counter, key in idents:
-            state = await read_state(client, counter, key)
-            values[counter, key] = None if state is None else state.value()
-    return values
-
-
-def compare_poison(values: dict[tuple[str, str], object], truth: PoisonTruth) -> tuple[int, int, list[str]]:
+def compare_poison(values: dict[str, dict[str, object]], truth: PoisonTruth) -> tuple[int, int, list[str]]:
     """(lost, duplicated, mismatched values) of the poison topic's counters against the single owner's."""
-    lost = duplicated = 0
-    for (counter, key), expected in truth.values.items():
-        if counter == f"{POISON_PREFIX}trades":
-            got = int(values.get((counter, key)) or 0)  # type: ignore[call-overload]
-            lost += max(0, int(expected) - got)  # type: ignore[call-overload]
-            duplicated += max(0, got - int(expected))  # type: ignore[call-overload]
-    mismatched = [f"{c}/{k!r}: {values.get((c, k))!r} != {v!r}" for (c, k), v in truth.values.items()
-                  if values.get((c, k)) != v]
+    counted = {k: int(v or 0) for k, v in values[f"{POISON_PREFIX}trades"].items()}  # type: ignore[call-overload]
+    expected = {k: int(v) for k, v in truth.values.get(f"{POISON_PREFIX}trades", {}).items()}  # type: ignore[call-overload]
+    lost = sum(max(0, n - counted.get(k, 0)) for k, n in expected.items())
+    duplicated = sum(max(0, counted.get(k, 0) - n) for k, n in expected.items())
+    mismatched = [f"{c}/{k!r}: {values[c].get(k)!r} != {v!r}" for c, by_key in truth.values.items()
+                  for k, v in by_key.items() if values[c].get(k) != v]
     return lost, duplicated, mismatched
 
 
@@ -869,7 +857,7 @@ async def run(args: argparse.Namespace) -> int:
         poisoned_truth: PoisonTruth | None = None
         if poisoned:
             poisoned_truth = poison_truth(await read_topic(kafka, POISON_TOPIC, PARTITIONS), POISON_DEFINITIONS)
-            poison_values = await read_poison_values(cassandra, list(poisoned_truth.values))
+            poison_values = await read_values(cassandra, poisoned_truth.values)
         lost, duplicated, mismatched = compare(values, truth)
         takeovers, rotations = ownership_changes()
         say(f"exit codes at stop (consumers, GC loop): {codes}")
@@ -905,7 +893,7 @@ async def run(args: argparse.Namespace) -> int:
         if poisoned_truth is not None:
             p_lost, p_duplicated, p_mismatched = compare_poison(poison_values, poisoned_truth)
             print(f"poison phase ({POISON_TOPIC}): lost={p_lost} duplicated={p_duplicated} "
-                  f"mismatched={len(p_mismatched)} over {len(poisoned_truth.values)} instances; "
+                  f"mismatched={len(p_mismatched)} over {sum(map(len, poisoned_truth.values.values()))} instances; "
                   f"{len(poisoned_truth.refused)} records refused by a single owner")
             for line in p_mismatched[:10]:
                 print(f"  {line[:300]}")
