@@ -88,6 +88,7 @@ def go_tool(name: str) -> Path:
             try:
                 _run([go, "install", f"{package}@{version}"],
                      env={**os.environ, "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false"})
+                shutil.rmtree(binary.parent, ignore_errors=True)  # what an interrupted install left
                 staging.rename(binary.parent)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
