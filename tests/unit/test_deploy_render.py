@@ -70,12 +70,14 @@ def containers(documents: list[dict[str, Any]]) -> list[tuple[dict[str, Any], di
 @pytest.mark.parametrize("version", gotools.KUBERNETES_VERSIONS)
 def test_rendered_manifests_are_valid_kubernetes_objects(rendered: list[dict[str, Any]], version: str,
                                                          tmp_path: Path) -> None:
-    """Every object kustomize renders validates against that Kubernetes version's schema: none invalid, none
-    without a schema, none skipped."""
+    """Every object kustomize renders, and the example Secrets, validate against that Kubernetes version's
+    schema: none invalid, none without a schema, none skipped."""
     kinds = {doc["kind"] for doc in rendered}
     assert kinds == {"Namespace", "ConfigMap", "Service", "Deployment", "Job", "CronJob", "PodDisruptionBudget"}
-    code, report = kubeconform(rendered, version, tmp_path)
-    assert report["summary"] == {"valid": len(rendered), "invalid": 0, "errors": 0, "skipped": 0}, report
+    secrets = [d for d in yaml.safe_load_all((KUBERNETES / "secret.example.yaml").read_text()) if d]
+    assert len(secrets) == len(PROCESS_ROLES)
+    code, report = kubeconform(rendered + secrets, version, tmp_path)
+    assert report["summary"] == {"valid": len(rendered) + len(secrets), "invalid": 0, "errors": 0, "skipped": 0}
     assert code == 0
 
 
