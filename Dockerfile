@@ -5,16 +5,23 @@
 # The Python minor version is the one CI tests (pyproject.toml's mypy python_version); every dependency is
 # installed at the version constraints.txt pins, the file `make venv` and so CI install from too.
 
-ARG PYTHON_VERSION=3.11
+# The base image is pinned to a patch release: a rebuild gets the same interpreter until this line changes.
+ARG PYTHON_VERSION=3.11.14
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 WORKDIR /src
-# Wheels of every dependency first, so that a source change does not rebuild them.
-COPY pyproject.toml README.md LICENSE constraints.txt ./
+# Wheels of every dependency first, from the two files that name them and nothing else, so that a source change
+# (or a README edit) reuses this layer: only pyproject.toml or constraints.txt rebuild it.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+        > requirements.txt \
+    && pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt -r requirements.txt
+# Then countersink's own wheel, from the source, without its dependencies (they are built above).
+COPY README.md LICENSE ./
 COPY schemas schemas
 COPY countersink countersink
 COPY consumer consumer
 COPY gc_worker gc_worker
-RUN pip wheel --no-cache-dir --wheel-dir /wheels -c constraints.txt .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
 RUN useradd --system --uid 10001 --user-group --home-dir /app --shell /usr/sbin/nologin countersink

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 BENCH_STAMP := $(VENV)/.bench-stamp
 
-.PHONY: help venv constraints lint test unit integration services-up services-down services-status demo bench bench-apply chaos audit clean
+.PHONY: help venv constraints lint tools test unit integration services-up services-down services-status demo bench bench-apply chaos audit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -32,7 +32,13 @@ lint: $(STAMP)  ## ruff and mypy (strict)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint  ## everything: lint, unit, property and integration tests (starts and stops the servers itself)
+# kustomize, kubeconform and promtool (built with `go install`, so Go is needed) and the Kubernetes schemas, pinned
+# in tests/gotools.py and kept in .tools/: the deployment tests install what is missing themselves; this does it
+# ahead, and fails with the reason when it cannot.
+tools: $(STAMP)  ## build the tools the deployment tests run (kustomize, kubeconform, promtool) into .tools/
+	$(PY) -m tests.gotools
+
+test: lint tools  ## everything: lint, unit, property and integration tests (starts and stops the servers itself)
 	$(PY) -m pytest
 
 unit: $(STAMP)  ## unit and property tests only (no servers)
@@ -80,4 +86,4 @@ audit: $(STAMP) $(AUDIT_VENV)/.installed-stamp  ## the installed dependencies ag
 
 clean:  ## remove the virtualenv and the local servers' data
 	-$(PY) -m stack down 2>/dev/null
-	rm -rf $(VENV) $(AUDIT_VENV) .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(AUDIT_VENV) .tools .stack .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -269,19 +273,56 @@ def pyproject() -> dict[str, Any]:
 
 
 def test_image_runs_the_python_ci_tests_with_the_pinned_versions() -> None:
-    """The image's Python is the minor version CI type-checks and tests, and both the image and `make venv`
-    install from constraints.txt."""
+    """The image's base is pinned to a patch release of the minor version CI type-checks and tests, and both the
+    image and `make venv` install from constraints.txt."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     (version,) = re.findall(r"^ARG PYTHON_VERSION=(\S+)$", dockerfile, re.M)
-    assert version == pyproject()["tool"]["mypy"]["python_version"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), "pin a patch release"
+    assert version.rsplit(".", 1)[0] == pyproject()["tool"]["mypy"]["python_version"]
     bases = re.findall(r"^FROM (\S+)", dockerfile, re.M)
     assert bases
-    assert all(b.startswith("python:${PYTHON_VERSION}-slim") for b in bases)
-    installs = re.findall(r"pip (?:wheel|install)[^\n]*", dockerfile)
-    assert len(installs) == 2
-    assert all("-c " in line for line in installs)
+    assert all(b.startswith("python:${PYTHON_VERSION}-slim-") for b in bases)
+    installs = [i for i in instructions() if i[0] == "RUN" and re.search(r"pip (?:wheel|install)", i[1])]
+    assert len(installs) == 3
+    # every dependency at its pin: the dependency wheels and the install; countersink's own wheel takes none
+    assert ["-c " in line for _, line in installs] == [True, False, True]
+    assert "--no-deps" in installs[1][1]
     makefile = (ROOT / "Makefile").read_text()
     assert "pip install --quiet -c constraints.txt -e '.[dev]'" in makefile
+
+
+def instructions() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions, (keyword, arguments), continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in (ROOT / "Dockerfile").read_text().splitlines()
+                                         if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines() if line.strip()]
+
+
+SOURCES = {"README.md", "LICENSE", "schemas", "countersink", "consumer", "gc_worker"}
+
+
+def test_dependency_layer_survives_source_edits(tmp_path: Path) -> None:
+    """In the build stage, the dependencies' wheels are built by a RUN whose only inputs are pyproject.toml and
+    constraints.txt: every file of the source is copied after it, so an edit of the source (or the README)
+    reuses the layer and rebuilds only countersink's own wheel. The layer's command, run here, names exactly
+    pyproject.toml's dependencies."""
+    build_stage = list(itertools.takewhile(lambda i: not (i[0] == "FROM" and " AS " not in i[1]),
+                                           instructions()[1:]))
+    assert build_stage[0][0] == "FROM"
+    assert build_stage[0][1].endswith(" AS build")
+    steps = build_stage[1:]
+    (dependencies,) = [n for n, (kind, line) in enumerate(steps) if kind == "RUN" and "-r requirements.txt" in line]
+    copied_before = {name for kind, line in steps[:dependencies] if kind == "COPY" for name in line.split()[:-1]}
+    assert copied_before == {"pyproject.toml", "constraints.txt"}
+    copied_after = {name for kind, line in steps[dependencies:] if kind == "COPY" for name in line.split()[:-1]}
+    assert copied_after == SOURCES
+    packages = {p.rstrip("*") for p in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied_after  # every package the wheel holds is copied in
+    # the command writing requirements.txt, run on the real pyproject.toml
+    command = steps[dependencies][1].split("&&")[0]
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    subprocess.run(["sh", "-c", command.replace("python ", f"{sys.executable} ", 1)], cwd=tmp_path, check=True)
+    assert (tmp_path / "requirements.txt").read_text().splitlines() == pyproject()["project"]["dependencies"]
 
 
 def test_constraints_pin_every_dependency() -> None:
