@@ -12,7 +12,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
 from countersink.settings import KafkaSecurity, KafkaSettings
 from schemas.errors import CountersinkError
@@ -157,14 +163,23 @@ def make_consumer(settings: KafkaSettings, *topics: str, **overrides: Any) -> AI
 
 def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     """The consumer's position in ``tp`` (the next offset it fetches, past transaction markers and aborted
-    records), or None while it has none; unlike ``position()``, never waits for one. Reads the client's
-    subscription state: ``position()`` would block a caller that must not wait while an offset is reset."""
-    subscription = consumer._subscription.subscription
-    assignment = subscription.assignment if subscription is not None else None
-    if assignment is None or tp not in assignment.tps:
+    records), or None while it has none or ``tp`` is not assigned; unlike awaiting ``position()``, never waits
+    for one: a caller that must not wait while an offset is reset calls this.
+
+    Runs the public ``position()`` up to its first wait only: with a valid position it returns without
+    waiting, so one step of the coroutine gives the answer; a coroutine that would wait is closed instead.
+    (``tests/integration/test_kafka_positions.py`` holds the newest aiokafka to that.)"""
+    if tp not in consumer.assignment():
         return None
-    state = assignment.state_value(tp)
-    return int(state.position) if state.has_valid_position else None
+    step = consumer.position(tp)
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return int(done.value)
+    except IllegalStateError:  # unassigned since: the same answer as above
+        return None
+    step.close()
+    return None
 
 
 def make_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
@@ -177,7 +192,7 @@ async def broker_topic_defaults(admin: AIOKafkaAdminClient) -> tuple[int, int]:
     """The partitions and replication factor a broker gives a topic created without them (``num.partitions``,
     ``default.replication.factor``). Asked of the broker, because aiokafka's CreateTopics request predates the
     protocol version that lets the broker fill them in."""
-    broker = min(b.nodeId for b in admin._client.cluster.brokers())
+    broker = min(int(b["node_id"]) for b in (await admin.describe_cluster())["brokers"])
     wanted = {"num.partitions": None, "default.replication.factor": None}
     (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(broker), wanted)])
     values = {entry[0]: entry[1] for resource in response.resources for entry in resource[4]}
