@@ -20,6 +20,8 @@ from aiokafka.errors import (
     for_code,
 )
 
+from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
+from countersink.logs import get_logger
 from countersink.settings import KafkaSecurity, KafkaSettings
 from schemas.errors import CountersinkError
 
@@ -90,7 +92,8 @@ async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> No
                 security_protocol=options["security_protocol"], request_timeout_ms=settings.request_timeout_ms,
                 sasl_mechanism=options.get("sasl_mechanism") or "PLAIN",
                 sasl_plain_username=options.get("sasl_plain_username"),
-                sasl_plain_password=options.get("sasl_plain_password"))
+                sasl_plain_password=options.get("sasl_plain_password"),
+                sasl_oauth_token_provider=options.get("sasl_oauth_token_provider"))
             connection.close()
     except ssl.SSLCertVerificationError as exc:
         raise KafkaSecurityError(f"TLS with Kafka at {where} failed: {_reason(exc)} (check "
@@ -103,7 +106,18 @@ async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> No
                                          "COUNTERSINK_KAFKA__SSL_CERTFILE and __SSL_KEYFILE)") from None
             raise KafkaSecurityError(f"Kafka at {where} refused the client certificate {settings.ssl_certfile} "
                                      "(is it signed by an authority the broker trusts?)") from None
+    except TokenEndpointError as exc:
+        # No token, so no login: the endpoint's refusal says what to check, and an endpoint that is away is
+        # said too (the caller's "cannot reach Kafka" would point at the wrong server).
+        if not exc.retriable:
+            raise KafkaSecurityError(exc.args[0] if exc.args else str(exc)) from None
+        get_logger(__name__).warning("kafka_token_endpoint_unavailable", error=exc.args[0] if exc.args else str(exc))
     except KafkaError as exc:
+        if settings.oauth and not exc.retriable:
+            raise KafkaSecurityError(
+                f"Kafka at {where} refused the OAUTHBEARER token of client {settings.sasl_oauth_client_id!r}: "
+                f"{exc.description if hasattr(exc, 'description') else exc} (check the broker's token validation "
+                "and COUNTERSINK_KAFKA__SASL_OAUTH_CLIENT_ID and __SASL_OAUTH_SCOPE)") from None
         if not exc.retriable:
             raise KafkaSecurityError(f"Kafka at {where} refused the SASL login of user {settings.sasl_username!r}: "
                                      f"{exc.description if hasattr(exc, 'description') else exc} (check "
@@ -144,7 +158,10 @@ def connection_options(settings: KafkaSettings) -> dict[str, Any]:
     context = ssl_context(settings)
     if context is not None:
         options["ssl_context"] = context
-    if settings.sasl_mechanism:
+    if settings.oauth:
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_oauth_token_provider"] = ClientCredentialsTokens(settings)
+    elif settings.sasl_mechanism:
         options["sasl_mechanism"] = settings.sasl_mechanism
         options["sasl_plain_username"] = settings.sasl_username
         options["sasl_plain_password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else None
