@@ -28,9 +28,10 @@ from urllib.parse import unquote_plus
 import pytest
 from aiohttp import web
 from pydantic import SecretStr
+from structlog.testing import capture_logs
 
 from countersink.kafka import KafkaSecurityError, ensure_topics, make_consumer, make_producer, start_admin
-from countersink.kafka_oauth import ClientCredentialsTokens
+from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.settings import KafkaSecurity, KafkaSettings
 from stack.secure import Certificates, make_certificates
 from stack.servers import KafkaServer
@@ -215,6 +216,41 @@ async def test_the_provider_reuses_a_token_until_80_percent_of_its_lifetime(
     assert second != first[0]
     assert tokens.fetched == 2
     assert provider.issued[-1] == second
+
+
+async def test_a_token_endpoint_that_goes_away_leaves_the_live_token_in_use_until_it_expires(
+    oauth_broker: OAuthKafkaServer, certs: Certificates
+) -> None:
+    """An endpoint of its own, stopped after the first token: past 80% of the lifetime the provider keeps the
+    live token with one kafka_token_refresh_failed WARNING; past its expiry it raises the retriable
+    TokenEndpointError naming the endpoint (aiokafka then counts the connection as failed and retries)."""
+    import ssl
+
+    provider = IdentityProvider(CLIENT_ID, SECRET, LIFETIME_S)
+    app = web.Application()
+    app.router.add_post("/oauth2/token", provider.token)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(certs.server_cert), str(certs.server_key))
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+    url = f"https://127.0.0.1:{port}/oauth2/token"
+    tokens = ClientCredentialsTokens(_settings(oauth_broker, url, certs))
+    try:
+        first = await tokens.token()
+    finally:
+        await runner.cleanup()
+    await asyncio.sleep(0.85 * LIFETIME_S)
+    with capture_logs() as logs:
+        assert await tokens.token() == first
+    assert [(e["event"], e["log_level"]) for e in logs] == [("kafka_token_refresh_failed", "warning")]
+    assert f"cannot reach the token endpoint {url}" in logs[0]["error"]
+    await asyncio.sleep(0.2 * LIFETIME_S)
+    with pytest.raises(TokenEndpointError, match="cannot reach the token endpoint") as away:
+        await tokens.token()
+    assert away.value.retriable
+    assert provider.issued == [first]
 
 
 async def test_a_wrong_client_secret_is_one_clear_error_without_the_secret(
