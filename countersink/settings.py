@@ -101,11 +101,12 @@ class KafkaSettings(_Section):
 
     @property
     def oauth(self) -> bool:
-        return self.sasl_mechanism == "OAUTHBEARER"
+        """SASL with OAUTHBEARER: tokens from the token endpoint instead of a user name and password."""
+        return self.sasl_mechanism == "OAUTHBEARER" and self.security_protocol.startswith("SASL")
 
     @model_validator(mode="after")
     def _sasl_complete(self) -> KafkaSettings:
-        if self.security_protocol.startswith("SASL") and self.oauth:
+        if self.oauth:
             if not (self.sasl_oauth_token_url and self.sasl_oauth_client_id and self.sasl_oauth_client_secret):
                 raise ValueError("SASL OAUTHBEARER needs sasl_oauth_token_url, sasl_oauth_client_id and "
                                  "sasl_oauth_client_secret")

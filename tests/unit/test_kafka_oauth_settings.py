@@ -85,3 +85,10 @@ def test_a_token_is_due_at_80_percent_of_its_lifetime() -> None:
     assert token.due(1080)
     assert not token.expired(1099.9)
     assert token.expired(1100)
+
+
+def test_oauthbearer_without_sasl_asks_for_nothing() -> None:
+    """The mechanism alone, on a connection without SASL, needs no token endpoint and makes no token provider."""
+    settings = KafkaSettings(security_protocol="SSL", sasl_mechanism="OAUTHBEARER")  # type: ignore[arg-type]
+    assert not settings.oauth
+    assert "sasl_oauth_token_provider" not in connection_options(settings)
