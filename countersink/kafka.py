@@ -12,8 +12,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
+from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
+from countersink.logs import get_logger
 from countersink.settings import KafkaSecurity, KafkaSettings
 from schemas.errors import CountersinkError
 
@@ -84,7 +92,8 @@ async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> No
                 security_protocol=options["security_protocol"], request_timeout_ms=settings.request_timeout_ms,
                 sasl_mechanism=options.get("sasl_mechanism") or "PLAIN",
                 sasl_plain_username=options.get("sasl_plain_username"),
-                sasl_plain_password=options.get("sasl_plain_password"))
+                sasl_plain_password=options.get("sasl_plain_password"),
+                sasl_oauth_token_provider=options.get("sasl_oauth_token_provider"))
             connection.close()
     except ssl.SSLCertVerificationError as exc:
         raise KafkaSecurityError(f"TLS with Kafka at {where} failed: {_reason(exc)} (check "
@@ -97,7 +106,18 @@ async def explain_refusal(settings: KafkaSettings, timeout_s: float = 5.0) -> No
                                          "COUNTERSINK_KAFKA__SSL_CERTFILE and __SSL_KEYFILE)") from None
             raise KafkaSecurityError(f"Kafka at {where} refused the client certificate {settings.ssl_certfile} "
                                      "(is it signed by an authority the broker trusts?)") from None
+    except TokenEndpointError as exc:
+        # No token, so no login: the endpoint's refusal says what to check, and an endpoint that is away is
+        # said too (the caller's "cannot reach Kafka" would point at the wrong server).
+        if not exc.retriable:
+            raise KafkaSecurityError(exc.args[0] if exc.args else str(exc)) from None
+        get_logger(__name__).warning("kafka_token_endpoint_unavailable", error=exc.args[0] if exc.args else str(exc))
     except KafkaError as exc:
+        if settings.oauth and not exc.retriable:
+            raise KafkaSecurityError(
+                f"Kafka at {where} refused the OAUTHBEARER token of client {settings.sasl_oauth_client_id!r}: "
+                f"{exc.description if hasattr(exc, 'description') else exc} (check the broker's token validation "
+                "and COUNTERSINK_KAFKA__SASL_OAUTH_CLIENT_ID and __SASL_OAUTH_SCOPE)") from None
         if not exc.retriable:
             raise KafkaSecurityError(f"Kafka at {where} refused the SASL login of user {settings.sasl_username!r}: "
                                      f"{exc.description if hasattr(exc, 'description') else exc} (check "
@@ -138,7 +158,10 @@ def connection_options(settings: KafkaSettings) -> dict[str, Any]:
     context = ssl_context(settings)
     if context is not None:
         options["ssl_context"] = context
-    if settings.sasl_mechanism:
+    if settings.oauth:
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_oauth_token_provider"] = ClientCredentialsTokens(settings)
+    elif settings.sasl_mechanism:
         options["sasl_mechanism"] = settings.sasl_mechanism
         options["sasl_plain_username"] = settings.sasl_username
         options["sasl_plain_password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else None
@@ -157,14 +180,23 @@ def make_consumer(settings: KafkaSettings, *topics: str, **overrides: Any) -> AI
 
 def known_position(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int | None:
     """The consumer's position in ``tp`` (the next offset it fetches, past transaction markers and aborted
-    records), or None while it has none; unlike ``position()``, never waits for one. Reads the client's
-    subscription state: ``position()`` would block a caller that must not wait while an offset is reset."""
-    subscription = consumer._subscription.subscription
-    assignment = subscription.assignment if subscription is not None else None
-    if assignment is None or tp not in assignment.tps:
+    records), or None while it has none or ``tp`` is not assigned; unlike awaiting ``position()``, never waits
+    for one: a caller that must not wait while an offset is reset calls this.
+
+    Runs the public ``position()`` up to its first wait only: with a valid position it returns without
+    waiting, so one step of the coroutine gives the answer; a coroutine that would wait is closed instead.
+    (``tests/integration/test_kafka_positions.py`` holds the newest aiokafka to that.)"""
+    if tp not in consumer.assignment():
         return None
-    state = assignment.state_value(tp)
-    return int(state.position) if state.has_valid_position else None
+    step = consumer.position(tp)
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return int(done.value)
+    except IllegalStateError:  # unassigned since: the same answer as above
+        return None
+    step.close()
+    return None
 
 
 def make_admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
@@ -177,7 +209,7 @@ async def broker_topic_defaults(admin: AIOKafkaAdminClient) -> tuple[int, int]:
     """The partitions and replication factor a broker gives a topic created without them (``num.partitions``,
     ``default.replication.factor``). Asked of the broker, because aiokafka's CreateTopics request predates the
     protocol version that lets the broker fill them in."""
-    broker = min(b.nodeId for b in admin._client.cluster.brokers())
+    broker = min(int(b["node_id"]) for b in (await admin.describe_cluster())["brokers"])
     wanted = {"num.partitions": None, "default.replication.factor": None}
     (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(broker), wanted)])
     values = {entry[0]: entry[1] for resource in response.resources for entry in resource[4]}

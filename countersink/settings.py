@@ -80,33 +80,62 @@ class KafkaSettings(_Section):
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_check_hostname: bool = True
-    sasl_mechanism: str | None = Field(default=None, pattern=r"^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512)$")
+    sasl_mechanism: str | None = Field(default=None, pattern=r"^(PLAIN|SCRAM-SHA-256|SCRAM-SHA-512|OAUTHBEARER)$")
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    # OAUTHBEARER: access tokens from an OAuth 2.0 / OIDC token endpoint, client credentials grant (the client
+    # id and secret sent with HTTP Basic authentication), each token used until 80% of its lifetime has passed.
+    sasl_oauth_token_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#@]+([/?#]\S*)?$", max_length=2000)
+    sasl_oauth_client_id: str | None = None
+    sasl_oauth_client_secret: SecretStr | None = None
+    sasl_oauth_scope: str | None = None
+    # the authorities that sign the token endpoint's certificate (PEM); unset: the system's trust store
+    sasl_oauth_cafile: Path | None = None
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
     # SASL over a connection without TLS (SASL_PLAINTEXT) is refused unless this is true: the user name, and
-    # with PLAIN the password, cross the network in the clear (SCRAM's exchange can be replayed to a guesser).
+    # with PLAIN the password, cross the network in the clear (SCRAM's exchange can be replayed to a guesser;
+    # an OAUTHBEARER token is a password until it expires). So is a token endpoint reached over plain http.
     allow_insecure: bool = False
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
 
+    @property
+    def oauth(self) -> bool:
+        """SASL with OAUTHBEARER: tokens from the token endpoint instead of a user name and password."""
+        return self.sasl_mechanism == "OAUTHBEARER" and self.security_protocol.startswith("SASL")
+
     @model_validator(mode="after")
     def _sasl_complete(self) -> KafkaSettings:
-        if self.security_protocol.startswith("SASL") and not (
+        if self.oauth:
+            if not (self.sasl_oauth_token_url and self.sasl_oauth_client_id and self.sasl_oauth_client_secret):
+                raise ValueError("SASL OAUTHBEARER needs sasl_oauth_token_url, sasl_oauth_client_id and "
+                                 "sasl_oauth_client_secret")
+        elif self.security_protocol.startswith("SASL") and not (
             self.sasl_mechanism and self.sasl_username and self.sasl_password
         ):
             raise ValueError("SASL needs sasl_mechanism, sasl_username and sasl_password")
         if self.security_protocol is KafkaSecurity.SASL_PLAINTEXT and not self.allow_insecure:
             raise ValueError("SASL_PLAINTEXT sends the SASL credentials without TLS: use SASL_SSL (or set "
                              "COUNTERSINK_KAFKA__ALLOW_INSECURE=true to accept that)")
+        if self._oauth_over_http and not self.allow_insecure:
+            raise ValueError("sasl_oauth_token_url is http: the client secret would cross the network in the clear; "
+                             "use https (or set COUNTERSINK_KAFKA__ALLOW_INSECURE=true to accept that)")
         return self
+
+    @property
+    def _oauth_over_http(self) -> bool:
+        return self.oauth and (self.sasl_oauth_token_url or "").lower().startswith("http://")
 
     def insecure_choices(self) -> list[tuple[str, dict[str, Any]]]:
         """What these settings give up (a log event and its fields each), for a WARNING at start."""
         choices: list[tuple[str, dict[str, Any]]] = []
         if self.security_protocol is KafkaSecurity.SASL_PLAINTEXT:
-            choices.append(("kafka_credentials_without_tls", {"user": self.sasl_username,
-                                                               "mechanism": self.sasl_mechanism}))
+            choices.append(("kafka_credentials_without_tls", {
+                "user": self.sasl_oauth_client_id if self.oauth else self.sasl_username,
+                "mechanism": self.sasl_mechanism}))
+        if self._oauth_over_http:
+            choices.append(("kafka_token_endpoint_without_tls", {"token_url": self.sasl_oauth_token_url,
+                                                                 "client_id": self.sasl_oauth_client_id}))
         if self.security_protocol in (KafkaSecurity.SSL, KafkaSecurity.SASL_SSL) and not self.ssl_check_hostname:
             choices.append(("kafka_host_name_not_checked", {"bootstrap_servers": list(self.bootstrap_servers)}))
         return choices
