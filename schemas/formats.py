@@ -359,6 +359,28 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     return decode
 
 
+def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:
+    """A function from a dict to the Avro payload of schema ``text`` (for ``countersink publish`` and tests);
+    raises ValueError for a dict the schema cannot hold."""
+    import fastavro
+
+    doc = _json_schema_doc(text, max_bytes, DEFAULT_MAX_SCHEMA_DEPTH)
+    try:
+        schema = fastavro.parse_schema(doc)
+    except Exception as exc:
+        raise SchemaError(f"not a valid Avro schema: {exc}") from exc
+
+    def encode(event: Any) -> bytes:
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, schema, event, strict_allow_default=True)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a record of the Avro schema: {exc}") from None
+        return out.getvalue()
+
+    return encode
+
+
 # --- Protobuf -----------------------------------------------------------------------------------------------
 
 
@@ -438,6 +460,21 @@ class ProtoSchema:
         if descriptor is None:
             raise SchemaError(f"no message at indexes {list(indexes)}")
         return self._get_class(descriptor)
+
+    def encoder(self, indexes: tuple[int, ...]) -> Callable[[Any], bytes]:
+        """A function from a JSON-shaped dict (proto3 JSON mapping: enum names, RFC 3339 timestamps) to the
+        payload of the message at ``indexes``; raises ValueError for a dict the message cannot hold."""
+        from google.protobuf import json_format
+
+        message_class = self.message_class(indexes)
+
+        def encode(event: Any) -> bytes:
+            try:
+                return bytes(json_format.ParseDict(event, message_class()).SerializeToString())
+            except json_format.ParseError as exc:
+                raise ValueError(str(exc)) from None
+
+        return encode
 
     def decoder(self, indexes: tuple[int, ...]) -> Decoder | None:
         """The decoder of the message at ``indexes``; None when the file has no message there."""
@@ -559,6 +596,27 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
         return event
 
     return decode
+
+
+def json_schema_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:
+    """A function from a dict to its JSON text, checked against the JSON Schema ``text`` (ValueError if not)."""
+    import jsonschema
+
+    doc = _json_schema_doc(text, max_bytes, DEFAULT_MAX_SCHEMA_DEPTH)
+    try:
+        cls = jsonschema.validators.validator_for(doc)
+        cls.check_schema(doc)
+    except jsonschema.SchemaError as exc:
+        raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
+    validator = cls(doc)
+
+    def encode(event: Any) -> bytes:
+        error = next(iter(validator.iter_errors(event)), None)
+        if error is not None:
+            raise ValueError(f"does not match the JSON Schema at {list(error.absolute_path)}: {error.message[:300]}")
+        return json.dumps(event, separators=(",", ":")).encode()
+
+    return encode
 
 
 # --- writer schemas by id, and a topic's decoder ------------------------------------------------------------
@@ -704,10 +762,12 @@ __all__ = [
     "TopicFormat",
     "UnknownSchemaError",
     "WriterSchema",
+    "avro_encoder",
     "compile_avro",
     "decoders",
     "frame",
     "inline_decoder",
+    "json_schema_encoder",
     "parse_topic_tables",
     "plain",
     "read_message_indexes",

@@ -1,0 +1,270 @@
+"""Avro, Protobuf and JSON Schema topics through a real schema registry (Apicurio's Confluent-compatible API),
+on real Kafka and Cassandra: schema evolution counted exactly, unknown ids dead-lettered with the id, and a
+registry that is away waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from consumer.service import ConsumerService
+from countersink.cassandra import CassandraClient
+from countersink.reader import read_state
+from countersink.schema_registry import SchemaRegistryClient
+from countersink.settings import (
+    CassandraSettings,
+    ConsumerSettings,
+    KafkaSettings,
+    SchemaRegistrySettings,
+    Settings,
+)
+from schemas.definitions import load_definitions
+from schemas.formats import ProtoSchema, avro_encoder, frame
+from stack import servers
+from stack.loading import end_offsets, publish, wait_until_flushed
+from tests.integration.consumer_support import read_topic, running
+
+VIEW_V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
+    {"name": "page", "type": "string"},
+    {"name": "n", "type": "long"},
+]}
+VIEW_V2 = {**VIEW_V1, "fields": [*VIEW_V1["fields"], {"name": "user", "type": "string", "default": "anon"}]}
+
+PURCHASE_V1 = """syntax = "proto3";
+package shop;
+message Purchase {
+  string sku = 1;
+  int64 amount = 2;
+}
+"""
+PURCHASE_V2 = """syntax = "proto3";
+package shop;
+message Purchase {
+  string sku = 1;
+  int64 amount = 2;
+  string region = 3;
+}
+"""
+CLICK = {"type": "object", "properties": {"button": {"type": "string"}}, "required": ["button"]}
+
+COUNTERS = """
+[[topic]]
+name = "{avro}"
+format = "avro"
+reader_schema_file = "view_v2.avsc"
+
+[[topic]]
+name = "{proto}"
+format = "protobuf"
+
+[[topic]]
+name = "{json}"
+format = "json-schema"
+validate = true
+
+[[counter]]
+name = "views_by_page"
+topics = ["{avro}"]
+kind = "count"
+key = ["page"]
+
+[[counter]]
+name = "n_by_user"
+topics = ["{avro}"]
+kind = "sum"
+key = ["user"]
+value = "n"
+
+[[counter]]
+name = "purchases_by_sku"
+topics = ["{proto}"]
+kind = "count"
+key = ["sku"]
+
+[[counter]]
+name = "amount_by_sku"
+topics = ["{proto}"]
+kind = "sum"
+key = ["sku"]
+value = "amount"
+
+[[counter]]
+name = "clicks_by_button"
+topics = ["{json}"]
+kind = "count"
+key = ["button"]
+"""
+
+
+def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, counters: Path,
+              registry_url: str) -> Settings:
+    return Settings(kafka=kafka, cassandra=cassandra, schema_registry=SchemaRegistrySettings(url=registry_url),
+                    consumer=ConsumerSettings(group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}",
+                                              flush_interval_s=0.3, session_timeout_ms=6000, health_port=0))
+
+
+async def _values(cassandra: CassandraSettings, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    async with CassandraClient(cassandra) as client:
+        for counter, keys in wanted.items():
+            found[counter] = {}
+            for key in keys:
+                state = await read_state(client, counter, key)
+                found[counter][key] = None if state is None else state.value()
+    return found
+
+
+async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """v1 and v2 writer schemas (v2 adds a field, with a default in Avro) in the same partitions are counted
+    exactly against a truth computed from what was sent; an Avro v1 record reads the v2 default; a record
+    naming an id the registry does not know, and a JSON Schema record against its schema, are dead letters
+    (the first with the id in its headers), and counting goes on."""
+    avro_topic, proto_topic = await topic_factory("avro", partitions=2), await topic_factory("proto", partitions=2)
+    json_topic = await topic_factory("jsonschema", partitions=1)
+    registry = SchemaRegistrySettings(url=schema_registry_url)
+    async with SchemaRegistryClient(registry) as client:
+        view_ids = [await client.register(f"{avro_topic}-value", "AVRO", json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
+        purchase_ids = [await client.register(f"{proto_topic}-value", "PROTOBUF", s)
+                        for s in (PURCHASE_V1, PURCHASE_V2)]
+        click_id = await client.register(f"{json_topic}-value", "JSON", json.dumps(CLICK))
+    assert len({*view_ids, *purchase_ids, click_id}) == 5
+
+    rng = random.Random(31)
+    views, purchases, clicks = [], [], []
+    pages: Counter[str] = Counter()
+    n_by_user: Counter[str] = Counter()
+    skus: Counter[str] = Counter()
+    amounts: Counter[str] = Counter()
+    buttons: Counter[str] = Counter()
+    encode_view = [avro_encoder(json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
+    protos = [ProtoSchema(s) for s in (PURCHASE_V1, PURCHASE_V2)]
+    encode_purchase = [p.encoder(p.indexes_of("shop.Purchase")) for p in protos]
+    for i in range(600):
+        version = rng.randrange(2)
+        page, n = f"/p{rng.randrange(7)}", rng.randrange(1, 2**40)
+        view: dict[str, Any] = {"page": page, "n": n}
+        if version:
+            view["user"] = f"u{rng.randrange(5)}"
+        views.append(frame(view_ids[version], encode_view[version](view)))
+        pages[page] += 1
+        n_by_user[view.get("user", "anon")] += n
+        sku, amount = f"k{rng.randrange(9)}", rng.randrange(1, 10**6)
+        purchase: dict[str, Any] = {"sku": sku, "amount": amount}
+        if version:
+            purchase["region"] = rng.choice(["eu", "us"])
+        purchases.append(frame(purchase_ids[version], encode_purchase[version](purchase), (0,)))
+        skus[sku] += 1
+        amounts[sku] += amount
+        button = rng.choice(["buy", "like", "share"])
+        clicks.append(frame(click_id, json.dumps({"button": button, "i": i}).encode()))
+        buttons[button] += 1
+    unknown_id = 987_654
+    views.insert(300, frame(unknown_id, encode_view[0]({"page": "/lost", "n": 1})))
+    clicks.insert(100, frame(click_id, b'{"button": 7}'))
+    await publish(kafka_settings, avro_topic, views)
+    await publish(kafka_settings, proto_topic, purchases)
+    await publish(kafka_settings, json_topic, clicks)
+
+    group = f"g{os.urandom(4).hex()}"
+    (tmp_path / "view_v2.avsc").write_text(json.dumps(VIEW_V2))
+    counters = tmp_path / "counters.toml"
+    counters.write_text(COUNTERS.replace("{avro}", avro_topic).replace("{proto}", proto_topic)
+                        .replace("{json}", json_topic))
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, schema_registry_url)
+    ends = await end_offsets(kafka_settings, {avro_topic: 2, proto_topic: 2, json_topic: 1})
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, ends)
+
+    expected = {"views_by_page": dict(pages), "n_by_user": dict(n_by_user), "purchases_by_sku": dict(skus),
+                "amount_by_sku": dict(amounts), "clicks_by_button": dict(buttons)}
+    assert await _values(cassandra_settings, expected) == expected
+    assert n_by_user["anon"] > 0  # v1 records were there, and read the v2 default
+    dead = await read_topic(kafka_settings, f"dlq-{group}", 2, then_s=1.0)
+    by_error = {dict(r.headers)["countersink.error"].decode(): dict(r.headers) for r in dead}
+    assert set(by_error) == {"UnknownSchemaError", "InvalidEventError"}
+    assert by_error["UnknownSchemaError"]["countersink.schema_id"] == str(unknown_id).encode()
+    assert by_error["InvalidEventError"]["countersink.path"] == b"button"
+
+
+async def test_registry_away_is_a_wait_then_everything_counts(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    private_schema_registry: servers.SchemaRegistryServer, tmp_path: Path,
+) -> None:
+    """With the registry stopped the consumer applies nothing and is unready, saying why; no record is
+    dead-lettered. Once the registry answers again (in-memory, so the schema is registered again under the
+    same id) every record is counted exactly."""
+    topic = await topic_factory("avro", partitions=2)
+    registry = SchemaRegistrySettings(url=private_schema_registry.url)
+    async with SchemaRegistryClient(registry) as client:
+        schema_id = await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1))
+    encode = avro_encoder(json.dumps(VIEW_V1))
+    pages: Counter[str] = Counter()
+    events = []
+    for i in range(300):
+        page = f"/p{i % 11}"
+        events.append(frame(schema_id, encode({"page": page, "n": i})))
+        pages[page] += 1
+    await publish(kafka_settings, topic, events)
+    await asyncio.to_thread(private_schema_registry.stop)
+
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
+                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
+    service = ConsumerService(settings, load_definitions(counters))
+    async with running(service):
+        deadline = time.monotonic() + 60
+        while service.schema_wait is None:
+            assert time.monotonic() < deadline, "the consumer never waited for the registry"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)
+        assert not service.is_ready
+        assert "waiting for the schema registry" in service._why_not_ready()
+        assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {
+            "views_by_page": dict.fromkeys(pages)}
+        await asyncio.to_thread(private_schema_registry.restart)
+        async with SchemaRegistryClient(registry) as client:
+            assert await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1)) == schema_id
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
+        assert service.schema_wait is None
+
+    assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {"views_by_page": dict(pages)}
+    assert await read_topic(kafka_settings, f"dlq-{group}", 1, within_s=2) == []
+
+
+async def test_a_stop_while_waiting_for_the_registry_is_prompt(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any, tmp_path: Path,
+) -> None:
+    """A stop requested while records wait for a registry nothing answers at ends the loop within seconds."""
+    topic = await topic_factory("avro", partitions=1)
+    await publish(kafka_settings, topic, [frame(1, b"\x02a\x02")])
+    counters = tmp_path / "counters.toml"
+    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "c"\n'
+                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+    group = f"g{os.urandom(4).hex()}"
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, "http://127.0.0.1:9/apis/ccompat/v7")
+    service = ConsumerService(settings, load_definitions(counters))
+    await service.start()
+    runner = asyncio.create_task(service.run())
+    try:
+        deadline = time.monotonic() + 60
+        while service.schema_wait is None:
+            assert time.monotonic() < deadline, "the consumer never waited for the registry"
+            await asyncio.sleep(0.2)
+        asked = time.monotonic()
+        service.request_stop()
+        await asyncio.wait_for(runner, 10)
+        assert time.monotonic() - asked < 5
+    finally:
+        service.request_stop()
+        await service.stop()

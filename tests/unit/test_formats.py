@@ -1,0 +1,351 @@
+"""Avro, Protobuf and JSON Schema topics: the wire format, the type mapping, the inline mode and the bounds."""
+
+from __future__ import annotations
+
+import io
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from pydantic import ValidationError
+
+from countersink.settings import SchemaRegistrySettings
+from schemas.definitions import parse_definitions
+from schemas.errors import DefinitionError, InvalidEventError, UnparseableEventError
+from schemas.events import EventRouter
+from schemas.fast_route import FastRoute
+from schemas.formats import (
+    ProtoSchema,
+    SchemaCache,
+    SchemaError,
+    SchemaNotLoadedError,
+    TopicFormat,
+    UnknownSchemaError,
+    WriterSchema,
+    compile_avro,
+    compile_json_schema,
+    decoders,
+    encode_message_indexes,
+    frame,
+    read_message_indexes,
+    registry_decoder,
+    schema_id_of,
+    schema_ids,
+    split_header,
+)
+
+V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
+    {"name": "page", "type": "string"},
+    {"name": "n", "type": "long"},
+]}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "user", "type": "string", "default": "anon"}]}
+
+PROTO = """
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Other { int32 x = 1; }
+message Purchase {
+  string sku = 1;
+  int64 amount = 2;
+  optional string user = 3;
+  enum Kind { VIEW = 0; BUY = 1; }
+  Kind kind = 4;
+  google.protobuf.Timestamp at = 5;
+  message Where { string city = 1; }
+  Where where = 6;
+  map<string, int64> tags = 7;
+  bytes blob = 8;
+}
+"""
+
+
+def avro_bytes(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return out.getvalue()
+
+
+# --- the wire format ----------------------------------------------------------------------------------------
+
+
+def test_header_gives_the_schema_id_and_refuses_other_framing() -> None:
+    """The magic byte 0 and a big-endian id are read; a short value or another magic byte is unparseable."""
+    raw = frame(258, b"payload")
+    assert raw[:5] == b"\x00\x00\x00\x01\x02"
+    assert split_header(raw) == (258, 5)
+    assert schema_id_of(raw) == 258
+    assert schema_ids([raw, frame(7, b""), None, b"{}", b"\x01\x00\x00\x00\x09"]) == {258, 7}
+    with pytest.raises(UnparseableEventError, match="too short"):
+        split_header(b"\x00\x00")
+    with pytest.raises(UnparseableEventError, match="magic byte 123"):
+        split_header(b'{"a": 1}')
+
+
+@pytest.mark.parametrize("indexes", [(0,), (1,), (0, 2), (3, 0, 1), (200, 70000)])
+def test_message_indexes_round_trip(indexes: tuple[int, ...]) -> None:
+    """Message indexes encode as zig-zag varints (``[0]`` as one zero byte) and read back whole."""
+    encoded = encode_message_indexes(indexes)
+    if indexes == (0,):
+        assert encoded == b"\x00"
+    assert read_message_indexes(b"hdr" + encoded + b"rest", 3) == (indexes, 3 + len(encoded))
+
+
+def test_message_indexes_are_bounded() -> None:
+    """A count past the bound, a negative index or a truncated varint is unparseable, not a crash."""
+    with pytest.raises(UnparseableEventError, match="message indexes"):
+        read_message_indexes(encode_message_indexes(tuple(range(17))), 0)
+    with pytest.raises(UnparseableEventError, match="negative"):
+        read_message_indexes(b"\x02\x01", 0)  # one index, zig-zag 1 = -1
+    with pytest.raises(UnparseableEventError, match="varint"):
+        read_message_indexes(b"\x02\xff", 0)
+
+
+# --- Avro ------------------------------------------------------------------------------------------------------
+
+
+def test_avro_v1_record_reads_with_the_reader_schema_default() -> None:
+    """A v1 record read with a v2 reader schema gets the added field's default; a v2 record keeps its value."""
+    decode = compile_avro(json.dumps(V1), json.dumps(V2))
+    assert decode(avro_bytes(V1, {"page": "/a", "n": 3})) == {"page": "/a", "n": 3, "user": "anon"}
+    decode_v2 = compile_avro(json.dumps(V2), json.dumps(V2))
+    assert decode_v2(avro_bytes(V2, {"page": "/b", "n": 1, "user": "u1"})) == {"page": "/b", "n": 1, "user": "u1"}
+
+
+def test_avro_types_map_onto_what_counters_read() -> None:
+    """long -> int, double -> float, decimal -> Decimal, timestamps -> epoch ms, date -> ISO text, bytes -> hex,
+    enum -> its symbol, uuid -> text, nested record -> dict, union -> its value."""
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "l", "type": "long"},
+        {"name": "d", "type": "double"},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "raw", "type": "bytes"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["VIEW", "BUY"]}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "where", "type": {"type": "record", "name": "W", "fields": [{"name": "city", "type": "string"}]}},
+        {"name": "maybe", "type": ["null", "long"]},
+    ]}
+    import datetime as dt
+    import uuid
+
+    record = {"l": 2**40, "d": 1.5, "price": Decimal("12.34"),
+              "at": dt.datetime(2026, 11, 26, 5, 0, 0, 123000, tzinfo=dt.UTC),
+              "at_us": dt.datetime(2026, 11, 26, 5, 0, 0, 123456, tzinfo=dt.UTC),
+              "day": dt.date(2026, 11, 26), "raw": b"\x00\xff", "kind": "BUY",
+              "id": uuid.UUID("12345678-1234-5678-1234-567812345678"), "where": {"city": "Oslo"}, "maybe": None}
+    decoded = compile_avro(json.dumps(schema))(avro_bytes(schema, record))
+    assert decoded == {"l": 2**40, "d": 1.5, "price": Decimal("12.34"), "at": 1_795_669_200_123,
+                       "at_us": 1_795_669_200_123, "day": "2026-11-26", "raw": "00ff", "kind": "BUY",
+                       "id": "12345678-1234-5678-1234-567812345678", "where": {"city": "Oslo"}, "maybe": None}
+    assert type(decoded["l"]) is int
+    assert type(decoded["d"]) is float
+
+
+def test_avro_garbage_is_unparseable() -> None:
+    """A payload that is not a record of the writer schema is unparseable (a dead letter), never a crash."""
+    decode = compile_avro(json.dumps(V1))
+    with pytest.raises(UnparseableEventError, match="Avro"):
+        decode(b"\x08ab")  # a string of 4 bytes with 2 present
+
+
+def test_schema_bounds_refuse_large_and_deep_schemas() -> None:
+    """A schema text over the size bound, or nested deeper than the depth bound, is refused before parsing."""
+    with pytest.raises(SchemaError, match="larger than"):
+        compile_avro(json.dumps({**V1, "doc": "x" * 5000}), max_bytes=4096)
+    deep: dict[str, Any] = {"type": "record", "name": "R0", "fields": []}
+    node = deep
+    for i in range(1, 40):
+        child: dict[str, Any] = {"type": "record", "name": f"R{i}", "fields": []}
+        node["fields"].append({"name": "f", "type": child})
+        node = child
+    with pytest.raises(SchemaError, match="deeper"):
+        compile_avro(json.dumps(deep))
+    with pytest.raises(SchemaError, match="not a valid Avro schema"):
+        compile_avro(json.dumps({"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}))
+    with pytest.raises(SchemaError, match="must be a record"):
+        compile_avro(json.dumps("long"))
+
+
+# --- Protobuf --------------------------------------------------------------------------------------------------
+
+
+def test_protobuf_messages_decode_to_dicts() -> None:
+    """Indexes pick the message; int64 -> int, enum -> name, Timestamp -> epoch ms, nested -> dict, map -> dict,
+    bytes -> hex; an unset optional or message field is absent, an unset proto3 scalar holds its default."""
+    proto = ProtoSchema(PROTO)
+    indexes = proto.indexes_of("shop.Purchase")
+    assert indexes == (1,)
+    assert proto.indexes_of("shop.Purchase.Where") == (1, 0)
+    message = proto.message_class(indexes)(sku="k1", amount=2**40, kind=1, blob=b"\x01", tags={"a": 5})
+    message.at.seconds = 1_795_237_200
+    message.at.nanos = 123_000_000
+    message.where.city = "Oslo"
+    decode = proto.decoder(indexes)
+    assert decode is not None
+    assert decode(message.SerializeToString()) == {
+        "sku": "k1", "amount": 2**40, "kind": "BUY", "at": 1_795_237_200_123, "where": {"city": "Oslo"},
+        "tags": {"a": 5}, "blob": "01"}
+    assert decode(proto.message_class(indexes)(user="u").SerializeToString()) == {
+        "sku": "", "amount": 0, "user": "u", "kind": "VIEW", "tags": {}, "blob": ""}
+
+
+def test_protobuf_bad_schema_and_payload() -> None:
+    """A .proto protoc refuses is a SchemaError; a payload that is not the message is unparseable."""
+    with pytest.raises(SchemaError, match=r"not a valid \.proto"):
+        ProtoSchema("syntax = \"proto3\"; message { }")
+    proto = ProtoSchema(PROTO)
+    decode = proto.decoder((1,))
+    assert decode is not None
+    with pytest.raises(UnparseableEventError, match="Protobuf"):
+        decode(b"\xff\xff\xff")
+    assert proto.decoder((9,)) is None
+
+
+def test_protobuf_writer_schema_reads_framed_records() -> None:
+    """A registry Protobuf schema reads the message the record's indexes name."""
+    topic = TopicFormat(name="p", format="protobuf")
+    writer = WriterSchema(3, "PROTOBUF", PROTO, topic, json.loads)
+    assert writer.proto is not None
+    other = writer.proto.message_class((0,))(x=7)
+    assert writer.decode(frame(3, other.SerializeToString(), (0,)), 5) == {"x": 7}
+    with pytest.raises(UnparseableEventError, match="no message"):
+        writer.decode(frame(3, b"", (5,)), 5)
+
+
+# --- JSON Schema -----------------------------------------------------------------------------------------------
+
+
+def test_json_schema_records_validate_when_asked() -> None:
+    """A JSON Schema payload is JSON; with validation, a record against its schema is invalid with the path."""
+    schema = json.dumps({"type": "object", "properties": {"amount": {"type": "integer"}}})
+    assert compile_json_schema(schema, json.loads, False)(b'{"amount": "x"}') == {"amount": "x"}
+    checked = compile_json_schema(schema, json.loads, True)
+    assert checked(b'{"amount": 3}') == {"amount": 3}
+    with pytest.raises(InvalidEventError, match="does not match") as refused:
+        checked(b'{"amount": "x"}')
+    assert refused.value.path == "amount"
+    with pytest.raises(UnparseableEventError):
+        checked(b"{nope")
+
+
+# --- the cache, and the router ----------------------------------------------------------------------------------
+
+
+def test_registry_decoder_reads_from_the_cache_only() -> None:
+    """An id not loaded is a retriable SchemaNotLoadedError; an id the registry does not know is a dead letter
+    with the id; a loaded one decodes."""
+    topic = TopicFormat(name="views", format="avro")
+    cache = SchemaCache()
+    decode = registry_decoder(topic, cache)
+    record = frame(1, avro_bytes(V1, {"page": "/a", "n": 1}))
+    with pytest.raises(SchemaNotLoadedError):
+        decode(record)
+    assert SchemaNotLoadedError.retriable
+    cache.put("views", 1, WriterSchema(1, "AVRO", json.dumps(V1), topic, json.loads))
+    cache.put("views", 2, UnknownSchemaError(2))
+    assert decode(record) == {"page": "/a", "n": 1}
+    with pytest.raises(UnknownSchemaError) as unknown:
+        decode(frame(2, b""))
+    assert unknown.value.schema_id == 2
+    assert cache.missing("views", [1, 2, 3]) == [3]
+
+
+def test_writer_schema_of_another_type_is_refused() -> None:
+    """A PROTOBUF schema id on an avro topic cannot be used."""
+    with pytest.raises(SchemaError, match="PROTOBUF schema on a avro topic"):
+        WriterSchema(1, "PROTOBUF", PROTO, TopicFormat(name="t", format="avro"), json.loads)
+
+
+COUNTERS = """
+[[topic]]
+name = "views"
+format = "avro"
+schema_file = "view.avsc"
+reader_schema_file = "view_v2.avsc"
+
+[[counter]]
+name = "views_by_page"
+topics = ["views"]
+kind = "count"
+key = ["page"]
+
+[[counter]]
+name = "views_by_user"
+topics = ["views"]
+kind = "sum"
+key = ["user"]
+value = "n"
+"""
+
+
+def test_inline_mode_counts_from_schema_files(tmp_path: Path) -> None:
+    """The inline mode reads a topic's records with schemas from files beside the counters file: no registry,
+    no fast path, and the v2 reader schema's default fills records of v1."""
+    (tmp_path / "view.avsc").write_text(json.dumps(V1))
+    (tmp_path / "view_v2.avsc").write_text(json.dumps(V2))
+    counters = parse_definitions(COUNTERS, base=tmp_path)
+    assert counters.format_of("views") == "avro"
+    assert counters.format_of("elsewhere") == "json"
+    assert FastRoute.build(counters, "views") is None
+    router = EventRouter(counters, decoders=decoders(counters.formats, SchemaCache(), counters.schema_base))
+    updates = router.route("views", frame(99, avro_bytes(V1, {"page": "/a", "n": 4})))
+    assert [(u.counter, u.key, u.value) for u in updates] == [
+        ("views_by_page", "/a", None), ("views_by_user", "anon", 4)]
+    with pytest.raises(UnparseableEventError, match="magic"):
+        router.route("views", b'{"page": "/a"}')
+
+
+def test_nested_avro_fields_are_read_by_dotted_paths() -> None:
+    """A nested record is a dict, so a counter keyed by ``where.city`` reads it."""
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "where", "type": {"type": "record", "name": "W", "fields": [{"name": "city", "type": "string"}]}}]}
+    counters = parse_definitions("""
+[[topic]]
+name = "e"
+format = "avro"
+
+[[counter]]
+name = "by_city"
+topics = ["e"]
+kind = "count"
+key = ["where.city"]
+""")
+    cache = SchemaCache()
+    cache.put("e", 5, WriterSchema(5, "AVRO", json.dumps(schema), counters.formats["e"], json.loads))
+    router = EventRouter(counters, decoders=decoders(counters.formats, cache, None))
+    updates = router.route("e", frame(5, avro_bytes(schema, {"where": {"city": "Oslo"}})))
+    assert [(u.key, u.value) for u in updates] == [("Oslo", None)]
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ('name = "t"\nformat = "xml"', "format"),
+    ('name = "t"\nformat = "json"\nschema_file = "x.avsc"', "json topic takes no"),
+    ('name = "t"\nformat = "protobuf"\nschema_file = "x.proto"', "names its message"),
+    ('name = "t"\nformat = "avro"\nschema_file = "missing.avsc"', "cannot read schema file"),
+    ('name = "bad name"\nformat = "avro"', "not a Kafka topic name"),
+])
+def test_topic_tables_are_checked(table: str, problem: str, tmp_path: Path) -> None:
+    """A [[topic]] table with an unknown format, misplaced or unreadable schema files is refused at load."""
+    text = f"[[topic]]\n{table}\n\n[[counter]]\nname = \"c\"\ntopics = [\"t\"]\nkind = \"count\"\n"
+    with pytest.raises(DefinitionError) as refused:
+        parse_definitions(text, base=tmp_path)
+    assert problem in str(refused.value) + " ".join(str(p) for p in refused.value.problems)
+
+
+def test_registry_settings_trust_answers_only_over_tls_when_asked(tmp_path: Path) -> None:
+    """With a CA file the URL must be https; credentials over http are refused unless allowed."""
+    ca = tmp_path / "ca.pem"
+    with pytest.raises(ValidationError, match="only over TLS"):
+        SchemaRegistrySettings(url="http://registry:8081", ca_file=ca)
+    assert SchemaRegistrySettings(url="https://registry:8081", ca_file=ca).ca_file == ca
+    with pytest.raises(ValidationError, match="in the clear"):
+        SchemaRegistrySettings.model_validate({"url": "http://registry:8081", "username": "u", "password": "p"})
+    settings = SchemaRegistrySettings.model_validate(
+        {"url": "http://r:1", "username": "u", "password": "hunter2", "allow_insecure": True})
+    assert "hunter2" not in repr(settings)
