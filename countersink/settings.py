@@ -410,12 +410,14 @@ NOT_SETTINGS = frozenset({
     "COUNTERSINK_TEST_CASSANDRA",  # tests: the Cassandra to test against
     "COUNTERSINK_TEST_SERVERS",  # tests: how to start servers (auto, stack, testcontainers)
     "COUNTERSINK_TEST_SECURE_STACK",  # tests: the stack.json of a running secured stack
+    "COUNTERSINK_TEST_SCHEMA_REGISTRY",  # tests: the schema registry (URL) to test against
     "COUNTERSINK_CACHE_DIR",  # stack/: where downloaded server releases are kept
     "COUNTERSINK_STACK_DIR",  # stack/: data and logs of the local servers
     "COUNTERSINK_STACK_KAFKA_PORT",  # stack/: ports and size of the local servers
     "COUNTERSINK_STACK_KAFKA_CONTROLLER_PORT",
     "COUNTERSINK_STACK_CASSANDRA_PORT",
     "COUNTERSINK_STACK_CASSANDRA_NODES",
+    "COUNTERSINK_STACK_SCHEMA_REGISTRY_PORT",
 })
 
 

@@ -8,7 +8,13 @@ import asyncio
 import json
 import os
 import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,7 +33,7 @@ from countersink.settings import (
 from schemas.definitions import load_definitions
 from schemas.formats import ProtoSchema, avro_encoder, frame
 from stack import servers
-from stack.loading import end_offsets, publish, wait_until_flushed
+from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
 
 VIEW_V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
@@ -268,3 +274,78 @@ async def test_a_stop_while_waiting_for_the_registry_is_prompt(
     finally:
         service.request_stop()
         await service.stop()
+
+
+COUNTERS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "counters.md"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _documented_example() -> dict[str, list[str]]:
+    """The fenced blocks of docs/counters.md's Avro example, by their info string, in page order."""
+    section = COUNTERS_PAGE.read_text().split("#### Example: an Avro topic through the registry", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    blocks: dict[str, list[str]] = {}
+    for kind, body in re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL):
+        blocks.setdefault(kind, []).append(body)
+    return blocks
+
+
+def _spawn(argv: list[str], folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with (folder / "consumer.log").open("ab") as log:
+        return subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=log)
+
+
+async def test_the_documented_avro_example(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """docs/counters.md's Avro example, command by command through the CLI (topics create, publish v1 and v2
+    with their schemas registered, consume), prints the values the page shows."""
+    blocks = _documented_example()
+    topic = f"page_views_{uuid.uuid4().hex[:8]}"
+    (tmp_path / "view.avsc").write_text(blocks["avsc"][0])
+    (tmp_path / "view_v2.avsc").write_text(blocks["avsc"][1])
+    (tmp_path / "counters.toml").write_text(blocks["toml"][0].replace("page_views", topic))
+    (tmp_path / "v1.jsonl").write_text(blocks["jsonl"][0])
+    (tmp_path / "v2.jsonl").write_text(blocks["jsonl"][1])
+    env = child_env(kafka_settings, cassandra_settings, consumer={"health_port": 0, "group_id": topic,
+                                                                  "dead_letter_topic": f"dlq-{topic}"})
+    env["PYTHONPATH"] = str(REPO)
+    steps: list[tuple[str, list[str]]] = []
+    for line in blocks["console"][0].splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:].replace("page_views", topic), []))
+        elif line.strip():
+            steps[-1][1].append(line)
+    consumer: subprocess.Popen[bytes] | None = None
+    checked = 0
+    try:
+        for command, expected in steps:
+            words = shlex.split(command)
+            if words[0] == "export":
+                name = words[1].partition("=")[0]
+                assert name == "COUNTERSINK_SCHEMA_REGISTRY__URL"
+                env[name] = schema_registry_url  # the test session's registry, in place of the stack's
+                continue
+            assert words[0] == "countersink"
+            argv = [sys.executable, "-m", "countersink.cli", *words[1:]]
+            if words[1] == "consume":
+                consumer = _spawn(argv, tmp_path, env)
+                continue
+            deadline = time.monotonic() + 90
+            while True:
+                done = await asyncio.to_thread(subprocess.run, argv, cwd=tmp_path, env=env, capture_output=True,
+                                               text=True, timeout=60)
+                shown = done.stdout.strip().splitlines()
+                if words[1] != "get" or shown == expected:
+                    break
+                assert consumer is not None
+                assert consumer.poll() is None, (tmp_path / "consumer.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{command}: {done.stdout}{done.stderr}"
+                await asyncio.sleep(1)
+            assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+            checked += bool(expected)
+    finally:
+        if consumer is not None:
+            consumer.send_signal(signal.SIGTERM)
+            consumer.wait(60)
+    assert checked == 3
