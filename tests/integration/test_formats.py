@@ -36,6 +36,9 @@ from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
 
+REPO = Path(__file__).resolve().parents[2]
+COUNTERS_PAGE = REPO / "docs" / "counters.md"
+
 VIEW_V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
     {"name": "page", "type": "string"},
     {"name": "n", "type": "long"},
@@ -59,7 +62,7 @@ message Purchase {
 """
 CLICK = {"type": "object", "properties": {"button": {"type": "string"}}, "required": ["button"]}
 
-COUNTERS = """
+AVRO_AND_PROTOBUF_COUNTERS = """
 [[topic]]
 name = "{avro}"
 format = "avro"
@@ -68,11 +71,6 @@ reader_schema_file = "view_v2.avsc"
 [[topic]]
 name = "{proto}"
 format = "protobuf"
-
-[[topic]]
-name = "{json}"
-format = "json-schema"
-validate = true
 
 [[counter]]
 name = "views_by_page"
@@ -99,6 +97,12 @@ topics = ["{proto}"]
 kind = "sum"
 key = ["sku"]
 value = "amount"
+"""
+COUNTERS = AVRO_AND_PROTOBUF_COUNTERS + """
+[[topic]]
+name = "{json}"
+format = "json-schema"
+validate = true
 
 [[counter]]
 name = "clicks_by_button"
@@ -126,6 +130,48 @@ async def _values(cassandra: CassandraSettings, wanted: dict[str, dict[str, Any]
     return found
 
 
+def _avro_and_protobuf_events(n: int, view_ids: list[int], purchase_ids: list[int], seed: int
+                              ) -> tuple[list[bytes], list[bytes], dict[str, dict[str, Any]]]:
+    """``n`` page views (Avro, v1 or v2 at random) and ``n`` purchases (Protobuf, v1 or v2), framed with the
+    given schema ids, and what each counter must say, computed from the events as they are made."""
+    rng = random.Random(seed)
+    views, purchases = [], []
+    pages: Counter[str] = Counter()
+    n_by_user: Counter[str] = Counter()
+    skus: Counter[str] = Counter()
+    amounts: Counter[str] = Counter()
+    encode_view = [avro_encoder(json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
+    protos = [ProtoSchema(s) for s in (PURCHASE_V1, PURCHASE_V2)]
+    encode_purchase = [p.encoder(p.indexes_of("shop.Purchase")) for p in protos]
+    for _ in range(n):
+        version = rng.randrange(2)
+        page, count = f"/p{rng.randrange(7)}", rng.randrange(1, 2**40)
+        view: dict[str, Any] = {"page": page, "n": count}
+        if version:
+            view["user"] = f"u{rng.randrange(5)}"
+        views.append(frame(view_ids[version], encode_view[version](view)))
+        pages[page] += 1
+        n_by_user[view.get("user", "anon")] += count
+        sku, amount = f"k{rng.randrange(9)}", rng.randrange(1, 10**6)
+        purchase: dict[str, Any] = {"sku": sku, "amount": amount}
+        if version:
+            purchase["region"] = rng.choice(["eu", "us"])
+        purchases.append(frame(purchase_ids[version], encode_purchase[version](purchase), (0,)))
+        skus[sku] += 1
+        amounts[sku] += amount
+    expected = {"views_by_page": dict(pages), "n_by_user": dict(n_by_user), "purchases_by_sku": dict(skus),
+                "amount_by_sku": dict(amounts)}
+    return views, purchases, expected
+
+
+async def _register_evolving_schemas(url: str, avro_topic: str, proto_topic: str) -> tuple[list[int], list[int]]:
+    async with SchemaRegistryClient(SchemaRegistrySettings(url=url)) as client:
+        view_ids = [await client.register(f"{avro_topic}-value", "AVRO", json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
+        purchase_ids = [await client.register(f"{proto_topic}-value", "PROTOBUF", s)
+                        for s in (PURCHASE_V1, PURCHASE_V2)]
+    return view_ids, purchase_ids
+
+
 async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
     schema_registry_url: str, tmp_path: Path,
@@ -136,45 +182,22 @@ async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly
     (the first with the id in its headers), and counting goes on."""
     avro_topic, proto_topic = await topic_factory("avro", partitions=2), await topic_factory("proto", partitions=2)
     json_topic = await topic_factory("jsonschema", partitions=1)
-    registry = SchemaRegistrySettings(url=schema_registry_url)
-    async with SchemaRegistryClient(registry) as client:
-        view_ids = [await client.register(f"{avro_topic}-value", "AVRO", json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
-        purchase_ids = [await client.register(f"{proto_topic}-value", "PROTOBUF", s)
-                        for s in (PURCHASE_V1, PURCHASE_V2)]
+    view_ids, purchase_ids = await _register_evolving_schemas(schema_registry_url, avro_topic, proto_topic)
+    async with SchemaRegistryClient(SchemaRegistrySettings(url=schema_registry_url)) as client:
         click_id = await client.register(f"{json_topic}-value", "JSON", json.dumps(CLICK))
     assert len({*view_ids, *purchase_ids, click_id}) == 5
 
-    rng = random.Random(31)
-    views, purchases, clicks = [], [], []
-    pages: Counter[str] = Counter()
-    n_by_user: Counter[str] = Counter()
-    skus: Counter[str] = Counter()
-    amounts: Counter[str] = Counter()
+    views, purchases, expected = _avro_and_protobuf_events(600, view_ids, purchase_ids, seed=31)
+    rng = random.Random(5)
     buttons: Counter[str] = Counter()
-    encode_view = [avro_encoder(json.dumps(s)) for s in (VIEW_V1, VIEW_V2)]
-    protos = [ProtoSchema(s) for s in (PURCHASE_V1, PURCHASE_V2)]
-    encode_purchase = [p.encoder(p.indexes_of("shop.Purchase")) for p in protos]
+    clicks = []
     for i in range(600):
-        version = rng.randrange(2)
-        page, n = f"/p{rng.randrange(7)}", rng.randrange(1, 2**40)
-        view: dict[str, Any] = {"page": page, "n": n}
-        if version:
-            view["user"] = f"u{rng.randrange(5)}"
-        views.append(frame(view_ids[version], encode_view[version](view)))
-        pages[page] += 1
-        n_by_user[view.get("user", "anon")] += n
-        sku, amount = f"k{rng.randrange(9)}", rng.randrange(1, 10**6)
-        purchase: dict[str, Any] = {"sku": sku, "amount": amount}
-        if version:
-            purchase["region"] = rng.choice(["eu", "us"])
-        purchases.append(frame(purchase_ids[version], encode_purchase[version](purchase), (0,)))
-        skus[sku] += 1
-        amounts[sku] += amount
         button = rng.choice(["buy", "like", "share"])
         clicks.append(frame(click_id, json.dumps({"button": button, "i": i}).encode()))
         buttons[button] += 1
+    expected["clicks_by_button"] = dict(buttons)
     unknown_id = 987_654
-    views.insert(300, frame(unknown_id, encode_view[0]({"page": "/lost", "n": 1})))
+    views.insert(300, frame(unknown_id, avro_encoder(json.dumps(VIEW_V1))({"page": "/lost", "n": 1})))
     clicks.insert(100, frame(click_id, b'{"button": 7}'))
     await publish(kafka_settings, avro_topic, views)
     await publish(kafka_settings, proto_topic, purchases)
@@ -190,10 +213,8 @@ async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly
     async with running(ConsumerService(settings, load_definitions(counters))):
         await wait_until_flushed(cassandra_settings, group, ends)
 
-    expected = {"views_by_page": dict(pages), "n_by_user": dict(n_by_user), "purchases_by_sku": dict(skus),
-                "amount_by_sku": dict(amounts), "clicks_by_button": dict(buttons)}
     assert await _values(cassandra_settings, expected) == expected
-    assert n_by_user["anon"] > 0  # v1 records were there, and read the v2 default
+    assert expected["n_by_user"]["anon"] > 0  # v1 records were there, and read the v2 default
     dead = await read_topic(kafka_settings, f"dlq-{group}", 2, then_s=1.0)
     by_error = {dict(r.headers)["countersink.error"].decode(): dict(r.headers) for r in dead}
     assert set(by_error) == {"UnknownSchemaError", "InvalidEventError"}
@@ -276,10 +297,6 @@ async def test_a_stop_while_waiting_for_the_registry_is_prompt(
         await service.stop()
 
 
-COUNTERS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "counters.md"
-REPO = Path(__file__).resolve().parents[2]
-
-
 def _documented_example() -> dict[str, list[str]]:
     """The fenced blocks of docs/counters.md's Avro example, by their info string, in page order."""
     section = COUNTERS_PAGE.read_text().split("#### Example: an Avro topic through the registry", 1)[1]
@@ -349,3 +366,67 @@ async def test_the_documented_avro_example(
             consumer.send_signal(signal.SIGTERM)
             consumer.wait(60)
     assert checked == 3
+
+
+async def test_avro_and_protobuf_with_evolution_stay_exact_under_kill_9(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """A consumer process reading Avro and Protobuf topics (v1 and v2 writer schemas mixed), killed with
+    SIGKILL at random moments and started again each time, ends with every counter equal to the truth."""
+    avro_topic, proto_topic = await topic_factory("avro", partitions=3), await topic_factory("proto", partitions=3)
+    view_ids, purchase_ids = await _register_evolving_schemas(schema_registry_url, avro_topic, proto_topic)
+    views, purchases, expected = _avro_and_protobuf_events(3000, view_ids, purchase_ids, seed=17)
+    (tmp_path / "view_v2.avsc").write_text(json.dumps(VIEW_V2))
+    counters = tmp_path / "counters.toml"
+    counters.write_text(AVRO_AND_PROTOBUF_COUNTERS.replace("{avro}", avro_topic).replace("{proto}", proto_topic))
+    group = f"g{os.urandom(4).hex()}"
+    env = child_env(kafka_settings, cassandra_settings, schema_registry={"url": schema_registry_url},
+                    consumer={"health_port": 0, "group_id": group, "counters_file": counters,
+                              "dead_letter_topic": f"dlq-{group}", "flush_interval_s": 0.2,
+                              "session_timeout_ms": 6000})
+    log = tmp_path / "consumer.log"
+    rng = random.Random(13)
+
+    def start() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=REPO, env=env, stdout=out, stderr=out)
+
+    process = start()
+    kills = 0
+    try:
+        for at in range(0, 3000, 500):
+            await publish(kafka_settings, avro_topic, views[at:at + 500])
+            await publish(kafka_settings, proto_topic, purchases[at:at + 500])
+            await asyncio.sleep(rng.uniform(0.5, 3.0))  # a random point of consuming, loading schemas or flushing
+            process.kill()
+            process.wait(timeout=30)
+            kills += 1
+            process = start()
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(
+            kafka_settings, {avro_topic: 3, proto_topic: 3}), within_s=180)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert kills == 6
+    assert await _values(cassandra_settings, expected) == expected, log.read_text()[-3000:]
+
+
+def test_the_stack_starts_and_stops_the_registry(tmp_path: Path) -> None:
+    """``python -m stack up --only schema-registry`` starts a registry that answers; ``down`` stops it."""
+    env = {**os.environ, "COUNTERSINK_STACK_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    up = subprocess.run([sys.executable, "-m", "stack", "up", "--only", "schema-registry", "--schema-registry-port",
+                         "18484"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    url = "http://127.0.0.1:18484/apis/ccompat/v7"
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"schema registry ready on {url}" in up.stdout
+        assert servers.schema_registry_answers(url)
+    finally:
+        down = subprocess.run([sys.executable, "-m", "stack", "down"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+    assert down.stdout.startswith("stopped: schema-registry (pid ")
+    assert not servers.schema_registry_answers(url)
