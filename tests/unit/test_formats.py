@@ -10,6 +10,8 @@ from typing import Any
 
 import fastavro
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from countersink.settings import SchemaRegistrySettings
@@ -349,3 +351,33 @@ def test_registry_settings_trust_answers_only_over_tls_when_asked(tmp_path: Path
     settings = SchemaRegistrySettings.model_validate(
         {"url": "http://r:1", "username": "u", "password": "hunter2", "allow_insecure": True})
     assert "hunter2" not in repr(settings)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.sampled_from(["avro", "protobuf", "json-schema"]))
+def test_any_bytes_are_routed_or_refused_by_name(payload: bytes, format_: str) -> None:
+    """Whatever follows a known schema id, the router returns updates or raises an InvalidEventError subclass:
+    never another exception (a record can only be counted or dead-lettered)."""
+    router = _ROUTERS[format_]
+    # The bare payload too, unless it reads as a frame naming another id (which the cache would lack).
+    bare = [payload] if schema_id_of(payload) in (None, 1) else []
+    for raw in (frame(1, payload), frame(1, payload, (0,)), *bare):
+        try:
+            router.route("t", raw)
+        except InvalidEventError:
+            continue
+
+
+def _routers() -> dict[str, EventRouter]:
+    made = {}
+    for format_, kind, text in (("avro", "AVRO", json.dumps(V1)), ("protobuf", "PROTOBUF", PROTO),
+                                ("json-schema", "JSON", json.dumps({"type": "object"}))):
+        counters = parse_definitions(f'[[topic]]\nname = "t"\nformat = "{format_}"\n\n'
+                                     '[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n')
+        cache = SchemaCache()
+        cache.put("t", 1, WriterSchema(1, kind, text, counters.formats["t"], json.loads))
+        made[format_] = EventRouter(counters, decoders=decoders(counters.formats, cache, None))
+    return made
+
+
+_ROUTERS = _routers()
