@@ -688,12 +688,26 @@ class SchemaRegistryServer:
     version: str = SCHEMA_REGISTRY_VERSION
     heap: str = "256m"
     root: Path = STACK_DIR / "schema-registry"
+    # HTTPS only, with this certificate chain and key (PEM), when both are set; ``ca_file`` is what a client
+    # trusts it with (the readiness probe uses it).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    ca_file: Path | None = None
     process: JvmProcess | None = None
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API's base URL (what ``COUNTERSINK_SCHEMA_REGISTRY__URL`` names)."""
-        return f"http://{self.host}:{self.port}/apis/ccompat/v7"
+        scheme = "https" if self.tls_cert is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}/apis/ccompat/v7"
+
+    def _http_options(self) -> list[str]:
+        if self.tls_cert is None or self.tls_key is None:
+            return [f"-Dquarkus.http.port={self.port}"]
+        # Plain HTTP is turned off: the registry answers over TLS only.
+        return [f"-Dquarkus.http.ssl-port={self.port}", "-Dquarkus.http.insecure-requests=disabled",
+                f"-Dquarkus.http.ssl.certificate.files={self.tls_cert}",
+                f"-Dquarkus.http.ssl.certificate.key-files={self.tls_key}", "-Dquarkus.http.port=0"]
 
     def start(self, *, tied_to_parent: bool = False, timeout: float = 120.0, wait: bool = True) -> float:
         started = time.monotonic()
@@ -704,7 +718,7 @@ class SchemaRegistryServer:
         self.root.mkdir(parents=True)
         command = [
             java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            f"-Dquarkus.http.port={self.port}", f"-Dquarkus.http.host={self.host}",
+            *self._http_options(), f"-Dquarkus.http.host={self.host}",
             # The stack's root folder on the command line: `python -m stack down` stops only its own processes.
             f"-Dcountersink.stack={self.root}",
             "-jar", str(runner),
@@ -720,7 +734,7 @@ class SchemaRegistryServer:
         return _wait_ready(self.process, self.answers, timeout, f"the schema registry on {self.url}")
 
     def answers(self) -> bool:
-        return schema_registry_answers(self.url)
+        return schema_registry_answers(self.url, ca_file=self.ca_file)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -736,13 +750,16 @@ class SchemaRegistryServer:
         return time.monotonic() - started
 
 
-def schema_registry_answers(url: str, timeout: float = 3.0) -> bool:
-    """True when ``GET {url}/subjects`` answers 200 (a list of subjects)."""
+def schema_registry_answers(url: str, timeout: float = 3.0, ca_file: Path | None = None) -> bool:
+    """True when ``GET {url}/subjects`` answers 200 (a list of subjects); an https URL is trusted with
+    ``ca_file``."""
+    import ssl
     import urllib.error
     import urllib.request
 
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if url.startswith("https") else None
     try:
-        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout) as answer:  # noqa: S310 (our own http URL)
+        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout, context=context) as answer:  # noqa: S310
             return bool(answer.status == 200)
     except (OSError, urllib.error.URLError):
         return False

@@ -19,10 +19,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
 from countersink.reader import read_state
-from countersink.schema_registry import SchemaRegistryClient
+from countersink.schema_registry import SchemaRegistryClient, SchemaRegistryUnavailableError
 from countersink.settings import (
     CassandraSettings,
     ConsumerSettings,
@@ -430,3 +432,30 @@ def test_the_stack_starts_and_stops_the_registry(tmp_path: Path) -> None:
                               text=True, timeout=120, check=False)
     assert down.stdout.startswith("stopped: schema-registry (pid ")
     assert not servers.schema_registry_answers(url)
+
+
+async def test_a_registry_over_tls_is_trusted_only_with_its_authority(tmp_path: Path) -> None:
+    """A registry serving HTTPS only answers a client that trusts its CA (register, then the schema by id);
+    a client trusting another CA gets no answer it would use: the registry is unavailable to it (a wait)."""
+    from stack.secure import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    registry = servers.SchemaRegistryServer(port=18485, root=tmp_path / "registry", tls_cert=certs.server_cert,
+                                            tls_key=certs.server_key, ca_file=certs.ca_cert)
+    try:
+        await asyncio.to_thread(registry.start)
+        assert registry.url.startswith("https://")
+        trusted = SchemaRegistrySettings(url=registry.url, ca_file=certs.ca_cert)
+        async with SchemaRegistryClient(trusted) as client:
+            schema_id = await client.register("tls-value", "AVRO", json.dumps(VIEW_V1))
+            assert await client.schema_by_id(schema_id) == ("AVRO", json.dumps(VIEW_V1))
+        untrusted = SchemaRegistrySettings(url=registry.url, ca_file=certs.other_ca_cert)
+        async with SchemaRegistryClient(untrusted) as client:
+            with pytest.raises(SchemaRegistryUnavailableError, match="cannot be reached"):
+                await client.schema_by_id(schema_id)
+        plain = SchemaRegistrySettings(url=registry.url.replace("https://", "http://"))
+        async with SchemaRegistryClient(plain) as client:
+            with pytest.raises(SchemaRegistryUnavailableError):
+                await client.schema_by_id(schema_id)
+    finally:
+        await asyncio.to_thread(registry.stop)
