@@ -21,7 +21,7 @@ from typing import Any
 from countersink.logs import get_logger
 from countersink.settings import SchemaRegistrySettings
 from schemas.definitions import CounterSet
-from schemas.errors import CountersinkError
+from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import _parse_decimal, _parse_fast
 from schemas.formats import (
     BadSchemaEventError,
@@ -178,19 +178,18 @@ class SchemaLoader:
         if format_ is None or self._client is None:
             return
         for schema_id in self.cache.missing(topic, schema_ids(values)):
-            found = await self._client.schema_by_id(schema_id)
-            if found is None:
-                log.warning("schema_id_unknown", topic=topic, schema_id=schema_id)
-                self.cache.put(topic, schema_id, UnknownSchemaError(schema_id))
-                continue
-            schema_type, text = found
+            entry: WriterSchema | InvalidEventError
             try:
-                entry: WriterSchema | BadSchemaEventError = await asyncio.to_thread(
-                    WriterSchema, schema_id, schema_type, text, format_, self._parsers[topic],
-                    self._readers[topic], self._max_bytes)
+                found = await self._client.schema_by_id(schema_id)
+                if found is None:
+                    log.warning("schema_id_unknown", topic=topic, schema_id=schema_id)
+                    entry = UnknownSchemaError(schema_id)
+                else:
+                    schema_type, text = found
+                    entry = await asyncio.to_thread(WriterSchema, schema_id, schema_type, text, format_,
+                                                    self._parsers[topic], self._readers[topic], self._max_bytes)
+                    log.info("schema_loaded", topic=topic, schema_id=schema_id, schema_type=schema_type)
             except SchemaError as exc:
                 log.warning("schema_unusable", topic=topic, schema_id=schema_id, reason=str(exc))
                 entry = BadSchemaEventError(schema_id, str(exc))
-            else:
-                log.info("schema_loaded", topic=topic, schema_id=schema_id, schema_type=schema_type)
             self.cache.put(topic, schema_id, entry)

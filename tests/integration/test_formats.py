@@ -180,8 +180,8 @@ async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly
 ) -> None:
     """v1 and v2 writer schemas (v2 adds a field, with a default in Avro) in the same partitions are counted
     exactly against a truth computed from what was sent; an Avro v1 record reads the v2 default; a record
-    naming an id the registry does not know, and a JSON Schema record against its schema, are dead letters
-    (the first with the id in its headers), and counting goes on."""
+    naming an id the registry does not know, one naming a schema of another format, and a JSON Schema record
+    against its schema are dead letters (the first two with the id in their headers), and counting goes on."""
     avro_topic, proto_topic = await topic_factory("avro", partitions=2), await topic_factory("proto", partitions=2)
     json_topic = await topic_factory("jsonschema", partitions=1)
     view_ids, purchase_ids = await _register_evolving_schemas(schema_registry_url, avro_topic, proto_topic)
@@ -200,6 +200,7 @@ async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly
     expected["clicks_by_button"] = dict(buttons)
     unknown_id = 987_654
     views.insert(300, frame(unknown_id, avro_encoder(json.dumps(VIEW_V1))({"page": "/lost", "n": 1})))
+    views.insert(400, frame(purchase_ids[0], b"\x02\x00"))  # a Protobuf schema's id on the Avro topic
     clicks.insert(100, frame(click_id, b'{"button": 7}'))
     await publish(kafka_settings, avro_topic, views)
     await publish(kafka_settings, proto_topic, purchases)
@@ -217,10 +218,12 @@ async def test_avro_protobuf_and_json_schema_with_schema_evolution_count_exactly
 
     assert await _values(cassandra_settings, expected) == expected
     assert expected["n_by_user"]["anon"] > 0  # v1 records were there, and read the v2 default
-    dead = await read_topic(kafka_settings, f"dlq-{group}", 2, then_s=1.0)
+    dead = await read_topic(kafka_settings, f"dlq-{group}", 3, then_s=1.0)
     by_error = {dict(r.headers)["countersink.error"].decode(): dict(r.headers) for r in dead}
-    assert set(by_error) == {"UnknownSchemaError", "InvalidEventError"}
+    assert set(by_error) == {"UnknownSchemaError", "BadSchemaEventError", "InvalidEventError"}
     assert by_error["UnknownSchemaError"]["countersink.schema_id"] == str(unknown_id).encode()
+    assert by_error["BadSchemaEventError"]["countersink.schema_id"] == str(purchase_ids[0]).encode()
+    assert b"PROTOBUF schema on a avro topic" in by_error["BadSchemaEventError"]["countersink.reason"]
     assert by_error["InvalidEventError"]["countersink.path"] == b"button"
 
 
