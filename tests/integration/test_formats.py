@@ -23,6 +23,7 @@ import pytest
 
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
+from countersink.kafka import make_admin
 from countersink.reader import read_state
 from countersink.schema_registry import SchemaRegistryClient, SchemaRegistryUnavailableError
 from countersink.settings import (
@@ -370,6 +371,7 @@ async def test_the_documented_avro_example(
         if consumer is not None:
             consumer.send_signal(signal.SIGTERM)
             consumer.wait(60)
+        await _delete_topics(kafka_settings, topic)
     assert checked == 3
 
 
@@ -462,3 +464,65 @@ async def test_a_registry_over_tls_is_trusted_only_with_its_authority(tmp_path: 
                 await client.schema_by_id(schema_id)
     finally:
         await asyncio.to_thread(registry.stop)
+
+
+async def test_the_formats_quickstart(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """docs/counters.md's quickstart of the three formats, run as written (its topics renamed for this test,
+    its registry the session's), prints the values it states."""
+    block = re.search(r"<!-- formats-quickstart -->\s*```sh\n(.*?)```", COUNTERS_PAGE.read_text(), re.DOTALL)
+    assert block is not None
+    prefix = f"formats{uuid.uuid4().hex[:8]}-"
+    example = tmp_path / "examples" / "formats"
+    example.mkdir(parents=True)
+    for source in (REPO / "examples" / "formats").iterdir():
+        (example / source.name).write_text(source.read_text().replace("formats-", prefix))
+    env = child_env(kafka_settings, cassandra_settings, consumer={"health_port": 0, "group_id": prefix,
+                                                                  "dead_letter_topic": f"{prefix}dlq"})
+    env["PYTHONPATH"] = str(REPO)
+    consumer: subprocess.Popen[bytes] | None = None
+    checked = 0
+    try:
+        for line in block.group(1).replace("formats-", prefix).splitlines():
+            command, _, comment = line.partition("   # prints: ")
+            words = shlex.split(command)
+            if words[0] == "export":
+                env["COUNTERSINK_SCHEMA_REGISTRY__URL"] = schema_registry_url
+                continue
+            if words[0] == "kill":
+                continue
+            assert words[0] == ".venv/bin/countersink", line
+            argv = [sys.executable, "-m", "countersink.cli", *[w for w in words[1:] if w not in ("2>", "consumer.log",
+                                                                                              "&")]]
+            if words[1] == "consume":
+                consumer = _spawn(argv, tmp_path, env)
+                continue
+            deadline = time.monotonic() + 90
+            while True:
+                done = await asyncio.to_thread(subprocess.run, argv, cwd=tmp_path, env=env, capture_output=True,
+                                               text=True, timeout=60)
+                if not comment or done.stdout.strip() == comment.strip():
+                    break
+                assert consumer is not None
+                assert consumer.poll() is None, (tmp_path / "consumer.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{command}: {done.stdout}{done.stderr}"
+                await asyncio.sleep(1)
+            assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+            checked += bool(comment)
+    finally:
+        if consumer is not None:
+            consumer.send_signal(signal.SIGTERM)
+            assert consumer.wait(60) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        await _delete_topics(kafka_settings, prefix)
+    assert checked == 3
+
+
+async def _delete_topics(kafka: KafkaSettings, prefix: str) -> None:
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        if mine := [topic for topic in await admin.list_topics() if topic.startswith(prefix)]:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
