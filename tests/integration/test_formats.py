@@ -34,7 +34,7 @@ from countersink.settings import (
     Settings,
 )
 from schemas.definitions import load_definitions
-from schemas.formats import ProtoSchema, avro_encoder, frame
+from schemas.formats import ProtoSchema, avro_encoder, compile_avro, frame
 from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
@@ -526,3 +526,32 @@ async def _delete_topics(kafka: KafkaSettings, prefix: str) -> None:
             await admin.delete_topics(mine)
     finally:
         await admin.close()
+
+
+async def test_publish_refuses_a_line_its_schema_cannot_hold(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """``publish --format avro`` stops with exit 2 at the first line the schema cannot hold, naming it, after
+    sending the lines before it; ``--format`` without ``--schema`` is refused before anything is sent."""
+    topic = await topic_factory("avro", partitions=1)
+    (tmp_path / "view.avsc").write_text(json.dumps(VIEW_V1))
+    (tmp_path / "views.jsonl").write_text('{"page": "/a", "n": 1}\n{"page": "/b", "n": "two"}\n'
+                                          '{"page": "/c", "n": 3}\n')
+    env = child_env(kafka_settings, cassandra_settings, schema_registry={"url": schema_registry_url})
+    env["PYTHONPATH"] = str(REPO)
+    base = [sys.executable, "-m", "countersink.cli", "publish", topic, "views.jsonl"]
+    refused = await asyncio.to_thread(subprocess.run, [*base, "--format", "avro", "--schema", "view.avsc"],
+                                      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "line_refused" in refused.stderr
+    assert '"line": 2' in refused.stderr or "line=2" in refused.stderr, refused.stderr
+    assert "an integer is required on field n" in refused.stderr
+    sent = await read_topic(kafka_settings, topic, 1, then_s=1.0)
+    assert len(sent) == 1  # the first line, in the wire format, readable with the schema it registered
+    assert compile_avro(json.dumps(VIEW_V1))(sent[0].value[5:]) == {"page": "/a", "n": 1}
+    assert sent[0].value[0] == 0
+    no_schema = await asyncio.to_thread(subprocess.run, [*base, "--format", "protobuf"], cwd=tmp_path, env=env,
+                                        capture_output=True, text=True, timeout=60)
+    assert no_schema.returncode == 2
+    assert "needs --schema FILE" in no_schema.stderr
