@@ -381,3 +381,23 @@ def _routers() -> dict[str, EventRouter]:
 
 
 _ROUTERS = _routers()
+
+
+def test_a_registry_topic_without_a_registry_url_is_refused_at_start(tmp_path: Path) -> None:
+    """``consume`` on a counters file with a registry topic and no registry URL stops with exit 2 and one
+    settings_refused line naming the setting, before connecting anywhere."""
+    import os
+    import subprocess
+    import sys
+
+    counters = tmp_path / "counters.toml"
+    counters.write_text('[[topic]]\nname = "t"\nformat = "avro"\n\n[[counter]]\nname = "c"\ntopics = ["t"]\n'
+                        'kind = "count"\n')
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")}
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "consume", "--counters", str(counters)],
+                          cwd=Path(__file__).resolve().parents[2], env={**clean, "COUNTERSINK_LOG_FORMAT": "json"},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    (line,) = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert line["event"] == "settings_refused"
+    assert "COUNTERSINK_SCHEMA_REGISTRY__URL" in line["error"]
