@@ -318,7 +318,7 @@ class ReadSettings(_Section):
 class SchemaRegistrySettings(_Section):
     """Where Avro, Protobuf and JSON Schema topics find their writer schemas (a Confluent-compatible API)."""
 
-    # The API's base URL, e.g. http://127.0.0.1:8081/apis/ccompat/v7 (Apicurio) or http://host:8081
+    # The API's base URL, e.g. http://127.0.0.1:8085/apis/ccompat/v7 (the stack's Apicurio) or http://host:8081
     # (Confluent, Karapace). None: only JSON topics and topics with inline schemas (schema_file) can be read.
     url: str | None = Field(default=None, pattern=r"^https?://")
     # A CA bundle to trust for an https URL. When it is set, the URL must be https: a registry's answer

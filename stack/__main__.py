@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kafka-controller-port", type=int, default=_env_int("KAFKA_CONTROLLER_PORT", 9093))
     up.add_argument("--cassandra-port", type=int, default=_env_int("CASSANDRA_PORT", 9042))
     up.add_argument("--cassandra-nodes", type=int, choices=(1, 3), default=_env_int("CASSANDRA_NODES", 1))
-    up.add_argument("--schema-registry-port", type=int, default=_env_int("SCHEMA_REGISTRY_PORT", 8081))
+    up.add_argument("--schema-registry-port", type=int, default=_env_int("SCHEMA_REGISTRY_PORT", 8085))
     up.add_argument("--only", choices=("kafka", "cassandra", "schema-registry"), help="start just one of them")
     up.add_argument("--secure", action="store_true",
                     help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 39192, SSL with client certificates on "

@@ -683,7 +683,7 @@ class SchemaRegistryServer:
     """Apicurio Registry with in-memory storage on 127.0.0.1: every start is an empty registry. Clients use
     its Confluent-compatible API at :attr:`url`."""
 
-    port: int = 8081
+    port: int = 8085  # 8080-8082 are the health and serve ports of countersink's own processes
     host: str = "127.0.0.1"
     version: str = SCHEMA_REGISTRY_VERSION
     heap: str = "256m"
