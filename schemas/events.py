@@ -643,6 +643,11 @@ class EventRouter:
             )
         self._plans = plans
 
+    def decoder_of(self, topic: str) -> Parser | None:
+        """The decoder of a topic whose values are not JSON (given as ``decoders``); None for a JSON topic."""
+        plan = self._plans.get(topic)
+        return None if plan is None or plan.parse in (_parse_fast, _parse_decimal) else plan.parse
+
     def parse(self, topic: str, raw: bytes) -> dict[str, Any]:
         """Parse and bound one event as the topic's counters need it (decimals kept exact if any need it)."""
         plan = self._plans.get(topic)

@@ -270,8 +270,6 @@ class FastRoute:
         counters = list(counter_set.for_topic(topic))
         if not counters or not all(_eligible(c) for c in counters):
             return None
-        if counter_set.format_of(topic) != "json":  # Avro, Protobuf, JSON Schema: the router decodes them
-            return None
         return cls(counters, max_event_bytes, max_depth, max_key_bytes)
 
     def new_rows(self) -> list[dict[Any, Row]]:

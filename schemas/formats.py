@@ -723,6 +723,64 @@ def inline_decoder(topic: TopicFormat, base: Path | None, parse: JsonParser,
     return decode
 
 
+# --- the JSON fast path for decoded records --------------------------------------------------------
+
+def _json_exact(value: Any) -> bool:
+    """True when ``value`` comes back from JSON text as it is: no Decimal, no NaN or infinity, string keys."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return bool(value - value == 0.0)  # finite
+    if t is dict:
+        return all(type(k) is str and _json_exact(v) for k, v in value.items())
+    if t is list:
+        return all(_json_exact(v) for v in value)
+    return False
+
+
+def _event_json_exact(event: dict[str, Any]) -> bool:
+    """:func:`_json_exact` of a decoded event (string keys), with the common flat case in one loop."""
+    for v in event.values():
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if not _json_exact(v):
+            return False
+    return True
+
+
+def transcoder(decode: Decoder, max_event_bytes: int, json_payload: bool = False) -> Callable[[bytes], bytes | None]:
+    """A function from a record's value to the JSON text of its decoded event, for the JSON fast path
+    (``schemas.fast_route``), or None when the record should take the router: it does not decode (the router
+    gives the error), is over ``max_event_bytes`` (the router refuses it by its own size), or its event would not
+    come back from JSON as it is (a Decimal, a NaN, a non-string key). Since the fast path decides as the router
+    does on JSON text, and that text parses back to the decoded event, the fast path decides as the router does
+    on the record. ``json_payload`` (JSON Schema topics): the payload is that JSON text already, once decoded
+    (its schema id known, validated when asked)."""
+    import msgspec
+
+    encode = msgspec.json.encode
+
+    def transcode(raw: bytes) -> bytes | None:
+        if len(raw) > max_event_bytes:
+            return None
+        try:
+            event = decode(raw)
+        except InvalidEventError:
+            return None
+        if json_payload:
+            return raw[HEADER_BYTES:]
+        if type(event) is not dict or not _event_json_exact(event):
+            return None
+        try:
+            return encode(event)
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    return transcode
+
+
 def _json_loads(raw: bytes) -> Any:
     return json.loads(raw)
 
@@ -775,4 +833,5 @@ __all__ = [
     "schema_id_of",
     "schema_ids",
     "split_header",
+    "transcoder",
 ]

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
 from countersink.settings import SchemaRegistrySettings
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError, InvalidEventError, UnparseableEventError
 from schemas.events import EventRouter
-from schemas.fast_route import FastRoute
 from schemas.formats import (
+    SCHEMA_TYPE,
     ProtoSchema,
     SchemaCache,
     SchemaError,
@@ -38,6 +41,11 @@ from schemas.formats import (
     schema_ids,
     split_header,
 )
+from tests.unit.test_fast_route import BODIES
+from tests.unit.test_fast_route import FIELDS as FAST_ROUTE_FIELDS
+from tests.unit.test_fast_route import described as fast_route_described
+from tests.unit.test_fast_route import outcomes as fast_route_outcomes
+from tests.unit.test_fast_route import values as fast_route_values
 
 V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
     {"name": "page", "type": "string"},
@@ -288,13 +296,12 @@ value = "n"
 
 def test_inline_mode_counts_from_schema_files(tmp_path: Path) -> None:
     """The inline mode reads a topic's records with schemas from files beside the counters file: no registry,
-    no fast path, and the v2 reader schema's default fills records of v1."""
+    and the v2 reader schema's default fills records of v1."""
     (tmp_path / "view.avsc").write_text(json.dumps(V1))
     (tmp_path / "view_v2.avsc").write_text(json.dumps(V2))
     counters = parse_definitions(COUNTERS, base=tmp_path)
     assert counters.format_of("views") == "avro"
     assert counters.format_of("elsewhere") == "json"
-    assert FastRoute.build(counters, "views") is None
     router = EventRouter(counters, decoders=decoders(counters.formats, SchemaCache(), counters.schema_base))
     updates = router.route("views", frame(99, avro_bytes(V1, {"page": "/a", "n": 4})))
     assert [(u.counter, u.key, u.value) for u in updates] == [
@@ -401,3 +408,125 @@ def test_a_registry_topic_without_a_registry_url_is_refused_at_start(tmp_path: P
     (line,) = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
     assert line["event"] == "settings_refused"
     assert "COUNTERSINK_SCHEMA_REGISTRY__URL" in line["error"]
+
+
+# --- the JSON fast path on decoded records ----------------------------------------------------------------------
+
+_SCALAR = ["null", "boolean", "long", "double", "string"]
+_ANY_FIELD = [*_SCALAR, {"type": "array", "items": _SCALAR}, {"type": "map", "values": _SCALAR}]
+DIFFERENTIAL_AVRO = {"type": "record", "name": "Any", "fields": [
+    {"name": name, "type": _ANY_FIELD, "default": None} for name in FAST_ROUTE_FIELDS]}
+
+
+def _formats_mutator(counters: Any, format_: str, window: int) -> Mutator:
+    cache = SchemaCache()
+    text = json.dumps(DIFFERENTIAL_AVRO) if format_ == "avro" else json.dumps({"type": "object"})
+    cache.put("t", 1, WriterSchema(1, SCHEMA_TYPE[format_], text, counters.formats["t"], json.loads))
+    router = EventRouter(counters, max_event_bytes=400, max_depth=6, max_key_bytes=24,
+                         decoders=decoders(counters.formats, cache, None))
+    applier = Applier(router, counters, "t", 0, RetryWindow(window))
+    entry = MutatorEntry(uuid.uuid4(), "g", "t", 0, "h", 0, 10**18)
+    return Mutator(entry, PartitionId("g", "t", 0), applier, -1, -1)
+
+
+def _avro_record(event: dict[str, Any]) -> bytes | None:
+    try:
+        return frame(1, avro_bytes(DIFFERENTIAL_AVRO, {name: event.get(name) for name in FAST_ROUTE_FIELDS}))
+    except (ValueError, TypeError, OverflowError, UnicodeEncodeError):
+        return None  # not a record of the schema (an integer past 64 bits, a lone surrogate)
+
+
+@st.composite
+def decoded_event(draw: st.DrawFn) -> dict[str, Any]:
+    """Any fields with any values, or (half the time) the common shape: valid fields, ids from a small set."""
+    event: dict[str, Any] = dict(draw(st.dictionaries(st.sampled_from(FAST_ROUTE_FIELDS), fast_route_values)))
+    if draw(st.booleans()):
+        event.update(sym=draw(st.sampled_from(["IBM", "MSFT", "a|b", 7, True])), n=draw(st.integers(-5, 5)),
+                     x=draw(st.floats(-10, 10)), id=draw(st.sampled_from(["i1", "i2", "i3", 4])),
+                     rid=draw(st.sampled_from(["r1", "r2"])), side=draw(st.sampled_from(["buy", "sell", 1, True])),
+                     user=draw(st.sampled_from(["u1", "u2", 5])), flag=draw(st.sampled_from([True, 1, "1", 0])))
+    return event
+
+
+DECODED_ARGUMENTS = {
+    "bodies": st.lists(st.sampled_from(BODIES), min_size=1, max_size=4),
+    "events": st.lists(decoded_event(), max_size=25),
+    "format_": st.sampled_from(["avro", "json-schema"]),
+    "window": st.integers(0, 5),
+    "cut": st.integers(0, 25),
+}
+
+
+def _decoded_check(bodies: list[str], events: list[dict[str, Any]], format_: str, window: int, cut: int) -> None:
+    table = f'[[topic]]\nname = "t"\nformat = "{format_}"\n\n'
+    counters = parse_definitions(table + "".join(
+        f'[[counter]]\nname = "c{i}"\ntopics = ["t"]\n{body}\n\n' for i, body in enumerate(bodies)))
+    if format_ == "avro":
+        encoded = [_avro_record(event) for event in events]
+    else:
+        encoded = [frame(1, json.dumps(event).encode("utf-8", "surrogatepass")) for event in events]
+    records = [Record(offset, raw) for offset, raw in enumerate(r for r in encoded if r is not None)]
+    reference, batched = _formats_mutator(counters, format_, window), _formats_mutator(counters, format_, window)
+    assert batched.applier.transcode is not None
+    for batch in (records[:cut], records[cut:]):
+        expected = fast_route_outcomes(reference, batch)
+        assert fast_route_described(batched.apply_batch(batch)) == fast_route_described(expected)
+        assert batched.dirty == reference.dirty
+        assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+            k: s.to_bytes() for k, s in reference.states.items()}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**DECODED_ARGUMENTS)
+def test_decoded_records_take_the_fast_path_as_the_router_decides(
+        bodies: list[str], events: list[dict[str, Any]], format_: str, window: int, cut: int) -> None:
+    """Avro and JSON Schema records on the batch path (decoded, as JSON text, through the JSON fast path) end
+    with the same states, dirty sets, outcomes and dead letters as record at a time through the router."""
+    _decoded_check(bodies, events, format_, window, cut)
+
+
+def test_the_fast_path_reads_decoded_records() -> None:
+    """A plain Avro record is applied by the fast path (the router is not asked); one holding a NaN is not."""
+    counters = parse_definitions('[[topic]]\nname = "t"\nformat = "avro"\n\n[[counter]]\nname = "c"\n'
+                                 'topics = ["t"]\nkind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "float"\n')
+    mutator = _formats_mutator(counters, "avro", 0)
+    plain_record = _avro_record({"sym": "IBM", "x": 1.5})
+    nan_record = _avro_record({"sym": "IBM", "x": float("nan")})
+    assert plain_record is not None
+    assert nan_record is not None
+    routed: list[object] = []
+    original = mutator.applier.router.route
+
+    def route(*args: Any, **kwargs: Any) -> Any:
+        routed.append(args)
+        return original(*args, **kwargs)
+
+    mutator.applier.router.route = route  # type: ignore[method-assign]
+    assert mutator.apply_batch([Record(0, plain_record)]).applied == 1
+    assert routed == []
+    result = mutator.apply_batch([Record(1, nan_record)])
+    assert len(routed) == 1
+    assert [type(e).__name__ for _, e in result.invalid] == ["ValueOutOfRangeError"]
+
+
+def test_the_decoded_differential_check_catches_a_planted_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a transcoder that writes booleans as integers (the router refuses ``true`` where it takes ``1``), the
+    differential check above fails: it can tell the two paths apart."""
+    import msgspec
+
+    real_encode = msgspec.json.encode
+
+    def bools_as_ints(value: Any) -> Any:
+        if type(value) is bool:
+            return int(value)
+        if type(value) is dict:
+            return {k: bools_as_ints(v) for k, v in value.items()}
+        if type(value) is list:
+            return [bools_as_ints(v) for v in value]
+        return value
+
+    monkeypatch.setattr(msgspec.json, "encode", lambda value: real_encode(bools_as_ints(value)))
+    planted = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow])(given(**DECODED_ARGUMENTS)(_decoded_check))
+    with pytest.raises(AssertionError):
+        planted()
