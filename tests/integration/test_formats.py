@@ -555,3 +555,41 @@ async def test_publish_refuses_a_line_its_schema_cannot_hold(
                                         capture_output=True, text=True, timeout=60)
     assert no_schema.returncode == 2
     assert "needs --schema FILE" in no_schema.stderr
+
+
+async def test_inline_schemas_count_exactly_without_a_registry(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any, tmp_path: Path,
+) -> None:
+    """With schemas from files (the inline mode), Avro and Protobuf topics are counted exactly on real Kafka and
+    Cassandra with no registry setting at all; the schema ids in the records are not looked up."""
+    avro_topic, proto_topic = await topic_factory("avro", partitions=2), await topic_factory("proto", partitions=2)
+    # Ids 7 and 8 tell v1 and v2 page views apart here only: the consumer reads every record with the file's v2
+    # schema, so they are re-encoded with it (a v1 view's user as its default) under one id.
+    views, purchases, expected = _avro_and_protobuf_events(800, [7, 8], [9, 9], seed=23)
+    (tmp_path / "view.avsc").write_text(json.dumps(VIEW_V2))
+    (tmp_path / "purchase.proto").write_text(PURCHASE_V2)
+    encode_v2 = avro_encoder(json.dumps(VIEW_V2))
+    await publish(kafka_settings, avro_topic, [frame(7, encode_v2(event)) for event in _views_as_v2(views)])
+    await publish(kafka_settings, proto_topic, purchases)
+    counters = tmp_path / "counters.toml"
+    counters.write_text(AVRO_AND_PROTOBUF_COUNTERS.replace("{avro}", avro_topic).replace("{proto}", proto_topic)
+                        .replace('reader_schema_file = "view_v2.avsc"', 'schema_file = "view.avsc"')
+                        .replace('format = "protobuf"', 'format = "protobuf"\nschema_file = "purchase.proto"\n'
+                                                        'message = "shop.Purchase"'))
+    group = f"g{os.urandom(4).hex()}"
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+        group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
+        session_timeout_ms=6000, health_port=0))
+    assert settings.schema_registry.url is None
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {avro_topic: 2,
+                                                                                               proto_topic: 2}))
+    assert await _values(cassandra_settings, expected) == expected
+
+
+def _views_as_v2(views: list[bytes]) -> list[dict[str, Any]]:
+    """The page views back as v2 dicts (each read with its own writer schema: id 7 is v1, 8 is v2)."""
+    from schemas.formats import split_header
+
+    decode = [compile_avro(json.dumps(VIEW_V1), json.dumps(VIEW_V2)), compile_avro(json.dumps(VIEW_V2))]
+    return [decode[split_header(raw)[0] - 7](raw[5:]) for raw in views]
