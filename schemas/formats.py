@@ -109,7 +109,7 @@ class TopicFormat(BaseModel):
     @field_validator("name")
     @classmethod
     def _topic_name(cls, v: str) -> str:
-        if not all(c.isalnum() or c in "._-" for c in v):
+        if not (v.isascii() and all(c.isalnum() or c in "._-" for c in v)):
             raise ValueError(f"{v!r} is not a Kafka topic name")
         return v
 

@@ -338,6 +338,7 @@ key = ["where.city"]
     ('name = "t"\nformat = "protobuf"\nschema_file = "x.proto"', "names its message"),
     ('name = "t"\nformat = "avro"\nschema_file = "missing.avsc"', "cannot read schema file"),
     ('name = "bad name"\nformat = "avro"', "not a Kafka topic name"),
+    ('name = "vues-é"\nformat = "avro"', "not a Kafka topic name"),
 ])
 def test_topic_tables_are_checked(table: str, problem: str, tmp_path: Path) -> None:
     """A [[topic]] table with an unknown format, misplaced or unreadable schema files is refused at load."""
