@@ -47,7 +47,7 @@ unit: $(STAMP)  ## unit and property tests only (no servers)
 integration: $(STAMP)  ## integration tests only
 	$(PY) -m pytest tests/integration
 
-services-up: $(STAMP)  ## start Kafka (127.0.0.1:9092) and Cassandra (127.0.0.1:9042) in the background
+services-up: $(STAMP)  ## start Kafka (127.0.0.1:9092), Cassandra (127.0.0.1:9042) and a schema registry (:8085) in the background
 	$(PY) -m stack up
 
 services-down: $(STAMP)  ## stop what services-up started

@@ -12,11 +12,11 @@ import dataclasses
 import enum
 import functools
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.storage import MutatorEntry, PartitionId
-from schemas import timeseries
+from schemas import formats, timeseries
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates
@@ -211,6 +211,9 @@ class Applier:
     window: RetryWindow
     # The topic's fast path (None: every record takes the router). Built from the router's limits.
     fast: FastRoute | None = dataclasses.field(default=None, init=False)
+    # Avro, Protobuf and JSON Schema topics: a record's value to the JSON text the fast path reads (None: the
+    # record takes the router); schemas.formats.transcoder says why that decides as the router does.
+    transcode: Callable[[bytes], bytes | None] | None = dataclasses.field(default=None, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
 
@@ -219,6 +222,10 @@ class Applier:
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes)
+        decode = router.decoder_of(self.topic)
+        if decode is not None and self.fast is not None:
+            self.transcode = formats.transcoder(decode, router.max_event_bytes,
+                                                json_payload=self.counters.format_of(self.topic) == "json-schema")
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
@@ -332,6 +339,7 @@ class Mutator:
             rows = self.rows = fast.new_rows()
         window, states, counters = applier.window, self.states, applier.counters
         apply_event, fresh, advance = fast.apply_event, window.fresh, window.advance
+        transcode = applier.transcode
         touched: list[Row] = []
 
         def create(row: Row, index: int) -> State:
@@ -349,7 +357,14 @@ class Mutator:
                 offset = record.offset
                 if offset <= self.applied_through:
                     continue
-                outcome = apply_event(record.value or b"", rows, fresh, touched, create)
+                raw = record.value or b""
+                if transcode is not None:
+                    json_text = transcode(raw)
+                    if json_text is None:
+                        result.count(record, *self.apply(record))
+                        continue
+                    raw = json_text
+                outcome = apply_event(raw, rows, fresh, touched, create)
                 if outcome is None:
                     result.count(record, *self.apply(record))
                     continue

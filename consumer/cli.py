@@ -17,6 +17,7 @@ from countersink.cli import load_definitions_or_refuse, run_async, setting_defau
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
+from countersink.schema_registry import SchemaRegistryNotConfiguredError
 from countersink.settings import Settings
 from schemas.errors import CompactedTopicError, DefinitionChangedError
 
@@ -62,7 +63,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def consume(settings: Settings, counters: object) -> int:
-    service = ConsumerService(settings, counters)  # type: ignore[arg-type]
+    try:
+        service = ConsumerService(settings, counters)  # type: ignore[arg-type]
+    except SchemaRegistryNotConfiguredError as exc:
+        log.error("settings_refused", error=str(exc))
+        return 2
     with stop_on_signals(service.request_stop):
         if service.stop_requested:
             log.info("consumer_stopped_before_start")

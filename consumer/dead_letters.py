@@ -61,6 +61,9 @@ class DeadLetters:
         ]
         if error.counter is not None:  # the counter whose definition refused it (None: the whole event)
             headers.append(("countersink.counter", error.counter.encode()))
+        schema_id = getattr(error, "schema_id", None)
+        if schema_id is not None:  # the writer schema the registry does not know, or that cannot be used
+            headers.append(("countersink.schema_id", str(schema_id).encode()))
         value = record.value
         limits = [self._max_bytes, LAST_RESORT_BYTES]
         while True:

@@ -16,7 +16,7 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -30,6 +30,7 @@ from consumer.flushing import Flushing
 from consumer.kafka_source import KafkaRecordSource
 from consumer.ownership import Ownership, PartitionRetry
 from consumer.schedule import Progress
+from consumer.schema_source import SchemaLoadingSource
 from consumer.storage import Store
 from countersink.cassandra import CassandraClient
 from countersink.consistency import check_deciding_reads, replication_factors
@@ -46,11 +47,14 @@ from countersink.kafka import (
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.registry import CounterRegistry
-from countersink.retry import StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
+from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
+from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError
 from countersink.settings import Settings
+from schemas import formats
 from schemas.definitions import CounterSet
 from schemas.errors import CompactedTopicError, CountersinkError
 from schemas.events import EventRouter
+from schemas.formats import SchemaCache
 
 log = get_logger(__name__)
 
@@ -95,13 +99,21 @@ class ConsumerService:
         self.settings = settings
         self.config = settings.consumer
         self.counters = counters
+        # Avro, Protobuf and JSON Schema topics: writer schemas by id, loaded before any record naming them is
+        # routed (a registry away is a wait, unready; schemas.formats, countersink.schema_registry).
+        self.schema_cache = SchemaCache()
+        self.schemas = SchemaLoader(settings.schema_registry, counters, self.schema_cache)
+        self.schema_wait: str | None = None  # why records wait for the registry (None: they do not)
         self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes,
                                   on_late=lambda counter: METRICS.late_events.labels(counter).inc(),
-                                  max_future_skew_s=self.config.max_future_skew_s)
+                                  max_future_skew_s=self.config.max_future_skew_s,
+                                  decoders=formats.decoders(counters.formats, self.schema_cache, counters.schema_base))
         self.host = f"{socket.gethostname()}:{os.getpid()}"
         self.cassandra = cassandra or CassandraClient(settings.cassandra, app="countersink-consumer")
         self.store: Store = store or CassandraStore(self.cassandra)
         self.source: RecordSource = source or KafkaRecordSource(settings.kafka)
+        if self.schemas.needed:
+            self.source = SchemaLoadingSource(self.source, self.schemas)
         self.producer = producer or make_producer(settings.kafka)
         self.consumer = consumer or make_consumer(
             settings.kafka,
@@ -155,7 +167,7 @@ class ConsumerService:
         """What /healthz says: consuming, no partition stopped for lost records, none refused (compacted), no
         rebalance callback failed."""
         return (self.ready and self._started and not self.ownership.stopped and not self.refused
-                and self.rebalance_error is None)
+                and self.rebalance_error is None and self.schema_wait is None)
 
     async def __aenter__(self) -> ConsumerService:
         await self.start()
@@ -230,6 +242,8 @@ class ConsumerService:
             return f"a rebalance callback failed, exiting: {self.rebalance_error!r}"
         if self.refused:
             return f"topics refused: {', '.join(sorted({tp.topic for tp in self.refused}))} (compacted)"
+        if self.schema_wait is not None:
+            return f"waiting for the schema registry: {self.schema_wait}"
         return f"waiting for topics: {', '.join(self.waiting_for_topics)}" if self.waiting_for_topics else ""
 
     async def _prepare_cassandra(self) -> None:
@@ -271,6 +285,8 @@ class ConsumerService:
                 raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
                     self.rebalance_error)
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
+            if batches and self.schemas.needed and not await self._load_schemas(batches):
+                return  # a stop came while the registry was away: nothing of these batches was applied
             self.ready = True
             offsets = None
             async with self._lock:
@@ -296,6 +312,28 @@ class ConsumerService:
                     self.flushing.start()
             if offsets:
                 await self._commit_for_lag(offsets)
+
+    async def _load_schemas(self, batches: Mapping[TopicPartition, Sequence[KafkaRecord]]) -> bool:
+        """Load the writer schemas the batches name, waiting (unready, with backoff) while the registry cannot
+        be reached. False when a stop was requested meanwhile."""
+        pauses = Backoff(first_s=0.2, max_s=self.settings.schema_registry.retry_max_s).pauses()
+        while True:
+            try:
+                for tp, records in batches.items():
+                    await self.schemas.load(tp.topic, (record.value for record in records))
+            except SchemaRegistryUnavailableError as exc:
+                if self.schema_wait is None:
+                    log.warning("schema_registry_unavailable", error=str(exc))
+                self.schema_wait = str(exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), pauses())
+                if self._stopping.is_set():
+                    return False
+                continue
+            if self.schema_wait is not None:
+                log.info("schema_registry_available")
+                self.schema_wait = None
+            return True
 
     async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """A batch starts well past what the mutator applied: compaction or aborted transactions, or records
@@ -441,7 +479,7 @@ class ConsumerService:
         self.ownership.cancel_takeovers()
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
-        closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop]
+        closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop, self.schemas.stop]
         if stop_source is not None:
             closers.insert(2, stop_source)
         for close in closers:

@@ -4,22 +4,41 @@ Each line goes as it is (its numbers keep their text: a decimal is never rounded
 key, when ``--key`` names fields, is their values joined by ``|``: events of one key go to one partition,
 which is where a publisher's retry is recognised and dropped. The producer is idempotent (acks=all), so its
 own retries never duplicate a record.
+
+With ``--format avro|protobuf|json-schema`` and ``--schema FILE``, the schema is registered in the schema
+registry (``COUNTERSINK_SCHEMA_REGISTRY__URL``) under the subject ``TOPIC-value`` (or ``--subject``), and each
+line is encoded with it and sent in the Confluent wire format: magic byte 0, the schema's id, (for Protobuf the
+message indexes of ``--message``), then the payload. Lines are JSON objects in every format (for Protobuf in
+the proto3 JSON mapping: enum names, RFC 3339 timestamps).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from countersink.cli import EXIT_USAGE, run_async
 from countersink.kafka import make_producer, missing_topics
 from countersink.logs import get_logger
+from countersink.schema_registry import SchemaRegistryClient
 from countersink.settings import Settings
 from countersink.topics_cli import _topic_name
+from schemas.errors import CountersinkError
+from schemas.formats import (
+    FORMATS,
+    SCHEMA_TYPE,
+    ProtoSchema,
+    SchemaError,
+    avro_encoder,
+    frame,
+    json_schema_encoder,
+)
 
 log = get_logger(__name__)
 
@@ -35,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", action="append", default=[], metavar="FIELD",
                         help="field path whose value keys the record (repeat for several, joined by |); "
                         "without it records have no key and are spread over the partitions")
+    parser.add_argument("--format", choices=FORMATS, default="json",
+                        help="the records' format (default: json, each line as it is); the others need --schema")
+    parser.add_argument("--schema", type=Path, metavar="FILE",
+                        help="the writer schema (.avsc, .proto or JSON Schema), registered in the schema registry")
+    parser.add_argument("--message", metavar="NAME", help="protobuf: the full name of the message (pkg.Name)")
+    parser.add_argument("--subject", metavar="SUBJECT", help="the registry subject (default: TOPIC-value)")
 
 
 def record_key(event: Any, fields: list[str]) -> bytes | None:
@@ -71,25 +96,93 @@ def parse_line(line: bytes, fields: list[str], max_bytes: int) -> tuple[bytes, b
     return value, record_key(event, fields)
 
 
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    """How a line becomes a record's value in a schema format: the registered schema's id, and an encoder."""
+
+    schema_id: int
+    encode: Callable[[Any], bytes]
+    indexes: tuple[int, ...] | None = None
+
+    def value(self, line: bytes) -> bytes:
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise BadLineError(f"not JSON: {exc}") from None
+        if not isinstance(event, dict):
+            raise BadLineError("not a JSON object")
+        try:
+            payload = self.encode(event)
+        except ValueError as exc:
+            raise BadLineError(str(exc)) from None
+        return frame(self.schema_id, payload, self.indexes)
+
+
+async def register(settings: Settings, topic: str, choice: SchemaChoice) -> Encoding:
+    """Register the schema (its subject: ``TOPIC-value`` unless given) and return the encoding of lines."""
+    format_, message, subject = choice.format, choice.message, choice.subject
+    text = choice.schema.read_text(encoding="utf-8")
+    max_bytes = settings.schema_registry.max_schema_bytes
+    indexes = None
+    if format_ == "avro":
+        encode = avro_encoder(text, max_bytes=max_bytes)
+    elif format_ == "protobuf":
+        if not message:
+            raise SchemaError("--message names the protobuf message the lines are (pkg.Name)")
+        proto = await asyncio.to_thread(ProtoSchema, text, max_bytes=max_bytes)
+        indexes = proto.indexes_of(message)
+        encode = proto.encoder(indexes)
+    else:
+        encode = json_schema_encoder(text, max_bytes=max_bytes)
+    async with SchemaRegistryClient(settings.schema_registry) as client:
+        schema_id = await client.register(subject or f"{topic}-value", SCHEMA_TYPE[format_], text)
+    log.info("schema_registered", subject=subject or f"{topic}-value", schema_id=schema_id, format=format_)
+    return Encoding(schema_id, encode, indexes)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchemaChoice:
+    """``--format``, ``--schema``, ``--message`` and ``--subject`` of a schema format."""
+
+    format: str
+    schema: Path
+    message: str | None = None
+    subject: str | None = None
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    choice = None
+    if args.format != "json":
+        if args.schema is None:
+            log.error("usage_refused", error=f"--format {args.format} needs --schema FILE")
+            return EXIT_USAGE
+        choice = SchemaChoice(args.format, args.schema, args.message, args.subject)
     if args.file == "-":
-        return run_async(publish(settings, args.topic, sys.stdin.buffer, args.key, from_pipe=True))
+        return run_async(publish(settings, args.topic, sys.stdin.buffer, args.key, from_pipe=True, schema=choice))
     try:
         stream = Path(args.file).open("rb")  # noqa: SIM115 - closed below, after the run
     except OSError as exc:
         log.error("usage_refused", error=f"{args.file}: {exc.strerror}")
         return EXIT_USAGE
     with stream:
-        return run_async(publish(settings, args.topic, stream, args.key, from_pipe=False))
+        return run_async(publish(settings, args.topic, stream, args.key, from_pipe=False, schema=choice))
 
 
 async def publish(settings: Settings, topic: str, stream: IO[bytes], key_fields: list[str], *,
-                  from_pipe: bool) -> int:
-    """Publish every line of ``stream``; stop at the first line that cannot be published (exit 2)."""
+                  from_pipe: bool, schema: SchemaChoice | None = None) -> int:
+    """Publish every line of ``stream``; stop at the first line that cannot be published (exit 2). With a
+    ``schema``, it is registered first and every line is encoded with it."""
     if missing := await missing_topics(settings.kafka, [topic]):
         log.error("topic_missing", topic=missing[0],
                   hint=f"create it first: countersink topics create {missing[0]}")
         return EXIT_USAGE
+    encoding = None
+    if schema is not None:
+        try:
+            encoding = await register(settings, topic, schema)
+        except (OSError, UnicodeDecodeError, CountersinkError) as exc:
+            log.error("schema_refused", error=str(exc))
+            return EXIT_USAGE
     from tqdm import tqdm
 
     limit = settings.consumer.max_event_bytes
@@ -104,6 +197,8 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], key_fields:
                 continue
             try:
                 value, key = parse_line(line, key_fields, limit)
+                if encoding is not None:
+                    value = encoding.value(value)
             except BadLineError as exc:
                 await asyncio.gather(*pending)
                 log.error("line_refused", line=number, error=str(exc), published_before=sent)

@@ -344,6 +344,36 @@ class ReadSettings(_Section):
     range_concurrency: int = Field(default=32, ge=1, le=1024)  # bucket reads in flight for one range read
 
 
+class SchemaRegistrySettings(_Section):
+    """Where Avro, Protobuf and JSON Schema topics find their writer schemas (a Confluent-compatible API)."""
+
+    # The API's base URL, e.g. http://127.0.0.1:8085/apis/ccompat/v7 (the stack's Apicurio) or http://host:8081
+    # (Confluent, Karapace). None: only JSON topics and topics with inline schemas (schema_file) can be read.
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    # A CA bundle to trust for an https URL. When it is set, the URL must be https: a registry's answer
+    # decides how every record is read, so with TLS configured it is trusted only over TLS.
+    ca_file: Path | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # Bounds on a schema from the registry (untrusted input): its size, before anything parses it.
+    max_schema_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    # A registry that cannot be reached is waited for, unready, with backoff up to this pause.
+    retry_max_s: float = Field(default=10.0, gt=0, le=600)
+    # A user name and password over http are refused unless this is true: they would cross in the clear.
+    allow_insecure: bool = False
+
+    @model_validator(mode="after")
+    def _tls_when_asked(self) -> SchemaRegistrySettings:
+        plain_http = self.url is not None and self.url.startswith("http://")
+        if self.ca_file is not None and plain_http:
+            raise ValueError("ca_file is set, so the registry is trusted only over TLS: its url must be https://")
+        if plain_http and (self.username or self.password) and not self.allow_insecure:
+            raise ValueError("a user name and password over http cross the network in the clear: use an https:// "
+                             "url (or COUNTERSINK_SCHEMA_REGISTRY__ALLOW_INSECURE=true to accept that)")
+        return self
+
+
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
@@ -357,6 +387,7 @@ class Settings(BaseSettings):
     gc: GcSettings = Field(default_factory=GcSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
     read: ReadSettings = Field(default_factory=ReadSettings)
+    schema_registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.
@@ -408,12 +439,14 @@ NOT_SETTINGS = frozenset({
     "COUNTERSINK_TEST_CASSANDRA",  # tests: the Cassandra to test against
     "COUNTERSINK_TEST_SERVERS",  # tests: how to start servers (auto, stack, testcontainers)
     "COUNTERSINK_TEST_SECURE_STACK",  # tests: the stack.json of a running secured stack
+    "COUNTERSINK_TEST_SCHEMA_REGISTRY",  # tests: the schema registry (URL) to test against
     "COUNTERSINK_CACHE_DIR",  # stack/: where downloaded server releases are kept
     "COUNTERSINK_STACK_DIR",  # stack/: data and logs of the local servers
     "COUNTERSINK_STACK_KAFKA_PORT",  # stack/: ports and size of the local servers
     "COUNTERSINK_STACK_KAFKA_CONTROLLER_PORT",
     "COUNTERSINK_STACK_CASSANDRA_PORT",
     "COUNTERSINK_STACK_CASSANDRA_NODES",
+    "COUNTERSINK_STACK_SCHEMA_REGISTRY_PORT",
 })
 
 

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from schemas.errors import DefinitionError
+from schemas.formats import TopicFormat, parse_topic_tables
 from schemas.kinds.base import KindSpec, NumberMode
 
 Kind = Literal["sum", "count", "min", "max", "mean", "variance", "distinct", "quantiles", "top_k"]
@@ -273,11 +274,16 @@ class CounterDefinition(BaseModel):
 class CounterSet:
     """Every counter of one definitions file, indexed by name and by topic."""
 
-    __slots__ = ("_by_name", "_by_topic", "counters", "source", "topics")
+    __slots__ = ("_by_name", "_by_topic", "counters", "formats", "schema_base", "source", "topics")
 
-    def __init__(self, counters: tuple[CounterDefinition, ...], source: str = "<string>") -> None:
+    def __init__(self, counters: tuple[CounterDefinition, ...], source: str = "<string>",
+                 formats: Mapping[str, TopicFormat] | None = None, schema_base: Path | None = None) -> None:
         self.source = source
         self.counters = counters
+        # The [[topic]] tables (schemas.formats): a topic without one is JSON. Inline schema files are read
+        # relative to ``schema_base`` (the counters file's folder).
+        self.formats: dict[str, TopicFormat] = dict(formats or {})
+        self.schema_base = schema_base
         self._by_name: dict[str, CounterDefinition] = {}
         by_topic: dict[str, list[CounterDefinition]] = {}
         for i, c in enumerate(counters):
@@ -288,6 +294,11 @@ class CounterSet:
                 by_topic.setdefault(t, []).append(c)
         self._by_topic = {t: tuple(cs) for t, cs in by_topic.items()}
         self.topics: tuple[str, ...] = tuple(sorted(by_topic))
+
+    def format_of(self, topic: str) -> str:
+        """The format of the topic's record values: ``json`` unless a [[topic]] table says otherwise."""
+        declared = self.formats.get(topic)
+        return "json" if declared is None else declared.format
 
     def for_topic(self, topic: str) -> tuple[CounterDefinition, ...]:
         """Return the counters fed by ``topic`` in file order (empty for an unknown topic)."""
@@ -331,7 +342,8 @@ def _definition_errors(exc: ValidationError, source: str, counter: str) -> list[
     return found
 
 
-def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int | None = None) -> CounterSet:
+def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int | None = None,
+                      base: Path | None = None) -> CounterSet:
     """Parse definitions from TOML text; ``source`` names the file in every :class:`DefinitionError`.
 
     Every counter is checked before anything is refused: the error raised carries every problem of the file
@@ -341,8 +353,10 @@ def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DefinitionError(source, "", "", f"not valid TOML: {exc}") from exc
-    problems = [DefinitionError(source, "", top, "unknown top-level table (expected [[counter]])")
-                for top in doc if top != "counter"]
+    problems = [DefinitionError(source, "", top, "unknown top-level table (expected [[counter]] or [[topic]])")
+                for top in doc if top not in ("counter", "topic")]
+    formats, format_problems = parse_topic_tables(doc.get("topic", []), base)
+    problems += [DefinitionError(source, label, "topic", reason) for label, reason in format_problems]
     entries = doc.get("counter", [])
     if not isinstance(entries, list) or not entries:
         problems.append(DefinitionError(source, "", "counter", "the file defines no [[counter]] tables"))
@@ -364,7 +378,7 @@ def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int
         raise DefinitionError(first.source, first.counter, first.field, first.reason, tuple(more))
     from schemas import shard_rows  # it reads the router's limits, and the router reads definitions
 
-    counter_set = CounterSet(tuple(counters), source)
+    counter_set = CounterSet(tuple(counters), source, formats, base)
     shard_rows.check_rows(counter_set, shard_rows.DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes)
     return counter_set
 
@@ -377,4 +391,4 @@ def load_definitions(path: str | Path, *, max_row_bytes: int | None = None) -> C
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DefinitionError(source, "", "", f"cannot read the file: {exc}") from exc
-    return parse_definitions(text, source, max_row_bytes=max_row_bytes)
+    return parse_definitions(text, source, max_row_bytes=max_row_bytes, base=Path(path).resolve().parent)

@@ -621,7 +621,10 @@ class EventRouter:
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         on_late: Callable[[str], None] | None = None,
         max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
+        decoders: Mapping[str, Callable[[Parser], Parser]] | None = None,
     ) -> None:
+        """``decoders``: per topic whose values are not JSON (``schemas.formats.decoders``), a factory of its
+        decoder from the JSON parser its counters need; the decoder turns a record's value into the event."""
         self.counter_set = counter_set
         self.on_late = on_late
         self.max_event_bytes = max_event_bytes
@@ -632,11 +635,18 @@ class EventRouter:
         for topic in counter_set.topics:
             counters = counter_set.for_topic(topic)
             decimals = any(c.number_mode == "decimal" for c in counters)
+            parse = _parse_decimal if decimals else _parse_fast
+            make_decoder = (decoders or {}).get(topic)
             plans[topic] = _TopicPlan(
                 tuple((c.name, _compile(c, max_key_bytes, max_future_skew_s)) for c in counters),
-                _parse_decimal if decimals else _parse_fast,
+                parse if make_decoder is None else make_decoder(parse),
             )
         self._plans = plans
+
+    def decoder_of(self, topic: str) -> Parser | None:
+        """The decoder of a topic whose values are not JSON (given as ``decoders``); None for a JSON topic."""
+        plan = self._plans.get(topic)
+        return None if plan is None or plan.parse in (_parse_fast, _parse_decimal) else plan.parse
 
     def parse(self, topic: str, raw: bytes) -> dict[str, Any]:
         """Parse and bound one event as the topic's counters need it (decimals kept exact if any need it)."""

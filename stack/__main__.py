@@ -1,4 +1,5 @@
-"""``python -m stack up|down|status``: start and stop the local servers (``make services-up/-down``).
+"""``python -m stack up|down|status``: start and stop the local servers (``make services-up/-down``): Kafka,
+Cassandra and a schema registry.
 
 ``up`` starts the servers in the background and records them in ``.stack/state.json``; ``down`` stops
 exactly those. Ports and versions come from the flags or ``COUNTERSINK_STACK_*`` variables.
@@ -14,6 +15,7 @@ from stack.servers import (
     CassandraCluster,
     CassandraNode,
     KafkaServer,
+    SchemaRegistryServer,
     StackError,
     load_state,
     save_state,
@@ -28,12 +30,13 @@ def _env_int(name: str, default: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start Kafka and Cassandra (single node, or --cassandra-nodes 3)")
+    up = sub.add_parser("up", help="start Kafka, Cassandra (single node, or --cassandra-nodes 3) and a schema registry")
     up.add_argument("--kafka-port", type=int, default=_env_int("KAFKA_PORT", 9092))
     up.add_argument("--kafka-controller-port", type=int, default=_env_int("KAFKA_CONTROLLER_PORT", 9093))
     up.add_argument("--cassandra-port", type=int, default=_env_int("CASSANDRA_PORT", 9042))
     up.add_argument("--cassandra-nodes", type=int, choices=(1, 3), default=_env_int("CASSANDRA_NODES", 1))
-    up.add_argument("--only", choices=("kafka", "cassandra"), help="start just one of the two")
+    up.add_argument("--schema-registry-port", type=int, default=_env_int("SCHEMA_REGISTRY_PORT", 8085))
+    up.add_argument("--only", choices=("kafka", "cassandra", "schema-registry"), help="start just one of them")
     up.add_argument("--secure", action="store_true",
                     help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 39192, SSL with client certificates on "
                          "39193) and Cassandra (TLS with client certificates, password roles, on 39142; JMX with a "
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         state = load_state()
         if args.secure:
             return _up_secure(state)
-        wanted = ("kafka", "cassandra") if args.only is None else (args.only,)
+        wanted = ("kafka", "cassandra", "schema-registry") if args.only is None else (args.only,)
         running = [name for name in state if name.split("@")[0] in wanted]
         if running:
             print(f"already started: {', '.join(running)}; run `make services-down` first", file=sys.stderr)
@@ -82,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                     state["cassandra"] = {"pid": node.process.pid, "endpoint": f"{node.address}:{node.native_port}"}
                 save_state(state)
                 print(f"cassandra ready ({args.cassandra_nodes} node(s)) in {seconds:.1f}s")
+            if args.only in (None, "schema-registry"):
+                registry = SchemaRegistryServer(port=args.schema_registry_port)
+                seconds = registry.start()
+                assert registry.process is not None
+                state["schema-registry"] = {"pid": registry.process.pid, "endpoint": registry.url}
+                save_state(state)
+                print(f"schema registry ready on {registry.url} in {seconds:.1f}s (logs: {registry.root}/logs)")
         except BaseException:
             save_state(state)
             stop_recorded()

@@ -28,6 +28,9 @@ from typing import Any
 
 KAFKA_VERSION = "4.3.1"
 CASSANDRA_VERSION = "5.0.9"
+# Apicurio Registry 2.4.2 is the newest release whose artifacts Maven Central serves in full (see
+# stack/maven/schema-registry/pom.xml); it speaks the Confluent-compatible API under /apis/ccompat/v7.
+SCHEMA_REGISTRY_VERSION = "2.4.2.Final"
 # Kafka 4.x moved the broker to log4j2 but ships no SLF4J 1.x binding for it.
 LOG4J2_VERSION = "2.25.4"
 
@@ -641,6 +644,125 @@ class CassandraCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+# ------------------------------------------------------------------------------------- schema registry
+
+
+def build_schema_registry(version: str = SCHEMA_REGISTRY_VERSION) -> Path:
+    """Build the registry's runnable jar into the cache (once per version) and return its path."""
+    target = CACHE_DIR / f"schema-registry-{version}"
+    runner = target / "build" / "schema-registry-runtime-1-runner.jar"
+    if (target / ".complete").exists() and runner.exists():
+        return runner
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise StackError(f"Maven is required once to build schema registry {version} but `mvn` was not found")
+    say(f"building schema registry (Apicurio {version}) from Maven Central into {target} (first time only)")
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(HERE / "maven" / "schema-registry", target / "project")
+    started = time.monotonic()
+    cmd = [mvn, "-B", "-q", "-f", str(target / "project" / "pom.xml"), "package", "-DskipTests",
+           f"-Dapicurio.version={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join([line for line in proc.stdout.splitlines() if "ERROR" in line][:5])
+        raise StackError(f"Maven could not build schema registry {version}:\n{tail}")
+    built = target / "project" / "target"
+    (target / "build").mkdir()
+    shutil.move(built / "schema-registry-runtime-1-runner.jar", runner)
+    shutil.move(built / "lib", target / "build" / "lib")
+    shutil.rmtree(target / "project" / "target", ignore_errors=True)
+    (target / ".complete").write_text(json.dumps({"version": version, "seconds": round(time.monotonic() - started, 1)}))
+    say(f"built schema registry {version} in {time.monotonic() - started:.0f}s")
+    return runner
+
+
+@dataclasses.dataclass
+class SchemaRegistryServer:
+    """Apicurio Registry with in-memory storage on 127.0.0.1: every start is an empty registry. Clients use
+    its Confluent-compatible API at :attr:`url`."""
+
+    port: int = 8085  # 8080-8082 are the health and serve ports of countersink's own processes
+    host: str = "127.0.0.1"
+    version: str = SCHEMA_REGISTRY_VERSION
+    heap: str = "256m"
+    root: Path = STACK_DIR / "schema-registry"
+    # HTTPS only, with this certificate chain and key (PEM), when both are set; ``ca_file`` is what a client
+    # trusts it with (the readiness probe uses it).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    ca_file: Path | None = None
+    process: JvmProcess | None = None
+
+    @property
+    def url(self) -> str:
+        """The Confluent-compatible API's base URL (what ``COUNTERSINK_SCHEMA_REGISTRY__URL`` names)."""
+        scheme = "https" if self.tls_cert is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}/apis/ccompat/v7"
+
+    def _http_options(self) -> list[str]:
+        if self.tls_cert is None or self.tls_key is None:
+            return [f"-Dquarkus.http.port={self.port}"]
+        # Plain HTTP is turned off: the registry answers over TLS only.
+        return [f"-Dquarkus.http.ssl-port={self.port}", "-Dquarkus.http.insecure-requests=disabled",
+                f"-Dquarkus.http.ssl.certificate.files={self.tls_cert}",
+                f"-Dquarkus.http.ssl.certificate.key-files={self.tls_key}", "-Dquarkus.http.port=0"]
+
+    def start(self, *, tied_to_parent: bool = False, timeout: float = 120.0, wait: bool = True) -> float:
+        started = time.monotonic()
+        java = check_java()
+        check_port_free(self.host, self.port, "the schema registry")
+        runner = build_schema_registry(self.version)
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        command = [
+            java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            *self._http_options(), f"-Dquarkus.http.host={self.host}",
+            # The stack's root folder on the command line: `python -m stack down` stops only its own processes.
+            f"-Dcountersink.stack={self.root}",
+            "-jar", str(runner),
+        ]
+        self.process = JvmProcess("schema-registry", command, self.root, self.root / "logs" / "stdout.log")
+        self.process.start(tied_to_parent=tied_to_parent)
+        if wait:
+            self.wait_ready(timeout)
+        return time.monotonic() - started
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        assert self.process is not None
+        return _wait_ready(self.process, self.answers, timeout, f"the schema registry on {self.url}")
+
+    def answers(self) -> bool:
+        return schema_registry_answers(self.url, ca_file=self.ca_file)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def restart(self, *, tied_to_parent: bool = False, timeout: float = 120.0) -> float:
+        """Start it again (empty: the storage is in memory)."""
+        assert self.process is not None
+        self.process.stop()
+        started = time.monotonic()
+        self.process.start(tied_to_parent=tied_to_parent)
+        self.wait_ready(timeout)
+        return time.monotonic() - started
+
+
+def schema_registry_answers(url: str, timeout: float = 3.0, ca_file: Path | None = None) -> bool:
+    """True when ``GET {url}/subjects`` answers 200 (a list of subjects); an https URL is trusted with
+    ``ca_file``."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if url.startswith("https") else None
+    try:
+        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout, context=context) as answer:  # noqa: S310
+            return bool(answer.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 # -------------------------------------------------------------------------------- state for the CLI

@@ -252,6 +252,39 @@ def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
 
 
 @pytest.fixture(scope="session")
+def schema_registry_url() -> Iterator[str]:
+    """The Confluent-compatible API of a real schema registry: the one ``COUNTERSINK_TEST_SCHEMA_REGISTRY``
+    names (a URL), else Apicurio Registry from the local stack, started on first use (port 18481) and stopped
+    at the end of the session, whatever servers the other tests use."""
+    running = os.environ.get("COUNTERSINK_TEST_SCHEMA_REGISTRY")
+    if running:
+        if not servers.schema_registry_answers(running):
+            pytest.fail(f"COUNTERSINK_TEST_SCHEMA_REGISTRY={running} does not answer")
+        yield running
+        return
+    registry = servers.SchemaRegistryServer(port=18481, root=TEST_STACK_DIR / "schema-registry")
+    try:
+        seconds = registry.start(tied_to_parent=True)
+        _announce(f"schema registry (Apicurio {servers.SCHEMA_REGISTRY_VERSION}) ready on {registry.url} "
+                  f"in {seconds:.1f}s")
+        yield registry.url
+    finally:
+        registry.stop()
+        _announce("schema registry stopped")
+
+
+@pytest.fixture
+def private_schema_registry() -> Iterator[servers.SchemaRegistryServer]:
+    """A schema registry of the test's own (port 18482), which the test may stop and start again."""
+    registry = servers.SchemaRegistryServer(port=18482, root=TEST_STACK_DIR / "schema-registry-private")
+    try:
+        registry.start(tied_to_parent=True)
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture(scope="session")
 def secure_stack() -> Iterator[SecureStack]:
     """One TLS-only Kafka (SASL_SSL 39092, SSL 39093) and one TLS-only Cassandra with password roles (39042),
     with fresh certificates, users and roles; started on first use, whatever servers the other tests use

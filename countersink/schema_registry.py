@@ -1,0 +1,195 @@
+"""The schema registry, through its Confluent-compatible REST API (the one every client speaks): writer schemas
+by id for the consumer, and subjects registered by ``countersink publish``.
+
+:class:`SchemaRegistryClient` is plain HTTP (aiohttp) to the documented endpoints ``GET /schemas/ids/{id}``
+and ``POST /subjects/{subject}/versions``. :class:`SchemaLoader` fills the router's
+:class:`~schemas.formats.SchemaCache` with every schema id a batch names before the batch is routed. A
+registry that cannot be reached (refused, timed out, a 5xx) raises the retriable
+:class:`SchemaRegistryUnavailableError`: a wait, never a dead letter. A 404 is an answer: the records naming
+that id are dead letters with the id in their headers.
+
+The password is a ``SecretStr``: it is sent in the Authorization header and nowhere else (never logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+from countersink.logs import get_logger
+from countersink.settings import SchemaRegistrySettings
+from schemas.definitions import CounterSet
+from schemas.errors import CountersinkError, InvalidEventError
+from schemas.events import _parse_decimal, _parse_fast
+from schemas.formats import (
+    BadSchemaEventError,
+    SchemaCache,
+    SchemaError,
+    TopicFormat,
+    UnknownSchemaError,
+    WriterSchema,
+    _read_schema_file,
+    schema_ids,
+)
+
+log = get_logger(__name__)
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+class SchemaRegistryUnavailableError(CountersinkError):
+    """Raised when the schema registry cannot be reached or answers with a server error: try again later."""
+
+    retriable = True
+
+
+class SchemaRegistryRefusedError(CountersinkError):
+    """Raised when the registry refuses a request for good (a 4xx other than an unknown schema id): a bad
+    schema to register, wrong credentials."""
+
+
+class SchemaRegistryNotConfiguredError(CountersinkError):
+    """Raised at start when a topic takes its schemas from a registry and no registry URL is set."""
+
+
+class SchemaRegistryClient:
+    """A few calls of the Confluent-compatible API. ``async with`` or :meth:`start` / :meth:`stop`."""
+
+    def __init__(self, settings: SchemaRegistrySettings) -> None:
+        if settings.url is None:
+            raise SchemaRegistryNotConfiguredError(
+                "a topic reads Avro, Protobuf or JSON Schema records from a schema registry: set "
+                "COUNTERSINK_SCHEMA_REGISTRY__URL (or give the topic's schema in a file: schema_file)")
+        self.settings = settings
+        self.url = settings.url.rstrip("/")
+        self._session: Any = None
+
+    async def __aenter__(self) -> SchemaRegistryClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        if not self.url.startswith("https://"):
+            return False
+        context = ssl.create_default_context(cafile=str(self.settings.ca_file) if self.settings.ca_file else None)
+        return context
+
+    async def start(self) -> None:
+        import aiohttp
+
+        if self._session is None:
+            auth = None
+            if self.settings.username is not None:
+                password = self.settings.password.get_secret_value() if self.settings.password else ""
+                auth = aiohttp.BasicAuth(self.settings.username, password)
+            self._session = aiohttp.ClientSession(
+                auth=auth, timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
+                connector=aiohttp.TCPConnector(ssl=self._ssl()), headers={"Accept": _CONTENT_TYPE})
+
+    async def stop(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        import aiohttp
+
+        await self.start()
+        try:
+            async with self._session.request(method, f"{self.url}{path}", json=body,
+                                             headers={"Content-Type": _CONTENT_TYPE} if body else None) as answer:
+                text = await answer.content.read(self.settings.max_schema_bytes * 2 + 65536)
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise SchemaRegistryUnavailableError(f"schema registry {self.url} cannot be reached: "
+                                                 f"{type(exc).__name__}: {exc}") from exc
+        if status >= 500 or status == 429:
+            raise SchemaRegistryUnavailableError(f"schema registry {self.url} answered {status}")
+        try:
+            import json
+
+            doc = json.loads(text) if text else None
+        except ValueError as exc:
+            raise SchemaRegistryUnavailableError(f"schema registry {self.url} answered {status} with no JSON") from exc
+        return status, doc
+
+    async def schema_by_id(self, schema_id: int) -> tuple[str, str] | None:
+        """(schema type: AVRO, PROTOBUF or JSON; schema text) of ``schema_id``; None when the registry does not
+        know the id."""
+        status, doc = await self._call("GET", f"/schemas/ids/{int(schema_id)}")
+        if status == 404:
+            return None
+        if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
+            raise SchemaRegistryRefusedError(f"schema registry answered {status} for schema id {schema_id}")
+        if doc.get("references"):
+            raise SchemaError("schemas with references are not supported")
+        return str(doc.get("schemaType") or "AVRO"), doc["schema"]
+
+    async def register(self, subject: str, schema_type: str, text: str) -> int:
+        """Register ``text`` under ``subject`` (a new version, or the existing one when it is already there);
+        returns its id."""
+        from urllib.parse import quote
+
+        body: dict[str, Any] = {"schema": text}
+        if schema_type != "AVRO":
+            body["schemaType"] = schema_type
+        status, doc = await self._call("POST", f"/subjects/{quote(subject, safe='')}/versions", body)
+        if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("id"), int):
+            message = doc.get("message") if isinstance(doc, dict) else None
+            raise SchemaRegistryRefusedError(f"schema registry refused the schema of subject {subject!r} "
+                                             f"({status}): {message}")
+        return int(doc["id"])
+
+
+class SchemaLoader:
+    """Loads the writer schemas that records name into the router's cache, before the records are routed."""
+
+    def __init__(self, settings: SchemaRegistrySettings, counters: CounterSet, cache: SchemaCache) -> None:
+        self.cache = cache
+        self._topics: dict[str, TopicFormat] = {n: t for n, t in counters.formats.items() if t.registry}
+        self._readers: dict[str, str | None] = {
+            name: None if t.reader_schema_file is None else _read_schema_file(
+                t.reader_schema_file, counters.schema_base, settings.max_schema_bytes)
+            for name, t in self._topics.items()}
+        self._max_bytes = settings.max_schema_bytes
+        # JSON Schema payloads are JSON: parsed as the router parses the topic's JSON (exact decimals or not).
+        self._parsers = {name: _parse_decimal if any(c.number_mode == "decimal" for c in counters.for_topic(name))
+                         else _parse_fast for name in self._topics}
+        self._client = SchemaRegistryClient(settings) if self._topics else None
+
+    @property
+    def needed(self) -> bool:
+        """True when a topic takes its schemas from the registry."""
+        return self._client is not None
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.stop()
+
+    async def load(self, topic: str, values: Iterable[bytes | None]) -> None:
+        """Fetch and compile every schema id of ``values`` not yet cached for ``topic``. Raises
+        :class:`SchemaRegistryUnavailableError` (retriable) when the registry cannot answer."""
+        format_ = self._topics.get(topic)
+        if format_ is None or self._client is None:
+            return
+        for schema_id in self.cache.missing(topic, schema_ids(values)):
+            entry: WriterSchema | InvalidEventError
+            try:
+                found = await self._client.schema_by_id(schema_id)
+                if found is None:
+                    log.warning("schema_id_unknown", topic=topic, schema_id=schema_id)
+                    entry = UnknownSchemaError(schema_id)
+                else:
+                    schema_type, text = found
+                    entry = await asyncio.to_thread(WriterSchema, schema_id, schema_type, text, format_,
+                                                    self._parsers[topic], self._readers[topic], self._max_bytes)
+                    log.info("schema_loaded", topic=topic, schema_id=schema_id, schema_type=schema_type)
+            except SchemaError as exc:
+                log.warning("schema_unusable", topic=topic, schema_id=schema_id, reason=str(exc))
+                entry = BadSchemaEventError(schema_id, str(exc))
+            self.cache.put(topic, schema_id, entry)

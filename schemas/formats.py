@@ -1,0 +1,837 @@
+"""Event formats per topic: JSON (the default), and Avro, Protobuf and JSON Schema in the Confluent wire format.
+
+A topic's format is declared by a ``[[topic]]`` table of the counters file (:class:`TopicFormat`). A record of
+an Avro, Protobuf or JSON Schema topic is ``0x00`` (the magic byte), the writer schema's id (4 bytes, big
+endian), for Protobuf the message indexes (a zig-zag varint count, then as many zig-zag varints; a single
+``0x00`` means ``[0]``), then the payload. The writer schema comes from a schema registry by that id (the
+I/O half, ``countersink.schema_registry``, fills a :class:`SchemaCache` before a batch is routed) or, in the
+inline mode, from files named by the topic's table (the id is then not looked up: every record of the topic
+is read with the file's schema).
+
+What a decoder hands the counters is what a JSON event would be: a dict of str, int, float, bool, None,
+lists and dicts, plus :class:`~decimal.Decimal` for Avro decimals. The mapping is in docs/counters.md
+("Avro, Protobuf and JSON Schema topics"); instants become integers of milliseconds since 1970 (UTC).
+
+Everything here is pure except :func:`compile_proto`, which runs ``protoc`` (grpcio-tools) in a child process
+with a time limit: a schema from a registry is untrusted input, and parsing it outside this process bounds
+what it can cost. Schema texts are bounded in size and nesting before anything parses them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.errors import CountersinkError, InvalidEventError, UnparseableEventError
+
+Format = Literal["json", "avro", "protobuf", "json-schema"]
+FORMATS: tuple[str, ...] = ("json", "avro", "protobuf", "json-schema")
+SchemaType = Literal["AVRO", "PROTOBUF", "JSON"]
+SCHEMA_TYPE: dict[str, SchemaType] = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}
+
+MAGIC = 0
+HEADER_BYTES = 5
+DEFAULT_MAX_SCHEMA_BYTES = 256 * 1024
+DEFAULT_MAX_SCHEMA_DEPTH = 32
+# Message indexes name a message by its place among nested declarations: deeper than this is not a schema.
+MAX_MESSAGE_INDEXES = 16
+PROTOC_TIMEOUT_S = 20.0
+
+Decoder = Callable[[bytes], Any]
+JsonParser = Callable[[bytes], Any]
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+class UnknownSchemaError(InvalidEventError):
+    """Raised when a record names a schema id the registry does not have (it answered 404): a dead letter,
+    whose headers carry the id."""
+
+    def __init__(self, schema_id: int) -> None:
+        super().__init__("", f"schema id {schema_id} is unknown to the schema registry")
+        self.schema_id = schema_id
+
+
+class SchemaNotLoadedError(CountersinkError):
+    """Raised when a record is routed before its writer schema was fetched: a defect of the caller, which must
+    load every schema id of a batch (:func:`schema_ids`) first. Retriable: the record is not refused."""
+
+    retriable = True
+
+
+class SchemaError(CountersinkError):
+    """Raised when a schema text cannot be used: too large, too deep, or not a valid schema of its type. For a
+    schema from the registry the records that name it are dead letters (:class:`BadSchemaEventError`)."""
+
+
+class BadSchemaEventError(InvalidEventError):
+    """Raised for a record whose writer schema exists but cannot be used (see :class:`SchemaError`)."""
+
+    def __init__(self, schema_id: int, reason: str) -> None:
+        super().__init__("", f"schema id {schema_id} cannot be used: {reason}")
+        self.schema_id = schema_id
+
+
+# --- the counters file's [[topic]] tables -------------------------------------------------------------------
+
+
+class TopicFormat(BaseModel):
+    """One ``[[topic]]`` table: the format of a topic's record values, and where its schemas come from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=249)
+    format: Format = "json"
+    # Inline mode: the writer schema is this file (relative paths: from the counters file's folder), and no
+    # registry is asked. Avro: a .avsc; Protobuf: a .proto (with ``message``); JSON Schema: a .json.
+    schema_file: str | None = None
+    # Protobuf, inline mode: the full name of the message the records hold (``shop.Purchase``).
+    message: str | None = None
+    # Avro: the schema the counters read records as (resolved from each record's writer schema): fields added
+    # with defaults read the default from records written before them.
+    reader_schema_file: str | None = None
+    # JSON Schema: check each record against its writer schema (an invalid record is a dead letter).
+    validate_records: bool = Field(default=False, alias="validate")
+
+    @field_validator("name")
+    @classmethod
+    def _topic_name(cls, v: str) -> str:
+        if not (v.isascii() and all(c.isalnum() or c in "._-" for c in v)):
+            raise ValueError(f"{v!r} is not a Kafka topic name")
+        return v
+
+    @property
+    def registry(self) -> bool:
+        """True when the writer schemas come from a registry (a non-JSON format without ``schema_file``)."""
+        return self.format != "json" and self.schema_file is None
+
+
+def parse_topic_tables(entries: object, base: Path | None) -> tuple[dict[str, TopicFormat], list[tuple[str, str]]]:
+    """The ``[[topic]]`` tables, by topic, and the problems found as (label, reason); schema files are read
+    and checked here, relative to ``base``."""
+    formats: dict[str, TopicFormat] = {}
+    problems: list[tuple[str, str]] = []
+    if not isinstance(entries, list):
+        return formats, [("topic", "must be an array of tables ([[topic]])")]
+    for i, entry in enumerate(entries):
+        label = f"[[topic]] #{i + 1}"
+        try:
+            topic = TopicFormat.model_validate(entry)
+        except ValueError as exc:
+            problems.append((label, str(exc).replace("\n", " ")))
+            continue
+        label = f"[[topic]] {topic.name!r}"
+        if topic.name in formats:
+            problems.append((label, "the topic has two [[topic]] tables"))
+            continue
+        if topic.format == "json" and (topic.schema_file or topic.reader_schema_file or topic.message):
+            problems.append((label, "a json topic takes no schema_file, reader_schema_file or message"))
+            continue
+        if topic.reader_schema_file is not None and topic.format != "avro":
+            problems.append((label, "reader_schema_file is for avro topics"))
+            continue
+        if topic.format == "protobuf" and topic.schema_file is not None and not topic.message:
+            problems.append((label, "an inline protobuf topic names its message (message = \"pkg.Name\")"))
+            continue
+        try:
+            inline_decoder(topic, base, _json_loads)
+        except SchemaError as exc:
+            problems.append((label, str(exc)))
+            continue
+        formats[topic.name] = topic
+    return formats, problems
+
+
+def _read_schema_file(name: str, base: Path | None, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> str:
+    path = Path(name) if base is None or Path(name).is_absolute() else base / name
+    try:
+        if path.stat().st_size > max_bytes:
+            raise SchemaError(f"{path}: larger than {max_bytes} bytes")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"cannot read schema file {path}: {exc}") from exc
+
+
+# --- the wire format ----------------------------------------------------------------------------------------
+
+
+def schema_id_of(raw: bytes | None) -> int | None:
+    """The schema id of a Confluent-framed value; None when the value is not framed (empty, short, other magic)."""
+    if raw is None or len(raw) < HEADER_BYTES or raw[0] != MAGIC:
+        return None
+    return int.from_bytes(raw[1:HEADER_BYTES], "big")
+
+
+def schema_ids(values: Iterable[bytes | None]) -> set[int]:
+    """Every schema id a batch of values names: what must be in the cache before the batch is routed."""
+    found = set()
+    for raw in values:
+        if raw is not None and len(raw) >= HEADER_BYTES and raw[0] == MAGIC:
+            found.add(int.from_bytes(raw[1:HEADER_BYTES], "big"))
+    return found
+
+
+def split_header(raw: bytes) -> tuple[int, int]:
+    """(schema id, offset of what follows the header) of a framed value; refuses an unframed one."""
+    if len(raw) < HEADER_BYTES:
+        raise UnparseableEventError("", f"{len(raw)} bytes: too short for the schema registry wire format")
+    if raw[0] != MAGIC:
+        raise UnparseableEventError("", f"magic byte {raw[0]}, not 0: not in the schema registry wire format")
+    return int.from_bytes(raw[1:HEADER_BYTES], "big"), HEADER_BYTES
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint at ``at`` (at most 10 bytes): (value, next offset)."""
+    value = shift = 0
+    for i in range(at, min(at + 10, len(raw))):
+        byte = raw[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    raise UnparseableEventError("", "truncated or over-long varint in the message indexes")
+
+
+def _zigzag(n: int) -> int:
+    return (n >> 1) ^ -(n & 1)
+
+
+def read_message_indexes(raw: bytes, at: int) -> tuple[tuple[int, ...], int]:
+    """The Protobuf message indexes at ``at`` (after the 5-byte header): (indexes, offset of the payload)."""
+    raw_count, at = _varint(raw, at)
+    count = _zigzag(raw_count)
+    if count == 0:
+        return (0,), at
+    if not 0 < count <= MAX_MESSAGE_INDEXES:
+        raise UnparseableEventError("", f"{count} message indexes: not a Protobuf message path")
+    indexes = []
+    for _ in range(count):
+        raw_index, at = _varint(raw, at)
+        index = _zigzag(raw_index)
+        if index < 0:
+            raise UnparseableEventError("", f"negative message index {index}")
+        indexes.append(index)
+    return tuple(indexes), at
+
+
+def encode_message_indexes(indexes: tuple[int, ...]) -> bytes:
+    """What :func:`read_message_indexes` reads (``[0]`` as the single byte 0, as Confluent's serializers do)."""
+    if indexes == (0,):
+        return b"\x00"
+    out = bytearray()
+    for n in (len(indexes), *indexes):
+        z = (n << 1) ^ (n >> 63)
+        while True:
+            byte = z & 0x7F
+            z >>= 7
+            out.append(byte | (0x80 if z else 0))
+            if not z:
+                break
+    return bytes(out)
+
+
+def frame(schema_id: int, payload: bytes, indexes: tuple[int, ...] | None = None) -> bytes:
+    """A value in the wire format (``indexes`` for Protobuf)."""
+    head = bytes([MAGIC]) + schema_id.to_bytes(4, "big")
+    return head + (encode_message_indexes(indexes) if indexes is not None else b"") + payload
+
+
+# --- bounds on schema texts ---------------------------------------------------------------------------------
+
+
+def _check_text(text: str, max_bytes: int) -> None:
+    if len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise SchemaError(f"the schema is larger than {max_bytes} bytes")
+
+
+def _json_depth_ok(doc: object, max_depth: int) -> bool:
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > max_depth:
+            return False
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+    return True
+
+
+def _json_schema_doc(text: str, max_bytes: int, max_depth: int) -> Any:
+    _check_text(text, max_bytes)
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"the schema is not JSON: {exc}") from exc
+    if not _json_depth_ok(doc, max_depth):
+        raise SchemaError(f"the schema is nested deeper than {max_depth}")
+    return doc
+
+
+# --- decoded values as the counters read them ---------------------------------------------------------------
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MS = dt.timedelta(milliseconds=1)
+
+
+def plain(value: Any) -> Any:
+    """A decoded Avro value as a JSON event would hold it: instants to milliseconds since 1970 (UTC), dates
+    and times to ISO text, UUIDs to text, bytes to lowercase hex; Decimal stays Decimal."""
+    t = type(value)
+    if t is dict:
+        return {k: plain(v) for k, v in value.items()}
+    if t is list:
+        return [plain(v) for v in value]
+    if t is dt.datetime:
+        when = value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+        return (when - _EPOCH) // _MS
+    if t is dt.date or t is dt.time:
+        return value.isoformat()
+    if t is uuid.UUID:
+        return str(value)
+    if t is bytes or t is bytearray:
+        return value.hex()
+    return value
+
+
+# --- Avro ---------------------------------------------------------------------------------------------------
+
+# Types after which a decoded value needs :func:`plain` (fastavro hands back datetime, date, UUID and bytes).
+_NEEDS_PLAIN = frozenset({"bytes", "fixed", "timestamp-millis", "timestamp-micros", "timestamp-nanos",
+                          "local-timestamp-millis", "local-timestamp-micros", "local-timestamp-nanos", "date",
+                          "time-millis", "time-micros", "uuid"})
+
+
+def _mentions(doc: object, names: frozenset[str]) -> bool:
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str) and node in names:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+                 max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> Decoder:
+    """A decoder of Avro payloads written with schema ``text``, read as ``reader_text`` when given (fields the
+    writer lacks take the reader's defaults)."""
+    import fastavro
+
+    doc = _json_schema_doc(text, max_bytes, max_depth)
+    reader_doc = None if reader_text is None else _json_schema_doc(reader_text, max_bytes, max_depth)
+    try:
+        writer = fastavro.parse_schema(doc)
+        reader = None if reader_doc is None else fastavro.parse_schema(reader_doc)
+    except Exception as exc:  # fastavro raises SchemaParseException, ValueError, KeyError, TypeError...
+        raise SchemaError(f"not a valid Avro schema: {exc}") from exc
+    if not (isinstance(doc, dict) and doc.get("type") == "record"):
+        raise SchemaError("the Avro schema of a topic's records must be a record")
+    needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
+    read = fastavro.schemaless_reader
+    bytes_io = io.BytesIO
+
+    def decode(payload: bytes) -> Any:
+        try:
+            value = read(bytes_io(payload), writer, reader)
+        except RecursionError as exc:
+            raise UnparseableEventError("", "the Avro record is nested too deeply") from exc
+        except Exception as exc:  # EOFError, SchemaResolutionError, UnicodeDecodeError, ValueError...
+            raise UnparseableEventError("", f"not an Avro record of its writer schema: {exc}") from exc
+        return plain(value) if needs_plain else value
+
+    return decode
+
+
+def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:
+    """A function from a dict to the Avro payload of schema ``text`` (for ``countersink publish`` and tests);
+    raises ValueError for a dict the schema cannot hold."""
+    import fastavro
+
+    doc = _json_schema_doc(text, max_bytes, DEFAULT_MAX_SCHEMA_DEPTH)
+    try:
+        schema = fastavro.parse_schema(doc)
+    except Exception as exc:
+        raise SchemaError(f"not a valid Avro schema: {exc}") from exc
+
+    def encode(event: Any) -> bytes:
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, schema, event, strict_allow_default=True)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not a record of the Avro schema: {exc}") from None
+        return out.getvalue()
+
+    return encode
+
+
+# --- Protobuf -----------------------------------------------------------------------------------------------
+
+
+def compile_proto(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+                  timeout_s: float = PROTOC_TIMEOUT_S) -> bytes:
+    """The ``FileDescriptorSet`` (serialized, with imports) of one .proto text, by protoc in a child process.
+    Imports of Google's well-known types resolve; imports of other files do not (no registry references)."""
+    _check_text(text, max_bytes)
+    import grpc_tools
+
+    includes = Path(grpc_tools.__file__).parent / "_proto"
+    with tempfile.TemporaryDirectory(prefix="countersink-proto-") as folder:
+        source = Path(folder) / "schema.proto"
+        source.write_text(text, encoding="utf-8")
+        out = Path(folder) / "set.pb"
+        command = [sys.executable, "-m", "grpc_tools.protoc", f"-I{folder}", f"-I{includes}", "--include_imports",
+                   f"--descriptor_set_out={out}", "schema.proto"]
+        try:
+            # The command is ours (this interpreter, a fixed module); only the file it reads is untrusted.
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=folder,  # noqa: S603
+                                  check=False, env={"PATH": os.environ.get("PATH", "")})
+        except subprocess.TimeoutExpired as exc:
+            raise SchemaError(f"protoc took longer than {timeout_s:.0f}s") from exc
+        if done.returncode != 0:
+            raise SchemaError(f"not a valid .proto file: {done.stderr.strip()[:500]}")
+        return out.read_bytes()
+
+
+class ProtoSchema:
+    """The messages of one .proto file, as dynamic message classes, and a decoder per message."""
+
+    def __init__(self, text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(compile_proto(text, max_bytes=max_bytes))
+        pool = descriptor_pool.DescriptorPool()
+        for file in descriptor_set.file:
+            pool.Add(file)
+        self.file = pool.FindFileByName("schema.proto")
+        # Message indexes count declarations in file order: the file's own list keeps that order.
+        source = next(f for f in descriptor_set.file if f.name == "schema.proto")
+        self._top = [self.file.message_types_by_name[m.name] for m in source.message_type]
+        self._get_class = message_factory.GetMessageClass
+        self._decoders: dict[tuple[int, ...], Decoder] = {}
+        if not self._top:
+            raise SchemaError("the .proto file declares no message")
+
+    def descriptor(self, indexes: tuple[int, ...]) -> Any:
+        """The message at ``indexes``: the first among the file's messages, the rest among nested ones; None
+        when there is none."""
+        try:
+            found = self._top[indexes[0]]
+            for index in indexes[1:]:
+                found = found.nested_types[index]
+        except IndexError:
+            return None
+        return found
+
+    def indexes_of(self, full_name: str) -> tuple[int, ...]:
+        """The message indexes of the message called ``full_name`` (for the inline mode and publishing)."""
+        def walk(messages: list[Any], path: tuple[int, ...]) -> tuple[int, ...] | None:
+            for i, message in enumerate(messages):
+                if message.full_name == full_name:
+                    return (*path, i)
+                found = walk(list(message.nested_types), (*path, i))
+                if found is not None:
+                    return found
+            return None
+
+        found = walk(self._top, ())
+        if found is None:
+            raise SchemaError(f"the .proto file declares no message {full_name!r}")
+        return found
+
+    def message_class(self, indexes: tuple[int, ...]) -> Any:
+        descriptor = self.descriptor(indexes)
+        if descriptor is None:
+            raise SchemaError(f"no message at indexes {list(indexes)}")
+        return self._get_class(descriptor)
+
+    def encoder(self, indexes: tuple[int, ...]) -> Callable[[Any], bytes]:
+        """A function from a JSON-shaped dict (proto3 JSON mapping: enum names, RFC 3339 timestamps) to the
+        payload of the message at ``indexes``; raises ValueError for a dict the message cannot hold."""
+        from google.protobuf import json_format
+
+        message_class = self.message_class(indexes)
+
+        def encode(event: Any) -> bytes:
+            try:
+                return bytes(json_format.ParseDict(event, message_class()).SerializeToString())
+            except json_format.ParseError as exc:
+                raise ValueError(str(exc)) from None
+
+        return encode
+
+    def decoder(self, indexes: tuple[int, ...]) -> Decoder | None:
+        """The decoder of the message at ``indexes``; None when the file has no message there."""
+        decode = self._decoders.get(indexes)
+        if decode is None:
+            descriptor = self.descriptor(indexes)
+            if descriptor is None:
+                return None
+            message_class = self._get_class(descriptor)
+            to_dict = _message_reader(descriptor)
+            parse = message_class.FromString
+
+            def decode(payload: bytes) -> Any:
+                try:
+                    message = parse(payload)
+                except Exception as exc:  # DecodeError, RecursionError (upb bounds nesting)
+                    raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: {exc}") from exc
+                return to_dict(message)
+
+            self._decoders[indexes] = decode
+        return decode
+
+
+_TIMESTAMP = "google.protobuf.Timestamp"
+_WRAPPERS = frozenset({"google.protobuf.DoubleValue", "google.protobuf.FloatValue", "google.protobuf.Int64Value",
+                       "google.protobuf.UInt64Value", "google.protobuf.Int32Value", "google.protobuf.UInt32Value",
+                       "google.protobuf.BoolValue", "google.protobuf.StringValue", "google.protobuf.BytesValue"})
+
+
+def _message_reader(descriptor: Any, readers: dict[str, Callable[[Any], Any]] | None = None
+                    ) -> Callable[[Any], Any]:
+    """A function from a message of ``descriptor`` to a dict. A field with presence (proto2 fields, proto3
+    ``optional``, members of a oneof, messages) is absent when unset; a proto3 scalar without presence holds
+    its value, the default included (the wire cannot tell them apart). Enums are their value's name."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    if readers is None:
+        readers = {}
+    full_name = descriptor.full_name
+    if full_name in readers:  # a recursive message: read by the reader being built
+        known = readers
+        return lambda m: known[full_name](m)
+    readers[full_name] = lambda m: None
+    plan: list[tuple[str, bool, Callable[[Any], Any] | None, bool, bool]] = []
+
+    def value_reader(field: Any) -> Callable[[Any], Any] | None:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            name = field.message_type.full_name
+            if name == _TIMESTAMP:
+                return lambda m: m.seconds * 1000 + m.nanos // 1_000_000
+            if name in _WRAPPERS:
+                inner = _message_reader(field.message_type, readers)
+                return lambda m: inner(m).get("value")
+            return _message_reader(field.message_type, readers)
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            values = field.enum_type.values_by_number
+            return lambda n: values[n].name if n in values else n
+        if field.type == FieldDescriptor.TYPE_BYTES:
+            return lambda b: b.hex()
+        return None
+
+    map_entries = {}
+    for field in descriptor.fields:
+        is_map = (field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry)
+        if is_map:
+            value_field = field.message_type.fields_by_name["value"]
+            map_entries[field.name] = value_reader(value_field)
+            plan.append((field.name, False, map_entries[field.name], False, True))
+            continue
+        plan.append((field.name, field.has_presence and not field.is_repeated, value_reader(field),
+                     field.is_repeated, False))
+
+    def read(message: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, presence, convert, repeated, is_map in plan:
+            if presence and not message.HasField(name):
+                continue
+            value = getattr(message, name)
+            if is_map:
+                out[name] = {k: (convert(v) if convert else v) for k, v in value.items()}
+            elif repeated:
+                out[name] = [convert(v) for v in value] if convert else list(value)
+            else:
+                out[name] = convert(value) if convert else value
+        return out
+
+    readers[full_name] = read
+    return read
+
+
+# --- JSON Schema --------------------------------------------------------------------------------------------
+
+
+def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
+                        max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> Decoder:
+    """A decoder of JSON payloads of a JSON Schema topic (checked against the schema when ``validate``)."""
+    doc = _json_schema_doc(text, max_bytes, max_depth)
+    validator = None
+    if validate:
+        import jsonschema
+
+        try:
+            cls = jsonschema.validators.validator_for(doc)
+            cls.check_schema(doc)
+            validator = cls(doc)
+        except jsonschema.SchemaError as exc:
+            raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
+
+    def decode(payload: bytes) -> Any:
+        try:
+            event = parse(payload)
+        except (ValueError, RecursionError) as exc:
+            raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
+        if validator is not None:
+            error = next(iter(validator.iter_errors(event)), None)
+            if error is not None:
+                path = ".".join(str(p) for p in error.absolute_path)
+                raise InvalidEventError(path, f"does not match its JSON Schema: {error.message[:300]}")
+        return event
+
+    return decode
+
+
+def json_schema_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:
+    """A function from a dict to its JSON text, checked against the JSON Schema ``text`` (ValueError if not)."""
+    import jsonschema
+
+    doc = _json_schema_doc(text, max_bytes, DEFAULT_MAX_SCHEMA_DEPTH)
+    try:
+        cls = jsonschema.validators.validator_for(doc)
+        cls.check_schema(doc)
+    except jsonschema.SchemaError as exc:
+        raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
+    validator = cls(doc)
+
+    def encode(event: Any) -> bytes:
+        error = next(iter(validator.iter_errors(event)), None)
+        if error is not None:
+            raise ValueError(f"does not match the JSON Schema at {list(error.absolute_path)}: {error.message[:300]}")
+        return json.dumps(event, separators=(",", ":")).encode()
+
+    return encode
+
+
+# --- writer schemas by id, and a topic's decoder ------------------------------------------------------------
+
+
+class WriterSchema:
+    """One registry schema, compiled for decoding: ``decode(raw, at)`` reads the payload of a record at ``at``
+    (just past the 5-byte header)."""
+
+    def __init__(self, schema_id: int, schema_type: str, text: str, topic: TopicFormat, parse: JsonParser,
+                 reader_text: str | None = None, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> None:
+        self.schema_id = schema_id
+        self.proto: ProtoSchema | None = None
+        self._decode: Decoder | None = None
+        wanted = SCHEMA_TYPE[topic.format]
+        if schema_type != wanted:
+            raise SchemaError(f"a {schema_type} schema on a {topic.format} topic")
+        if wanted == "AVRO":
+            self._decode = compile_avro(text, reader_text, max_bytes=max_bytes)
+        elif wanted == "JSON":
+            self._decode = compile_json_schema(text, parse, topic.validate_records, max_bytes=max_bytes)
+        else:
+            self.proto = ProtoSchema(text, max_bytes=max_bytes)
+
+    def decode(self, raw: bytes, at: int) -> Any:
+        if self.proto is not None:
+            indexes, at = read_message_indexes(raw, at)
+            decode = self.proto.decoder(indexes)
+            if decode is None:
+                raise UnparseableEventError("", f"schema id {self.schema_id} has no message at {list(indexes)}")
+            return decode(raw[at:])
+        assert self._decode is not None
+        return self._decode(raw[at:] if at else raw)
+
+
+class SchemaCache:
+    """Writer schemas by id, as fetched from the registry: a compiled :class:`WriterSchema`, or the reason it
+    cannot be used (404: unknown; or a :class:`SchemaError`). Filled by the I/O layer, read by decoders."""
+
+    def __init__(self) -> None:
+        # Per topic format (an id may be read by topics of different formats or reader schemas).
+        self.entries: dict[tuple[str, int], WriterSchema | InvalidEventError] = {}
+
+    def missing(self, topic: str, ids: Iterable[int]) -> list[int]:
+        return sorted(i for i in set(ids) if (topic, i) not in self.entries)
+
+    def put(self, topic: str, schema_id: int, entry: WriterSchema | InvalidEventError) -> None:
+        self.entries[(topic, schema_id)] = entry
+
+    def get(self, topic: str, schema_id: int) -> WriterSchema | InvalidEventError | None:
+        return self.entries.get((topic, schema_id))
+
+
+def registry_decoder(topic: TopicFormat, cache: SchemaCache) -> Decoder:
+    """The decoder of a registry topic's values: header, cached writer schema, payload."""
+    name = topic.name
+    entries = cache.entries
+
+    def decode(raw: bytes) -> Any:
+        schema_id, at = split_header(raw)
+        entry = entries.get((name, schema_id))
+        if entry is None:
+            raise SchemaNotLoadedError(f"schema id {schema_id} of topic {name} was not loaded before routing")
+        if isinstance(entry, InvalidEventError):
+            raise entry
+        return entry.decode(raw, at)
+
+    return decode
+
+
+def inline_decoder(topic: TopicFormat, base: Path | None, parse: JsonParser,
+                   max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Decoder | None:
+    """The decoder of an inline topic (schemas from files; the header's id is not looked up); None for a
+    JSON or registry topic. Raises :class:`SchemaError` for an unusable file."""
+    if topic.schema_file is None:
+        if topic.reader_schema_file is not None:
+            _read_schema_file(topic.reader_schema_file, base, max_bytes)
+        return None
+    text = _read_schema_file(topic.schema_file, base, max_bytes)
+    if topic.format == "avro":
+        reader = None if topic.reader_schema_file is None else _read_schema_file(topic.reader_schema_file, base,
+                                                                                  max_bytes)
+        payload_decode = compile_avro(text, reader, max_bytes=max_bytes)
+    elif topic.format == "json-schema":
+        payload_decode = compile_json_schema(text, parse, topic.validate_records, max_bytes=max_bytes)
+    else:
+        proto = ProtoSchema(text, max_bytes=max_bytes)
+        assert topic.message is not None
+        indexes = proto.indexes_of(topic.message)
+        message_decode = proto.decoder(indexes)
+        assert message_decode is not None
+
+        def decode_proto(raw: bytes) -> Any:
+            _, at = split_header(raw)
+            _, at = read_message_indexes(raw, at)
+            return message_decode(raw[at:])
+
+        return decode_proto
+
+    def decode(raw: bytes) -> Any:
+        _, at = split_header(raw)
+        return payload_decode(raw[at:])
+
+    return decode
+
+
+# --- the JSON fast path for decoded records --------------------------------------------------------
+
+def _json_exact(value: Any) -> bool:
+    """True when ``value`` comes back from JSON text as it is: no Decimal, no NaN or infinity, string keys."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return bool(value - value == 0.0)  # finite
+    if t is dict:
+        return all(type(k) is str and _json_exact(v) for k, v in value.items())
+    if t is list:
+        return all(_json_exact(v) for v in value)
+    return False
+
+
+def _event_json_exact(event: dict[str, Any]) -> bool:
+    """:func:`_json_exact` of a decoded event (string keys), with the common flat case in one loop."""
+    for v in event.values():
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if not _json_exact(v):
+            return False
+    return True
+
+
+def transcoder(decode: Decoder, max_event_bytes: int, json_payload: bool = False) -> Callable[[bytes], bytes | None]:
+    """A function from a record's value to the JSON text of its decoded event, for the JSON fast path
+    (``schemas.fast_route``), or None when the record should take the router: it does not decode (the router
+    gives the error), is over ``max_event_bytes`` (the router refuses it by its own size), or its event would not
+    come back from JSON as it is (a Decimal, a NaN, a non-string key). Since the fast path decides as the router
+    does on JSON text, and that text parses back to the decoded event, the fast path decides as the router does
+    on the record. ``json_payload`` (JSON Schema topics): the payload is that JSON text already, once decoded
+    (its schema id known, validated when asked)."""
+    import msgspec
+
+    encode = msgspec.json.encode
+
+    def transcode(raw: bytes) -> bytes | None:
+        if len(raw) > max_event_bytes:
+            return None
+        try:
+            event = decode(raw)
+        except InvalidEventError:
+            return None
+        if json_payload:
+            return raw[HEADER_BYTES:]
+        if type(event) is not dict or not _event_json_exact(event):
+            return None
+        try:
+            return encode(event)
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    return transcode
+
+
+def _json_loads(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+def decoders(formats: Mapping[str, TopicFormat], cache: SchemaCache, base: Path | None
+             ) -> dict[str, Callable[[JsonParser], Decoder]]:
+    """For the router: per non-JSON topic, a factory of its decoder from the JSON parser the topic's counters
+    need (exact decimals or not; JSON Schema payloads are JSON)."""
+    made: dict[str, Callable[[JsonParser], Decoder]] = {}
+    for name, topic in formats.items():
+        if topic.format == "json":
+            continue
+        if topic.registry:
+            made[name] = functools.partial(_registry, topic, cache)
+        else:
+            made[name] = functools.partial(_inline, topic, base)
+    return made
+
+
+def _registry(topic: TopicFormat, cache: SchemaCache, parse: JsonParser) -> Decoder:
+    del parse  # a registry topic's JSON Schema payloads are parsed by its WriterSchema (SchemaLoader's parser)
+    return registry_decoder(topic, cache)
+
+
+def _inline(topic: TopicFormat, base: Path | None, parse: JsonParser) -> Decoder:
+    decode = inline_decoder(topic, base, parse)
+    assert decode is not None
+    return decode
+
+
+__all__ = [
+    "FORMATS",
+    "BadSchemaEventError",
+    "SchemaCache",
+    "SchemaError",
+    "SchemaNotLoadedError",
+    "TopicFormat",
+    "UnknownSchemaError",
+    "WriterSchema",
+    "avro_encoder",
+    "compile_avro",
+    "decoders",
+    "frame",
+    "inline_decoder",
+    "json_schema_encoder",
+    "parse_topic_tables",
+    "plain",
+    "read_message_indexes",
+    "registry_decoder",
+    "schema_id_of",
+    "schema_ids",
+    "split_header",
+    "transcoder",
+]

@@ -1,0 +1,533 @@
+"""Avro, Protobuf and JSON Schema topics: the wire format, the type mapping, the inline mode and the bounds."""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
+from countersink.settings import SchemaRegistrySettings
+from schemas.definitions import parse_definitions
+from schemas.errors import DefinitionError, InvalidEventError, UnparseableEventError
+from schemas.events import EventRouter
+from schemas.formats import (
+    SCHEMA_TYPE,
+    ProtoSchema,
+    SchemaCache,
+    SchemaError,
+    SchemaNotLoadedError,
+    TopicFormat,
+    UnknownSchemaError,
+    WriterSchema,
+    compile_avro,
+    compile_json_schema,
+    decoders,
+    encode_message_indexes,
+    frame,
+    read_message_indexes,
+    registry_decoder,
+    schema_id_of,
+    schema_ids,
+    split_header,
+)
+from tests.unit.test_fast_route import BODIES
+from tests.unit.test_fast_route import FIELDS as FAST_ROUTE_FIELDS
+from tests.unit.test_fast_route import described as fast_route_described
+from tests.unit.test_fast_route import outcomes as fast_route_outcomes
+from tests.unit.test_fast_route import values as fast_route_values
+
+V1 = {"type": "record", "name": "View", "namespace": "shop", "fields": [
+    {"name": "page", "type": "string"},
+    {"name": "n", "type": "long"},
+]}
+V2 = {**V1, "fields": [*V1["fields"], {"name": "user", "type": "string", "default": "anon"}]}
+
+PROTO = """
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Other { int32 x = 1; }
+message Purchase {
+  string sku = 1;
+  int64 amount = 2;
+  optional string user = 3;
+  enum Kind { VIEW = 0; BUY = 1; }
+  Kind kind = 4;
+  google.protobuf.Timestamp at = 5;
+  message Where { string city = 1; }
+  Where where = 6;
+  map<string, int64> tags = 7;
+  bytes blob = 8;
+}
+"""
+
+
+def avro_bytes(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return out.getvalue()
+
+
+# --- the wire format ----------------------------------------------------------------------------------------
+
+
+def test_header_gives_the_schema_id_and_refuses_other_framing() -> None:
+    """The magic byte 0 and a big-endian id are read; a short value or another magic byte is unparseable."""
+    raw = frame(258, b"payload")
+    assert raw[:5] == b"\x00\x00\x00\x01\x02"
+    assert split_header(raw) == (258, 5)
+    assert schema_id_of(raw) == 258
+    assert schema_ids([raw, frame(7, b""), None, b"{}", b"\x01\x00\x00\x00\x09"]) == {258, 7}
+    with pytest.raises(UnparseableEventError, match="too short"):
+        split_header(b"\x00\x00")
+    with pytest.raises(UnparseableEventError, match="magic byte 123"):
+        split_header(b'{"a": 1}')
+
+
+@pytest.mark.parametrize("indexes", [(0,), (1,), (0, 2), (3, 0, 1), (200, 70000)])
+def test_message_indexes_round_trip(indexes: tuple[int, ...]) -> None:
+    """Message indexes encode as zig-zag varints (``[0]`` as one zero byte) and read back whole."""
+    encoded = encode_message_indexes(indexes)
+    if indexes == (0,):
+        assert encoded == b"\x00"
+    assert read_message_indexes(b"hdr" + encoded + b"rest", 3) == (indexes, 3 + len(encoded))
+
+
+def test_message_indexes_are_bounded() -> None:
+    """A count past the bound, a negative index or a truncated varint is unparseable, not a crash."""
+    with pytest.raises(UnparseableEventError, match="message indexes"):
+        read_message_indexes(encode_message_indexes(tuple(range(17))), 0)
+    with pytest.raises(UnparseableEventError, match="negative"):
+        read_message_indexes(b"\x02\x01", 0)  # one index, zig-zag 1 = -1
+    with pytest.raises(UnparseableEventError, match="varint"):
+        read_message_indexes(b"\x02\xff", 0)
+
+
+# --- Avro ------------------------------------------------------------------------------------------------------
+
+
+def test_avro_v1_record_reads_with_the_reader_schema_default() -> None:
+    """A v1 record read with a v2 reader schema gets the added field's default; a v2 record keeps its value."""
+    decode = compile_avro(json.dumps(V1), json.dumps(V2))
+    assert decode(avro_bytes(V1, {"page": "/a", "n": 3})) == {"page": "/a", "n": 3, "user": "anon"}
+    decode_v2 = compile_avro(json.dumps(V2), json.dumps(V2))
+    assert decode_v2(avro_bytes(V2, {"page": "/b", "n": 1, "user": "u1"})) == {"page": "/b", "n": 1, "user": "u1"}
+
+
+def test_avro_types_map_onto_what_counters_read() -> None:
+    """long -> int, double -> float, decimal -> Decimal, timestamps -> epoch ms, date -> ISO text, bytes -> hex,
+    enum -> its symbol, uuid -> text, nested record -> dict, union -> its value."""
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "l", "type": "long"},
+        {"name": "d", "type": "double"},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "raw", "type": "bytes"},
+        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["VIEW", "BUY"]}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "where", "type": {"type": "record", "name": "W", "fields": [{"name": "city", "type": "string"}]}},
+        {"name": "maybe", "type": ["null", "long"]},
+    ]}
+    import datetime as dt
+    import uuid
+
+    record = {"l": 2**40, "d": 1.5, "price": Decimal("12.34"),
+              "at": dt.datetime(2026, 11, 26, 5, 0, 0, 123000, tzinfo=dt.UTC),
+              "at_us": dt.datetime(2026, 11, 26, 5, 0, 0, 123456, tzinfo=dt.UTC),
+              "day": dt.date(2026, 11, 26), "raw": b"\x00\xff", "kind": "BUY",
+              "id": uuid.UUID("12345678-1234-5678-1234-567812345678"), "where": {"city": "Oslo"}, "maybe": None}
+    decoded = compile_avro(json.dumps(schema))(avro_bytes(schema, record))
+    assert decoded == {"l": 2**40, "d": 1.5, "price": Decimal("12.34"), "at": 1_795_669_200_123,
+                       "at_us": 1_795_669_200_123, "day": "2026-11-26", "raw": "00ff", "kind": "BUY",
+                       "id": "12345678-1234-5678-1234-567812345678", "where": {"city": "Oslo"}, "maybe": None}
+    assert type(decoded["l"]) is int
+    assert type(decoded["d"]) is float
+
+
+def test_avro_garbage_is_unparseable() -> None:
+    """A payload that is not a record of the writer schema is unparseable (a dead letter), never a crash."""
+    decode = compile_avro(json.dumps(V1))
+    with pytest.raises(UnparseableEventError, match="Avro"):
+        decode(b"\x08ab")  # a string of 4 bytes with 2 present
+
+
+def test_schema_bounds_refuse_large_and_deep_schemas() -> None:
+    """A schema text over the size bound, or nested deeper than the depth bound, is refused before parsing."""
+    with pytest.raises(SchemaError, match="larger than"):
+        compile_avro(json.dumps({**V1, "doc": "x" * 5000}), max_bytes=4096)
+    deep: dict[str, Any] = {"type": "record", "name": "R0", "fields": []}
+    node = deep
+    for i in range(1, 40):
+        child: dict[str, Any] = {"type": "record", "name": f"R{i}", "fields": []}
+        node["fields"].append({"name": "f", "type": child})
+        node = child
+    with pytest.raises(SchemaError, match="deeper"):
+        compile_avro(json.dumps(deep))
+    with pytest.raises(SchemaError, match="not a valid Avro schema"):
+        compile_avro(json.dumps({"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}))
+    with pytest.raises(SchemaError, match="must be a record"):
+        compile_avro(json.dumps("long"))
+
+
+# --- Protobuf --------------------------------------------------------------------------------------------------
+
+
+def test_protobuf_messages_decode_to_dicts() -> None:
+    """Indexes pick the message; int64 -> int, enum -> name, Timestamp -> epoch ms, nested -> dict, map -> dict,
+    bytes -> hex; an unset optional or message field is absent, an unset proto3 scalar holds its default."""
+    proto = ProtoSchema(PROTO)
+    indexes = proto.indexes_of("shop.Purchase")
+    assert indexes == (1,)
+    assert proto.indexes_of("shop.Purchase.Where") == (1, 0)
+    message = proto.message_class(indexes)(sku="k1", amount=2**40, kind=1, blob=b"\x01", tags={"a": 5})
+    message.at.seconds = 1_795_237_200
+    message.at.nanos = 123_000_000
+    message.where.city = "Oslo"
+    decode = proto.decoder(indexes)
+    assert decode is not None
+    assert decode(message.SerializeToString()) == {
+        "sku": "k1", "amount": 2**40, "kind": "BUY", "at": 1_795_237_200_123, "where": {"city": "Oslo"},
+        "tags": {"a": 5}, "blob": "01"}
+    assert decode(proto.message_class(indexes)(user="u").SerializeToString()) == {
+        "sku": "", "amount": 0, "user": "u", "kind": "VIEW", "tags": {}, "blob": ""}
+
+
+def test_protobuf_bad_schema_and_payload() -> None:
+    """A .proto protoc refuses is a SchemaError; a payload that is not the message is unparseable."""
+    with pytest.raises(SchemaError, match=r"not a valid \.proto"):
+        ProtoSchema("syntax = \"proto3\"; message { }")
+    proto = ProtoSchema(PROTO)
+    decode = proto.decoder((1,))
+    assert decode is not None
+    with pytest.raises(UnparseableEventError, match="Protobuf"):
+        decode(b"\xff\xff\xff")
+    assert proto.decoder((9,)) is None
+
+
+def test_protobuf_writer_schema_reads_framed_records() -> None:
+    """A registry Protobuf schema reads the message the record's indexes name."""
+    topic = TopicFormat(name="p", format="protobuf")
+    writer = WriterSchema(3, "PROTOBUF", PROTO, topic, json.loads)
+    assert writer.proto is not None
+    other = writer.proto.message_class((0,))(x=7)
+    assert writer.decode(frame(3, other.SerializeToString(), (0,)), 5) == {"x": 7}
+    with pytest.raises(UnparseableEventError, match="no message"):
+        writer.decode(frame(3, b"", (5,)), 5)
+
+
+# --- JSON Schema -----------------------------------------------------------------------------------------------
+
+
+def test_json_schema_records_validate_when_asked() -> None:
+    """A JSON Schema payload is JSON; with validation, a record against its schema is invalid with the path."""
+    schema = json.dumps({"type": "object", "properties": {"amount": {"type": "integer"}}})
+    assert compile_json_schema(schema, json.loads, False)(b'{"amount": "x"}') == {"amount": "x"}
+    checked = compile_json_schema(schema, json.loads, True)
+    assert checked(b'{"amount": 3}') == {"amount": 3}
+    with pytest.raises(InvalidEventError, match="does not match") as refused:
+        checked(b'{"amount": "x"}')
+    assert refused.value.path == "amount"
+    with pytest.raises(UnparseableEventError):
+        checked(b"{nope")
+
+
+# --- the cache, and the router ----------------------------------------------------------------------------------
+
+
+def test_registry_decoder_reads_from_the_cache_only() -> None:
+    """An id not loaded is a retriable SchemaNotLoadedError; an id the registry does not know is a dead letter
+    with the id; a loaded one decodes."""
+    topic = TopicFormat(name="views", format="avro")
+    cache = SchemaCache()
+    decode = registry_decoder(topic, cache)
+    record = frame(1, avro_bytes(V1, {"page": "/a", "n": 1}))
+    with pytest.raises(SchemaNotLoadedError):
+        decode(record)
+    assert SchemaNotLoadedError.retriable
+    cache.put("views", 1, WriterSchema(1, "AVRO", json.dumps(V1), topic, json.loads))
+    cache.put("views", 2, UnknownSchemaError(2))
+    assert decode(record) == {"page": "/a", "n": 1}
+    with pytest.raises(UnknownSchemaError) as unknown:
+        decode(frame(2, b""))
+    assert unknown.value.schema_id == 2
+    assert cache.missing("views", [1, 2, 3]) == [3]
+
+
+def test_writer_schema_of_another_type_is_refused() -> None:
+    """A PROTOBUF schema id on an avro topic cannot be used."""
+    with pytest.raises(SchemaError, match="PROTOBUF schema on a avro topic"):
+        WriterSchema(1, "PROTOBUF", PROTO, TopicFormat(name="t", format="avro"), json.loads)
+
+
+COUNTERS = """
+[[topic]]
+name = "views"
+format = "avro"
+schema_file = "view.avsc"
+reader_schema_file = "view_v2.avsc"
+
+[[counter]]
+name = "views_by_page"
+topics = ["views"]
+kind = "count"
+key = ["page"]
+
+[[counter]]
+name = "views_by_user"
+topics = ["views"]
+kind = "sum"
+key = ["user"]
+value = "n"
+"""
+
+
+def test_inline_mode_counts_from_schema_files(tmp_path: Path) -> None:
+    """The inline mode reads a topic's records with schemas from files beside the counters file: no registry,
+    and the v2 reader schema's default fills records of v1."""
+    (tmp_path / "view.avsc").write_text(json.dumps(V1))
+    (tmp_path / "view_v2.avsc").write_text(json.dumps(V2))
+    counters = parse_definitions(COUNTERS, base=tmp_path)
+    assert counters.format_of("views") == "avro"
+    assert counters.format_of("elsewhere") == "json"
+    router = EventRouter(counters, decoders=decoders(counters.formats, SchemaCache(), counters.schema_base))
+    updates = router.route("views", frame(99, avro_bytes(V1, {"page": "/a", "n": 4})))
+    assert [(u.counter, u.key, u.value) for u in updates] == [
+        ("views_by_page", "/a", None), ("views_by_user", "anon", 4)]
+    with pytest.raises(UnparseableEventError, match="magic"):
+        router.route("views", b'{"page": "/a"}')
+
+
+def test_nested_avro_fields_are_read_by_dotted_paths() -> None:
+    """A nested record is a dict, so a counter keyed by ``where.city`` reads it."""
+    schema = {"type": "record", "name": "E", "fields": [
+        {"name": "where", "type": {"type": "record", "name": "W", "fields": [{"name": "city", "type": "string"}]}}]}
+    counters = parse_definitions("""
+[[topic]]
+name = "e"
+format = "avro"
+
+[[counter]]
+name = "by_city"
+topics = ["e"]
+kind = "count"
+key = ["where.city"]
+""")
+    cache = SchemaCache()
+    cache.put("e", 5, WriterSchema(5, "AVRO", json.dumps(schema), counters.formats["e"], json.loads))
+    router = EventRouter(counters, decoders=decoders(counters.formats, cache, None))
+    updates = router.route("e", frame(5, avro_bytes(schema, {"where": {"city": "Oslo"}})))
+    assert [(u.key, u.value) for u in updates] == [("Oslo", None)]
+
+
+@pytest.mark.parametrize(("table", "problem"), [
+    ('name = "t"\nformat = "xml"', "format"),
+    ('name = "t"\nformat = "json"\nschema_file = "x.avsc"', "json topic takes no"),
+    ('name = "t"\nformat = "protobuf"\nschema_file = "x.proto"', "names its message"),
+    ('name = "t"\nformat = "avro"\nschema_file = "missing.avsc"', "cannot read schema file"),
+    ('name = "bad name"\nformat = "avro"', "not a Kafka topic name"),
+    ('name = "vues-é"\nformat = "avro"', "not a Kafka topic name"),
+])
+def test_topic_tables_are_checked(table: str, problem: str, tmp_path: Path) -> None:
+    """A [[topic]] table with an unknown format, misplaced or unreadable schema files is refused at load."""
+    text = f"[[topic]]\n{table}\n\n[[counter]]\nname = \"c\"\ntopics = [\"t\"]\nkind = \"count\"\n"
+    with pytest.raises(DefinitionError) as refused:
+        parse_definitions(text, base=tmp_path)
+    assert problem in str(refused.value) + " ".join(str(p) for p in refused.value.problems)
+
+
+def test_registry_settings_trust_answers_only_over_tls_when_asked(tmp_path: Path) -> None:
+    """With a CA file the URL must be https; credentials over http are refused unless allowed."""
+    ca = tmp_path / "ca.pem"
+    with pytest.raises(ValidationError, match="only over TLS"):
+        SchemaRegistrySettings(url="http://registry:8081", ca_file=ca)
+    assert SchemaRegistrySettings(url="https://registry:8081", ca_file=ca).ca_file == ca
+    with pytest.raises(ValidationError, match="in the clear"):
+        SchemaRegistrySettings.model_validate({"url": "http://registry:8081", "username": "u", "password": "p"})
+    settings = SchemaRegistrySettings.model_validate(
+        {"url": "http://r:1", "username": "u", "password": "hunter2", "allow_insecure": True})
+    assert "hunter2" not in repr(settings)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.sampled_from(["avro", "protobuf", "json-schema"]))
+def test_any_bytes_are_routed_or_refused_by_name(payload: bytes, format_: str) -> None:
+    """Whatever follows a known schema id, the router returns updates or raises an InvalidEventError subclass:
+    never another exception (a record can only be counted or dead-lettered)."""
+    router = _ROUTERS[format_]
+    # The bare payload too, unless it reads as a frame naming another id (which the cache would lack).
+    bare = [payload] if schema_id_of(payload) in (None, 1) else []
+    for raw in (frame(1, payload), frame(1, payload, (0,)), *bare):
+        try:
+            router.route("t", raw)
+        except InvalidEventError:
+            continue
+
+
+def _routers() -> dict[str, EventRouter]:
+    made = {}
+    for format_, kind, text in (("avro", "AVRO", json.dumps(V1)), ("protobuf", "PROTOBUF", PROTO),
+                                ("json-schema", "JSON", json.dumps({"type": "object"}))):
+        counters = parse_definitions(f'[[topic]]\nname = "t"\nformat = "{format_}"\n\n'
+                                     '[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n')
+        cache = SchemaCache()
+        cache.put("t", 1, WriterSchema(1, kind, text, counters.formats["t"], json.loads))
+        made[format_] = EventRouter(counters, decoders=decoders(counters.formats, cache, None))
+    return made
+
+
+_ROUTERS = _routers()
+
+
+def test_a_registry_topic_without_a_registry_url_is_refused_at_start(tmp_path: Path) -> None:
+    """``consume`` on a counters file with a registry topic and no registry URL stops with exit 2 and one
+    settings_refused line naming the setting, before connecting anywhere."""
+    import os
+    import subprocess
+    import sys
+
+    counters = tmp_path / "counters.toml"
+    counters.write_text('[[topic]]\nname = "t"\nformat = "avro"\n\n[[counter]]\nname = "c"\ntopics = ["t"]\n'
+                        'kind = "count"\n')
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")}
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "consume", "--counters", str(counters)],
+                          cwd=Path(__file__).resolve().parents[2], env={**clean, "COUNTERSINK_LOG_FORMAT": "json"},
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    (line,) = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert line["event"] == "settings_refused"
+    assert "COUNTERSINK_SCHEMA_REGISTRY__URL" in line["error"]
+
+
+# --- the JSON fast path on decoded records ----------------------------------------------------------------------
+
+_SCALAR = ["null", "boolean", "long", "double", "string"]
+_ANY_FIELD = [*_SCALAR, {"type": "array", "items": _SCALAR}, {"type": "map", "values": _SCALAR}]
+DIFFERENTIAL_AVRO = {"type": "record", "name": "Any", "fields": [
+    {"name": name, "type": _ANY_FIELD, "default": None} for name in FAST_ROUTE_FIELDS]}
+
+
+def _formats_mutator(counters: Any, format_: str, window: int) -> Mutator:
+    cache = SchemaCache()
+    text = json.dumps(DIFFERENTIAL_AVRO) if format_ == "avro" else json.dumps({"type": "object"})
+    cache.put("t", 1, WriterSchema(1, SCHEMA_TYPE[format_], text, counters.formats["t"], json.loads))
+    router = EventRouter(counters, max_event_bytes=400, max_depth=6, max_key_bytes=24,
+                         decoders=decoders(counters.formats, cache, None))
+    applier = Applier(router, counters, "t", 0, RetryWindow(window))
+    entry = MutatorEntry(uuid.uuid4(), "g", "t", 0, "h", 0, 10**18)
+    return Mutator(entry, PartitionId("g", "t", 0), applier, -1, -1)
+
+
+def _avro_record(event: dict[str, Any]) -> bytes | None:
+    try:
+        return frame(1, avro_bytes(DIFFERENTIAL_AVRO, {name: event.get(name) for name in FAST_ROUTE_FIELDS}))
+    except (ValueError, TypeError, OverflowError, UnicodeEncodeError):
+        return None  # not a record of the schema (an integer past 64 bits, a lone surrogate)
+
+
+@st.composite
+def decoded_event(draw: st.DrawFn) -> dict[str, Any]:
+    """Any fields with any values, or (half the time) the common shape: valid fields, ids from a small set."""
+    event: dict[str, Any] = dict(draw(st.dictionaries(st.sampled_from(FAST_ROUTE_FIELDS), fast_route_values)))
+    if draw(st.booleans()):
+        event.update(sym=draw(st.sampled_from(["IBM", "MSFT", "a|b", 7, True])), n=draw(st.integers(-5, 5)),
+                     x=draw(st.floats(-10, 10)), id=draw(st.sampled_from(["i1", "i2", "i3", 4])),
+                     rid=draw(st.sampled_from(["r1", "r2"])), side=draw(st.sampled_from(["buy", "sell", 1, True])),
+                     user=draw(st.sampled_from(["u1", "u2", 5])), flag=draw(st.sampled_from([True, 1, "1", 0])))
+    return event
+
+
+DECODED_ARGUMENTS = {
+    "bodies": st.lists(st.sampled_from(BODIES), min_size=1, max_size=4),
+    "events": st.lists(decoded_event(), max_size=25),
+    "format_": st.sampled_from(["avro", "json-schema"]),
+    "window": st.integers(0, 5),
+    "cut": st.integers(0, 25),
+}
+
+
+def _decoded_check(bodies: list[str], events: list[dict[str, Any]], format_: str, window: int, cut: int) -> None:
+    table = f'[[topic]]\nname = "t"\nformat = "{format_}"\n\n'
+    counters = parse_definitions(table + "".join(
+        f'[[counter]]\nname = "c{i}"\ntopics = ["t"]\n{body}\n\n' for i, body in enumerate(bodies)))
+    if format_ == "avro":
+        encoded = [_avro_record(event) for event in events]
+    else:
+        encoded = [frame(1, json.dumps(event).encode("utf-8", "surrogatepass")) for event in events]
+    records = [Record(offset, raw) for offset, raw in enumerate(r for r in encoded if r is not None)]
+    reference, batched = _formats_mutator(counters, format_, window), _formats_mutator(counters, format_, window)
+    assert batched.applier.transcode is not None
+    for batch in (records[:cut], records[cut:]):
+        expected = fast_route_outcomes(reference, batch)
+        assert fast_route_described(batched.apply_batch(batch)) == fast_route_described(expected)
+        assert batched.dirty == reference.dirty
+        assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+            k: s.to_bytes() for k, s in reference.states.items()}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**DECODED_ARGUMENTS)
+def test_decoded_records_take_the_fast_path_as_the_router_decides(
+        bodies: list[str], events: list[dict[str, Any]], format_: str, window: int, cut: int) -> None:
+    """Avro and JSON Schema records on the batch path (decoded, as JSON text, through the JSON fast path) end
+    with the same states, dirty sets, outcomes and dead letters as record at a time through the router."""
+    _decoded_check(bodies, events, format_, window, cut)
+
+
+def test_the_fast_path_reads_decoded_records() -> None:
+    """A plain Avro record is applied by the fast path (the router is not asked); one holding a NaN is not."""
+    counters = parse_definitions('[[topic]]\nname = "t"\nformat = "avro"\n\n[[counter]]\nname = "c"\n'
+                                 'topics = ["t"]\nkind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "float"\n')
+    mutator = _formats_mutator(counters, "avro", 0)
+    plain_record = _avro_record({"sym": "IBM", "x": 1.5})
+    nan_record = _avro_record({"sym": "IBM", "x": float("nan")})
+    assert plain_record is not None
+    assert nan_record is not None
+    routed: list[object] = []
+    original = mutator.applier.router.route
+
+    def route(*args: Any, **kwargs: Any) -> Any:
+        routed.append(args)
+        return original(*args, **kwargs)
+
+    mutator.applier.router.route = route  # type: ignore[method-assign]
+    assert mutator.apply_batch([Record(0, plain_record)]).applied == 1
+    assert routed == []
+    result = mutator.apply_batch([Record(1, nan_record)])
+    assert len(routed) == 1
+    assert [type(e).__name__ for _, e in result.invalid] == ["ValueOutOfRangeError"]
+
+
+def test_the_decoded_differential_check_catches_a_planted_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a transcoder that writes booleans as integers (the router refuses ``true`` where it takes ``1``), the
+    differential check above fails: it can tell the two paths apart."""
+    import msgspec
+
+    real_encode = msgspec.json.encode
+
+    def bools_as_ints(value: Any) -> Any:
+        if type(value) is bool:
+            return int(value)
+        if type(value) is dict:
+            return {k: bools_as_ints(v) for k, v in value.items()}
+        if type(value) is list:
+            return [bools_as_ints(v) for v in value]
+        return value
+
+    monkeypatch.setattr(msgspec.json, "encode", lambda value: real_encode(bools_as_ints(value)))
+    planted = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow])(given(**DECODED_ARGUMENTS)(_decoded_check))
+    with pytest.raises(AssertionError):
+        planted()
