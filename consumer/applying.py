@@ -18,8 +18,8 @@ from typing import NamedTuple, Protocol
 from consumer.storage import MutatorEntry, PartitionId
 from schemas import timeseries
 from schemas.definitions import CounterSet
-from schemas.errors import CountersinkError, InvalidEventError
-from schemas.events import EventRouter, Update, apply_updates
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
+from schemas.events import EventRouter, RecordFields, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
 from schemas.kinds import State, new_state
 from schemas.kinds.base import KindSpec
@@ -49,6 +49,12 @@ class KafkaRecord(Protocol):
     @property
     def timestamp(self) -> int | None: ...
 
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+
 
 class Record(NamedTuple):
     """One Kafka record of the partition a mutator consumes."""
@@ -56,6 +62,8 @@ class Record(NamedTuple):
     offset: int
     value: bytes | None
     timestamp: int | None = None  # the record's Kafka timestamp, ms (retention decides lateness by it)
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
 
 
 class RecordSource(Protocol):
@@ -222,19 +230,29 @@ class Applier:
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
+    def fields_of(self, record: KafkaRecord) -> RecordFields:
+        """What the router may read of ``record`` beside its payload."""
+        return RecordFields(record.timestamp, record.key, record.headers or (), self.partition)
+
     def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
-        """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
+        """Route one record and drop repeats; pushes its ids into the window. No state is touched.
+
+        The error, when not None, is for the dead-letter topic: the whole event's (outcome INVALID), or a
+        :class:`CountersRefusedError` naming the counters that refused it, beside the updates of those that
+        accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it)."""
         try:
-            updates = self.router.route(self.topic, record.value or b"", record.timestamp)
+            decision = self.router.decide(self.topic, record.value or b"", self.fields_of(record))
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc
+        updates = decision.updates
+        error = CountersRefusedError(tuple(decision.refusals)) if decision.refusals else None
         fresh = self.window.admit(updates)
         if not updates:
-            return Outcome.FILTERED, [], None
+            return (Outcome.FILTERED if error is None else Outcome.INVALID), [], error
         if not fresh:
-            return Outcome.DUPLICATE, [], None
-        return Outcome.APPLIED, fresh, None
+            return Outcome.DUPLICATE, [], error
+        return Outcome.APPLIED, fresh, error
 
     def expires_at(self, counter: str, key: str) -> int | None:
         """When the instance's bucket reaches the end of its retention; None for a counter kept forever."""
@@ -266,7 +284,7 @@ class BatchApplied:
             self.applied += 1
         elif outcome is Outcome.DUPLICATE:
             self.duplicates += 1
-        elif outcome is Outcome.INVALID and error is not None:
+        if error is not None:  # refused as a whole, or by some of its counters
             self.invalid.append((record, error))
 
 
@@ -348,6 +366,10 @@ class Mutator:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
+                    continue
+                if record.headers and restricted(record.headers):
+                    # restricted to some counters (a re-published dead letter): the router decides it
+                    result.count(record, *self.apply(record))
                     continue
                 outcome = apply_event(record.value or b"", rows, fresh, touched, create)
                 if outcome is None:
