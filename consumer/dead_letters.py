@@ -4,6 +4,8 @@ skips them is recorded complete (by a flush, a release or a rotation)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
@@ -12,7 +14,8 @@ from consumer.applying import KafkaRecord
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import ConsumerSettings
-from schemas.errors import CountersRefusedError, InvalidEventError
+from schemas.errors import CountersRefusedError, InvalidEventError, NotRepublishableError
+from schemas.events import APPLY_TO_HEADER
 
 log = get_logger(__name__)
 
@@ -62,6 +65,49 @@ def dead_letter_headers(topic: str, partition: int, record: KafkaRecord, error: 
         headers.append((TIMESTAMP_HEADER, str(record.timestamp).encode()))
     headers += [(name, value) for name, value in (record.headers or ()) if not name.startswith(HEADER_PREFIX)]
     return headers
+
+
+class Republish(NamedTuple):
+    """A dead letter sent back to its source: to the partition it came from, with its key, timestamp and
+    headers, and (when counters refused it) :data:`~schemas.events.APPLY_TO_HEADER` naming them."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int | None
+
+
+def plan_republish(headers: Sequence[tuple[str, bytes | None]], value: bytes | None, key: bytes | None,
+                   payload: bytes | None = None, *, origin: str = "") -> Republish:
+    """What re-publishing one dead letter sends: ``payload`` (the fixed event) or the dead letter's own value,
+    to the topic and partition of ``countersink.source``. A dead letter that counters refused goes back for
+    those counters alone (the others counted it the first time); one refused as a whole goes back for all.
+    ``origin`` (``TOPIC/PARTITION/OFFSET`` of the dead letter) is kept in a header, to trace it."""
+    last: dict[str, bytes | None] = {}
+    for name, header in headers:
+        last[name] = header
+    source = (last.get("countersink.source") or b"").decode("utf-8", "replace")
+    topic, _, rest = source.partition("/")
+    partition_text, _, _ = rest.partition("/")
+    if not topic or not partition_text.isdigit():
+        raise NotRepublishableError(f"no countersink.source header: not a dead letter countersink wrote ({source!r})")
+    if payload is None:
+        if "countersink.truncated" in last:
+            raise NotRepublishableError("the dead letter was cut short (countersink.truncated): give the event "
+                                        "to send with --payload")
+        if value is None:
+            raise NotRepublishableError("the dead letter has no value: give the event to send with --payload")
+        payload = value
+    stamp = (last.get(TIMESTAMP_HEADER) or b"").decode("ascii", "replace")
+    out = [(name, header) for name, header in headers if not name.startswith(HEADER_PREFIX)]
+    refused = last.get(REFUSED_HEADER)
+    if refused:
+        out.append((APPLY_TO_HEADER, refused))
+    if origin:
+        out.append(("countersink.republished-from", origin.encode()))
+    return Republish(topic, int(partition_text), key, payload, out, int(stamp) if stamp.isdigit() else None)
 
 
 class DeadLetters:

@@ -141,6 +141,11 @@ class CountersRefusedError(InvalidEventError):
         return tuple(r.counter for r in self.refusals if r.counter is not None)
 
 
+class NotRepublishableError(CountersinkError):
+    """Raised when a dead letter cannot be re-published as it is (not one countersink wrote, or cut short
+    and no fixed payload given)."""
+
+
 class UnknownStateTagError(CountersinkError):
     """Raised when stored state bytes carry a kind tag this build does not know, or not the expected one."""
 

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from consumer.applying import Applier, Mutator, Outcome, Record, RetryWindow
-from consumer.dead_letters import dead_letter_headers, refused_by
+from consumer.dead_letters import dead_letter_headers, plan_republish, refused_by
 from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.errors import (
     CountersRefusedError,
     DefinitionError,
     MissingFieldError,
+    NotRepublishableError,
     UnparseableEventError,
     WrongTypeError,
 )
@@ -297,3 +298,27 @@ def test_counters_reading_the_record_leave_their_topic_to_the_router() -> None:
     m.apply_batch([Record(0, b'{"n": 2}', HOUR, b'{"user_id": "u"}', [("kind", b"click"), ("source", b"app")])])
     assert {k: s.value() for k, s in m.states.items()} == {
         ("by_key", '{"user_id": "u"}|2026-11-18T11:00Z'): 1, ("by_key_user", "u|0"): 2, ("by_source", "app"): 1}
+
+
+def test_a_republished_dead_letter_goes_back_for_the_counters_that_refused_it() -> None:
+    """Re-publishing sends the payload (or the fixed one) to the source partition with the record's key,
+    timestamp and headers, restricted to the refusing counters; a whole-event dead letter goes to all."""
+    record = Record(7, b'{"type":"purchase","sku":"k1","amount":"12","user":"u2"}', 1_795_000_000_000, b"k",
+                    [("trace", b"t-1")])
+    _, _, error = applier(ISSUE).classify(record)
+    assert error is not None
+    headers = dead_letter_headers("events", 2, record, error)
+    plan = plan_republish(headers, record.value, b"k", b'{"fixed": 1}', origin="dlq/0/4")
+    assert (plan.topic, plan.partition, plan.key, plan.value, plan.timestamp_ms) == (
+        "events", 2, b"k", b'{"fixed": 1}', 1_795_000_000_000)
+    assert plan.headers == [("trace", b"t-1"), (APPLY_TO_HEADER, b"revenue"),
+                            ("countersink.republished-from", b"dlq/0/4")]
+    whole = Record(8, b"{oops")
+    _, _, error = applier(ISSUE).classify(whole)
+    assert error is not None
+    plan = plan_republish(dead_letter_headers("events", 0, whole, error), b"{oops", None, b"{}")
+    assert APPLY_TO_HEADER not in dict(plan.headers)
+    with pytest.raises(NotRepublishableError, match="cut short"):
+        plan_republish([*headers, ("countersink.truncated", b"9 bytes cut to 4")], b"{\"ty", b"k")
+    with pytest.raises(NotRepublishableError, match="not a dead letter"):
+        plan_republish([("trace", b"x")], b"{}", None)
