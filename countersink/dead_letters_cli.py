@@ -73,8 +73,8 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
     tp = TopicPartition(topic, partition)
     consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
                              isolation_level="read_committed")
-    await consumer.start()
     try:
+        await consumer.start()
         consumer.assign([tp])
         low = (await consumer.beginning_offsets([tp]))[tp]
         high = (await consumer.end_offsets([tp]))[tp]
@@ -103,8 +103,8 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
             f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
     if not dry_run:
         producer = make_producer(settings.kafka)
-        await producer.start()
         try:
+            await producer.start()
             await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
                                        timestamp_ms=plan.timestamp_ms, headers=plan.headers))
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,3 +323,23 @@ def test_a_republished_dead_letter_goes_back_for_the_counters_that_refused_it() 
         plan_republish([*headers, ("countersink.truncated", b"9 bytes cut to 4")], b"{\"ty", b"k")
     with pytest.raises(NotRepublishableError, match="not a dead letter"):
         plan_republish([("trace", b"x")], b"{}", None)
+
+
+def test_the_documented_mixed_topic_is_the_one_tested() -> None:
+    """docs/counters.md's mixed-topic definitions are the ones these tests hold to the table there."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "counters.md").read_text()
+    section = text.split("### One topic, several kinds of event", 1)[1]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert parse_definitions(toml).counters == ISSUE.counters
+    decisions = EventRouter(ISSUE).decide("events", b'{"type":"purchase","sku":"k1","amount":"12","user":"u2"}')
+    assert decisions.updates == [Update("events_by_user", "u2", None, None)]
+    assert [r.counter for r in decisions.refusals] == ["revenue"]
+
+
+def test_the_documented_record_counter_counts_by_key_field_header_and_hour() -> None:
+    """docs/counters.md's record-field example reads the key's field, a header and the record's hour."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "counters.md").read_text()
+    toml = text.split("### The record as fields", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    router = EventRouter(parse_definitions(toml))
+    decision = router.decide("orders", b"{}", RecordFields(HOUR + 5, b'{"customer": "c7"}', [("region", b"eu")]))
+    assert decision.updates == [Update("orders_by_customer_hour", "c7|eu|2026-11-18T11:00Z", None, None)]
