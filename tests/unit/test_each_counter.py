@@ -343,3 +343,28 @@ def test_the_documented_record_counter_counts_by_key_field_header_and_hour() -> 
     router = EventRouter(parse_definitions(toml))
     decision = router.decide("orders", b"{}", RecordFields(HOUR + 5, b'{"customer": "c7"}', [("region", b"eu")]))
     assert decision.updates == [Update("orders_by_customer_hour", "c7|eu|2026-11-18T11:00Z", None, None)]
+
+
+@pytest.mark.parametrize("key", ["@key", "@partition", "@header.source", "@@sym"])
+def test_a_topic_reading_the_record_or_an_at_field_has_no_fast_path(key: str) -> None:
+    """A counter keyed by a record field, or by a payload field written with a doubled @, leaves its topic to
+    the router (the batch path reads payload fields by their plain names), and counts what the router does."""
+    counters = parse_definitions(f'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["{key}"]\n')
+    m = mutator(counters, "t")
+    assert m.applier.fast is None
+    m.apply_batch([Record(0, b'{"@sym": "A", "@key": "B", "@partition": "C"}', None, b"K",
+                          [("source", b"web")])])
+    assert {k for _, k in m.states} == {{"@key": "K", "@partition": "0", "@header.source": "web",
+                                          "@@sym": "A"}[key]}
+
+
+def test_required_is_not_part_of_a_counters_meaning() -> None:
+    """Setting ``required`` keeps the counter's fingerprint (it decides which events arrive, as coerce does),
+    and a definition recorded before it existed reads back the same."""
+    from schemas.registry import fingerprint, from_record, to_record
+
+    plain, strict = (parse_definitions(f'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n{extra}')
+                     .counters[0] for extra in ("", "required = true\n"))
+    assert fingerprint(plain) == fingerprint(strict)
+    assert "required" not in to_record(plain)
+    assert from_record(to_record(strict)).required is True
