@@ -19,7 +19,7 @@ from consumer.storage import MutatorEntry, PartitionId
 from schemas import timeseries
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
-from schemas.events import EventRouter, RecordFields, Update, apply_updates, restricted
+from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
 from schemas.kinds import State, new_state
 from schemas.kinds.base import KindSpec
@@ -230,10 +230,6 @@ class Applier:
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
-    def fields_of(self, record: KafkaRecord) -> RecordFields:
-        """What the router may read of ``record`` beside its payload."""
-        return RecordFields(record.timestamp, record.key, record.headers or (), self.partition)
-
     def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
         """Route one record and drop repeats; pushes its ids into the window. No state is touched.
 
@@ -241,7 +237,8 @@ class Applier:
         :class:`CountersRefusedError` naming the counters that refused it, beside the updates of those that
         accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it)."""
         try:
-            decision = self.router.decide(self.topic, record.value or b"", self.fields_of(record))
+            decision = self.router.decide_record(self.topic, record.value or b"", record.timestamp, record.key,
+                                                 record.headers, self.partition)
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc

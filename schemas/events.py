@@ -897,6 +897,19 @@ class EventRouter:
             return Decision([], [], [])
         return self._decide(plan, self._parse(raw, plan.parse), record)
 
+    def decide_record(self, topic: str, raw: bytes, timestamp_ms: int | None, key: bytes | None = None,
+                      headers: Sequence[tuple[str, bytes | None]] = (), partition: int | None = None) -> Decision:
+        """:meth:`decide` for a record given by its parts (the consumer's hot path: the parts are gathered
+        only for a topic whose counters read them)."""
+        plan = self._plans.get(topic)
+        if plan is None:
+            return Decision([], [], [])
+        event = self._parse(raw, plan.parse)
+        only = apply_to(headers) if headers else None
+        if not plan.reads_record:
+            return self._each_counter(plan, event, timestamp_ms, only)
+        return self._with_record(plan, event, RecordFields(timestamp_ms, key, headers, partition), only)
+
     def decide_event(self, topic: str, event: dict[str, Any], record: RecordFields | None = None) -> Decision:
         """What each counter on ``topic`` decides of one event already decoded into a dict (JSON, or a
         decoded Avro, Protobuf or JSON Schema record), read beside ``record``'s key, time, headers and
@@ -918,47 +931,48 @@ class EventRouter:
         return self._decide(plan, event, record)
 
     def _decide(self, plan: _TopicPlan, event: dict[str, Any], record: RecordFields | None) -> Decision:
-        timestamp_ms = None
-        only = None
-        if record is not None:
-            timestamp_ms = record.timestamp_ms
-            if record.headers:
-                only = apply_to(record.headers)
-            if plan.reads_record:
-                event[_RECORD] = _RecordView(record, self.max_depth)
-        elif plan.reads_record:
-            event[_RECORD] = _RecordView(RecordFields(), self.max_depth)
+        if record is None:
+            record = RecordFields()
+        only = apply_to(record.headers) if record.headers else None
+        if not plan.reads_record:
+            return self._each_counter(plan, event, record.timestamp_ms, only)
+        return self._with_record(plan, event, record, only)
+
+    def _with_record(self, plan: _TopicPlan, event: dict[str, Any], record: RecordFields,
+                     only: frozenset[str] | None) -> Decision:
+        event[_RECORD] = _RecordView(record, self.max_depth)
+        try:
+            return self._each_counter(plan, event, record.timestamp_ms, only)
+        finally:
+            del event[_RECORD]
+
+    def _each_counter(self, plan: _TopicPlan, event: dict[str, Any], timestamp_ms: int | None,
+                      only: frozenset[str] | None) -> Decision:
         updates: list[Update] = []
         refusals: list[InvalidEventError] = []
         skipped: list[tuple[str, str]] = []
-        late: list[str] = []
-        try:
-            for name, extract, needed, required in plan.counters:
-                if only is not None and name not in only:
+        for name, extract, needed, required in plan.counters:
+            if only is not None and name not in only:
+                continue
+            try:
+                update = extract(event, timestamp_ms)
+            except InvalidEventError as exc:
+                reason = None if required else _absent(event, needed)
+                if reason is not None:
+                    skipped.append((name, reason))
+                    if self.on_not_applicable is not None:
+                        self.on_not_applicable(name, reason)
                     continue
-                try:
-                    update = extract(event, timestamp_ms)
-                except InvalidEventError as exc:
-                    reason = None if required else _absent(event, needed)
-                    if reason is not None:
-                        skipped.append((name, reason))
-                        continue
-                    exc.counter = name
-                    refusals.append(exc)
-                    continue
-                if update is LATE:
-                    late.append(name)
-                elif update is not None:
-                    updates.append(update)  # type: ignore[arg-type]
-        finally:
-            if plan.reads_record:
-                del event[_RECORD]
-        if late and self.on_late is not None:
-            for name in late:
-                self.on_late(name)
-        if skipped and self.on_not_applicable is not None:
-            for name, reason in skipped:
-                self.on_not_applicable(name, reason)
+                exc.counter = name
+                refusals.append(exc)
+                continue
+            if update is None:
+                continue
+            if update is LATE:
+                if self.on_late is not None:
+                    self.on_late(name)
+                continue
+            updates.append(update)  # type: ignore[arg-type]
         return Decision(updates, refusals, skipped)
 
     def route(self, topic: str, raw: bytes, timestamp_ms: int | None = None) -> list[Update]:
