@@ -121,9 +121,13 @@ class RetryWindow:
     begun, in O(1), so at most the ids of ``2 × size`` records are held. An id in the current generation is
     within the window; one found only in the previous generation is if its record number says so.
 
-    Counters that read the same event-id field under the same filter see the same ids in the same records
-    (an event is applied to every counter of its topic or to none), so :meth:`share` lets them keep one
-    dict: one look-up per record instead of one per counter.
+    Counters that read the same event-id field under the same filter see the same ids in the same records,
+    so :meth:`share` lets them keep one dict: one look-up per record instead of one per counter. An id is
+    recorded there once any of them counts its record. Each counter decides for itself, so one of them may
+    have counted a record that another skipped or refused; a retry is the same bytes, decided alike, so it is
+    dropped by those that counted the original and refused again by the others. A re-published dead letter
+    (``countersink.apply-to``) is the exception: the counters it names did not count the original, so it is
+    checked and recorded against each counter's own ids (``own``), never against its group's.
     """
 
     def __init__(self, size: int) -> None:
@@ -157,12 +161,13 @@ class RetryWindow:
             self._ids_of(self._shared.get(counter, counter))[event_id] = self._pushed
         self.advance()
 
-    def fresh(self, counter: str, event_id: str) -> bool:
+    def fresh(self, counter: str, event_id: str, own: bool = False) -> bool:
         """Whether ``event_id`` was not seen within the window, for one update of the record being admitted;
-        records it. Call :meth:`advance` once the record's updates are all admitted."""
+        records it. Call :meth:`advance` once the record's updates are all admitted. ``own``: among the ids
+        of this counter alone, not of its group."""
         if self.size <= 0:
             return True
-        key = self._shared.get(counter, counter)
+        key = counter if own else self._shared.get(counter, counter)
         if key is not counter:
             decided = self._decided.get(key)
             if decided is not None:
@@ -181,13 +186,14 @@ class RetryWindow:
             self._decided[key] = fresh
         return fresh
 
-    def admit(self, updates: list[Update]) -> list[Update]:
+    def admit(self, updates: list[Update], own: bool = False) -> list[Update]:
         """The updates of one record whose event id was not seen within the window; records their ids.
-        The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass."""
+        The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass. ``own``: for
+        a re-published dead letter, each counter's own ids (:meth:`fresh`)."""
         if self.size <= 0:
             return updates
         fresh = [update for update in updates if update.event_id is None or self.fresh(update.counter,
-                                                                                      update.event_id)]
+                                                                                      update.event_id, own)]
         self.advance()
         return fresh
 
@@ -244,7 +250,7 @@ class Applier:
             return Outcome.INVALID, [], exc
         updates = decision.updates
         error = CountersRefusedError(tuple(decision.refusals)) if decision.refusals else None
-        fresh = self.window.admit(updates)
+        fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
         if not updates:
             return (Outcome.FILTERED if error is None else Outcome.INVALID), [], error
         if not fresh:

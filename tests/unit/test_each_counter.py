@@ -368,3 +368,33 @@ def test_required_is_not_part_of_a_counters_meaning() -> None:
     assert fingerprint(plain) == fingerprint(strict)
     assert "required" not in to_record(plain)
     assert from_record(to_record(strict)).required is True
+
+
+def test_a_republished_dead_letter_is_not_taken_for_a_retry_by_a_counter_sharing_its_event_id() -> None:
+    """Two counters sharing an event-id field keep one dict of ids: when one counted an event the other
+    refused, the event re-published for the other is counted by it (not dropped as a retry of the first's),
+    once: re-published twice, the second is dropped."""
+    counters = parse_definitions("""
+[[counter]]
+name = "orders"
+topics = ["t"]
+kind = "count"
+key = ["sku"]
+event_id = "id"
+
+[[counter]]
+name = "amount"
+topics = ["t"]
+kind = "sum"
+key = ["sku"]
+value = "n"
+event_id = "id"
+""")
+    m = mutator(counters, "t")
+    fixed = Record(2, b'{"sku": "k", "n": 5, "id": "x"}', None, None, [(APPLY_TO_HEADER, b"amount")])
+    result = m.apply_batch([Record(0, b'{"sku": "k", "n": "5", "id": "x"}'),  # amount refuses it
+                            Record(1, b'{"sku": "k", "n": "5", "id": "x"}'),  # a retry: dropped, refused again
+                            fixed, fixed._replace(offset=3)])
+    assert {k: s.value() for k, s in m.states.items()} == {("orders", "k"): 1, ("amount", "k"): 5}
+    assert [r.offset for r, _ in result.invalid] == [0, 1]
+    assert (result.applied, result.duplicates) == (2, 2)
