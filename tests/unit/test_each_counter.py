@@ -398,3 +398,15 @@ event_id = "id"
     assert {k: s.value() for k, s in m.states.items()} == {("orders", "k"): 1, ("amount", "k"): 5}
     assert [r.offset for r, _ in result.invalid] == [0, 1]
     assert (result.applied, result.duplicates) == (2, 2)
+
+
+def test_a_payload_decoded_elsewhere_is_decided_as_json_is() -> None:
+    """decide_event takes a payload already decoded into a dict (an Avro or Protobuf record, say) and decides
+    it per counter exactly as the same payload as JSON, record fields included; the dict is left as it was."""
+    router = EventRouter(RECORD)
+    event: dict[str, Any] = {"n": 4, "@key": "k"}
+    fields = RecordFields(HOUR, b'{"user_id": 1}', [("source", b"web"), ("kind", b"click")], 2)
+    assert router.decide_event("r", event, fields) == router.decide("r", raw(event), fields)
+    assert event == {"n": 4, "@key": "k"}
+    assert EventRouter(ISSUE).decide_event("events", {"type": "view", "page": "/a"}).updates == [
+        Update("page_views", "/a", None, None)]
