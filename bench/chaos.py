@@ -191,7 +191,9 @@ def make_events(n: int, rng: random.Random, symbols: int = 500, retries: float =
             stream.append(pending.pop(0)[1])
             resent += 1
         if rng.random() < malformed:
-            stream.append(rng.choice([b"{not json", b'{"id":"x","symbol":"S001","qty":"many"}', b""]))
+            # refused by every counter (a symbol of no key's type): a wrongly typed qty alone would be refused by
+            # the counters reading qty and counted by the others, each counter deciding for itself
+            stream.append(rng.choice([b"{not json", b'{"id":"x","symbol":["S001"],"qty":"many"}', b""]))
             bad += 1
     stream.extend(event for _, event in pending)
     return stream, truth, resent + len(pending), bad
@@ -220,13 +222,14 @@ class TxPlan:
 
 
 def malformed_record(rng: random.Random) -> bytes:
-    """Invalid JSON, JSON that is not an object, or a trade with a field of the wrong type."""
+    """Invalid JSON, JSON that is not an object, or a trade whose symbol no counter takes as a key (so every
+    counter refuses it: a wrongly typed value alone is refused by the counters reading it, counted by the rest)."""
     tag = uuid.UUID(int=rng.getrandbits(128)).hex
     return rng.choice([
         f'{{"id":"{tag}","symbol":"S0', "", f'["{tag}"]',
-        f'{{"id":"{tag}","symbol":"S001","qty":"many","price":1.5}}',
-        f'{{"id":"{tag}","symbol":"S002","qty":2.5,"price":1.5}}',
-        f'{{"id":"{tag}","symbol":"S003","qty":3,"price":"free"}}',
+        f'{{"id":"{tag}","symbol":["S001"],"qty":"many","price":1.5}}',
+        f'{{"id":"{tag}","symbol":2.5,"qty":2.5,"price":1.5}}',
+        f'{{"id":"{tag}","symbol":{{"s":"S003"}},"qty":3,"price":"free"}}',
     ]).encode()
 
 
