@@ -62,7 +62,7 @@ from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from schemas.definitions import parse_definitions
 from schemas.errors import InvalidEventError
-from schemas.events import EventRouter, apply_updates
+from schemas.events import EventRouter, RecordFields, apply_updates
 from schemas.kinds import State
 from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
@@ -191,7 +191,9 @@ def make_events(n: int, rng: random.Random, symbols: int = 500, retries: float =
             stream.append(pending.pop(0)[1])
             resent += 1
         if rng.random() < malformed:
-            stream.append(rng.choice([b"{not json", b'{"id":"x","symbol":"S001","qty":"many"}', b""]))
+            # refused by every counter (a symbol of no key's type): a wrongly typed qty alone would be refused by
+            # the counters reading qty and counted by the others, each counter deciding for itself
+            stream.append(rng.choice([b"{not json", b'{"id":"x","symbol":["S001"],"qty":"many"}', b""]))
             bad += 1
     stream.extend(event for _, event in pending)
     return stream, truth, resent + len(pending), bad
@@ -220,13 +222,14 @@ class TxPlan:
 
 
 def malformed_record(rng: random.Random) -> bytes:
-    """Invalid JSON, JSON that is not an object, or a trade with a field of the wrong type."""
+    """Invalid JSON, JSON that is not an object, or a trade whose symbol no counter takes as a key (so every
+    counter refuses it: a wrongly typed value alone is refused by the counters reading it, counted by the rest)."""
     tag = uuid.UUID(int=rng.getrandbits(128)).hex
     return rng.choice([
         f'{{"id":"{tag}","symbol":"S0', "", f'["{tag}"]',
-        f'{{"id":"{tag}","symbol":"S001","qty":"many","price":1.5}}',
-        f'{{"id":"{tag}","symbol":"S002","qty":2.5,"price":1.5}}',
-        f'{{"id":"{tag}","symbol":"S003","qty":3,"price":"free"}}',
+        f'{{"id":"{tag}","symbol":["S001"],"qty":"many","price":1.5}}',
+        f'{{"id":"{tag}","symbol":2.5,"qty":2.5,"price":1.5}}',
+        f'{{"id":"{tag}","symbol":{{"s":"S003"}},"qty":3,"price":"free"}}',
     ]).encode()
 
 
@@ -491,7 +494,8 @@ retain = "30d"
 event_id = "id"
 """
 # Content that must never stall a partition, each with what a single owner must decide: "refused" (the
-# record goes to the dead-letter topic and no counter moves) or "either" (the reference router decides).
+# record goes to the dead-letter topic, and the counters that refuse it do not move: each counter decides for
+# itself) or "either" (the reference router decides).
 # Every case is a JSON template; {id}, {now}, {ahead} and {case} are filled in per record (the ``case`` field, which no
 # counter reads, names it in the truth).
 _HEAD = '{{"case":"{case}","id":"{id}",'
@@ -570,14 +574,20 @@ def poison_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], definit
         for record in batch:
             value = record.value or b""
             try:
-                updates = router.route(POISON_TOPIC, value, record.timestamp)
+                decision = router.decide(POISON_TOPIC, value, RecordFields(record.timestamp, record.key,
+                                                                           record.headers, partition))
             except InvalidEventError:
+                refused[f"{POISON_TOPIC}/{partition}/{record.offset}"] = value
+                continue
+            # Each counter decides for itself: the ones that accept a record count it, even when another
+            # refuses it (then it is dead-lettered once, naming the refusing counters).
+            apply_updates(states, decision.updates, counter_set)  # every event id is new: no retries here
+            if decision.refusals:
                 refused[f"{POISON_TOPIC}/{partition}/{record.offset}"] = value
                 continue
             case = _POISON_CASE.search(value)
             if case is not None and POISON_CASES[case[1].decode()][0] == "refused":
                 accepted_poison.append(case[1].decode())
-            apply_updates(states, updates, counter_set)  # every event id is new: no retries on this topic
     values: dict[str, dict[str, object]] = defaultdict(dict)
     for (counter, key), state in states.items():
         values[counter][key] = state.value()

@@ -18,8 +18,8 @@ from typing import NamedTuple, Protocol
 from consumer.storage import MutatorEntry, PartitionId
 from schemas import formats, timeseries
 from schemas.definitions import CounterSet
-from schemas.errors import CountersinkError, InvalidEventError
-from schemas.events import EventRouter, Update, apply_updates
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
+from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
 from schemas.kinds import State, new_state
 from schemas.kinds.base import KindSpec
@@ -49,6 +49,12 @@ class KafkaRecord(Protocol):
     @property
     def timestamp(self) -> int | None: ...
 
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+
 
 class Record(NamedTuple):
     """One Kafka record of the partition a mutator consumes."""
@@ -56,6 +62,8 @@ class Record(NamedTuple):
     offset: int
     value: bytes | None
     timestamp: int | None = None  # the record's Kafka timestamp, ms (retention decides lateness by it)
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
 
 
 class RecordSource(Protocol):
@@ -113,9 +121,13 @@ class RetryWindow:
     begun, in O(1), so at most the ids of ``2 × size`` records are held. An id in the current generation is
     within the window; one found only in the previous generation is if its record number says so.
 
-    Counters that read the same event-id field under the same filter see the same ids in the same records
-    (an event is applied to every counter of its topic or to none), so :meth:`share` lets them keep one
-    dict: one look-up per record instead of one per counter.
+    Counters that read the same event-id field under the same filter see the same ids in the same records,
+    so :meth:`share` lets them keep one dict: one look-up per record instead of one per counter. An id is
+    recorded there once any of them counts its record. Each counter decides for itself, so one of them may
+    have counted a record that another skipped or refused; a retry is the same bytes, decided alike, so it is
+    dropped by those that counted the original and refused again by the others. A re-published dead letter
+    (``countersink.apply-to``) is the exception: the counters it names did not count the original, so it is
+    checked and recorded against each counter's own ids (``own``), never against its group's.
     """
 
     def __init__(self, size: int) -> None:
@@ -149,12 +161,13 @@ class RetryWindow:
             self._ids_of(self._shared.get(counter, counter))[event_id] = self._pushed
         self.advance()
 
-    def fresh(self, counter: str, event_id: str) -> bool:
+    def fresh(self, counter: str, event_id: str, own: bool = False) -> bool:
         """Whether ``event_id`` was not seen within the window, for one update of the record being admitted;
-        records it. Call :meth:`advance` once the record's updates are all admitted."""
+        records it. Call :meth:`advance` once the record's updates are all admitted. ``own``: among the ids
+        of this counter alone, not of its group."""
         if self.size <= 0:
             return True
-        key = self._shared.get(counter, counter)
+        key = counter if own else self._shared.get(counter, counter)
         if key is not counter:
             decided = self._decided.get(key)
             if decided is not None:
@@ -173,13 +186,14 @@ class RetryWindow:
             self._decided[key] = fresh
         return fresh
 
-    def admit(self, updates: list[Update]) -> list[Update]:
+    def admit(self, updates: list[Update], own: bool = False) -> list[Update]:
         """The updates of one record whose event id was not seen within the window; records their ids.
-        The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass."""
+        The same as :meth:`seen` for each update, then :meth:`push` of their ids, in one pass. ``own``: for
+        a re-published dead letter, each counter's own ids (:meth:`fresh`)."""
         if self.size <= 0:
             return updates
         fresh = [update for update in updates if update.event_id is None or self.fresh(update.counter,
-                                                                                      update.event_id)]
+                                                                                      update.event_id, own)]
         self.advance()
         return fresh
 
@@ -230,18 +244,25 @@ class Applier:
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
     def classify(self, record: KafkaRecord) -> tuple[Outcome, list[Update], InvalidEventError | None]:
-        """Route one record and drop repeats; pushes its ids into the window. No state is touched."""
+        """Route one record and drop repeats; pushes its ids into the window. No state is touched.
+
+        The error, when not None, is for the dead-letter topic: the whole event's (outcome INVALID), or a
+        :class:`CountersRefusedError` naming the counters that refused it, beside the updates of those that
+        accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it)."""
         try:
-            updates = self.router.route(self.topic, record.value or b"", record.timestamp)
+            decision = self.router.decide_record(self.topic, record.value or b"", record.timestamp, record.key,
+                                                 record.headers, self.partition)
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc
-        fresh = self.window.admit(updates)
+        updates = decision.updates
+        error = CountersRefusedError(tuple(decision.refusals)) if decision.refusals else None
+        fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
         if not updates:
-            return Outcome.FILTERED, [], None
+            return (Outcome.FILTERED if error is None else Outcome.INVALID), [], error
         if not fresh:
-            return Outcome.DUPLICATE, [], None
-        return Outcome.APPLIED, fresh, None
+            return Outcome.DUPLICATE, [], error
+        return Outcome.APPLIED, fresh, error
 
     def expires_at(self, counter: str, key: str) -> int | None:
         """When the instance's bucket reaches the end of its retention; None for a counter kept forever."""
@@ -273,7 +294,7 @@ class BatchApplied:
             self.applied += 1
         elif outcome is Outcome.DUPLICATE:
             self.duplicates += 1
-        elif outcome is Outcome.INVALID and error is not None:
+        if error is not None:  # refused as a whole, or by some of its counters
             self.invalid.append((record, error))
 
 
@@ -356,6 +377,10 @@ class Mutator:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
+                    continue
+                if record.headers and restricted(record.headers):
+                    # restricted to some counters (a re-published dead letter): the router decides it
+                    result.count(record, *self.apply(record))
                     continue
                 raw = record.value or b""
                 if transcode is not None:

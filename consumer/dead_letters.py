@@ -4,6 +4,8 @@ skips them is recorded complete (by a flush, a release or a rotation)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
@@ -12,12 +14,103 @@ from consumer.applying import KafkaRecord
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import ConsumerSettings
-from schemas.errors import InvalidEventError
+from schemas.errors import CountersRefusedError, InvalidEventError, NotRepublishableError
+from schemas.events import APPLY_TO_HEADER
 
 log = get_logger(__name__)
 
 # What a dead letter refused whole is cut to last: far below any broker's smallest message limit.
 LAST_RESORT_BYTES = 1024
+
+
+# Headers countersink sets on a dead letter (and a record's own headers it does not copy to one).
+HEADER_PREFIX = "countersink."
+REFUSED_HEADER = "countersink.refused"
+TIMESTAMP_HEADER = "countersink.timestamp"
+
+
+def refused_by(error: InvalidEventError) -> tuple[str, ...]:
+    """The counters that refused an event; ``()`` when it was refused as a whole (unparseable, ...)."""
+    if isinstance(error, CountersRefusedError):
+        return error.refused_by
+    return () if error.counter is None else (error.counter,)
+
+
+def _describe(error: InvalidEventError) -> bytes:
+    return f"{type(error).__name__} {error.path}: {error.reason}".encode()[:1024]
+
+
+def dead_letter_headers(topic: str, partition: int, record: KafkaRecord, error: InvalidEventError
+                        ) -> list[tuple[str, bytes | None]]:
+    """The headers of the dead letter of ``record``: why it was refused (the first refusal's reason, error
+    and path; ``countersink.counter`` names its counter), where it came from, ``countersink.refused`` (the
+    counters that refused it, comma-separated: absent when it was refused as a whole) with one
+    ``countersink.refused.NAME`` per counter saying why, the record's timestamp, and the record's own
+    headers (those not named ``countersink.*``), so that it can be re-published as it was."""
+    refusals = error.refusals if isinstance(error, CountersRefusedError) else (error,)
+    first = refusals[0]
+    headers: list[tuple[str, bytes | None]] = [
+        ("countersink.reason", str(first.reason).encode()[:1024]),
+        ("countersink.error", type(first).__name__.encode()),
+        ("countersink.path", str(first.path).encode()[:1024]),
+        ("countersink.source", f"{topic}/{partition}/{record.offset}".encode()),
+    ]
+    if first.counter is not None:  # the counter whose definition refused it (None: the whole event)
+        headers.append(("countersink.counter", first.counter.encode()))
+    schema_id = getattr(first, "schema_id", None)
+    if schema_id is not None:  # the writer schema the registry does not know, or that cannot be used
+        headers.append(("countersink.schema_id", str(schema_id).encode()))
+    names = refused_by(error)
+    if names:
+        headers.append((REFUSED_HEADER, ",".join(names).encode()))
+        headers += [(f"{REFUSED_HEADER}.{r.counter}", _describe(r)) for r in refusals if r.counter is not None]
+    if record.timestamp is not None and record.timestamp >= 0:
+        headers.append((TIMESTAMP_HEADER, str(record.timestamp).encode()))
+    headers += [(name, value) for name, value in (record.headers or ()) if not name.startswith(HEADER_PREFIX)]
+    return headers
+
+
+class Republish(NamedTuple):
+    """A dead letter sent back to its source: to the partition it came from, with its key, timestamp and
+    headers, and (when counters refused it) :data:`~schemas.events.APPLY_TO_HEADER` naming them."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int | None
+
+
+def plan_republish(headers: Sequence[tuple[str, bytes | None]], value: bytes | None, key: bytes | None,
+                   payload: bytes | None = None, *, origin: str = "") -> Republish:
+    """What re-publishing one dead letter sends: ``payload`` (the fixed event) or the dead letter's own value,
+    to the topic and partition of ``countersink.source``. A dead letter that counters refused goes back for
+    those counters alone (the others counted it the first time); one refused as a whole goes back for all.
+    ``origin`` (``TOPIC/PARTITION/OFFSET`` of the dead letter) is kept in a header, to trace it."""
+    last: dict[str, bytes | None] = {}
+    for name, header in headers:
+        last[name] = header
+    source = (last.get("countersink.source") or b"").decode("utf-8", "replace")
+    topic, _, rest = source.partition("/")
+    partition_text, _, _ = rest.partition("/")
+    if not topic or not partition_text.isdigit():
+        raise NotRepublishableError(f"no countersink.source header: not a dead letter countersink wrote ({source!r})")
+    if payload is None:
+        if "countersink.truncated" in last:
+            raise NotRepublishableError("the dead letter was cut short (countersink.truncated): give the event "
+                                        "to send with --payload")
+        if value is None:
+            raise NotRepublishableError("the dead letter has no value: give the event to send with --payload")
+        payload = value
+    stamp = (last.get(TIMESTAMP_HEADER) or b"").decode("ascii", "replace")
+    out = [(name, header) for name, header in headers if not name.startswith(HEADER_PREFIX)]
+    refused = last.get(REFUSED_HEADER)
+    if refused:
+        out.append((APPLY_TO_HEADER, refused))
+    if origin:
+        out.append(("countersink.republished-from", origin.encode()))
+    return Republish(topic, int(partition_text), key, payload, out, int(stamp) if stamp.isdigit() else None)
 
 
 class DeadLetters:
@@ -33,6 +126,8 @@ class DeadLetters:
         """Start sending ``record``; its delivery is awaited by the next :meth:`deliver` or :meth:`take`."""
         self._pending.append(asyncio.ensure_future(self.send(tp, record, error)))
         METRICS.dead_lettered.inc()
+        for counter in refused_by(error):
+            METRICS.refused.labels(counter).inc()
 
     def take(self) -> list[asyncio.Future[None]]:
         """The deliveries started so far, for a flush to await before it opens or commits a window."""
@@ -53,17 +148,7 @@ class DeadLetters:
     async def send(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         """Deliver one dead letter (acknowledged by the broker). One the broker or the client refuses as too
         large goes again cut short, with a header saying so: an invalid event never wedges the consumer."""
-        headers = [
-            ("countersink.reason", str(error.reason).encode()[:1024]),
-            ("countersink.error", type(error).__name__.encode()),
-            ("countersink.path", str(error.path).encode()[:1024]),
-            ("countersink.source", f"{tp.topic}/{tp.partition}/{record.offset}".encode()),
-        ]
-        if error.counter is not None:  # the counter whose definition refused it (None: the whole event)
-            headers.append(("countersink.counter", error.counter.encode()))
-        schema_id = getattr(error, "schema_id", None)
-        if schema_id is not None:  # the writer schema the registry does not know, or that cannot be used
-            headers.append(("countersink.schema_id", str(schema_id).encode()))
+        headers = dead_letter_headers(tp.topic, tp.partition, record, error)
         value = record.value
         limits = [self._max_bytes, LAST_RESORT_BYTES]
         while True:
@@ -73,7 +158,7 @@ class DeadLetters:
                 sent = value[:limit]
                 cut = [("countersink.truncated", f"{len(value)} bytes cut to {limit}".encode())]
             try:
-                delivery = await self._producer.send(self._topic, sent, headers=headers + cut)
+                delivery = await self._producer.send(self._topic, sent, key=record.key, headers=headers + cut)
                 await delivery
             except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
                 if not limits or value is None or len(value) <= limits[0]:

@@ -101,8 +101,8 @@ class KafkaRecordSource:
         while True:
             batches = await self._consumer.getmany(tp, timeout_ms=1000, max_records=5000)
             got = batches.get(tp, [])
-            chunk = [Record(message.offset, message.value, message.timestamp) for message in got
-                     if message.offset <= last]
+            chunk = [Record(message.offset, message.value, message.timestamp, message.key, message.headers)
+                     for message in got if message.offset <= last]
             if chunk:
                 yield chunk
             if got and got[-1].offset >= last:

@@ -388,7 +388,7 @@ async def _replay_window(
             if outcome is Outcome.APPLIED:
                 applied.append((record.offset, updates))
                 unread.update(((u.counter, u.key), None) for u in updates if (u.counter, u.key) not in states)
-            elif outcome is Outcome.INVALID and error is not None and on_invalid is not None:
+            if error is not None and on_invalid is not None:  # refused whole, or by some of its counters
                 await on_invalid(record, error)
         if unread:
             stored = await store.read_shards(writer, writer_born_us, list(unread))

@@ -107,7 +107,9 @@ class ConsumerService:
         self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes,
                                   on_late=lambda counter: METRICS.late_events.labels(counter).inc(),
                                   max_future_skew_s=self.config.max_future_skew_s,
-                                  decoders=formats.decoders(counters.formats, self.schema_cache, counters.schema_base))
+                                  decoders=formats.decoders(counters.formats, self.schema_cache, counters.schema_base),
+                                  on_not_applicable=lambda counter, reason:
+                                      METRICS.not_applicable.labels(counter, reason).inc())
         self.host = f"{socket.gethostname()}:{os.getpid()}"
         self.cassandra = cassandra or CassandraClient(settings.cassandra, app="countersink-consumer")
         self.store: Store = store or CassandraStore(self.cassandra)

@@ -117,6 +117,13 @@ class Metrics:
         self.events_applied = Counter("countersink_events_applied", "Events applied to counters", registry=r)
         self.dead_lettered = Counter("countersink_events_dead_lettered", "Invalid events sent to the dead-letter topic",
                                      registry=r)
+        self.not_applicable = Counter(
+            "countersink_events_not_applicable", "Events skipped by a counter: they lack its key, value or bucket "
+            "field (reason key_missing, value_null, ...; a replay counts its records again)", ["counter", "reason"],
+            registry=r)
+        self.refused = Counter(
+            "countersink_events_refused", "Events a counter refused (a field of the wrong type or out of range), "
+            "dead-lettered naming it", ["counter"], registry=r)
         self.duplicates_dropped = Counter("countersink_duplicates_dropped", "Publisher retries dropped by event id",
                                           registry=r)
         self.late_events = Counter(

@@ -17,12 +17,14 @@ ENDPOINTS = ["/search", "/checkout", "/login"]
 HOUR = 3600
 SERIES_HOURS = 48  # trades carry event times over the last two days
 # Records every counter of their topic must refuse (a record that merely fails a `where` filter is valid).
+# Each refused by every counter of its topic (a key or item of a type none takes), so each is one dead letter and
+# no counter counts it: a record lacking a field would only be skipped by the counters reading that field.
 MALFORMED = {
-    "demo-trades": [b"{not json", b'{"trade_id": "m1", "symbol": "IBM", "side": "buy", "buyer": "a", "price": 1}',
-                    b'{"trade_id": "m2", "symbol": "IBM", "side": "buy", "buyer": "a", "qty": "12", "price": 1}',
+    "demo-trades": [b"{not json", b'{"trade_id": "m1", "symbol": ["IBM"], "side": "buy", "buyer": "a", "price": 1}',
+                    b'{"trade_id": "m2", "symbol": 12.5, "side": "buy", "buyer": "a", "qty": "12", "price": 1}',
                     b"[]"],
     "demo-likes": [b"\xff\xfe", b'{"like_id": "m3", "post_id": ["x"], "type": "like"}',
-                   b'{"like_id": "m4", "type": "like"}'],
+                   b'{"like_id": "m4", "post_id": 1.5, "type": "like"}'],
 }
 
 

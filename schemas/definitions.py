@@ -81,13 +81,50 @@ class _FieldProblem(ValueError):
         self.reason = reason
 
 
-def _check_path(path: str) -> str:
+# What of a Kafka record beside its payload a path can name (docs/counters.md, The record as fields).
+RECORD_PARTS = ("key", "timestamp", "partition", "header")
+
+
+def record_part(path: str) -> tuple[str, str] | None:
+    """``(part, rest)`` for a path naming a part of the record rather than of its payload: ``@key`` is
+    ``("key", "")``, ``@key.user.id`` is ``("key", "user.id")``, ``@header.trace`` is ``("header", "trace")``;
+    ``None`` for a payload path. A payload field whose name starts with ``@`` is written with one more
+    ``@`` in front (``@@x`` is the payload field ``@x``)."""
+    if not path.startswith("@") or path.startswith("@@"):
+        return None
+    part, _, rest = path[1:].partition(".")
+    return part, rest
+
+
+def payload_path(path: str) -> str:
+    """The payload path a (non-record) path names: ``@@x.y`` is ``@x.y``, any other is itself."""
+    return path[1:] if path.startswith("@@") else path
+
+
+def _check_payload_path(path: str, shown: str) -> None:
     segments = path.split(".")
     if len(path) > MAX_PATH_LENGTH or len(segments) > MAX_PATH_SEGMENTS or not all(segments):
         raise ValueError(
-            f"{path!r} is not a field path: dot-separated non-empty names, at most {MAX_PATH_SEGMENTS} "
+            f"{shown!r} is not a field path: dot-separated non-empty names, at most {MAX_PATH_SEGMENTS} "
             f"deep and {MAX_PATH_LENGTH} characters"
         )
+
+
+def _check_path(path: str) -> str:
+    record = record_part(path)
+    if record is None:
+        _check_payload_path(payload_path(path), path)
+        return path
+    part, rest = record
+    if part not in RECORD_PARTS:
+        raise ValueError(f"{path!r} names no part of a record (@key, @key.PATH, @timestamp, @partition, "
+                         f"@header.NAME); a payload field named {'@' + part!r} is written {'@' + path!r}")
+    if part in ("timestamp", "partition") and rest:
+        raise ValueError(f"{path!r}: @{part} has no fields")
+    if part == "header" and not (0 < len(rest) <= MAX_PATH_LENGTH):
+        raise ValueError(f"{path!r}: a header is named as @header.NAME")
+    if part == "key" and rest:
+        _check_payload_path(rest, path)
     return path
 
 
@@ -112,10 +149,24 @@ class Bucket(BaseModel):
     size: str
     format: TimestampFormat = "iso8601"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _record_time_in_millis(cls, data: object) -> object:
+        # The record's timestamp is milliseconds since 1970, whatever format the payload's times have.
+        if isinstance(data, Mapping) and data.get("field") == "@timestamp":
+            if data.get("format", "epoch_millis") != "epoch_millis":
+                raise ValueError("@timestamp is in epoch_millis: leave format out")
+            return {**data, "format": "epoch_millis"}
+        return data
+
     @field_validator("field")
     @classmethod
     def _field_is_path(cls, v: str) -> str:
-        return _check_path(v)
+        _check_path(v)
+        record = record_part(v)
+        if record is not None and record[0] in ("partition",):
+            raise ValueError(f"{v!r} is not a time")
+        return v
 
     @field_validator("size")
     @classmethod
@@ -158,6 +209,9 @@ class CounterDefinition(BaseModel):
     retain: str | None = None
     number: NumberMode | None = None
     coerce: bool | None = None
+    # A missing or null key, value or bucket field makes the event invalid for this counter (dead-lettered)
+    # rather than not for it (skipped): docs/counters.md, One topic, several kinds of event.
+    required: bool | None = None
     lg_k: int | None = Field(default=None, ge=4, le=21)
     k: int | None = Field(default=None, ge=8, le=65535)
     max_map_size: int | None = Field(default=None, ge=8, le=65536)

@@ -70,10 +70,10 @@ class CompactedTopicError(CountersinkError):
 
 
 class InvalidEventError(CountersinkError):
-    """Raised when an event cannot be turned into updates; the whole event goes to the dead-letter topic.
+    """Raised when an event cannot be turned into updates for a counter (``counter`` names it), or at all
+    (``counter`` is ``None``: unparseable, oversized, too deep); the event goes to the dead-letter topic.
 
-    ``path`` is the dotted field path ("" for the whole event), ``reason`` says what is wrong, and
-    ``counter`` names the counter whose definition the event failed (``None`` for whole-event failures).
+    ``path`` is the dotted field path ("" for the whole event), ``reason`` says what is wrong.
     """
 
     counter: str | None = None
@@ -93,7 +93,13 @@ class OversizedEventError(InvalidEventError):
 
 
 class MissingFieldError(InvalidEventError):
-    """Raised when a key, value, event-id or bucket field is absent or null."""
+    """Raised when a key, value, event-id or bucket field is absent or null. The event then does not apply
+    to the counter (it is skipped for it), unless the counter is ``required`` or the field is its event id:
+    then the counter refuses it. ``code`` names the case for metrics: ``key_missing``, ``value_null``, ..."""
+
+    def __init__(self, path: str, reason: str, code: str = "missing") -> None:
+        super().__init__(path, reason)
+        self.code = code
 
 
 class WrongTypeError(InvalidEventError):
@@ -116,6 +122,28 @@ class UnstorableTimeError(ValueOutOfRangeError):
 
 class KeyTooLongError(InvalidEventError):
     """Raised when an encoded instance key is longer than the router's key limit."""
+
+
+class CountersRefusedError(InvalidEventError):
+    """Returned (not raised) by the applier for an event that one or more counters refused while the others
+    decided for themselves: ``refusals`` holds each refusing counter's own error (``counter`` set), in the
+    order of the definitions file. ``path``, ``reason`` and ``counter`` are the first refusal's."""
+
+    def __init__(self, refusals: tuple[InvalidEventError, ...]) -> None:
+        first = refusals[0]
+        super().__init__(first.path, first.reason)
+        self.counter = first.counter
+        self.refusals = refusals
+
+    @property
+    def refused_by(self) -> tuple[str, ...]:
+        """The names of the counters that refused the event."""
+        return tuple(r.counter for r in self.refusals if r.counter is not None)
+
+
+class NotRepublishableError(CountersinkError):
+    """Raised when a dead letter cannot be re-published as it is (not one countersink wrote, or cut short
+    and no fixed payload given)."""
 
 
 class UnknownStateTagError(CountersinkError):

@@ -9,9 +9,18 @@ counter loses once a topic feeds several). An extractor applies the counter's ``
 key fields, the value and the event id, checks their types, and returns an :class:`Update`, or ``None``
 when the filter does not match.
 
-Whole-event rule: if any counter on the topic finds the event invalid, :meth:`EventRouter.route` raises and
-returns no update at all, so the event goes to the dead-letter topic as a whole and no counter ever depends
-on a partial application of one event. Filtered-out events are not errors.
+Each counter decides for itself (:meth:`EventRouter.decide`). An event lacking one of a counter's key,
+value or bucket fields (absent or null) does not apply to that counter: it is skipped for it and counted
+as such, and the other counters on the topic count it. An event holding a field of the wrong type or out of
+range, or lacking the event id of a counter that drops retries by id, is refused by that counter: the
+counters that accept it count it, and the event goes once to the dead-letter topic naming every counter
+that refused it. A ``required`` counter refuses an event lacking its fields. Only an event that cannot be
+read at all (unparseable, oversized, too deep) is refused for every counter. The decision reads the record
+alone, so a replay, a rebuild and the fast path decide alike. Filtered-out events are not errors.
+
+Paths reach the payload (``user.id``) or the record around it: ``@key`` (its text), ``@key.PATH`` (the key
+read as a JSON document), ``@timestamp`` (its Kafka timestamp in ms), ``@header.NAME`` (a header's text) and
+``@partition``; a payload field whose name starts with ``@`` is written with one more (``@@x``).
 
 Instance keys: the key fields' values as text (strings as they are, integers in decimal, booleans as
 ``true``/``false``), joined by ``|``; inside a component ``\\`` is written ``\\\\`` and ``|`` is written
@@ -26,7 +35,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
@@ -34,7 +43,7 @@ from typing import Any, NamedTuple
 from pydantic_core import from_json
 
 from schemas.cql import LAST_EXPIRY_S
-from schemas.definitions import CounterDefinition, CounterSet
+from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import (
     FutureEventTimeError,
     InvalidEventError,
@@ -50,13 +59,18 @@ from schemas.errors import (
 from schemas.kinds import State, new_state
 
 __all__ = [
+    "APPLY_TO_HEADER",
     "MAX_DECIMAL_EXPONENT",
     "MAX_INTEGER",
+    "Decision",
     "EventRouter",
+    "RecordFields",
     "Update",
+    "apply_to",
     "apply_updates",
     "decode_instance_key",
     "encode_instance_key",
+    "restricted",
 ]
 
 DEFAULT_MAX_EVENT_BYTES = 1_048_576
@@ -143,20 +157,103 @@ def decode_instance_key(key: str) -> tuple[str, ...]:
 # --- field access ---------------------------------------------------------------------------------------
 
 
-def _getter(path: str) -> Callable[[dict[str, Any]], Any]:
-    """Return a function reading ``path`` from a parsed event; ``_MISSING`` when absent."""
-    parts = tuple(path.split("."))
+class RecordFields(NamedTuple):
+    """What a counter may read of a Kafka record beside its payload (paths ``@key``, ``@timestamp``,
+    ``@header.NAME``, ``@partition``): the record's key, Kafka timestamp (ms), headers and partition."""
+
+    timestamp_ms: int | None = None
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    partition: int | None = None
+
+
+# The record's fields ride in the parsed event under this key: no JSON document (and no decoded Avro or
+# Protobuf record) has a key that is not a string, so it cannot collide with a payload field.
+_RECORD: Any = object()
+
+
+class _RecordView:
+    """One record's fields as the getters read them: the key's text and document decoded once, when first
+    read, and any decoding error kept and raised again to every counter that reads it."""
+
+    __slots__ = ("_doc", "_text", "fields", "max_depth")
+
+    def __init__(self, fields: RecordFields, max_depth: int) -> None:
+        self.fields = fields
+        self.max_depth = max_depth
+        self._text: Any = None
+        self._doc: Any = None
+
+    def key_text(self) -> Any:
+        if self._text is None:
+            key = self.fields.key
+            if key is None:
+                self._text = _NULL
+            else:
+                try:
+                    self._text = bytes(key).decode("utf-8")
+                except UnicodeDecodeError:
+                    self._text = ValueOutOfRangeError("@key", "the record's key is not UTF-8 text")
+        text = self._text
+        if type(text) is ValueOutOfRangeError:
+            raise text
+        return None if text is _NULL else text
+
+    def key_doc(self) -> Any:
+        if self._doc is None:
+            key = self.fields.key
+            if key is None:
+                self._doc = _NULL
+            else:
+                try:
+                    doc = from_json(bytes(key))
+                except ValueError:
+                    doc = WrongTypeError("@key", "the record's key is not a JSON document")
+                else:
+                    if type(doc) is dict and _too_deep(doc, self.max_depth):
+                        doc = WrongTypeError("@key", f"the record's key is nested deeper than {self.max_depth}")
+                self._doc = doc
+        doc = self._doc
+        if type(doc) is WrongTypeError:
+            raise doc
+        return None if doc is _NULL else doc
+
+    def header(self, name: str) -> Any:
+        found: Any = _MISSING
+        for header, value in self.fields.headers:
+            if header == name:
+                found = value  # the last of a name, as Kafka's own clients read it
+        if found is _MISSING or found is None:
+            return found
+        try:
+            return bytes(found).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueOutOfRangeError(f"@header.{name}", "header value is not UTF-8 text") from None
+
+
+_NULL: Any = object()
+
+
+def _path_getter(parts: tuple[str, ...], prefix: str = "") -> Callable[[Any], Any]:
+    """Return a function reading the field ``parts`` from a document; ``_MISSING`` when absent."""
     if len(parts) == 1:
         name = parts[0]
-        return lambda event: event.get(name, _MISSING)
 
-    def get(event: dict[str, Any]) -> Any:
-        node: Any = event
+        def get_one(node: Any) -> Any:
+            if type(node) is not dict:
+                if node is None:
+                    return _MISSING
+                raise WrongTypeError(prefix.rstrip("."), f"expected an object, got {_json_type(node)}")
+            return node.get(name, _MISSING)
+
+        return get_one
+
+    def get(node: Any) -> Any:
         for i, part in enumerate(parts):
             if type(node) is not dict:
                 if node is None:
                     return _MISSING
-                raise WrongTypeError(".".join(parts[:i]), f"expected an object, got {_json_type(node)}")
+                raise WrongTypeError(prefix + ".".join(parts[:i]), f"expected an object, got {_json_type(node)}")
             node = node.get(part, _MISSING)
             if node is _MISSING:
                 return _MISSING
@@ -165,14 +262,49 @@ def _getter(path: str) -> Callable[[dict[str, Any]], Any]:
     return get
 
 
+def _record_getter(path: str, part: str, rest: str) -> Callable[[dict[str, Any]], Any]:
+    if part == "timestamp":
+        def timestamp(event: dict[str, Any]) -> Any:
+            ms = event[_RECORD].fields.timestamp_ms
+            return _MISSING if ms is None or ms < 0 else ms
+
+        return timestamp
+    if part == "partition":
+        def partition(event: dict[str, Any]) -> Any:
+            number = event[_RECORD].fields.partition
+            return _MISSING if number is None else number
+
+        return partition
+    if part == "header":
+        return lambda event: event[_RECORD].header(rest)
+    if not rest:
+        return lambda event: event[_RECORD].key_text()
+    inside = _path_getter(tuple(rest.split(".")), "@key.")
+    return lambda event: inside(event[_RECORD].key_doc())
+
+
+def _getter(path: str) -> Callable[[dict[str, Any]], Any]:
+    """Return a function reading ``path`` from a parsed event; ``_MISSING`` when absent. A path naming a part
+    of the record (``@key``, ...) reads the :class:`RecordFields` the router put beside the payload."""
+    record = record_part(path)
+    if record is not None:
+        return _record_getter(path, *record)
+    parts = tuple(payload_path(path).split("."))
+    if len(parts) == 1:
+        name = parts[0]
+        return lambda event: event.get(name, _MISSING)
+    return _path_getter(parts)
+
+
 def _quiet_getter(path: str) -> Callable[[dict[str, Any]], Any]:
-    """Like :func:`_getter`, but a path through a non-object is simply absent (for ``where``)."""
+    """Like :func:`_getter`, but a path through a non-object, or a record field that cannot be read, is
+    simply absent (for ``where``)."""
     get = _getter(path)
 
     def quiet(event: dict[str, Any]) -> Any:
         try:
             return get(event)
-        except WrongTypeError:
+        except InvalidEventError:
             return _MISSING
 
     return quiet
@@ -354,7 +486,8 @@ def _key_text(path: str, v: Any) -> str:
     if t is bool:
         return "true" if v else "false"
     if v is _MISSING or v is None:
-        raise MissingFieldError(path, "key field is missing" if v is _MISSING else "key field is null")
+        raise MissingFieldError(path, "key field is missing" if v is _MISSING else "key field is null",
+                                "key_missing" if v is _MISSING else "key_null")
     raise _wrong(path, v, "a string, integer or boolean")
 
 
@@ -379,7 +512,8 @@ def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
 
     def seconds_of(v: Any) -> float | int:
         if v is _MISSING or v is None:
-            raise MissingFieldError(path, "bucket timestamp is missing" if v is _MISSING else "is null")
+            raise MissingFieldError(path, "bucket timestamp is missing" if v is _MISSING else "is null",
+                                    "bucket_missing" if v is _MISSING else "bucket_null")
         t = type(v)
         if fmt == "iso8601":
             if t is not str:
@@ -477,7 +611,8 @@ def _event_id_converter(path: str, max_bytes: int) -> Callable[[Any], str]:
         if t is int:
             return str(v)
         if v is _MISSING or v is None:
-            raise MissingFieldError(path, "event id is missing" if v is _MISSING else "event id is null")
+            raise MissingFieldError(path, "event id is missing" if v is _MISSING else "event id is null",
+                                    "event_id_missing" if v is _MISSING else "event_id_null")
         raise _wrong(path, v, "a string or an integer")
 
     return _passing(convert, Passes(str, max_bytes))
@@ -505,9 +640,8 @@ def _value_reader(definition: CounterDefinition, max_key_bytes: int) -> Callable
     def value_of(event: dict[str, Any]) -> Any:
         v = get(event)
         if v is _MISSING or v is None:
-            raise MissingFieldError(
-                path, "value field is missing" if v is _MISSING else "value field is null"
-            )
+            raise MissingFieldError(path, "value field is missing" if v is _MISSING else "value field is null",
+                                    "value_missing" if v is _MISSING else "value_null")
         return convert(v)
 
     return value_of
@@ -591,9 +725,95 @@ def _parse_decimal(raw: bytes) -> Any:
     return _DECIMAL.decode(raw.decode("utf-8"))
 
 
+class _CounterPlan(NamedTuple):
+    name: str
+    extract: Extractor
+    # Its key, value and bucket fields (role, getter), read again only when the extractor raised: an event
+    # lacking one does not apply to the counter, whatever else is wrong with it.
+    needed: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...]
+    required: bool
+
+
 class _TopicPlan(NamedTuple):
-    extractors: tuple[tuple[str, Extractor], ...]
+    counters: tuple[_CounterPlan, ...]
     parse: Parser
+    reads_record: bool  # a counter on the topic reads @key, @timestamp, @header.NAME or @partition
+    names: frozenset[str]
+
+
+def _paths(definition: CounterDefinition) -> list[str]:
+    """Every path a definition reads."""
+    paths = [*definition.key, *definition.where]
+    for path in (definition.value, definition.event_id, definition.bucket.field if definition.bucket else None):
+        if path is not None:
+            paths.append(path)
+    return paths
+
+
+def _counter_plan(definition: CounterDefinition, max_key_bytes: int, max_future_skew_s: int) -> _CounterPlan:
+    needed = [("key", path) for path in definition.key]
+    if definition.value is not None:
+        needed.append(("value", definition.value))
+    if definition.bucket is not None:
+        needed.append(("bucket", definition.bucket.field))
+    return _CounterPlan(definition.name, _compile(definition, max_key_bytes, max_future_skew_s),
+                        tuple((role, _getter(path)) for role, path in needed), bool(definition.required))
+
+
+def _absent(event: dict[str, Any], needed: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...]) -> str | None:
+    """Why an event does not apply to a counter: the first of its key, value and bucket fields (in that
+    order) that the event lacks, as ``key_missing``, ``value_null``, ...; ``None`` when it has them all (a
+    field there but unreadable, a path through a string say, is there: the counter refuses the event)."""
+    for role, get in needed:
+        try:
+            v = get(event)
+        except InvalidEventError:
+            continue
+        if v is _MISSING:
+            return f"{role}_missing"
+        if v is None:
+            return f"{role}_null"
+    return None
+
+
+class Decision(NamedTuple):
+    """What the counters of a topic decided of one event, each for itself.
+
+    ``updates``: one per counter that accepts the event (filtered-out counters and late buckets make none);
+    ``refusals``: the error of each counter that refused it (``counter`` set), for one dead letter;
+    ``not_applicable``: ``(counter, reason)`` for each counter the event lacks a field of (``key_missing``,
+    ``value_null``, ...), skipped for it."""
+
+    updates: list[Update]
+    refusals: list[InvalidEventError]
+    not_applicable: list[tuple[str, str]]
+
+
+# A record carrying this header is applied only by the counters it names (comma-separated): a dead letter
+# re-published by ``countersink dead-letters republish`` names the counters that refused it, so the counters
+# that counted it the first time do not count it again.
+APPLY_TO_HEADER = "countersink.apply-to"
+
+
+def restricted(headers: Sequence[tuple[str, bytes | None]]) -> bool:
+    """Whether a record carries :data:`APPLY_TO_HEADER` (then the router decides it, not the fast path)."""
+    return any(name == APPLY_TO_HEADER for name, _ in headers)
+
+
+def apply_to(headers: Sequence[tuple[str, bytes | None]]) -> frozenset[str] | None:
+    """The counters a record's :data:`APPLY_TO_HEADER` names, ``None`` when it has none (the last one counts,
+    as for any header). Raises :class:`UnparseableEventError` for a value that is not UTF-8 text."""
+    found: Any = None
+    for name, value in headers:
+        if name == APPLY_TO_HEADER:
+            found = value or b""
+    if found is None:
+        return None
+    try:
+        text = bytes(found).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnparseableEventError(f"@header.{APPLY_TO_HEADER}", "header value is not UTF-8 text") from None
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
 def _too_deep(event: object, max_depth: int) -> bool:
@@ -611,7 +831,7 @@ def _too_deep(event: object, max_depth: int) -> bool:
 
 
 class EventRouter:
-    """Turns one raw event into the updates of every counter on its topic, or raises one named error."""
+    """Turns one event into the updates of every counter on its topic: each counter decides for itself."""
 
     def __init__(
         self,
@@ -622,11 +842,13 @@ class EventRouter:
         on_late: Callable[[str], None] | None = None,
         max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
         decoders: Mapping[str, Callable[[Parser], Parser]] | None = None,
+        on_not_applicable: Callable[[str, str], None] | None = None,
     ) -> None:
         """``decoders``: per topic whose values are not JSON (``schemas.formats.decoders``), a factory of its
         decoder from the JSON parser its counters need; the decoder turns a record's value into the event."""
         self.counter_set = counter_set
         self.on_late = on_late
+        self.on_not_applicable = on_not_applicable
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
@@ -638,8 +860,10 @@ class EventRouter:
             parse = _parse_decimal if decimals else _parse_fast
             make_decoder = (decoders or {}).get(topic)
             plans[topic] = _TopicPlan(
-                tuple((c.name, _compile(c, max_key_bytes, max_future_skew_s)) for c in counters),
+                tuple(_counter_plan(c, max_key_bytes, max_future_skew_s) for c in counters),
                 parse if make_decoder is None else make_decoder(parse),
+                any(record_part(path) is not None for c in counters for path in _paths(c)),
+                frozenset(c.name for c in counters),
             )
         self._plans = plans
 
@@ -647,6 +871,11 @@ class EventRouter:
         """The decoder of a topic whose values are not JSON (given as ``decoders``); None for a JSON topic."""
         plan = self._plans.get(topic)
         return None if plan is None or plan.parse in (_parse_fast, _parse_decimal) else plan.parse
+
+    def reads_record(self, topic: str) -> bool:
+        """Whether a counter on ``topic`` reads a part of the record beside its payload (``@key``, ...)."""
+        plan = self._plans.get(topic)
+        return plan is not None and plan.reads_record
 
     def parse(self, topic: str, raw: bytes) -> dict[str, Any]:
         """Parse and bound one event as the topic's counters need it (decimals kept exact if any need it)."""
@@ -668,36 +897,104 @@ class EventRouter:
             raise UnparseableEventError("", f"event is nested deeper than {self.max_depth}")
         return event
 
-    def route(self, topic: str, raw: bytes, timestamp_ms: int | None = None) -> list[Update]:
-        """Return the updates one event makes; ``[]`` for a topic no counter reads or a filtered event.
+    def decide(self, topic: str, raw: bytes, record: RecordFields | None = None) -> Decision:
+        """What each counter on ``topic`` decides of one raw (JSON) event; see :meth:`decide_event`.
 
-        ``timestamp_ms`` is the record's Kafka timestamp: a counter with retention takes no update of an event
-        whose bucket had expired when the record was written (``on_late`` hears the counter's name), and a
-        bucketed event whose time is more than ``max_future_skew_s`` after it is invalid.
-
-        Raises an :class:`InvalidEventError` subclass (with ``path``, ``reason`` and ``counter``) when the
-        event is invalid for any counter; then no update of that event is applied anywhere.
-        """
+        Raises an :class:`InvalidEventError` (``counter`` None) when the event is invalid as a whole:
+        unparseable, oversized or too deep. Then no counter applies it."""
         plan = self._plans.get(topic)
         if plan is None:
-            return []
+            return Decision([], [], [])
+        return self._decide(plan, self._parse(raw, plan.parse), record)
+
+    def decide_record(self, topic: str, raw: bytes, timestamp_ms: int | None, key: bytes | None = None,
+                      headers: Sequence[tuple[str, bytes | None]] = (), partition: int | None = None) -> Decision:
+        """:meth:`decide` for a record given by its parts (the consumer's hot path: the parts are gathered
+        only for a topic whose counters read them)."""
+        plan = self._plans.get(topic)
+        if plan is None:
+            return Decision([], [], [])
         event = self._parse(raw, plan.parse)
+        only = apply_to(headers) if headers else None
+        if not plan.reads_record:
+            return self._each_counter(plan, event, timestamp_ms, only)
+        return self._with_record(plan, event, RecordFields(timestamp_ms, key, headers, partition), only)
+
+    def decide_event(self, topic: str, event: dict[str, Any], record: RecordFields | None = None) -> Decision:
+        """What each counter on ``topic`` decides of one event already decoded into a dict (JSON, or a
+        decoded Avro, Protobuf or JSON Schema record), read beside ``record``'s key, time, headers and
+        partition. Each counter, in the definitions file's order:
+
+        - filtered out by its ``where``: no update;
+        - lacks a key, value or bucket field (absent or null): not applicable, skipped for it
+          (``not_applicable``, and ``on_not_applicable`` hears it), unless the counter is ``required``;
+        - finds a field of the wrong type or out of range, a missing event id, or (``required``) a missing
+          field: it refuses the event (``refusals``);
+        - else its update (none for a bucket past its retention: ``on_late`` hears the counter's name).
+
+        A record whose ``countersink.apply-to`` header names counters is decided by those counters only (the
+        others filter it out). The decision depends on the record alone, never on a clock or on what came
+        before: a replay, a rebuild and the fast path decide alike."""
+        plan = self._plans.get(topic)
+        if plan is None:
+            return Decision([], [], [])
+        return self._decide(plan, event, record)
+
+    def _decide(self, plan: _TopicPlan, event: dict[str, Any], record: RecordFields | None) -> Decision:
+        if record is None:
+            record = RecordFields()
+        only = apply_to(record.headers) if record.headers else None
+        if not plan.reads_record:
+            return self._each_counter(plan, event, record.timestamp_ms, only)
+        return self._with_record(plan, event, record, only)
+
+    def _with_record(self, plan: _TopicPlan, event: dict[str, Any], record: RecordFields,
+                     only: frozenset[str] | None) -> Decision:
+        event[_RECORD] = _RecordView(record, self.max_depth)
+        try:
+            return self._each_counter(plan, event, record.timestamp_ms, only)
+        finally:
+            del event[_RECORD]
+
+    def _each_counter(self, plan: _TopicPlan, event: dict[str, Any], timestamp_ms: int | None,
+                      only: frozenset[str] | None) -> Decision:
         updates: list[Update] = []
-        late: list[str] = []
-        for name, extract in plan.extractors:
+        refusals: list[InvalidEventError] = []
+        skipped: list[tuple[str, str]] = []
+        for name, extract, needed, required in plan.counters:
+            if only is not None and name not in only:
+                continue
             try:
                 update = extract(event, timestamp_ms)
             except InvalidEventError as exc:
+                reason = None if required else _absent(event, needed)
+                if reason is not None:
+                    skipped.append((name, reason))
+                    if self.on_not_applicable is not None:
+                        self.on_not_applicable(name, reason)
+                    continue
                 exc.counter = name
-                raise
+                refusals.append(exc)
+                continue
+            if update is None:
+                continue
             if update is LATE:
-                late.append(name)
-            elif update is not None:
-                updates.append(update)  # type: ignore[arg-type]
-        if late and self.on_late is not None:
-            for name in late:
-                self.on_late(name)
-        return updates
+                if self.on_late is not None:
+                    self.on_late(name)
+                continue
+            updates.append(update)  # type: ignore[arg-type]
+        return Decision(updates, refusals, skipped)
+
+    def route(self, topic: str, raw: bytes, timestamp_ms: int | None = None) -> list[Update]:
+        """The updates of the counters that accept one event (:meth:`decide`, for a record with this
+        timestamp and no key, headers or partition); ``[]`` for a topic no counter reads.
+
+        All or nothing, for callers that apply events without a dead-letter topic (benchmarks): raises the
+        first refusal when any counter refuses the event, and then no update is returned."""
+        decision = self.decide(topic, raw, RecordFields(timestamp_ms))
+        if decision.refusals:
+            raise decision.refusals[0]
+        return decision.updates
 
 
 def apply_updates(

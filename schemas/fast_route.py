@@ -18,10 +18,14 @@ makes the generated ``apply_event`` return ``None`` before it changes anything, 
 :class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
 the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path or
-a field msgspec cannot name (a quote, a backslash or a control character in it), has a time bucket or keeps
-exact decimals; its events all take the router. The router alone decides an event's time (its bucket,
-lateness, future and storage bounds), so bucketed counters stay there.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path, a
+path of the record (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``; or ``@@x``, a payload field
+named ``@x``) or a field msgspec cannot name (a quote, a backslash or a control character in it), has a time
+bucket or keeps exact decimals; its events all take the router. A record carrying the
+``countersink.apply-to`` header (a re-published dead letter) takes the router too
+(:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it names.
+The router alone decides an event's time (its bucket, lateness, future and storage bounds), so bucketed
+counters stay there.
 """
 
 from __future__ import annotations
@@ -81,8 +85,11 @@ def _eligible(definition: CounterDefinition) -> bool:
         paths.append(definition.value)
     if definition.event_id is not None:
         paths.append(definition.event_id)
+    # A path starting with @ reads the record around the payload (@key, @header.NAME, ...), or is a payload
+    # field written with its @ doubled (@@x): the router reads both.
     return (definition.bucket is None and definition.number_mode != "decimal"
-            and all("." not in path and _UNNAMEABLE.isdisjoint(path) for path in paths))
+            and all("." not in path and not path.startswith("@") and _UNNAMEABLE.isdisjoint(path)
+                    for path in paths))
 
 
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but

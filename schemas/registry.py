@@ -2,8 +2,8 @@
 
 A consumer records every counter it keeps (``counters`` table) before it counts anything. The fingerprint
 covers what stored state means: the kind, the key and value fields, ``where``, the bucket, the number mode
-and the sketch sizes, and the retention. ``topics``, ``event_id``, ``coerce`` and ``top`` may change under the
-same name: they decide which events arrive, not what a stored state means.
+and the sketch sizes, and the retention. ``topics``, ``event_id``, ``coerce``, ``required`` and ``top`` may
+change under the same name: they decide which events arrive, not what a stored state means.
 
 Retention is part of the meaning because every row of a bucket is written with a TTL ending at the bucket's
 expiry under the retention of its writer: under a new retention a bucket would hold rows of both, and the GC

@@ -115,7 +115,9 @@ def make_events(n: int, *, symbols: int = 20, duplicates: int = 0, malformed: in
     for _ in range(duplicates):  # a publisher retry: same event id, shortly after the original
         position = rng.randrange(len(events))
         events.insert(min(len(events), position + rng.randrange(1, 50)), events[position])
-    bad = [b"{not json", b'{"trade_id": "x", "symbol": "S001"}', b'{"trade_id": "y", "symbol": "S1", "qty": "7"}',
+    # Each refused by every counter (each dead-lettered once, none counted): a key of the wrong type is refused by
+    # all three counters, where a text quantity would be refused by shares_traded alone.
+    bad = [b"{not json", b'{"trade_id": "x", "symbol": ["S001"]}', b'{"trade_id": "y", "symbol": 1.5, "qty": 7}',
            b"", b"[1, 2]"]
     for i in range(malformed):
         events.insert(rng.randrange(len(events) + 1), bad[i % len(bad)])

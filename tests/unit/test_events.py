@@ -161,14 +161,10 @@ def test_unknown_topic_gives_no_updates() -> None:
         ({**TRADE, "qty": 5.0}, WrongTypeError, "shares", "qty", "expected an integer"),
         ({**TRADE, "qty": True}, WrongTypeError, "shares", "qty", "got boolean"),
         ({**TRADE, "qty": 2**70}, ValueOutOfRangeError, "shares", "qty", "outside"),
-        ({k: v for k, v in TRADE.items() if k != "qty"}, MissingFieldError, "shares", "qty", "missing"),
-        ({**TRADE, "qty": None}, MissingFieldError, "shares", "qty", "null"),
-        ({**TRADE, "symbol": None}, MissingFieldError, "shares", "symbol", "null"),
         ({**TRADE, "symbol": 1.5}, WrongTypeError, "shares", "symbol", "string, integer or boolean"),
         ({**TRADE, "trade_id": None}, MissingFieldError, "shares", "trade_id", "event id"),
         ({**TRADE, "trade_id": [1]}, WrongTypeError, "shares", "trade_id", "got array"),
         ({**TRADE, "user": 5}, WrongTypeError, "notional", "user", "expected an object"),
-        ({**TRADE, "user": {}}, MissingFieldError, "notional", "user.id", "missing"),
         ({**TRADE, "ts": "2026-11-22T10:17:00"}, ValueOutOfRangeError, "notional", "ts", "no UTC offset"),
         ({**TRADE, "ts": "yesterday"}, ValueOutOfRangeError, "notional", "ts", "not an ISO-8601"),
         ({**TRADE, "ts": 1_795_000_000}, WrongTypeError, "notional", "ts", "ISO-8601 timestamp string"),
@@ -220,10 +216,24 @@ def test_lone_surrogate_in_key_is_refused() -> None:
     assert (type(err), err.path) == (ValueOutOfRangeError, "symbol")
 
 
-def test_whole_event_is_rejected_when_one_counter_fails() -> None:
-    """An event invalid for one counter yields no update for any counter (it is dead-lettered whole)."""
-    err = invalid("trades", {**TRADE, "user": {"id": None}})
-    assert err.counter == "notional"
+@pytest.mark.parametrize(
+    ("event", "skipped"),
+    [
+        ({k: v for k, v in TRADE.items() if k != "qty"}, [("shares", "value_missing")]),
+        ({**TRADE, "qty": None}, [("shares", "value_null")]),
+        ({**TRADE, "symbol": None}, [("shares", "key_null"), ("notional", "key_null"), ("price_max", "key_null")]),
+        ({**TRADE, "user": {}}, [("notional", "key_missing")]),
+        ({**TRADE, "user": {"id": None}}, [("notional", "key_null")]),
+    ],
+)
+def test_missing_field_skips_only_its_counter(event: dict[str, Any], skipped: list[tuple[str, str]]) -> None:
+    """An event lacking a counter's key or value field (absent or null) is skipped by that counter, with a
+    reason, and counted by the others."""
+    decision = ROUTER.decide("trades", json.dumps(event).encode())
+    assert decision.refusals == []
+    assert decision.not_applicable == skipped
+    assert {u.counter for u in decision.updates} == {"shares", "notional", "trades", "price_max"} - {
+        name for name, _ in skipped}
 
 
 def test_coerce_allows_numeric_strings_only_when_asked() -> None:

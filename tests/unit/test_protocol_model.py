@@ -103,8 +103,8 @@ EPOCH_US = 1_000_000_000
 MAX_ACTORS = 5
 MALFORMED = (
     b"{not json",
-    b'{"sym": "IBM", "qty": "three", "id": "bad-qty"}',  # invalid for the sum, so for the whole event
-    b'{"qty": 1, "id": "no-key"}',
+    b'{"sym": ["IBM"], "qty": 3, "id": "bad-key"}',  # refused by both counters: a key of the wrong type
+    b'{"qty": 1, "id": "no-key"}',  # applies to neither counter (no key): skipped by both
 )
 
 
@@ -214,7 +214,8 @@ class DeadLetterTopic:
     def __init__(self) -> None:
         self.sent: list[bytes | None] = []
 
-    async def send(self, topic: str, value: bytes | None, headers: object = None) -> Awaitable[None]:
+    async def send(self, topic: str, value: bytes | None, key: bytes | None = None, headers: object = None
+                   ) -> Awaitable[None]:
         self.sent.append(value)
         return _acknowledged()
 

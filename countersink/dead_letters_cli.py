@@ -1,0 +1,113 @@
+"""``countersink dead-letters republish``: send a dead letter (or the event fixed) back to its topic.
+
+A dead letter that some counters refused was counted by the others: it goes back with a
+``countersink.apply-to`` header naming the counters that refused it, so that those alone count it (the
+router and the batch path both honour the header). It goes to the partition it came from, with its key, its
+timestamp and its own headers, so that counters reading the record (``@key``, ``@timestamp``, ...) read it
+as they read the original. A dead letter refused as a whole (unparseable, oversized) goes back for every
+counter. docs/operations.md, Dead letters, shows the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from countersink.cli import EXIT_USAGE, HelpFormatter, run_async
+from countersink.kafka import make_consumer, make_producer
+from countersink.logs import get_logger
+from countersink.settings import Settings
+
+log = get_logger(__name__)
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an offset") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not an offset (0 or more)")
+    return value
+
+
+def add_dead_letters_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    republish = actions.add_parser(
+        "republish", help="send one dead letter back to its source topic",
+        description="Send the dead letter at PARTITION/OFFSET of the dead-letter topic back to the topic and\n"
+        "partition it came from, with its key, timestamp and headers. When counters refused it, it is\n"
+        "applied by those counters alone (countersink.apply-to), so the counters that counted it do not\n"
+        "count it again. Prints the record sent.", formatter_class=HelpFormatter)
+    republish.add_argument("--partition", type=_offset, required=True, help="the dead letter's partition")
+    republish.add_argument("--offset", type=_offset, required=True, help="the dead letter's offset")
+    republish.add_argument("--payload", metavar="FILE",
+                           help="send this event instead of the dead letter's own value (the event fixed; - "
+                           "reads standard input)")
+    republish.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+
+
+def run_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
+    payload = None
+    if args.payload is not None:
+        limit = settings.consumer.max_event_bytes
+        stream = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: SIM115
+        with stream:
+            payload = stream.read(limit + 1)
+        if len(payload) > limit:
+            log.error("usage_refused", error=f"the payload is larger than {limit} bytes "
+                      "(COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
+            return EXIT_USAGE
+    return run_async(republish(settings, args.partition, args.offset, payload, dry_run=args.dry_run))
+
+
+async def republish(settings: Settings, partition: int, offset: int, payload: bytes | None, *,
+                    dry_run: bool = False) -> int:
+    """Read one dead letter and send it back (:func:`consumer.dead_letters.plan_republish` says how)."""
+    from consumer.dead_letters import plan_republish
+
+    topic = settings.consumer.dead_letter_topic
+    tp = TopicPartition(topic, partition)
+    consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
+                             isolation_level="read_committed")
+    try:
+        await consumer.start()
+        consumer.assign([tp])
+        low = (await consumer.beginning_offsets([tp]))[tp]
+        high = (await consumer.end_offsets([tp]))[tp]
+        if not low <= offset < high:
+            log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
+                      error=f"{topic}/{partition} holds offsets {low}..{high - 1}")
+            return EXIT_USAGE
+        consumer.seek(tp, offset)
+        found = None
+        while found is None:
+            batch = (await consumer.getmany(tp, timeout_ms=5000, max_records=1)).get(tp, [])
+            if not batch:
+                break
+            if batch[0].offset >= offset:
+                found = batch[0]
+    finally:
+        await consumer.stop()
+    if found is None or found.offset != offset:
+        log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
+                  error="no record at that offset (a transaction marker, or compacted away)")
+        return EXIT_USAGE
+    plan = plan_republish(found.headers, found.value, found.key, payload, origin=f"{topic}/{partition}/{offset}")
+    restricted = [value.decode(errors="replace") for name, value in plan.headers
+                  if name == "countersink.apply-to" and value is not None]
+    line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
+            f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
+    if not dry_run:
+        producer = make_producer(settings.kafka)
+        try:
+            await producer.start()
+            await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
+                                       timestamp_ms=plan.timestamp_ms, headers=plan.headers))
+        finally:
+            await producer.stop()
+    print(line)
+    return 0
