@@ -496,18 +496,18 @@ def test_the_fast_path_reads_decoded_records() -> None:
     assert plain_record is not None
     assert nan_record is not None
     routed: list[object] = []
-    original = mutator.applier.router.route
+    original = mutator.applier.router.decide_record
 
-    def route(*args: Any, **kwargs: Any) -> Any:
+    def decide_record(*args: Any, **kwargs: Any) -> Any:
         routed.append(args)
         return original(*args, **kwargs)
 
-    mutator.applier.router.route = route  # type: ignore[method-assign]
+    mutator.applier.router.decide_record = decide_record  # type: ignore[method-assign]
     assert mutator.apply_batch([Record(0, plain_record)]).applied == 1
     assert routed == []
     result = mutator.apply_batch([Record(1, nan_record)])
     assert len(routed) == 1
-    assert [type(e).__name__ for _, e in result.invalid] == ["ValueOutOfRangeError"]
+    assert [type(r).__name__ for _, e in result.invalid for r in e.refusals] == ["ValueOutOfRangeError"]  # type: ignore[attr-defined]
 
 
 def test_the_decoded_differential_check_catches_a_planted_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
