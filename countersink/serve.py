@@ -58,6 +58,7 @@ from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import Consistency, ReadSettings, ServeSettings, Settings
+from countersink.state_cache import StateCache
 from schemas import timeseries
 from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
@@ -81,6 +82,7 @@ class ReadApi:
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
+        self.cache = StateCache(settings.state_cache_bytes) if settings.state_cache_bytes else None
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self._handling = 0
@@ -206,7 +208,7 @@ class ReadApi:
         if rollup not in ("true", "false"):
             raise _problem(web.HTTPBadRequest, "rollup is true or false")
         reader = CounterReader(self.client, level, max_range_buckets=self.read_settings.max_range_buckets,
-                               reads=self._reads)
+                               reads=self._reads, cache=self.cache)
         try:
             start, end = timeseries.parse_instant(query["from"]), timeseries.parse_instant(query["to"])
             step = timeseries.parse_duration(query["step"]) if "step" in query else None
@@ -228,7 +230,7 @@ class ReadApi:
 
     async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level)
+            state = await read_state(self.client, name, key, level, self.cache)
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
