@@ -25,14 +25,14 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader, read_state
-from countersink.settings import CassandraSettings
-from schemas.definitions import parse_definitions
+from countersink.settings import CassandraSettings, ServeSettings
+from countersink.state_cache import StateCache
+from schemas.definitions import CounterDefinition, parse_definitions
 from schemas.kinds import KindSpec, State, new_state
 from schemas.timeseries import bucket_key
 
@@ -48,6 +48,7 @@ POOL = 32
 HOUR = 3600
 START = 1_795_000_000 // 86400 * 86400  # a UTC midnight in November 2026
 RANGE_SHARDS = 100
+BORN_US = 1_000_000
 SERIES_HOURS = 24
 ROLLUP_HOURS = 168
 RANGE_COUNTERS = parse_definitions("""
@@ -113,28 +114,55 @@ async def _bounded(calls: list[Callable[[], Awaitable[None]]], at_once: int = 8)
     await asyncio.gather(*(worker() for _ in range(at_once)))
 
 
-async def write_shards(client: CassandraClient, shards: tuple[int, ...], seed: int = 7) -> None:
-    """Every wide instance and every range bucket, one row per mutator: what ``max(shards)`` mutators' flushes
-    leave (mutator ``i`` holds a shard of every instance wider than ``i``)."""
-    store = CassandraStore(client)
-    rng = random.Random(seed)
-    pools = {kind: _pool(kind, rng) for kind in KINDS if kind != "sum"}
-    distinct = _pool("distinct", rng)
-    born = 1_000_000
+class Shards:
+    """The mutators of the benchmark's instances, and what they wrote."""
 
-    def flush(i: int) -> Callable[[], Awaitable[None]]:
-        writes = [ShardWrite(f"wide_{kind}", f"{kind}-{n}", _sum_bytes(i + 1) if kind == "sum"
-                             else pools[kind][i % POOL], 1, False)
-                  for kind in KINDS for n in shards if i < n]
-        if i < RANGE_SHARDS:
-            for hour in range(ROLLUP_HOURS):
-                for definition in RANGE_COUNTERS:
-                    key = bucket_key(definition, "home", START + hour * HOUR)
-                    state = _sum_bytes(i + 1) if definition.kind == "sum" else distinct[(i + hour) % POOL]
-                    writes.append(ShardWrite(definition.name, key, state, 1, False))
-        return lambda: store.write_shards(uuid.uuid4(), born + i, born + 1, writes)
+    def __init__(self, client: CassandraClient, shards: tuple[int, ...], seed: int = 7) -> None:
+        self.store = CassandraStore(client)
+        self.shards = shards
+        rng = random.Random(seed)
+        self.pools = {kind: _pool(kind, rng) for kind in KINDS if kind != "sum"}
+        self.distinct = _pool("distinct", rng)
+        self.mutators = [uuid.uuid4() for _ in range(max(shards))]
+        self.rewrites = 0
+        # The instances flushed again between reads are instances of their own ("sum-256-flushed").
+        self.widest = 256 if 256 in shards else max(shards)
 
-    await _bounded([flush(i) for i in range(max(shards))])
+    def _flush(self, i: int, writes: list[ShardWrite]) -> Callable[[], Awaitable[None]]:
+        born = BORN_US + i
+        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes)
+
+    async def write(self) -> None:
+        """Every wide instance and every range bucket, one row per mutator: what ``max(shards)`` mutators'
+        flushes leave (mutator ``i`` holds a shard of every instance wider than ``i``)."""
+        flushes = []
+        for i in range(max(self.shards)):
+            writes = [ShardWrite(f"wide_{kind}", f"{kind}-{n}", _sum_bytes(i + 1) if kind == "sum"
+                                 else self.pools[kind][i % POOL], 1, False)
+                      for kind in KINDS for n in self.shards if i < n]
+            writes += [ShardWrite(f"wide_{kind}", f"{kind}-{self.widest}-flushed", _sum_bytes(i + 1) if kind == "sum"
+                                  else self.pools[kind][i % POOL], 1, False)
+                       for kind in KINDS if i < self.widest]
+            if i < RANGE_SHARDS:
+                for hour in range(ROLLUP_HOURS):
+                    for definition in RANGE_COUNTERS:
+                        key = bucket_key(definition, "home", START + hour * HOUR)
+                        state = (_sum_bytes(i + 1) if definition.kind == "sum"
+                                 else self.distinct[(i + hour) % POOL])
+                        writes.append(ShardWrite(definition.name, key, state, 1, False))
+            flushes.append(self._flush(i, writes))
+        await _bounded(flushes)
+
+    async def rewrite(self, kind: str, every: int) -> None:
+        """Every ``every``-th shard of the widest ``-flushed`` instance of ``kind`` flushed again, with other
+        bytes (the same value for a sum): what a read meets after some of the instance's partitions flushed."""
+        self.rewrites += 1
+        flushes = []
+        for i in range(self.rewrites % every, self.widest, every):
+            state = _sum_bytes(i + 1) if kind == "sum" else self.pools[kind][(i + self.rewrites) % POOL]
+            key = f"{kind}-{self.widest}-flushed"
+            flushes.append(self._flush(i, [ShardWrite(f"wide_{kind}", key, state, 1, False)]))
+        await _bounded(flushes)
 
 
 def _check(kind: str, shards: int, state: State | None) -> None:
@@ -151,47 +179,77 @@ def _check(kind: str, shards: int, state: State | None) -> None:
         raise RuntimeError(f"the {shards}-shard {kind} instance reads {value!r}")
 
 
-async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tuple[int, ...] = SHARDS
-                         ) -> dict[str, tuple[float, float]]:
+CACHED = ", cached"
+# A tenth of the shards flushed again before each read: the cache decodes those and merges all.
+REWRITE_EVERY = 10
+REWRITTEN = f", cached, 1 in {REWRITE_EVERY} shards flushed since the last read"
+
+
+async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tuple[int, ...] = SHARDS,
+                         seed: int = 7) -> dict[str, tuple[float, float]]:
     """p50 and p99 (ms) of the plain row, every wide instance and every range read, ``rounds`` times,
-    interleaved."""
+    interleaved in an order shuffled each round; each read without a state cache and with one (serve's, of
+    the default size)."""
     async with CassandraClient(cassandra) as client:
-        await write_shards(client, shards)
+        written = Shards(client, shards, seed)
+        await written.write()
         await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
         await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
-        reader = CounterReader(client)
+        cache = StateCache(ServeSettings().state_cache_bytes)
+        readers = {"": CounterReader(client), CACHED: CounterReader(client, cache=cache)}
         level = client.settings.read_consistency
+        widest = written.widest
         series, rollup = range_labels()[:2], range_labels()[2:]
-        timings: dict[str, list[float]] = {PLAIN: []}
-        timings.update({instance_label(kind, n): [] for kind in KINDS for n in shards})
-        timings.update({name: [] for name in range_labels()})
-        async def timed(name: str, read: Awaitable[object]) -> object:
-            started = time.perf_counter()
-            found = await read
-            timings[name].append(time.perf_counter() - started)
-            return found
+        reads: dict[str, Callable[[], Awaitable[None]]] = {}
 
-        # One round unmeasured first: statements are prepared, connections and caches warm.
-        for measured in [False] + [True] * rounds:
-            if not measured:
-                saved, timings = timings, {name: [] for name in timings}
-            await timed(PLAIN, client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level))
-            for kind in KINDS:
-                for n in shards:
-                    state = await timed(instance_label(kind, n), read_state(client, f"wide_{kind}", f"{kind}-{n}"))
-                    _check(kind, n, state)  # type: ignore[arg-type]
-            for definition, name in zip(RANGE_COUNTERS, series, strict=True):
-                points = await timed(name, reader.series(definition, "home", START, START + SERIES_HOURS * HOUR))
-                counted = [p.buckets_counted for p in points]  # type: ignore[attr-defined]
-                if counted != [1] * SERIES_HOURS:
-                    raise RuntimeError(f"{name}: {counted}")
-            for definition, name in zip(RANGE_COUNTERS, rollup, strict=True):
-                point: Any = await timed(name, reader.rollup(definition, "home", START, START + ROLLUP_HOURS * HOUR))
-                total = ROLLUP_HOURS * RANGE_SHARDS * (RANGE_SHARDS + 1) // 2
-                if point.buckets_counted != ROLLUP_HOURS or (definition.kind == "sum" and point.value != total):
+        async def plain() -> None:
+            await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
+
+        def instance(kind: str, n: int, suffix: str, flushed: str = "") -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                _check(kind, n, await read_state(client, f"wide_{kind}", f"{kind}-{n}{flushed}", level,
+                                                 readers[suffix].cache))
+            return read
+
+        def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
+            hours = SERIES_HOURS if name in series else ROLLUP_HOURS
+
+            async def read() -> None:
+                reader = readers[suffix]
+                if hours == SERIES_HOURS:
+                    points = await reader.series(definition, "home", START, START + hours * HOUR)
+                    counted = [p.buckets_counted for p in points]
+                    if counted != [1] * hours:
+                        raise RuntimeError(f"{name}: {counted}")
+                    return
+                point = await reader.rollup(definition, "home", START, START + hours * HOUR)
+                total = hours * RANGE_SHARDS * (RANGE_SHARDS + 1) // 2
+                if point.buckets_counted != hours or (definition.kind == "sum" and point.value != total):
                     raise RuntimeError(f"{name}: {point.buckets_counted} buckets, {point.value!r}")
-            if not measured:
-                timings = saved
+            return read
+
+        reads[PLAIN] = plain
+        for suffix in ("", CACHED):
+            reads.update({instance_label(kind, n) + suffix: instance(kind, n, suffix)
+                          for kind in KINDS for n in shards})
+            for definition, name in zip([*RANGE_COUNTERS, *RANGE_COUNTERS], series + rollup, strict=True):
+                reads[name + suffix] = ranged(definition, name, suffix)
+        rewritten = {instance_label(kind, widest) + REWRITTEN: (kind, instance(kind, widest, CACHED, "-flushed"))
+                     for kind in KINDS}
+        timings: dict[str, list[float]] = {name: [] for name in [*reads, *rewritten]}
+        rng = random.Random(seed)
+        # One round unmeasured first: statements prepared, connections, Cassandra's and the cache warm.
+        for measured in [False] + [True] * rounds:
+            order = list(reads.items()) + [(name, read) for name, (_, read) in rewritten.items()]
+            rng.shuffle(order)
+            for name, read in order:
+                if name in rewritten:
+                    await read()  # the cache holds the instance as it is now
+                    await written.rewrite(rewritten[name][0], REWRITE_EVERY)
+                started = time.perf_counter()
+                await read()
+                if measured:
+                    timings[name].append(time.perf_counter() - started)
     return {name: (1000 * statistics.median(t), 1000 * statistics.quantiles(t, n=100)[98])
             for name, t in timings.items()}
 
