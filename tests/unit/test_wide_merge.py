@@ -43,7 +43,8 @@ def same(case: Case, a: State | None, b: State | None) -> None:
         if case.spec.kind not in ("distinct", "top_k", "quantiles"):
             assert a.to_bytes() == b.to_bytes()
         return
-    va, vb = a.value(), b.value()  # type: ignore[var-annotated]
+    va: Any = a.value()
+    vb: Any = b.value()
     assert (va.count, va.min, va.max) == (vb.count, vb.min, vb.max)
     if va.count <= case.spec.k:
         assert va.quantiles == vb.quantiles
@@ -123,10 +124,12 @@ def test_cache_reuses_unchanged_bytes_and_decodes_only_what_changed() -> None:
     flushed = [*first[:4], sketch(range(400, 600))]
     after = cache.merged("users", "home", flushed)
     assert cache.partial == 1
-    assert after is not None and before is not None
+    assert after is not None
+    assert before is not None
     assert after.value().estimate == pytest.approx(600, rel=0.05)  # type: ignore[attr-defined]
     assert before.value().estimate == pytest.approx(500, rel=0.05)  # type: ignore[attr-defined]
-    assert cache.merged("users", "home", []) is None and len(cache) == 0
+    assert cache.merged("users", "home", []) is None
+    assert len(cache) == 0
 
 
 def test_cache_evicts_the_least_recently_read_beyond_its_bound() -> None:
@@ -145,8 +148,11 @@ def test_cache_evicts_the_least_recently_read_beyond_its_bound() -> None:
         cache.merged("q", "a", [blob, blob])  # "a" read again each time: never the least recent
         assert cache.size_bytes <= cache.max_bytes
     assert len(cache) == 3
-    assert cache.merged("q", "a", [blob, blob]) is not None and cache.hits >= 4
+    assert cache.merged("q", "a", [blob, blob]) is not None
+    assert cache.hits >= 4
     hits = cache.hits
-    assert cache.merged("q", "b", [blob, blob]) is not None and cache.hits == hits  # "b" was evicted
+    assert cache.merged("q", "b", [blob, blob]) is not None
+    assert cache.hits == hits
     tiny = StateCache(10)
-    assert tiny.merged("q", "big", [blob]) is not None and len(tiny) == 0
+    assert tiny.merged("q", "big", [blob]) is not None
+    assert len(tiny) == 0
