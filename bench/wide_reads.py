@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient
-from countersink.reader import CounterReader, read_state
+from countersink.reader import CounterReader, read_blobs_of, read_state
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
 from schemas.definitions import CounterDefinition, parse_definitions
@@ -180,6 +180,8 @@ def _check(kind: str, shards: int, state: State | None) -> None:
 
 
 CACHED = ", cached"
+# The same request and rows, the stored states taken from them but neither decoded nor merged: the floor.
+FETCH_ONLY = ", rows fetched only"
 # A tenth of the shards flushed again before each read: the cache decodes those and merges all.
 REWRITE_EVERY = 10
 REWRITTEN = f", cached, 1 in {REWRITE_EVERY} shards flushed since the last read"
@@ -228,7 +230,15 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
                     raise RuntimeError(f"{name}: {point.buckets_counted} buckets, {point.value!r}")
             return read
 
+        def fetch_only(kind: str, n: int) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                if not await read_blobs_of(client, f"wide_{kind}", [f"{kind}-{n}"], level):
+                    raise RuntimeError(f"nothing read of {kind}-{n}")
+            return read
+
         reads[PLAIN] = plain
+        reads.update({instance_label(kind, n) + FETCH_ONLY: fetch_only(kind, n)
+                      for kind in KINDS for n in shards if n >= widest})
         for suffix in ("", CACHED):
             reads.update({instance_label(kind, n) + suffix: instance(kind, n, suffix)
                           for kind in KINDS for n in shards})
