@@ -182,6 +182,9 @@ def _check(kind: str, shards: int, state: State | None) -> None:
 CACHED = ", cached"
 # The same request and rows, the stored states taken from them but neither decoded nor merged: the floor.
 FETCH_ONLY = ", rows fetched only"
+# The rows' mutator ids alone, no state: what any read that looks at every row costs at least (Cassandra reads
+# the rows whole), e.g. a cache checked against each shard's write time.
+IDS_ONLY = ", mutator ids only"
 # A tenth of the shards flushed again before each read: the cache decodes those and merges all.
 REWRITE_EVERY = 10
 REWRITTEN = f", cached, 1 in {REWRITE_EVERY} shards flushed since the last read"
@@ -236,7 +239,17 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
                     raise RuntimeError(f"nothing read of {kind}-{n}")
             return read
 
+        def ids_only(kind: str, n: int) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                result = await client.execute("SELECT mutator FROM shards WHERE key = ?", [f"{kind}-{n}"],
+                                              consistency=level)
+                if len([row.as_tuple() for row in result]) < n:
+                    raise RuntimeError(f"fewer than {n} rows of {kind}-{n}")
+            return read
+
         reads[PLAIN] = plain
+        reads.update({instance_label(kind, n) + IDS_ONLY: ids_only(kind, n)
+                      for kind in KINDS for n in shards if n >= widest})
         reads.update({instance_label(kind, n) + FETCH_ONLY: fetch_only(kind, n)
                       for kind in KINDS for n in shards if n >= widest})
         for suffix in ("", CACHED):

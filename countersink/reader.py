@@ -215,7 +215,7 @@ class CounterReader:
                                             for i in range(0, len(names), _KEYS_PER_READ))):
             for name, blobs in found.items():
                 merged = (merge_blobs(blobs) if self.cache is None
-                          else self.cache.merged(definition.name, name, blobs))
+                          else self.cache.merged(definition.name, name, blobs, scan=True))
                 states[keys[name]] = [] if merged is None else [merged]
         return timeseries.roll_up(groups, states)
 

@@ -59,9 +59,11 @@ class StateCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def merged(self, counter: str, key: str, blobs: Sequence[bytes]) -> State | None:
+    def merged(self, counter: str, key: str, blobs: Sequence[bytes], *, scan: bool = False) -> State | None:
         """The merge of ``blobs`` (the instance's stored states as read, tally first): ``merge_blobs(blobs)``,
-        from the cache when it merged these same bytes before."""
+        from the cache when it merged these same bytes before. ``scan``: one of many instances a range read
+        meets once; kept as the least recently read, so that a long range read evicts its own buckets before
+        the instances read again and again (a bucket read a second time is kept as any other)."""
         if not blobs:
             self._drop((counter, key))
             return None
@@ -91,6 +93,8 @@ class StateCache:
         size += sum(state.size_bytes() for state in states) if states is not None else 0
         if size <= self.max_bytes:
             self._entries[ident] = _Entry(read, states, merged, size)
+            if scan:
+                self._entries.move_to_end(ident, last=False)
             self._bytes += size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)

@@ -156,3 +156,29 @@ def test_cache_evicts_the_least_recently_read_beyond_its_bound() -> None:
     tiny = StateCache(10)
     assert tiny.merged("q", "big", [blob]) is not None
     assert len(tiny) == 0
+
+
+def test_a_long_range_read_does_not_evict_the_instances_read_often() -> None:
+    """Buckets met by a range read (scan) are evicted before instances read directly; a bucket read again is
+    kept like any other entry."""
+    from schemas.kinds import KindSpec, new_state
+
+    def blob(n: int) -> bytes:
+        state = new_state(KindSpec("top_k"))
+        state.apply(f"item-{n}")
+        return state.to_bytes()
+
+    measure = StateCache(10**9)
+    measure.merged("t", "x", [blob(0), blob(1)])
+    cache = StateCache(4 * measure.size_bytes)
+    cache.merged("t", "hot", [blob(0), blob(1)])
+    for bucket in range(20):
+        cache.merged("t", f"bucket-{bucket}", [blob(bucket), blob(bucket + 1)], scan=True)
+        assert cache.size_bytes <= cache.max_bytes
+    hits = cache.hits
+    cache.merged("t", "hot", [blob(0), blob(1)])
+    assert cache.hits == hits + 1
+    cache.merged("t", "bucket-0", [blob(0), blob(1)], scan=True)  # buckets that fitted stay; read again: a hit
+    assert cache.hits == hits + 2
+    cache.merged("t", "bucket-19", [blob(19), blob(20)], scan=True)  # later ones went first
+    assert cache.hits == hits + 2
