@@ -9,11 +9,21 @@ with ``CassandraStore.write_shards``, as the mutators' flushes would leave them,
 (dropped at the end). Each shard holds what a mutator's share of a busy instance holds: an integer sum;
 2,000 values in a HyperLogLog (lg_k 12, so each sketch is in its dense mode, ~4 KiB); 2,000 values in a KLL
 sketch (k 200); 2,000 events over 300 items in a frequent-items sketch (map 256). Then every read is made
-``--rounds`` times, all of them interleaved round by round (the plain row first in each round), so that the
-machine's noise falls on all alike: each instance through ``read_state`` (what ``get`` and ``serve`` read),
-a series of 24 hourly buckets and a roll-up of 168 hourly buckets of 100 shards each through
-``CounterReader``. Every value read is checked. Prints p50 and p99 in milliseconds and the ratio of each to
-the plain row's; ``make bench`` puts the same rows in its report.
+``--rounds`` times, all of them interleaved in an order shuffled each round (one round unmeasured first), so
+that the machine's noise falls on all alike:
+
+- each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
+  keeps one (its default size): the bytes are unchanged between reads, so the cache reuses its merge;
+- the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
+- the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
+  more with their rows fetched and taken apart but neither decoded nor merged (the floor of any read of every
+  shard's bytes), and their mutator ids alone (the floor of any read that looks at every row);
+- a series of 24 hourly buckets and a roll-up of 168 hourly buckets, 100 shards each, through
+  ``CounterReader``, without and with the cache.
+
+Every value read is checked. Prints p50 and p99 in milliseconds and the ratio of each to the plain row's, then
+the targets (256 shards within 2× the plain row at p50 and 3× at p99); ``make bench`` puts the same rows in
+its report.
 """
 
 from __future__ import annotations
@@ -28,12 +38,13 @@ from collections.abc import Awaitable, Callable
 
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_blobs_of, read_state
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
+from schemas.cql import shard_of_cell
 from schemas.definitions import CounterDefinition, parse_definitions
-from schemas.kinds import KindSpec, State, new_state
+from schemas.kinds import KindSpec, State, merge_states, new_state, state_from_bytes
 from schemas.timeseries import bucket_key
 
 SHARDS = (1, 20, 100, 256, 1000)
@@ -165,6 +176,21 @@ class Shards:
         await _bounded(flushes)
 
 
+async def previous_read_state(client: CassandraClient, counter: str, key: str) -> State | None:
+    """How ``read_state`` read one instance before wide reads were made cheap (commit 9ef4b1a): a dict per
+    row, every state decoded on its own, then merged. Kept to compare with, in the same run."""
+    rows = as_dicts(await client.execute(
+        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "
+        "ttl(states[?]) AS state_ttl FROM shards WHERE key IN (?)", [counter] * 4 + [key],
+        consistency=client.settings.read_consistency))
+    grace = client.settings.retention_grace_s
+    if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
+        return None
+    blobs = ([rows[0]["tally"]] if rows else []) + [shard_of_cell(row["cell"])[0] for row in rows
+                                                    if row["cell"] is not None]
+    return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
+
+
 def _check(kind: str, shards: int, state: State | None) -> None:
     value = None if state is None else state.value()
     if kind == "sum":
@@ -180,6 +206,7 @@ def _check(kind: str, shards: int, state: State | None) -> None:
 
 
 CACHED = ", cached"
+PREVIOUS = ", as read before (9ef4b1a)"
 # The same request and rows, the stored states taken from them but neither decoded nor merged: the floor.
 FETCH_ONLY = ", rows fetched only"
 # The rows' mutator ids alone, no state: what any read that looks at every row costs at least (Cassandra reads
@@ -247,7 +274,14 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
                     raise RuntimeError(f"fewer than {n} rows of {kind}-{n}")
             return read
 
+        def previous(kind: str, n: int) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                _check(kind, n, await previous_read_state(client, f"wide_{kind}", f"{kind}-{n}"))
+            return read
+
         reads[PLAIN] = plain
+        reads.update({instance_label(kind, n) + PREVIOUS: previous(kind, n) for kind in KINDS for n in shards
+                      if n >= RANGE_SHARDS})
         reads.update({instance_label(kind, n) + IDS_ONLY: ids_only(kind, n)
                       for kind in KINDS for n in shards if n >= widest})
         reads.update({instance_label(kind, n) + FETCH_ONLY: fetch_only(kind, n)
@@ -292,7 +326,8 @@ def targets(latencies: dict[str, tuple[float, float]]) -> list[str]:
     plain50, plain99 = latencies[PLAIN]
     lines = []
     for kind in KINDS:
-        for suffix, how in (("", "uncached"), (CACHED, "cached"), (FETCH_ONLY, "its rows alone")):
+        for suffix, how in (("", "uncached"), (CACHED, "cached"), (PREVIOUS, "as read before"),
+                            (FETCH_ONLY, "its rows alone")):
             figures = latencies.get(instance_label(kind, 256) + suffix)
             if figures is not None:
                 ok = figures[0] <= 2 * plain50 and figures[1] <= 3 * plain99
