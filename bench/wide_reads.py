@@ -311,6 +311,25 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
             for name, t in timings.items()}
 
 
+async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, seconds: float, cached: bool
+                    ) -> dict[str, tuple[float, float]]:
+    """One instance read back to back for ``seconds``, after it is written, nothing else interleaved: what a
+    profiler samples. Returns the loop's p50 and p99 under its name."""
+    async with CassandraClient(cassandra) as client:
+        await Shards(client, (shards,)).write()
+        cache = StateCache(ServeSettings().state_cache_bytes) if cached else None
+        level = client.settings.read_consistency
+        timings: list[float] = []
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            started = time.perf_counter()
+            state = await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level, cache)
+            timings.append(time.perf_counter() - started)
+            _check(kind, shards, state)
+    name = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"
+    return {name: (1000 * statistics.median(timings), 1000 * statistics.quantiles(timings, n=100)[98])}
+
+
 def table(latencies: dict[str, tuple[float, float]]) -> list[str]:
     """The figures as Markdown rows: p50, p99, and each as a multiple of the plain row's."""
     plain50, plain99 = latencies[PLAIN]
@@ -342,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=150, help="reads of each instance (default 150)")
     parser.add_argument("--shards", default=",".join(map(str, SHARDS)),
                         help="shard counts of the instances, comma-separated (default %(default)s)")
+    parser.add_argument("--loop", metavar="KIND:SHARDS:SECONDS[:cached]",
+                        help="only read that instance over and over for that long (to sample with py-spy), "
+                             "e.g. quantiles:256:10:cached")
     args = parser.parse_args(argv)
     shards = tuple(sorted({int(n) for n in args.shards.split(",")} | {RANGE_SHARDS}))
     keyspace = f"bench_wide_{uuid.uuid4().hex[:8]}"
@@ -351,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         async with CassandraClient(settings, use_keyspace=False) as client:
             await client.ensure_schema()
         try:
+            if args.loop:
+                kind, n, seconds, *cached = args.loop.split(":")
+                return await read_loop(settings, kind, int(n), float(seconds), bool(cached))
             return await wide_latencies(settings, args.rounds, shards)
         finally:
             async with CassandraClient(settings, use_keyspace=False) as client:
@@ -365,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         with bench_servers(ROOT / ".stack" / "bench-wide", kafka_port=29092, native_port=29042, storage_port=27000,
                            jmx_port=27199, cluster_name="countersink-bench-wide"):
             latencies = asyncio.run(run("127.0.0.1", 29042))
+    if args.loop:
+        print("\n".join(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms" for name, (p50, p99) in latencies.items()))
+        return 0
     print("\n".join(table(latencies)))
     print("\n".join(targets(latencies)))
     return 0
