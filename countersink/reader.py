@@ -78,8 +78,8 @@ _KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL = range(5)
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
                         consistency: Consistency | None = None) -> dict[str, list[bytes]]:
     """The stored states (bytes) of several instances of one counter, in one request: each instance's tally
-    first, then its shards in the partition's order. None for an instance never counted, or past its retention
-    (:func:`read_states`)."""
+    first, then its shards in the partition's order. None (an empty list) for an instance never counted, or
+    past its retention (:func:`read_states`)."""
     level = consistency or client.settings.read_consistency
     marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
     result = await client.execute(
