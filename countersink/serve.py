@@ -83,6 +83,7 @@ class ReadApi:
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
         self.cache = StateCache(settings.state_cache_bytes) if settings.state_cache_bytes else None
+        self._cache_counted = {"hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self._handling = 0
@@ -292,7 +293,20 @@ class ReadApi:
 
     async def _before_scrape(self) -> None:
         self.client.sample_driver_metrics()
+        self._sample_cache()
         await self._gc_age()
+
+    def _sample_cache(self) -> None:
+        """Copy the state cache's running counts into the process metrics (counters grow by what they grew)."""
+        if self.cache is None:
+            return
+        counts = {"hit": self.cache.hits, "partial": self.cache.partial, "miss": self.cache.misses}
+        for outcome, count in counts.items():
+            grown = count - self._cache_counted[outcome]
+            if grown > 0:
+                METRICS.serve_state_cache_reads.labels(outcome=outcome).inc(grown)
+                self._cache_counted[outcome] = count
+        METRICS.serve_state_cache_bytes.set(self.cache.size_bytes)
 
 
 def _checked_key(key: str) -> str:

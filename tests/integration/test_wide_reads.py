@@ -120,7 +120,7 @@ async def test_a_read_after_a_flush_sees_it_through_the_cache(cassandra_settings
 async def test_serve_reads_a_flush_acknowledged_after_it_cached(cassandra_settings: CassandraSettings,
                                                                  tmp_path: Path) -> None:
     """`serve` (state cache on, its default) answers a wide instance, then the same after a shard of it is
-    flushed again: the new value, at once."""
+    flushed again: the new value, at once; /metrics counts the reads the cache answered and those it did not."""
     import aiohttp
 
     async with CassandraClient(cassandra_settings) as client:
@@ -142,3 +142,7 @@ async def test_serve_reads_a_flush_acknowledged_after_it_cached(cassandra_settin
             await _flush(store, mutators[100], 1_100, 2, "views", "home", state.to_bytes())
             async with http.get(base + "/counters/views/home") as one:
                 assert (await one.json())["value"] == sum(range(SHARDS)) - 100 + 1_000_000
+            async with http.get(base + "/metrics") as metrics:
+                text = await metrics.text()
+            assert 'countersink_serve_state_cache_reads_total{outcome="hit"} 1.0' in text
+            assert 'countersink_serve_state_cache_reads_total{outcome="miss"} 2.0' in text
