@@ -12,7 +12,8 @@ no setting can make it stale. When only some shards changed (a few partitions fl
 shards' decoded states are reused and only the changed ones are decoded, then all are merged again.
 
 Entries are kept least recently used first and evicted beyond ``max_bytes`` (the stored bytes an entry holds
-plus its states' own estimate of their memory); an instance larger than that is merged and not kept. States
+plus what its decoded states take, as measured for each sketch kind); an instance larger than that is merged and
+not kept. States
 handed out are shared: callers read them (``value()``, or merge them into a new state), never change them.
 Pure and single-threaded: no I/O, no clock, no locks (one event loop calls it).
 """
@@ -23,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.kinds import State, count, merge_blobs, merge_states, state_from_bytes
+from schemas.kinds import State, count, merge_blobs, merge_states, quantiles, state_from_bytes, top_k
 from schemas.kinds import sum as sum_kind
 
 
@@ -38,6 +39,19 @@ class _Entry:
 # Kinds that merge stored bytes in one pass (count, integer sums): decoding them is the merge, so keeping each
 # shard's decoded state saves nothing.
 _BATCH_TAG_BYTES = frozenset({bytes((count.TAG,)), bytes((sum_kind.TAG,))})
+
+
+# What a decoded sketch takes beyond its own estimate (``size_bytes``, which the consumer's memory budget uses):
+# at least ``a`` times its stored bytes plus ``b``. Measured with 100-shard entries filling 60 MiB (resident
+# memory freed by clearing them, malloc trimmed): a KLL sketch of k 200 holding 2,000 values, 3.4 KiB stored,
+# takes 13 KiB decoded; a frequent-items sketch of map 256, 1 KiB stored, 5 KiB. A HyperLogLog takes what it
+# says.
+_DECODED_SIZE = {quantiles.TAG: (4, 0), top_k.TAG: (4, 4096)}
+
+
+def _decoded_bytes(state: State, blob: bytes) -> int:
+    a, b = _DECODED_SIZE.get(state.tag, (0, 0))
+    return max(state.size_bytes(), a * len(blob) + b)
 
 
 class StateCache:
@@ -90,7 +104,8 @@ class StateCache:
             return None
         self._drop(ident)
         size = sum(len(blob) for blob in read) + merged.size_bytes()
-        size += sum(state.size_bytes() for state in states) if states is not None else 0
+        if states is not None:
+            size += sum(_decoded_bytes(state, blob) for state, blob in zip(states, read, strict=True))
         if size <= self.max_bytes:
             self._entries[ident] = _Entry(read, states, merged, size)
             if scan:
