@@ -15,6 +15,7 @@ that the machine's noise falls on all alike:
 - each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
   keeps one (its default size): the bytes are unchanged between reads, so the cache reuses its merge;
 - the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
+- 256-shard sketch instances that also have a tally (what the GC leaves), without and with the cache;
 - the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
   more with their rows fetched and taken apart but neither decoded nor merged (the floor of any read of every
   shard's bytes), and their mutator ids alone (the floor of any read that looks at every row);
@@ -151,9 +152,9 @@ class Shards:
             writes = [ShardWrite(f"wide_{kind}", f"{kind}-{n}", _sum_bytes(i + 1) if kind == "sum"
                                  else self.pools[kind][i % POOL], 1, False)
                       for kind in KINDS for n in self.shards if i < n]
-            writes += [ShardWrite(f"wide_{kind}", f"{kind}-{self.widest}-flushed", _sum_bytes(i + 1) if kind == "sum"
-                                  else self.pools[kind][i % POOL], 1, False)
-                       for kind in KINDS if i < self.widest]
+            writes += [ShardWrite(f"wide_{kind}", f"{kind}-{self.widest}{suffix}", _sum_bytes(i + 1)
+                                  if kind == "sum" else self.pools[kind][i % POOL], 1, False)
+                       for kind in KINDS for suffix in ("-flushed", "-tallied") if i < self.widest]
             if i < RANGE_SHARDS:
                 for hour in range(ROLLUP_HOURS):
                     for definition in RANGE_COUNTERS:
@@ -163,6 +164,10 @@ class Shards:
                         writes.append(ShardWrite(definition.name, key, state, 1, False))
             flushes.append(self._flush(i, writes))
         await _bounded(flushes)
+        # What the GC leaves when it has folded retired mutators: a tally, which Cassandra repeats on every row.
+        for kind in TALLIED:
+            await self.store.client.execute("UPDATE shards SET tallies = tallies + ? WHERE key = ?",
+                                            [{f"wide_{kind}": self.pools[kind][-1]}, f"{kind}-{self.widest}-tallied"])
 
     async def rewrite(self, kind: str, every: int) -> None:
         """Every ``every``-th shard of the widest ``-flushed`` instance of ``kind`` flushed again, with other
@@ -206,6 +211,9 @@ def _check(kind: str, shards: int, state: State | None) -> None:
 
 
 CACHED = ", cached"
+# Sketch instances with a tally as large as a shard (the sum's is a few bytes).
+TALLIED = ("distinct", "quantiles", "top_k")
+TALLY = ", and a tally"
 PREVIOUS = ", as read before (9ef4b1a)"
 # The same request and rows, the stored states taken from them but neither decoded nor merged: the floor.
 FETCH_ONLY = ", rows fetched only"
@@ -237,10 +245,12 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
         async def plain() -> None:
             await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
 
-        def instance(kind: str, n: int, suffix: str, flushed: str = "") -> Callable[[], Awaitable[None]]:
+        def instance(kind: str, n: int, suffix: str, which: str = "") -> Callable[[], Awaitable[None]]:
+            states = n + 1 if which == "-tallied" else n  # a tally holds as many values as a shard
+
             async def read() -> None:
-                _check(kind, n, await read_state(client, f"wide_{kind}", f"{kind}-{n}{flushed}", level,
-                                                 readers[suffix].cache))
+                _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level,
+                                                      readers[suffix].cache))
             return read
 
         def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
@@ -291,6 +301,9 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
                           for kind in KINDS for n in shards})
             for definition, name in zip([*RANGE_COUNTERS, *RANGE_COUNTERS], series + rollup, strict=True):
                 reads[name + suffix] = ranged(definition, name, suffix)
+        for suffix in ("", CACHED):
+            reads.update({instance_label(kind, widest) + TALLY + suffix: instance(kind, widest, suffix, "-tallied")
+                          for kind in TALLIED})
         rewritten = {instance_label(kind, widest) + REWRITTEN: (kind, instance(kind, widest, CACHED, "-flushed"))
                      for kind in KINDS}
         timings: dict[str, list[float]] = {name: [] for name in [*reads, *rewritten]}
