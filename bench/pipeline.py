@@ -14,7 +14,8 @@ of JSON trades keyed by symbol, and consumes that same topic four ways, one afte
    until its committed offsets reach the end of the topic.
 
 Then: consumer CPU per million events; the GC folding what the countersink run left (instances per
-second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read; memory per
+second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read, and of wide
+instances (up to 1,000 shards, ``bench.wide_reads``) and ranges of wide buckets; memory per
 live instance of each kind; and recovery after ``kill -9`` of a consumer holding 10 thousand and 1 million
 live instances, until the replacement applies events again. Figures, ratios and the targets go to stdout
 and to ``bench/results/REPORT.md`` with PNG plots. Everything it starts, it stops.
@@ -121,6 +122,7 @@ class Report:
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
     rollup_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.rollup: (p50, p99)
+    wide_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.wide_reads: (p50, p99)
     memory_bytes: dict[str, float] = field(default_factory=dict)
     recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
     profile: str = ""
@@ -469,6 +471,12 @@ async def rollup_latencies(cassandra: CassandraSettings, rounds: int) -> dict[st
     return await rollup.rollup_latencies(cassandra, rounds)
 
 
+async def wide_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:
+    from bench import wide_reads
+
+    return await wide_reads.wide_latencies(cassandra, rounds)
+
+
 def memory_per_instance(instances: int) -> dict[str, float]:
     """Resident bytes per live instance of each kind, each measured in a fresh interpreter."""
     from bench.apply import COUNTERS
@@ -728,6 +736,8 @@ async def run(args: argparse.Namespace) -> Report:
         report.read_latency_ms = await read_latencies(cassandra, args.read_rounds)
         say("roll-up latency")
         report.rollup_latency_ms = await rollup_latencies(cassandra, args.read_rounds)
+        say("wide instances: 1 to 1,000 shards, and range reads of 100-shard buckets")
+        report.wide_latency_ms = await wide_latencies(cassandra, args.wide_rounds)
         say("memory per live instance")
         report.memory_bytes = memory_per_instance(args.memory_instances)
 
@@ -804,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-seconds", type=float, default=40.0,
                         help="Cassandra warm-up before the measured runs (0: none)")
     parser.add_argument("--read-rounds", type=int, default=2_000)
+    parser.add_argument("--wide-rounds", type=int, default=150, help="rounds of bench.wide_reads (each reads "
+                        "every wide instance and range, a few seconds a round)")
     parser.add_argument("--memory-instances", type=int, default=100_000)
     parser.add_argument("--recovery-instances", type=int, nargs="+", default=[10_000, 1_000_000])
     parser.add_argument("--no-profile", dest="profile", action="store_false",
@@ -813,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win
         parser.set_defaults(events=200_000, symbols=10_000, native_seconds=15.0, quix_seconds=60.0, read_rounds=300,
-                            memory_instances=20_000, recovery_instances=[10_000, 100_000])
+                            wide_rounds=30, memory_instances=20_000, recovery_instances=[10_000, 100_000])
     args = parser.parse_args(argv)
     configure_logging("WARNING", "console")
     command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -112,6 +112,25 @@ def _cost_table(report: Report, cs: float, raw: float, native: float, quix: floa
     return [*lines, ""]
 
 
+def _wide_section(report: Report) -> list[str]:
+    """``bench.wide_reads``' table and its targets, when the run measured it."""
+    if not report.wide_latency_ms:
+        return []
+    from bench import wide_reads
+
+    return [
+        "Wide instances (`python -m bench.wide_reads`): one instance with a shard from each of 1 to 1,000 "
+        "mutators, for each sketch kind and a sum, read by `read_state` without and with serve's state cache, "
+        "beside a plain one-row read, every read interleaved in an order shuffled each round; and ranges of "
+        "100-shard hourly buckets. Target: 256 shards within 2× the plain row at p50 and 3× at p99.",
+        "",
+        *wide_reads.table(report.wide_latency_ms),
+        "",
+        *[f"- {line}" for line in wide_reads.targets(report.wide_latency_ms)],
+        "",
+    ]
+
+
 def write_report(report: Report, out: Path, command: str, made_on: str | None = None) -> str:
     """Write REPORT.md, its plots, and results.json (every figure, to render the report again from)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -214,6 +233,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         "|---|---:|---:|",
         *[f"| {name} | {p50:.1f} | {p99:.1f} |" for name, (p50, p99) in report.rollup_latency_ms.items()],
         "",
+        *_wide_section(report),
         "## Recovery after kill -9",
         "",
         "A consumer holding every instance of a topic live in memory is killed with `kill -9`; a replacement "
@@ -302,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(**record["report"])
     report.read_latency_ms = {name: (p50, p99) for name, (p50, p99) in report.read_latency_ms.items()}
     report.rollup_latency_ms = {name: (p50, p99) for name, (p50, p99) in report.rollup_latency_ms.items()}
+    report.wide_latency_ms = {name: (p50, p99) for name, (p50, p99) in report.wide_latency_ms.items()}
     print(write_report(report, path.parent, record["command"], record["made_on"]))
     return 0
 

@@ -174,6 +174,12 @@ class Metrics:
             "countersink_serve_tokens_file_refused",
             "Changes of the read API's tokens file refused (every token it held revoked), by reason: "
             "missing, unreadable, invalid", ["reason"], registry=r)
+        self.serve_state_cache_reads = Counter(
+            "countersink_serve_state_cache_reads",
+            "Reads of the read API through its state cache, by outcome: hit (merge reused), partial (only "
+            "changed shards decoded), miss", ["outcome"], registry=r)
+        self.serve_state_cache_bytes = Gauge("countersink_serve_state_cache_bytes",
+                                             "What the read API's state cache holds now", registry=r)
 
     def partition_flushed(self, topic: str, partition: int) -> None:
         """A flush of the partition completed: its freshness starts again from 0."""

@@ -17,10 +17,11 @@ from typing import Any, overload
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.settings import Consistency
+from countersink.state_cache import StateCache
 from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
-from schemas.kinds import State, merge_states, state_from_bytes
+from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
@@ -57,56 +58,73 @@ class Explanation:
     partitions: tuple[dict[str, Any], ...]
 
 
-def _blobs(rows: list[dict[str, Any]]) -> list[bytes | None]:
-    # The static tally is repeated on every row of the partition: take it once. Rows of the key's other
-    # counters come without a cell of this one.
-    return ([rows[0]["tally"]] if rows else []) + [shard_of_cell(row["cell"])[0] for row in rows
-                                                   if row["cell"] is not None]
-
-
 async def read_states(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
 ) -> list[State]:
     """Every stored state of one instance (its tally and each shard), not merged; none when nothing was ever
     counted for it, or when it is a bucket past its retention (its rows, written to expire a grace period
     after that, are hidden from then on, so a bucket never reads as partly gone)."""
-    return (await read_states_of(client, counter, [key], consistency))[key]
+    return [state_from_bytes(blob) for blob in (await read_blobs_of(client, counter, [key], consistency))[key]]
 
 
 # Instances per request of a range read: the coordinator reads them as separate partitions, the client pays
 # for one request (far below the IN-list sizes Cassandra warns about).
 _KEYS_PER_READ = 24
+# The columns of a read of several instances, by position: rows are read as tuples, not dicts (a wide
+# instance is hundreds of rows).
+_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL = range(5)
+
+
+async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
+                        consistency: Consistency | None = None) -> dict[str, list[bytes]]:
+    """The stored states (bytes) of several instances of one counter, in one request: each instance's tally
+    first, then its shards in the partition's order. None (an empty list) for an instance never counted, or
+    past its retention (:func:`read_states`)."""
+    level = consistency or client.settings.read_consistency
+    marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
+    result = await client.execute(
+        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
+        [counter] * 4 + [partition_key(key) for key in keys], consistency=level)
+    grace = client.settings.retention_grace_s
+    out: dict[str, list[bytes]] = {key: [] for key in keys}
+    hidden: set[str] = set()
+    partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
+    blobs: list[bytes] = []
+    for row in result:
+        values = row.as_tuple()
+        if values[_KEY] != partition:
+            # A partition's rows come together; the static tally is repeated on each of them: take it once.
+            partition = values[_KEY]
+            blobs = out.setdefault(key_of_partition(partition), [])
+            if values[_TALLY] is not None and not blobs:
+                blobs.append(values[_TALLY])
+        if (values[_TALLY_TTL] is not None and values[_TALLY_TTL] <= grace) or (
+                values[_STATE_TTL] is not None and values[_STATE_TTL] <= grace):
+            hidden.add(key_of_partition(partition))
+        if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
+            blobs.append(shard_of_cell(values[_CELL])[0])
+    for key in hidden:
+        out[key] = []
+    return {key: out[key] for key in keys}
 
 
 async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[str],
                          consistency: Consistency | None = None) -> dict[str, list[State]]:
     """:func:`read_states` of several instances of one counter, in one request."""
-    level = consistency or client.settings.read_consistency
-    marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
-    rows = as_dicts(await client.execute(
-        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
-        [counter] * 4 + [partition_key(key) for key in keys], consistency=level))
-    by_key: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_key.setdefault(key_of_partition(row["key"]), []).append(row)
-    grace = client.settings.retention_grace_s
-    out: dict[str, list[State]] = {}
-    for key in keys:
-        found = by_key.get(key, [])
-        if any(ttl is not None and ttl <= grace for row in found for ttl in (row["tally_ttl"], row["state_ttl"])):
-            out[key] = []
-        else:
-            out[key] = [state_from_bytes(blob) for blob in _blobs(found) if blob is not None]
-    return out
+    found = await read_blobs_of(client, counter, keys, consistency)
+    return {key: [state_from_bytes(blob) for blob in blobs] for key, blobs in found.items()}
 
 
 async def read_state(
-    client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None
+    client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None,
+    cache: StateCache | None = None,
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
-    its retention: :func:`read_states`)."""
-    return merge_states(await read_states(client, counter, key, consistency))
+    its retention: :func:`read_states`). Its stored states are decoded and merged as a batch
+    (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when it merged the same bytes before."""
+    blobs = (await read_blobs_of(client, counter, [key], consistency))[key]
+    return merge_blobs(blobs) if cache is None else cache.merged(counter, key, blobs)
 
 
 Instant = datetime | int | str
@@ -126,19 +144,22 @@ class CounterReader:
     """Typed counter values: ints or Decimals for sums, floats for means, estimates with bounds for sketches.
 
     Range reads of bucketed counters (:meth:`series`, :meth:`rollup`) read at most ``max_range_buckets``
-    buckets, ``concurrency`` at a time (or within ``reads``, a limit shared with other readers)."""
+    buckets, ``concurrency`` at a time (or within ``reads``, a limit shared with other readers). With a
+    ``cache`` (:class:`StateCache`), instances and buckets whose stored bytes are unchanged since it merged
+    them are not decoded and merged again (every read still reads them)."""
 
     def __init__(self, client: CassandraClient, consistency: Consistency | None = None, *,
                  max_range_buckets: int = 1000, concurrency: int = 32,
-                 reads: asyncio.Semaphore | None = None) -> None:
+                 reads: asyncio.Semaphore | None = None, cache: StateCache | None = None) -> None:
         self.client = client
+        self.cache = cache
         self.consistency = consistency or client.settings.read_consistency
         self.max_range_buckets = max_range_buckets
         self._reads = reads or asyncio.Semaphore(concurrency)
 
     async def get(self, counter: str, key: str) -> object:
         """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
-        state = await read_state(self.client, counter, key, self.consistency)
+        state = await read_state(self.client, counter, key, self.consistency, self.cache)
         return None if state is None else state.value()
 
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
@@ -183,14 +204,19 @@ class CounterReader:
         keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
         names = list(keys)
 
-        async def read(chunk: list[str]) -> dict[str, list[State]]:
+        async def read(chunk: list[str]) -> dict[str, list[bytes]]:
             async with self._reads:
-                return await read_states_of(self.client, definition.name, chunk, self.consistency)
+                return await read_blobs_of(self.client, definition.name, chunk, self.consistency)
 
+        # Each bucket merged on its own (from the cache when its bytes are unchanged), then the buckets of each
+        # step merged together: a merge of merges, which CRDT states allow.
         states: dict[int, list[State]] = {}
         for found in await asyncio.gather(*(read(names[i:i + _KEYS_PER_READ])
                                             for i in range(0, len(names), _KEYS_PER_READ))):
-            states.update((keys[name], bucket_states) for name, bucket_states in found.items())
+            for name, blobs in found.items():
+                merged = (merge_blobs(blobs) if self.cache is None
+                          else self.cache.merged(definition.name, name, blobs, scan=True))
+                states[keys[name]] = [] if merged is None else [merged]
         return timeseries.roll_up(groups, states)
 
     async def _definition(self, counter: CounterDefinition | str) -> CounterDefinition:

@@ -58,6 +58,7 @@ from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import Consistency, ReadSettings, ServeSettings, Settings
+from countersink.state_cache import StateCache
 from schemas import timeseries
 from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
@@ -81,6 +82,8 @@ class ReadApi:
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
+        self.cache = StateCache(settings.state_cache_bytes) if settings.state_cache_bytes else None
+        self._cache_counted = {"hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self._handling = 0
@@ -206,7 +209,7 @@ class ReadApi:
         if rollup not in ("true", "false"):
             raise _problem(web.HTTPBadRequest, "rollup is true or false")
         reader = CounterReader(self.client, level, max_range_buckets=self.read_settings.max_range_buckets,
-                               reads=self._reads)
+                               reads=self._reads, cache=self.cache)
         try:
             start, end = timeseries.parse_instant(query["from"]), timeseries.parse_instant(query["to"])
             step = timeseries.parse_duration(query["step"]) if "step" in query else None
@@ -228,7 +231,7 @@ class ReadApi:
 
     async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level)
+            state = await read_state(self.client, name, key, level, self.cache)
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
@@ -290,7 +293,20 @@ class ReadApi:
 
     async def _before_scrape(self) -> None:
         self.client.sample_driver_metrics()
+        self._sample_cache()
         await self._gc_age()
+
+    def _sample_cache(self) -> None:
+        """Copy the state cache's running counts into the process metrics (counters grow by what they grew)."""
+        if self.cache is None:
+            return
+        counts = {"hit": self.cache.hits, "partial": self.cache.partial, "miss": self.cache.misses}
+        for outcome, count in counts.items():
+            grown = count - self._cache_counted[outcome]
+            if grown > 0:
+                METRICS.serve_state_cache_reads.labels(outcome=outcome).inc(grown)
+                self._cache_counted[outcome] = count
+        METRICS.serve_state_cache_bytes.set(self.cache.size_bytes)
 
 
 def _checked_key(key: str) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "NumberMode",
     "State",
     "kind_of_bytes",
+    "merge_blobs",
     "merge_states",
     "merge_stored",
     "new_state",
@@ -81,6 +82,23 @@ def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
     """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
     kinds never merge: :class:`IncompatibleStateError`."""
     return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
+
+
+def merge_blobs(blobs: Sequence[bytes]) -> State | None:
+    """:func:`merge_stored` of stored states (none ``None``), as a batch: a kind that can merge stored bytes in
+    one pass without a state per blob (``merged_from_bytes``: count, integer sums) does; the others decode each
+    blob and merge them all at once (:meth:`State.merged`: one sketch union for distinct). Same value, same
+    errors as :func:`merge_stored`, which stays the reference."""
+    if not blobs:
+        return None
+    first = blobs[0]
+    module = _BY_TAG.get(first[0]) if first else None
+    batch = getattr(module, "merged_from_bytes", None)
+    if batch is not None and all(blob[:1] == first[:1] for blob in blobs):
+        merged: State | None = batch(blobs)
+        if merged is not None:
+            return merged
+    return merge_stored(blobs)
 
 
 def merge_states(states: Sequence[State]) -> State | None:

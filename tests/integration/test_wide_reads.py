@@ -1,0 +1,148 @@
+"""Wide instances (a shard from each of hundreds of mutators) on real Cassandra: read as the merge of what was
+written, with and without the state cache, and a read after a flush sees it (in ``serve`` too)."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.cassandra_store import CassandraStore
+from consumer.storage import ShardWrite
+from countersink.cassandra import CassandraClient
+from countersink.reader import CounterReader, read_state
+from countersink.settings import CassandraSettings
+from countersink.state_cache import StateCache
+from schemas.kinds import KindSpec, State, new_state, state_from_bytes
+from tests.integration.serve_support import running_serve
+
+pytestmark = pytest.mark.integration
+SHARDS = 256
+SPECS = {"sum": KindSpec("sum"), "distinct": KindSpec("distinct"), "quantiles": KindSpec("quantiles", k=200),
+         "top_k": KindSpec("top_k", lg_max_map_size=6, top=5)}
+
+
+def _state(kind: str, i: int, rng: random.Random) -> State:
+    state = new_state(SPECS[kind])
+    for _ in range(rng.randint(1, 40)):
+        value = {"sum": rng.randint(-10**12, 10**12), "distinct": f"u{rng.randint(0, 20_000)}",
+                 "quantiles": rng.uniform(-1e6, 1e6), "top_k": f"p{min(int(rng.paretovariate(1.1)), 90)}"}[kind]
+        state.apply(value)
+    return state
+
+
+def _reference(blobs: list[bytes]) -> State:
+    out = state_from_bytes(blobs[0])
+    for blob in blobs[1:]:
+        out.merge(state_from_bytes(blob))
+    return out
+
+
+def _same(kind: str, read: State | None, expected: State) -> None:
+    assert read is not None
+    if kind == "quantiles":
+        a: Any = read.value()
+        b: Any = expected.value()
+        assert (a.count, a.min, a.max) == (b.count, b.min, b.max)
+    else:
+        assert read.value() == expected.value()
+
+
+async def _flush(store: CassandraStore, mutator: uuid.UUID, born_us: int, seq: int, counter: str, key: str,
+                 blob: bytes) -> None:
+    await store.write_shards(mutator, born_us, born_us + seq, [ShardWrite(counter, key, blob, seq, True)])
+
+
+async def test_256_shards_read_as_the_merge_of_what_was_written(cassandra_settings: CassandraSettings) -> None:
+    """An instance of every sketch kind and a sum, each with a tally and 256 shards: read_state (batch merge),
+    read_state with a cache (twice: miss, then hit) and CounterReader.get equal the one-by-one merge of the
+    written bytes."""
+    rng = random.Random(36)
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        mutators = [uuid.uuid4() for _ in range(SHARDS)]
+        written: dict[str, list[bytes]] = {}
+        for kind in SPECS:
+            tally = _state(kind, -1, rng).to_bytes()
+            await client.execute("UPDATE shards SET tallies = tallies + ? WHERE key = ?",
+                                 [{f"wide_{kind}": tally}, f"{kind}-wide"])
+            written[kind] = [tally]
+            for i, mutator in enumerate(mutators):
+                blob = _state(kind, i, rng).to_bytes()
+                written[kind].append(blob)
+                await _flush(store, mutator, 1_000 + i, 1, f"wide_{kind}", f"{kind}-wide", blob)
+        cache = StateCache(64 << 20)
+        for kind, blobs in written.items():
+            expected = _reference(blobs)
+            _same(kind, await read_state(client, f"wide_{kind}", f"{kind}-wide"), expected)
+            _same(kind, await read_state(client, f"wide_{kind}", f"{kind}-wide", cache=cache), expected)
+            _same(kind, await read_state(client, f"wide_{kind}", f"{kind}-wide", cache=cache), expected)
+            value = await CounterReader(client, cache=cache).get(f"wide_{kind}", f"{kind}-wide")
+            assert value == (await read_state(client, f"wide_{kind}", f"{kind}-wide", cache=cache)).value()  # type: ignore[union-attr]
+        assert (cache.hits, cache.misses) == (3 * len(SPECS), len(SPECS))
+
+
+async def test_a_read_after_a_flush_sees_it_through_the_cache(cassandra_settings: CassandraSettings) -> None:
+    """With the cache holding a wide instance's merge, a flush of one shard (acknowledged) is seen by the next
+    read, for a sum and for a sketch; a flush that adds a shard, too."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        mutators = [uuid.uuid4() for _ in range(50)]
+        for i, mutator in enumerate(mutators):
+            total = new_state(SPECS["sum"])
+            total.apply(1)
+            users = new_state(SPECS["distinct"])
+            users.apply(f"u{i}")
+            await _flush(store, mutator, 1_000 + i, 1, "hits", "home", total.to_bytes())
+            await _flush(store, mutator, 1_000 + i, 1, "users", "home", users.to_bytes())
+        cache = StateCache(1 << 20)
+        reader = CounterReader(client, cache=cache)
+        assert await reader.get("hits", "home") == 50
+        assert (await reader.get("users", "home")).estimate == pytest.approx(50)  # type: ignore[attr-defined]
+        assert await reader.get("hits", "home") == 50
+        assert cache.hits == 1
+        total = new_state(SPECS["sum"])
+        total.apply(11)
+        users = new_state(SPECS["distinct"])
+        for user in ("u7", "x1", "x2"):
+            users.apply(user)
+        await _flush(store, mutators[7], 1_007, 2, "hits", "home", total.to_bytes())
+        await _flush(store, mutators[7], 1_007, 2, "users", "home", users.to_bytes())
+        assert await reader.get("hits", "home") == 60
+        assert (await reader.get("users", "home")).estimate == pytest.approx(52)  # type: ignore[attr-defined]
+        await _flush(store, uuid.uuid4(), 5_000, 1, "hits", "home", total.to_bytes())
+        assert await reader.get("hits", "home") == 71
+
+
+async def test_serve_reads_a_flush_acknowledged_after_it_cached(cassandra_settings: CassandraSettings,
+                                                                 tmp_path: Path) -> None:
+    """`serve` (state cache on, its default) answers a wide instance, then the same after a shard of it is
+    flushed again: the new value, at once; /metrics counts the reads the cache answered and those it did not."""
+    import aiohttp
+
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        mutators = [uuid.uuid4() for _ in range(SHARDS)]
+        for i, mutator in enumerate(mutators):
+            state = new_state(SPECS["sum"])
+            state.apply(i)
+            await _flush(store, mutator, 1_000 + i, 1, "views", "home", state.to_bytes())
+        counters = tmp_path / "counters.toml"
+        counters.write_text('[[counter]]\nname = "views"\nkind = "sum"\ntopics = ["pages"]\nkey = ["page"]\n'
+                            'value = "n"\n')
+        async with running_serve(cassandra_settings, counters) as base, aiohttp.ClientSession() as http:
+            for _ in range(2):
+                async with http.get(base + "/counters/views/home") as one:
+                    assert (await one.json())["value"] == sum(range(SHARDS))
+            state = new_state(SPECS["sum"])
+            state.apply(1_000_000)
+            await _flush(store, mutators[100], 1_100, 2, "views", "home", state.to_bytes())
+            async with http.get(base + "/counters/views/home") as one:
+                assert (await one.json())["value"] == sum(range(SHARDS)) - 100 + 1_000_000
+            async with http.get(base + "/metrics") as metrics:
+                text = await metrics.text()
+            assert 'countersink_serve_state_cache_reads_total{outcome="hit"} 1.0' in text
+            assert 'countersink_serve_state_cache_reads_total{outcome="miss"} 2.0' in text

@@ -1,0 +1,184 @@
+"""The batch merge of stored states (``merge_blobs``) and the state cache, held to the reference path: each blob
+decoded by ``state_from_bytes`` and merged one by one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from countersink.state_cache import StateCache
+from schemas.errors import CountersinkError
+from schemas.kinds import State, merge_blobs, merge_stored, state_from_bytes
+from schemas.kinds import sum as sum_kind
+from tests.unit.test_kind_laws import ALL, Case, stream
+
+settings.register_profile("wide", max_examples=150, deadline=None)
+WIDE = settings.get_profile("wide")
+ids = [c.name for c in ALL]
+
+
+def one_by_one(blobs: list[bytes]) -> State | None:
+    """The reference: every blob decoded, then merged into a copy of the first, one at a time."""
+    states = [state_from_bytes(blob) for blob in blobs]
+    if not states:
+        return None
+    out = states[0].copy()
+    for other in states[1:]:
+        out.merge(other)
+    return out
+
+
+def same(case: Case, a: State | None, b: State | None) -> None:
+    """Equal values: exactly for every kind but quantiles, whose merges compact at random (count, min and max
+    are exact, and every quantile too while no compaction can have happened)."""
+    assert (a is None) == (b is None)
+    if a is None or b is None:
+        return
+    assert type(a) is type(b)
+    if case.spec.kind != "quantiles":
+        assert a.value() == b.value()
+        if case.spec.kind not in ("distinct", "top_k", "quantiles"):
+            assert a.to_bytes() == b.to_bytes()
+        return
+    va: Any = a.value()
+    vb: Any = b.value()
+    assert (va.count, va.min, va.max) == (vb.count, vb.min, vb.max)
+    if va.count <= case.spec.k:
+        assert va.quantiles == vb.quantiles
+
+
+def shards(case: Case, data: st.DataObject, most: int = 12) -> list[bytes]:
+    streams = data.draw(st.lists(stream(case), min_size=0, max_size=most))
+    return [case.fill(values).to_bytes() for values in streams]
+
+
+@pytest.mark.parametrize("case", ALL, ids=ids)
+@WIDE
+@given(data=st.data())
+def test_batch_merge_equals_merging_one_by_one(case: Case, data: st.DataObject) -> None:
+    """merge_blobs of any number of shards of any kind equals decoding and merging them one at a time."""
+    blobs = shards(case, data)
+    same(case, merge_blobs(blobs), one_by_one(blobs))
+
+
+def _outcome(merge: Any, blobs: list[bytes]) -> tuple[str, object]:
+    try:
+        state = merge(blobs)
+    except CountersinkError as exc:
+        return type(exc).__name__, None
+    return "ok", None if state is None else (state.value(), state.to_bytes())
+
+
+_tagged = st.sampled_from([1, 2]).flatmap(
+    lambda tag: st.lists(st.binary(max_size=12).map(lambda body: bytes((tag,)) + body), min_size=1, max_size=6))
+
+
+@WIDE
+@given(blobs=_tagged | st.lists(st.binary(max_size=12), min_size=1, max_size=6))
+def test_batch_merge_refuses_what_the_reference_refuses(blobs: list[bytes]) -> None:
+    """Bytes of any shape (truncated, trailing bytes, other versions, other modes, mixed kinds): the one-pass
+    merge of counts and sums returns what the reference returns, or raises the error it raises."""
+    assert _outcome(merge_blobs, blobs) == _outcome(merge_stored, blobs)
+
+
+def test_the_one_pass_reads_sums_it_reads_itself_and_hands_back_the_rest() -> None:
+    """Integer sums of every size merge in one pass; a float sum among them makes it hand back (None)."""
+    ints = [sum_kind.IntegerSum(n).to_bytes() for n in (0, 1, -1, 2**62, -(2**300), 127, -128)]
+    assert sum_kind.merged_from_bytes(ints).value() == sum(v for v in (0, 1, -1, 2**62, -(2**300), 127, -128))  # type: ignore[union-attr]
+    assert sum_kind.merged_from_bytes([*ints, sum_kind.FloatSum(3).to_bytes()]) is None
+
+
+@pytest.mark.parametrize("case", ALL, ids=ids)
+@WIDE
+@given(data=st.data())
+def test_cache_answers_what_an_uncached_merge_answers(case: Case, data: st.DataObject) -> None:
+    """Reads of one instance whose shards change between reads (some flushed again, some added, some folded
+    away): the cache's merge is the uncached merge of the bytes read, each time, and it stays in its bound."""
+    pool = shards(case, data, most=6) or [case.new().to_bytes()]
+    cache = StateCache(data.draw(st.sampled_from([0, 2_000, 1 << 20])))
+    for _ in range(data.draw(st.integers(1, 5))):
+        read = data.draw(st.lists(st.sampled_from(pool), max_size=8))
+        same(case, cache.merged("c", data.draw(st.sampled_from(["k1", "k2"])), read), one_by_one(read))
+        assert cache.size_bytes <= cache.max_bytes
+
+
+def test_cache_reuses_unchanged_bytes_and_decodes_only_what_changed() -> None:
+    """The same bytes read again are a hit; one shard flushed again decodes that shard alone; new bytes are
+    never answered from an older merge."""
+    from schemas.kinds import KindSpec, new_state
+
+    def sketch(values: range) -> bytes:
+        state = new_state(KindSpec("distinct"))
+        for v in values:
+            state.apply(str(v))
+        return state.to_bytes()
+
+    first = [sketch(range(i * 100, i * 100 + 100)) for i in range(5)]
+    cache = StateCache(1 << 20)
+    before = cache.merged("users", "home", first)
+    assert cache.merged("users", "home", [bytes(b) for b in first]) is before  # equal bytes, other objects
+    assert (cache.hits, cache.partial, cache.misses) == (1, 0, 1)
+    flushed = [*first[:4], sketch(range(400, 600))]
+    after = cache.merged("users", "home", flushed)
+    assert cache.partial == 1
+    assert after is not None
+    assert before is not None
+    assert after.value().estimate == pytest.approx(600, rel=0.05)  # type: ignore[attr-defined]
+    assert before.value().estimate == pytest.approx(500, rel=0.05)  # type: ignore[attr-defined]
+    assert cache.merged("users", "home", []) is None
+    assert len(cache) == 0
+
+
+def test_cache_evicts_the_least_recently_read_beyond_its_bound() -> None:
+    """Entries beyond max_bytes go, least recently read first; an instance larger than the bound is not kept."""
+    from schemas.kinds import KindSpec, new_state
+
+    state = new_state(KindSpec("quantiles"))
+    for v in range(50):
+        state.apply(float(v))
+    blob = state.to_bytes()
+    measure = StateCache(10**9)
+    assert measure.merged("q", "x", [blob, blob]) is not None
+    cache = StateCache(3 * measure.size_bytes)  # room for three entries
+    for key in ("a", "b", "c", "d", "e"):
+        cache.merged("q", key, [blob, blob])
+        cache.merged("q", "a", [blob, blob])  # "a" read again each time: never the least recent
+        assert cache.size_bytes <= cache.max_bytes
+    assert len(cache) == 3
+    assert cache.merged("q", "a", [blob, blob]) is not None
+    assert cache.hits >= 4
+    hits = cache.hits
+    assert cache.merged("q", "b", [blob, blob]) is not None
+    assert cache.hits == hits
+    tiny = StateCache(10)
+    assert tiny.merged("q", "big", [blob]) is not None
+    assert len(tiny) == 0
+
+
+def test_a_long_range_read_does_not_evict_the_instances_read_often() -> None:
+    """Buckets met by a range read (scan) are evicted before instances read directly; a bucket read again is
+    kept like any other entry."""
+    from schemas.kinds import KindSpec, new_state
+
+    def blob(n: int) -> bytes:
+        state = new_state(KindSpec("top_k"))
+        state.apply(f"item-{n}")
+        return state.to_bytes()
+
+    measure = StateCache(10**9)
+    measure.merged("t", "x", [blob(0), blob(1)])
+    cache = StateCache(4 * measure.size_bytes)
+    cache.merged("t", "hot", [blob(0), blob(1)])
+    for bucket in range(20):
+        cache.merged("t", f"bucket-{bucket}", [blob(bucket), blob(bucket + 1)], scan=True)
+        assert cache.size_bytes <= cache.max_bytes
+    hits = cache.hits
+    cache.merged("t", "hot", [blob(0), blob(1)])
+    assert cache.hits == hits + 1
+    cache.merged("t", "bucket-0", [blob(0), blob(1)], scan=True)  # buckets that fitted stay; read again: a hit
+    assert cache.hits == hits + 2
+    cache.merged("t", "bucket-19", [blob(19), blob(20)], scan=True)  # later ones went first
+    assert cache.hits == hits + 2
