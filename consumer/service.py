@@ -100,6 +100,9 @@ class ConsumerService:
                                   max_future_skew_s=self.config.max_future_skew_s)
         self.host = f"{socket.gethostname()}:{os.getpid()}"
         self.cassandra = cassandra or CassandraClient(settings.cassandra, app="countersink-consumer")
+        self.registry = CounterRegistry(self.cassandra, settings.cassandra.replay_read_consistency)
+        self._registry_checked_at = float("-inf")  # start() registers the counters: as good as a check
+        self._registry_check_failed = False
         self.store: Store = store or CassandraStore(self.cassandra)
         self.source: RecordSource = source or KafkaRecordSource(settings.kafka)
         self.producer = producer or make_producer(settings.kafka)
@@ -138,6 +141,7 @@ class ConsumerService:
             await gc_age()
 
         self.waiting_for_topics: list[str] = []
+        self.refused_counters: set[str] = set()  # dropped from the registry since the start: never written
         # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
         # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
         self.refused: dict[TopicPartition, str] = {}
@@ -241,7 +245,9 @@ class ConsumerService:
                              {"replay_read_consistency": self.settings.cassandra.replay_read_consistency})
         await self.cassandra.ensure_schema()
         # Before anything is counted: a changed meaning under a recorded name is refused (not retriable).
-        await CounterRegistry(self.cassandra).register(self.counters, self.host)
+        # One group per keyspace: a counter recorded for another group is refused too.
+        await self.registry.register(self.counters, self.host, self.config.group_id)
+        self._registry_checked_at = time.monotonic()
 
     def request_stop(self) -> None:
         if self._stop_requested_at is None:
@@ -290,12 +296,41 @@ class ConsumerService:
                 self._advance_positions()
                 if self.flushing.done:
                     offsets = await self._finish_flush()
-                if self._flush_due():
+                if self._flush_due() and await self._registry_checked():
                     if self.flushing.in_flight:
                         offsets = await self._finish_flush()  # one at a time: wait for the last one
                     self.flushing.start()
             if offsets:
                 await self._commit_for_lag(offsets)
+
+    async def _registry_checked(self) -> bool:
+        """Whether a flush may start: the counter registry was read within ``registry_check_s`` (read again
+        now when it was not). A counter found dropped is refused from then on: the store writes none of its
+        states (``counter_dropped`` says so once), and the other counters go on. False while the registry
+        cannot be read: ``countersink drop`` relies on no flush starting on an older look than that."""
+        if time.monotonic() - self._registry_checked_at < self.config.registry_check_s:
+            return True
+        counted = [c.name for c in self.counters if c.name not in self.refused_counters]
+        try:
+            refused = await self.registry.refused(counted)
+        except Exception as exc:
+            if not is_retriable(exc):
+                raise
+            if not self._registry_check_failed:
+                log.warning("registry_check_failed", error=str(exc) or type(exc).__name__,
+                            action="no flush starts until the counter registry can be read")
+            self._registry_check_failed = True
+            return False
+        self._registry_check_failed = False
+        self._registry_checked_at = time.monotonic()
+        for name, why in refused.items():
+            log.error("counter_dropped", counter=name, error=why,
+                      action="no longer written; the other counters go on. Remove it from the definitions file "
+                      "before the next start, which refuses it")
+        self.refused_counters.update(refused)
+        if refused and isinstance(self.store, CassandraStore):
+            self.store.refused.update(refused)
+        return True
 
     async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """A batch starts well past what the mutator applied: compaction or aborted transactions, or records

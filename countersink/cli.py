@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("countersink.read_cli", "show why an instance's value is what it is: tally, shards, mutators"),
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
+    "drop": ("countersink.commands.drop", "drop a counter: its registry entry and every row of it"),
 }
 
 # Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.
