@@ -196,7 +196,7 @@ def dropped_reason(keyspace: str, name: str, row: dict[str, Any]) -> str:
     """Why a dropped counter is refused, and what to do."""
     return (f"counter {name!r} was dropped from keyspace {keyspace!r} at {_instant(int(row['dropped_us']))} by "
             f"{row.get('dropped_by')}: remove it from the definitions file. A new definition under this name needs "
-            f"the drop released first (countersink drop {name} --forget)")
+            f"the drop released first (countersink drop {name} --yes --forget)")
 
 
 def group_reason(keyspace: str, group: str, other_groups: dict[str, list[str]]) -> str:
