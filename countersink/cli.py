@@ -42,6 +42,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
     "drop": ("countersink.commands.drop", "drop a counter: its registry entry and every row of it"),
+    "trace": ("countersink.commands.trace", "show what one record did in each counter on its topic"),
 }
 
 # Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.

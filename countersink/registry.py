@@ -134,6 +134,12 @@ class CounterRegistry:
                                                   consistency=str(self.client.settings.serial_consistency)))
         return rows[0] if rows else None
 
+    async def groups(self) -> dict[str, str | None]:
+        """The consumer group recorded for each counter not dropped (None: recorded before groups were)."""
+        rows = as_dicts(await self.client.execute("SELECT name, consumer_group, dropped_us FROM counters",
+                                                  consistency=self.consistency))
+        return {row["name"]: row.get("consumer_group") for row in rows if row.get("dropped_us") is None}
+
     async def refused(self, names: Iterable[str]) -> dict[str, str]:
         """Of ``names``, the counters a consumer must stop writing, each with why: dropped, or no longer in
         the registry at all (a drop released since). One read of the whole registry (a row per counter)."""

@@ -1,0 +1,392 @@
+"""``countersink trace``: what one record of a topic did in each counter that reads the topic.
+
+For each counter on the topic the record was counted (into which instance; the partition's ownership row
+says whether the value holds it yet: the owner's flushes are committed through an offset at or past the
+record's), dropped as a publisher's retry (of which earlier record, within the retry window), filtered out by
+``where``, skipped (late for its bucket's retention), or dead-lettered (and why).
+
+Everything is decided as the consumer decides it, from the log alone: routing by :func:`route_decisions`
+(the router's public API, and the one place that knows how its answers map to outcomes), the retry window by
+the consumer's own :class:`~consumer.applying.Applier` rebuilt from the records before this one, exactly as a
+successor rebuilds it. Read-only: it reads Kafka (the record, the window before it, and with ``--event-id``
+at most ``--scan`` records back from the end of each partition searched) and Cassandra (the registry, the
+ownership rows, the values); it writes nothing and joins no consumer group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from consumer.applying import Applier, Record, RetryWindow
+from consumer.kafka_source import KafkaRecordSource
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
+from countersink.kafka import make_consumer
+from countersink.logs import get_logger
+from countersink.read_cli import _render as render_value
+from countersink.reader import read_state, to_jsonable
+from countersink.registry import CounterRegistry
+from countersink.settings import ConsumerSettings, Settings
+from schemas.definitions import CounterSet, load_definitions
+from schemas.errors import InvalidEventError
+from schemas.events import EventRouter
+
+log = get_logger(__name__)
+
+COUNTED = "counted"
+RETRY = "dropped_as_retry"
+FILTERED = "filtered"
+LATE = "late"
+NOT_APPLICABLE = "not_applicable"
+DEAD_LETTERED = "dead_lettered"
+
+# Records found by --event-id that are traced at most (an original and its retries are a few).
+MAX_MATCHES = 20
+_OFFSET = re.compile(r"^(\d{1,9}):(\d{1,19})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What routing decided for one counter: its outcome, and for a counted record the instance, the value
+    and the event id; for the others why."""
+
+    counter: str
+    outcome: str
+    key: str | None = None
+    value: object = None
+    event_id: str | None = None
+    reason: str | None = None
+
+
+def route_decisions(counters: CounterSet, topic: str, value: bytes, timestamp_ms: int | None,
+                    limits: ConsumerSettings) -> dict[str, Decision]:
+    """Each counter on ``topic``: what the consumer's router does with this record. The router today keeps the
+    whole-event rule (an event invalid for any counter is dead-lettered whole, for every counter), and an absent
+    field is invalid; a router deciding per counter would answer ``NOT_APPLICABLE`` or ``DEAD_LETTERED`` per
+    counter here, and nothing else in this module changes."""
+    late: list[str] = []
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, on_late=late.append,
+                         max_future_skew_s=limits.max_future_skew_s)
+    on_topic = counters.for_topic(topic)
+    try:
+        updates = router.route(topic, value, timestamp_ms)
+    except InvalidEventError as exc:
+        why = f"{type(exc).__name__} at {exc.path or '<event>'}: {exc.reason}"
+        return {c.name: Decision(c.name, DEAD_LETTERED, reason=why if exc.counter in (None, c.name) else
+                                 f"{why} (for counter {exc.counter!r}: an event invalid for one counter is "
+                                 "dead-lettered whole)") for c in on_topic}
+    counted = {update.counter: update for update in updates}
+    decisions = {}
+    for c in on_topic:
+        update = counted.get(c.name)
+        if update is not None:
+            decisions[c.name] = Decision(c.name, COUNTED, update.key, update.value, update.event_id)
+        elif c.name in late:
+            decisions[c.name] = Decision(c.name, LATE, reason="its bucket's retention had ended when the record "
+                                         "was written")
+        else:
+            where = ", ".join(f"{path} in {list(allowed)}" for path, allowed in sorted(c.where.items()))
+            decisions[c.name] = Decision(c.name, FILTERED, reason=f"where {where}" if where else None)
+    return decisions
+
+
+@dataclasses.dataclass
+class CounterTrace:
+    """One counter's part in a traced record."""
+
+    counter: str
+    outcome: str
+    key: str | None = None
+    event_id: str | None = None
+    reason: str | None = None
+    retry_of: int | None = None  # the last earlier record in the window with the same event id
+    group: str | None = None
+    owner: str | None = None  # the mutator owning the partition now
+    flushed_through: int | None = None  # the offset the partition's flushes are committed through
+    in_value: bool | None = None
+    value_now: object = None
+
+
+@dataclasses.dataclass
+class RecordTrace:
+    topic: str
+    partition: int
+    offset: int
+    message_key: str | None
+    timestamp_ms: int | None
+    size: int
+    counters: list[CounterTrace]
+
+
+def _offset(text: str) -> tuple[int, int]:
+    """An argparse type: PARTITION:OFFSET."""
+    match = _OFFSET.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PARTITION:OFFSET (like 2:1500)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _topic(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kafka topic name")
+    return text
+
+
+def _event_id(text: str) -> str:
+    if not 0 < len(text.encode("utf-8", "surrogatepass")) <= 1024:
+        raise argparse.ArgumentTypeError("an event id is 1 to 1024 bytes")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topic", required=True, type=_topic, help="the topic the record is in")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offset", type=_offset, metavar="PARTITION:OFFSET", help="the record at this offset")
+    which.add_argument("--event-id", type=_event_id, metavar="ID",
+                       help="the records whose event id (any counter's event_id field) is ID")
+    parser.add_argument("--key", type=instance_key, metavar="KEY",
+                        help="with --event-id: the record's message key; only its partition is searched")
+    parser.add_argument("--scan", type=positive_int, default=100_000, metavar="RECORDS",
+                        help="with --event-id: records searched at most, back from the end of each partition")
+    parser.add_argument("--counters", metavar="FILE",
+                        help="definitions file (default: the definitions in the counter registry)")
+    parser.add_argument("--group", help="consumer group whose ownership rows say what is flushed (default: the "
+                        "group the registry records for the topic's counters, else COUNTERSINK_CONSUMER__GROUP_ID)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per record traced")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.key is not None and args.event_id is None:
+        log.error("usage", error="--key goes with --event-id")
+        return EXIT_USAGE
+    return run_async(trace(settings, args))
+
+
+async def trace(settings: Settings, args: argparse.Namespace, say: Callable[[str], object] = print) -> int:
+    async with CassandraClient(settings.cassandra, app="countersink-trace") as client:
+        registry = CounterRegistry(client)
+        counters = (load_definitions(args.counters, max_row_bytes=settings.cassandra.max_row_bytes)
+                    if args.counters else await registry.counters())
+        if counters is None or not counters.for_topic(args.topic):
+            log.error("no_counters", topic=args.topic, error=f"no counter reads topic {args.topic!r} "
+                      f"({'in ' + str(args.counters) if args.counters else 'in the counter registry'})")
+            return EXIT_USAGE
+        groups = await registry.groups()
+        recorded = sorted({g for c in counters.for_topic(args.topic) if (g := groups.get(c.name)) is not None})
+        group: str = args.group or (recorded[0] if len(recorded) == 1 else settings.consumer.group_id)
+        consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
+                                 auto_offset_reset="earliest", isolation_level="read_committed")
+        source = KafkaRecordSource(settings.kafka)
+        await consumer.start()
+        try:
+            partitions = consumer.partitions_for_topic(args.topic) or await _partitions(consumer, args.topic)
+            if not partitions:
+                log.error("unknown_topic", topic=args.topic, error=f"topic {args.topic!r} does not exist")
+                return EXIT_USAGE
+            if args.offset is not None:
+                partition, offset = args.offset
+                found = await _at_offset(consumer, args.topic, partition, offset, partitions, say)
+            else:
+                found = await _by_event_id(consumer, counters, settings.consumer, args, partitions, say)
+            if not found:
+                return EXIT_FAILED
+            for record in found:
+                traced = await _trace_record(client, source, counters, settings.consumer, group, args.topic, record)
+                say(json.dumps(to_jsonable(traced)) if args.json else _describe(traced))
+        finally:
+            await consumer.stop()
+            await source.stop()
+    return 0
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The topic's partitions, asking the broker (the client knows only the topics it was asked about)."""
+    await consumer._client.force_metadata_update()
+    return consumer.partitions_for_topic(topic) or set()
+
+
+async def _chunks(consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, last: int
+                  ) -> AsyncIterator[list[Any]]:
+    """The records of ``tp`` with first <= offset <= last (with their message keys), a fetch at a time."""
+    consumer.assign([tp])
+    consumer.seek(tp, first)
+    while True:
+        batches = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+        got = batches.get(tp, [])
+        chunk = [message for message in got if message.offset <= last]
+        if chunk:
+            yield chunk
+        if (got and got[-1].offset >= last) or (not got and await consumer.position(tp) > last):
+            return
+        if not got and await consumer.position(tp) >= (await consumer.end_offsets([tp]))[tp]:
+            return
+
+
+async def _bounds(consumer: AIOKafkaConsumer, tp: TopicPartition) -> tuple[int, int]:
+    return int((await consumer.beginning_offsets([tp]))[tp]), int((await consumer.end_offsets([tp]))[tp])
+
+
+async def _at_offset(consumer: AIOKafkaConsumer, topic: str, partition: int, offset: int, partitions: set[int],
+                     say: Callable[[str], object]) -> list[Any]:
+    if partition not in partitions:
+        log.error("unknown_partition", error=f"topic {topic!r} has partitions 0..{max(partitions)}")
+        return []
+    tp = TopicPartition(topic, partition)
+    start, end = await _bounds(consumer, tp)
+    if offset < start:
+        say(f"{topic}/{partition}@{offset}: no longer in the log (deleted by retention: the log starts at {start})")
+        return []
+    if offset >= end:
+        say(f"{topic}/{partition}@{offset}: not written yet (the log ends at {end})")
+        return []
+    async for chunk in _chunks(consumer, tp, offset, offset):
+        return chunk[:1]
+    say(f"{topic}/{partition}@{offset}: no record at this offset (a transaction marker, or an aborted or "
+        "compacted record)")
+    return []
+
+
+async def _by_event_id(consumer: AIOKafkaConsumer, counters: CounterSet, limits: ConsumerSettings,
+                       args: argparse.Namespace, partitions: set[int], say: Callable[[str], object]) -> list[Any]:
+    """Records whose event id, by any counter on the topic that names one, is ``args.event_id``: the last
+    ``args.scan`` records of each partition searched (only the key's partition with ``--key``)."""
+    paths = sorted({c.event_id for c in counters.for_topic(args.topic) if c.event_id is not None})
+    if not paths:
+        log.error("no_event_id", error=f"no counter on {args.topic!r} names an event_id field: use --offset")
+        return []
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes)
+    key = None if args.key is None else args.key.encode()
+    searched = sorted(partitions)
+    if key is not None:
+        ordered = sorted(partitions)
+        searched = [DefaultPartitioner()(key, ordered, ordered)]
+    found: list[Any] = []
+    for partition in searched:
+        tp = TopicPartition(args.topic, partition)
+        start, end = await _bounds(consumer, tp)
+        first = max(start, end - args.scan)
+        say_scan = f"{args.topic}/{partition}: searched offsets {first}..{end - 1}"
+        if first < end:
+            async for chunk in _chunks(consumer, tp, first, end - 1):
+                for message in chunk:
+                    if key is not None and message.key != key:
+                        continue
+                    if _event_ids(router, args.topic, message.value, paths) & {args.event_id}:
+                        found.append(message)
+        log.info("trace_scanned", partition=partition, first=first, last=end - 1,
+                 bounded=first > start)
+        if first > start:
+            say_scan += f" (the last {args.scan}; --scan searches further)"
+        if not args.json:
+            say(say_scan)
+    if not found:
+        say(f"no record with event id {args.event_id!r}" + (f" and key {args.key!r}" if key is not None else "")
+            + " in the offsets searched")
+    return found[:MAX_MATCHES]
+
+
+def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list[str]) -> set[str]:
+    """The event ids a record carries under each of ``paths`` (integers by their decimal text, as counted)."""
+    try:
+        event = router.parse(topic, value or b"")
+    except InvalidEventError:
+        return set()
+    ids = set()
+    for path in paths:
+        node: Any = event
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str) or (isinstance(node, int) and not isinstance(node, bool)):
+            ids.add(str(node))
+    return ids
+
+
+async def _trace_record(client: CassandraClient, source: KafkaRecordSource, counters: CounterSet,
+                        limits: ConsumerSettings, group: str, topic: str, message: Any) -> RecordTrace:
+    offset, partition = int(message.offset), int(message.partition)
+    value: bytes = message.value or b""
+    decisions = route_decisions(counters, topic, value, message.timestamp, limits)
+    traces = {name: CounterTrace(name, d.outcome, d.key, d.event_id, d.reason) for name, d in decisions.items()}
+    if any(d.outcome == COUNTED and d.event_id is not None for d in decisions.values()):
+        fresh, last_seen = await _retry_window(source, counters, limits, topic, partition,
+                                               Record(offset, value, message.timestamp))
+        for name, d in decisions.items():
+            if d.outcome == COUNTED and d.event_id is not None and name not in fresh:
+                trace = traces[name]
+                trace.outcome, trace.retry_of = RETRY, last_seen.get((name, d.event_id))
+                trace.reason = (f"event id {d.event_id!r} was seen within the last {limits.retry_window_records} "
+                                "records of the partition")
+    counted = [t for t in traces.values() if t.outcome == COUNTED]
+    if counted:
+        row = as_dicts(await client.execute(
+            "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
+            [group, topic, partition]))
+        for trace in counted:
+            trace.group = group
+            if row:
+                trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
+                trace.flushed_through = row[0]["committed_offset"]
+                trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
+            state = await read_state(client, trace.counter, trace.key or "")
+            trace.value_now = None if state is None else state.value()
+    key = message.key
+    return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
+                       message.timestamp, len(value), list(traces.values()))
+
+
+async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits: ConsumerSettings, topic: str,
+                        partition: int, record: Record) -> tuple[set[str], dict[tuple[str, str], int]]:
+    """The counters for which ``record`` is no publisher retry, by the consumer's own window rebuilt from the
+    ``retry_window_records`` records before it; and, per (counter, event id), the last of those records that
+    carried it."""
+    size = limits.retry_window_records
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, max_future_skew_s=limits.max_future_skew_s)
+    applier = Applier(router, counters, topic, partition, RetryWindow(size))
+    last_seen: dict[tuple[str, str], int] = {}
+    for earlier in await source.read_back(topic, partition, record.offset, size) if size > 0 else []:
+        for name, d in route_decisions(counters, topic, earlier.value or b"", earlier.timestamp, limits).items():
+            if d.outcome == COUNTED and d.event_id is not None:
+                last_seen[(name, d.event_id)] = earlier.offset
+        applier.classify(earlier)
+    _, fresh, _ = applier.classify(record)
+    return {update.counter for update in fresh}, last_seen
+
+
+def _instant(ms: int | None) -> str:
+    if ms is None or ms < 0:
+        return "none"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _describe(traced: RecordTrace) -> str:
+    """The trace of one record for a person: a line for the record, one per counter."""
+    lines = [f"{traced.topic}/{traced.partition}@{traced.offset}: key {traced.message_key!r}, timestamp "
+             f"{_instant(traced.timestamp_ms)}, {traced.size} bytes"]
+    width = max(len(t.counter) for t in traced.counters)
+    for t in traced.counters:
+        if t.outcome == COUNTED:
+            where = (f"in the value: {traced.topic}/{traced.partition} is flushed through offset "
+                     f"{t.flushed_through} (group {t.group!r}, owner {t.owner})" if t.in_value else
+                     f"not in the value yet: {traced.topic}/{traced.partition} is flushed through offset "
+                     f"{t.flushed_through} (group {t.group!r})")
+            text = f"counted into {t.key!r}; {where}; value now {render_value(t.value_now)}"
+        elif t.outcome == RETRY:
+            text = (f"dropped as a retry of offset {t.retry_of}: {t.reason}" if t.retry_of is not None
+                    else f"dropped as a retry: {t.reason}")
+        elif t.outcome == FILTERED:
+            text = "filtered out" + (f" ({t.reason})" if t.reason else "")
+        elif t.outcome == DEAD_LETTERED:
+            text = f"dead-lettered: {t.reason}"
+        else:
+            text = f"skipped, {t.outcome.replace('_', ' ')}: {t.reason}"
+        lines.append(f"  {t.counter:<{width}}  {text}")
+    return "\n".join(lines)
