@@ -33,7 +33,7 @@ from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int,
 from countersink.kafka import make_consumer
 from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
-from countersink.reader import read_state, to_jsonable
+from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.settings import ConsumerSettings, Settings
 from schemas.definitions import CounterSet, load_definitions
@@ -112,7 +112,14 @@ class CounterTrace:
     group: str | None = None
     owner: str | None = None  # the mutator owning the partition now
     flushed_through: int | None = None  # the offset the partition's flushes are committed through
+    # Shards of the instance written from this partition that cover the record: (mutator, through offset).
+    shards: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    in_tally: bool = False  # the instance has a tally (folded shards of retired mutators)
+    # The partition is flushed through the record, and a shard written from it through the record or the
+    # instance's tally holds the counter's state. A counter added to a running group counts from the group's
+    # position then: a record before that is flushed but was never applied to it (no such shard, no tally).
     in_value: bool | None = None
+    held: bool = False
     value_now: object = None
 
 
@@ -330,14 +337,23 @@ async def _trace_record(client: CassandraClient, source: KafkaRecordSource, coun
         row = as_dicts(await client.execute(
             "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
             [group, topic, partition]))
+        reader = CounterReader(client)
         for trace in counted:
             trace.group = group
             if row:
                 trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
                 trace.flushed_through = row[0]["committed_offset"]
                 trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
-            state = await read_state(client, trace.counter, trace.key or "")
-            trace.value_now = None if state is None else state.value()
+            explained = await reader.explain(trace.counter, trace.key or "")
+            # A partition's mutators follow one another through its offsets: the shard with the lowest
+            # offset at or past the record is the one whose mutator applied it (unless the GC folded that one).
+            trace.shards = sorted(((str(s.mutator), s.through_offset) for s in explained.shards
+                                   if s.topic == topic and s.partition == partition and s.through_offset is not None
+                                   and s.through_offset >= offset), key=lambda shard: shard[1])
+            trace.in_tally = explained.tally is not None
+            trace.held = bool(trace.shards) or trace.in_tally
+            trace.in_value = bool(trace.in_value and trace.held)
+            trace.value_now = explained.value
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
@@ -374,11 +390,24 @@ def _describe(traced: RecordTrace) -> str:
     width = max(len(t.counter) for t in traced.counters)
     for t in traced.counters:
         if t.outcome == COUNTED:
-            where = (f"in the value: {traced.topic}/{traced.partition} is flushed through offset "
-                     f"{t.flushed_through} (group {t.group!r}, owner {t.owner})" if t.in_value else
-                     f"not in the value yet: {traced.topic}/{traced.partition} is flushed through offset "
-                     f"{t.flushed_through} (group {t.group!r})")
-            text = f"counted into {t.key!r}; {where}; value now {render_value(t.value_now)}"
+            flushed = (f"{traced.topic}/{traced.partition} is flushed through offset {t.flushed_through} "
+                       f"(group {t.group!r}, owner {t.owner})")
+            counted = f"counted into {t.key!r}"
+            if t.flushed_through is not None and traced.offset <= t.flushed_through and not t.held:
+                counted = f"its definition counts it into {t.key!r}"
+                where = (f"not in the value: {flushed}, but no shard written from it holds the counter through this "
+                         "offset and the instance has no tally (a counter added to a running group counts from the "
+                         "group's position when it was added)")
+            elif t.in_value:
+                where = f"in the value: {flushed}"
+            else:
+                where = f"not in the value yet: {flushed}"
+            held = (f"; applied by mutator {t.shards[0][0]}, whose shard is written through offset {t.shards[0][1]}"
+                    if t.shards else "")
+            if t.in_value and t.in_tally:
+                held += (", or by an earlier mutator that the GC folded into the tally" if t.shards else
+                         "; applied by a mutator that the GC folded into the tally")
+            text = f"{counted}; {where}{held}; value now {render_value(t.value_now)}"
         elif t.outcome == RETRY:
             text = (f"dropped as a retry of offset {t.retry_of}: {t.reason}" if t.retry_of is not None
                     else f"dropped as a retry: {t.reason}")

@@ -98,6 +98,9 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     assert original["bought"]["flushed_through"] >= 0
     assert original["bought"]["group"] == group
     assert original["bought"]["value_now"] == 100
+    (mutator, through), *_ = original["bought"]["shards"]  # the shard of the mutator that applied it
+    assert through >= 0
+    assert mutator == original["trades"]["shards"][0][0]
     assert original["trades"]["value_now"] == 2  # t1 and t2
 
     retry = _by_counter(found[1])
