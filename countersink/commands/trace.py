@@ -20,7 +20,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -37,7 +37,7 @@ from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.settings import ConsumerSettings, Settings
 from schemas.definitions import CounterSet, load_definitions
-from schemas.errors import InvalidEventError
+from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
@@ -51,6 +51,7 @@ DEAD_LETTERED = "dead_lettered"
 
 # Records found by --event-id that are traced at most (an original and its retries are a few).
 MAX_MATCHES = 20
+DEFAULT_SCAN = 100_000
 _OFFSET = re.compile(r"^(\d{1,9}):(\d{1,19})$")
 
 
@@ -162,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the records whose event id (any counter's event_id field) is ID")
     parser.add_argument("--key", type=instance_key, metavar="KEY",
                         help="with --event-id: the record's message key; only its partition is searched")
-    parser.add_argument("--scan", type=positive_int, default=100_000, metavar="RECORDS",
+    parser.add_argument("--scan", type=positive_int, default=DEFAULT_SCAN, metavar="RECORDS",
                         help="with --event-id: records searched at most, back from the end of each partition")
     parser.add_argument("--counters", metavar="FILE",
                         help="definitions file (default: the definitions in the counter registry)")
@@ -175,44 +176,89 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.key is not None and args.event_id is None:
         log.error("usage", error="--key goes with --event-id")
         return EXIT_USAGE
-    return run_async(trace(settings, args))
+    query = TraceQuery(args.topic, args.offset, args.event_id, args.key, args.scan)
+    counters = (load_definitions(args.counters, max_row_bytes=settings.cassandra.max_row_bytes)
+                if args.counters else None)
+    return run_async(_command(settings, query, counters, args.group, as_json=args.json))
 
 
-async def trace(settings: Settings, args: argparse.Namespace, say: Callable[[str], object] = print) -> int:
+async def _command(settings: Settings, query: TraceQuery, counters: CounterSet | None, group: str | None, *,
+                   as_json: bool) -> int:
     async with CassandraClient(settings.cassandra, app="countersink-trace") as client:
-        registry = CounterRegistry(client)
-        counters = (load_definitions(args.counters, max_row_bytes=settings.cassandra.max_row_bytes)
-                    if args.counters else await registry.counters())
-        if counters is None or not counters.for_topic(args.topic):
-            log.error("no_counters", topic=args.topic, error=f"no counter reads topic {args.topic!r} "
-                      f"({'in ' + str(args.counters) if args.counters else 'in the counter registry'})")
-            return EXIT_USAGE
-        groups = await registry.groups()
-        recorded = sorted({g for c in counters.for_topic(args.topic) if (g := groups.get(c.name)) is not None})
-        group: str = args.group or (recorded[0] if len(recorded) == 1 else settings.consumer.group_id)
-        consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
-                                 auto_offset_reset="earliest", isolation_level="read_committed")
-        source = KafkaRecordSource(settings.kafka)
-        await consumer.start()
         try:
-            partitions = consumer.partitions_for_topic(args.topic) or await _partitions(consumer, args.topic)
-            if not partitions:
-                log.error("unknown_topic", topic=args.topic, error=f"topic {args.topic!r} does not exist")
-                return EXIT_USAGE
-            if args.offset is not None:
-                partition, offset = args.offset
-                found = await _at_offset(consumer, args.topic, partition, offset, partitions, say)
-            else:
-                found = await _by_event_id(consumer, counters, settings.consumer, args, partitions, say)
-            if not found:
-                return EXIT_FAILED
-            for record in found:
-                traced = await _trace_record(client, source, counters, settings.consumer, group, args.topic, record)
-                say(json.dumps(to_jsonable(traced)) if args.json else _describe(traced))
-        finally:
-            await consumer.stop()
-            await source.stop()
-    return 0
+            result = await trace(client, settings, query, counters, group)
+        except TraceRefusedError as exc:
+            log.error("trace_refused", topic=query.topic, error=str(exc))
+            return EXIT_USAGE
+    for note in result.notes:
+        if as_json:
+            log.info("trace_searched", note=note)
+        else:
+            print(note)
+    for traced in result.records:
+        print(json.dumps(to_jsonable(traced)) if as_json else _describe(traced))
+    return 0 if result.records else EXIT_FAILED
+
+
+class TraceRefusedError(CountersinkError):
+    """Raised when a trace cannot be made as asked: no counter reads the topic, the topic or the partition
+    does not exist, or an event id is asked for on a topic whose counters name none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceQuery:
+    """Which record to trace: at ``offset`` (partition, offset), or those whose event id is ``event_id`` (with
+    ``key``, the message key: its partition only) among the last ``scan`` records of each partition."""
+
+    topic: str
+    offset: tuple[int, int] | None = None
+    event_id: str | None = None
+    key: str | None = None
+    scan: int = DEFAULT_SCAN
+
+
+@dataclasses.dataclass
+class TraceResult:
+    """The records traced, and what was searched (or why nothing was found), one line each."""
+
+    notes: list[str]
+    records: list[RecordTrace]
+
+
+async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, counters: CounterSet | None = None,
+                group: str | None = None) -> TraceResult:
+    """Trace the records ``query`` names, with ``counters`` (default: the counter registry's) and the ownership
+    rows of ``group`` (default: the group the registry records for the topic's counters, else the consumer
+    setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
+    registry = CounterRegistry(client)
+    counters = counters if counters is not None else await registry.counters()
+    if counters is None or not counters.for_topic(query.topic):
+        where = counters.source if counters else "the counter registry is empty"
+        raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({where})")
+    if group is None:
+        groups = await registry.groups()
+        recorded = sorted({g for c in counters.for_topic(query.topic) if (g := groups.get(c.name)) is not None})
+        group = recorded[0] if len(recorded) == 1 else settings.consumer.group_id
+    consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
+                             auto_offset_reset="earliest", isolation_level="read_committed")
+    source = KafkaRecordSource(settings.kafka)
+    result = TraceResult([], [])
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(query.topic) or await _partitions(consumer, query.topic)
+        if not partitions:
+            raise TraceRefusedError(f"topic {query.topic!r} does not exist")
+        if query.offset is not None:
+            found = await _at_offset(consumer, query.topic, *query.offset, partitions, result.notes)
+        else:
+            found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
+        for record in found:
+            result.records.append(await _trace_record(client, source, counters, settings.consumer, group,
+                                                      query.topic, record))
+    finally:
+        await consumer.stop()
+        await source.stop()
+    return result
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
@@ -243,61 +289,54 @@ async def _bounds(consumer: AIOKafkaConsumer, tp: TopicPartition) -> tuple[int, 
 
 
 async def _at_offset(consumer: AIOKafkaConsumer, topic: str, partition: int, offset: int, partitions: set[int],
-                     say: Callable[[str], object]) -> list[Any]:
+                     notes: list[str]) -> list[Any]:
     if partition not in partitions:
-        log.error("unknown_partition", error=f"topic {topic!r} has partitions 0..{max(partitions)}")
-        return []
+        raise TraceRefusedError(f"topic {topic!r} has partitions 0..{max(partitions)}, not {partition}")
     tp = TopicPartition(topic, partition)
     start, end = await _bounds(consumer, tp)
     if offset < start:
-        say(f"{topic}/{partition}@{offset}: no longer in the log (deleted by retention: the log starts at {start})")
+        notes.append(f"{topic}/{partition}@{offset}: no longer in the log (deleted by retention: the log starts at "
+                     f"{start})")
         return []
     if offset >= end:
-        say(f"{topic}/{partition}@{offset}: not written yet (the log ends at {end})")
+        notes.append(f"{topic}/{partition}@{offset}: not written yet (the log ends at {end})")
         return []
     async for chunk in _chunks(consumer, tp, offset, offset):
         return chunk[:1]
-    say(f"{topic}/{partition}@{offset}: no record at this offset (a transaction marker, or an aborted or "
-        "compacted record)")
+    notes.append(f"{topic}/{partition}@{offset}: no record at this offset (a transaction marker, or an aborted or "
+                 "compacted record)")
     return []
 
 
 async def _by_event_id(consumer: AIOKafkaConsumer, counters: CounterSet, limits: ConsumerSettings,
-                       args: argparse.Namespace, partitions: set[int], say: Callable[[str], object]) -> list[Any]:
-    """Records whose event id, by any counter on the topic that names one, is ``args.event_id``: the last
-    ``args.scan`` records of each partition searched (only the key's partition with ``--key``)."""
-    paths = sorted({c.event_id for c in counters.for_topic(args.topic) if c.event_id is not None})
+                       query: TraceQuery, partitions: set[int], notes: list[str]) -> list[Any]:
+    """Records whose event id, by any counter on the topic that names one, is ``query.event_id``: the last
+    ``query.scan`` records of each partition searched (only the key's partition with a key)."""
+    paths = sorted({c.event_id for c in counters.for_topic(query.topic) if c.event_id is not None})
     if not paths:
-        log.error("no_event_id", error=f"no counter on {args.topic!r} names an event_id field: use --offset")
-        return []
+        raise TraceRefusedError(f"no counter on {query.topic!r} names an event_id field: trace by offset")
     router = EventRouter(counters, max_event_bytes=limits.max_event_bytes)
-    key = None if args.key is None else args.key.encode()
+    key = None if query.key is None else query.key.encode()
     searched = sorted(partitions)
     if key is not None:
-        ordered = sorted(partitions)
-        searched = [DefaultPartitioner()(key, ordered, ordered)]
+        searched = [DefaultPartitioner()(key, searched, searched)]
     found: list[Any] = []
     for partition in searched:
-        tp = TopicPartition(args.topic, partition)
+        tp = TopicPartition(query.topic, partition)
         start, end = await _bounds(consumer, tp)
-        first = max(start, end - args.scan)
-        say_scan = f"{args.topic}/{partition}: searched offsets {first}..{end - 1}"
+        first = max(start, end - query.scan)
         if first < end:
             async for chunk in _chunks(consumer, tp, first, end - 1):
                 for message in chunk:
                     if key is not None and message.key != key:
                         continue
-                    if _event_ids(router, args.topic, message.value, paths) & {args.event_id}:
+                    if query.event_id in _event_ids(router, query.topic, message.value, paths):
                         found.append(message)
-        log.info("trace_scanned", partition=partition, first=first, last=end - 1,
-                 bounded=first > start)
-        if first > start:
-            say_scan += f" (the last {args.scan}; --scan searches further)"
-        if not args.json:
-            say(say_scan)
+        notes.append(f"{query.topic}/{partition}: searched offsets {first}..{end - 1}"
+                     + (f" (the last {query.scan}; a larger scan searches further)" if first > start else ""))
     if not found:
-        say(f"no record with event id {args.event_id!r}" + (f" and key {args.key!r}" if key is not None else "")
-            + " in the offsets searched")
+        notes.append(f"no record with event id {query.event_id!r}"
+                     + (f" and key {query.key!r}" if key is not None else "") + " in the offsets searched")
     return found[:MAX_MATCHES]
 
 

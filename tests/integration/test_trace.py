@@ -6,16 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
 
 from consumer.service import ConsumerService
+from countersink.cassandra import CassandraClient
 from countersink.kafka import make_producer
-from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from countersink.registry import CounterRegistry
+from countersink.serve import ReadApi
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, ServeSettings, Settings
 from schemas.definitions import load_definitions
 from stack.loading import child_env, end_offsets, wait_until_flushed
 from tests.integration.consumer_support import running
@@ -129,8 +135,29 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     bounded = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--event-id",
                                       "t1", "--key", "IBM", "--scan", "2")
     assert bounded.returncode == 1  # only offsets 2 and 3 are searched
-    assert "(the last 2; --scan searches further)" in bounded.stdout
+    assert "(the last 2; a larger scan searches further)" in bounded.stdout
     beyond = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset",
                                      f"{ibm}:99")
     assert beyond.returncode == 1
     assert "not written yet" in beyond.stdout
+
+    # Over HTTP, behind the read API's bearer tokens: the same trace as the command line's --json.
+    token = secrets.token_urlsafe(24)
+    async with CassandraClient(cassandra_settings) as client:
+        api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), registry=CounterRegistry(client),
+                      tracing=settings)
+        async with TestClient(TestServer(api.app())) as http:
+            refused = await http.get(f"/trace/{topic}", params={"event_id": "t1", "key": "IBM"})
+            assert refused.status == 401
+            auth = {"Authorization": f"Bearer {token}"}
+            answer = await http.get(f"/trace/{topic}", params={"event_id": "t1", "key": "IBM"}, headers=auth)
+            assert answer.status == 200, await answer.text()
+            body = await answer.json()
+            assert [record["offset"] for record in body["records"]] == [0, 1]
+            assert body["records"] == found
+            bad = await http.get(f"/trace/{topic}", params={"offset": "x"}, headers=auth)
+            assert bad.status == 400
+            unknown = await http.get("/trace/no-such-topic", params={"offset": "0:0"}, headers=auth)
+            assert unknown.status == 404
+            spec = await (await http.get("/openapi.json", headers=auth)).json()
+            assert "/trace/{topic}" in spec["paths"]
