@@ -52,35 +52,50 @@ class CounterRegistry:
         ``group`` None checks no group (a tool recording definitions, not counting them). ``backfill`` names
         counters this process counts as a declared backfill, a second reader of the log that hands over to the
         recorded group at an offset: their group may differ, and is not adopted."""
+        # Looked at first, recorded after: a consumer refused for one counter records none of its new ones (they
+        # would stay recorded for a group that never counted them).
+        await self._judge(counters, group, backfill, {d.name: await self.record(d.name) for d in counters},
+                          adopt=False)
+        answers: dict[str, dict[str, Any] | None] = {}
+        for definition in counters:
+            result = await self.client.execute(
+                "INSERT INTO counters (name, kind, fingerprint, definition, registered_us, registered_by, "
+                "consumer_group) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+                [definition.name, definition.kind, registry.fingerprint(definition), registry.to_record(definition),
+                 time.time_ns() // 1000, registered_by, None if definition.name in backfill else group],
+                idempotent=False)  # a conditional write is never retried blindly by the driver
+            rows = as_dicts(result)
+            answers[definition.name] = None if not rows or rows[0].get("[applied]") else rows[0]
+        # Again with what each insert found: a consumer starting at the same moment may have recorded first.
+        await self._judge(counters, group, backfill, answers, adopt=True)
+
+    async def _judge(self, counters: CounterSet, group: str | None, backfill: Collection[str],
+                     rows: dict[str, dict[str, Any] | None], *, adopt: bool) -> None:
+        """Raise the refusals :meth:`register` describes for the rows found under the counters' names (None: no
+        row). With ``adopt``, a row with no group takes ``group``; without, it is taken as if it would."""
         refused: list[DefinitionChangedError] = []
         dropped: list[CounterDroppedError] = []
         other_groups: dict[str, list[str]] = {}
         for definition in counters:
-            stamp = registry.fingerprint(definition)
-            result = await self.client.execute(
-                "INSERT INTO counters (name, kind, fingerprint, definition, registered_us, registered_by, "
-                "consumer_group) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
-                [definition.name, definition.kind, stamp, registry.to_record(definition), time.time_ns() // 1000,
-                 registered_by, None if definition.name in backfill else group],
-                idempotent=False)  # a conditional write is never retried blindly by the driver
-            rows = as_dicts(result)
-            if not rows or rows[0].get("[applied]"):
+            row = rows.get(definition.name)
+            if row is None or row.get("kind") is None:
                 continue
-            row = rows[0]
             if row.get("dropped_us") is not None:
                 dropped.append(CounterDroppedError(counters.source, f"{definition.name!r}", "",
                                                    dropped_reason(self.client.keyspace, definition.name, row)))
                 continue
             # A fingerprint recorded before the meaning covered something more (retention) differs with an
             # unchanged meaning: the meanings decide.
-            reason = None if row.get("fingerprint") == stamp else registry.refusal(
+            reason = None if row.get("fingerprint") == registry.fingerprint(definition) else registry.refusal(
                 registry.from_record(row["definition"]), definition, row.get("registered_by"))
             if reason is not None:
                 refused.append(DefinitionChangedError(counters.source, f"{definition.name!r}", "", reason))
                 continue
             if group is None or definition.name in backfill:
                 continue
-            recorded = row.get("consumer_group") or await self._adopt(definition.name, row, group)
+            recorded = row.get("consumer_group")
+            if recorded is None:
+                recorded = await self._adopt(definition.name, row, group) if adopt else group
             if recorded != group:
                 other_groups.setdefault(recorded, []).append(definition.name)
         for errors in (dropped, refused):

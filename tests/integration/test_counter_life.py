@@ -107,6 +107,13 @@ async def test_a_keyspace_from_before_groups_adopts_the_first_group_that_starts(
         with pytest.raises(GroupMismatchError) as info:
             await registry.register(definitions, "host-c", "second")
         assert info.value.groups == {"first": ("volume",)}
+        # Refused for one counter, a consumer records none of its new ones for its group.
+        with_new = parse_definitions('[[counter]]\nname = "volume"\ntopics = ["t"]\nkind = "sum"\nkey = "s"\n'
+                                     'value = "q"\n\n[[counter]]\nname = "fresh"\ntopics = ["t"]\nkind = "count"\n'
+                                     'key = "s"\n', "b.toml")
+        with pytest.raises(GroupMismatchError):
+            await registry.register(with_new, "host-c", "second")
+        assert await registry.record("fresh") is None
         await registry.register(definitions, "host-d", "second", backfill={"volume"})  # a declared backfill
 
 
