@@ -189,10 +189,10 @@ class CounterRegistry:
         return self._known
 
     async def lookup(self, name: str) -> tuple[bool, CounterDefinition | None]:
-        """(known, definition): known is False only for a name missing from a registry that has entries. A
-        name not in the copy held is looked up again once the copy is older than ``REFRESH_S``."""
-        stale = time.monotonic() - self._loaded_at > REFRESH_S
-        if stale and (self._known is None or name not in self._known):
+        """(known, definition): known is False only for a name missing from a registry that has entries. The
+        copy held is read again once it is older than ``REFRESH_S``: a name recorded since becomes known, and one
+        dropped since unknown, within that time."""
+        if time.monotonic() - self._loaded_at > REFRESH_S:
             await self.counters()
         if self._known is None:
             return True, None

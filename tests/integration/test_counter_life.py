@@ -14,12 +14,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
 from consumer.service import ConsumerService
+from countersink import registry as registry_module
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
-from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from countersink.serve import ReadApi
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, ServeSettings, Settings
 from schemas.definitions import load_definitions, parse_definitions
 from schemas.errors import CounterDroppedError, GroupMismatchError
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
@@ -118,7 +121,8 @@ async def test_a_keyspace_from_before_groups_adopts_the_first_group_that_starts(
 
 
 async def test_drop_while_a_consumer_counts_deletes_the_rows_and_the_consumer_never_writes_them_back(
-        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path) -> None:
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``countersink drop shares_traded`` while a consumer holding its definition runs: every cell and tally
     of it is deleted, the consumer refuses it at its next registry check and writes none of it again (more
     events, flushes, its final release), the other counters stay exact, a restart with the old definitions
@@ -135,10 +139,17 @@ async def test_drop_while_a_consumer_counts_deletes_the_rows_and_the_consumer_ne
         for symbol in list(field):
             field["N" + symbol[1:]] = field.pop(symbol)
     await publish(kafka_settings, topic, first)
+    monkeypatch.setattr(registry_module, "REFRESH_S", 0.2)  # a serving registry copy, read again after 0.2 s
+    reads = CassandraClient(cassandra_settings)
+    await reads.start()
+    api = ReadApi(reads, ServeSettings(), registry=CounterRegistry(reads))
+    http = TestClient(TestServer(api.app()))
+    await http.start_server()
     with capture_logs() as logs:
         async with running(ConsumerService(settings, load_definitions(counters))):
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
             assert await _stored(cassandra_settings, "shares_traded") > 0
+            assert (await http.get("/counters/shares_traded/S001")).status == 200
             dropped = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "shares_traded",
                                               "--yes", "--batch", "7", registry_check_s=1.0)
             assert dropped.returncode == 0, dropped.stderr
@@ -146,6 +157,11 @@ async def test_drop_while_a_consumer_counts_deletes_the_rows_and_the_consumer_ne
             assert "the name stays refused" in dropped.stdout, dropped.stdout
             assert len(_logged(dropped.stderr, "drop_progress")) > 1  # a page of 7 rows at a time
             assert await _stored(cassandra_settings, "shares_traded") == 0
+            await asyncio.sleep(0.3)
+            assert (await http.get("/counters/shares_traded/S001")).status == 404  # serve forgets the name
+            assert (await http.get("/counters/trades_count/S001")).status == 200
+            await http.close()
+            await reads.stop()
             await publish(kafka_settings, topic, more)
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
             assert await _stored(cassandra_settings, "shares_traded") == 0
