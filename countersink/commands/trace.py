@@ -20,7 +20,7 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -52,6 +52,7 @@ DEAD_LETTERED = "dead_lettered"
 # Records found by --event-id that are traced at most (an original and its retries are a few).
 MAX_MATCHES = 20
 DEFAULT_SCAN = 100_000
+DEAD_LETTER_SCAN = 10_000  # records of each dead-letter partition searched, back from its end
 _OFFSET = re.compile(r"^(\d{1,9}):(\d{1,19})$")
 
 
@@ -68,36 +69,44 @@ class Decision:
     reason: str | None = None
 
 
-def route_decisions(counters: CounterSet, topic: str, value: bytes, timestamp_ms: int | None,
-                    limits: ConsumerSettings) -> dict[str, Decision]:
-    """Each counter on ``topic``: what the consumer's router does with this record. The router today keeps the
-    whole-event rule (an event invalid for any counter is dead-lettered whole, for every counter), and an absent
-    field is invalid; a router deciding per counter would answer ``NOT_APPLICABLE`` or ``DEAD_LETTERED`` per
-    counter here, and nothing else in this module changes."""
+Decide = Callable[[str, bytes, int | None], dict[str, Decision]]
+
+
+def route_decisions(counters: CounterSet, limits: ConsumerSettings) -> Decide:
+    """A function telling, for one record of a topic, what the consumer's router does with it in each counter
+    on the topic (the router is built once, with the consumer's limits). The router today keeps the whole-event
+    rule (an event invalid for any counter is dead-lettered whole, for every counter), and an absent field is
+    invalid; a router deciding per counter would answer ``NOT_APPLICABLE`` or ``DEAD_LETTERED`` per counter
+    here, and nothing else in this module changes."""
     late: list[str] = []
     router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, on_late=late.append,
                          max_future_skew_s=limits.max_future_skew_s)
-    on_topic = counters.for_topic(topic)
-    try:
-        updates = router.route(topic, value, timestamp_ms)
-    except InvalidEventError as exc:
-        why = f"{type(exc).__name__} at {exc.path or '<event>'}: {exc.reason}"
-        return {c.name: Decision(c.name, DEAD_LETTERED, reason=why if exc.counter in (None, c.name) else
-                                 f"{why} (for counter {exc.counter!r}: an event invalid for one counter is "
-                                 "dead-lettered whole)") for c in on_topic}
-    counted = {update.counter: update for update in updates}
-    decisions = {}
-    for c in on_topic:
-        update = counted.get(c.name)
-        if update is not None:
-            decisions[c.name] = Decision(c.name, COUNTED, update.key, update.value, update.event_id)
-        elif c.name in late:
-            decisions[c.name] = Decision(c.name, LATE, reason="its bucket's retention had ended when the record "
-                                         "was written")
-        else:
-            where = ", ".join(f"{path} in {list(allowed)}" for path, allowed in sorted(c.where.items()))
-            decisions[c.name] = Decision(c.name, FILTERED, reason=f"where {where}" if where else None)
-    return decisions
+
+    def decide(topic: str, value: bytes, timestamp_ms: int | None) -> dict[str, Decision]:
+        late.clear()
+        on_topic = counters.for_topic(topic)
+        try:
+            updates = router.route(topic, value, timestamp_ms)
+        except InvalidEventError as exc:
+            why = f"{type(exc).__name__} at {exc.path or '<event>'}: {exc.reason}"
+            return {c.name: Decision(c.name, DEAD_LETTERED, reason=why if exc.counter in (None, c.name) else
+                                     f"{why} (for counter {exc.counter!r}: an event invalid for one counter is "
+                                     "dead-lettered whole)") for c in on_topic}
+        counted = {update.counter: update for update in updates}
+        decisions = {}
+        for c in on_topic:
+            update = counted.get(c.name)
+            if update is not None:
+                decisions[c.name] = Decision(c.name, COUNTED, update.key, update.value, update.event_id)
+            elif c.name in late:
+                decisions[c.name] = Decision(c.name, LATE, reason="its bucket's retention had ended when the "
+                                             "record was written")
+            else:
+                where = ", ".join(f"{path} in {list(allowed)}" for path, allowed in sorted(c.where.items()))
+                decisions[c.name] = Decision(c.name, FILTERED, reason=f"where {where}" if where else None)
+        return decisions
+
+    return decide
 
 
 @dataclasses.dataclass
@@ -110,6 +119,7 @@ class CounterTrace:
     event_id: str | None = None
     reason: str | None = None
     retry_of: int | None = None  # the last earlier record in the window with the same event id
+    dead_letter: str | None = None  # where the dead-letter topic holds the record ("topic/partition@offset")
     group: str | None = None
     owner: str | None = None  # the mutator owning the partition now
     flushed_through: int | None = None  # the offset the partition's flushes are committed through
@@ -253,7 +263,7 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         else:
             found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
         for record in found:
-            result.records.append(await _trace_record(client, source, counters, settings.consumer, group,
+            result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer, group,
                                                       query.topic, record))
     finally:
         await consumer.stop()
@@ -262,9 +272,10 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    """The topic's partitions, asking the broker (the client knows only the topics it was asked about)."""
-    await consumer._client.force_metadata_update()
-    return consumer.partitions_for_topic(topic) or set()
+    """The topic's partitions, asking the broker for every topic's: once partitions are assigned, the client
+    keeps metadata of their topics only."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return set(cluster.partitions_for_topic(topic) or ())
 
 
 async def _chunks(consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, last: int
@@ -356,14 +367,16 @@ def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list
     return ids
 
 
-async def _trace_record(client: CassandraClient, source: KafkaRecordSource, counters: CounterSet,
+async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: KafkaRecordSource,
+                        counters: CounterSet,
                         limits: ConsumerSettings, group: str, topic: str, message: Any) -> RecordTrace:
     offset, partition = int(message.offset), int(message.partition)
     value: bytes = message.value or b""
-    decisions = route_decisions(counters, topic, value, message.timestamp, limits)
+    decide = route_decisions(counters, limits)
+    decisions = decide(topic, value, message.timestamp)
     traces = {name: CounterTrace(name, d.outcome, d.key, d.event_id, d.reason) for name, d in decisions.items()}
     if any(d.outcome == COUNTED and d.event_id is not None for d in decisions.values()):
-        fresh, last_seen = await _retry_window(source, counters, limits, topic, partition,
+        fresh, last_seen = await _retry_window(source, counters, limits, decide, topic, partition,
                                                Record(offset, value, message.timestamp))
         for name, d in decisions.items():
             if d.outcome == COUNTED and d.event_id is not None and name not in fresh:
@@ -371,6 +384,11 @@ async def _trace_record(client: CassandraClient, source: KafkaRecordSource, coun
                 trace.outcome, trace.retry_of = RETRY, last_seen.get((name, d.event_id))
                 trace.reason = (f"event id {d.event_id!r} was seen within the last {limits.retry_window_records} "
                                 "records of the partition")
+    if any(t.outcome == DEAD_LETTERED for t in traces.values()):
+        held = await _dead_letter_of(consumer, limits.dead_letter_topic, f"{topic}/{partition}/{offset}")
+        for t in traces.values():
+            if t.outcome == DEAD_LETTERED:
+                t.dead_letter = held
     counted = [t for t in traces.values() if t.outcome == COUNTED]
     if counted:
         row = as_dicts(await client.execute(
@@ -398,8 +416,25 @@ async def _trace_record(client: CassandraClient, source: KafkaRecordSource, coun
                        message.timestamp, len(value), list(traces.values()))
 
 
-async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits: ConsumerSettings, topic: str,
-                        partition: int, record: Record) -> tuple[set[str], dict[tuple[str, str], int]]:
+async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, source: str) -> str | None:
+    """Where the dead-letter topic holds the record whose ``countersink.source`` header is ``source``, among the
+    last :data:`DEAD_LETTER_SCAN` records of each of its partitions; None when not found there."""
+    partitions = await _partitions(consumer, dead_letter_topic)
+    wanted = source.encode()
+    for partition in sorted(partitions):
+        tp = TopicPartition(dead_letter_topic, partition)
+        start, end = await _bounds(consumer, tp)
+        if start >= end:
+            continue
+        async for chunk in _chunks(consumer, tp, max(start, end - DEAD_LETTER_SCAN), end - 1):
+            for message in chunk:
+                if (b"countersink.source", wanted) in [(k.encode(), v) for k, v in message.headers or ()]:
+                    return f"{dead_letter_topic}/{partition}@{message.offset}"
+    return None
+
+
+async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits: ConsumerSettings, decide: Decide,
+                        topic: str, partition: int, record: Record) -> tuple[set[str], dict[tuple[str, str], int]]:
     """The counters for which ``record`` is no publisher retry, by the consumer's own window rebuilt from the
     ``retry_window_records`` records before it; and, per (counter, event id), the last of those records that
     carried it."""
@@ -408,7 +443,7 @@ async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits:
     applier = Applier(router, counters, topic, partition, RetryWindow(size))
     last_seen: dict[tuple[str, str], int] = {}
     for earlier in await source.read_back(topic, partition, record.offset, size) if size > 0 else []:
-        for name, d in route_decisions(counters, topic, earlier.value or b"", earlier.timestamp, limits).items():
+        for name, d in decide(topic, earlier.value or b"", earlier.timestamp).items():
             if d.outcome == COUNTED and d.event_id is not None:
                 last_seen[(name, d.event_id)] = earlier.offset
         applier.classify(earlier)
@@ -453,7 +488,9 @@ def _describe(traced: RecordTrace) -> str:
         elif t.outcome == FILTERED:
             text = "filtered out" + (f" ({t.reason})" if t.reason else "")
         elif t.outcome == DEAD_LETTERED:
-            text = f"dead-lettered: {t.reason}"
+            text = f"dead-lettered: {t.reason}" + (f"; in {t.dead_letter}" if t.dead_letter else
+                                                   f"; not among the last {DEAD_LETTER_SCAN} records of each "
+                                                   "dead-letter partition")
         else:
             text = f"skipped, {t.outcome.replace('_', ' ')}: {t.reason}"
         lines.append(f"  {t.counter:<{width}}  {text}")

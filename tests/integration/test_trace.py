@@ -56,8 +56,10 @@ EVENTS = [  # offset: what it is
 
 
 def _trace(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    dead_letters = os.environ.get("TRACE_TEST_DLQ", "countersink-dead-letter")
     return subprocess.run([sys.executable, "-m", "countersink.cli", "trace", *args], cwd=REPO,
-                          env=child_env(kafka, cassandra), capture_output=True, text=True, timeout=120)
+                          env=child_env(kafka, cassandra, consumer={"dead_letter_topic": dead_letters}),
+                          capture_output=True, text=True, timeout=120)
 
 
 async def _traced(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> list[dict[str, Any]]:
@@ -71,12 +73,15 @@ def _by_counter(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_apart(
-        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path) -> None:
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Each record's trace says what the consumer did with it in each counter: counted into its instance and
     in the value (the partition flushed through its offset), dropped as a retry of offset 0, filtered by
-    ``where``, dead-lettered with the field and the reason; ``--event-id`` finds the original and its retry."""
+    ``where``, dead-lettered with the field, the reason and where the dead-letter topic holds it;
+    ``--event-id`` finds the original and its retry."""
     topic = await topic_factory(partitions=2)
     group = f"t{os.urandom(4).hex()}"
+    monkeypatch.setenv("TRACE_TEST_DLQ", f"dlq-{group}")
     counters = tmp_path / "counters.toml"
     counters.write_text(DEFINITIONS.format(topic=topic))
     producer = make_producer(kafka_settings)
@@ -123,6 +128,7 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     assert _by_counter(dead)["bought"]["reason"].startswith("WrongTypeError at qty: expected an integer")
     assert _by_counter(dead)["trades"]["outcome"] == "dead_lettered"  # the whole event, for every counter
     assert "for counter 'bought'" in _by_counter(dead)["trades"]["reason"]
+    assert _by_counter(dead)["bought"]["dead_letter"].startswith(f"dlq-{group}/")  # where the consumer sent it
 
     person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic,
                                      "--offset", f"{ibm}:1")

@@ -32,10 +32,11 @@ key = "symbol"
 bucket = { field = "ts", size = "1h", format = "epoch_seconds" }
 retain = "1d"
 """, "t.toml")
+DECIDE = route_decisions(COUNTERS, ConsumerSettings())
 
 
 def _decide(event: dict[str, object], timestamp_ms: int | None = None) -> dict[str, tuple[str, object]]:
-    decisions = route_decisions(COUNTERS, "trades", json.dumps(event).encode(), timestamp_ms, ConsumerSettings())
+    decisions = DECIDE("trades", json.dumps(event).encode(), timestamp_ms)
     return {name: (d.outcome, d.key if d.outcome == COUNTED else d.reason) for name, d in decisions.items()}
 
 
