@@ -103,6 +103,8 @@ class ConsumerService:
         self.registry = CounterRegistry(self.cassandra, settings.cassandra.replay_read_consistency)
         self._registry_checked_at = float("-inf")  # start() registers the counters: as good as a check
         self._registry_check_failed = False
+        self._registry_look: asyncio.Task[None] | None = None  # the registry read in flight, if any
+        self._registry_look_started = float("-inf")
         self.store: Store = store or CassandraStore(self.cassandra)
         self.source: RecordSource = source or KafkaRecordSource(settings.kafka)
         self.producer = producer or make_producer(settings.kafka)
@@ -296,33 +298,42 @@ class ConsumerService:
                 self._advance_positions()
                 if self.flushing.done:
                     offsets = await self._finish_flush()
-                if self._flush_due() and await self._registry_checked():
+                if self._flush_due() and self._registry_fresh():
                     if self.flushing.in_flight:
                         offsets = await self._finish_flush()  # one at a time: wait for the last one
                     self.flushing.start()
             if offsets:
                 await self._commit_for_lag(offsets)
 
-    async def _registry_checked(self) -> bool:
-        """Whether a flush may start: the counter registry was read within ``registry_check_s`` (read again
-        now when it was not). A counter found dropped is refused from then on: the store writes none of its
-        states (``counter_dropped`` says so once), and the other counters go on. False while the registry
-        cannot be read: ``countersink drop`` relies on no flush starting on an older look than that."""
-        if time.monotonic() - self._registry_checked_at < self.config.registry_check_s:
-            return True
+    def _registry_fresh(self) -> bool:
+        """Whether a flush may start: the counter registry was read within ``registry_check_s``. Once half of
+        that has passed, it is read again in the background (``_look_at_registry``), so the loop never waits
+        for it; while it cannot be read, no flush starts (``countersink drop`` relies on no flush starting on
+        an older look), and flushes would fail anyway."""
+        now = time.monotonic()
+        look = self._registry_look
+        if (now - self._registry_checked_at >= self.config.registry_check_s / 2 and (look is None or look.done())
+                and now - self._registry_look_started >= 1.0):
+            self._registry_look_started = now
+            self._registry_look = asyncio.create_task(self._look_at_registry())
+        return now - self._registry_checked_at < self.config.registry_check_s
+
+    async def _look_at_registry(self) -> None:
+        """Read the registry for counters dropped since the start. One found is refused from then on: the store
+        writes none of its states (``counter_dropped`` says so once), and the other counters go on."""
+        started = time.monotonic()
         counted = [c.name for c in self.counters if c.name not in self.refused_counters]
         try:
             refused = await self.registry.refused(counted)
         except Exception as exc:
-            if not is_retriable(exc):
-                raise
             if not self._registry_check_failed:
                 log.warning("registry_check_failed", error=str(exc) or type(exc).__name__,
                             action="no flush starts until the counter registry can be read")
             self._registry_check_failed = True
-            return False
+            return
+        if self._registry_check_failed:
+            log.info("registry_check_recovered")
         self._registry_check_failed = False
-        self._registry_checked_at = time.monotonic()
         for name, why in refused.items():
             log.error("counter_dropped", counter=name, error=why,
                       action="no longer written; the other counters go on. Remove it from the definitions file "
@@ -330,7 +341,7 @@ class ConsumerService:
         self.refused_counters.update(refused)
         if refused and isinstance(self.store, CassandraStore):
             self.store.refused.update(refused)
-        return True
+        self._registry_checked_at = started  # the read began after this: as old as the look may be
 
     async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """A batch starts well past what the mutator applied: compaction or aborted transactions, or records
@@ -474,6 +485,8 @@ class ConsumerService:
     async def close(self) -> None:
         """Close every client, started or not (also after a start that failed or was stopped half way)."""
         self.ownership.cancel_takeovers()
+        if self._registry_look is not None:
+            self._registry_look.cancel()
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
         closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop]

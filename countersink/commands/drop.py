@@ -38,6 +38,7 @@ from schemas.cql import key_of_partition
 
 log = get_logger(__name__)
 
+PROGRESS_EVERY_S = 5.0
 _CELL_DELETE = "DELETE states[?] FROM shards USING TIMESTAMP ? WHERE key = ? AND born_us = ? AND mutator = ?"
 _TALLY_DELETE = "DELETE tallies[?] FROM shards USING TIMESTAMP ? WHERE key = ?"
 
@@ -94,9 +95,7 @@ async def drop(settings: Settings, name: str, *, forget: bool = False, batch: in
                     return 130  # interrupted: the mark stays; running the command again goes on from here
                 except TimeoutError:
                     pass
-            progress = await sweep(client, name, batch, stopping, lambda p: log.info(
-                "drop_progress", counter=name, rows_scanned=p.rows_scanned, cells_deleted=p.cells_deleted,
-                tallies_deleted=p.tallies_deleted))
+            progress = await sweep(client, name, batch, stopping, _progress_reporter(name))
             if stopping.is_set():
                 return 130
             say(f"{name}: deleted {progress.cells_deleted} shard cells and {progress.tallies_deleted} tallies "
@@ -118,10 +117,10 @@ async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Calla
 
 
 async def sweep(client: CassandraClient, name: str, batch: int, stopping: asyncio.Event,
-                report: Callable[[DropProgress], object]) -> DropProgress:
+                report: Callable[[DropProgress, bool], object]) -> DropProgress:
     """Delete ``name``'s cell of every shard row and its tally of every key: every row of the table is read
     once, a page of ``batch`` rows at a time, with at most ``batch`` deletes in flight. ``report`` hears the
-    progress after each page."""
+    progress after each page, and whether it was the last."""
     progress = DropProgress()
     page: bytes | None = None
     tallied: str | None = None  # the last key whose tally was deleted: its rows follow one another
@@ -144,11 +143,25 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
                 progress.cells_deleted += 1
                 progress.keys.add(key_of_partition(key))
         await asyncio.gather(*(delete() for delete in deletes))
-        report(progress)
         page = result.page_state() if result.has_more_pages() else None
+        report(progress, page is None)
         if page is None:
             break
     return progress
+
+
+def _progress_reporter(name: str) -> Callable[[DropProgress, bool], None]:
+    """A ``drop_progress`` line after the first page, then at most every :data:`PROGRESS_EVERY_S`, and after
+    the last."""
+    last = [float("-inf")]
+
+    def report(progress: DropProgress, done: bool) -> None:
+        if done or time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            log.info("drop_progress", counter=name, rows_scanned=progress.rows_scanned,
+                     cells_deleted=progress.cells_deleted, tallies_deleted=progress.tallies_deleted, done=done)
+
+    return report
 
 
 async def _delete(client: CassandraClient, statement: str, params: list[object]) -> None:
