@@ -77,6 +77,10 @@ async def drop(settings: Settings, name: str, *, forget: bool = False, batch: in
     """The command: mark, wait, sweep, and with ``forget`` release the name. Returns the exit code."""
     stopping = asyncio.Event()
     async with CassandraClient(settings.cassandra, app="countersink-drop") as client:
+        if not await client.schema_complete():
+            log.error("schema_outdated", error=f"keyspace {client.keyspace!r} lacks the counter registry's drop "
+                      "marker: run countersink schema first")
+            return EXIT_USAGE
         registry = CounterRegistry(client)
         with stop_on_signals(stopping.set):
             dropped = await registry.drop(name, f"{socket.gethostname()}:{os.getpid()}")

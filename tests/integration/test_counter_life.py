@@ -203,10 +203,16 @@ async def test_drop_while_a_consumer_counts_deletes_the_rows_and_the_consumer_ne
 
 async def test_drop_of_an_unknown_counter_or_without_yes_exits_2(
         kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings) -> None:
-    """``drop`` of a name the registry lacks, or without ``--yes``, changes nothing and exits 2."""
+    """``drop`` of a name the registry lacks, or without ``--yes``, or on a keyspace whose registry has no drop
+    marker yet, changes nothing and exits 2."""
     unconfirmed = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "volume")
     assert unconfirmed.returncode == 2
     assert "--yes" in _logged(unconfirmed.stderr, "drop_not_confirmed")[0]["error"]  # type: ignore[operator]
     unknown = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "volume", "--yes")
     assert unknown.returncode == 2, unknown.stderr
     assert _logged(unknown.stderr, "unknown_counter")
+    async with CassandraClient(cassandra_settings) as client:
+        await client.execute("ALTER TABLE counters DROP (dropped_us)", prepared=False)
+    outdated = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "volume", "--yes")
+    assert outdated.returncode == 2, outdated.stderr
+    assert "run countersink schema first" in _logged(outdated.stderr, "schema_outdated")[0]["error"]  # type: ignore[operator]
