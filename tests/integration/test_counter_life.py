@@ -117,6 +117,10 @@ async def test_a_keyspace_from_before_groups_adopts_the_first_group_that_starts(
         with pytest.raises(GroupMismatchError):
             await registry.register(with_new, "host-c", "second")
         assert await registry.record("fresh") is None
+        # Groups that cannot overlap: another group may count other counters in the same keyspace.
+        await registry.register(parse_definitions('[[counter]]\nname = "fresh"\ntopics = ["t"]\nkind = "count"\n'
+                                                  'key = "s"\n', "c.toml"), "host-e", "second")
+        assert await registry.groups() == {"volume": "first", "fresh": "second"}
         await registry.register(definitions, "host-d", "second", backfill={"volume"})  # a declared backfill
 
 
