@@ -177,8 +177,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --event-id: records searched at most, back from the end of each partition")
     parser.add_argument("--counters", metavar="FILE",
                         help="definitions file (default: the definitions in the counter registry)")
-    parser.add_argument("--group", help="consumer group whose ownership rows say what is flushed (default: the "
-                        "group the registry records for the topic's counters, else COUNTERSINK_CONSUMER__GROUP_ID)")
+    parser.add_argument("--group", help="consumer group whose ownership rows say what is flushed (default: for "
+                        "each counter the group the registry records, else COUNTERSINK_CONSUMER__GROUP_ID)")
     parser.add_argument("--json", action="store_true", help="one JSON object per record traced")
 
 
@@ -238,17 +238,16 @@ class TraceResult:
 async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, counters: CounterSet | None = None,
                 group: str | None = None) -> TraceResult:
     """Trace the records ``query`` names, with ``counters`` (default: the counter registry's) and the ownership
-    rows of ``group`` (default: the group the registry records for the topic's counters, else the consumer
+    rows of ``group`` (default: for each counter, the group the registry records for it, else the consumer
     setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
     registry = CounterRegistry(client)
     counters = counters if counters is not None else await registry.counters()
     if counters is None or not counters.for_topic(query.topic):
         where = counters.source if counters else "the counter registry is empty"
         raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({where})")
-    if group is None:
-        groups = await registry.groups()
-        recorded = sorted({g for c in counters.for_topic(query.topic) if (g := groups.get(c.name)) is not None})
-        group = recorded[0] if len(recorded) == 1 else settings.consumer.group_id
+    recorded = {} if group is not None else await registry.groups()
+    group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id
+                for c in counters.for_topic(query.topic)}
     consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
                              auto_offset_reset="earliest", isolation_level="read_committed")
     source = KafkaRecordSource(settings.kafka)
@@ -263,8 +262,8 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         else:
             found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
         for record in found:
-            result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer, group,
-                                                      query.topic, record))
+            result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer,
+                                                      group_of, query.topic, record))
     finally:
         await consumer.stop()
         await source.stop()
@@ -369,7 +368,8 @@ def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list
 
 async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: KafkaRecordSource,
                         counters: CounterSet,
-                        limits: ConsumerSettings, group: str, topic: str, message: Any) -> RecordTrace:
+                        limits: ConsumerSettings, group_of: dict[str, str], topic: str, message: Any
+                        ) -> RecordTrace:
     offset, partition = int(message.offset), int(message.partition)
     value: bytes = message.value or b""
     decide = route_decisions(counters, limits)
@@ -390,27 +390,29 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
             if t.outcome == DEAD_LETTERED:
                 t.dead_letter = held
     counted = [t for t in traces.values() if t.outcome == COUNTED]
-    if counted:
-        row = as_dicts(await client.execute(
-            "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ?",
-            [group, topic, partition]))
-        reader = CounterReader(client)
-        for trace in counted:
-            trace.group = group
-            if row:
-                trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
-                trace.flushed_through = row[0]["committed_offset"]
-                trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
-            explained = await reader.explain(trace.counter, trace.key or "")
-            # A partition's mutators follow one another through its offsets: the shard with the lowest
-            # offset at or past the record is the one whose mutator applied it (unless the GC folded that one).
-            trace.shards = sorted(((str(s.mutator), s.through_offset) for s in explained.shards
-                                   if s.topic == topic and s.partition == partition and s.through_offset is not None
-                                   and s.through_offset >= offset), key=lambda shard: shard[1])
-            trace.in_tally = explained.tally is not None
-            trace.held = bool(trace.shards) or trace.in_tally
-            trace.in_value = bool(trace.in_value and trace.held)
-            trace.value_now = explained.value
+    rows: dict[str, list[dict[str, Any]]] = {}  # the partition's ownership row, by group
+    reader = CounterReader(client)
+    for trace in counted:
+        trace.group = group = group_of[trace.counter]
+        if group not in rows:
+            rows[group] = as_dicts(await client.execute(
+                "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition = ?", [group, topic, partition]))
+        row = rows[group]
+        if row:
+            trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
+            trace.flushed_through = row[0]["committed_offset"]
+            trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
+        explained = await reader.explain(trace.counter, trace.key or "")
+        # A partition's mutators follow one another through its offsets: the shard with the lowest
+        # offset at or past the record is the one whose mutator applied it (unless the GC folded that one).
+        trace.shards = sorted(((str(s.mutator), s.through_offset) for s in explained.shards
+                               if s.topic == topic and s.partition == partition and s.through_offset is not None
+                               and s.through_offset >= offset), key=lambda shard: shard[1])
+        trace.in_tally = explained.tally is not None
+        trace.held = bool(trace.shards) or trace.in_tally
+        trace.in_value = bool(trace.in_value and trace.held)
+        trace.value_now = explained.value
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
