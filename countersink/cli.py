@@ -46,7 +46,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.
-PERSON_COMMANDS = frozenset({"get", "explain", "list"})
+PERSON_COMMANDS = frozenset({"get", "explain", "list", "trace"})
 
 DESCRIPTION = """\
 Exact counters from a Kafka event stream, kept as CRDT shards in Cassandra.
