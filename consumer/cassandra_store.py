@@ -41,6 +41,9 @@ class CassandraStore:
         # countersink.consistency): never at the read level configured for serving.
         self.read_cl = client.settings.replay_read_consistency
         self.batch_rows = client.settings.write_batch_rows
+        # Counters dropped from the registry while this consumer runs: no write of theirs leaves this store
+        # (flushes and replays alike), so a consumer still holding the old definitions never writes them back.
+        self.refused: set[str] = set()
 
     def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
         if len(group) == 1:
@@ -128,6 +131,8 @@ class CassandraStore:
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
         # not bring back part of a bucket that is gone. No row expires after what Cassandra stores (row_ttl:
         # a bucket whose expiry is later expires then, docs/counters.md), so no write is ever refused for it.
+        if self.refused:
+            writes = [w for w in writes if w.counter not in self.refused]
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
         ttls = {w.expires_at: row_ttl(w.expires_at + grace, now_s) for w in writes if w.expires_at is not None}
         writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]

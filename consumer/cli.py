@@ -19,7 +19,7 @@ from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.schema_registry import SchemaRegistryNotConfiguredError
 from countersink.settings import Settings
-from schemas.errors import CompactedTopicError, DefinitionChangedError
+from schemas.errors import CompactedTopicError, CounterDroppedError, DefinitionChangedError, GroupMismatchError
 
 log = get_logger(__name__)
 
@@ -82,6 +82,15 @@ async def consume(settings: Settings, counters: object) -> int:
             log.info("consumer_stopped_before_start")
             await service.close()
             return 0
+        except GroupMismatchError as exc:
+            log.error("group_refused", error=exc.line)  # one line: the recorded group, and what to do
+            await service.close()
+            return 2
+        except CounterDroppedError as exc:
+            for problem in exc.problems:
+                log.error("counter_dropped", error=problem.line)
+            await service.close()
+            return 2
         except DefinitionChangedError as exc:
             for problem in exc.problems:
                 log.error("definition_changed", error=problem.line)

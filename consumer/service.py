@@ -112,6 +112,11 @@ class ConsumerService:
                                       METRICS.not_applicable.labels(counter, reason).inc())
         self.host = f"{socket.gethostname()}:{os.getpid()}"
         self.cassandra = cassandra or CassandraClient(settings.cassandra, app="countersink-consumer")
+        self.registry = CounterRegistry(self.cassandra, settings.cassandra.replay_read_consistency)
+        self._registry_checked_at = float("-inf")  # start() registers the counters: as good as a check
+        self._registry_check_failed = False
+        self._registry_look: asyncio.Task[None] | None = None  # the registry read in flight, if any
+        self._registry_look_started = float("-inf")
         self.store: Store = store or CassandraStore(self.cassandra)
         self.source: RecordSource = source or KafkaRecordSource(settings.kafka)
         if self.schemas.needed:
@@ -152,6 +157,7 @@ class ConsumerService:
             await gc_age()
 
         self.waiting_for_topics: list[str] = []
+        self.refused_counters: set[str] = set()  # dropped from the registry since the start: never written
         # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
         # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
         self.refused: dict[TopicPartition, str] = {}
@@ -257,7 +263,9 @@ class ConsumerService:
                              {"replay_read_consistency": self.settings.cassandra.replay_read_consistency})
         await self.cassandra.ensure_schema()
         # Before anything is counted: a changed meaning under a recorded name is refused (not retriable).
-        await CounterRegistry(self.cassandra).register(self.counters, self.host)
+        # One group per keyspace: a counter recorded for another group is refused too.
+        await self.registry.register(self.counters, self.host, self.config.group_id)
+        self._registry_checked_at = time.monotonic()
 
     def request_stop(self) -> None:
         if self._stop_requested_at is None:
@@ -308,7 +316,7 @@ class ConsumerService:
                 self._advance_positions()
                 if self.flushing.done:
                     offsets = await self._finish_flush()
-                if self._flush_due():
+                if self._flush_due() and self._registry_fresh():
                     if self.flushing.in_flight:
                         offsets = await self._finish_flush()  # one at a time: wait for the last one
                     self.flushing.start()
@@ -336,6 +344,44 @@ class ConsumerService:
                 log.info("schema_registry_available")
                 self.schema_wait = None
             return True
+
+    def _registry_fresh(self) -> bool:
+        """Whether a flush may start: the counter registry was read within ``registry_check_s``. Once half of
+        that has passed, it is read again in the background (``_look_at_registry``), so the loop never waits
+        for it; while it cannot be read, no flush starts (``countersink drop`` relies on no flush starting on
+        an older look), and flushes would fail anyway."""
+        now = time.monotonic()
+        look = self._registry_look
+        if (now - self._registry_checked_at >= self.config.registry_check_s / 2 and (look is None or look.done())
+                and now - self._registry_look_started >= 1.0):
+            self._registry_look_started = now
+            self._registry_look = asyncio.create_task(self._look_at_registry())
+        return now - self._registry_checked_at < self.config.registry_check_s
+
+    async def _look_at_registry(self) -> None:
+        """Read the registry for counters dropped since the start. One found is refused from then on: the store
+        writes none of its states (``counter_dropped`` says so once), and the other counters go on."""
+        started = time.monotonic()
+        counted = [c.name for c in self.counters if c.name not in self.refused_counters]
+        try:
+            refused = await self.registry.refused(counted)
+        except Exception as exc:
+            if not self._registry_check_failed:
+                log.warning("registry_check_failed", error=str(exc) or type(exc).__name__,
+                            action="no flush starts until the counter registry can be read")
+            self._registry_check_failed = True
+            return
+        if self._registry_check_failed:
+            log.info("registry_check_recovered")
+        self._registry_check_failed = False
+        for name, why in refused.items():
+            log.error("counter_dropped", counter=name, error=why,
+                      action="no longer written; the other counters go on. Remove it from the definitions file "
+                      "before the next start, which refuses it")
+        self.refused_counters.update(refused)
+        if refused and isinstance(self.store, CassandraStore):
+            self.store.refused.update(refused)
+        self._registry_checked_at = started  # the read began after this: as old as the look may be
 
     async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:
         """A batch starts well past what the mutator applied: compaction or aborted transactions, or records
@@ -479,6 +525,8 @@ class ConsumerService:
     async def close(self) -> None:
         """Close every client, started or not (also after a start that failed or was stopped half way)."""
         self.ownership.cancel_takeovers()
+        if self._registry_look is not None:
+            self._registry_look.cancel()
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
         closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop, self.schemas.stop]

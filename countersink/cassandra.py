@@ -287,6 +287,9 @@ class CassandraClient:
                            prepared=False, consistency=Consistency.ONE)
         for statement in cql.create_tables(self.keyspace):
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
+        # Tables made before a column was added keep their old shape under CREATE ... IF NOT EXISTS.
+        for table in cql.ADDED_COLUMNS:
+            await self.execute(cql.add_columns(self.keyspace, table), prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
 
     async def schema_complete(self) -> bool:
@@ -305,7 +308,19 @@ class CassandraClient:
                 f"keyspace {self.keyspace!r} holds countersink schema {rows[0]['version']}; this version needs "
                 f"{cql.SCHEMA_VERSION}, and no migration exists before the first release: drop the keyspace "
                 "or choose another (COUNTERSINK_CASSANDRA__KEYSPACE)")
-        return bool(rows) and int(rows[0]["version"]) >= cql.SCHEMA_VERSION
+        if not (rows and int(rows[0]["version"]) >= cql.SCHEMA_VERSION):
+            return False
+        return await self._columns_complete()
+
+    async def _columns_complete(self) -> bool:
+        """True when every column added since a table was first made (``cql.ADDED_COLUMNS``) is there."""
+        for table, added in cql.ADDED_COLUMNS.items():
+            columns = as_dicts(await self.execute(
+                "SELECT column_name FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
+                [self.keyspace, table], consistency=Consistency.ONE))
+            if not {name for name, _ in added} <= {row["column_name"] for row in columns}:
+                return False
+        return True
 
     async def replication_factors(self) -> dict[str, int]:
         """Replicas per data centre of the keyspace as it exists (``""`` for SimpleStrategy)."""

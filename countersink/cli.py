@@ -43,10 +43,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
     "dead-letters": ("countersink.dead_letters_cli",
                      "re-publish a dead letter to its topic, for the counters that refused it only"),
+    "drop": ("countersink.commands.drop", "drop a counter: its registry entry and every row of it"),
+    "trace": ("countersink.commands.trace", "show what one record did in each counter on its topic"),
 }
 
 # Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.
-PERSON_COMMANDS = frozenset({"get", "explain", "list"})
+PERSON_COMMANDS = frozenset({"get", "explain", "list", "trace"})
 
 DESCRIPTION = """\
 Exact counters from a Kafka event stream, kept as CRDT shards in Cassandra.

@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +51,8 @@ from countersink.cassandra import (
     CassandraUnavailableError,
 )
 from countersink.cli import load_definitions_or_refuse, port_number, run_async, setting_default, stop_on_signals
+from countersink.commands.trace import TraceQuery, TraceRefusedError
+from countersink.commands.trace import trace as trace_records
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import QuietAppRunner, metrics_handler, problem_response
 from countersink.logs import get_logger
@@ -74,8 +77,12 @@ class ReadApi:
 
     def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
                  consistency: Consistency | None = None, *, registry: CounterRegistry | None = None,
-                 read_settings: ReadSettings | None = None, tokens: Tokens | None = None) -> None:
+                 read_settings: ReadSettings | None = None, tokens: Tokens | None = None,
+                 tracing: Settings | None = None) -> None:
         self.client = client
+        # The Kafka and consumer settings that ``/trace/{topic}`` reads records with; None: no such route.
+        self.tracing = tracing
+        self._traces = asyncio.Semaphore(1)  # one trace at a time: each reads Kafka with a client of its own
         self.registry = registry
         self.settings = settings
         self.read_settings = read_settings or ReadSettings()
@@ -96,6 +103,7 @@ class ReadApi:
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
+            web.get("/trace/{topic}", self.trace),
             web.get("/openapi.json", self.openapi),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
@@ -273,13 +281,29 @@ class ReadApi:
                 raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry")
         return name
 
+    async def trace(self, request: web.Request) -> web.Response:
+        """``/trace/{topic}?offset=P:O`` or ``?event_id=ID[&key=K][&scan=N]``: what the record did in each counter
+        on the topic, as ``countersink trace --json`` prints it (docs/reading.md)."""
+        if self.tracing is None:
+            raise _problem(web.HTTPNotFound, "tracing is not served here")
+        query = _trace_query(request)
+        try:
+            async with self._traces, asyncio.timeout(TRACE_TIMEOUT_S):
+                result = await trace_records(self.client, self.tracing, query, self.counters)
+        except TraceRefusedError as exc:
+            raise _problem(web.HTTPNotFound, str(exc)) from None
+        except TimeoutError:
+            raise _problem(web.HTTPGatewayTimeout, f"the trace did not finish within {TRACE_TIMEOUT_S} s") from None
+        return web.json_response({"topic": query.topic, "notes": result.notes,
+                                  "records": to_jsonable(result.records)})
+
     # --- operations
 
     async def openapi(self, request: web.Request) -> web.Response:
         counters = self.counters
         if counters is None and self.registry is not None:
             counters = await self.registry.counters()
-        return web.json_response(openapi_document(self.settings, counters))
+        return web.json_response(openapi_document(self.settings, counters, tracing=self.tracing is not None))
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -320,6 +344,36 @@ def _checked_key(key: str) -> str:
     except MalformedInstanceKeyError:
         raise _problem(web.HTTPBadRequest, "a lone backslash is not an instance key") from None
     return key
+
+
+# What one HTTP trace may search at most, back from the end of each partition (the command line has no bound).
+MAX_TRACE_SCAN = 100_000
+TRACE_TIMEOUT_S = 60  # the longest a trace (Kafka reads, then Cassandra) may take before it answers 504
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _trace_query(request: web.Request) -> TraceQuery:
+    """The trace a request asks for, each parameter bounded; 400 for anything else."""
+    topic, query = request.match_info["topic"], request.query
+    if not _TOPIC.fullmatch(topic):
+        raise _problem(web.HTTPBadRequest, "a topic name is 1 to 249 of A-Z a-z 0-9 . _ -")
+    if ("offset" in query) == ("event_id" in query):
+        raise _problem(web.HTTPBadRequest, "give ?offset=PARTITION:OFFSET or ?event_id=ID (with &key=K)")
+    if "offset" in query:
+        if "key" in query or "scan" in query:
+            raise _problem(web.HTTPBadRequest, "key and scan go with event_id")
+        match = re.fullmatch(r"(\d{1,9}):(\d{1,18})", query["offset"])
+        if match is None:
+            raise _problem(web.HTTPBadRequest, "offset is PARTITION:OFFSET, like 2:1500")
+        return TraceQuery(topic, offset=(int(match.group(1)), int(match.group(2))))
+    event_id, key = query["event_id"], query.get("key")
+    if not 0 < len(event_id.encode()) <= DEFAULT_MAX_KEY_BYTES or (
+            key is not None and not 0 < len(key.encode()) <= DEFAULT_MAX_KEY_BYTES):
+        raise _problem(web.HTTPBadRequest, f"event_id and key are 1 to {DEFAULT_MAX_KEY_BYTES} bytes")
+    scan_text = query.get("scan", "10000")
+    if not scan_text.isdigit() or not 1 <= int(scan_text) <= MAX_TRACE_SCAN:
+        raise _problem(web.HTTPBadRequest, f"scan is 1 to {MAX_TRACE_SCAN} records")
+    return TraceQuery(topic, event_id=event_id, key=key, scan=int(scan_text))
 
 
 def _consistency(request: web.Request) -> Consistency:
@@ -559,7 +613,8 @@ def api_runner(api: ReadApi, *, shutdown_timeout: float = 5) -> web.AppRunner:
                           max_field_size=api.settings.max_header_bytes)
 
 
-def openapi_document(settings: ServeSettings, counters: CounterSet | None = None) -> dict[str, Any]:
+def openapi_document(settings: ServeSettings, counters: CounterSet | None = None, *,
+                     tracing: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 description served at ``/openapi.json``."""
     name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN.pattern}
     if counters is not None:
@@ -667,6 +722,27 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                                          "detail": {"type": "string"}}},
         }},
     }
+    if tracing:
+        document["paths"]["/trace/{topic}"] = {"get": {
+            "summary": "What one record of a topic did in each counter on it",
+            "operationId": "traceRecord",
+            "description": "As countersink trace --json (docs/reading.md): the record at offset, or the records "
+                           "whose event id is event_id among the last scan records of each partition (of the "
+                           "key's partition only, with key).",
+            "parameters": [
+                {"name": "topic", "in": "path", "required": True,
+                 "schema": {"type": "string", "pattern": _TOPIC.pattern}},
+                {"name": "offset", "in": "query", "required": False,
+                 "schema": {"type": "string", "pattern": "^[0-9]{1,9}:[0-9]{1,18}$"}},
+                {"name": "event_id", "in": "query", "required": False,
+                 "schema": {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES}},
+                {"name": "key", "in": "query", "required": False, "schema": key_schema},
+                {"name": "scan", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_TRACE_SCAN, "default": 10_000}}],
+            "responses": {"200": {"description": "what was searched, and each record traced", "content": {
+                "application/json": {"schema": {"type": "object", "required": ["topic", "notes", "records"]}}}},
+                **errors},
+        }}
     if guarded:
         # Every path described here needs a token; /healthz and /readyz, which stay open, are not described.
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -742,7 +818,7 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         # Without a definitions file, the names and kinds the consumers recorded.
         registry = CounterRegistry(client, consistency) if counters is None else None
         api = ReadApi(client, serve_settings, counters, consistency, registry=registry,
-                      read_settings=settings.read, tokens=tokens)
+                      read_settings=settings.read, tokens=tokens, tracing=settings)
         runner = api_runner(api)
         await runner.setup()
         site = web.TCPSite(runner, serve_settings.host, serve_settings.port, ssl_context=tls)

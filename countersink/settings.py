@@ -272,6 +272,9 @@ class ConsumerSettings(_Section):
     shutdown_timeout_s: float = Field(default=30.0, gt=0)
     startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting consumer waits for the servers
     flush_retry_max_s: float = Field(default=5.0, gt=0)
+    # How often a running consumer reads the counter registry for counters dropped since it started: it writes
+    # none of theirs from then on. `countersink drop` waits twice this before it deletes a counter's rows.
+    registry_check_s: float = Field(default=10.0, gt=0, le=3600)
     # How long a crashed member's partitions wait before the group moves them: the floor of recovery time.
     # 6 s is the broker's default group.min.session.timeout.ms; heartbeats go every quarter of it.
     session_timeout_ms: int = Field(default=6_000, ge=1_000)

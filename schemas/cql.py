@@ -199,7 +199,10 @@ def create_tables(keyspace: str) -> list[str]:
             fingerprint text,
             definition text,
             registered_us bigint,
-            registered_by text
+            registered_by text,
+            consumer_group text,
+            dropped_us bigint,
+            dropped_by text
         )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
             name text PRIMARY KEY,
@@ -223,6 +226,20 @@ def create_tables(keyspace: str) -> list[str]:
             PRIMARY KEY ((name), started_us, run)
         ) WITH CLUSTERING ORDER BY (started_us DESC, run ASC) AND default_time_to_live = {GC_RUNS_TTL_S:d}""",
     ]
+
+
+# Columns added to a table after it was first released, by table: a keyspace made before has the table without
+# them, and ensure_schema adds them (ALTER TABLE ... ADD IF NOT EXISTS, idempotent). The counter registry's
+# consumer group (one group per keyspace) and its drop marker (a dropped counter's name stays refused).
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text")),
+}
+
+
+def add_columns(keyspace: str, table: str) -> str:
+    """The statement adding :data:`ADDED_COLUMNS` of ``table`` to a table made before them."""
+    columns = ", ".join(f"{check_identifier(name)} {kind}" for name, kind in ADDED_COLUMNS[table])
+    return f"ALTER TABLE {check_identifier(keyspace)}.{check_identifier(table)} ADD IF NOT EXISTS ({columns})"
 
 
 def table_names(keyspace: str) -> set[str]:

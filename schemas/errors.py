@@ -38,6 +38,21 @@ class DefinitionChangedError(DefinitionError):
     counter registry under the same name; every changed counter is one of ``problems``."""
 
 
+class GroupMismatchError(DefinitionError):
+    """Raised when a consumer starts in a consumer group other than the one the counter registry records for
+    its counters: a second group would count the retained log again into the same values. ``groups`` maps
+    each recorded group to the counters it holds."""
+
+    def __init__(self, source: str, reason: str, groups: dict[str, tuple[str, ...]]) -> None:
+        super().__init__(source, "", "", reason)
+        self.groups = groups
+
+
+class CounterDroppedError(DefinitionError):
+    """Raised when a consumer starts with, or is still counting, a counter that ``countersink drop`` removed:
+    its name stays refused until the drop is released (``countersink drop NAME --forget``)."""
+
+
 class RowTooLargeError(DefinitionError):
     """Raised when a definitions file is loaded whose counters, sharing a shard row, could together write a
     row larger than ``max_row_bytes`` (or one counter's state could outgrow what a state may be): ``counters``

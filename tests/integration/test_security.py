@@ -164,6 +164,11 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# The consumer group of every consumer on the module's keyspace: one group per keyspace (the counter registry
+# refuses a second group on the same counters).
+KEYSPACE_GROUP = f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"
+
+
 @pytest.fixture(scope="module")
 async def granted_keyspace(secure_stack: SecureStack) -> AsyncIterator[str]:
     """A keyspace made by ``countersink schema`` as the schema role, with every process role granted on it."""
@@ -304,7 +309,7 @@ async def test_the_ssl_listener_takes_a_client_certificate_and_an_unchecked_host
     unchecked = env_for(secure_stack, "countersink_consumer", granted_keyspace, kafka={
         "bootstrap_servers": secure_stack.kafka.elsewhere_bootstrap, "ssl_check_hostname": "false"})
     consume = ["consume", "--counters", str(counters)]
-    consumers = [await start(name, [*consume, "--group", f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"], env)
+    consumers = [await start(name, [*consume, "--group", KEYSPACE_GROUP], env)
                  for name, env in (("consume-ssl", with_certificate), ("consume-unchecked", unchecked))]
     try:
         await asyncio.gather(*(wait_for_line(consumer, "consumer_started") for consumer in consumers))
@@ -327,7 +332,7 @@ class Refusal:
 
 
 def _refusals() -> list[Refusal]:
-    consume = ["consume", "--counters", "{counters}"]
+    consume = ["consume", "--counters", "{counters}", "--group", KEYSPACE_GROUP]
     other_ca = "{other_ca}"
     return [
         Refusal("cassandra-wrong-password", ["get", "trades_count", "X"], "countersink_reader", {},
@@ -690,7 +695,7 @@ async def test_no_secret_reaches_a_log_line_a_repr_or_a_help_text(
     reader = {**env_for(secure_stack, "countersink_reader", granted_keyspace), **debug}
     got = await run_command("debug-get", ["get", "trades_count", "X"], reader)
     assert got.returncode == 0, got.output
-    consume = ["consume", "--counters", str(counters), "--group", f"{GROUP_PREFIX}-{uuid.uuid4().hex[:8]}"]
+    consume = ["consume", "--counters", str(counters), "--group", KEYSPACE_GROUP]
     consumer = await start("debug-consume", consume,
                            {**env_for(secure_stack, "countersink_consumer", granted_keyspace), **debug})
     try:

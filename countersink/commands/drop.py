@@ -1,0 +1,177 @@
+"""``countersink drop COUNTER``: remove a counter, its registry entry and every row of it.
+
+The order is what keeps a running consumer from writing it back:
+
+1. The registry entry is marked dropped (LWT). From then on a consumer starting with the counter refuses to
+   start, and a running one refuses it at its next registry check: it writes none of its states again
+   (``consumer.service``: no flush starts on a look at the registry older than ``registry_check_s``).
+2. The command waits until twice ``registry_check_s`` has passed since the mark: every flush that starts
+   after that has seen the mark.
+3. It walks every row of ``shards`` (a page at a time, ``--batch`` rows) and deletes the counter's cell of
+   each row and its tally of each key, each delete stamped with the time it is sent. Every write of a mutator
+   born before then carries a smaller timestamp (``born_us + flush``) and stays hidden under it, whatever
+   order they land in; a GC fold carries at most ``now - grace``, so one built from a read before a delete
+   is hidden too, and one built after reads nothing of the counter.
+
+The name stays refused after the drop: a consumer holding the old definitions must never count it again.
+``--forget`` (a deliberate act, once no consumer runs the old definitions) walks the rows once more and
+removes the registry entry, so a new definition may take the name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import functools
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, stop_on_signals
+from countersink.logs import get_logger
+from countersink.registry import CounterRegistry, DroppedCounter
+from countersink.settings import Settings
+from schemas.cql import key_of_partition
+
+log = get_logger(__name__)
+
+PROGRESS_EVERY_S = 5.0
+_CELL_DELETE = "DELETE states[?] FROM shards USING TIMESTAMP ? WHERE key = ? AND born_us = ? AND mutator = ?"
+_TALLY_DELETE = "DELETE tallies[?] FROM shards USING TIMESTAMP ? WHERE key = ?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("counter", type=counter_name, help="the counter to drop, as the registry names it")
+    parser.add_argument("--yes", action="store_true", help="really delete every value of the counter")
+    parser.add_argument("--forget", action="store_true",
+                        help="also release the name (a deliberate act: run it once no consumer holds the old "
+                        "definition), so that a new definition may use it")
+    parser.add_argument("--batch", type=positive_int, default=500, metavar="ROWS",
+                        help="rows read per page, and deletes in flight at most")
+
+
+@dataclasses.dataclass
+class DropProgress:
+    """What a sweep has done so far."""
+
+    rows_scanned: int = 0
+    cells_deleted: int = 0
+    tallies_deleted: int = 0
+    keys: set[str] = dataclasses.field(default_factory=set)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.yes:
+        log.error("drop_not_confirmed", counter=args.counter,
+                  error=f"this deletes every value of {args.counter!r} and refuses its name from now on: "
+                  "run again with --yes")
+        return EXIT_USAGE
+    return run_async(drop(settings, args.counter, forget=args.forget, batch=args.batch))
+
+
+async def drop(settings: Settings, name: str, *, forget: bool = False, batch: int = 500,
+               say: Callable[[str], object] = print) -> int:
+    """The command: mark, wait, sweep, and with ``forget`` release the name. Returns the exit code."""
+    stopping = asyncio.Event()
+    async with CassandraClient(settings.cassandra, app="countersink-drop") as client:
+        if not await client.schema_complete():
+            log.error("schema_outdated", error=f"keyspace {client.keyspace!r} lacks the counter registry's drop "
+                      "marker: run countersink schema first")
+            return EXIT_USAGE
+        registry = CounterRegistry(client)
+        with stop_on_signals(stopping.set):
+            dropped = await registry.drop(name, f"{socket.gethostname()}:{os.getpid()}")
+            if dropped is None:
+                log.error("unknown_counter", counter=name, error=f"no counter {name!r} in the counter registry of "
+                          f"keyspace {client.keyspace!r}")
+                return EXIT_USAGE
+            say(f"{name}: dropped at {_instant(dropped.dropped_us)} by {dropped.dropped_by}; consumers stop "
+                f"writing it at their next registry check")
+            wait_s = dropped.dropped_us / 1e6 + 2 * settings.consumer.registry_check_s - time.time()
+            if wait_s > 0:
+                say(f"{name}: waiting {wait_s:.0f} s (twice COUNTERSINK_CONSUMER__REGISTRY_CHECK_S) for running "
+                    "consumers to stop writing it")
+                try:
+                    await asyncio.wait_for(stopping.wait(), wait_s)
+                    return 130  # interrupted: the mark stays; running the command again goes on from here
+                except TimeoutError:
+                    pass
+            progress = await sweep(client, name, batch, stopping, _progress_reporter(name))
+            if stopping.is_set():
+                return 130
+            say(f"{name}: deleted {progress.cells_deleted} shard cells and {progress.tallies_deleted} tallies "
+                f"in {len(progress.keys)} keys ({progress.rows_scanned} rows read)")
+            if forget:
+                return await _forget(registry, dropped, say)
+            say(f"{name}: the name stays refused; `countersink drop {name} --yes --forget` releases it")
+    return 0
+
+
+async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Callable[[str], object]) -> int:
+    if not await registry.forget(dropped):
+        log.error("forget_refused", counter=dropped.name,
+                  error=f"the registry entry of {dropped.name!r} is no longer the drop of "
+                  f"{_instant(dropped.dropped_us)}: nothing released")
+        return 1
+    say(f"{dropped.name}: name released: the next consumer that starts with a definition of it records it anew")
+    return 0
+
+
+async def sweep(client: CassandraClient, name: str, batch: int, stopping: asyncio.Event,
+                report: Callable[[DropProgress, bool], object]) -> DropProgress:
+    """Delete ``name``'s cell of every shard row and its tally of every key: every row of the table is read
+    once, a page of ``batch`` rows at a time, with at most ``batch`` deletes in flight. ``report`` hears the
+    progress after each page, and whether it was the last."""
+    progress = DropProgress()
+    page: bytes | None = None
+    tallied: str | None = None  # the last key whose tally was deleted: its rows follow one another
+    while not stopping.is_set():
+        result = await client.execute(
+            "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell FROM shards", [name, name],
+            page_size=batch, page_state=page)
+        deletes: list[Callable[[], Awaitable[object]]] = []
+        for row in as_dicts(result):
+            progress.rows_scanned += 1
+            key = row["key"]
+            if row["tally"] is not None and key != tallied:
+                tallied = key
+                deletes.append(functools.partial(_delete, client, _TALLY_DELETE, [name, key]))
+                progress.tallies_deleted += 1
+                progress.keys.add(key_of_partition(key))
+            if row["cell"] is not None and row["born_us"] is not None:
+                deletes.append(functools.partial(_delete, client, _CELL_DELETE,
+                                                 [name, row["key"], row["born_us"], row["mutator"]]))
+                progress.cells_deleted += 1
+                progress.keys.add(key_of_partition(key))
+        await asyncio.gather(*(delete() for delete in deletes))
+        page = result.page_state() if result.has_more_pages() else None
+        report(progress, page is None)
+        if page is None:
+            break
+    return progress
+
+
+def _progress_reporter(name: str) -> Callable[[DropProgress, bool], None]:
+    """A ``drop_progress`` line after the first page, then at most every :data:`PROGRESS_EVERY_S`, and after
+    the last."""
+    last = [float("-inf")]
+
+    def report(progress: DropProgress, done: bool) -> None:
+        if done or time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            log.info("drop_progress", counter=name, rows_scanned=progress.rows_scanned,
+                     cells_deleted=progress.cells_deleted, tallies_deleted=progress.tallies_deleted, done=done)
+
+    return report
+
+
+async def _delete(client: CassandraClient, statement: str, params: list[object]) -> None:
+    """One delete, stamped with the time it is sent: later than any write of a mutator born before it."""
+    await client.execute(statement, [params[0], time.time_ns() // 1000, *params[1:]])
+
+
+def _instant(epoch_us: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_us // 1_000_000))

@@ -1,0 +1,507 @@
+"""``countersink trace``: what one record of a topic did in each counter that reads the topic.
+
+For each counter on the topic the record was counted (into which instance; the partition's ownership row
+says whether the value holds it yet: the owner's flushes are committed through an offset at or past the
+record's), dropped as a publisher's retry (of which earlier record, within the retry window), filtered out by
+``where``, skipped (late for its bucket's retention), or dead-lettered (and why).
+
+Everything is decided as the consumer decides it, from the log alone: routing by :func:`route_decisions`
+(the router's public API, and the one place that knows how its answers map to outcomes), the retry window by
+the consumer's own :class:`~consumer.applying.Applier` rebuilt from the records before this one, exactly as a
+successor rebuilds it. Read-only: it reads Kafka (the record, the window before it, and with ``--event-id``
+at most ``--scan`` records back from the end of each partition searched) and Cassandra (the registry, the
+ownership rows, the values); it writes nothing and joins no consumer group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from consumer.applying import Applier, Record, RetryWindow
+from consumer.kafka_source import KafkaRecordSource
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
+from countersink.kafka import make_consumer
+from countersink.logs import get_logger
+from countersink.read_cli import _render as render_value
+from countersink.reader import CounterReader, to_jsonable
+from countersink.registry import CounterRegistry
+from countersink.settings import ConsumerSettings, Settings
+from schemas.definitions import CounterSet, load_definitions
+from schemas.errors import CountersinkError, InvalidEventError
+from schemas.events import EventRouter
+
+log = get_logger(__name__)
+
+COUNTED = "counted"
+RETRY = "dropped_as_retry"
+FILTERED = "filtered"
+LATE = "late"
+NOT_APPLICABLE = "not_applicable"
+DEAD_LETTERED = "dead_lettered"
+
+# Records found by --event-id that are traced at most (an original and its retries are a few).
+MAX_MATCHES = 20
+DEFAULT_SCAN = 100_000
+DEAD_LETTER_SCAN = 10_000  # records of each dead-letter partition searched, back from its end
+_OFFSET = re.compile(r"^(\d{1,9}):(\d{1,19})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What routing decided for one counter: its outcome, and for a counted record the instance, the value
+    and the event id; for the others why."""
+
+    counter: str
+    outcome: str
+    key: str | None = None
+    value: object = None
+    event_id: str | None = None
+    reason: str | None = None
+
+
+Decide = Callable[[str, Record, int], dict[str, Decision]]
+
+
+def route_decisions(counters: CounterSet, limits: ConsumerSettings) -> Decide:
+    """A function telling, for one record of a topic, what the consumer's router does with it in each counter
+    on the topic (the router is built once, with the consumer's limits). Each counter decides for itself: an
+    event refused as a whole (unparseable, oversized, too deep) is dead-lettered for every counter; otherwise
+    a counter counts it, filters it out, finds it late, skips it as not applicable (a key, value or bucket
+    field absent or null) or refuses it (then the record is dead-lettered, once, for the counters refusing it)."""
+    late: list[str] = []
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, on_late=late.append,
+                         max_future_skew_s=limits.max_future_skew_s)
+
+    def decide(topic: str, record: Record, partition: int) -> dict[str, Decision]:
+        late.clear()
+        on_topic = counters.for_topic(topic)
+        try:
+            decision = router.decide_record(topic, record.value or b"", record.timestamp, record.key,
+                                            record.headers, partition)
+        except InvalidEventError as exc:
+            why = f"{type(exc).__name__} at {exc.path or '<event>'}: {exc.reason}"
+            return {c.name: Decision(c.name, DEAD_LETTERED, reason=why) for c in on_topic}
+        counted = {update.counter: update for update in decision.updates}
+        refused = {exc.counter: exc for exc in decision.refusals}
+        skipped = dict(decision.not_applicable)
+        decisions = {}
+        for c in on_topic:
+            update = counted.get(c.name)
+            refusal = refused.get(c.name)
+            if update is not None:
+                decisions[c.name] = Decision(c.name, COUNTED, update.key, update.value, update.event_id)
+            elif refusal is not None:
+                decisions[c.name] = Decision(c.name, DEAD_LETTERED, reason=f"{type(refusal).__name__} at "
+                                             f"{refusal.path or '<event>'}: {refusal.reason}")
+            elif c.name in skipped:
+                decisions[c.name] = Decision(c.name, NOT_APPLICABLE, reason=skipped[c.name])
+            elif c.name in late:
+                decisions[c.name] = Decision(c.name, LATE, reason="its bucket's retention had ended when the "
+                                             "record was written")
+            else:
+                where = ", ".join(f"{path} in {list(allowed)}" for path, allowed in sorted(c.where.items()))
+                decisions[c.name] = Decision(c.name, FILTERED, reason=f"where {where}" if where else None)
+        return decisions
+
+    return decide
+
+
+@dataclasses.dataclass
+class CounterTrace:
+    """One counter's part in a traced record."""
+
+    counter: str
+    outcome: str
+    key: str | None = None
+    event_id: str | None = None
+    reason: str | None = None
+    retry_of: int | None = None  # the last earlier record in the window with the same event id
+    dead_letter: str | None = None  # where the dead-letter topic holds the record ("topic/partition@offset")
+    group: str | None = None
+    owner: str | None = None  # the mutator owning the partition now
+    flushed_through: int | None = None  # the offset the partition's flushes are committed through
+    # Shards of the instance written from this partition that cover the record: (mutator, through offset).
+    shards: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    in_tally: bool = False  # the instance has a tally (folded shards of retired mutators)
+    # The partition is flushed through the record, and a shard written from it through the record or the
+    # instance's tally holds the counter's state. A counter added to a running group counts from the group's
+    # position then: a record before that is flushed but was never applied to it (no such shard, no tally).
+    in_value: bool | None = None
+    held: bool = False
+    value_now: object = None
+
+
+@dataclasses.dataclass
+class RecordTrace:
+    topic: str
+    partition: int
+    offset: int
+    message_key: str | None
+    timestamp_ms: int | None
+    size: int
+    counters: list[CounterTrace]
+
+
+def _offset(text: str) -> tuple[int, int]:
+    """An argparse type: PARTITION:OFFSET."""
+    match = _OFFSET.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PARTITION:OFFSET (like 2:1500)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _topic(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kafka topic name")
+    return text
+
+
+def _event_id(text: str) -> str:
+    if not 0 < len(text.encode("utf-8", "surrogatepass")) <= 1024:
+        raise argparse.ArgumentTypeError("an event id is 1 to 1024 bytes")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--topic", required=True, type=_topic, help="the topic the record is in")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offset", type=_offset, metavar="PARTITION:OFFSET", help="the record at this offset")
+    which.add_argument("--event-id", type=_event_id, metavar="ID",
+                       help="the records whose event id (any counter's event_id field) is ID")
+    parser.add_argument("--key", type=instance_key, metavar="KEY",
+                        help="with --event-id: the record's message key; only its partition is searched")
+    parser.add_argument("--scan", type=positive_int, default=DEFAULT_SCAN, metavar="RECORDS",
+                        help="with --event-id: records searched at most, back from the end of each partition")
+    parser.add_argument("--counters", metavar="FILE",
+                        help="definitions file (default: the definitions in the counter registry)")
+    parser.add_argument("--group", help="consumer group whose ownership rows say what is flushed (default: for "
+                        "each counter the group the registry records, else COUNTERSINK_CONSUMER__GROUP_ID)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per record traced")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.key is not None and args.event_id is None:
+        log.error("usage", error="--key goes with --event-id")
+        return EXIT_USAGE
+    query = TraceQuery(args.topic, args.offset, args.event_id, args.key, args.scan)
+    counters = (load_definitions(args.counters, max_row_bytes=settings.cassandra.max_row_bytes)
+                if args.counters else None)
+    return run_async(_command(settings, query, counters, args.group, as_json=args.json))
+
+
+async def _command(settings: Settings, query: TraceQuery, counters: CounterSet | None, group: str | None, *,
+                   as_json: bool) -> int:
+    async with CassandraClient(settings.cassandra, app="countersink-trace") as client:
+        try:
+            result = await trace(client, settings, query, counters, group)
+        except TraceRefusedError as exc:
+            log.error("trace_refused", topic=query.topic, error=str(exc))
+            return EXIT_USAGE
+    for note in result.notes:
+        if as_json:
+            log.info("trace_searched", note=note)
+        else:
+            print(note)
+    for traced in result.records:
+        print(json.dumps(to_jsonable(traced)) if as_json else _describe(traced))
+    return 0 if result.records else EXIT_FAILED
+
+
+class TraceRefusedError(CountersinkError):
+    """Raised when a trace cannot be made as asked: no counter reads the topic, the topic or the partition
+    does not exist, or an event id is asked for on a topic whose counters name none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceQuery:
+    """Which record to trace: at ``offset`` (partition, offset), or those whose event id is ``event_id`` (with
+    ``key``, the message key: its partition only) among the last ``scan`` records of each partition."""
+
+    topic: str
+    offset: tuple[int, int] | None = None
+    event_id: str | None = None
+    key: str | None = None
+    scan: int = DEFAULT_SCAN
+
+
+@dataclasses.dataclass
+class TraceResult:
+    """The records traced, and what was searched (or why nothing was found), one line each."""
+
+    notes: list[str]
+    records: list[RecordTrace]
+
+
+async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, counters: CounterSet | None = None,
+                group: str | None = None) -> TraceResult:
+    """Trace the records ``query`` names, with ``counters`` (default: the counter registry's) and the ownership
+    rows of ``group`` (default: for each counter, the group the registry records for it, else the consumer
+    setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
+    registry = CounterRegistry(client)
+    counters = counters if counters is not None else await registry.counters()
+    if counters is None or not counters.for_topic(query.topic):
+        where = counters.source if counters else "the counter registry is empty"
+        raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({where})")
+    recorded = {} if group is not None else await registry.groups()
+    group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id
+                for c in counters.for_topic(query.topic)}
+    consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
+                             auto_offset_reset="earliest", isolation_level="read_committed")
+    source = KafkaRecordSource(settings.kafka)
+    result = TraceResult([], [])
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(query.topic) or await _partitions(consumer, query.topic)
+        if not partitions:
+            raise TraceRefusedError(f"topic {query.topic!r} does not exist")
+        if query.offset is not None:
+            found = await _at_offset(consumer, query.topic, *query.offset, partitions, result.notes)
+        else:
+            found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
+        for record in found:
+            result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer,
+                                                      group_of, query.topic, record))
+    finally:
+        await consumer.stop()
+        await source.stop()
+    return result
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """The topic's partitions, asking the broker for every topic's: once partitions are assigned, the client
+    keeps metadata of their topics only."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return set(cluster.partitions_for_topic(topic) or ())
+
+
+async def _chunks(consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, last: int
+                  ) -> AsyncIterator[list[Any]]:
+    """The records of ``tp`` with first <= offset <= last (with their message keys), a fetch at a time."""
+    consumer.assign([tp])
+    consumer.seek(tp, first)
+    while True:
+        batches = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+        got = batches.get(tp, [])
+        chunk = [message for message in got if message.offset <= last]
+        if chunk:
+            yield chunk
+        if (got and got[-1].offset >= last) or (not got and await consumer.position(tp) > last):
+            return
+        if not got and await consumer.position(tp) >= (await consumer.end_offsets([tp]))[tp]:
+            return
+
+
+async def _bounds(consumer: AIOKafkaConsumer, tp: TopicPartition) -> tuple[int, int]:
+    return int((await consumer.beginning_offsets([tp]))[tp]), int((await consumer.end_offsets([tp]))[tp])
+
+
+async def _at_offset(consumer: AIOKafkaConsumer, topic: str, partition: int, offset: int, partitions: set[int],
+                     notes: list[str]) -> list[Any]:
+    if partition not in partitions:
+        raise TraceRefusedError(f"topic {topic!r} has partitions 0..{max(partitions)}, not {partition}")
+    tp = TopicPartition(topic, partition)
+    start, end = await _bounds(consumer, tp)
+    if offset < start:
+        notes.append(f"{topic}/{partition}@{offset}: no longer in the log (deleted by retention: the log starts at "
+                     f"{start})")
+        return []
+    if offset >= end:
+        notes.append(f"{topic}/{partition}@{offset}: not written yet (the log ends at {end})")
+        return []
+    async for chunk in _chunks(consumer, tp, offset, offset):
+        return chunk[:1]
+    notes.append(f"{topic}/{partition}@{offset}: no record at this offset (a transaction marker, or an aborted or "
+                 "compacted record)")
+    return []
+
+
+async def _by_event_id(consumer: AIOKafkaConsumer, counters: CounterSet, limits: ConsumerSettings,
+                       query: TraceQuery, partitions: set[int], notes: list[str]) -> list[Any]:
+    """Records whose event id, by any counter on the topic that names one, is ``query.event_id``: the last
+    ``query.scan`` records of each partition searched (only the key's partition with a key)."""
+    paths = sorted({c.event_id for c in counters.for_topic(query.topic) if c.event_id is not None})
+    if not paths:
+        raise TraceRefusedError(f"no counter on {query.topic!r} names an event_id field: trace by offset")
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes)
+    key = None if query.key is None else query.key.encode()
+    searched = sorted(partitions)
+    if key is not None:
+        searched = [DefaultPartitioner()(key, searched, searched)]
+    found: list[Any] = []
+    for partition in searched:
+        tp = TopicPartition(query.topic, partition)
+        start, end = await _bounds(consumer, tp)
+        first = max(start, end - query.scan)
+        if first < end:
+            async for chunk in _chunks(consumer, tp, first, end - 1):
+                for message in chunk:
+                    if key is not None and message.key != key:
+                        continue
+                    if query.event_id in _event_ids(router, query.topic, message.value, paths):
+                        found.append(message)
+        notes.append(f"{query.topic}/{partition}: searched offsets {first}..{end - 1}"
+                     + (f" (the last {query.scan}; a larger scan searches further)" if first > start else ""))
+    if not found:
+        notes.append(f"no record with event id {query.event_id!r}"
+                     + (f" and key {query.key!r}" if key is not None else "") + " in the offsets searched")
+    return found[:MAX_MATCHES]
+
+
+def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list[str]) -> set[str]:
+    """The event ids a record carries under each of ``paths`` (integers by their decimal text, as counted)."""
+    try:
+        event = router.parse(topic, value or b"")
+    except InvalidEventError:
+        return set()
+    ids = set()
+    for path in paths:
+        node: Any = event
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str) or (isinstance(node, int) and not isinstance(node, bool)):
+            ids.add(str(node))
+    return ids
+
+
+async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: KafkaRecordSource,
+                        counters: CounterSet,
+                        limits: ConsumerSettings, group_of: dict[str, str], topic: str, message: Any
+                        ) -> RecordTrace:
+    offset, partition = int(message.offset), int(message.partition)
+    value: bytes = message.value or b""
+    decide = route_decisions(counters, limits)
+    headers = tuple((name, bytes(v) if v is not None else None) for name, v in (message.headers or ()))
+    decisions = decide(topic, Record(offset, value, message.timestamp, message.key, headers), partition)
+    traces = {name: CounterTrace(name, d.outcome, d.key, d.event_id, d.reason) for name, d in decisions.items()}
+    if any(d.outcome == COUNTED and d.event_id is not None for d in decisions.values()):
+        fresh, last_seen = await _retry_window(source, counters, limits, decide, topic, partition,
+                                               Record(offset, value, message.timestamp, message.key, headers))
+        for name, d in decisions.items():
+            if d.outcome == COUNTED and d.event_id is not None and name not in fresh:
+                trace = traces[name]
+                trace.outcome, trace.retry_of = RETRY, last_seen.get((name, d.event_id))
+                trace.reason = (f"event id {d.event_id!r} was seen within the last {limits.retry_window_records} "
+                                "records of the partition")
+    if any(t.outcome == DEAD_LETTERED for t in traces.values()):
+        held = await _dead_letter_of(consumer, limits.dead_letter_topic, f"{topic}/{partition}/{offset}")
+        for t in traces.values():
+            if t.outcome == DEAD_LETTERED:
+                t.dead_letter = held
+    counted = [t for t in traces.values() if t.outcome == COUNTED]
+    rows: dict[str, list[dict[str, Any]]] = {}  # the partition's ownership row, by group
+    reader = CounterReader(client)
+    for trace in counted:
+        trace.group = group = group_of[trace.counter]
+        if group not in rows:
+            rows[group] = as_dicts(await client.execute(
+                "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition = ?", [group, topic, partition]))
+        row = rows[group]
+        if row:
+            trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
+            trace.flushed_through = row[0]["committed_offset"]
+            trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
+        explained = await reader.explain(trace.counter, trace.key or "")
+        # A partition's mutators follow one another through its offsets: the shard with the lowest
+        # offset at or past the record is the one whose mutator applied it (unless the GC folded that one).
+        trace.shards = sorted(((str(s.mutator), s.through_offset) for s in explained.shards
+                               if s.topic == topic and s.partition == partition and s.through_offset is not None
+                               and s.through_offset >= offset), key=lambda shard: shard[1])
+        trace.in_tally = explained.tally is not None
+        trace.held = bool(trace.shards) or trace.in_tally
+        trace.in_value = bool(trace.in_value and trace.held)
+        trace.value_now = explained.value
+    key = message.key
+    return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
+                       message.timestamp, len(value), list(traces.values()))
+
+
+async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, source: str) -> str | None:
+    """Where the dead-letter topic holds the record whose ``countersink.source`` header is ``source``, among the
+    last :data:`DEAD_LETTER_SCAN` records of each of its partitions; None when not found there."""
+    partitions = await _partitions(consumer, dead_letter_topic)
+    wanted = source.encode()
+    for partition in sorted(partitions):
+        tp = TopicPartition(dead_letter_topic, partition)
+        start, end = await _bounds(consumer, tp)
+        if start >= end:
+            continue
+        async for chunk in _chunks(consumer, tp, max(start, end - DEAD_LETTER_SCAN), end - 1):
+            for message in chunk:
+                if (b"countersink.source", wanted) in [(k.encode(), v) for k, v in message.headers or ()]:
+                    return f"{dead_letter_topic}/{partition}@{message.offset}"
+    return None
+
+
+async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits: ConsumerSettings, decide: Decide,
+                        topic: str, partition: int, record: Record) -> tuple[set[str], dict[tuple[str, str], int]]:
+    """The counters for which ``record`` is no publisher retry, by the consumer's own window rebuilt from the
+    ``retry_window_records`` records before it; and, per (counter, event id), the last of those records that
+    carried it."""
+    size = limits.retry_window_records
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, max_future_skew_s=limits.max_future_skew_s)
+    applier = Applier(router, counters, topic, partition, RetryWindow(size))
+    last_seen: dict[tuple[str, str], int] = {}
+    for earlier in await source.read_back(topic, partition, record.offset, size) if size > 0 else []:
+        for name, d in decide(topic, earlier, partition).items():
+            if d.outcome == COUNTED and d.event_id is not None:
+                last_seen[(name, d.event_id)] = earlier.offset
+        applier.classify(earlier)
+    _, fresh, _ = applier.classify(record)
+    return {update.counter for update in fresh}, last_seen
+
+
+def _instant(ms: int | None) -> str:
+    if ms is None or ms < 0:
+        return "none"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _describe(traced: RecordTrace) -> str:
+    """The trace of one record for a person: a line for the record, one per counter."""
+    lines = [f"{traced.topic}/{traced.partition}@{traced.offset}: key {traced.message_key!r}, timestamp "
+             f"{_instant(traced.timestamp_ms)}, {traced.size} bytes"]
+    width = max(len(t.counter) for t in traced.counters)
+    for t in traced.counters:
+        if t.outcome == COUNTED:
+            flushed = (f"{traced.topic}/{traced.partition} is flushed through offset {t.flushed_through} "
+                       f"(group {t.group!r}, owner {t.owner})")
+            counted = f"counted into {t.key!r}"
+            if t.flushed_through is not None and traced.offset <= t.flushed_through and not t.held:
+                counted = f"its definition counts it into {t.key!r}"
+                where = (f"not in the value: {flushed}, but no shard written from it holds the counter through this "
+                         "offset and the instance has no tally (a counter added to a running group counts from the "
+                         "group's position when it was added)")
+            elif t.in_value:
+                where = f"in the value: {flushed}"
+            else:
+                where = f"not in the value yet: {flushed}"
+            held = (f"; applied by mutator {t.shards[0][0]}, whose shard is written through offset {t.shards[0][1]}"
+                    if t.shards else "")
+            if t.in_value and t.in_tally:
+                held += (", or by an earlier mutator that the GC folded into the tally" if t.shards else
+                         "; applied by a mutator that the GC folded into the tally")
+            text = f"{counted}; {where}{held}; value now {render_value(t.value_now)}"
+        elif t.outcome == RETRY:
+            text = (f"dropped as a retry of offset {t.retry_of}: {t.reason}" if t.retry_of is not None
+                    else f"dropped as a retry: {t.reason}")
+        elif t.outcome == FILTERED:
+            text = "filtered out" + (f" ({t.reason})" if t.reason else "")
+        elif t.outcome == DEAD_LETTERED:
+            text = f"dead-lettered: {t.reason}" + (f"; in {t.dead_letter}" if t.dead_letter else
+                                                   f"; not among the last {DEAD_LETTER_SCAN} records of each "
+                                                   "dead-letter partition")
+        else:
+            text = f"skipped, {t.outcome.replace('_', ' ')}: {t.reason}"
+        lines.append(f"  {t.counter:<{width}}  {text}")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""``countersink trace`` on real Kafka and Cassandra: a counted, a retried, a filtered and a dead-lettered
+record, found by offset and by event id, each as the consumer decided it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
+from consumer.service import ConsumerService
+from countersink.cassandra import CassandraClient
+from countersink.kafka import make_producer
+from countersink.registry import CounterRegistry
+from countersink.serve import ReadApi
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, ServeSettings, Settings
+from schemas.definitions import load_definitions
+from stack.loading import child_env, end_offsets, wait_until_flushed
+from tests.integration.consumer_support import running
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEFINITIONS = """
+[[counter]]
+name = "bought"
+topics = ["{topic}"]
+kind = "sum"
+key = "symbol"
+value = "qty"
+event_id = "trade_id"
+where = {{ side = "buy" }}
+
+[[counter]]
+name = "trades"
+topics = ["{topic}"]
+kind = "count"
+key = "symbol"
+event_id = "trade_id"
+"""
+EVENTS = [  # offset: what it is
+    {"trade_id": "t1", "symbol": "IBM", "side": "buy", "qty": 100},  # 0: counted by both
+    {"trade_id": "t1", "symbol": "IBM", "side": "buy", "qty": 100},  # 1: a publisher's retry of 0
+    {"trade_id": "t2", "symbol": "IBM", "side": "sell", "qty": 40},  # 2: filtered by bought, counted by trades
+    {"trade_id": "t3", "symbol": "IBM", "side": "buy", "qty": "x"},  # 3: dead-lettered (qty is no number)
+    {"trade_id": "t4", "symbol": "MSFT", "side": "buy", "qty": 5},   # 4: counted by both
+]
+
+
+def _trace(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    dead_letters = os.environ.get("TRACE_TEST_DLQ", "countersink-dead-letter")
+    return subprocess.run([sys.executable, "-m", "countersink.cli", "trace", *args], cwd=REPO,
+                          env=child_env(kafka, cassandra, consumer={"dead_letter_topic": dead_letters}),
+                          capture_output=True, text=True, timeout=120)
+
+
+async def _traced(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> list[dict[str, Any]]:
+    done = await asyncio.to_thread(_trace, kafka, cassandra, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _by_counter(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["counter"]: entry for entry in record["counters"]}
+
+
+async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_apart(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each record's trace says what the consumer did with it in each counter: counted into its instance and
+    in the value (the partition flushed through its offset), dropped as a retry of offset 0, filtered by
+    ``where``, dead-lettered with the field, the reason and where the dead-letter topic holds it;
+    ``--event-id`` finds the original and its retry."""
+    topic = await topic_factory(partitions=2)
+    group = f"t{os.urandom(4).hex()}"
+    monkeypatch.setenv("TRACE_TEST_DLQ", f"dlq-{group}")
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.format(topic=topic))
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        for event in EVENTS:  # keyed by symbol: IBM's records in one partition, in this order
+            await producer.send_and_wait(topic, json.dumps(event).encode(), key=event["symbol"].encode())
+    finally:
+        await producer.stop()
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+        group_id=group, counters_file=counters, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
+        health_port=0))
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
+
+    found = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--event-id", "t1", "--key", "IBM")
+    assert [record["offset"] for record in found] == [0, 1]
+    ibm = found[0]["partition"]
+    assert found[0]["message_key"] == "IBM"
+
+    original = _by_counter(found[0])
+    assert original["bought"]["outcome"] == "counted"
+    assert original["bought"]["key"] == "IBM"
+    assert original["bought"]["in_value"] is True
+    assert original["bought"]["flushed_through"] >= 0
+    assert original["bought"]["group"] == group
+    assert original["bought"]["value_now"] == 100
+    (mutator, through), *_ = original["bought"]["shards"]  # the shard of the mutator that applied it
+    assert through >= 0
+    assert mutator == original["trades"]["shards"][0][0]
+    assert original["trades"]["value_now"] == 2  # t1 and t2
+
+    retry = _by_counter(found[1])
+    assert {retry[c]["outcome"] for c in retry} == {"dropped_as_retry"}
+    assert {retry[c]["retry_of"] for c in retry} == {0}
+
+    (filtered,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", f"{ibm}:2")
+    assert _by_counter(filtered)["bought"]["outcome"] == "filtered"
+    assert _by_counter(filtered)["bought"]["reason"] == "where side in ['buy']"
+    assert _by_counter(filtered)["trades"]["outcome"] == "counted"
+
+    (dead,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", f"{ibm}:3")
+    assert _by_counter(dead)["bought"]["outcome"] == "dead_lettered"
+    assert _by_counter(dead)["bought"]["reason"].startswith("WrongTypeError at qty: expected an integer")
+    assert _by_counter(dead)["trades"]["outcome"] == "dead_lettered"  # the whole event, for every counter
+    assert "for counter 'bought'" in _by_counter(dead)["trades"]["reason"]
+    assert _by_counter(dead)["bought"]["dead_letter"].startswith(f"dlq-{group}/")  # where the consumer sent it
+
+    person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic,
+                                     "--offset", f"{ibm}:1")
+    assert person.returncode == 0, person.stderr
+    assert "dropped as a retry of offset 0" in person.stdout
+
+    missing = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--event-id", "t9")
+    assert missing.returncode == 1
+    assert "no record with event id 't9'" in missing.stdout
+    bounded = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--event-id",
+                                      "t1", "--key", "IBM", "--scan", "2")
+    assert bounded.returncode == 1  # only offsets 2 and 3 are searched
+    assert "(the last 2; a larger scan searches further)" in bounded.stdout
+    beyond = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset",
+                                     f"{ibm}:99")
+    assert beyond.returncode == 1
+    assert "not written yet" in beyond.stdout
+
+    # Over HTTP, behind the read API's bearer tokens: the same trace as the command line's --json.
+    token = secrets.token_urlsafe(24)
+    async with CassandraClient(cassandra_settings) as client:
+        api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), registry=CounterRegistry(client),
+                      tracing=settings)
+        async with TestClient(TestServer(api.app())) as http:
+            refused = await http.get(f"/trace/{topic}", params={"event_id": "t1", "key": "IBM"})
+            assert refused.status == 401
+            auth = {"Authorization": f"Bearer {token}"}
+            answer = await http.get(f"/trace/{topic}", params={"event_id": "t1", "key": "IBM"}, headers=auth)
+            assert answer.status == 200, await answer.text()
+            body = await answer.json()
+            assert [record["offset"] for record in body["records"]] == [0, 1]
+            assert body["records"] == found
+            bad = await http.get(f"/trace/{topic}", params={"offset": "x"}, headers=auth)
+            assert bad.status == 400
+            unknown = await http.get("/trace/no-such-topic", params={"offset": "0:0"}, headers=auth)
+            assert unknown.status == 404
+            spec = await (await http.get("/openapi.json", headers=auth)).json()
+            assert "/trace/{topic}" in spec["paths"]

@@ -1,0 +1,94 @@
+"""A running consumer's looks at the counter registry: in the background, never blocking the loop, and no
+flush on a look older than ``registry_check_s``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import cast
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from structlog.testing import capture_logs
+
+from consumer.service import ConsumerService
+from countersink.registry import CounterRegistry
+from countersink.settings import ConsumerSettings, Settings
+from tests.unit.memory_store import MemoryLog, MemoryStore
+from tests.unit.test_protocol_model import COUNTERS, DeadLetterTopic
+from tests.unit.test_rebalance_failures import NothingToFetch
+
+
+class Registry:
+    """The registry as the consumer asks it: what to refuse, or an error while Cassandra is away."""
+
+    def __init__(self) -> None:
+        self.answer: dict[str, str] | Exception = {}
+        self.asked = 0
+
+    async def refused(self, names: list[str]) -> dict[str, str]:
+        self.asked += 1
+        await asyncio.sleep(0)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return {name: why for name, why in self.answer.items() if name in names}
+
+
+def _service(registry: Registry) -> ConsumerService:
+    service = ConsumerService(Settings(consumer=ConsumerSettings(group_id="g", health_port=0, registry_check_s=10)),
+                              COUNTERS, store=MemoryStore(), source=MemoryLog([]),
+                              consumer=cast(AIOKafkaConsumer, NothingToFetch()),
+                              producer=cast(AIOKafkaProducer, DeadLetterTopic()))
+    service.registry = cast(CounterRegistry, registry)
+    return service
+
+
+async def _settle(service: ConsumerService) -> None:
+    look = service._registry_look
+    if look is not None:
+        await look
+
+
+async def test_no_flush_on_a_stale_look_and_the_look_runs_in_the_background() -> None:
+    """A fresh look lets flushes start without asking again; past half the interval a look starts in the
+    background while flushes go on; past the interval none starts until a look has answered."""
+    registry = Registry()
+    service = _service(registry)
+    service._registry_checked_at = time.monotonic()  # as after the start's registration
+    assert service._registry_fresh()
+    assert service._registry_look is None
+    service._registry_checked_at -= 6  # past half of registry_check_s
+    assert service._registry_fresh()
+    await _settle(service)
+    assert registry.asked == 1
+    assert service._registry_fresh()
+    service._registry_checked_at -= 11
+    service._registry_look_started -= 2
+    assert not service._registry_fresh()
+    await _settle(service)
+    assert service._registry_fresh()
+
+
+async def test_a_dropped_counter_is_refused_once_and_an_unreadable_registry_stops_flushes() -> None:
+    """A counter the registry reports dropped is refused (one counter_dropped line); while the registry
+    cannot be read, flushes wait and one warning says why."""
+    registry = Registry()
+    service = _service(registry)
+    name = next(iter(COUNTERS)).name
+    registry.answer = {name: f"counter {name!r} was dropped"}
+    with capture_logs() as logs:
+        assert not service._registry_fresh()
+        await _settle(service)
+        assert service.refused_counters == {name}
+        service._registry_checked_at -= 11
+        service._registry_look_started -= 2
+        registry.answer = ConnectionError("cassandra is away")
+        for _ in range(2):
+            assert not service._registry_fresh()
+            await _settle(service)
+            service._registry_look_started -= 2
+    assert [entry["counter"] for entry in logs if entry["event"] == "counter_dropped"] == [name]
+    assert [entry["event"] for entry in logs if entry["event"] == "registry_check_failed"] == ["registry_check_failed"]
+    registry.answer = {}
+    assert not service._registry_fresh()
+    await _settle(service)
+    assert service._registry_fresh()
