@@ -50,7 +50,7 @@ EVENTS = [  # offset: what it is
     {"trade_id": "t1", "symbol": "IBM", "side": "buy", "qty": 100},  # 0: counted by both
     {"trade_id": "t1", "symbol": "IBM", "side": "buy", "qty": 100},  # 1: a publisher's retry of 0
     {"trade_id": "t2", "symbol": "IBM", "side": "sell", "qty": 40},  # 2: filtered by bought, counted by trades
-    {"trade_id": "t3", "symbol": "IBM", "side": "buy", "qty": "x"},  # 3: dead-lettered (qty is no number)
+    {"trade_id": "t3", "symbol": "IBM", "side": "buy", "qty": "x"},  # 3: refused by bought, counted by trades
     {"trade_id": "t4", "symbol": "MSFT", "side": "buy", "qty": 5},   # 4: counted by both
 ]
 
@@ -112,7 +112,7 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     (mutator, through), *_ = original["bought"]["shards"]  # the shard of the mutator that applied it
     assert through >= 0
     assert mutator == original["trades"]["shards"][0][0]
-    assert original["trades"]["value_now"] == 2  # t1 and t2
+    assert original["trades"]["value_now"] == 3  # t1, t2 and t3 (refused by bought only)
 
     retry = _by_counter(found[1])
     assert {retry[c]["outcome"] for c in retry} == {"dropped_as_retry"}
@@ -126,8 +126,7 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     (dead,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", f"{ibm}:3")
     assert _by_counter(dead)["bought"]["outcome"] == "dead_lettered"
     assert _by_counter(dead)["bought"]["reason"].startswith("WrongTypeError at qty: expected an integer")
-    assert _by_counter(dead)["trades"]["outcome"] == "dead_lettered"  # the whole event, for every counter
-    assert "for counter 'bought'" in _by_counter(dead)["trades"]["reason"]
+    assert _by_counter(dead)["trades"]["outcome"] == "counted"  # each counter decides for itself
     assert _by_counter(dead)["bought"]["dead_letter"].startswith(f"dlq-{group}/")  # where the consumer sent it
 
     person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic,
