@@ -143,7 +143,16 @@ def status_bench(results: dict[str, Any]) -> str:
             f"ms (p50); {missed} (see [Known issues](guarantees.md#known-issues))")
 
 
+def takeover(results: dict[str, Any]) -> str:
+    f = _figures(results)
+    return (f"The replacement applies new records at once ({f['after_flush']['seconds']:.1f} s after the kill with "
+            f"1M live instances, `make bench` of {results['made_on']}), but its first flush waits until it has "
+            f"replayed that window in the background ({f['after_flush']['replayed_instances']:,.0f} instances: "
+            f"first flush {f['after_flush']['flushed_s']:.1f} s after the kill).")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "bench-takeover": takeover,
     "bench-throughput": throughput_table,
     "bench-cost": cost_paragraph,
     "bench-known-issue": known_issue,
