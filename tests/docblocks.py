@@ -23,7 +23,7 @@ COMMAND_LANGUAGES = frozenset({"sh", "bash", "shell", "console", "python", "py",
 DATA_LANGUAGES = frozenset({"text", "toml", "yaml", "json", "jsonl", "avsc", "proto", "cron", "promql", "http"})
 TESTED = re.compile(r"^<!-- tested: (?P<path>tests/\S+\.py) (?P<name>[a-z0-9][a-z0-9-]*) -->$")
 NOT_RUN = re.compile(r"^\*Not run by the tests: (?P<reason>\S.*\S)\*$")
-FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")  # any indent: in lists too
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def blocks(page: Path) -> list[Block]:
             continue
         fence = opening["fence"]
         end = index + 1
-        while end < len(lines) and not re.match(rf"^ {{0,3}}{fence[0]}{{{len(fence)},}}\s*$", lines[end]):
+        while end < len(lines) and not re.match(rf"^ *{fence[0]}{{{len(fence)},}}\s*$", lines[end]):
             end += 1
         before = [line for line in lines[:index] if line.strip()]
         found.append(Block(str(page.relative_to(REPO)), index + 1, (opening["info"].split() or [""])[0],

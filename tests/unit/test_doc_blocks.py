@@ -62,12 +62,12 @@ def test_an_unmarked_block_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
     page = tmp_path / "new.md"
     page.write_text("# New\n\n```sh\ncountersink get x y\n```\n\n*Not run by the tests: an example.*\n\n"
                     "```sh\nmake thing\n```\n\n<!-- tested: tests/unit/test_doc_blocks.py new -->\n```python\n"
-                    "print(1)\n```\n\n```\noutput\n```\n")
+                    "print(1)\n```\n\n```\noutput\n```\n\n- a list\n\n    ```bash\n    rm x\n    ```\n")
     monkeypatch.setattr("tests.docblocks.REPO", tmp_path)
     found = blocks(page)
     assert [(b.language, b.tested, b.not_run_reason) for b in found] == [
         ("sh", None, None), ("sh", None, "an example."), ("python", ("tests/unit/test_doc_blocks.py", "new"), None),
-        ("", None, None)]
+        ("", None, None), ("bash", None, None)]
     with pytest.raises(AssertionError, match="neither run nor marked"):
         test_every_command_block_is_run_or_marked(found[0])
     test_every_command_block_is_run_or_marked(found[1])
@@ -75,3 +75,5 @@ def test_an_unmarked_block_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
         test_every_command_block_is_run_or_marked(found[2])
     with pytest.raises(AssertionError, match="tag the fence"):
         test_every_block_says_what_it_is(found[3])
+    with pytest.raises(AssertionError, match="neither run nor marked"):  # indented in a list, still found
+        test_every_command_block_is_run_or_marked(found[4])
