@@ -54,6 +54,9 @@ def sh_steps(block: str) -> list[Step]:
     for line in block.splitlines():
         if not line.strip():
             continue
+        if line.startswith("# or: "):  # an alternative to the command before it: run too
+            steps.append(Step(line.removeprefix("# or: ").strip(), note="or"))
+            continue
         if line.startswith("#"):
             steps[-1].expected.append(line[1:].strip())
             continue
@@ -112,6 +115,8 @@ class Runner:
         words = shlex.split(command)
         if words[0] in (".venv/bin/countersink", "countersink"):
             return [*CLI, *words[1:]]
+        if words[0] == ".venv/bin/python":
+            return [sys.executable, *words[1:]]
         assert words[0] == "curl", f"a command this runner does not know: {command}"
         return words
 
@@ -325,11 +330,48 @@ async def test_the_gc_blocks_run_as_written(
     assert rows[0]["last_complete_us"] is not None
 
 
+async def test_the_consumer_block_runs_as_written(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, tmp_path: Path) -> None:
+    """docs/running.md's "Running the consumer": the schema, the demo's topics, then the consumer and its
+    ``python -m consumer`` alternative, each until it answers /readyz 200 and then stopped by SIGTERM (exit 0).
+
+    ``make services-up`` is the one line not run: the servers are the test session's. The demo's topics and
+    the group are renamed for this test (a copy of demo/counters.toml), so that nothing else shares them."""
+    prefix = f"docs{uuid.uuid4().hex[:8]}-"
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "counters.toml").write_text((REPO / "demo" / "counters.toml").read_text()
+                                                     .replace('"demo-', f'"{prefix}demo-'))
+    health = free_port()
+    env = child_env(kafka_settings, cassandra_settings, consumer={"health_port": health})
+    env["PYTHONPATH"] = str(REPO)
+    runner = Runner(env, tmp_path, {"--group trades-counters": f"--group {prefix}group"})
+    steps = sh_steps(doc_block("docs/running.md", "consumer"))
+    assert steps[0].command == "make services-up"
+    topics = [f"{prefix}demo-{name}" for name in ("trades", "likes", "api-calls")]
+    consumers = 0
+    try:
+        for step in steps[1:]:
+            if " consume " in f" {step.command} " or "-m consumer" in step.command:
+                runner.start(step.command)
+                runner.wait_for(f"http://127.0.0.1:{health}/readyz")
+                runner.stop()
+                consumers += 1
+                continue
+            printed = await asyncio.to_thread(runner.run, step, 0)
+            if "topics create" in step.command:
+                assert sorted(line.split()[1] for line in printed) == sorted(topics), printed
+    finally:
+        runner.kill()
+        for topic in topics:
+            await delete_topic(kafka_settings, topic)
+    assert consumers == 2
+
+
 def test_the_steps_are_read_as_stated() -> None:
     """The parsers and the matcher: comments and following ``#`` lines are statements, ``<...>`` any text."""
-    steps = sh_steps("a x   # prints: a 'x': <value>\ncurl -s u\n# {\"v\": <v>}\nb  # a note\n")
+    steps = sh_steps("a x   # prints: a 'x': <value>\ncurl -s u\n# {\"v\": <v>}\nb  # a note\n# or: c\n")
     assert [(s.command, s.expected) for s in steps] == [
-        ("a x", ["a 'x': <value>"]), ("curl -s u", ['{"v": <v>}']), ("b", [])]
+        ("a x", ["a 'x': <value>"]), ("curl -s u", ['{"v": <v>}']), ("b", []), ("c", [])]
     assert matches(["a 'x': <value>"], ["a 'x': 15.40"])
     assert not matches(["a 'x': <value>"], ["a 'y': 15.40"])
     assert not matches(["a"], ["a", "b"])
