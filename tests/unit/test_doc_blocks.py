@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from countersink.settings import setting_variables
 from tests.docblocks import COMMAND_LANGUAGES, DATA_LANGUAGES, REPO, Block, all_blocks, blocks
 
 BLOCKS = all_blocks()
@@ -77,3 +78,19 @@ def test_an_unmarked_block_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
         test_every_block_says_what_it_is(found[3])
     with pytest.raises(AssertionError, match="neither run nor marked"):  # indented in a list, still found
         test_every_command_block_is_run_or_marked(found[4])
+
+
+ASSIGNMENT = re.compile(r"^(?:\$ )?(?:export )?(?P<name>COUNTERSINK_[A-Z0-9_]+)=", re.MULTILINE)
+SETTING_BLOCKS = [block for block in COMMANDS if ASSIGNMENT.search(block.text)]
+
+
+@pytest.mark.parametrize("block", SETTING_BLOCKS, ids=[block.where for block in SETTING_BLOCKS])
+def test_every_variable_a_block_sets_is_a_setting(block: Block) -> None:
+    """A block that sets COUNTERSINK_* variables (even one not run, e.g. docs/security.md's) sets settings:
+    a misspelled one would stop every command."""
+    unknown = sorted(set(ASSIGNMENT.findall(block.text)) - setting_variables())
+    assert not unknown, f"{block.where} sets {unknown}, which are not settings (docs/settings.md)"
+
+
+def test_the_setting_blocks_are_found() -> None:
+    assert len(SETTING_BLOCKS) >= 6
