@@ -133,7 +133,13 @@ class CassandraClient:
             return
         try:
             self._timeouts_counted = {"connection": 0, "request": 0}  # a new session counts from 0
-            self._session = await self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None)
+            creating = asyncio.ensure_future(
+                self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None))
+            try:
+                self._session = await asyncio.shield(creating)
+            except asyncio.CancelledError:
+                await _close_when_created(creating)
+                raise
         except acsylla.errors.CassErrorServerBadCredentials as exc:
             user = f"user {self.settings.username!r}" if self.settings.username else "no user name"
             raise CassandraError(
@@ -390,6 +396,18 @@ def _read_pem(path: Path, setting: str) -> str:
     if "-----BEGIN " not in text:
         raise CassandraError(f"COUNTERSINK_CASSANDRA__{setting.upper()}: {path} is not a PEM file")
     return text
+
+
+async def _close_when_created(creating: asyncio.Future[Any]) -> None:
+    """Let a session being created end, then close it. acsylla's ``create_session`` must not be cancelled: a
+    cancelled one blocks the event loop for good (a SIGTERM during a GC loop's connect hung it)."""
+    while not creating.done():
+        try:
+            await asyncio.wait({creating})
+        except asyncio.CancelledError:
+            continue
+    if not creating.cancelled() and creating.exception() is None:
+        await creating.result().close()
 
 
 def _short(cql_text: str) -> str:

@@ -12,19 +12,16 @@ import pytest
 
 from countersink.cassandra import CassandraClient
 from countersink.settings import CassandraSettings
+from tests.docblocks import doc_block
 from tests.integration.test_serve_keyless import _write
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-MARKER = "<!-- example: python-reader"
 
 
 def doc_example() -> str:
-    """The ```python block that follows the marker in docs/reading.md, exactly as the reader sees it."""
-    text = (REPO / "docs" / "reading.md").read_text()
-    found = re.search(re.escape(MARKER) + r"[^\n]*\n```python\n(.*?)\n```", text, re.DOTALL)
-    assert found, f"no ```python block after {MARKER!r} in docs/reading.md"
-    return found.group(1)
+    """The ```python block marked python-reader in docs/reading.md, exactly as the reader sees it."""
+    return doc_block("docs/reading.md", "python-reader")
 
 
 async def test_the_reading_example_runs_as_written(cassandra_settings: CassandraSettings, tmp_path: Path) -> None:

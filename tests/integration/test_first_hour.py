@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shlex
 import signal
 import socket
@@ -23,6 +22,7 @@ import pytest
 from countersink.kafka import make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
+from tests.docblocks import doc_block
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +32,8 @@ QUICKSTART_TOPIC = "quickstart-trades"
 
 def quickstart_commands() -> list[str]:
     """The shell commands of the README's quickstart block, in order (comments kept: they state outputs)."""
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- quickstart -->\s*```sh\n(.*?)```", readme, re.DOTALL)
-    assert block is not None, "README.md has no quickstart block"
-    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    block = doc_block("README.md", "quickstart")
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -37,6 +37,7 @@ from schemas.definitions import load_definitions
 from schemas.formats import ProtoSchema, avro_encoder, compile_avro, frame
 from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
+from tests.docblocks import doc_block
 from tests.integration.consumer_support import read_topic, running
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,6 +335,7 @@ async def test_the_documented_avro_example(
                                                                   "dead_letter_topic": f"dlq-{topic}"})
     env["PYTHONPATH"] = str(REPO)
     steps: list[tuple[str, list[str]]] = []
+    assert blocks["console"] == [doc_block("docs/counters.md", "avro-example")]
     for line in blocks["console"][0].splitlines():
         if line.startswith("$ "):
             steps.append((line[2:].replace("page_views", topic), []))
@@ -471,8 +473,7 @@ async def test_the_formats_quickstart(
 ) -> None:
     """docs/counters.md's quickstart of the three formats, run as written (its topics renamed for this test,
     its registry the session's), prints the values it states."""
-    block = re.search(r"<!-- formats-quickstart -->\s*```sh\n(.*?)```", COUNTERS_PAGE.read_text(), re.DOTALL)
-    assert block is not None
+    block = doc_block("docs/counters.md", "formats-quickstart")
     prefix = f"formats{uuid.uuid4().hex[:8]}-"
     example = tmp_path / "examples" / "formats"
     example.mkdir(parents=True)
@@ -484,7 +485,7 @@ async def test_the_formats_quickstart(
     consumer: subprocess.Popen[bytes] | None = None
     checked = 0
     try:
-        for line in block.group(1).replace("formats-", prefix).splitlines():
+        for line in block.replace("formats-", prefix).splitlines():
             command, _, comment = line.partition("   # prints: ")
             words = shlex.split(command)
             if words[0] == "export":
