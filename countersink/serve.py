@@ -103,12 +103,13 @@ class ReadApi:
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
-            web.get("/trace/{topic}", self.trace),
             web.get("/openapi.json", self.openapi),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
             web.get("/metrics", metrics_handler(self._before_scrape)),
         ])
+        if self.tracing is not None:  # a route only where the document has its path
+            app.add_routes([web.get("/trace/{topic}", self.trace)])
         app[_API] = self
         return app
 

@@ -30,7 +30,7 @@ from consumer.applying import Applier, Record, RetryWindow
 from consumer.kafka_source import KafkaRecordSource
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
-from countersink.kafka import make_consumer
+from countersink.kafka import make_consumer, start_admin
 from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
@@ -261,7 +261,8 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
     result = TraceResult([], [])
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(query.topic) or await _partitions(consumer, query.topic)
+        known = await _partitions(settings, (query.topic, settings.consumer.dead_letter_topic))
+        partitions = known.get(query.topic, set())
         if not partitions:
             raise TraceRefusedError(f"topic {query.topic!r} does not exist")
         if query.offset is not None:
@@ -270,18 +271,24 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
             found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
         for record in found:
             result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer,
-                                                      group_of, query.topic, record))
+                                                      group_of, query.topic, record,
+                                                      known.get(settings.consumer.dead_letter_topic, set())))
     finally:
         await consumer.stop()
         await source.stop()
     return result
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    """The topic's partitions, asking the broker for every topic's: once partitions are assigned, the client
-    keeps metadata of their topics only."""
-    cluster = await consumer._client.fetch_all_metadata()
-    return set(cluster.partitions_for_topic(topic) or ())
+async def _partitions(settings: Settings, topics: tuple[str, ...]) -> dict[str, set[int]]:
+    """The partitions of each of ``topics`` that exists, asked of the broker by an admin client (a consumer's
+    metadata covers only the topics it was given; aiokafka has no public call to widen it)."""
+    admin = await start_admin(settings.kafka)
+    try:
+        described = await admin.describe_topics(list(dict.fromkeys(topics)))
+    finally:
+        await admin.close()
+    return {d["topic"]: {p["partition"] for p in d["partitions"]} for d in described
+            if not d.get("error_code") and d["partitions"]}
 
 
 async def _chunks(consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, last: int
@@ -375,8 +382,8 @@ def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list
 
 async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: KafkaRecordSource,
                         counters: CounterSet,
-                        limits: ConsumerSettings, group_of: dict[str, str], topic: str, message: Any
-                        ) -> RecordTrace:
+                        limits: ConsumerSettings, group_of: dict[str, str], topic: str, message: Any,
+                        dead_letter_partitions: set[int]) -> RecordTrace:
     offset, partition = int(message.offset), int(message.partition)
     value: bytes = message.value or b""
     decide = route_decisions(counters, limits)
@@ -393,7 +400,8 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
                 trace.reason = (f"event id {d.event_id!r} was seen within the last {limits.retry_window_records} "
                                 "records of the partition")
     if any(t.outcome == DEAD_LETTERED for t in traces.values()):
-        held = await _dead_letter_of(consumer, limits.dead_letter_topic, f"{topic}/{partition}/{offset}")
+        held = await _dead_letter_of(consumer, limits.dead_letter_topic, dead_letter_partitions,
+                                     f"{topic}/{partition}/{offset}")
         for t in traces.values():
             if t.outcome == DEAD_LETTERED:
                 t.dead_letter = held
@@ -426,10 +434,10 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
                        message.timestamp, len(value), list(traces.values()))
 
 
-async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, source: str) -> str | None:
+async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, partitions: set[int], source: str
+                         ) -> str | None:
     """Where the dead-letter topic holds the record whose ``countersink.source`` header is ``source``, among the
     last :data:`DEAD_LETTER_SCAN` records of each of its partitions; None when not found there."""
-    partitions = await _partitions(consumer, dead_letter_topic)
     wanted = source.encode()
     for partition in sorted(partitions):
         tp = TopicPartition(dead_letter_topic, partition)

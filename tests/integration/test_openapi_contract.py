@@ -135,6 +135,8 @@ def _calls(document: dict[str, Any]) -> Iterator[Call]:
     """For each operation: every allowed value of each parameter in turn (the others at their first allowed
     value), then each refused value, then each optional parameter left out and each required one missing."""
     for path, operations in document["paths"].items():
+        if not path.startswith("/counters"):
+            continue  # /trace/{topic} reads Kafka: tests/integration/test_trace.py asks it over HTTP
         parameters = operations["get"]["parameters"]
         values = {p["name"]: list(_parameter_values(p)) for p in parameters}
         names = values["name"]
@@ -178,7 +180,7 @@ async def test_every_operation_answers_what_the_document_says(served: str) -> No
             document = await answer.json()
         validate(document)
         components = document["components"]
-        seen: dict[str, set[int]] = {path: set() for path in document["paths"]}
+        seen: dict[str, set[int]] = {path: set() for path in document["paths"] if path.startswith("/counters")}
         problems = []
         calls = list(_calls(document))
         for call in calls:

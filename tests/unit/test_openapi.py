@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from countersink.cassandra import CassandraClient
 from countersink.serve import ReadApi, openapi_document
-from countersink.settings import CassandraSettings, ServeSettings
+from countersink.settings import CassandraSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
 
 COUNTERS = parse_definitions('''
@@ -56,17 +56,19 @@ def test_a_broken_document_is_refused_by_the_validator() -> None:
         validate(document)
 
 
-def _routes() -> set[str]:
-    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS)
+def _routes(tracing: Settings | None = None) -> set[str]:
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS, tracing=tracing)
     return {resource.canonical for resource in api.app().router.resources()}
 
 
-def test_the_document_describes_exactly_the_counter_routes() -> None:
-    """Every /counters route of the server is a path of the document and every path a route; the operational
-    routes (probes, metrics, the document itself) are the only ones left out."""
-    paths = set(openapi_document(ServeSettings(), COUNTERS)["paths"])
-    routes = _routes()
-    assert {route for route in routes if route.startswith("/counters")} == paths
+@pytest.mark.parametrize("tracing", [False, True])
+def test_the_document_describes_exactly_the_counter_routes(tracing: bool) -> None:
+    """Every /counters (and, where traces are served, /trace) route of the server is a path of the document and
+    every path a route; the operational routes (probes, metrics, the document itself) are the only ones left out."""
+    paths = set(openapi_document(ServeSettings(), COUNTERS, tracing=tracing)["paths"])
+    routes = _routes(Settings() if tracing else None)
+    assert {route for route in routes if route.startswith(("/counters", "/trace"))} == paths
+    assert ("/trace/{topic}" in paths) is tracing
     assert routes - paths == {"/healthz", "/readyz", "/metrics", "/openapi.json"}
 
 
