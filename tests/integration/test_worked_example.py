@@ -26,7 +26,7 @@ from tests.integration.per_counter_truth import TruthRecord, per_counter_truth
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTERS_PAGE = REPO / "docs" / "counters.md"
-HEADING = "### Worked example: a topic of several event types, in Avro, keyed and timed by the record"
+HEADING = "### A real topic: several event types in Avro, keyed and timed by the record"
 EXAMPLE = REPO / "examples" / "shop"
 
 
