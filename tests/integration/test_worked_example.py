@@ -15,6 +15,8 @@ import time
 import uuid
 from pathlib import Path
 
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
 from countersink.cassandra import CassandraClient
 from countersink.kafka import make_admin
 from countersink.reader import CounterReader
@@ -108,6 +110,8 @@ async def test_the_worked_example_counts_every_event_exactly(
             assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
             assert shown == expected, command
             checked += bool(expected)
+            if words[1:3] == ["topics", "create"]:
+                await _keep_forever(kafka_settings, topic)
 
         events = (EXAMPLE / "events.txt").read_text()
         records = _truth_records(events)
@@ -140,6 +144,19 @@ async def test_the_worked_example_counts_every_event_exactly(
 def _spawn(argv: list[str], folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with (folder / "consumer.log").open("ab") as log:
         return subprocess.Popen(argv, cwd=folder, env=env, stdout=log, stderr=log)
+
+
+async def _keep_forever(kafka: KafkaSettings, topic: str) -> None:
+    """The example's records are dated 2026-11-25: from a week later on, the broker's retention (by record
+    time) could delete them at any check, before this test has read them back. Not a step of the page's.
+    (AlterConfigs replaces the topic's settings: the cleanup.policy ``topics create`` sets is set again.)"""
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {
+            "cleanup.policy": "delete", "retention.ms": "-1"})])
+    finally:
+        await admin.close()
 
 
 async def _delete_topics(kafka: KafkaSettings, topics: list[str]) -> None:
