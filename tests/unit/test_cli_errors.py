@@ -261,3 +261,12 @@ def test_publish_takes_the_key_before_a_separator_and_the_time_from_a_field() ->
                          (b'k\t{"at": "2026-01-01"}', "timestamp field"), (b"k" * 2000 + b'\t{"at": 1}', "key longer")]:
         with pytest.raises(BadLineError, match=reason):
             parse_record(line, form, 1024)
+
+
+def test_publish_refuses_a_key_separator_beside_key_fields() -> None:
+    """``--key-separator`` takes the place of ``--key``: both, or an empty separator, is a usage error (exit 2)
+    before Kafka is asked."""
+    for extra in (["--key", "user", "--key-separator", ":"], ["--key-separator", ""]):
+        done = countersink("publish", "t", "-", *extra, env=KAFKA_DOWN, stdin='a:{"b": 1}\n')
+        assert done.returncode == 2, done.stderr
+        assert "takes the place of --key" in done.stderr
