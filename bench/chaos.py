@@ -1,7 +1,7 @@
 """``make chaos``: a long run under faults that ends by comparing every counter with the truth.
 
     python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--poison-events 20000]
-                          [--consumers 3] [--kill-every 6] [--seed 1]
+                          [--mixed-events 10000] [--consumers 3] [--kill-every 6] [--seed 1]
 
 It starts its own Kafka and Cassandra (ports 19092 and 19042, data under ``.stack/chaos``), three consumers
 and a GC loop, and publishes the events (trades over 500 symbols, with publisher retries and malformed
@@ -26,10 +26,18 @@ owner decides: every record read back and routed, in offset order, through the r
 value must match it, every record it refuses must reach the dead-letter topic (and no other), and every
 poison record that must be refused must be refused by it; a partition that stalls never reaches lag 0.
 
+A fourth topic carries the mixed phase: ``--mixed-events`` page views, purchases and sign-ups for five
+counters (filters, a ``required`` counter, an ``event_id`` counter, and one keyed by the record key and
+bucketed by the hour of the record time), about a sixth of their fields absent, null or of a wrong type, some
+record keys absent or not UTF-8, and a hundredth of the records not JSON. Its truth is computed per counter
+from the records read back, without countersink's router (``tests/integration/per_counter_truth.py``): every
+value over every key an event can name must match it, and every record some counter refuses must reach the
+dead-letter topic (and no other).
+
 It prints ``lost=N duplicated=M`` (events missing from, or counted twice in, the trade counts of both
 topics), ``dead_letters_missing=N`` and the faults injected, and exits 0 only if all three are 0 and every
-value matches. ``--quick`` is the short run CI makes: 40,000 plain, 6,000 transactional and 4,000 poison-
-phase trades, the one-off faults sooner. Everything it starts, it stops.
+value matches. ``--quick`` is the short run CI makes: 40,000 plain, 6,000 transactional, 4,000 poison-
+phase trades and 3,000 mixed events, the one-off faults sooner. Everything it starts, it stops.
 """
 
 from __future__ import annotations
@@ -605,6 +613,143 @@ def compare_poison(values: dict[str, dict[str, object]], truth: PoisonTruth) -> 
     return lost, duplicated, mismatched
 
 
+# ------------------------------------------------------------------------------ the mixed phase
+
+MIXED_TOPIC = "chaos-mixed"
+MIXED_PREFIX = "mixed_"
+MIXED_DEFINITIONS = f"""
+[[counter]]
+name = "{MIXED_PREFIX}views"
+topics = ["{MIXED_TOPIC}"]
+kind = "count"
+key = ["page"]
+where = {{ type = "view" }}
+
+[[counter]]
+name = "{MIXED_PREFIX}revenue"
+topics = ["{MIXED_TOPIC}"]
+kind = "sum"
+key = ["sku"]
+value = "amount"
+where = {{ type = "purchase" }}
+
+[[counter]]
+name = "{MIXED_PREFIX}biggest"
+topics = ["{MIXED_TOPIC}"]
+kind = "max"
+key = ["sku"]
+value = "amount"
+where = {{ type = "purchase" }}
+required = true
+
+[[counter]]
+name = "{MIXED_PREFIX}users_hourly"
+topics = ["{MIXED_TOPIC}"]
+kind = "count"
+key = ["@key"]
+bucket = {{ field = "@timestamp", size = "1h" }}
+
+[[counter]]
+name = "{MIXED_PREFIX}signups"
+topics = ["{MIXED_TOPIC}"]
+kind = "count"
+key = ["country", "plan"]
+where = {{ type = "signup" }}
+event_id = "id"
+"""
+# A field's value spoiled: absent, null, or of a type its counters refuse ("12" is a key like any other).
+MIXED_SPOILED: list[object] = ["absent", None, "12", [1], {"a": 1}, 1.5]
+# Record keys: users; no key (not applicable to the @key counter); not UTF-8 (refused by it).
+MIXED_KEYS: list[bytes | None] = [b"u1", b"u2", b"u3", None, b"\xff"]
+MIXED_KEY_WEIGHTS = [6, 6, 6, 2, 1]
+# Every instance key (but the hours of users_hourly) an event can name, so that a count the truth does not
+# hold (an event counted by a counter that should have skipped or refused it) is seen.
+MIXED_VOCABULARY = {
+    f"{MIXED_PREFIX}views": ["/a", "/b", "/c", "12"],
+    f"{MIXED_PREFIX}revenue": ["k1", "k2", "k3", "12"],
+    f"{MIXED_PREFIX}biggest": ["k1", "k2", "k3", "12"],
+    f"{MIXED_PREFIX}signups": [f"{c}|{p}" for c in ("fr", "de", "12") for p in ("free", "pro", "12")],
+}
+
+
+def mixed_stream(n: int, rng: random.Random) -> tuple[list[bytes], list[bytes | None]]:
+    """``n`` page views, purchases and sign-ups on one topic, about one field in six spoiled, and a
+    hundredth as many records that are not JSON; with their record keys."""
+    values: list[bytes] = []
+    keys: list[bytes | None] = []
+    for i in range(n):
+        kind = rng.choice(["view", "purchase", "signup"])
+        event: dict[str, object] = {"type": kind}
+        if kind == "view":
+            event["page"] = rng.choice(["/a", "/b", "/c"])
+        elif kind == "purchase":
+            event.update(sku=rng.choice(["k1", "k2", "k3"]), amount=rng.randrange(1, 500))
+        else:
+            event.update(country=rng.choice(["fr", "de"]), plan=rng.choice(["free", "pro"]), id=f"s{i}")
+        for name in list(event):
+            if name != "type" and rng.random() < 1 / 6:
+                # An event id spoiled as a valid id would repeat one far apart: a publisher retry for the
+                # counters' window but not for the truth's, which takes the window to hold the whole stream.
+                spoiled = rng.choice([s for s in MIXED_SPOILED if name != "id" or s != "12"])
+                if spoiled == "absent":
+                    del event[name]
+                else:
+                    event[name] = spoiled
+        values.append(json.dumps(event).encode())
+        keys.append(rng.choices(MIXED_KEYS, MIXED_KEY_WEIGHTS)[0])
+    for _ in range(n // 100):
+        at = rng.randrange(len(values) + 1)
+        values.insert(at, b"{not json")
+        keys.insert(at, b"u1")
+    return values, keys
+
+
+@dataclass
+class MixedTruth:
+    """What each counter of the mixed topic must hold, and the records that must be dead-lettered."""
+
+    values: dict[str, dict[str, object]]  # counter -> instance key -> value (None: nothing counted)
+    refused: dict[str, bytes]  # countersink.source -> value
+    skipped: int  # (record, counter) pairs not applicable
+
+
+def mixed_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]]) -> MixedTruth:
+    """The per-counter truth of the mixed topic as read back, computed without countersink's router
+    (``tests/integration/per_counter_truth.py``), over every key an event can name."""
+    from tests.integration.per_counter_truth import TruthRecord, per_counter_truth
+
+    sources: list[str] = []
+    truth_records: list[TruthRecord] = []
+    hours: set[str] = set()
+    for partition, batch in records.items():
+        for record in batch:
+            sources.append(f"{MIXED_TOPIC}/{partition}/{record.offset}")
+            truth_records.append(TruthRecord(record.value or b"", record.key, record.timestamp,
+                                             list(record.headers), partition))
+            hours.add(time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(record.timestamp // 1000)))
+    truth = per_counter_truth(parse_definitions(MIXED_DEFINITIONS), MIXED_TOPIC, truth_records)
+    vocabulary = {**MIXED_VOCABULARY, f"{MIXED_PREFIX}users_hourly": [
+        f"{user}|{hour}" for user in ("u1", "u2", "u3") for hour in sorted(hours)]}
+    values: dict[str, dict[str, object]] = {}
+    for counter, held in truth.values.items():
+        values[counter] = {key: held.get(key) for key in {*vocabulary[counter], *held}}
+    refused = {sources[i]: truth_records[i].value for i in truth.refused}
+    return MixedTruth(values, refused, sum(truth.skipped.values()))
+
+
+def compare_mixed(values: dict[str, dict[str, object]], truth: MixedTruth) -> tuple[int, int, list[str]]:
+    """(lost, duplicated, mismatched values) of the mixed topic's count counters against the truth."""
+    lost = duplicated = 0
+    for counter in (f"{MIXED_PREFIX}views", f"{MIXED_PREFIX}users_hourly", f"{MIXED_PREFIX}signups"):
+        for key, expected in truth.values[counter].items():
+            want, got = int(expected or 0), int(values[counter].get(key) or 0)  # type: ignore[call-overload]
+            lost += max(0, want - got)
+            duplicated += max(0, got - want)
+    mismatched = [f"{c}/{k!r}: {values[c].get(k)!r} != {v!r}" for c, by_key in truth.values.items()
+                  for k, v in by_key.items() if values[c].get(k) != v]
+    return lost, duplicated, mismatched
+
+
 class Fleet:
     """The consumer processes and the GC loop, restartable by slot."""
 
@@ -756,11 +901,12 @@ def ownership_changes() -> tuple[int, int]:
     return takeovers, rotations
 
 
-async def publish_plain(kafka: KafkaSettings, stream: list[bytes], topic: str = TOPIC) -> None:
-    """A plain stream, a hundredth at a time, half a second apart."""
+async def publish_plain(kafka: KafkaSettings, stream: list[bytes], topic: str = TOPIC,
+                        keys: list[bytes | None] | None = None) -> None:
+    """A plain stream, a hundredth at a time, half a second apart (keyed by ``keys`` when given)."""
     chunk = max(1, len(stream) // 100)
     for i in range(0, len(stream), chunk):
-        await publish(kafka, topic, stream[i:i + chunk])
+        await publish(kafka, topic, stream[i:i + chunk], keys=None if keys is None else keys[i:i + chunk])
         await asyncio.sleep(0.5)
         if i // chunk % 10 == 9:
             say(f"published {min(len(stream), i + chunk)}/{len(stream)} records to {topic}")
@@ -784,6 +930,7 @@ async def run(args: argparse.Namespace) -> int:
     fleet: Fleet | None = None
     transactional = args.tx_events > 0
     poisoned = args.poison_events > 0
+    mixing = args.mixed_events > 0
     try:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
@@ -794,10 +941,11 @@ async def run(args: argparse.Namespace) -> int:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_chaos", prepared=False)
             await client.ensure_schema()
         await ensure_topics(kafka, {TOPIC: PARTITIONS, **({TX_TOPIC: PARTITIONS} if transactional else {}),
-                                    **({POISON_TOPIC: PARTITIONS} if poisoned else {})})
+                                    **({POISON_TOPIC: PARTITIONS} if poisoned else {}),
+                                    **({MIXED_TOPIC: PARTITIONS} if mixing else {})})
         counters = STACK / "counters.toml"
         counters.write_text(DEFINITIONS + (definitions(TX_TOPIC, TX_PREFIX) if transactional else "")
-                            + (POISON_DEFINITIONS if poisoned else ""))
+                            + (POISON_DEFINITIONS if poisoned else "") + (MIXED_DEFINITIONS if mixing else ""))
         stream, truth, retries, bad = make_events(args.events, rng)
         say(f"{args.events} trades over {len(truth.count)} symbols, {retries} publisher retries, {bad} malformed "
             f"records: {len(stream)} records")
@@ -821,6 +969,11 @@ async def run(args: argparse.Namespace) -> int:
         if poisoned:
             say(f"poison phase on {POISON_TOPIC}: {args.poison_events} trades and {sum(drawn.values())} poison "
                 f"records ({', '.join(f'{case} {n}' for case, n in sorted(drawn.items()))})")
+        mixed, mixed_keys = mixed_stream(args.mixed_events, random.Random(f"mixed-{args.seed}"))
+        if mixing:
+            say(f"mixed phase on {MIXED_TOPIC}: {len(mixed)} records, views, purchases and sign-ups for five counters "
+                "(one by record key and hour of record time), about a sixth of their fields absent, null or of a "
+                "wrong type, some keys absent or not UTF-8, a hundredth not JSON")
         env = child_env(kafka, cassandra, consumer=consumer, gc={"grace_s": 2, "health_port": 0})
         fleet = Fleet(env, args.consumers)
         faults = Faults()
@@ -833,12 +986,17 @@ async def run(args: argparse.Namespace) -> int:
             publishers.append(publish_transactions(kafka, plan, tx_log))
         if poisoned:
             publishers.append(publish_plain(kafka, poison, POISON_TOPIC))
+        if mixing:
+            publishers.append(publish_plain(kafka, mixed, MIXED_TOPIC, mixed_keys))
         await asyncio.gather(*publishers)
-        say(f"all {len(stream) + (plan.records if transactional else 0) + len(poison)} records published after "
+        published = (len(stream) + (plan.records if transactional else 0) + (len(poison) if poisoned else 0)
+                     + (len(mixed) if mixing else 0))
+        say(f"all {published} records published after "
             f"{time.monotonic() - started:.0f}s; waiting for the planned faults, then for the consumers")
         done.set()
         await injector
-        ends = await end_offsets(kafka, {TOPIC: PARTITIONS, **({POISON_TOPIC: PARTITIONS} if poisoned else {})})
+        ends = await end_offsets(kafka, {TOPIC: PARTITIONS, **({POISON_TOPIC: PARTITIONS} if poisoned else {}),
+                                         **({MIXED_TOPIC: PARTITIONS} if mixing else {})})
         committed: TxTruth | None = None
         if transactional:
             committed = committed_truth(await read_topic(kafka, TX_TOPIC, PARTITIONS), plan, tx_log, RETRY_WINDOW)
@@ -868,6 +1026,10 @@ async def run(args: argparse.Namespace) -> int:
         if poisoned:
             poisoned_truth = poison_truth(await read_topic(kafka, POISON_TOPIC, PARTITIONS), POISON_DEFINITIONS)
             poison_values = await read_values(cassandra, poisoned_truth.values)
+        mixed_expected: MixedTruth | None = None
+        if mixing:
+            mixed_expected = mixed_truth(await read_topic(kafka, MIXED_TOPIC, PARTITIONS))
+            mixed_values = await read_values(cassandra, mixed_expected.values)
         lost, duplicated, mismatched = compare(values, truth)
         takeovers, rotations = ownership_changes()
         say(f"exit codes at stop (consumers, GC loop): {codes}")
@@ -911,8 +1073,24 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"poison the reference router accepted: {sorted(set(poisoned_truth.accepted_poison))}")
                 harness_ok = False
             lost, duplicated, mismatched = lost + p_lost, duplicated + p_duplicated, mismatched + p_mismatched
+        if mixed_expected is not None:
+            m_lost, m_duplicated, m_mismatched = compare_mixed(mixed_values, mixed_expected)
+            print(f"mixed phase ({MIXED_TOPIC}): lost={m_lost} duplicated={m_duplicated} "
+                  f"mismatched={len(m_mismatched)} over {sum(map(len, mixed_expected.values.values()))} instances of "
+                  f"5 counters; {mixed_expected.skipped} (record, counter) pairs not applicable, "
+                  f"{len(mixed_expected.refused)} records refused by some counter (per-counter truth)")
+            for line in m_mismatched[:10]:
+                print(f"  {line}")
+            lost, duplicated, mismatched = lost + m_lost, duplicated + m_duplicated, mismatched + m_mismatched
         missing: list[str] = []
-        dead = await read_dead_letters(kafka, DEAD_LETTERS) if committed or poisoned_truth else {}
+        dead = await read_dead_letters(kafka, DEAD_LETTERS) if committed or poisoned_truth or mixed_expected else {}
+        if mixed_expected is not None:
+            m_missing = [s for s, value in mixed_expected.refused.items() if value not in dead.get(s, [])]
+            m_unexpected = [s for s in dead if s.startswith(f"{MIXED_TOPIC}/") and s not in mixed_expected.refused]
+            print(f"mixed phase: dead_letters_missing={len(m_missing)} dead_letters_unexpected={len(m_unexpected)}")
+            for source in (m_missing + m_unexpected)[:10]:
+                print(f"  {source}")
+            missing += m_missing + m_unexpected
         if poisoned_truth is not None:
             p_missing = [s for s, value in poisoned_truth.refused.items() if value not in dead.get(s, [])]
             p_unexpected = [s for s in dead if s.startswith(f"{POISON_TOPIC}/") and s not in poisoned_truth.refused]
@@ -951,6 +1129,9 @@ def main() -> int:
                         help="trades on the poison topic, with about 5%% poison records mixed in (far-future "
                              "times, huge numbers, deep nesting, oversize keys, bad UTF-8); default 20,000, "
                              "4,000 with --quick; 0 skips them")
+    parser.add_argument("--mixed-events", type=int,
+                        help="records on the mixed topic: three types of event, five counters, spoiled fields "
+                             "(default 10,000; 3,000 with --quick; 0 skips them)")
     parser.add_argument("--quick", action="store_true",
                         help="a CI-sized run: fewer events, the one-off faults sooner (about 4 minutes on 2 cores)")
     parser.add_argument("--consumers", type=int, default=3)
@@ -964,6 +1145,8 @@ def main() -> int:
         args.tx_events = 6_000 if args.quick else 20_000
     if args.poison_events is None:
         args.poison_events = 4_000 if args.quick else 20_000
+    if args.mixed_events is None:
+        args.mixed_events = 3_000 if args.quick else 10_000
     if args.kill_every is None:
         args.kill_every = 4.0 if args.quick else 6.0
     configure_logging("WARNING", "console")

@@ -2,8 +2,12 @@
 
 Each line goes as it is (its numbers keep their text: a decimal is never rounded on the way). The record's
 key, when ``--key`` names fields, is their values joined by ``|``: events of one key go to one partition,
-which is where a publisher's retry is recognised and dropped. The producer is idempotent (acks=all), so its
-own retries never duplicate a record.
+which is where a publisher's retry is recognised and dropped. With ``--key-separator SEP`` each line is
+``KEY SEP JSON`` instead (as ``kafka-console-producer``'s ``parse.key``): the text before the first ``SEP`` is the
+record's key, sent as it is, and the rest is the value. With ``--timestamp FIELD`` the record's Kafka timestamp
+is the line's top-level ``FIELD`` (an integer, milliseconds since 1970), so events published later keep their
+own time; without it the producer stamps each record with the time it is sent. The producer is idempotent
+(acks=all), so its own retries never duplicate a record.
 
 With ``--format avro|protobuf|json-schema`` and ``--schema FILE``, the schema is registered in the schema
 registry (``COUNTERSINK_SCHEMA_REGISTRY__URL``) under the subject ``TOPIC-value`` (or ``--subject``), and each
@@ -54,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", action="append", default=[], metavar="FIELD",
                         help="field path whose value keys the record (repeat for several, joined by |); "
                         "without it records have no key and are spread over the partitions")
+    parser.add_argument("--key-separator", metavar="SEP",
+                        help="each line is KEY SEP JSON: the text before the first SEP is the record's key "
+                        "(not part of the value); not with --key")
+    parser.add_argument("--timestamp", metavar="FIELD",
+                        help="the record's timestamp is the line's top-level FIELD, an integer of milliseconds "
+                        "since 1970 (default: the time the record is sent)")
     parser.add_argument("--format", choices=FORMATS, default="json",
                         help="the records' format (default: json, each line as it is); the others need --schema")
     parser.add_argument("--schema", type=Path, metavar="FILE",
@@ -84,16 +94,51 @@ def record_key(event: Any, fields: list[str]) -> bytes | None:
 
 def parse_line(line: bytes, fields: list[str], max_bytes: int) -> tuple[bytes, bytes | None]:
     """The record's value and key for one input line."""
+    value, key, _ = parse_record(line, LineFormat(fields), max_bytes)
+    return value, key
+
+
+@dataclasses.dataclass(frozen=True)
+class LineFormat:
+    """Where a line's record key and timestamp come from: ``--key`` fields or ``--key-separator``, and
+    ``--timestamp``."""
+
+    key_fields: list[str] = dataclasses.field(default_factory=list)
+    key_separator: bytes | None = None
+    timestamp_field: str | None = None
+
+
+# Kafka's timestamps are milliseconds in a signed 64-bit integer; -1 means none, so none below 0 is sent.
+MAX_TIMESTAMP_MS = 2**63 - 1
+
+
+def parse_record(line: bytes, form: LineFormat, max_bytes: int) -> tuple[bytes, bytes | None, int | None]:
+    """The record's value, key and timestamp (None: the producer's clock) for one input line."""
     value = line.rstrip(b"\r\n")
+    key = None
+    if form.key_separator is not None:
+        key, found, value = value.partition(form.key_separator)
+        if not found:
+            raise BadLineError(f"no key separator {form.key_separator.decode(errors='replace')!r}")
     if len(value) > max_bytes:
         raise BadLineError(f"longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
+    if key is not None and len(key) > max_bytes:
+        raise BadLineError(f"key longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
     try:
         event = json.loads(value)
     except ValueError as exc:
         raise BadLineError(f"not JSON: {exc}") from None
     if not isinstance(event, dict):
         raise BadLineError("not a JSON object")
-    return value, record_key(event, fields)
+    if key is None:
+        key = record_key(event, form.key_fields)
+    timestamp = None
+    if form.timestamp_field is not None:
+        timestamp = event.get(form.timestamp_field)
+        if type(timestamp) is not int or not 0 <= timestamp <= MAX_TIMESTAMP_MS:
+            raise BadLineError(f"timestamp field {form.timestamp_field!r} is not an integer of milliseconds "
+                               "since 1970")
+    return value, key, timestamp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +159,7 @@ class Encoding:
         try:
             payload = self.encode(event)
         except ValueError as exc:
-            raise BadLineError(str(exc)) from None
+            raise BadLineError(str(exc)[:500]) from None
         return frame(self.schema_id, payload, self.indexes)
 
 
@@ -151,6 +196,11 @@ class SchemaChoice:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.key_separator is not None and (args.key or not args.key_separator):
+        log.error("usage_refused", error="--key-separator is a non-empty text, and takes the place of --key")
+        return EXIT_USAGE
+    form = LineFormat(args.key, None if args.key_separator is None else args.key_separator.encode(),
+                      args.timestamp)
     choice = None
     if args.format != "json":
         if args.schema is None:
@@ -158,17 +208,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_USAGE
         choice = SchemaChoice(args.format, args.schema, args.message, args.subject)
     if args.file == "-":
-        return run_async(publish(settings, args.topic, sys.stdin.buffer, args.key, from_pipe=True, schema=choice))
+        return run_async(publish(settings, args.topic, sys.stdin.buffer, form, from_pipe=True, schema=choice))
     try:
         stream = Path(args.file).open("rb")  # noqa: SIM115 - closed below, after the run
     except OSError as exc:
         log.error("usage_refused", error=f"{args.file}: {exc.strerror}")
         return EXIT_USAGE
     with stream:
-        return run_async(publish(settings, args.topic, stream, args.key, from_pipe=False, schema=choice))
+        return run_async(publish(settings, args.topic, stream, form, from_pipe=False, schema=choice))
 
 
-async def publish(settings: Settings, topic: str, stream: IO[bytes], key_fields: list[str], *,
+async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineFormat, *,
                   from_pipe: bool, schema: SchemaChoice | None = None) -> int:
     """Publish every line of ``stream``; stop at the first line that cannot be published (exit 2). With a
     ``schema``, it is registered first and every line is encoded with it."""
@@ -196,14 +246,14 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], key_fields:
             if not line.strip():
                 continue
             try:
-                value, key = parse_line(line, key_fields, limit)
+                value, key, timestamp = parse_record(line, form, limit)
                 if encoding is not None:
                     value = encoding.value(value)
             except BadLineError as exc:
                 await asyncio.gather(*pending)
                 log.error("line_refused", line=number, error=str(exc), published_before=sent)
                 return EXIT_USAGE
-            pending.append(await producer.send(topic, value, key=key))
+            pending.append(await producer.send(topic, value, key=key, timestamp_ms=timestamp))
             sent += 1
             progress.update()
             if len(pending) >= 10_000:  # bounded: wait for a batch of acknowledgements

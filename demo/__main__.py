@@ -32,7 +32,8 @@ ROOT = HERE.parent
 STACK = servers.STACK_DIR / "demo"
 GROUP = "demo"
 DEAD_LETTERS = "demo-dead-letter"
-PARTITIONS = {"demo-trades": 6, "demo-likes": 3, "demo-api-calls": 2}
+PARTITIONS = {"demo-trades": 6, "demo-likes": 3, "demo-api-calls": 2, "demo-views": 2, "demo-purchases": 2,
+              "demo-clicks": 1}
 GC_GRACE_S = 1.0
 EXACT_KINDS = ("sum", "count", "min", "max")
 
@@ -153,7 +154,8 @@ async def run() -> int:
             await client.ensure_schema()
         await ensure_topics(kafka, PARTITIONS)
         say(f"topics created: {', '.join(f'{t} ({n} partitions)' for t, n in PARTITIONS.items())}")
-        stream, truth = make_stream(trades=20_000, likes=8_000, api_calls=6_000, duplicates=400, malformed=30)
+        stream, truth = make_stream(trades=20_000, likes=8_000, api_calls=6_000, duplicates=400, malformed=30,
+                                    formatted=500)
         consumers.extend(start_processes("consumer", [], 2, env, log_path))
         gc_loop.extend(start_processes("gc_worker", ["--every", "5s"], 1, env, STACK / "gc.log"))
         say(f"two consumers and a GC loop (every 5 s) started (logs: {log_path}, {STACK / 'gc.log'})")

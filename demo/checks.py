@@ -77,6 +77,12 @@ async def compare(reader: CounterReader, truth: Truth) -> list[Row]:
         got = await reader.get("likes", post)
         rows.append(Row("likes", "count", post, str(got), str(count), got == count))
     rows.extend(await compare_series(reader, truth, symbols[0]))
+    for counter, kind, held in (("views_by_page", "count, avro", truth.views),
+                                ("revenue_by_sku", "sum, protobuf", truth.revenue),
+                                ("clicks_by_button", "count, json-s", truth.clicks)):
+        for key, expected in sorted(held.items())[:2]:
+            got = await reader.get(counter, key)
+            rows.append(Row(counter, kind, key, str(got), str(expected), got == expected))
     return rows
 
 

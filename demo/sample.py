@@ -11,9 +11,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
+from pathlib import Path
 
 SYMBOLS = ["IBM", "AAPL", "MSFT", "NVDA", "ORCL", "SAP", "ASML", "TSM"]
 ENDPOINTS = ["/search", "/checkout", "/login"]
+PAGES = ["/home", "/cart", "/help"]
+SKUS = ["k1", "k2", "k3"]
+BUTTONS = ["buy", "like", "share"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 HOUR = 3600
 SERIES_HOURS = 48  # trades carry event times over the last two days
 # Records every counter of their topic must refuse (a record that merely fails a `where` filter is valid).
@@ -41,6 +46,10 @@ class Truth:
     series_start: int = 0
     hourly: Counter[tuple[str, int]] = field(default_factory=Counter)
     hourly_buyers: defaultdict[tuple[str, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    # The schema-format topics: views per page (Avro), amount per sku (Protobuf), clicks per button (JSON Schema)
+    views: Counter[str] = field(default_factory=Counter)
+    revenue: Counter[str] = field(default_factory=Counter)
+    clicks: Counter[str] = field(default_factory=Counter)
 
     def mean(self, symbol: str) -> float:
         values = self.qty[symbol]
@@ -54,7 +63,7 @@ class Truth:
 
 
 def make_stream(trades: int, likes: int, api_calls: int, duplicates: int, malformed: int,
-                seed: int = 2026) -> tuple[dict[str, list[bytes]], Truth]:
+                seed: int = 2026, formatted: int = 0) -> tuple[dict[str, list[bytes]], Truth]:
     """Events per topic, with publisher retries (same id, same key, shortly after) and malformed records."""
     rng = random.Random(seed)
     # The last two whole hours' worth of days before now: within the counters' 30-day retention.
@@ -104,4 +113,32 @@ def make_stream(trades: int, likes: int, api_calls: int, duplicates: int, malfor
         bad = MALFORMED[topic][i // 2 % len(MALFORMED[topic])]
         topics[topic].insert(rng.randrange(len(topics[topic]) + 1), bad)
         truth.malformed += 1
+    if formatted:
+        topics.update(make_formatted(formatted, rng, truth))
     return topics, truth
+
+
+def make_formatted(n: int, rng: random.Random, truth: Truth) -> dict[str, list[bytes]]:
+    """``n`` records on each schema-format topic, encoded with the schemas of examples/formats and framed in the
+    Confluent wire format (schema id 1: the inline mode reads every record with its topic's schema file)."""
+    from schemas.formats import ProtoSchema, avro_encoder, frame
+
+    folder = EXAMPLES / "formats"
+    encode_view = avro_encoder((folder / "view.avsc").read_text())
+    proto = ProtoSchema((folder / "purchase.proto").read_text())
+    indexes = proto.indexes_of("shop.Purchase")
+    encode_purchase = proto.encoder(indexes)
+    topics: dict[str, list[bytes]] = {"demo-views": [], "demo-purchases": [], "demo-clicks": []}
+    now_ms = int(time.time() * 1000)
+    for _ in range(n):
+        page = rng.choice(PAGES)
+        topics["demo-views"].append(frame(1, encode_view({"page": page, "at": now_ms - rng.randrange(86_400_000)})))
+        truth.views[page] += 1
+        sku, amount = rng.choice(SKUS), rng.randrange(1, 10_000)
+        topics["demo-purchases"].append(frame(1, encode_purchase(
+            {"sku": sku, "amount": amount, "channel": rng.choice(["WEB", "APP"])}), indexes))
+        truth.revenue[sku] += amount
+        button = rng.choice(BUTTONS)
+        topics["demo-clicks"].append(frame(1, json.dumps({"button": button, "user": f"u{rng.randrange(99)}"}).encode()))
+        truth.clicks[button] += 1
+    return topics

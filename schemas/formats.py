@@ -328,6 +328,15 @@ def _mentions(doc: object, names: frozenset[str]) -> bool:
     return False
 
 
+def _records(doc: object) -> bool:
+    """Whether an Avro schema is a record, or a union whose branches are all records: several types of event on
+    one topic under one subject (a record read from it is the branch written, as a dict)."""
+    def record(node: object) -> bool:
+        return isinstance(node, dict) and node.get("type") == "record"
+
+    return record(doc) or (isinstance(doc, list) and bool(doc) and all(record(branch) for branch in doc))
+
+
 def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
                  max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> Decoder:
     """A decoder of Avro payloads written with schema ``text``, read as ``reader_text`` when given (fields the
@@ -341,8 +350,9 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
         reader = None if reader_doc is None else fastavro.parse_schema(reader_doc)
     except Exception as exc:  # fastavro raises SchemaParseException, ValueError, KeyError, TypeError...
         raise SchemaError(f"not a valid Avro schema: {exc}") from exc
-    if not (isinstance(doc, dict) and doc.get("type") == "record"):
-        raise SchemaError("the Avro schema of a topic's records must be a record")
+    if not _records(doc):
+        raise SchemaError("the Avro schema of a topic's records must be a record, or a union of records (one a type "
+                          "of event)")
     needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
     read = fastavro.schemaless_reader
     bytes_io = io.BytesIO

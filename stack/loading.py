@@ -34,9 +34,10 @@ def child_env(kafka: KafkaSettings, cassandra: CassandraSettings, **sections: di
     return env
 
 
-async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes], connect_attempts: int = 10) -> None:
-    """Publish in order, each keyed by its own content: a retrying publisher re-sends the same record with
-    the same key, so a retry lands in the same partition as the original.
+async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes], connect_attempts: int = 10,
+                  keys: Sequence[bytes | None] | None = None) -> None:
+    """Publish in order, each keyed by its own content (or by ``keys``, one a record, when given): a retrying
+    publisher re-sends the same record with the same key, so a retry lands in the same partition as the original.
 
     A broker that is restarting (the chaos run restarts it while publishing) refuses the connection: the
     producer is started again, a second apart, before anything is sent, so no record goes out twice."""
@@ -51,8 +52,8 @@ async def publish(settings: KafkaSettings, topic: str, events: Sequence[bytes], 
                 raise
             await asyncio.sleep(1.0)
     try:
-        deliveries = [await producer.send(topic, event, key=hashlib.blake2b(event, digest_size=8).digest())
-                      for event in events]
+        chosen = keys if keys is not None else [hashlib.blake2b(event, digest_size=8).digest() for event in events]
+        deliveries = [await producer.send(topic, event, key=key) for event, key in zip(events, chosen, strict=True)]
         await asyncio.gather(*deliveries)
     finally:
         await producer.stop()

@@ -56,6 +56,13 @@ def _supported(definition: CounterDefinition) -> None:
         raise NotImplementedError(f"{definition.name}: only buckets of whole hours of @timestamp are modelled")
 
 
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise TypeError(f"{what} is not UTF-8") from None
+
+
 def _read(path: str, event: dict[str, Any], record: TruthRecord) -> Any:
     """The value at ``path``; ``_ABSENT`` when absent; ``TypeError`` when it cannot be read."""
     if path.startswith("@") and not path.startswith("@@"):
@@ -69,11 +76,11 @@ def _read(path: str, event: dict[str, Any], record: TruthRecord) -> Any:
             for name, value in record.headers:
                 if name == rest:
                     found = value
-            return found if found is _ABSENT or found is None else found.decode()
+            return found if found is _ABSENT or found is None else _text(found, "header")
         if record.key is None:
             return None if not rest else _ABSENT
         if not rest:
-            return record.key.decode()
+            return _text(record.key, "key")
         try:
             node: Any = json.loads(record.key)
         except ValueError:

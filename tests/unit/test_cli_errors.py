@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from countersink.cli import SUBCOMMANDS, build_parser
-from countersink.publish_cli import BadLineError, parse_line
+from countersink.publish_cli import BadLineError, LineFormat, parse_line, parse_record
 from countersink.settings import Settings
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
@@ -247,3 +247,26 @@ def test_publish_refuses_a_line_it_cannot_send(line: bytes, reason: str) -> None
     """A line that is not a JSON object, too long, or without its key field is refused with the reason."""
     with pytest.raises(BadLineError, match=reason):
         parse_line(line, ["symbol"], 1024)
+
+
+def test_publish_takes_the_key_before_a_separator_and_the_time_from_a_field() -> None:
+    """``--key-separator``: the text before the first separator is the key, as it is, and not in the value;
+    ``--timestamp``: the record's time is the line's integer field (ms), which stays in the value."""
+    form = LineFormat(key_separator=b"\t", timestamp_field="at")
+    assert parse_record(b'ana|x\t{"at": 1795669200000,\t"k": "a"}\n', form, 1024) == (
+        b'{"at": 1795669200000,\t"k": "a"}', b"ana|x", 1795669200000)
+    assert parse_record(b'{"a": 1}', LineFormat(), 1024) == (b'{"a": 1}', None, None)
+    for line, reason in [(b'{"at": 1}', "no key separator"), (b'k\t{"a": 1}', "timestamp field 'at'"),
+                         (b'k\t{"at": 1.5}', "timestamp field"), (b'k\t{"at": -1}', "timestamp field"),
+                         (b'k\t{"at": "2026-01-01"}', "timestamp field"), (b"k" * 2000 + b'\t{"at": 1}', "key longer")]:
+        with pytest.raises(BadLineError, match=reason):
+            parse_record(line, form, 1024)
+
+
+def test_publish_refuses_a_key_separator_beside_key_fields() -> None:
+    """``--key-separator`` takes the place of ``--key``: both, or an empty separator, is a usage error (exit 2)
+    before Kafka is asked."""
+    for extra in (["--key", "user", "--key-separator", ":"], ["--key-separator", ""]):
+        done = countersink("publish", "t", "-", *extra, env=KAFKA_DOWN, stdin='a:{"b": 1}\n')
+        assert done.returncode == 2, done.stderr
+        assert "takes the place of --key" in done.stderr

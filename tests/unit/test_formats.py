@@ -30,6 +30,7 @@ from schemas.formats import (
     TopicFormat,
     UnknownSchemaError,
     WriterSchema,
+    avro_encoder,
     compile_avro,
     compile_json_schema,
     decoders,
@@ -180,6 +181,23 @@ def test_schema_bounds_refuse_large_and_deep_schemas() -> None:
         compile_avro(json.dumps({"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}))
     with pytest.raises(SchemaError, match="must be a record"):
         compile_avro(json.dumps("long"))
+    with pytest.raises(SchemaError, match="must be a record, or a union of records"):
+        compile_avro(json.dumps(["null", V1]))
+
+
+def test_a_union_of_records_holds_several_types_of_event() -> None:
+    """A topic's schema may be a union of records (one subject, several types of event): each record reads as
+    the branch it was written with, and a dict no branch holds cannot be published."""
+    view = {"type": "record", "name": "View", "fields": [{"name": "page", "type": "string"}]}
+    purchase = {"type": "record", "name": "Purchase", "fields": [
+        {"name": "sku", "type": "string"}, {"name": "coupon", "type": ["null", "string"], "default": None}]}
+    text = json.dumps([view, purchase])
+    encode, decode = avro_encoder(text), compile_avro(text)
+    assert decode(encode({"page": "/a"})) == {"page": "/a"}
+    assert decode(encode({"sku": "k1"})) == {"sku": "k1", "coupon": None}
+    assert decode(encode({"sku": "k1", "coupon": "X"})) == {"sku": "k1", "coupon": "X"}
+    with pytest.raises(ValueError, match="not a record of the Avro schema"):
+        encode({"page": 5})
 
 
 # --- Protobuf --------------------------------------------------------------------------------------------------
