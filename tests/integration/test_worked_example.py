@@ -23,6 +23,7 @@ from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, KafkaSettings
 from schemas.definitions import load_definitions
 from stack.loading import child_env
+from tests.docblocks import doc_block
 from tests.integration.consumer_support import read_topic
 from tests.integration.per_counter_truth import TruthRecord, per_counter_truth
 
@@ -64,7 +65,6 @@ async def test_the_worked_example_counts_every_event_exactly(
     """The page's commands, run as written through the CLI (its topic renamed, its registry the session's),
     print what the page shows; the records carry the user as key and the event's time as timestamp; every
     counter holds what a truth computed per counter from the events says, no more keys; nothing is refused."""
-    blocks = _blocks()
     topic = f"shop-events-{uuid.uuid4().hex[:8]}"
     folder = tmp_path / "examples" / "shop"
     folder.mkdir(parents=True)
@@ -75,7 +75,7 @@ async def test_the_worked_example_counts_every_event_exactly(
                                                                   "dead_letter_topic": f"dlq-{group}"})
     env["PYTHONPATH"] = str(REPO)
     steps: list[tuple[str, list[str]]] = []
-    for line in blocks["console"][0].splitlines():
+    for line in doc_block("docs/counters.md", "shop-console").splitlines():
         if line.startswith("$ "):
             steps.append((line[2:].replace("shop-events", topic), []))
         elif line.strip():
