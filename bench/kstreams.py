@@ -1,0 +1,201 @@
+"""Kafka Streams in ``make bench``: the system a JVM team would pick instead, on the same topic in the same run.
+
+The Maven project in ``bench/kstreams/`` is a Kafka Streams application (the stack's Kafka version,
+``processing.guarantee=exactly_once_v2``, a RocksDB store with its changelog) that keeps, per symbol, the
+bench's "trades" count and "shares" sum (integer ``qty``). It writes every update of a symbol's totals to an
+output topic of its own; the last committed record of a symbol is its value, checked against the truth.
+
+    python -m bench.kstreams BOOTSTRAP TOPIC PARTITIONS EVENTS   # run once on a loaded topic, print figures
+
+Timed like Quix Streams: from the JVM's start until the application's committed offsets (its consumer group
+is the application id) reach the end of the topic. CPU: user + system of the JVM, and of the servers'
+processes meanwhile, from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from bench.pipeline import proc_cpu_s, say, stop_process
+from countersink.kafka import ensure_topics, make_admin, make_consumer
+from countersink.settings import KafkaSettings
+
+PROJECT = Path(__file__).resolve().parent / "kstreams"
+MAIN_CLASS = "dev.countersink.bench.TradeCounts"
+NAME = "Kafka Streams (exactly-once v2)"
+TOTALS = struct.Struct(">qq")  # count, sum: the application's output value
+
+
+class BuildError(RuntimeError):
+    """Maven could not build the application."""
+
+
+def build(project: Path = PROJECT) -> str:
+    """Build the application (offline from ``~/.m2`` first, online if that fails) and return its class path."""
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise BuildError("Maven is required to build the Kafka Streams application but `mvn` was not found")
+    command = [mvn, "-B", "-q", "-f", str(project / "pom.xml"), "package"]
+    done = subprocess.run([*command[:2], "-o", *command[2:]], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        say("building the Kafka Streams application online (artifacts not all in ~/.m2 yet)")
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        errors = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line][:8]
+        raise BuildError("Maven could not build bench/kstreams:\n" + "\n".join(errors))
+    target = project / "target"
+    return os.pathsep.join([str(target / "classes"), str(target / "lib" / "*")])
+
+
+@dataclass
+class StreamsRun:
+    rate: float  # events per second, from the JVM's start until its committed offsets reach the end
+    committed: int  # records committed when it stopped
+    elapsed_s: float
+    cpu_s: float  # user + system of the JVM
+    server_cpu_s: dict[str, float]  # of the servers' processes meanwhile
+    totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> (count, sum) as it wrote them
+
+
+async def committed_total(kafka: KafkaSettings, group: str, topic: str, partitions: int) -> int:
+    """The sum of the group's committed offsets over the topic's partitions."""
+    consumer = make_consumer(kafka, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return sum([await consumer.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)])
+    finally:
+        await consumer.stop()
+
+
+async def read_totals(kafka: KafkaSettings, topic: str, partitions: int) -> dict[str, tuple[int, int]]:
+    """The last committed (count, sum) of every symbol in the application's output topic."""
+    consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                             isolation_level="read_committed")
+    totals: dict[str, tuple[int, int]] = {}
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
+        await consumer.seek_to_beginning()
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            for records in (await consumer.getmany(timeout_ms=1000, max_records=5_000)).values():
+                for record in records:
+                    if record.key is not None and record.value is not None:
+                        count, total = TOTALS.unpack(record.value)
+                        totals[record.key.decode()] = (count, total)
+            remaining = {tp for tp in remaining if await consumer.position(tp) < ends[tp]}
+    finally:
+        await consumer.stop()
+    return totals
+
+
+def check_totals(totals: Mapping[str, tuple[int, int]], truth: Mapping[str, tuple[int, int]], sample: int
+                 ) -> list[str]:
+    """Count and sum of the first ``sample`` symbols (sorted) against the truth, and no symbol it invented."""
+    problems = []
+    for symbol in sorted(truth)[:sample]:
+        for name, index in (("trades", 0), ("shares", 1)):
+            got = totals[symbol][index] if symbol in totals else None
+            if got != truth[symbol][index]:
+                problems.append(f"{name}/{symbol}: {got} != {truth[symbol][index]}")
+    problems += [f"{symbol}: not published, counted {value}" for symbol, value in totals.items()
+                 if symbol not in truth]
+    return problems
+
+
+async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total: int, budget_s: float,
+                       servers_by_name: Mapping[str, int], workdir: Path, classpath: str, *, threads: int = 1,
+                       heap: str = "1g") -> StreamsRun:
+    """Run the application on ``topic`` from its beginning until it has committed ``total`` records (or for
+    ``budget_s``), stop it, and read back what it wrote. Its topics (output, changelog) are deleted after."""
+    application = f"kstreams-{uuid.uuid4().hex[:8]}"
+    output = f"{application}-totals"
+    java = shutil.which("java")
+    if not java:
+        raise BuildError("`java` was not found")
+    await ensure_topics(kafka, {output: partitions})
+    workdir.mkdir(parents=True, exist_ok=True)
+    state_dir = workdir / "kstreams-state"
+    log_path = workdir / "kstreams.log"
+    servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
+    started = time.monotonic()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [java, f"-Xmx{heap}", "-cp", classpath, MAIN_CLASS, kafka.bootstrap_servers[0], topic, output,
+             application, str(state_dir), str(threads)], stdout=log, stderr=log)
+    try:
+        committed = 0
+        last = time.monotonic()
+        while committed < total and time.monotonic() - started < budget_s:
+            await asyncio.sleep(0.5)
+            if process.poll() is not None:
+                raise RuntimeError(f"Kafka Streams exited {process.returncode}; see {log_path}")
+            committed = await committed_total(kafka, application, topic, partitions)
+            if time.monotonic() - last > 10:
+                say(f"kafka streams: {committed:,}/{total:,} committed")
+                last = time.monotonic()
+        elapsed = time.monotonic() - started
+        cpu = proc_cpu_s(process.pid)
+        server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
+    finally:
+        stop_process(process)
+    try:
+        totals = await read_totals(kafka, output, partitions)
+    finally:
+        await delete_application_topics(kafka, application)
+        shutil.rmtree(state_dir / application, ignore_errors=True)
+    return StreamsRun(committed / elapsed, committed, elapsed, cpu, server_cpu, totals)
+
+
+async def delete_application_topics(kafka: KafkaSettings, application: str) -> None:
+    """The application's output and internal topics (all named ``{application}-…``)."""
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        if mine := [t for t in await admin.list_topics() if t.startswith(f"{application}-")]:
+            await admin.delete_topics(mine)
+    finally:
+        await admin.close()
+
+
+async def _main(args: argparse.Namespace) -> int:
+    kafka = KafkaSettings(bootstrap_servers=[args.bootstrap], client_id="countersink-bench")
+    classpath = build()
+    run = await streams_rate(kafka, args.topic, args.partitions, args.events, args.budget_s, {},
+                             args.workdir, classpath, threads=args.threads)
+    print(f"{NAME}: {run.rate:,.0f} events/s over {run.committed:,} events, JVM "
+          f"{run.cpu_s / max(run.committed, 1) * 1e6:.1f} CPU s per million events, "
+          f"{len(run.totals):,} symbols written")
+    return 0 if run.committed >= args.events else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.kstreams", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("bootstrap")
+    parser.add_argument("topic")
+    parser.add_argument("partitions", type=int)
+    parser.add_argument("events", type=int, help="records in the topic: the run ends when all are committed")
+    parser.add_argument("--threads", type=int, default=1, help="num.stream.threads")
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--workdir", type=Path, default=Path(".stack") / "kstreams")
+    return asyncio.run(_main(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

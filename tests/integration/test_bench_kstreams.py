@@ -1,0 +1,54 @@
+"""``make bench``'s Kafka Streams application on the real Kafka: built by Maven, run on a topic of trades until
+it has committed every record, and its count and sum per symbol, as it wrote them to its output topic,
+equal to the truth computed while publishing."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+
+from bench import kstreams, pipeline
+from countersink.kafka import ensure_topics
+from countersink.settings import KafkaSettings
+from tests.integration.test_first_hour import delete_topics
+
+EVENTS = 20_000
+SYMBOLS = 1_500
+PARTITIONS = 4
+
+
+async def test_kafka_streams_counts_and_sums_the_trades_exactly(kafka_settings: KafkaSettings,
+                                                                tmp_path: Path) -> None:
+    topic = f"kstreams-trades-{uuid.uuid4().hex[:10]}"
+    await ensure_topics(kafka_settings, {topic: PARTITIONS})
+    try:
+        rng = random.Random(11)
+        truth: dict[str, tuple[int, int]] = {}
+
+        def make(i: int) -> tuple[bytes, bytes]:
+            key, value = pipeline.trade(i, rng, SYMBOLS)
+            event = json.loads(value)
+            count, qty = truth.get(event["symbol"], (0, 0))
+            truth[event["symbol"]] = (count + 1, qty + event["qty"])
+            return key, value
+
+        await pipeline.load(kafka_settings, topic, PARTITIONS, EVENTS, make, "trades")
+        classpath = kstreams.build()
+        run = await kstreams.streams_rate(kafka_settings, topic, PARTITIONS, EVENTS, 180, {}, tmp_path, classpath)
+    finally:
+        await delete_topics(kafka_settings, topic)
+    assert run.committed == EVENTS, (tmp_path / "kstreams.log").read_text()[-3000:]
+    assert run.rate > 0
+    assert run.cpu_s > 0
+    assert len(truth) > 1_000
+    assert sorted(run.totals) == sorted(truth)
+    assert kstreams.check_totals(run.totals, truth, len(truth)) == []
+    # the check sees a wrong count, a wrong sum, a missing and an invented symbol
+    first, second = sorted(truth)[:2]
+    wrong = {**run.totals, first: (truth[first][0] + 1, truth[first][1]), "S999999": (1, 1)}
+    wrong[second] = (truth[second][0], truth[second][1] - 1)
+    assert len(kstreams.check_totals(wrong, truth, len(truth))) == 3
+    del wrong[first]
+    assert kstreams.check_totals(wrong, truth, len(truth))[0] == f"trades/{first}: None != {truth[first][0]}"
