@@ -1,11 +1,16 @@
 """Kafka Streams in ``make bench``: the system a JVM team would pick instead, on the same topic in the same run.
 
-The Maven project in ``bench/kstreams/`` is a Kafka Streams application (the stack's Kafka version,
-``processing.guarantee=exactly_once_v2``, a RocksDB store with its changelog) that keeps, per symbol, the
-bench's "trades" count and "shares" sum (integer ``qty``). It writes every update of a symbol's totals to an
-output topic of its own; the last committed record of a symbol is its value, checked against the truth.
+The Maven project in ``bench/kstreams/`` builds two Kafka Streams applications (the stack's Kafka version,
+``processing.guarantee=exactly_once_v2``, RocksDB stores with their changelogs):
 
-    python -m bench.kstreams BOOTSTRAP TOPIC PARTITIONS EVENTS   # run once on a loaded topic, print figures
+- ``TradeCounts`` keeps, per symbol, the bench's "trades" count and "shares" sum (integer ``qty``);
+- ``HourlyCounts`` keeps an hourly count per key (a dotted path or the record key) and per hour of an
+  ISO-8601 time field (or the record time): the windowed equivalent of a bucketed countersink count.
+
+Each writes every update to an output topic of its own; the last committed record of a key is its value,
+checked against the truth.
+
+    python -m bench.kstreams BOOTSTRAP TOPIC PARTITIONS EVENTS [--hourly KEY TIME]   # once, on a loaded topic
 
 Timed like Quix Streams: from the JVM's start until the application's committed offsets (its consumer group
 is the application id) reach the end of the topic. CPU: user + system of the JVM, and of the servers'
@@ -23,7 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +39,16 @@ from countersink.kafka import ensure_topics, make_admin, make_consumer
 from countersink.settings import KafkaSettings
 
 PROJECT = Path(__file__).resolve().parent / "kstreams"
-MAIN_CLASS = "dev.countersink.bench.TradeCounts"
+TRADES = ("dev.countersink.bench.TradeCounts",)
 NAME = "Kafka Streams (exactly-once v2)"
-TOTALS = struct.Struct(">qq")  # count, sum: the application's output value
+TOTALS = struct.Struct(">qq")  # count, sum: TradeCounts' output value
+COUNT = struct.Struct(">q")  # HourlyCounts' output value
+
+
+def hourly(key: str, time: str, grace_hours: int = 168) -> tuple[str, ...]:
+    """The HourlyCounts application: counts per ``key`` (a dotted path, or ``@key``) and per hour of ``time``
+    (a dotted path to an ISO-8601 time, or ``@timestamp``); events up to ``grace_hours`` late still count."""
+    return ("dev.countersink.bench.HourlyCounts", key, time, str(grace_hours))
 
 
 class BuildError(RuntimeError):
@@ -67,7 +79,7 @@ class StreamsRun:
     elapsed_s: float
     cpu_s: float  # user + system of the JVM
     server_cpu_s: dict[str, float]  # of the servers' processes meanwhile
-    totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # symbol -> (count, sum) as it wrote them
+    output: dict[str, bytes] = field(default_factory=dict)  # key -> the last value it wrote (committed)
 
 
 async def committed_total(kafka: KafkaSettings, group: str, topic: str, partitions: int) -> int:
@@ -80,11 +92,11 @@ async def committed_total(kafka: KafkaSettings, group: str, topic: str, partitio
         await consumer.stop()
 
 
-async def read_totals(kafka: KafkaSettings, topic: str, partitions: int) -> dict[str, tuple[int, int]]:
-    """The last committed (count, sum) of every symbol in the application's output topic."""
+async def read_output(kafka: KafkaSettings, topic: str, partitions: int) -> dict[str, bytes]:
+    """The last committed value of every key in an application's output topic."""
     consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
                              isolation_level="read_committed")
-    totals: dict[str, tuple[int, int]] = {}
+    last: dict[str, bytes] = {}
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -96,12 +108,27 @@ async def read_totals(kafka: KafkaSettings, topic: str, partitions: int) -> dict
             for records in (await consumer.getmany(timeout_ms=1000, max_records=5_000)).values():
                 for record in records:
                     if record.key is not None and record.value is not None:
-                        count, total = TOTALS.unpack(record.value)
-                        totals[record.key.decode()] = (count, total)
+                        last[record.key.decode()] = record.value
             remaining = {tp for tp in remaining if await consumer.position(tp) < ends[tp]}
     finally:
         await consumer.stop()
-    return totals
+    return last
+
+
+def trade_totals(output: Mapping[str, bytes]) -> dict[str, tuple[int, int]]:
+    """TradeCounts' output: symbol -> (count, sum)."""
+    return {symbol: TOTALS.unpack(value) for symbol, value in output.items()}
+
+
+def hourly_counts(output: Mapping[str, bytes]) -> dict[str, int]:
+    """HourlyCounts' output: ``KEY|2026-11-22T10:00Z`` -> count."""
+    return {key: COUNT.unpack(value)[0] for key, value in output.items()}
+
+
+def check_counts(counts: Mapping[str, int], truth: Mapping[str, int]) -> list[str]:
+    """Every count against the truth, and no key it invented."""
+    problems = [f"{key}: {counts.get(key)} != {want}" for key, want in sorted(truth.items()) if counts.get(key) != want]
+    return problems + [f"{key}: not published, counted {n}" for key, n in counts.items() if key not in truth]
 
 
 def check_totals(totals: Mapping[str, tuple[int, int]], truth: Mapping[str, tuple[int, int]], sample: int
@@ -120,11 +147,12 @@ def check_totals(totals: Mapping[str, tuple[int, int]], truth: Mapping[str, tupl
 
 async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total: int, budget_s: float,
                        servers_by_name: Mapping[str, int], workdir: Path, classpath: str, *, threads: int = 1,
-                       heap: str = "1g") -> StreamsRun:
-    """Run the application on ``topic`` from its beginning until it has committed ``total`` records (or for
-    ``budget_s``), stop it, and read back what it wrote. Its topics (output, changelog) are deleted after."""
-    application = f"kstreams-{uuid.uuid4().hex[:8]}"
-    output = f"{application}-totals"
+                       heap: str = "1g", application: Sequence[str] = TRADES) -> StreamsRun:
+    """Run an application (its main class and arguments after the common ones: TRADES or ``hourly(…)``) on
+    ``topic`` from its beginning until it has committed ``total`` records (or for ``budget_s``), stop it, and
+    read back what it wrote. Its topics (output, changelog, repartition) are deleted after."""
+    application_id = f"kstreams-{uuid.uuid4().hex[:8]}"
+    output = f"{application_id}-output"
     java = shutil.which("java")
     if not java:
         raise BuildError("`java` was not found")
@@ -136,8 +164,8 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
     started = time.monotonic()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [java, f"-Xmx{heap}", "-cp", classpath, MAIN_CLASS, kafka.bootstrap_servers[0], topic, output,
-             application, str(state_dir), str(threads)], stdout=log, stderr=log)
+            [java, f"-Xmx{heap}", "-cp", classpath, application[0], kafka.bootstrap_servers[0], topic, output,
+             application_id, str(state_dir), str(threads), *application[1:]], stdout=log, stderr=log)
     try:
         committed = 0
         last = time.monotonic()
@@ -145,7 +173,7 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
             await asyncio.sleep(0.5)
             if process.poll() is not None:
                 raise RuntimeError(f"Kafka Streams exited {process.returncode}; see {log_path}")
-            committed = await committed_total(kafka, application, topic, partitions)
+            committed = await committed_total(kafka, application_id, topic, partitions)
             if time.monotonic() - last > 10:
                 say(f"kafka streams: {committed:,}/{total:,} committed")
                 last = time.monotonic()
@@ -155,11 +183,11 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
     finally:
         stop_process(process)
     try:
-        totals = await read_totals(kafka, output, partitions)
+        written = await read_output(kafka, output, partitions)
     finally:
-        await delete_application_topics(kafka, application)
-        shutil.rmtree(state_dir / application, ignore_errors=True)
-    return StreamsRun(committed / elapsed, committed, elapsed, cpu, server_cpu, totals)
+        await delete_application_topics(kafka, application_id)
+        shutil.rmtree(state_dir / application_id, ignore_errors=True)
+    return StreamsRun(committed / elapsed, committed, elapsed, cpu, server_cpu, written)
 
 
 async def delete_application_topics(kafka: KafkaSettings, application: str) -> None:
@@ -176,11 +204,12 @@ async def delete_application_topics(kafka: KafkaSettings, application: str) -> N
 async def _main(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(bootstrap_servers=[args.bootstrap], client_id="countersink-bench")
     classpath = build()
+    application = TRADES if args.hourly is None else hourly(*args.hourly)
     run = await streams_rate(kafka, args.topic, args.partitions, args.events, args.budget_s, {},
-                             args.workdir, classpath, threads=args.threads)
+                             args.workdir, classpath, threads=args.threads, application=application)
     print(f"{NAME}: {run.rate:,.0f} events/s over {run.committed:,} events, JVM "
           f"{run.cpu_s / max(run.committed, 1) * 1e6:.1f} CPU s per million events, "
-          f"{len(run.totals):,} symbols written")
+          f"{len(run.output):,} keys written")
     return 0 if run.committed >= args.events else 1
 
 
@@ -192,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("partitions", type=int)
     parser.add_argument("events", type=int, help="records in the topic: the run ends when all are committed")
     parser.add_argument("--threads", type=int, default=1, help="num.stream.threads")
+    parser.add_argument("--hourly", nargs=2, metavar=("KEY", "TIME"),
+                        help="HourlyCounts instead of TradeCounts: key path (or @key), time path (or @timestamp)")
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--workdir", type=Path, default=Path(".stack") / "kstreams")
     return asyncio.run(_main(parser.parse_args(argv)))

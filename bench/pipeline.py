@@ -733,7 +733,7 @@ async def run(args: argparse.Namespace) -> Report:
                                        f"{report.kstreams['jvm_cpu_s_per_million']:.1f}, Kafka "
                                        f"{report.kstreams.get('kafka_cpu_s_per_million', 0):.1f}")
         if streams.committed >= args.events:
-            report.kstreams_checks = kstreams.check_totals(streams.totals, truth, len(truth))
+            report.kstreams_checks = kstreams.check_totals(kstreams.trade_totals(streams.output), truth, len(truth))
             report.kstreams["symbols_checked"] = len(truth)
         say(f"kafka streams: {streams.rate:,.0f} events/s over {streams.committed:,} events; count and sum of "
             f"{report.kstreams.get('symbols_checked', 0):,.0f} symbols checked against the truth: "

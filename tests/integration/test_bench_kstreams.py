@@ -39,16 +39,58 @@ async def test_kafka_streams_counts_and_sums_the_trades_exactly(kafka_settings: 
         run = await kstreams.streams_rate(kafka_settings, topic, PARTITIONS, EVENTS, 180, {}, tmp_path, classpath)
     finally:
         await delete_topics(kafka_settings, topic)
+    totals = kstreams.trade_totals(run.output)
     assert run.committed == EVENTS, (tmp_path / "kstreams.log").read_text()[-3000:]
     assert run.rate > 0
     assert run.cpu_s > 0
     assert len(truth) > 1_000
-    assert sorted(run.totals) == sorted(truth)
-    assert kstreams.check_totals(run.totals, truth, len(truth)) == []
+    assert sorted(totals) == sorted(truth)
+    assert kstreams.check_totals(totals, truth, len(truth)) == []
     # the check sees a wrong count, a wrong sum, a missing and an invented symbol
     first, second = sorted(truth)[:2]
-    wrong = {**run.totals, first: (truth[first][0] + 1, truth[first][1]), "S999999": (1, 1)}
+    wrong = {**totals, first: (truth[first][0] + 1, truth[first][1]), "S999999": (1, 1)}
     wrong[second] = (truth[second][0], truth[second][1] - 1)
     assert len(kstreams.check_totals(wrong, truth, len(truth))) == 3
     del wrong[first]
     assert kstreams.check_totals(wrong, truth, len(truth))[0] == f"trades/{first}: None != {truth[first][0]}"
+
+
+async def test_kafka_streams_counts_per_hour_of_a_nested_time_by_a_nested_key(kafka_settings: KafkaSettings,
+                                                                            tmp_path: Path) -> None:
+    """HourlyCounts keyed by ``user.id`` (not the record key: Kafka Streams repartitions) and bucketed by the
+    hour of ``ts``, with events out of order over 30 hours and some lacking the key or the time (skipped)."""
+    topic = f"kstreams-views-{uuid.uuid4().hex[:10]}"
+    events = 6_000
+    await ensure_topics(kafka_settings, {topic: PARTITIONS})
+    try:
+        rng = random.Random(5)
+        truth: dict[str, int] = {}
+
+        def make(i: int) -> tuple[bytes, bytes]:
+            minute = rng.randrange(30 * 60)
+            ts = f"2026-11-2{1 + minute // 1440}T{minute % 1440 // 60:02d}:{minute % 60:02d}:07Z"
+            user = f"u{rng.randrange(40)}"
+            event: dict[str, object] = {"id": i, "user": {"id": user}, "ts": ts, "path": "/"}
+            if i % 97 == 0:
+                del event["ts"]
+            elif i % 89 == 0:
+                event["user"] = {"name": "no id"}
+            else:
+                bucket = f"{user}|{ts[:13]}:00Z"
+                truth[bucket] = truth.get(bucket, 0) + 1
+            return str(i).encode(), json.dumps(event).encode()
+
+        await pipeline.load(kafka_settings, topic, PARTITIONS, events, make, "views")
+        classpath = kstreams.build()
+        run = await kstreams.streams_rate(kafka_settings, topic, PARTITIONS, events, 180, {}, tmp_path, classpath,
+                                          application=kstreams.hourly("user.id", "ts"))
+    finally:
+        await delete_topics(kafka_settings, topic)
+    assert run.committed == events, (tmp_path / "kstreams.log").read_text()[-3000:]
+    counts = kstreams.hourly_counts(run.output)
+    assert len(truth) > 40 * 25
+    assert sum(truth.values()) == events - events // 97 - 1 - sum(1 for i in range(events) if i % 89 == 0 and i % 97)
+    assert kstreams.check_counts(counts, truth) == []
+    off = {**counts, "u1|2026-11-21T00:00Z": counts["u1|2026-11-21T00:00Z"] + 1}
+    assert kstreams.check_counts(off, truth) == [f"u1|2026-11-21T00:00Z: {truth['u1|2026-11-21T00:00Z'] + 1} != "
+                                                 f"{truth['u1|2026-11-21T00:00Z']}"]

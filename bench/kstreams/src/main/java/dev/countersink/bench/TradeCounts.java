@@ -6,21 +6,13 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.ByteBuffer;
 import java.nio.file.Path;
-import java.time.Duration;
-import java.util.Properties;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.atomic.AtomicBoolean;
-import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.Deserializer;
 import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.Serializer;
 import org.apache.kafka.common.utils.Bytes;
-import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
-import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.Topology;
-import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
@@ -88,46 +80,12 @@ public final class TradeCounts {
         return builder.build();
     }
 
-    static Properties config(String bootstrap, String applicationId, Path stateDir, int threads) {
-        Properties props = new Properties();
-        props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
-        props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
-        props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir.toString());
-        props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
-        props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
-        props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
-        return props;
-    }
-
     public static void main(String[] args) throws InterruptedException {
         if (args.length < 5 || args.length > 6) {
             System.err.println("usage: TradeCounts BOOTSTRAP INPUT OUTPUT APP_ID STATE_DIR [THREADS]");
             System.exit(2);
         }
         int threads = args.length == 6 ? Integer.parseInt(args[5]) : 1;
-        KafkaStreams streams = new KafkaStreams(topology(args[1], args[2]),
-                config(args[0], args[3], Path.of(args[4]), threads));
-        CountDownLatch stopped = new CountDownLatch(1);
-        AtomicBoolean failed = new AtomicBoolean();
-        streams.setUncaughtExceptionHandler(exception -> {
-            System.err.println("Kafka Streams failed: " + exception);
-            failed.set(true);
-            return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
-        });
-        streams.setStateListener((now, before) -> {
-            if (now == KafkaStreams.State.ERROR || now == KafkaStreams.State.NOT_RUNNING) {
-                stopped.countDown();
-            }
-        });
-        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
-            streams.close(Duration.ofSeconds(30));
-            stopped.countDown();
-        }, "shutdown"));
-        streams.start();
-        stopped.await();
-        if (failed.get() || streams.state() == KafkaStreams.State.ERROR) {
-            Runtime.getRuntime().halt(1);
-        }
+        Runner.run(topology(args[1], args[2]), Runner.config(args[0], args[3], Path.of(args[4]), threads));
     }
 }
