@@ -37,6 +37,7 @@ from aiokafka import TopicPartition
 from bench.pipeline import proc_cpu_s, say, stop_process
 from countersink.kafka import ensure_topics, make_admin, make_consumer
 from countersink.settings import KafkaSettings
+from stack import servers
 
 PROJECT = Path(__file__).resolve().parent / "kstreams"
 TRADES = ("dev.countersink.bench.TradeCounts",)
@@ -51,8 +52,8 @@ def hourly(key: str, time: str, grace_hours: int = 168) -> tuple[str, ...]:
     return ("dev.countersink.bench.HourlyCounts", key, time, str(grace_hours))
 
 
-class BuildError(RuntimeError):
-    """Maven could not build the application."""
+class BuildError(servers.StackError):
+    """Maven (or Java) is missing, or could not build the applications: ``make bench`` says so and exits 1."""
 
 
 def build(project: Path = PROJECT) -> str:
