@@ -148,10 +148,12 @@ def check_totals(totals: Mapping[str, tuple[int, int]], truth: Mapping[str, tupl
 
 async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total: int, budget_s: float,
                        servers_by_name: Mapping[str, int], workdir: Path, classpath: str, *, threads: int = 1,
-                       heap: str = "1g", application: Sequence[str] = TRADES) -> StreamsRun:
+                       heap: str = "1g", application: Sequence[str] = TRADES,
+                       config: Mapping[str, object] | None = None) -> StreamsRun:
     """Run an application (its main class and arguments after the common ones: TRADES or ``hourly(…)``) on
     ``topic`` from its beginning until it has committed ``total`` records (or for ``budget_s``), stop it, and
-    read back what it wrote. Its topics (output, changelog, repartition) are deleted after."""
+    read back what it wrote. Its topics (output, changelog, repartition) are deleted after. ``config``: other
+    Streams settings (``{"commit.interval.ms": 1000}``); unset, Kafka Streams' defaults."""
     application_id = f"kstreams-{uuid.uuid4().hex[:8]}"
     output = f"{application_id}-output"
     java = shutil.which("java")
@@ -165,7 +167,8 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
     started = time.monotonic()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [java, f"-Xmx{heap}", "-cp", classpath, application[0], kafka.bootstrap_servers[0], topic, output,
+            [java, f"-Xmx{heap}", *[f"-Dstreams.{name}={value}" for name, value in (config or {}).items()],
+             "-cp", classpath, application[0], kafka.bootstrap_servers[0], topic, output,
              application_id, str(state_dir), str(threads), *application[1:]], stdout=log, stderr=log)
     try:
         committed = 0
@@ -207,7 +210,8 @@ async def _main(args: argparse.Namespace) -> int:
     classpath = build()
     application = TRADES if args.hourly is None else hourly(*args.hourly)
     run = await streams_rate(kafka, args.topic, args.partitions, args.events, args.budget_s, {},
-                             args.workdir, classpath, threads=args.threads, application=application)
+                             args.workdir, classpath, threads=args.threads, application=application,
+                             config=dict(setting.split("=", 1) for setting in args.config))
     print(f"{NAME}: {run.rate:,.0f} events/s over {run.committed:,} events, JVM "
           f"{run.cpu_s / max(run.committed, 1) * 1e6:.1f} CPU s per million events, "
           f"{len(run.output):,} keys written")
@@ -224,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="num.stream.threads")
     parser.add_argument("--hourly", nargs=2, metavar=("KEY", "TIME"),
                         help="HourlyCounts instead of TradeCounts: key path (or @key), time path (or @timestamp)")
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
+                        help="a Kafka Streams setting, e.g. commit.interval.ms=1000 (repeatable)")
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--workdir", type=Path, default=Path(".stack") / "kstreams")
     return asyncio.run(_main(parser.parse_args(argv)))

@@ -722,10 +722,11 @@ async def run(args: argparse.Namespace) -> Report:
 
         say(f"5/5 Kafka Streams, exactly-once v2 ({args.kstreams_seconds:.0f}s at most)")
         streams = await kstreams.streams_rate(kafka, TOPIC, args.partitions, args.events, args.kstreams_seconds,
-                                              jvms, STACK, kstreams_classpath, threads=args.kstreams_threads)
+                                              jvms, STACK, kstreams_classpath, threads=args.kstreams_threads,
+                                              config={"commit.interval.ms": args.kstreams_commit_ms})
         report.rates[kstreams.NAME] = streams.rate
         report.kstreams = {"events_per_s": streams.rate, "committed": streams.committed,
-                           "threads": args.kstreams_threads,
+                           "threads": args.kstreams_threads, "commit_interval_ms": args.kstreams_commit_ms,
                            "jvm_cpu_s_per_million": streams.cpu_s / max(streams.committed, 1) * 1e6,
                            **{f"{name.lower()}_cpu_s_per_million": cpu / max(streams.committed, 1) * 1e6
                               for name, cpu in streams.server_cpu_s.items()}}
@@ -833,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time budget of the Kafka Streams run (its values are checked only if it finishes)")
     parser.add_argument("--kstreams-threads", type=int, default=1,
                         help="num.stream.threads of the Kafka Streams application (one process, like the others)")
+    parser.add_argument("--kstreams-commit-ms", type=int, default=100,
+                        help="commit.interval.ms of the Kafka Streams application (100: its exactly-once default)")
     parser.add_argument("--warmup-seconds", type=float, default=40.0,
                         help="Cassandra warm-up before the measured runs (0: none)")
     parser.add_argument("--read-rounds", type=int, default=2_000)

@@ -142,7 +142,8 @@ def _kstreams_section(report: Report, cs: float) -> list[str]:
         "What a JVM team would run instead: a Kafka Streams application (`bench/kstreams/`, built by Maven at the "
         "stack's Kafka version; `processing.guarantee=exactly_once_v2`, "
         + ("one stream thread" if threads == 1 else f"{threads} stream threads")
-        + ", the totals in a RocksDB store with its changelog topic, every update written to an output "
+        + f", a commit every {ks.get('commit_interval_ms', 100):,.0f} ms, the totals in a RocksDB store with its "
+        "changelog topic, every update written to an output "
         "topic) keeping count and sum of `qty` per symbol: two of countersink's three counters (no distinct). "
         "Timed from its JVM's start until its committed offsets reach the end of the topic; CPU is user + system "
         "of each process meanwhile, from /proc. "

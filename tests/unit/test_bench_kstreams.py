@@ -30,7 +30,7 @@ def _report(**kstreams: float) -> Report:
 def test_the_section_gives_both_systems_the_ratios_and_the_verdicts() -> None:
     lines = _kstreams_section(_report(symbols_checked=50_000), 80_000.0)
     assert lines[0] == "## Kafka Streams"
-    assert "one stream thread" in lines[2]
+    assert "one stream thread, a commit every 100 ms" in lines[2]
     assert "Its count and sum of 50,000 symbols" in lines[2]
     assert "| events/s | 80,000 | 40,000 | 2.00× | ≥ 1.5× | met |" in lines
     assert "| CPU s per million events: the consumer / the Streams JVM | 10.0 | 30.0 | 0.33× | | |" in lines

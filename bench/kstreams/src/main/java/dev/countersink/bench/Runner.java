@@ -14,9 +14,15 @@ import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
 /** What the bench's applications share: their configuration, and running one until SIGTERM. */
 final class Runner {
 
+    private static final String PREFIX = "streams.";
+
     private Runner() {}
 
-    /** Exactly-once v2, state under {@code stateDir} (RocksDB stores), internal topics of replication 1. */
+    /**
+     * Exactly-once v2, state under {@code stateDir} (RocksDB stores), internal topics of replication 1, and
+     * whatever {@code -Dstreams.NAME=VALUE} system properties set; otherwise Kafka Streams' defaults (under
+     * exactly-once, {@code commit.interval.ms} is 100).
+     */
     static Properties config(String bootstrap, String applicationId, Path stateDir, int threads) {
         Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, applicationId);
@@ -26,6 +32,9 @@ final class Runner {
         props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
         props.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
+        // any other Streams setting, as -Dstreams.NAME=VALUE (e.g. -Dstreams.commit.interval.ms=1000)
+        System.getProperties().stringPropertyNames().stream().filter(name -> name.startsWith(PREFIX))
+                .forEach(name -> props.put(name.substring(PREFIX.length()), System.getProperty(name)));
         return props;
     }
 
