@@ -93,6 +93,30 @@ async def committed_total(kafka: KafkaSettings, group: str, topic: str, partitio
         await consumer.stop()
 
 
+async def repartition_behind(kafka: KafkaSettings, application_id: str) -> int:
+    """Records of the application's repartition topics that its group has not committed past. Each partition
+    written ends with a transaction marker, which a consumer's position may or may not have passed yet."""
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        topics = [t for t in await admin.list_topics()
+                  if t.startswith(f"{application_id}-") and t.endswith("-repartition")]
+        described = await admin.describe_topics(topics) if topics else []
+    finally:
+        await admin.close()
+    tps = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
+    if not tps:
+        return 0
+    consumer = make_consumer(kafka, group_id=application_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(tps)
+        committed = {tp: await consumer.committed(tp) or 0 for tp in tps}
+        return sum(max(0, ends[tp] - 1 - committed[tp]) for tp in tps if ends[tp] > 0)
+    finally:
+        await consumer.stop()
+
+
 async def read_output(kafka: KafkaSettings, topic: str, partitions: int) -> dict[str, bytes]:
     """The last committed value of every key in an application's output topic."""
     consumer = make_consumer(kafka, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -181,6 +205,13 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
             if time.monotonic() - last > 10:
                 say(f"kafka streams: {committed:,}/{total:,} committed")
                 last = time.monotonic()
+        # A key read from the events goes through a repartition topic to the counting sub-topology: done when
+        # that has consumed what the first wrote (all committed with the input's offsets) too.
+        while (committed >= total and time.monotonic() - started < budget_s
+               and await repartition_behind(kafka, application_id)):
+            await asyncio.sleep(0.5)
+            if process.poll() is not None:
+                raise RuntimeError(f"Kafka Streams exited {process.returncode}; see {log_path}")
         elapsed = time.monotonic() - started
         cpu = proc_cpu_s(process.pid)
         server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
@@ -192,6 +223,26 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
         await delete_application_topics(kafka, application_id)
         shutil.rmtree(state_dir / application_id, ignore_errors=True)
     return StreamsRun(committed / elapsed, committed, elapsed, cpu, server_cpu, written)
+
+
+async def bench_step(kafka: KafkaSettings, topic: str, partitions: int, truth: Mapping[str, tuple[int, int]],
+                     budget_s: float, servers_by_name: Mapping[str, int], workdir: Path, classpath: str, *,
+                     threads: int = 1, commit_ms: int = 100) -> tuple[dict[str, float], list[str]]:
+    """``make bench``'s Kafka Streams step: TradeCounts on a topic of ``sum(counts)`` trades whose per-symbol
+    (count, sum) is ``truth``. Returns its figures (events/s, events committed, CPU s per million events of the
+    JVM and of each server meanwhile, its settings, the symbols checked) and the mismatched values; its values
+    are checked only when it committed every record within ``budget_s``."""
+    total = sum(count for count, _ in truth.values())
+    run = await streams_rate(kafka, topic, partitions, total, budget_s, servers_by_name, workdir, classpath,
+                             threads=threads, config={"commit.interval.ms": commit_ms})
+    per_million = 1e6 / max(run.committed, 1)
+    figures = {"events_per_s": run.rate, "committed": run.committed, "threads": threads,
+               "commit_interval_ms": commit_ms, "jvm_cpu_s_per_million": run.cpu_s * per_million,
+               **{f"{name.lower()}_cpu_s_per_million": cpu * per_million for name, cpu in run.server_cpu_s.items()}}
+    if run.committed < total:
+        return figures, []
+    figures["symbols_checked"] = len(truth)
+    return figures, check_totals(trade_totals(run.output), truth, len(truth))
 
 
 async def delete_application_topics(kafka: KafkaSettings, application: str) -> None:

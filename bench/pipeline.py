@@ -721,22 +721,14 @@ async def run(args: argparse.Namespace) -> Report:
         say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
 
         say(f"5/5 Kafka Streams, exactly-once v2 ({args.kstreams_seconds:.0f}s at most)")
-        streams = await kstreams.streams_rate(kafka, TOPIC, args.partitions, args.events, args.kstreams_seconds,
-                                              jvms, STACK, kstreams_classpath, threads=args.kstreams_threads,
-                                              config={"commit.interval.ms": args.kstreams_commit_ms})
-        report.rates[kstreams.NAME] = streams.rate
-        report.kstreams = {"events_per_s": streams.rate, "committed": streams.committed,
-                           "threads": args.kstreams_threads, "commit_interval_ms": args.kstreams_commit_ms,
-                           "jvm_cpu_s_per_million": streams.cpu_s / max(streams.committed, 1) * 1e6,
-                           **{f"{name.lower()}_cpu_s_per_million": cpu / max(streams.committed, 1) * 1e6
-                              for name, cpu in streams.server_cpu_s.items()}}
-        report.notes[kstreams.NAME] = (f"{streams.committed:,} events committed; CPU s per million events: JVM "
-                                       f"{report.kstreams['jvm_cpu_s_per_million']:.1f}, Kafka "
+        report.kstreams, report.kstreams_checks = await kstreams.bench_step(
+            kafka, TOPIC, args.partitions, truth, args.kstreams_seconds, jvms, STACK, kstreams_classpath,
+            threads=args.kstreams_threads, commit_ms=args.kstreams_commit_ms)
+        report.rates[kstreams.NAME] = report.kstreams["events_per_s"]
+        report.notes[kstreams.NAME] = (f"{report.kstreams['committed']:,.0f} events committed; CPU s per million "
+                                       f"events: JVM {report.kstreams['jvm_cpu_s_per_million']:.1f}, Kafka "
                                        f"{report.kstreams.get('kafka_cpu_s_per_million', 0):.1f}")
-        if streams.committed >= args.events:
-            report.kstreams_checks = kstreams.check_totals(kstreams.trade_totals(streams.output), truth, len(truth))
-            report.kstreams["symbols_checked"] = len(truth)
-        say(f"kafka streams: {streams.rate:,.0f} events/s over {streams.committed:,} events; count and sum of "
+        say(f"kafka streams: {report.notes[kstreams.NAME]}; count and sum of "
             f"{report.kstreams.get('symbols_checked', 0):,.0f} symbols checked against the truth: "
             f"{len(report.kstreams_checks)} mismatched")
 
