@@ -187,13 +187,23 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
     workdir.mkdir(parents=True, exist_ok=True)
     state_dir = workdir / "kstreams-state"
     log_path = workdir / "kstreams.log"
+    try:
+        return await _run(kafka, topic, partitions, total, budget_s, servers_by_name, log_path, [
+            java, f"-Xmx{heap}", *[f"-Dstreams.{name}={value}" for name, value in (config or {}).items()],
+            "-cp", classpath, application[0], kafka.bootstrap_servers[0], topic, output, application_id,
+            str(state_dir), str(threads), *application[1:]], application_id, output)
+    finally:
+        await delete_application_topics(kafka, application_id)
+        shutil.rmtree(state_dir / application_id, ignore_errors=True)
+
+
+async def _run(kafka: KafkaSettings, topic: str, partitions: int, total: int, budget_s: float,
+               servers_by_name: Mapping[str, int], log_path: Path, command: list[str], application_id: str,
+               output: str) -> StreamsRun:
     servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
     started = time.monotonic()
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [java, f"-Xmx{heap}", *[f"-Dstreams.{name}={value}" for name, value in (config or {}).items()],
-             "-cp", classpath, application[0], kafka.bootstrap_servers[0], topic, output,
-             application_id, str(state_dir), str(threads), *application[1:]], stdout=log, stderr=log)
+        process = subprocess.Popen(command, stdout=log, stderr=log)
     try:
         committed = 0
         last = time.monotonic()
@@ -217,11 +227,7 @@ async def streams_rate(kafka: KafkaSettings, topic: str, partitions: int, total:
         server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
     finally:
         stop_process(process)
-    try:
-        written = await read_output(kafka, output, partitions)
-    finally:
-        await delete_application_topics(kafka, application_id)
-        shutil.rmtree(state_dir / application_id, ignore_errors=True)
+    written = await read_output(kafka, output, partitions)
     return StreamsRun(committed / elapsed, committed, elapsed, cpu, server_cpu, written)
 
 

@@ -9,6 +9,8 @@ import random
 import uuid
 from pathlib import Path
 
+import pytest
+
 from bench import kstreams, pipeline
 from countersink.kafka import ensure_topics
 from countersink.settings import KafkaSettings
@@ -89,3 +91,21 @@ async def test_kafka_streams_counts_per_hour_of_a_nested_time_by_a_nested_key(ka
     off = {**counts, "u1|2026-11-21T00:00Z": counts["u1|2026-11-21T00:00Z"] + 1}
     assert kstreams.check_counts(off, truth) == [f"u1|2026-11-21T00:00Z: {truth['u1|2026-11-21T00:00Z'] + 1} != "
                                                  f"{truth['u1|2026-11-21T00:00Z']}"]
+
+
+async def test_a_trade_it_cannot_read_stops_the_run_with_an_error(kafka_settings: KafkaSettings,
+                                                                  tmp_path: Path) -> None:
+    """An event that is not a trade fails the application (exit 1), and the run says so rather than timing
+    out or counting around it."""
+    topic = f"kstreams-bad-{uuid.uuid4().hex[:10]}"
+    await ensure_topics(kafka_settings, {topic: 1})
+    try:
+        rng = random.Random(3)
+        await pipeline.load(kafka_settings, topic, 1, 10,
+                            lambda i: (b"S1", b"not json") if i == 5 else pipeline.trade(i, rng, 3), "trades")
+        classpath = kstreams.build()
+        with pytest.raises(RuntimeError, match=r"Kafka Streams exited 1; see "):
+            await kstreams.streams_rate(kafka_settings, topic, 1, 10, 120, {}, tmp_path, classpath)
+    finally:
+        await delete_topics(kafka_settings, topic)
+    assert "a trade that is not JSON with an integer qty" in (tmp_path / "kstreams.log").read_text()
