@@ -63,7 +63,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@touch $@
 
-bench: $(BENCH_STAMP)  ## countersink beside raw aiokafka, counter columns and Quix Streams; writes bench/results/REPORT.md
+bench: $(BENCH_STAMP)  ## countersink beside raw aiokafka, counter columns, Quix Streams and Kafka Streams; writes bench/results/REPORT.md
 	$(PY) -m bench.pipeline $(BENCH_ARGS)
 
 bench-apply: $(STAMP)  ## apply throughput per kind and bytes per stored state (no servers)

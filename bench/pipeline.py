@@ -3,7 +3,7 @@
     python -m bench.pipeline [--events 2000000] [--symbols 100000] [--partitions 12] [--quick]
 
 It starts its own Kafka and Cassandra (ports 29092 and 29042, data under ``.stack/bench``), loads one topic
-of JSON trades keyed by symbol, and consumes that same topic four ways, one after the other:
+of JSON trades keyed by symbol, and consumes that same topic five ways, one after the other:
 
 1. the limit: aiokafka ``getmany`` and discard, in one process;
 2. countersink: one consumer process with a count, an integer sum and a distinct counter over the trades,
@@ -11,7 +11,9 @@ of JSON trades keyed by symbol, and consumes that same topic four ways, one afte
 3. without countersink: aiokafka plus one Cassandra counter-column ``UPDATE`` per event (count and sum),
    at the same number of requests in flight as countersink's client allows;
 4. Quix Streams in its exactly-once mode, counting trades and summing ``qty`` per symbol in RocksDB state,
-   until its committed offsets reach the end of the topic.
+   until its committed offsets reach the end of the topic;
+5. Kafka Streams (``bench/kstreams/``, exactly-once v2, RocksDB), counting trades and summing ``qty`` per
+   symbol, timed the same way; its values, read back from its output topic, checked against the truth.
 
 Then: consumer CPU per million events; the GC folding what the countersink run left (instances per
 second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read, and of wide
@@ -142,6 +144,9 @@ class Report:
     recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
     profile: str = ""
     checks: list[str] = field(default_factory=list)
+    # Kafka Streams: events/s, CPU s per million events of its JVM and of the servers meanwhile, symbols checked
+    kstreams: dict[str, float] = field(default_factory=dict)
+    kstreams_checks: list[str] = field(default_factory=list)  # its count and sum against the truth: mismatches
 
 
 # --- servers
@@ -652,10 +657,14 @@ async def check_values(cassandra: CassandraSettings, expected: dict[str, tuple[i
 
 
 async def run(args: argparse.Namespace) -> Report:
+    from bench import kstreams
+
     report = Report(events=args.events, symbols=args.symbols, partitions=args.partitions)
     STACK.mkdir(parents=True, exist_ok=True)
     for old in STACK.glob("*.log"):
         old.unlink()
+    say("building the Kafka Streams application (bench/kstreams)")
+    kstreams_classpath = kstreams.build()
     say("starting Kafka and Cassandra")
     with bench_servers(STACK, kafka_port=29092, native_port=29042, storage_port=27000, jmx_port=27199,
                        cluster_name="countersink-bench") as (kafka_server, cassandra_node):
@@ -692,11 +701,11 @@ async def run(args: argparse.Namespace) -> Report:
             await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.warmup_seconds / 2)
             await warm_up_consumer(kafka, cassandra, args.partitions, args.warmup_seconds / 2)
 
-        say("1/4 raw aiokafka getmany")
+        say("1/5 raw aiokafka getmany")
         report.rates["raw aiokafka"] = await raw_rate(kafka, args.partitions, args.events)
         say(f"raw aiokafka: {report.rates['raw aiokafka']:,.0f} events/s")
 
-        say("2/4 countersink (count, sum, distinct; exactly-once)")
+        say("2/5 countersink (count, sum, distinct; exactly-once)")
         run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, MAIN_GROUP, jvms)
         report.rates["countersink"] = run_.rate
         report.cpu_s_per_million = run_.cpu_s / args.events * 1_000_000
@@ -711,8 +720,8 @@ async def run(args: argparse.Namespace) -> Report:
         # The same run with one thing changed: flushes closer together (4 was the default before 10), and a
         # second process in the group. Each noted with what it cost.
         variants: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
-            ("2b/4", SPACING_4, "bench-countersink-spacing-4", {"flush_spacing": 4}),
-            ("2c/4", TWO_PROCESSES, "bench-countersink-2-processes", {"processes": 2}))
+            ("2b/5", SPACING_4, "bench-countersink-spacing-4", {"flush_spacing": 4}),
+            ("2c/5", TWO_PROCESSES, "bench-countersink-2-processes", {"processes": 2}))
         for step, name, group, options in variants:
             say(f"{step} {name}")
             run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, group, jvms, **options)
@@ -722,17 +731,29 @@ async def run(args: argparse.Namespace) -> Report:
                                   f"{run_.server_cpu_s.get('Cassandra', 0) / args.events * 1e6:.1f}")
             say(f"{name}: {run_.rate:,.0f} events/s")
 
-        say(f"3/4 Cassandra counter columns, one UPDATE per event ({args.native_seconds:.0f}s at most)")
+        say(f"3/5 Cassandra counter columns, one UPDATE per event ({args.native_seconds:.0f}s at most)")
         rate, done = await native_counter_rate(kafka, cassandra, args.partitions, args.events, args.native_seconds)
         report.rates["Cassandra counter columns"] = rate
         report.notes["Cassandra counter columns"] = f"{done:,} events in the time budget"
         say(f"counter columns: {rate:,.0f} events/s over {done:,} events")
 
-        say(f"4/4 Quix Streams, exactly-once ({args.quix_seconds:.0f}s at most)")
+        say(f"4/5 Quix Streams, exactly-once ({args.quix_seconds:.0f}s at most)")
         rate, done = await quix_rate(kafka, args.partitions, args.events, args.quix_seconds)
         report.rates["Quix Streams (exactly-once)"] = rate
         report.notes["Quix Streams (exactly-once)"] = f"{done:,} events committed"
         say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
+
+        say(f"5/5 Kafka Streams, exactly-once v2 ({args.kstreams_seconds:.0f}s at most)")
+        report.kstreams, report.kstreams_checks = await kstreams.bench_step(
+            kafka, TOPIC, args.partitions, truth, args.kstreams_seconds, jvms, STACK, kstreams_classpath,
+            threads=args.kstreams_threads, commit_ms=args.kstreams_commit_ms)
+        report.rates[kstreams.NAME] = report.kstreams["events_per_s"]
+        report.notes[kstreams.NAME] = (f"{report.kstreams['committed']:,.0f} events committed; CPU s per million "
+                                       f"events: JVM {report.kstreams['jvm_cpu_s_per_million']:.1f}, Kafka "
+                                       f"{report.kstreams.get('kafka_cpu_s_per_million', 0):.1f}")
+        say(f"kafka streams: {report.notes[kstreams.NAME]}; count and sum of "
+            f"{report.kstreams.get('symbols_checked', 0):,.0f} symbols checked against the truth: "
+            f"{len(report.kstreams_checks)} mismatched")
 
         from bench.hot_path import measure
 
@@ -826,6 +847,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--native-seconds", type=float, default=60.0,
                         help="time budget of the counter-column run (it is measured over what it got through)")
     parser.add_argument("--quix-seconds", type=float, default=240.0, help="time budget of the Quix Streams run")
+    parser.add_argument("--kstreams-seconds", type=float, default=300.0,
+                        help="time budget of the Kafka Streams run (its values are checked only if it finishes)")
+    parser.add_argument("--kstreams-threads", type=int, default=1,
+                        help="num.stream.threads of the Kafka Streams application (one process, like the others)")
+    parser.add_argument("--kstreams-commit-ms", type=int, default=100,
+                        help="commit.interval.ms of the Kafka Streams application (100: its exactly-once default)")
     parser.add_argument("--warmup-seconds", type=float, default=40.0,
                         help="Cassandra warm-up before the measured runs (0: none)")
     parser.add_argument("--read-rounds", type=int, default=2_000)
@@ -840,7 +867,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win
         parser.set_defaults(events=200_000, symbols=10_000, native_seconds=15.0, quix_seconds=60.0, read_rounds=300,
-                            wide_rounds=30, memory_instances=20_000, recovery_instances=[10_000, 100_000])
+                            wide_rounds=30, kstreams_seconds=90.0, memory_instances=20_000,
+                            recovery_instances=[10_000, 100_000])
     args = parser.parse_args(argv)
     configure_logging("WARNING", "console")
     command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -853,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
 
     text = write_report(report, args.out, command.strip())
     print(text)
-    return 0 if not report.checks else 1
+    return 0 if not report.checks and not report.kstreams_checks else 1
 
 
 if __name__ == "__main__":

@@ -131,6 +131,57 @@ def _wide_section(report: Report) -> list[str]:
     ]
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}×" if theirs > 0 else "n/a"
+
+
+def _kstreams_section(report: Report, cs: float) -> list[str]:
+    """countersink beside Kafka Streams on the same topic in the same run: throughput, CPU, and the ratios."""
+    ks = report.kstreams
+    if not ks:
+        return []
+    consumer = report.cpu_s_per_million
+    cassandra = report.server_cpu_s_per_million.get("Cassandra", 0.0)
+    kafka = report.server_cpu_s_per_million.get("Kafka", 0.0)
+    jvm = ks["jvm_cpu_s_per_million"]
+    ks_kafka = ks.get("kafka_cpu_s_per_million", 0.0)
+    ours, theirs = consumer + cassandra + kafka, jvm + ks_kafka
+    rate = ks["events_per_s"]
+    threads = int(ks.get("threads", 1))
+    checked = int(ks.get("symbols_checked", 0))
+    exactness = (f"Its count and sum of {checked:,} symbols, the last committed record of each in its output "
+                 f"topic, compared with the truth: {len(report.kstreams_checks)} mismatched."
+                 + ("" if not report.kstreams_checks else " " + "; ".join(report.kstreams_checks[:5]))
+                 if checked else
+                 f"Its values were not checked: it committed {ks['committed']:,.0f} of {report.events:,} events "
+                 "within its time budget.")
+    return [
+        "## Kafka Streams",
+        "",
+        "What a JVM team would run instead: a Kafka Streams application (`bench/kstreams/`, built by Maven at the "
+        "stack's Kafka version; `processing.guarantee=exactly_once_v2`, "
+        + ("one stream thread" if threads == 1 else f"{threads} stream threads")
+        + f", a commit every {ks.get('commit_interval_ms', 100):,.0f} ms, the totals in a RocksDB store with its "
+        "changelog topic, every update written to an output "
+        "topic) keeping count and sum of `qty` per symbol: two of countersink's three counters (no distinct). "
+        "Timed from its JVM's start until its committed offsets reach the end of the topic; CPU is user + system "
+        "of each process meanwhile, from /proc. "
+        + exactness,
+        "",
+        "| figure | countersink | Kafka Streams | countersink ÷ Kafka Streams | target | |",
+        "|---|---:|---:|---:|---:|---|",
+        f"| events/s | {cs:,.0f} | {rate:,.0f} | {_ratio(cs, rate)} | ≥ 1.5× | "
+        f"{_verdict(cs >= 1.5 * rate) if rate > 0 else 'not measured'} |",
+        f"| CPU s per million events: the consumer / the Streams JVM | {consumer:.1f} | {jvm:.1f} | "
+        f"{_ratio(consumer, jvm)} | | |",
+        f"| CPU s per million events: Kafka | {kafka:.1f} | {ks_kafka:.1f} | | | |",
+        f"| CPU s per million events: Cassandra | {cassandra:.1f} | (not used) | | | |",
+        f"| whole pipeline CPU s per million events | {ours:.1f} | {theirs:.1f} | {_ratio(ours, theirs)} | ≤ 0.5× | "
+        f"{_verdict(0 < ours <= 0.5 * theirs) if rate > 0 else 'not measured'} |",
+        "",
+    ]
+
+
 def write_report(report: Report, out: Path, command: str, made_on: str | None = None) -> str:
     """Write REPORT.md, its plots, and results.json (every figure, to render the report again from)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -176,6 +227,8 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         "- countersink, 2 processes: the same with two consumer processes in one group, sharing the partitions.",
         "- Quix Streams: its exactly-once mode (Kafka transactions, RocksDB state with changelog topics), "
         "count and sum of `qty` per symbol, no distinct; timed until its committed offsets reach the end.",
+        "- Kafka Streams: exactly-once v2, RocksDB, count and sum of `qty` per symbol, no distinct; timed the same "
+        "way (see [Kafka Streams](#kafka-streams)).",
         "",
         f"![throughput]({plots[0]})",
         "",
@@ -191,6 +244,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         f"{_verdict(worst_recovery <= 10)} |",
         "",
         *_cost_table(report, cs, raw, native, quix),
+        *_kstreams_section(report, cs),
         "## Exactness of the countersink run",
         "",
         f"Count and sum of 2,000 symbols compared with the truth computed while publishing: "
