@@ -32,21 +32,24 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import msgspec
 
-from schemas.definitions import CounterDefinition, CounterSet
+from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import InvalidEventError
 from schemas.events import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_KEY_BYTES,
     _escape,
     _event_id_converter,
     _key_text,
     _value_converter,
     _where_check,
+    bucket_time,
     passes_of,
 )
 from schemas.kinds import State
@@ -79,26 +82,82 @@ class Row:
         self.touched = 0
 
 
+def _field_parts(path: str) -> tuple[str, ...] | None:
+    """The names along a payload path (``user.id``: ``user``, ``id``; ``@@x``: ``@x``), or ``None`` for a path
+    of the record (``@key``, ``@header.NAME``, ...) or one holding a name msgspec cannot take."""
+    if record_part(path) is not None:
+        return None
+    parts = tuple(payload_path(path).split("."))
+    if any(not part or not _UNNAMEABLE.isdisjoint(part) for part in parts):
+        return None
+    return parts
+
+
 def _eligible(definition: CounterDefinition) -> bool:
     paths = [*definition.key, *definition.where]
     if definition.value is not None:
         paths.append(definition.value)
     if definition.event_id is not None:
         paths.append(definition.event_id)
-    # A path starting with @ reads the record around the payload (@key, @header.NAME, ...), or is a payload
-    # field written with its @ doubled (@@x): the router reads both.
-    return (definition.bucket is None and definition.number_mode != "decimal"
-            and all("." not in path and not path.startswith("@") and _UNNAMEABLE.isdisjoint(path)
-                    for path in paths))
+    # The record's time is the one part of the record the batch path reads, and only as a bucket's field.
+    if definition.bucket is not None and definition.bucket.field != TIMESTAMP:
+        paths.append(definition.bucket.field)
+    return all(_field_parts(path) is not None for path in paths)
+
+
+TIMESTAMP = "@timestamp"
+
+
+class _Conflict(Exception):
+    """A path that is both a field and an object holding fields (``user`` and ``user.id``) on one topic."""
+
+
+class _Fields:
+    """The payload fields a topic's counters read, as nested msgspec structs: one attribute per name at each
+    level (an object at ``user`` holding ``id`` is a struct of its own, present empty when the event lacks
+    it), so that reading ``user.id`` is two attribute loads, and a ``user`` that is not an object (a string,
+    null) fails the decode: the router decides that event."""
+
+    def __init__(self) -> None:
+        self.tree: dict[str, list[Any]] = {}  # name -> [attribute, children (None for a field read)]
+        self.count = 0
+
+    def attr(self, path: str) -> str:
+        """``f0.f3``: the attributes reaching ``path`` from the decoded event."""
+        parts = _field_parts(path)
+        assert parts is not None
+        node, attrs = self.tree, []
+        for i, part in enumerate(parts):
+            leaf = i == len(parts) - 1
+            entry = node.get(part)
+            if entry is None:
+                entry = node[part] = [f"f{self.count}", None if leaf else {}]
+                self.count += 1
+            elif (entry[1] is None) != leaf:
+                raise _Conflict(path)
+            attrs.append(entry[0])
+            node = entry[1]
+        return ".".join(attrs)
+
+    def struct(self, tree: dict[str, list[Any]] | None = None, name: str = "TopicFields") -> type:
+        fields: list[tuple[str, Any, Any]] = []
+        for part, (attr, children) in (self.tree if tree is None else tree).items():
+            if children is None:
+                fields.append((attr, Any, msgspec.field(default=_UNSET, name=part)))
+            else:
+                inner = self.struct(children, f"{name}_{attr}")
+                fields.append((attr, inner, msgspec.field(default_factory=inner, name=part)))
+        return msgspec.defstruct(name, fields)
 
 
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
 # dropped as a publisher retry by all, or wanted by none (filtered out).
 APPLIED, DUPLICATE, FILTERED = 1, 2, 0
-# apply_event(raw, rows, fresh, touched, create): one of the above, or None for an event it leaves to the
-# router (nothing changed). ``fresh(counter, event_id)`` is the retry window's; ``touched`` collects the rows
-# changed; ``create(row, index)`` makes (or finds) the state of a row's counter.
-ApplyEvent = Callable[[bytes, list[dict[Any, "Row"]], Callable[[str, str], bool], list["Row"],
+# apply_event(raw, ts, rows, fresh, touched, create): one of the above, or None for an event it leaves to the
+# router (nothing changed). ``ts`` is the record's Kafka timestamp (ms, or None); ``fresh(counter, event_id)``
+# is the retry window's; ``touched`` collects the rows changed; ``create(row, index)`` makes (or finds) the
+# state of a row's counter.
+ApplyEvent = Callable[[bytes, "int | None", list[dict[Any, "Row"]], Callable[[str, str], bool], list["Row"],
                        Callable[["Row", int], State]], "int | None"]
 
 
@@ -131,33 +190,42 @@ class FastRoute:
     the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a mutator)."""
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
-                 max_key_bytes: int) -> None:
+                 max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
+        # A counter keeps exact decimals: every number with a fraction or an exponent is read as a Decimal, for
+        # every counter of the topic, as the router's parser reads them then.
+        self.decimals = any(definition.number_mode == "decimal" for definition in counters)
         # A counter of the topic has no filter: every event taken is wanted (applied, or a publisher retry).
         self._always_wanted = not all(definition.where for definition in counters)
-        fields: dict[str, str] = {}  # event field -> attribute of the decoded struct
+        fields = _Fields()
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
             # TypeError: an array or object as a key value, which no dict of rows can hold
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
+            "MAX_FUTURE_MS": max_future_skew_s * 1000,
         }
 
         def attr(path: str) -> str:
-            if path not in fields:
-                fields[path] = f"f{len(fields)}"
-            return fields[path]
+            if path == TIMESTAMP:
+                return "TS"
+            return fields.attr(path)
 
-        groups: dict[tuple[str, ...], list[CounterDefinition]] = {}
+        # Counters share a row when they share key fields and time bucket (its field, size, format and
+        # retention: the bucket's checks are the row's).
+        groups: dict[tuple[Any, ...], list[CounterDefinition]] = {}
         for definition in counters:
-            groups.setdefault(definition.key, []).append(definition)
-        self._groups = tuple((paths, tuple(d.name for d in members)) for paths, members in groups.items())
+            bucket = definition.bucket
+            when = None if bucket is None else (bucket.field, bucket.seconds, bucket.format, definition.retain_seconds)
+            groups.setdefault((definition.key, when), []).append(definition)
+        self._groups = tuple((paths, tuple(d.name for d in members), when is not None)
+                             for (paths, when), members in groups.items())
 
         lines = [
-            "def apply_event(raw, rows, fresh, touched, create):",
+            "def apply_event(raw, ts, rows, fresh, touched, create):",
             "    # Bytes are searched for an int (one memchr) before a bytes needle (a substring search, costing as",
             "    # much as the decode): most events hold no backslash and no array.",
             "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or (92 in raw and b'\\\\u' in raw)",
@@ -168,6 +236,10 @@ class FastRoute:
             "        event = decode(raw)",
             "    except DECODE_ERRORS:",
             "        return None",
+        ]
+        if any(d.bucket is not None and d.bucket.field == TIMESTAMP for d in counters):
+            lines.append("    TS = ts if ts is not None and ts >= 0 else UNSET  # the router's @timestamp")
+        lines += [
             "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet",
             "    try:",
         ]
@@ -176,11 +248,32 @@ class FastRoute:
         if not self._always_wanted:
             applying.append("    wanted = False")
         decided: dict[tuple[str, str], str] = {}  # window group, id local -> the local holding its decision
-        for g, (paths, members) in enumerate(groups.items()):
-            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}")
+        for g, ((paths, when), members) in enumerate(groups.items()):
+            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}"
+                         + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
             lines.append(f"        row{g} = None")
             values = "".join(f"event.{attr(p)}, " for p in paths)
-            cache_key = values[:-2] if len(paths) == 1 else f"({values})"
+            if when is not None:
+                values += f"text{g}, "
+            cache_key = values[:-2] if values.count(",") == 1 else f"({values})"
+            bucket_lines: list[str] = []
+            if when is not None:
+                first = members[0]
+                assert first.bucket is not None
+                namespace[f"bucket_time{g}"] = bucket_time(first)
+                bucket_lines = [
+                    f"bv{g} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
+                    f"if bv{g} is UNSET or bv{g} is None:",
+                    "    return None",
+                    f"seconds{g}, start{g}, text{g} = bucket_time{g}(bv{g})",
+                    "# the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
+                    f"if ts is not None and ts >= 0 and seconds{g} * 1000 > ts + MAX_FUTURE_MS:",
+                    "    return None",
+                ]
+                if first.retain_seconds is not None:
+                    namespace[f"KEPT_MS{g}"] = (first.bucket.seconds + first.retain_seconds) * 1000
+                    bucket_lines += [f"if ts is not None and ts >= start{g} * 1000 + KEPT_MS{g}:",
+                                     "    return None"]
             ids: dict[str, str] = {}  # event-id path -> the local holding its text, once read unfiltered
             row_known = False  # set by a counter without a filter: the counters after it need not look again
             for index, definition in enumerate(members):
@@ -198,6 +291,7 @@ class FastRoute:
                     lines.append(f"{indent}want_{c} = True")
                 if not row_known:
                     lines += [f"{indent}if row{g} is None:",
+                              *(f"{indent}    {line}" for line in bucket_lines),
                               f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
                               f"{indent}    if row{g} is None:",
                               f"{indent}        return None"]
@@ -237,9 +331,10 @@ class FastRoute:
                   f"    return APPLIED if {changed} else " + ("DUPLICATE" if self._always_wanted else
                                                              "(DUPLICATE if wanted else FILTERED)")]
         self.source = "\n".join(lines) + "\n"
-        struct = msgspec.defstruct(
-            "TopicFields", [(a, Any, msgspec.field(default=_UNSET, name=path)) for path, a in fields.items()])
-        namespace["decode"] = msgspec.json.Decoder(struct).decode
+        # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
+        # hands it to Decimal when a counter of the topic keeps decimals.
+        namespace["decode"] = msgspec.json.Decoder(fields.struct(), float_hook=Decimal if self.decimals else None
+                                                   ).decode
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]
@@ -272,12 +367,16 @@ class FastRoute:
 
     @classmethod
     def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-              max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> FastRoute | None:
+              max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+              max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S) -> FastRoute | None:
         """The fast path for ``topic``, or ``None`` when a counter on it needs the router."""
         counters = list(counter_set.for_topic(topic))
         if not counters or not all(_eligible(c) for c in counters):
             return None
-        return cls(counters, max_event_bytes, max_depth, max_key_bytes)
+        try:
+            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s)
+        except _Conflict:
+            return None
 
     def new_rows(self) -> list[dict[Any, Row]]:
         """Empty row caches, one per key group, for one mutator."""
@@ -285,12 +384,15 @@ class FastRoute:
 
     def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
         """The row of key ``values``, kept in ``rows`` when every value is a string (``True`` and ``1`` are
-        one dict key but two instance keys). ``None`` when a value is not a valid key part."""
-        paths, names = self._groups[group]
-        if any(v is _UNSET or v is None for v in values):
+        one dict key but two instance keys). ``None`` when a value is not a valid key part. A bucketed group's
+        last value is its bucket's text, the key's last component."""
+        paths, names, bucketed = self._groups[group]
+        parts = values[:-1] if bucketed else values
+        if any(v is _UNSET or v is None for v in parts):
             return None
         try:
-            key = "|".join(_escape(_key_text(path, v)) for path, v in zip(paths, values, strict=True))
+            key = "|".join([*(_escape(_key_text(path, v)) for path, v in zip(paths, parts, strict=True)),
+                            *values[len(parts):]])
         except InvalidEventError:
             return None
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
