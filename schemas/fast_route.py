@@ -62,6 +62,19 @@ _UNSET = msgspec.UNSET
 LONG_DIGITS = 4096
 _DIGIT_RUN = b"0" * LONG_DIGITS
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+# The longest number text (with a fraction, no exponent) the batch path reads as a Decimal itself: any Decimal it
+# holds then has at most this many digits and an exponent of at most this size, well inside the router's bounds
+# (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign dropped. A longer number
+# or one with an exponent, in a field the topic's counters read, leaves the event to the router.
+SHORT_DECIMAL = 40
+
+
+def _short_decimal(text: str) -> Decimal:
+    if len(text) > SHORT_DECIMAL or "e" in text or "E" in text:
+        raise ValueError("left to the router")  # msgspec fails the decode: the router decides the event
+    return Decimal(text)
+
+
 # Field names msgspec cannot take (as a struct field's name): a topic reading one has no fast path.
 _UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
 
@@ -91,6 +104,11 @@ def _field_parts(path: str) -> tuple[str, ...] | None:
     if any(not part or not _UNNAMEABLE.isdisjoint(part) for part in parts):
         return None
     return parts
+
+
+def _exact(definition: CounterDefinition) -> bool:
+    """Whether a counter's values are converted to Decimals (a numeric kind keeping exact decimals)."""
+    return definition.kind not in ("distinct", "top_k", "quantiles") and definition.spec.number == "decimal"
 
 
 def _eligible(definition: CounterDefinition) -> bool:
@@ -301,8 +319,16 @@ class FastRoute:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
                     lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
                               f"{indent}if value_{c} is UNSET or value_{c} is None:",
-                              f"{indent}    return None",
-                              *_converted(f"value_{c}", f"convert_{c}", namespace, indent)]
+                              f"{indent}    return None"]
+                    if _exact(definition):
+                        # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
+                        lines += [f"{indent}if type(value_{c}) is Decimal:",
+                                  f"{indent}    if not value_{c}:",
+                                  f"{indent}        value_{c} = value_{c}.copy_abs()",
+                                  f"{indent}else:",
+                                  *_converted(f"value_{c}", f"convert_{c}", namespace, indent + "    ")]
+                    else:
+                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, indent)
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
@@ -332,9 +358,10 @@ class FastRoute:
                                                              "(DUPLICATE if wanted else FILTERED)")]
         self.source = "\n".join(lines) + "\n"
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
-        # hands it to Decimal when a counter of the topic keeps decimals.
-        namespace["decode"] = msgspec.json.Decoder(fields.struct(), float_hook=Decimal if self.decimals else None
-                                                   ).decode
+        # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
+        namespace["decode"] = msgspec.json.Decoder(fields.struct(),
+                                                   float_hook=_short_decimal if self.decimals else None).decode
+        namespace["Decimal"] = Decimal
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]

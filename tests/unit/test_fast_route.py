@@ -425,3 +425,15 @@ def test_the_differential_check_catches_a_planted_bucket_divergence() -> None:
     reference = mutator(counters, 10)
     records = [Record(0, b'{"sym": "IBM", "ts": 1764140400, "id": "e1"}', (NOW_S - 3 * 86_400) * 1000)]
     assert described(batched.apply_batch(records)) != described(outcomes(reference, records))
+
+
+def test_the_differential_check_catches_a_planted_decimal_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path reads short decimals alone as passing the router's bounds; with that limit taken out it
+    would count a decimal of 150 digits the router refuses, and the check tells the two paths apart."""
+    counters = counter_set([BODIES[22]])
+    records = [Record(0, b'{"sym": "IBM", "x": 0.' + b"1" * 150 + b', "id": "e1"}')]
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    monkeypatch.setattr(fast_route, "SHORT_DECIMAL", 10**6)
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) != described(outcomes(reference, records))
