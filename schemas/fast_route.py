@@ -30,6 +30,7 @@ counters stay there.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 from decimal import Decimal
@@ -126,6 +127,31 @@ def _eligible(definition: CounterDefinition) -> bool:
 TIMESTAMP = "@timestamp"
 
 
+def _absent(role: str, values: tuple[Any, ...]) -> str:
+    """Why a counter does not apply to an event: the first of ``values`` (its ``role`` fields, in order) that
+    is missing or null, named as the router names it (``key_missing``, ``bucket_null``, ...)."""
+    for v in values:
+        if v is _UNSET:
+            return f"{role}_missing"
+        if v is None:
+            return f"{role}_null"
+    raise AssertionError("no field is absent")
+
+
+def _skip(skipped: list[tuple[int, str, str]] | None, entry: tuple[int, str, str]) -> list[tuple[int, str, str]]:
+    if skipped is None:
+        return [entry]
+    skipped.append(entry)
+    return skipped
+
+
+def _report(on_not_applicable: Callable[[str, str], None] | None, skipped: list[tuple[int, str, str]]) -> None:
+    """Tell the counters an event taken did not apply to, in the definitions' order (the router's)."""
+    if on_not_applicable is not None:
+        for _, counter, reason in sorted(skipped):
+            on_not_applicable(counter, reason)
+
+
 class _Conflict(Exception):
     """A path that is both a field and an object holding fields (``user`` and ``user.id``) on one topic."""
 
@@ -208,15 +234,14 @@ class FastRoute:
     the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a mutator)."""
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
-                 max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S) -> None:
+                 max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
+                 on_not_applicable: Callable[[str, str], None] | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
         # A counter keeps exact decimals: every number with a fraction or an exponent is read as a Decimal, for
         # every counter of the topic, as the router's parser reads them then.
         self.decimals = any(definition.number_mode == "decimal" for definition in counters)
-        # A counter of the topic has no filter: every event taken is wanted (applied, or a publisher retry).
-        self._always_wanted = not all(definition.where for definition in counters)
         fields = _Fields()
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
@@ -224,7 +249,8 @@ class FastRoute:
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
-            "MAX_FUTURE_MS": max_future_skew_s * 1000,
+            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
+            "report": functools.partial(_report, on_not_applicable),
         }
 
         def attr(path: str) -> str:
@@ -258,19 +284,30 @@ class FastRoute:
         if any(d.bucket is not None and d.bucket.field == TIMESTAMP for d in counters):
             lines.append("    TS = ts if ts is not None and ts >= 0 else UNSET  # the router's @timestamp")
         lines += [
-            "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet",
+            "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet. A",
+            "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
             "    try:",
+            "        skipped = None",
         ]
-        applying = ["    # 2. the publisher-retry window, then the states; bits{g}: the counters of row{g} changed",
-                    *(f"    bits{g} = 0" for g in range(len(groups)))]
-        if not self._always_wanted:
-            applying.append("    wanted = False")
-        decided: dict[tuple[str, str], str] = {}  # window group, id local -> the local holding its decision
+        id_locals: dict[str, str] = {}  # event-id path -> the local holding its text, read once per record
+        for definition in counters:
+            if definition.event_id is not None and definition.event_id not in id_locals:
+                id_locals[definition.event_id] = f"id{len(id_locals)}"
+                lines.append(f"        id{len(id_locals) - 1} = None")
+        fresh_locals: dict[str, str] = {}  # window group -> the local holding its decision for the record
+        applying: list[str] = []
+        order = {definition.name: n for n, definition in enumerate(counters)}
         for g, ((paths, when), members) in enumerate(groups.items()):
             lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}"
                          + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
             lines.append(f"        row{g} = None")
-            values = "".join(f"event.{attr(p)}, " for p in paths)
+            keys = [f"kv{g}_{i}" for i in range(len(paths))]
+            lines += [f"        {local} = event.{attr(path)}" for local, path in zip(keys, paths, strict=True)]
+            lines.append(f"        kr{g} = None")
+            if keys:
+                absent = " or ".join(f"{k} is UNSET or {k} is None" for k in keys)
+                lines += [f"        if {absent}:", f"            kr{g} = absent('key', ({', '.join(keys)},))"]
+            values = "".join(f"{k}, " for k in keys)
             if when is not None:
                 values += f"text{g}, "
             cache_key = values[:-2] if values.count(",") == 1 else f"({values})"
@@ -279,10 +316,11 @@ class FastRoute:
                 first = members[0]
                 assert first.bucket is not None
                 namespace[f"bucket_time{g}"] = bucket_time(first)
+                lines += [f"        bv{g} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
+                          f"        br{g} = None",
+                          f"        if bv{g} is UNSET or bv{g} is None:",
+                          f"            br{g} = absent('bucket', (bv{g},))"]
                 bucket_lines = [
-                    f"bv{g} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
-                    f"if bv{g} is UNSET or bv{g} is None:",
-                    "    return None",
                     f"seconds{g}, start{g}, text{g} = bucket_time{g}(bv{g})",
                     "# the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
                     f"if ts is not None and ts >= 0 and seconds{g} * 1000 > ts + MAX_FUTURE_MS:",
@@ -292,34 +330,42 @@ class FastRoute:
                     namespace[f"KEPT_MS{g}"] = (first.bucket.seconds + first.retain_seconds) * 1000
                     bucket_lines += [f"if ts is not None and ts >= start{g} * 1000 + KEPT_MS{g}:",
                                      "    return None"]
-            ids: dict[str, str] = {}  # event-id path -> the local holding its text, once read unfiltered
-            row_known = False  # set by a counter without a filter: the counters after it need not look again
             for index, definition in enumerate(members):
                 c = f"{g}_{index}"
-                lines.append(f"        # counter {definition.name} ({definition.kind})")
+                lines += [f"        # counter {definition.name} ({definition.kind})", f"        want_{c} = False"]
                 indent = "        "
                 if definition.where:
-                    lines.append(f"{indent}want_{c} = False")
                     checks = []
                     for n, (path, allowed) in enumerate(definition.where.items()):
                         namespace[f"where_{c}_{n}"] = _where_check(operator.attrgetter(attr(path)), allowed)
                         checks.append(f"where_{c}_{n}(event)")
                     lines.append(f"{indent}if {' and '.join(checks)}:")
                     indent += "    "
-                    lines.append(f"{indent}want_{c} = True")
-                if not row_known:
-                    lines += [f"{indent}if row{g} is None:",
-                              *(f"{indent}    {line}" for line in bucket_lines),
-                              f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
-                              f"{indent}    if row{g} is None:",
-                              f"{indent}        return None"]
-                    row_known = not definition.where
+                # Not applicable: the first of its key, value and bucket fields (in that order) it lacks.
+                lines.append(f"{indent}reason = kr{g}")
+                if definition.value is not None:
+                    lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
+                              f"{indent}if reason is None and (value_{c} is UNSET or value_{c} is None):",
+                              f"{indent}    reason = 'value_missing' if value_{c} is UNSET else 'value_null'"]
+                if when is not None:
+                    lines += [f"{indent}if reason is None:", f"{indent}    reason = br{g}"]
+                lines.append(f"{indent}if reason is not None:")
+                if definition.required:
+                    lines.append(f"{indent}    return None  # required: the router refuses it")
+                else:
+                    lines.append(f"{indent}    skipped = skip(skipped, ({order[definition.name]}, "
+                                 f"{definition.name!r}, reason))")
+                lines.append(f"{indent}else:")
+                indent += "    "
+                lines += [f"{indent}want_{c} = True",
+                          f"{indent}if row{g} is None:",
+                          *(f"{indent}    {line}" for line in bucket_lines),
+                          f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
+                          f"{indent}    if row{g} is None:",
+                          f"{indent}        return None"]
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
-                    lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
-                              f"{indent}if value_{c} is UNSET or value_{c} is None:",
-                              f"{indent}    return None"]
                     if _exact(definition):
                         # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
                         lines += [f"{indent}if type(value_{c}) is Decimal:",
@@ -332,17 +378,13 @@ class FastRoute:
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
-                    # Read once per record for the counters without a filter; under a filter, read again.
-                    event_id = ids.get(definition.event_id, "") if not definition.where else ""
-                    if not event_id:
-                        event_id = f"id_{c}"
-                        if not definition.where:
-                            ids[definition.event_id] = event_id
-                        # the router's own rule: a refused id raises, and the router decides the event
-                        namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
-                        lines += [f"{indent}{event_id} = event.{attr(definition.event_id)}",
-                                  *_converted(event_id, f"check_{event_id}", namespace, indent)]
-                applying += self._apply_lines(definition, g, index, value, event_id, decided)
+                    # the router's own rule: a refused id raises, and the router decides the event
+                    event_id = id_locals[definition.event_id]
+                    namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
+                    lines += [f"{indent}if {event_id} is None:",
+                              f"{indent}    {event_id} = event.{attr(definition.event_id)}",
+                              *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
         marking = ["    finally:"]
@@ -352,10 +394,14 @@ class FastRoute:
                         f"                touched.append(row{g})",
                         f"            row{g}.touched |= bits{g}"]
         changed = " or ".join(f"bits{g}" for g in range(len(groups)))
-        lines += ["    except REFUSED:", "        return None", *applying[:1 + len(groups)], "    try:",
-                  *("    " + line for line in applying[1 + len(groups):]), *marking,
-                  f"    return APPLIED if {changed} else " + ("DUPLICATE" if self._always_wanted else
-                                                             "(DUPLICATE if wanted else FILTERED)")]
+        lines += ["    except REFUSED:", "        return None",
+                  "    if skipped is not None:",
+                  "        report(skipped)",
+                  "    # 2. the publisher-retry window, then the states; bits{g}: the counters of row{g} changed",
+                  *(f"    bits{g} = 0" for g in range(len(groups))), "    wanted = False",
+                  *(f"    {local} = None" for local in fresh_locals.values()),
+                  "    try:", *("    " + line for line in applying), *marking,
+                  f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
         self.source = "\n".join(lines) + "\n"
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
         # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
@@ -367,23 +413,20 @@ class FastRoute:
         self.apply_event: ApplyEvent = namespace["apply_event"]
 
     def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,
-                     event_id: str | None, decided: dict[tuple[str, str], str]) -> list[str]:
-        """Step 2 for one counter: the window's decision on its event id (one look-up per window group and
-        record: counters sharing an id field and a filter share the decision), then its state."""
-        c, row, indent = f"{group}_{index}", f"row{group}", "    "
-        lines = [f"    # counter {definition.name}"]
-        if definition.where:
-            lines.append(f"    if want_{c}:")
-            if not self._always_wanted:
-                lines.append("        wanted = True")
-            indent += "    "
+                     event_id: str | None, fresh_locals: dict[str, str]) -> list[str]:
+        """Step 2 for one counter that wants the event: the window's decision on its event id (one look-up per
+        window group and record: counters sharing an id field and a filter share the decision), then its
+        state."""
+        c, row, indent = f"{group}_{index}", f"row{group}", "        "
+        lines = [f"    # counter {definition.name}", f"    if want_{c}:", "        wanted = True"]
         if event_id is not None:
-            share = (f"{definition.event_id}|{sorted(definition.where.items())!r}", event_id)
-            fresh = decided.get(share)
+            share = f"{definition.event_id}|{sorted(definition.where.items())!r}"
+            fresh = fresh_locals.get(share)
             if fresh is None:
-                fresh = decided[share] = f"fresh_{c}"
-                lines.append(f"{indent}{fresh} = fresh({definition.name!r}, {event_id})")
-            lines.append(f"{indent}if {fresh}:")
+                fresh = fresh_locals[share] = f"fresh{len(fresh_locals)}"
+            lines += [f"{indent}if {fresh} is None:",
+                      f"{indent}    {fresh} = fresh({definition.name!r}, {event_id})",
+                      f"{indent}if {fresh}:"]
             indent += "    "
         lines += [f"{indent}state = {row}.states[{index}]",
                   f"{indent}if state is None:",
@@ -395,13 +438,16 @@ class FastRoute:
     @classmethod
     def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
               max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
-              max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S) -> FastRoute | None:
-        """The fast path for ``topic``, or ``None`` when a counter on it needs the router."""
+              max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
+              on_not_applicable: Callable[[str, str], None] | None = None) -> FastRoute | None:
+        """The fast path for ``topic``, or ``None`` when a counter on it needs the router.
+        ``on_not_applicable(counter, reason)`` is told of each counter an event lacks a field of, as the
+        router's is."""
         counters = list(counter_set.for_topic(topic))
         if not counters or not all(_eligible(c) for c in counters):
             return None
         try:
-            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s)
+            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable)
         except _Conflict:
             return None
 

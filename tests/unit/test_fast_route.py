@@ -437,3 +437,24 @@ def test_the_differential_check_catches_a_planted_decimal_divergence(monkeypatch
     monkeypatch.setattr(fast_route, "SHORT_DECIMAL", 10**6)
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     assert described(batched.apply_batch(records)) != described(outcomes(reference, records))
+
+
+def test_the_fast_path_skips_the_counters_an_event_lacks_fields_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event lacking the key of one counter and the value of another is applied by the fast path to the
+    others, and the two it does not apply to are told, in the definitions' order, as the router tells them; a
+    fast path that did not tell them is caught."""
+    counters = counter_set([MIXED_BODIES[0], MIXED_BODIES[1], MIXED_BODIES[2], MIXED_BODIES[4]])
+    records = [Record(0, b'{"side": "buy", "sym": "IBM", "x": null, "flag": true}')]
+    fast = FastRoute.build(counters, TOPIC)
+    assert fast is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    assert fast.apply_event(records[0].value or b"", None, fast.new_rows(), lambda c, e: True, [], create) == APPLIED
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    assert batched.applier.router.skipped == reference.applier.router.skipped == [  # type: ignore[attr-defined]
+        ("c2", "key_missing"), ("c3", "value_null")]
+    monkeypatch.setattr(fast_route, "_report", lambda on_not_applicable, skipped: None)
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    batched.apply_batch(records)
+    outcomes(reference, records)
+    assert batched.applier.router.skipped != reference.applier.router.skipped  # type: ignore[attr-defined]
