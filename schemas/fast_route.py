@@ -45,6 +45,7 @@ from schemas.events import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_KEY_BYTES,
+    MAX_INTEGER,
     _escape,
     _event_id_converter,
     _key_text,
@@ -110,6 +111,18 @@ def _field_parts(path: str) -> tuple[str, ...] | None:
 def _exact(definition: CounterDefinition) -> bool:
     """Whether a counter's values are converted to Decimals (a numeric kind keeping exact decimals)."""
     return definition.kind not in ("distinct", "top_k", "quantiles") and definition.spec.number == "decimal"
+
+
+def _float_passes(definition: CounterDefinition, local: str) -> str | None:
+    """For a counter whose values the router converts to floats (quantiles, or a numeric kind in float mode),
+    the test a value passes unchanged: a finite float other than zero (whose sign the router drops), or in
+    float mode an integer within the bounds (kept an integer)."""
+    finite = f"(type({local}) is float and {local} - {local} == 0.0 and {local})"
+    if definition.kind == "quantiles":
+        return finite
+    if definition.kind in ("distinct", "top_k") or definition.spec.number != "float":
+        return None
+    return f"{finite} or (type({local}) is int and -{MAX_INTEGER} < {local} < {MAX_INTEGER})"
 
 
 def _eligible(definition: CounterDefinition) -> bool:
@@ -297,6 +310,7 @@ class FastRoute:
         fresh_locals: dict[str, str] = {}  # window group -> the local holding its decision for the record
         applying: list[str] = []
         order = {definition.name: n for n, definition in enumerate(counters)}
+        buckets: dict[tuple[Any, ...], int] = {}
         for g, ((paths, when), members) in enumerate(groups.items()):
             lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}"
                          + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
@@ -308,28 +322,38 @@ class FastRoute:
                 absent = " or ".join(f"{k} is UNSET or {k} is None" for k in keys)
                 lines += [f"        if {absent}:", f"            kr{g} = absent('key', ({', '.join(keys)},))"]
             values = "".join(f"{k}, " for k in keys)
+            # Groups of one bucket (field, size, format, retention) share its reading and its time, computed
+            # once per record by the first counter that wants the event.
+            b = buckets.setdefault(when, len(buckets)) if when is not None else -1
             if when is not None:
-                values += f"text{g}, "
+                values += f"bt{b}[2], "
             cache_key = values[:-2] if values.count(",") == 1 else f"({values})"
+            # Rows are kept by strings and integers alone: a boolean or a float equal to a kept integer (True
+            # and 1, 1.0 and 1) would find that integer's row.
+            exact = " and ".join(f"(type({k}) is str or type({k}) is int)" for k in keys)
+            lookup = f"rows[{g}].get({cache_key})" + (f" if {exact} else None" if exact else "")
             bucket_lines: list[str] = []
             if when is not None:
                 first = members[0]
                 assert first.bucket is not None
-                namespace[f"bucket_time{g}"] = bucket_time(first)
-                lines += [f"        bv{g} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
-                          f"        br{g} = None",
-                          f"        if bv{g} is UNSET or bv{g} is None:",
-                          f"            br{g} = absent('bucket', (bv{g},))"]
+                if f"bucket_time{b}" not in namespace:
+                    namespace[f"bucket_time{b}"] = bucket_time(first)
+                    lines += [f"        bv{b} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
+                              f"        br{b} = None",
+                              f"        if bv{b} is UNSET or bv{b} is None:",
+                              f"            br{b} = absent('bucket', (bv{b},))",
+                              f"        bt{b} = None"]
                 bucket_lines = [
-                    f"seconds{g}, start{g}, text{g} = bucket_time{g}(bv{g})",
-                    "# the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
-                    f"if ts is not None and ts >= 0 and seconds{g} * 1000 > ts + MAX_FUTURE_MS:",
-                    "    return None",
+                    f"if bt{b} is None:",
+                    f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text",
+                    "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
+                    f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
+                    "        return None",
                 ]
                 if first.retain_seconds is not None:
-                    namespace[f"KEPT_MS{g}"] = (first.bucket.seconds + first.retain_seconds) * 1000
-                    bucket_lines += [f"if ts is not None and ts >= start{g} * 1000 + KEPT_MS{g}:",
-                                     "    return None"]
+                    namespace[f"KEPT_MS{b}"] = (first.bucket.seconds + first.retain_seconds) * 1000
+                    bucket_lines += [f"    if ts is not None and ts >= bt{b}[1] * 1000 + KEPT_MS{b}:",
+                                     "        return None"]
             for index, definition in enumerate(members):
                 c = f"{g}_{index}"
                 lines += [f"        # counter {definition.name} ({definition.kind})", f"        want_{c} = False"]
@@ -348,7 +372,7 @@ class FastRoute:
                               f"{indent}if reason is None and (value_{c} is UNSET or value_{c} is None):",
                               f"{indent}    reason = 'value_missing' if value_{c} is UNSET else 'value_null'"]
                 if when is not None:
-                    lines += [f"{indent}if reason is None:", f"{indent}    reason = br{g}"]
+                    lines += [f"{indent}if reason is None:", f"{indent}    reason = br{b}"]
                 lines.append(f"{indent}if reason is not None:")
                 if definition.required:
                     lines.append(f"{indent}    return None  # required: the router refuses it")
@@ -360,13 +384,17 @@ class FastRoute:
                 lines += [f"{indent}want_{c} = True",
                           f"{indent}if row{g} is None:",
                           *(f"{indent}    {line}" for line in bucket_lines),
-                          f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
+                          f"{indent}    row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))",
                           f"{indent}    if row{g} is None:",
                           f"{indent}        return None"]
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
-                    if _exact(definition):
+                    quick = _float_passes(definition, f"value_{c}")
+                    if quick is not None:
+                        lines += [f"{indent}if not ({quick}):",
+                                  f"{indent}    value_{c} = convert_{c}(value_{c})"]
+                    elif _exact(definition):
                         # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
                         lines += [f"{indent}if type(value_{c}) is Decimal:",
                                   f"{indent}    if not value_{c}:",
@@ -456,8 +484,9 @@ class FastRoute:
         return [{} for _ in self._groups]
 
     def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
-        """The row of key ``values``, kept in ``rows`` when every value is a string (``True`` and ``1`` are
-        one dict key but two instance keys). ``None`` when a value is not a valid key part. A bucketed group's
+        """The row of key ``values``, kept in ``rows`` when every value is a string or an integer (``True``
+        and ``1`` are one dict key but two instance keys: the generated code looks a row up only by strings and
+        integers). ``None`` when a value is not a valid key part. A bucketed group's
         last value is its bucket's text, the key's last component."""
         paths, names, bucketed = self._groups[group]
         parts = values[:-1] if bucketed else values
@@ -471,7 +500,7 @@ class FastRoute:
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
             return None
         row = Row(key, names)
-        if all(type(v) is str for v in values):
+        if all(type(v) is str or type(v) is int for v in values):
             rows[values[0] if len(values) == 1 else values] = row
         return row
 
