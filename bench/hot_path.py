@@ -183,8 +183,8 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7) -> dic
         if fast is not None:
             rows = fast.new_rows()
             create = _scratch(mutator)
-            taken = sum(fast.apply_event(r.value or b"", r.timestamp, rows, lambda c, e: True, [], create) is not None
-                        for r in sample)
+            taken = sum(fast.apply_event(r.value or b"", r.timestamp, None, (), rows, lambda c, e: True, [], create)
+                        is not None for r in sample)
         updates = new_mutator(text=shapes.SHAPES[name])
         applied = 0
         for record in sample:

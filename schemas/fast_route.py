@@ -2,36 +2,45 @@
 
 :class:`EventRouter` is the reference: it parses a whole event into a dict and runs one extractor per counter,
 which builds an :class:`~schemas.events.Update` per counter and event. :class:`FastRoute` reaches the same
-updates with less work per event, for the shapes of definition most counters have:
+updates with less work per event, for every definition but those reading a field of the record's key:
 
-- one msgspec decoder per topic, reading exactly the top-level fields the topic's counters use (the rest of
-  the event is skipped, not built into Python objects);
-- counters that share key fields share a *row* per key value, so the key is read, escaped and checked once
-  per row and not once per event and counter (:class:`Row` holds the states of every counter of that key);
+- one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
+  (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
+  with a counter keeping exact decimals, numbers with a fraction are decoded as Decimals directly;
+- counters that share key fields and time bucket share a *row* per key value and bucket, so the key is read,
+  escaped and checked once per row and not once per event and counter (:class:`Row` holds the states of
+  every counter of that key);
+- a bucket's time is computed by :func:`~schemas.events.bucket_time` once per distinct value (an ISO-8601
+  text parsed once, a bucket start formatted once), and checked against the record's timestamp (future
+  skew, lateness of a retained counter) once per record and bucket; ``@timestamp`` may be the bucket's field;
 - the value and event-id checks are the router's own converters, so a value is accepted, refused and
-  converted exactly as the router does.
+  converted exactly as the router does;
+- each counter decides for itself: one the event lacks a key, value or bucket field of (missing or null) is
+  skipped, and told to ``on_not_applicable`` as the router tells it.
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
-escape, deeply bracketed, over the size limit, a long run of digits, a missing, null or wrongly typed field,
-a key too long, a literal its decoder refuses —
-makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
-:class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
-the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
+escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
+of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
+40 characters on a topic with exact decimals, an event time too far ahead of its record or late —
+makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
+event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
+two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path, a
-path of the record (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``; or ``@@x``, a payload field
-named ``@x``) or a field msgspec cannot name (a quote, a backslash or a control character in it), has a time
-bucket or keeps exact decimals; its events all take the router. A record carrying the
-``countersink.apply-to`` header (a re-published dead letter) takes the router too
-(:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it names.
-The router alone decides an event's time (its bucket, lateness, future and storage bounds), so bucketed
-counters stay there.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field of the
+record's key read as JSON (``@key.PATH``), a field msgspec cannot name (a quote, a backslash or a control
+character in it), or one field both as a value and as an object holding fields (``user`` and ``user.id``); its
+events all take the router. So does an Avro or Protobuf topic with exact decimals
+(``consumer.applying.Applier``: a double transcoded to JSON text would come back a Decimal). The record's own
+parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router
+reads them. A record carrying the ``countersink.apply-to`` header (a re-published dead letter) takes the
+router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it
+names.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
+import zlib
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -131,13 +140,48 @@ def _eligible(definition: CounterDefinition) -> bool:
         paths.append(definition.value)
     if definition.event_id is not None:
         paths.append(definition.event_id)
-    # The record's time is the one part of the record the batch path reads, and only as a bucket's field.
-    if definition.bucket is not None and definition.bucket.field != TIMESTAMP:
+    if definition.bucket is not None:
         paths.append(definition.bucket.field)
-    return all(_field_parts(path) is not None for path in paths)
+    return all(_field_parts(path) is not None or _record_local(path) is not None for path in paths)
 
 
 TIMESTAMP = "@timestamp"
+
+
+def _record_local(path: str) -> tuple[str, str] | None:
+    """For a path of the record the batch path reads (``@timestamp``, ``@key``, ``@partition``,
+    ``@header.NAME``): the local holding it in ``apply_event`` and the line setting it, as the router reads it
+    (absent: ``UNSET``; a key or header that is not UTF-8 raises, and the router decides the event). ``None``
+    for a payload path and for ``@key.PATH`` (a field of the key read as JSON: the router's)."""
+    found = record_part(path)
+    if found is None:
+        return None
+    part, rest = found
+    if part == "timestamp":
+        return "TS", "TS = ts if ts is not None and ts >= 0 else UNSET"
+    if part == "partition":
+        return "PARTITION", ""
+    if part == "header":
+        local = "H_" + "".join(ch if ch.isalnum() else "_" for ch in rest) + f"_{zlib.crc32(rest.encode()):08x}"
+        return local, f"{local} = header(headers, {rest!r})"
+    if not rest:
+        return "KEY", "KEY = None if key is None else bytes(key).decode('utf-8')"
+    return None
+
+
+def _header(headers: Any, name: str) -> Any:
+    """The router's ``@header.NAME``: the last header of that name as text, ``UNSET`` when there is none."""
+    found: Any = _UNSET
+    for header, value in headers:
+        if header == name:
+            found = value
+    if found is _UNSET or found is None:
+        return found
+    return bytes(found).decode("utf-8")  # UnicodeDecodeError is a ValueError: refused, the router decides
+
+
+def _itself(v: Any) -> Any:
+    return v
 
 
 def _absent(role: str, values: tuple[Any, ...]) -> str:
@@ -210,12 +254,13 @@ class _Fields:
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
 # dropped as a publisher retry by all, or wanted by none (filtered out).
 APPLIED, DUPLICATE, FILTERED = 1, 2, 0
-# apply_event(raw, ts, rows, fresh, touched, create): one of the above, or None for an event it leaves to the
-# router (nothing changed). ``ts`` is the record's Kafka timestamp (ms, or None); ``fresh(counter, event_id)``
+# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or None for an event it
+# leaves to the router (nothing changed). ``ts``, ``key``, ``headers``: the record's Kafka timestamp (ms, or
+# None), key and headers; ``fresh(counter, event_id)``
 # is the retry window's; ``touched`` collects the rows changed; ``create(row, index)`` makes (or finds) the
 # state of a row's counter.
-ApplyEvent = Callable[[bytes, "int | None", list[dict[Any, "Row"]], Callable[[str, str], bool], list["Row"],
-                       Callable[["Row", int], State]], "int | None"]
+ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
+                       list["Row"], Callable[["Row", int], State]], "int | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -248,7 +293,7 @@ class FastRoute:
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
                  max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
-                 on_not_applicable: Callable[[str, str], None] | None = None) -> None:
+                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
@@ -263,13 +308,20 @@ class FastRoute:
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
             "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
-            "report": functools.partial(_report, on_not_applicable),
+            "report": functools.partial(_report, on_not_applicable), "header": _header,
+            "PARTITION": _UNSET if partition is None else partition,
         }
 
+        record_lines: dict[str, str] = {}  # local -> its line, for the parts of the record counters read
+
         def attr(path: str) -> str:
-            if path == TIMESTAMP:
-                return "TS"
-            return fields.attr(path)
+            """The expression reading ``path`` in ``apply_event``."""
+            record = _record_local(path)
+            if record is None:
+                return "event." + fields.attr(path)
+            if record[1]:
+                record_lines[record[0]] = record[1]
+            return record[0]
 
         # Counters share a row when they share key fields and time bucket (its field, size, format and
         # retention: the bucket's checks are the row's).
@@ -282,7 +334,7 @@ class FastRoute:
                              for (paths, when), members in groups.items())
 
         lines = [
-            "def apply_event(raw, ts, rows, fresh, touched, create):",
+            "def apply_event(raw, ts, key, headers, rows, fresh, touched, create):",
             "    # Bytes are searched for an int (one memchr) before a bytes needle (a substring search, costing as",
             "    # much as the decode): most events hold no backslash and no array.",
             "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or (92 in raw and b'\\\\u' in raw)",
@@ -294,13 +346,12 @@ class FastRoute:
             "    except DECODE_ERRORS:",
             "        return None",
         ]
-        if any(d.bucket is not None and d.bucket.field == TIMESTAMP for d in counters):
-            lines.append("    TS = ts if ts is not None and ts >= 0 else UNSET  # the router's @timestamp")
         lines += [
             "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet. A",
             "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
             "    try:",
             "        skipped = None",
+            "        # RECORD",
         ]
         id_locals: dict[str, str] = {}  # event-id path -> the local holding its text, read once per record
         for definition in counters:
@@ -316,7 +367,7 @@ class FastRoute:
                          + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
             lines.append(f"        row{g} = None")
             keys = [f"kv{g}_{i}" for i in range(len(paths))]
-            lines += [f"        {local} = event.{attr(path)}" for local, path in zip(keys, paths, strict=True)]
+            lines += [f"        {local} = {attr(path)}" for local, path in zip(keys, paths, strict=True)]
             lines.append(f"        kr{g} = None")
             if keys:
                 absent = " or ".join(f"{k} is UNSET or {k} is None" for k in keys)
@@ -338,7 +389,7 @@ class FastRoute:
                 assert first.bucket is not None
                 if f"bucket_time{b}" not in namespace:
                     namespace[f"bucket_time{b}"] = bucket_time(first)
-                    lines += [f"        bv{b} = {'TS' if when[0] == TIMESTAMP else 'event.' + attr(when[0])}",
+                    lines += [f"        bv{b} = {attr(when[0])}",
                               f"        br{b} = None",
                               f"        if bv{b} is UNSET or bv{b} is None:",
                               f"            br{b} = absent('bucket', (bv{b},))",
@@ -361,14 +412,14 @@ class FastRoute:
                 if definition.where:
                     checks = []
                     for n, (path, allowed) in enumerate(definition.where.items()):
-                        namespace[f"where_{c}_{n}"] = _where_check(operator.attrgetter(attr(path)), allowed)
-                        checks.append(f"where_{c}_{n}(event)")
+                        namespace[f"where_{c}_{n}"] = _where_check(_itself, allowed)
+                        checks.append(f"where_{c}_{n}({attr(path)})")
                     lines.append(f"{indent}if {' and '.join(checks)}:")
                     indent += "    "
                 # Not applicable: the first of its key, value and bucket fields (in that order) it lacks.
                 lines.append(f"{indent}reason = kr{g}")
                 if definition.value is not None:
-                    lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
+                    lines += [f"{indent}value_{c} = {attr(definition.value)}",
                               f"{indent}if reason is None and (value_{c} is UNSET or value_{c} is None):",
                               f"{indent}    reason = 'value_missing' if value_{c} is UNSET else 'value_null'"]
                 if when is not None:
@@ -410,7 +461,7 @@ class FastRoute:
                     event_id = id_locals[definition.event_id]
                     namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
                     lines += [f"{indent}if {event_id} is None:",
-                              f"{indent}    {event_id} = event.{attr(definition.event_id)}",
+                              f"{indent}    {event_id} = {attr(definition.event_id)}",
                               *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
                 applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
@@ -430,6 +481,8 @@ class FastRoute:
                   *(f"    {local} = None" for local in fresh_locals.values()),
                   "    try:", *("    " + line for line in applying), *marking,
                   f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
+        at = lines.index("        # RECORD")
+        lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
         self.source = "\n".join(lines) + "\n"
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
         # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
@@ -467,15 +520,17 @@ class FastRoute:
     def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
               max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
               max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
-              on_not_applicable: Callable[[str, str], None] | None = None) -> FastRoute | None:
+              on_not_applicable: Callable[[str, str], None] | None = None,
+              partition: int | None = None) -> FastRoute | None:
         """The fast path for ``topic``, or ``None`` when a counter on it needs the router.
         ``on_not_applicable(counter, reason)`` is told of each counter an event lacks a field of, as the
-        router's is."""
+        router's is; ``partition`` is the one whose records it applies (``@partition``)."""
         counters = list(counter_set.for_topic(topic))
         if not counters or not all(_eligible(c) for c in counters):
             return None
         try:
-            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable)
+            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable,
+                       partition)
         except _Conflict:
             return None
 

@@ -58,12 +58,17 @@ BODIES = [
     'kind = "count"\nkey = ["meta.a"]\nevent_id = "meta.b"',
     'kind = "sum"\nkey = ["sym", "meta.b"]\nvalue = "meta.a"\nwhere = { "meta.b" = ["buy", 1] }',
     'kind = "distinct"\nkey = ["user"]\nvalue = "meta.a"\nwhere = { "meta.b" = ["sell"] }\nevent_id = "id"',
+    # the record as fields: its key, a header, its partition and its time
+    'kind = "count"\nkey = ["@key"]\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym", "@header.h"]\nvalue = "n"\nwhere = { "@header.g" = ["x"] }',
+    'kind = "count"\nkey = ["@partition", "@timestamp"]\nwhere = { "@key" = ["K1", "a|b"] }',
+    'kind = "max"\nkey = ["@header.g"]\nvalue = "@timestamp"\nevent_id = "@header.h"',
 ]
-# Topics the fast path leaves to the router entirely: a part of the record other than its time, and a field
+# Topics the fast path leaves to the router entirely: a field of the record's key read as JSON, and a field
 # read both as a value and as an object holding fields.
 ROUTER_ONLY = [
-    'kind = "count"\nkey = ["@key"]',
-    'kind = "count"\nkey = ["sym"]\nwhere = { "@header.h" = ["x"] }',
+    'kind = "count"\nkey = ["@key.customer"]',
+    'kind = "count"\nkey = ["sym"]\nwhere = { "@key.region" = ["x"] }',
     'kind = "sum"\nkey = ["meta"]\nvalue = "meta.a"',
 ]
 
@@ -160,13 +165,19 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
         for r, e in result.invalid]
 
 
+# Records' keys and headers: text, not UTF-8, null, repeated names (the last one counts), absent.
+RECORD_KEYS = st.sampled_from([None, b"K1", b"K2", b"a|b", b"\xff", b"", b"e" * (MAX_KEY_BYTES + 1)])
+HEADERS = st.lists(st.tuples(st.sampled_from(["h", "g", "other"]),
+                             st.sampled_from([b"x", b"y", b"i1", None, b"\xff", b""])), max_size=3)
+
 # Values of the header restricting a record to some counters (a re-published dead letter), drawn onto records.
 APPLY_TO_VALUES = st.sampled_from([b"c0", b"c1,c2", b"c0, c3 ,c5", b"", b"zz", b"\xff", None])
 
 
 def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], window: int, redelivered: int,
                        max_event_bytes: int = 400, restricted: dict[int, bytes | None] | None = None,
-                       stamps: list[int | None] | None = None) -> None:
+                       stamps: list[int | None] | None = None,
+                       parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]] | None = None) -> None:
     """The differential check: apply_batch and apply, batch by batch, end with the same everything; the
     records of ``restricted`` carry the header restricting them to some counters."""
     counters = counter_set(bodies)
@@ -175,9 +186,11 @@ def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], 
     assert batched.applier.fast is not None
     restricted = restricted or {}
     stamps = stamps or []
+    parts = parts or [(None, [])]  # each record's key and headers
     records = [Record(offset * 2, raw,  # gaps, as transactions leave
-                      stamps[offset % len(stamps)] if stamps else None, None,
-                      [("other", b"x"), (APPLY_TO_HEADER, restricted[offset])] if offset in restricted else [])
+                      stamps[offset % len(stamps)] if stamps else None, parts[offset % len(parts)][0],
+                      [("other", b"x"), (APPLY_TO_HEADER, restricted[offset])] if offset in restricted else
+                      parts[offset % len(parts)][1])
                for offset, raw in enumerate(events)]
     start = 0
     for size in [*cuts, len(records)]:
@@ -205,18 +218,20 @@ def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], 
        window=st.sampled_from([0, 1, 3, 50]),
        redelivered=st.integers(0, 5),
        restricted=st.dictionaries(st.integers(0, 59), APPLY_TO_VALUES, max_size=4),
-       stamps=st.lists(STAMPS, max_size=8))
+       stamps=st.lists(STAMPS, max_size=8),
+       parts=st.lists(st.tuples(RECORD_KEYS, HEADERS), max_size=6))
 @example(bodies=BODIES[:2], events=[nested_objects(6), nested_objects(5), ESCAPED_LONG_KEY], cuts=[], window=3,
-         redelivered=0, restricted={}, stamps=[])
+         redelivered=0, restricted={}, stamps=[], parts=[])
 def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
                                             redelivered: int, restricted: dict[int, bytes | None],
-                                            stamps: list[int | None]) -> None:
+                                            stamps: list[int | None],
+                                            parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]]) -> None:
     """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII, fields
     missing or null for some counters, wrongly typed for others, records restricted to some counters), in
     any batches (some redelivered), apply_batch gives the bytes, dirty sets, outcomes, skips and each
     counter's refusals of apply. Bucketed, decimal and dotted-path counters among them, on records whose
     timestamps make events late, too far in the future or neither."""
-    assert_paths_agree(bodies, events, cuts, window, redelivered, restricted=restricted, stamps=stamps)
+    assert_paths_agree(bodies, events, cuts, window, redelivered, restricted=restricted, stamps=stamps, parts=parts)
 
 
 # Events of a mixed topic: three types, each with its own fields, any of them missing, null or wrongly typed.
@@ -372,7 +387,7 @@ def test_the_fast_path_takes_the_common_event() -> None:
     assert fast is not None
     raw = b'{"sym": "IBM", "n": 3, "id": "e1"}'
     create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
-    assert fast.apply_event(raw, None, fast.new_rows(), lambda counter, event_id: True, [], create) == APPLIED
+    assert fast.apply_event(raw, None, None, (), fast.new_rows(), lambda counter, event_id: True, [], create) == APPLIED
     result = m.apply_batch([Record(0, raw), Record(1, raw)])
     assert (result.applied, result.duplicates) == (1, 1)
     assert m.states[("c1", "IBM")].value() == 3
@@ -404,9 +419,9 @@ def test_the_fast_path_takes_nested_bucketed_and_decimal_events() -> None:
     create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
     raw = b'{"sym": "IBM", "x": 0.1, "ts": 1764140400, "id": "e1", "meta": {"a": "u1", "b": "buy"}}'
     rows = fast.new_rows()
-    assert fast.apply_event(raw, NOW_S * 1000, rows, lambda counter, event_id: True, [], create) == APPLIED
+    assert fast.apply_event(raw, NOW_S * 1000, None, (), rows, lambda counter, event_id: True, [], create) == APPLIED
     # the record written more than a day after its bucket ended: late for c0, which the router decides
-    assert fast.apply_event(raw, (NOW_S + 3 * 86_400) * 1000, rows, lambda c, e: True, [], create) is None
+    assert fast.apply_event(raw, (NOW_S + 3 * 86_400) * 1000, None, (), rows, lambda c, e: True, [], create) is None
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     records = [Record(i, raw, NOW_S * 1000 + i) for i in range(3)]
     assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
@@ -448,7 +463,8 @@ def test_the_fast_path_skips_the_counters_an_event_lacks_fields_of(monkeypatch: 
     fast = FastRoute.build(counters, TOPIC)
     assert fast is not None
     create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
-    assert fast.apply_event(records[0].value or b"", None, fast.new_rows(), lambda c, e: True, [], create) == APPLIED
+    raw = records[0].value or b""
+    assert fast.apply_event(raw, None, None, (), fast.new_rows(), lambda c, e: True, [], create) == APPLIED
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
     assert batched.applier.router.skipped == reference.applier.router.skipped == [  # type: ignore[attr-defined]
