@@ -156,9 +156,13 @@ class _Trade(msgspec.Struct):
     buyer: str
 
 
-def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7) -> dict[str, dict[str, float]]:
+def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7, only: list[str] | None = None
+                   ) -> dict[str, dict[str, float]]:
     """Per shape: best µs/event of the batch path and of the router, the share of events the batch path
-    decides itself, and counter updates per event."""
+    decides itself, and counter updates per event. ``only``: the shapes whose names hold one of these (and
+    flat)."""
+    chosen = {name: text for name, text in shapes.SHAPES.items()
+              if name == shapes.FLAT or not only or any(part in name for part in only)}
     rng = random.Random(seed)
     offset = 0
 
@@ -169,11 +173,11 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7) -> dic
         offset += n
         return records
 
-    warm = {(name, path): new_mutator(text=text) for name, text in shapes.SHAPES.items()
+    warm = {(name, path): new_mutator(text=text) for name, text in chosen.items()
             for path in ("batch", "router")}
     seen = stream(symbols * 5)
     results: dict[str, dict[str, float]] = {}
-    for name in shapes.SHAPES:
+    for name in chosen:
         batched(warm[name, "batch"], seen)
         record_at_a_time(warm[name, "router"], seen)
         mutator = warm[name, "batch"]
@@ -185,7 +189,7 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7) -> dic
             create = _scratch(mutator)
             taken = sum(fast.apply_event(r.value or b"", r.timestamp, None, (), rows, lambda c, e: True, [], create)
                         is not None for r in sample)
-        updates = new_mutator(text=shapes.SHAPES[name])
+        updates = new_mutator(text=chosen[name])
         applied = 0
         for record in sample:
             _, updated, _ = updates.applier.classify(record)
@@ -194,7 +198,7 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7) -> dic
                          "updates": applied / len(sample)}
     for _ in range(rounds):
         records = stream(events)
-        for name in shapes.SHAPES:
+        for name in chosen:
             best = results[name]
             best["batch"] = min(best["batch"], cpu_us_per_event(batched, warm[name, "batch"], records, tuned=True))
             best["router"] = min(best["router"], cpu_us_per_event(record_at_a_time, warm[name, "router"], records,
@@ -238,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", action="store_true", help="what each part of the batch path costs")
     parser.add_argument("--shapes", action="store_true", help="each shape of definition, beside flat")
+    parser.add_argument("--only", action="append", help="with --shapes: the shapes whose names hold this")
     args = parser.parse_args(argv)
     if args.shapes:
-        print(shapes_table(measure_shapes(args.events, args.symbols, args.rounds)))
+        print(shapes_table(measure_shapes(args.events, args.symbols, args.rounds, only=args.only)))
         return 0
     if args.parts:
         print("| batch path (collector tuned, keys repeating) | µs/event |\n|---|---:|")

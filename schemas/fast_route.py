@@ -50,6 +50,7 @@ import msgspec
 from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import InvalidEventError
 from schemas.events import (
+    _MAX_EPOCH_SECONDS,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_FUTURE_SKEW_S,
@@ -178,6 +179,16 @@ def _header(headers: Any, name: str) -> Any:
     if found is _UNSET or found is None:
         return found
     return bytes(found).decode("utf-8")  # UnicodeDecodeError is a ValueError: refused, the router decides
+
+
+def _last_bucket(last: list[Any], size: int, scale: int, v: Any, found: tuple[Any, int, str]) -> tuple[Any, int, str]:
+    """Keep the bucket an integer time ``v`` fell in (``found``: its seconds, start and text) as ``last``: the
+    integers from its start to its end (to the last time :func:`~schemas.events.bucket_time` takes, if
+    sooner), in the field's unit, fall in it too."""
+    if type(v) is int:
+        start = found[1]
+        last[:] = [start * scale, min(start + size, _MAX_EPOCH_SECONDS) * scale, start, found[2]]
+    return found
 
 
 def _itself(v: Any) -> Any:
@@ -394,9 +405,25 @@ class FastRoute:
                               f"        if bv{b} is UNSET or bv{b} is None:",
                               f"            br{b} = absent('bucket', (bv{b},))",
                               f"        bt{b} = None"]
-                bucket_lines = [
-                    f"if bt{b} is None:",
-                    f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text",
+                bucket_lines = [f"if bt{b} is None:"]
+                if first.bucket.format != "iso8601":
+                    # An integer time inside the last bucket an integer time fell in (LAST: its first and
+                    # past-the-end values, start and text) is in that bucket: no call.
+                    scale = 1000 if first.bucket.format == "epoch_millis" else 1
+                    namespace[f"LAST{b}"] = [1, 0, 0, ""]
+                    namespace[f"last_bucket{b}"] = functools.partial(
+                        _last_bucket, namespace[f"LAST{b}"], first.bucket.seconds, scale)
+                    seconds = f"bv{b} // {scale}" if scale > 1 else f"bv{b}"
+                    bucket_lines += [
+                        f"    last = LAST{b}",
+                        f"    if type(bv{b}) is int and last[0] <= bv{b} < last[1]:",
+                        f"        bt{b} = ({seconds}, last[2], last[3])",
+                        "    else:",
+                        f"        bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))",
+                    ]
+                else:
+                    bucket_lines.append(f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text")
+                bucket_lines += [
                     "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
                     f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
                     "        return None",

@@ -101,7 +101,8 @@ values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sa
 FIELDS = ["sym", "n", "x", "id", "rid", "side", "user", "flag", "ts", "meta", "iso", "ms"]
 # Event times around 2025-11-26 07:00 UTC, and the edges: before 1970, after 9999, unstorable, not a time.
 NOW_S = 1_764_140_400
-TIMES = st.sampled_from([NOW_S, NOW_S + 1, NOW_S + 3599, NOW_S - 7200, NOW_S - 86_400 * 3, NOW_S + 90_000, -5, 0,
+TIMES = st.sampled_from([NOW_S, NOW_S + 1, NOW_S + 3599, NOW_S + 3600, NOW_S - 1, NOW_S + 900, NOW_S - 7200,
+                         NOW_S - 86_400 * 3, NOW_S + 90_000, -5, 0,
                          253_402_300_799, 253_402_300_800, 2**40, 1.5e9, float("inf"), "1764140400", True])
 ISO_TIMES = st.sampled_from(["2025-11-26T07:00:00+00:00", "2025-11-26T07:59:59.5Z", "2025-11-26T07:00:00",
                              "2025-11-25T23:30:00-02:00", "2025-11-28T09:00:00+00:00", "nope", "9999-12-31T23:59:59Z",
@@ -474,3 +475,24 @@ def test_the_fast_path_skips_the_counters_an_event_lacks_fields_of(monkeypatch: 
     batched.apply_batch(records)
     outcomes(reference, records)
     assert batched.applier.router.skipped != reference.applier.router.skipped  # type: ignore[attr-defined]
+
+
+def test_the_differential_check_catches_a_planted_bucket_reuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch path reuses the last bucket an integer time fell in for the times inside it; one that kept it
+    for a time past its end would count an event in the wrong hour, and the check tells the two paths apart."""
+    counters = counter_set([BODIES[16]])
+    records = [Record(i, b'{"sym": "IBM", "ts": %d, "id": "e%d"}' % (NOW_S + 3600 * i, i), None) for i in range(2)]
+
+    def states_of(m: Mutator) -> dict[tuple[str, str], bytes]:
+        return {k: s.to_bytes() for k, s in m.states.items()}
+
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    outcomes(reference, records)
+    batched.apply_batch(records)
+    assert states_of(batched) == states_of(reference)
+    widened = fast_route._last_bucket
+    monkeypatch.setattr(fast_route, "_last_bucket", lambda last, size, scale, v, found: widened(
+        last, size * 2, scale, v, found))
+    batched = mutator(counters, 10)
+    batched.apply_batch(records)
+    assert states_of(batched) != states_of(reference)
