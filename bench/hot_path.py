@@ -196,9 +196,11 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7, only: 
             applied += len(updated)
         results[name] = {"batch": float("inf"), "router": float("inf"), "taken": taken / len(sample),
                          "updates": applied / len(sample)}
-    for _ in range(rounds):
+    names = list(chosen)
+    for round_ in range(rounds):
         records = stream(events)
-        for name in chosen:
+        # each round starts at another shape: none is always measured first, after the stream is made
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             best = results[name]
             best["batch"] = min(best["batch"], cpu_us_per_event(batched, warm[name, "batch"], records, tuned=True))
             best["router"] = min(best["router"], cpu_us_per_event(record_at_a_time, warm[name, "router"], records,
