@@ -166,7 +166,7 @@ def _record_local(path: str) -> tuple[str, str] | None:
         local = "H_" + "".join(ch if ch.isalnum() else "_" for ch in rest) + f"_{zlib.crc32(rest.encode()):08x}"
         return local, f"{local} = header(headers, {rest!r})"
     if not rest:
-        return "KEY", "KEY = None if key is None else bytes(key).decode('utf-8')"
+        return "KEY", "KEY = None if key is None else text_of(key)"
     return None
 
 
@@ -178,7 +178,16 @@ def _header(headers: Any, name: str) -> Any:
             found = value
     if found is _UNSET or found is None:
         return found
-    return bytes(found).decode("utf-8")  # UnicodeDecodeError is a ValueError: refused, the router decides
+    return _text_of(found)
+
+
+def _text_of(value: bytes) -> str:
+    """A record's key or header as the router reads it, if ASCII (every string the batch path holds is: its
+    lengths are its bytes). Else a ValueError, and the router decides the event (UnicodeDecodeError is one)."""
+    text = bytes(value).decode("utf-8")
+    if not text.isascii():
+        raise ValueError("not ASCII: the router's")
+    return text
 
 
 def _last_bucket(last: list[Any], size: int, scale: int, v: Any, found: tuple[Any, int, str]) -> tuple[Any, int, str]:
@@ -320,6 +329,7 @@ class FastRoute:
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
             "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
             "report": functools.partial(_report, on_not_applicable), "header": _header,
+            "text_of": _text_of,
             "PARTITION": _UNSET if partition is None else partition,
         }
 

@@ -63,6 +63,7 @@ BODIES = [
     'kind = "sum"\nkey = ["sym", "@header.h"]\nvalue = "n"\nwhere = { "@header.g" = ["x"] }',
     'kind = "count"\nkey = ["@partition", "@timestamp"]\nwhere = { "@key" = ["K1", "a|b"] }',
     'kind = "max"\nkey = ["@header.g"]\nvalue = "@timestamp"\nevent_id = "@header.h"',
+    'kind = "top_k"\nvalue = "@header.h"\nevent_id = "id"',
 ]
 # Topics the fast path leaves to the router entirely: a field of the record's key read as JSON, and a field
 # read both as a value and as an object holding fields.
@@ -167,9 +168,11 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
 
 
 # Records' keys and headers: text, not UTF-8, null, repeated names (the last one counts), absent.
-RECORD_KEYS = st.sampled_from([None, b"K1", b"K2", b"a|b", b"\xff", b"", b"e" * (MAX_KEY_BYTES + 1)])
+RECORD_KEYS = st.sampled_from([None, b"K1", b"K2", b"a|b", b"\xff", b"", b"e" * (MAX_KEY_BYTES + 1),
+                               "é".encode() * 13])  # 13 characters, 26 bytes: over MAX_KEY_BYTES
 HEADERS = st.lists(st.tuples(st.sampled_from(["h", "g", "other"]),
-                             st.sampled_from([b"x", b"y", b"i1", None, b"\xff", b""])), max_size=3)
+                             st.sampled_from([b"x", b"y", b"i1", None, b"\xff", b"", "é".encode() * 13])),
+                    max_size=3)
 
 # Values of the header restricting a record to some counters (a re-published dead letter), drawn onto records.
 APPLY_TO_VALUES = st.sampled_from([b"c0", b"c1,c2", b"c0, c3 ,c5", b"", b"zz", b"\xff", None])
