@@ -306,10 +306,12 @@ class FastRoute:
 
     The generated source (kept in ``source``, for a reader or a debugger) is the router's extractors and the
     mutator's apply written out for this topic, in two steps. First it reads and checks, per key group, the
-    row of the event's key value and, per counter, its filter, its value through the router's converter and
-    its event id; anything refused ends it there, with nothing changed. Then, per counter that wants the
-    event, the retry window's decision on its id (once per window group) and the apply to its state, with
-    the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a mutator)."""
+    row of the event's key value (and bucket) and, per counter, its filter, whether the event has its key,
+    value and bucket fields (if not, the counter skips it), its value through the router's converter and its
+    event id; anything refused ends it there, with nothing changed. Then the skips are told and, per counter
+    that wants the event, the retry window's decision on its id (once per window group) and the apply to its
+    state, with the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a
+    mutator)."""
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
                  max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
