@@ -1,6 +1,6 @@
 """The consumer's hot path alone: decode, route and apply the bench's trades, no Kafka and no Cassandra.
 
-    python -m bench.hot_path [--events N] [--symbols N] [--rounds N] [--parts]
+    python -m bench.hot_path [--events N] [--symbols N] [--rounds N] [--parts | --shapes]
 
 Measured side by side in one process, interleaved round by round (the machine is shared: read the ratios):
 
@@ -16,6 +16,12 @@ round: states, rows and window ids created).
 ``--parts`` measures instead what each part of the work costs on the batch path (collector tuned, keys
 repeating): the same stream with the counters' event ids removed (no publisher-retry window), with the
 distinct counter removed, with both, and msgspec's decoding of the four fields alone.
+
+``--shapes`` measures instead, on one stream of events holding every field (``bench.shapes``), each shape of
+definition: flat (the bench's three counters), the key read from a nested field, an hourly bucket, an exact
+decimal sum, the third counter of each kind, and a page-view stream of nine counters. Each shape's batch path
+(collector tuned, keys repeating) and router (record at a time), interleaved round by round in one process,
+with its ratio to flat, its share of events the batch path decides itself, and its CPU per counter update.
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ from collections.abc import Callable
 
 import msgspec
 
+from bench import shapes
 from bench.pipeline import TOPIC, definitions, trade
 from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.cli import GC_THRESHOLDS
 from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
+from schemas.fast_route import Row
+from schemas.kinds import State, new_state
 
 BATCH = 500
 
@@ -147,6 +156,76 @@ class _Trade(msgspec.Struct):
     buyer: str
 
 
+def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7, only: list[str] | None = None
+                   ) -> dict[str, dict[str, float]]:
+    """Per shape: best µs/event of the batch path and of the router, the share of events the batch path
+    decides itself, and counter updates per event. ``only``: the shapes whose names hold one of these (and
+    flat)."""
+    chosen = {name: text for name, text in shapes.SHAPES.items()
+              if name == shapes.FLAT or not only or any(part in name for part in only)}
+    rng = random.Random(seed)
+    offset = 0
+
+    def stream(n: int) -> list[Record]:
+        nonlocal offset
+        records = [Record(offset + i, shapes.event(offset + i, rng, symbols), (shapes.START_S + offset // 20) * 1000)
+                   for i in range(n)]
+        offset += n
+        return records
+
+    warm = {(name, path): new_mutator(text=text) for name, text in chosen.items()
+            for path in ("batch", "router")}
+    seen = stream(symbols * 5)
+    results: dict[str, dict[str, float]] = {}
+    for name in chosen:
+        batched(warm[name, "batch"], seen)
+        record_at_a_time(warm[name, "router"], seen)
+        mutator = warm[name, "batch"]
+        fast = mutator.applier.fast
+        sample = stream(2000)
+        taken = 0
+        if fast is not None:
+            rows = fast.new_rows()
+            create = _scratch(mutator)
+            taken = sum(fast.apply_event(r.value or b"", r.timestamp, None, (), rows, lambda c, e: True, [], create)
+                        is not None for r in sample)
+        updates = new_mutator(text=chosen[name])
+        applied = 0
+        for record in sample:
+            _, updated, _ = updates.applier.classify(record)
+            applied += len(updated)
+        results[name] = {"batch": float("inf"), "router": float("inf"), "taken": taken / len(sample),
+                         "updates": applied / len(sample)}
+    names = list(chosen)
+    for round_ in range(rounds):
+        records = stream(events)
+        # each round starts at another shape: none is always measured first, after the stream is made
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            best = results[name]
+            best["batch"] = min(best["batch"], cpu_us_per_event(batched, warm[name, "batch"], records, tuned=True))
+            best["router"] = min(best["router"], cpu_us_per_event(record_at_a_time, warm[name, "router"], records,
+                                                                  tuned=True))
+    return results
+
+
+def _scratch(mutator: Mutator) -> Callable[[Row, int], State]:
+    """States for a pass that only asks the batch path what it would take (thrown away after)."""
+    counters = mutator.applier.counters
+    return lambda row, index: new_state(counters[row.names[index]])
+
+
+def shapes_table(results: dict[str, dict[str, float]]) -> str:
+    flat = results[shapes.FLAT]
+    lines = ["| shape | batch path, µs/event | × flat | router, µs/event | × flat | decided by the batch path | "
+             "counter updates per event | batch path, µs per update |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        per_update = r["batch"] / r["updates"] if r["updates"] else float("nan")
+        lines.append(f"| {name} | {r['batch']:.2f} | {r['batch'] / flat['batch']:.2f}× | {r['router']:.2f} | "
+                     f"{r['router'] / flat['router']:.2f}× | {r['taken']:.0%} | {r['updates']:.2f} | "
+                     f"{per_update:.2f} |")
+    return "\n".join(lines)
+
+
 def table(results: dict[str, dict[str, float]]) -> str:
     reference = results["record at a time"]
     lines = ["| path | keys repeating, µs/event | ratio | new keys, µs/event | ratio |", "|---|---:|---:|---:|---:|"]
@@ -164,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--symbols", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", action="store_true", help="what each part of the batch path costs")
+    parser.add_argument("--shapes", action="store_true", help="each shape of definition, beside flat")
+    parser.add_argument("--only", action="append", help="with --shapes: the shapes whose names hold this")
     args = parser.parse_args(argv)
+    if args.shapes:
+        print(shapes_table(measure_shapes(args.events, args.symbols, args.rounds, only=args.only)))
+        return 0
     if args.parts:
         print("| batch path (collector tuned, keys repeating) | µs/event |\n|---|---:|")
         print("\n".join(f"| {name} | {us:.2f} |" for name, us in parts(args.events, args.symbols,

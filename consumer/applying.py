@@ -235,8 +235,13 @@ class Applier:
         router = self.router
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
-                                    router.max_key_bytes)
+                                    router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
+                                    self.partition)
         decode = router.decoder_of(self.topic)
+        if decode is not None and self.fast is not None and self.fast.decimals:
+            # A decoded Avro or Protobuf double is a float to the router, and its JSON text would be read back
+            # as a Decimal: such a topic's exact decimals take the router.
+            self.fast = None
         if decode is not None and self.fast is not None:
             self.transcode = formats.transcoder(decode, router.max_event_bytes,
                                                 json_payload=self.counters.format_of(self.topic) == "json-schema")
@@ -389,7 +394,7 @@ class Mutator:
                         result.count(record, *self.apply(record))
                         continue
                     raw = json_text
-                outcome = apply_event(raw, rows, fresh, touched, create)
+                outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched, create)
                 if outcome is None:
                     result.count(record, *self.apply(record))
                     continue

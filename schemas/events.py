@@ -495,20 +495,10 @@ def _instant(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.floor(seconds)))
 
 
-def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
-                   ) -> Callable[[dict[str, Any], int | None], tuple[int, str]]:
-    bucket = definition.bucket
-    assert bucket is not None
-    path = bucket.field
-    get = _getter(path)
-    size = bucket.seconds
-    fmt = bucket.format
+def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:
+    """A bucket field's value to epoch seconds (not yet range checked); raises for a missing, null or wrongly
+    typed value."""
     scale = 1000 if fmt == "epoch_millis" else 1
-    last: list[Any] = [None, ""]  # the previous bucket start and its text: events arrive in time order
-    max_future_ms = max_future_skew_s * 1000
-    # A bucket whose rows expire must end by the last expiry Cassandra stores (the rows then expire with it,
-    # before the retention asked: docs/counters.md); a bucket kept forever has no expiry to store.
-    last_end = LAST_EXPIRY_S if definition.retain_seconds is not None else None
 
     def seconds_of(v: Any) -> float | int:
         if v is _MISSING or v is None:
@@ -533,6 +523,74 @@ def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
                 raise ValueOutOfRangeError(path, f"{v} is not a finite timestamp")
             return x / scale
         raise _wrong(path, v, f"a number of {'milliseconds' if scale > 1 else 'seconds'} since 1970")
+
+    return seconds_of
+
+
+# Distinct values a bucket-time function keeps (ISO-8601 texts, bucket starts) before it forgets them all.
+BUCKET_CACHE = 4096
+
+
+def bucket_time(definition: CounterDefinition) -> Callable[[Any], tuple[float | int, int, str]]:
+    """A bucketed counter's event time without its record: a bucket field's value (not missing nor null) to
+    ``(seconds, bucket start, bucket text)``, raising as the router does for a wrongly typed value, a time
+    outside 1970..9999 or a bucket Cassandra could not keep. The record's checks (future skew, lateness) are
+    the caller's. Pure, so the batch path calls it once per distinct value: an ISO-8601 text is parsed once,
+    a bucket start formatted once; an integer time costs two divisions."""
+    bucket = definition.bucket
+    assert bucket is not None
+    path, size, fmt = bucket.field, bucket.seconds, bucket.format
+    seconds_of = _seconds_reader(path, fmt)
+    scale = 1000 if fmt == "epoch_millis" else 1
+    integers = fmt != "iso8601"
+    last_end = LAST_EXPIRY_S if definition.retain_seconds is not None else None
+    texts: dict[int, str] = {}
+    parsed: dict[str, tuple[float | int, int, str]] = {}
+
+    def of(v: Any) -> tuple[float | int, int, str]:
+        t = type(v)
+        if t is int and integers:
+            seconds: float | int = v // scale if scale > 1 else v
+        elif t is str:
+            hit = parsed.get(v)
+            if hit is not None:
+                return hit
+            seconds = seconds_of(v)
+        else:
+            seconds = seconds_of(v)
+        if not 0 <= seconds < _MAX_EPOCH_SECONDS:
+            raise ValueOutOfRangeError(path, "timestamp is outside 1970..9999")
+        start = math.floor(seconds) // size * size
+        if last_end is not None and start + size > last_end:
+            raise UnstorableTimeError(path, "its bucket ends after the last expiry Cassandra stores")
+        text = texts.get(start)
+        if text is None:
+            if len(texts) >= BUCKET_CACHE:
+                texts.clear()
+            text = texts[start] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime(start))
+        found = (seconds, start, text)
+        if t is str:
+            if len(parsed) >= BUCKET_CACHE:
+                parsed.clear()
+            parsed[v] = found
+        return found
+
+    return of
+
+
+def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
+                   ) -> Callable[[dict[str, Any], int | None], tuple[int, str]]:
+    bucket = definition.bucket
+    assert bucket is not None
+    path = bucket.field
+    get = _getter(path)
+    size = bucket.seconds
+    seconds_of = _seconds_reader(path, bucket.format)
+    last: list[Any] = [None, ""]  # the previous bucket start and its text: events arrive in time order
+    max_future_ms = max_future_skew_s * 1000
+    # A bucket whose rows expire must end by the last expiry Cassandra stores (the rows then expire with it,
+    # before the retention asked: docs/counters.md); a bucket kept forever has no expiry to store.
+    last_end = LAST_EXPIRY_S if definition.retain_seconds is not None else None
 
     def read(event: dict[str, Any], timestamp_ms: int | None) -> tuple[int, str]:
         """The bucket's start (epoch seconds) and its text in the instance key. ``timestamp_ms`` is the record's

@@ -2,51 +2,66 @@
 
 :class:`EventRouter` is the reference: it parses a whole event into a dict and runs one extractor per counter,
 which builds an :class:`~schemas.events.Update` per counter and event. :class:`FastRoute` reaches the same
-updates with less work per event, for the shapes of definition most counters have:
+updates with less work per event, for every definition but those reading a field of the record's key:
 
-- one msgspec decoder per topic, reading exactly the top-level fields the topic's counters use (the rest of
-  the event is skipped, not built into Python objects);
-- counters that share key fields share a *row* per key value, so the key is read, escaped and checked once
-  per row and not once per event and counter (:class:`Row` holds the states of every counter of that key);
+- one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
+  (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
+  with a counter keeping exact decimals, numbers with a fraction are decoded as Decimals directly;
+- counters that share key fields and time bucket share a *row* per key value and bucket, so the key is read,
+  escaped and checked once per row and not once per event and counter (:class:`Row` holds the states of
+  every counter of that key);
+- a bucket's time is computed by :func:`~schemas.events.bucket_time` once per distinct value (an ISO-8601
+  text parsed once, a bucket start formatted once), and checked against the record's timestamp (future
+  skew, lateness of a retained counter) once per record and bucket; ``@timestamp`` may be the bucket's field;
 - the value and event-id checks are the router's own converters, so a value is accepted, refused and
-  converted exactly as the router does.
+  converted exactly as the router does;
+- each counter decides for itself: one the event lacks a key, value or bucket field of (missing or null) is
+  skipped, and told to ``on_not_applicable`` as the router tells it.
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
-escape, deeply bracketed, over the size limit, a long run of digits, a missing, null or wrongly typed field,
-a key too long, a literal its decoder refuses —
-makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
-:class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to
-the same states, dirty sets, outcomes and errors (``tests/unit/test_fast_route.py``).
+escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
+of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
+40 characters on a topic with exact decimals, an event time too far ahead of its record or late —
+makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
+event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
+two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a dotted path, a
-path of the record (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``; or ``@@x``, a payload field
-named ``@x``) or a field msgspec cannot name (a quote, a backslash or a control character in it), has a time
-bucket or keeps exact decimals; its events all take the router. A record carrying the
-``countersink.apply-to`` header (a re-published dead letter) takes the router too
-(:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it names.
-The router alone decides an event's time (its bucket, lateness, future and storage bounds), so bucketed
-counters stay there.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field of the
+record's key read as JSON (``@key.PATH``), a field msgspec cannot name (a quote, a backslash or a control
+character in it), or one field both as a value and as an object holding fields (``user`` and ``user.id``); its
+events all take the router. So does an Avro or Protobuf topic with exact decimals
+(``consumer.applying.Applier``: a double transcoded to JSON text would come back a Decimal). The record's own
+parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router
+reads them. A record carrying the ``countersink.apply-to`` header (a re-published dead letter) takes the
+router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it
+names.
 """
 
 from __future__ import annotations
 
-import operator
+import functools
+import zlib
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import msgspec
 
-from schemas.definitions import CounterDefinition, CounterSet
+from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import InvalidEventError
 from schemas.events import (
+    _MAX_EPOCH_SECONDS,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_KEY_BYTES,
+    MAX_INTEGER,
     _escape,
     _event_id_converter,
     _key_text,
     _value_converter,
     _where_check,
+    bucket_time,
     passes_of,
 )
 from schemas.kinds import State
@@ -59,6 +74,19 @@ _UNSET = msgspec.UNSET
 LONG_DIGITS = 4096
 _DIGIT_RUN = b"0" * LONG_DIGITS
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+# The longest number text (with a fraction, no exponent) the batch path reads as a Decimal itself: any Decimal it
+# holds then has at most this many digits and an exponent of at most this size, well inside the router's bounds
+# (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign dropped. A longer number
+# or one with an exponent, in a field the topic's counters read, leaves the event to the router.
+SHORT_DECIMAL = 40
+
+
+def _short_decimal(text: str) -> Decimal:
+    if len(text) > SHORT_DECIMAL or "e" in text or "E" in text:
+        raise ValueError("left to the router")  # msgspec fails the decode: the router decides the event
+    return Decimal(text)
+
+
 # Field names msgspec cannot take (as a struct field's name): a topic reading one has no fast path.
 _UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
 
@@ -79,27 +107,180 @@ class Row:
         self.touched = 0
 
 
+def _field_parts(path: str) -> tuple[str, ...] | None:
+    """The names along a payload path (``user.id``: ``user``, ``id``; ``@@x``: ``@x``), or ``None`` for a path
+    of the record (``@key``, ``@header.NAME``, ...) or one holding a name msgspec cannot take."""
+    if record_part(path) is not None:
+        return None
+    parts = tuple(payload_path(path).split("."))
+    if any(not part or not _UNNAMEABLE.isdisjoint(part) for part in parts):
+        return None
+    return parts
+
+
+def _exact(definition: CounterDefinition) -> bool:
+    """Whether a counter's values are converted to Decimals (a numeric kind keeping exact decimals)."""
+    return definition.kind not in ("distinct", "top_k", "quantiles") and definition.spec.number == "decimal"
+
+
+def _float_passes(definition: CounterDefinition, local: str) -> str | None:
+    """For a counter whose values the router converts to floats (quantiles, or a numeric kind in float mode),
+    the test a value passes unchanged: a finite float other than zero (whose sign the router drops), or in
+    float mode an integer within the bounds (kept an integer)."""
+    finite = f"(type({local}) is float and {local} - {local} == 0.0 and {local})"
+    if definition.kind == "quantiles":
+        return finite
+    if definition.kind in ("distinct", "top_k") or definition.spec.number != "float":
+        return None
+    return f"{finite} or (type({local}) is int and -{MAX_INTEGER} < {local} < {MAX_INTEGER})"
+
+
 def _eligible(definition: CounterDefinition) -> bool:
     paths = [*definition.key, *definition.where]
     if definition.value is not None:
         paths.append(definition.value)
     if definition.event_id is not None:
         paths.append(definition.event_id)
-    # A path starting with @ reads the record around the payload (@key, @header.NAME, ...), or is a payload
-    # field written with its @ doubled (@@x): the router reads both.
-    return (definition.bucket is None and definition.number_mode != "decimal"
-            and all("." not in path and not path.startswith("@") and _UNNAMEABLE.isdisjoint(path)
-                    for path in paths))
+    if definition.bucket is not None:
+        paths.append(definition.bucket.field)
+    return all(_field_parts(path) is not None or _record_local(path) is not None for path in paths)
+
+
+TIMESTAMP = "@timestamp"
+
+
+def _record_local(path: str) -> tuple[str, str] | None:
+    """For a path of the record the batch path reads (``@timestamp``, ``@key``, ``@partition``,
+    ``@header.NAME``): the local holding it in ``apply_event`` and the line setting it, as the router reads it
+    (absent: ``UNSET``; a key or header that is not UTF-8 raises, and the router decides the event). ``None``
+    for a payload path and for ``@key.PATH`` (a field of the key read as JSON: the router's)."""
+    found = record_part(path)
+    if found is None:
+        return None
+    part, rest = found
+    if part == "timestamp":
+        return "TS", "TS = ts if ts is not None and ts >= 0 else UNSET"
+    if part == "partition":
+        return "PARTITION", ""
+    if part == "header":
+        local = "H_" + "".join(ch if ch.isalnum() else "_" for ch in rest) + f"_{zlib.crc32(rest.encode()):08x}"
+        return local, f"{local} = header(headers, {rest!r})"
+    if not rest:
+        return "KEY", "KEY = None if key is None else text_of(key)"
+    return None
+
+
+def _header(headers: Any, name: str) -> Any:
+    """The router's ``@header.NAME``: the last header of that name as text, ``UNSET`` when there is none."""
+    found: Any = _UNSET
+    for header, value in headers:
+        if header == name:
+            found = value
+    if found is _UNSET or found is None:
+        return found
+    return _text_of(found)
+
+
+def _text_of(value: bytes) -> str:
+    """A record's key or header as the router reads it, if ASCII (every string the batch path holds is: its
+    lengths are its bytes). Else a ValueError, and the router decides the event (UnicodeDecodeError is one)."""
+    text = bytes(value).decode("utf-8")
+    if not text.isascii():
+        raise ValueError("not ASCII: the router's")
+    return text
+
+
+def _last_bucket(last: list[Any], size: int, scale: int, v: Any, found: tuple[Any, int, str]) -> tuple[Any, int, str]:
+    """Keep the bucket an integer time ``v`` fell in (``found``: its seconds, start and text) as ``last``: the
+    integers from its start to its end (to the last time :func:`~schemas.events.bucket_time` takes, if
+    sooner), in the field's unit, fall in it too."""
+    if type(v) is int:
+        start = found[1]
+        last[:] = [start * scale, min(start + size, _MAX_EPOCH_SECONDS) * scale, start, found[2]]
+    return found
+
+
+def _itself(v: Any) -> Any:
+    return v
+
+
+def _absent(role: str, values: tuple[Any, ...]) -> str:
+    """Why a counter does not apply to an event: the first of ``values`` (its ``role`` fields, in order) that
+    is missing or null, named as the router names it (``key_missing``, ``bucket_null``, ...)."""
+    for v in values:
+        if v is _UNSET:
+            return f"{role}_missing"
+        if v is None:
+            return f"{role}_null"
+    raise AssertionError("no field is absent")
+
+
+def _skip(skipped: list[tuple[int, str, str]] | None, entry: tuple[int, str, str]) -> list[tuple[int, str, str]]:
+    if skipped is None:
+        return [entry]
+    skipped.append(entry)
+    return skipped
+
+
+def _report(on_not_applicable: Callable[[str, str], None] | None, skipped: list[tuple[int, str, str]]) -> None:
+    """Tell the counters an event taken did not apply to, in the definitions' order (the router's)."""
+    if on_not_applicable is not None:
+        for _, counter, reason in sorted(skipped):
+            on_not_applicable(counter, reason)
+
+
+class _Conflict(Exception):
+    """A path that is both a field and an object holding fields (``user`` and ``user.id``) on one topic."""
+
+
+class _Fields:
+    """The payload fields a topic's counters read, as nested msgspec structs: one attribute per name at each
+    level (an object at ``user`` holding ``id`` is a struct of its own, present empty when the event lacks
+    it), so that reading ``user.id`` is two attribute loads, and a ``user`` that is not an object (a string,
+    null) fails the decode: the router decides that event."""
+
+    def __init__(self) -> None:
+        self.tree: dict[str, list[Any]] = {}  # name -> [attribute, children (None for a field read)]
+        self.count = 0
+
+    def attr(self, path: str) -> str:
+        """``f0.f3``: the attributes reaching ``path`` from the decoded event."""
+        parts = _field_parts(path)
+        assert parts is not None
+        node, attrs = self.tree, []
+        for i, part in enumerate(parts):
+            leaf = i == len(parts) - 1
+            entry = node.get(part)
+            if entry is None:
+                entry = node[part] = [f"f{self.count}", None if leaf else {}]
+                self.count += 1
+            elif (entry[1] is None) != leaf:
+                raise _Conflict(path)
+            attrs.append(entry[0])
+            node = entry[1]
+        return ".".join(attrs)
+
+    def struct(self, tree: dict[str, list[Any]] | None = None, name: str = "TopicFields") -> type:
+        fields: list[tuple[str, Any, Any]] = []
+        for part, (attr, children) in (self.tree if tree is None else tree).items():
+            if children is None:
+                fields.append((attr, Any, msgspec.field(default=_UNSET, name=part)))
+            else:
+                inner = self.struct(children, f"{name}_{attr}")
+                fields.append((attr, inner, msgspec.field(default_factory=inner, name=part)))
+        return msgspec.defstruct(name, fields)
 
 
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
 # dropped as a publisher retry by all, or wanted by none (filtered out).
 APPLIED, DUPLICATE, FILTERED = 1, 2, 0
-# apply_event(raw, rows, fresh, touched, create): one of the above, or None for an event it leaves to the
-# router (nothing changed). ``fresh(counter, event_id)`` is the retry window's; ``touched`` collects the rows
-# changed; ``create(row, index)`` makes (or finds) the state of a row's counter.
-ApplyEvent = Callable[[bytes, list[dict[Any, "Row"]], Callable[[str, str], bool], list["Row"],
-                       Callable[["Row", int], State]], "int | None"]
+# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or None for an event it
+# leaves to the router (nothing changed). ``ts``, ``key``, ``headers``: the record's Kafka timestamp (ms, or
+# None), key and headers; ``fresh(counter, event_id)``
+# is the retry window's; ``touched`` collects the rows changed; ``create(row, index)`` makes (or finds) the
+# state of a row's counter.
+ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
+                       list["Row"], Callable[["Row", int], State]], "int | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -125,39 +306,58 @@ class FastRoute:
 
     The generated source (kept in ``source``, for a reader or a debugger) is the router's extractors and the
     mutator's apply written out for this topic, in two steps. First it reads and checks, per key group, the
-    row of the event's key value and, per counter, its filter, its value through the router's converter and
-    its event id; anything refused ends it there, with nothing changed. Then, per counter that wants the
-    event, the retry window's decision on its id (once per window group) and the apply to its state, with
-    the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a mutator)."""
+    row of the event's key value (and bucket) and, per counter, its filter, whether the event has its key,
+    value and bucket fields (if not, the counter skips it), its value through the router's converter and its
+    event id; anything refused ends it there, with nothing changed. Then the skips are told and, per counter
+    that wants the event, the retry window's decision on its id (once per window group) and the apply to its
+    state, with the row marked touched. The row caches (:meth:`new_rows`) belong to whoever applies (a
+    mutator)."""
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
-                 max_key_bytes: int) -> None:
+                 max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
+                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
-        # A counter of the topic has no filter: every event taken is wanted (applied, or a publisher retry).
-        self._always_wanted = not all(definition.where for definition in counters)
-        fields: dict[str, str] = {}  # event field -> attribute of the decoded struct
+        # A counter keeps exact decimals: every number with a fraction or an exponent is read as a Decimal, for
+        # every counter of the topic, as the router's parser reads them then.
+        self.decimals = any(definition.number_mode == "decimal" for definition in counters)
+        fields = _Fields()
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
             # TypeError: an array or object as a key value, which no dict of rows can hold
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
+            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
+            "report": functools.partial(_report, on_not_applicable), "header": _header,
+            "text_of": _text_of,
+            "PARTITION": _UNSET if partition is None else partition,
         }
 
-        def attr(path: str) -> str:
-            if path not in fields:
-                fields[path] = f"f{len(fields)}"
-            return fields[path]
+        record_lines: dict[str, str] = {}  # local -> its line, for the parts of the record counters read
 
-        groups: dict[tuple[str, ...], list[CounterDefinition]] = {}
+        def attr(path: str) -> str:
+            """The expression reading ``path`` in ``apply_event``."""
+            record = _record_local(path)
+            if record is None:
+                return "event." + fields.attr(path)
+            if record[1]:
+                record_lines[record[0]] = record[1]
+            return record[0]
+
+        # Counters share a row when they share key fields and time bucket (its field, size, format and
+        # retention: the bucket's checks are the row's).
+        groups: dict[tuple[Any, ...], list[CounterDefinition]] = {}
         for definition in counters:
-            groups.setdefault(definition.key, []).append(definition)
-        self._groups = tuple((paths, tuple(d.name for d in members)) for paths, members in groups.items())
+            bucket = definition.bucket
+            when = None if bucket is None else (bucket.field, bucket.seconds, bucket.format, definition.retain_seconds)
+            groups.setdefault((definition.key, when), []).append(definition)
+        self._groups = tuple((paths, tuple(d.name for d in members), when is not None)
+                             for (paths, when), members in groups.items())
 
         lines = [
-            "def apply_event(raw, rows, fresh, touched, create):",
+            "def apply_event(raw, ts, key, headers, rows, fresh, touched, create):",
             "    # Bytes are searched for an int (one memchr) before a bytes needle (a substring search, costing as",
             "    # much as the decode): most events hold no backslash and no array.",
             "    if (len(raw) > MAX_EVENT_BYTES or not raw.isascii() or (92 in raw and b'\\\\u' in raw)",
@@ -168,61 +368,141 @@ class FastRoute:
             "        event = decode(raw)",
             "    except DECODE_ERRORS:",
             "        return None",
-            "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet",
-            "    try:",
         ]
-        applying = ["    # 2. the publisher-retry window, then the states; bits{g}: the counters of row{g} changed",
-                    *(f"    bits{g} = 0" for g in range(len(groups)))]
-        if not self._always_wanted:
-            applying.append("    wanted = False")
-        decided: dict[tuple[str, str], str] = {}  # window group, id local -> the local holding its decision
-        for g, (paths, members) in enumerate(groups.items()):
-            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}")
+        lines += [
+            "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet. A",
+            "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
+            "    try:",
+            "        skipped = None",
+            "        # RECORD",
+        ]
+        id_locals: dict[str, str] = {}  # event-id path -> the local holding its text, read once per record
+        for definition in counters:
+            if definition.event_id is not None and definition.event_id not in id_locals:
+                id_locals[definition.event_id] = f"id{len(id_locals)}"
+                lines.append(f"        id{len(id_locals) - 1} = None")
+        fresh_locals: dict[str, str] = {}  # window group -> the local holding its decision for the record
+        applying: list[str] = []
+        order = {definition.name: n for n, definition in enumerate(counters)}
+        buckets: dict[tuple[Any, ...], int] = {}
+        for g, ((paths, when), members) in enumerate(groups.items()):
+            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}"
+                         + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
             lines.append(f"        row{g} = None")
-            values = "".join(f"event.{attr(p)}, " for p in paths)
-            cache_key = values[:-2] if len(paths) == 1 else f"({values})"
-            ids: dict[str, str] = {}  # event-id path -> the local holding its text, once read unfiltered
-            row_known = False  # set by a counter without a filter: the counters after it need not look again
+            keys = [f"kv{g}_{i}" for i in range(len(paths))]
+            lines += [f"        {local} = {attr(path)}" for local, path in zip(keys, paths, strict=True)]
+            lines.append(f"        kr{g} = None")
+            if keys:
+                absent = " or ".join(f"{k} is UNSET or {k} is None" for k in keys)
+                lines += [f"        if {absent}:", f"            kr{g} = absent('key', ({', '.join(keys)},))"]
+            values = "".join(f"{k}, " for k in keys)
+            # Groups of one bucket (field, size, format, retention) share its reading and its time, computed
+            # once per record by the first counter that wants the event.
+            b = buckets.setdefault(when, len(buckets)) if when is not None else -1
+            if when is not None:
+                values += f"bt{b}[2], "
+            cache_key = values[:-2] if values.count(",") == 1 else f"({values})"
+            # Rows are kept by strings and integers alone: a boolean or a float equal to a kept integer (True
+            # and 1, 1.0 and 1) would find that integer's row.
+            exact = " and ".join(f"(type({k}) is str or type({k}) is int)" for k in keys)
+            lookup = f"rows[{g}].get({cache_key})" + (f" if {exact} else None" if exact else "")
+            bucket_lines: list[str] = []
+            if when is not None:
+                first = members[0]
+                assert first.bucket is not None
+                if f"bucket_time{b}" not in namespace:
+                    namespace[f"bucket_time{b}"] = bucket_time(first)
+                    lines += [f"        bv{b} = {attr(when[0])}",
+                              f"        br{b} = None",
+                              f"        if bv{b} is UNSET or bv{b} is None:",
+                              f"            br{b} = absent('bucket', (bv{b},))",
+                              f"        bt{b} = None"]
+                bucket_lines = [f"if bt{b} is None:"]
+                if first.bucket.format != "iso8601":
+                    # An integer time inside the last bucket an integer time fell in (LAST: its first and
+                    # past-the-end values, start and text) is in that bucket: no call.
+                    scale = 1000 if first.bucket.format == "epoch_millis" else 1
+                    namespace[f"LAST{b}"] = [1, 0, 0, ""]
+                    namespace[f"last_bucket{b}"] = functools.partial(
+                        _last_bucket, namespace[f"LAST{b}"], first.bucket.seconds, scale)
+                    seconds = f"bv{b} // {scale}" if scale > 1 else f"bv{b}"
+                    bucket_lines += [
+                        f"    last = LAST{b}",
+                        f"    if type(bv{b}) is int and last[0] <= bv{b} < last[1]:",
+                        f"        bt{b} = ({seconds}, last[2], last[3])",
+                        "    else:",
+                        f"        bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))",
+                    ]
+                else:
+                    bucket_lines.append(f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text")
+                bucket_lines += [
+                    "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
+                    f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
+                    "        return None",
+                ]
+                if first.retain_seconds is not None:
+                    namespace[f"KEPT_MS{b}"] = (first.bucket.seconds + first.retain_seconds) * 1000
+                    bucket_lines += [f"    if ts is not None and ts >= bt{b}[1] * 1000 + KEPT_MS{b}:",
+                                     "        return None"]
             for index, definition in enumerate(members):
                 c = f"{g}_{index}"
-                lines.append(f"        # counter {definition.name} ({definition.kind})")
+                lines += [f"        # counter {definition.name} ({definition.kind})", f"        want_{c} = False"]
                 indent = "        "
                 if definition.where:
-                    lines.append(f"{indent}want_{c} = False")
                     checks = []
                     for n, (path, allowed) in enumerate(definition.where.items()):
-                        namespace[f"where_{c}_{n}"] = _where_check(operator.attrgetter(attr(path)), allowed)
-                        checks.append(f"where_{c}_{n}(event)")
+                        namespace[f"where_{c}_{n}"] = _where_check(_itself, allowed)
+                        checks.append(f"where_{c}_{n}({attr(path)})")
                     lines.append(f"{indent}if {' and '.join(checks)}:")
                     indent += "    "
-                    lines.append(f"{indent}want_{c} = True")
-                if not row_known:
-                    lines += [f"{indent}if row{g} is None:",
-                              f"{indent}    row{g} = rows[{g}].get({cache_key}) or new_row({g}, rows[{g}], ({values}))",
-                              f"{indent}    if row{g} is None:",
-                              f"{indent}        return None"]
-                    row_known = not definition.where
+                # Not applicable: the first of its key, value and bucket fields (in that order) it lacks.
+                lines.append(f"{indent}reason = kr{g}")
+                if definition.value is not None:
+                    lines += [f"{indent}value_{c} = {attr(definition.value)}",
+                              f"{indent}if reason is None and (value_{c} is UNSET or value_{c} is None):",
+                              f"{indent}    reason = 'value_missing' if value_{c} is UNSET else 'value_null'"]
+                if when is not None:
+                    lines += [f"{indent}if reason is None:", f"{indent}    reason = br{b}"]
+                lines.append(f"{indent}if reason is not None:")
+                if definition.required:
+                    lines.append(f"{indent}    return None  # required: the router refuses it")
+                else:
+                    lines.append(f"{indent}    skipped = skip(skipped, ({order[definition.name]}, "
+                                 f"{definition.name!r}, reason))")
+                lines.append(f"{indent}else:")
+                indent += "    "
+                lines += [f"{indent}want_{c} = True",
+                          f"{indent}if row{g} is None:",
+                          *(f"{indent}    {line}" for line in bucket_lines),
+                          f"{indent}    row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))",
+                          f"{indent}    if row{g} is None:",
+                          f"{indent}        return None"]
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
-                    lines += [f"{indent}value_{c} = event.{attr(definition.value)}",
-                              f"{indent}if value_{c} is UNSET or value_{c} is None:",
-                              f"{indent}    return None",
-                              *_converted(f"value_{c}", f"convert_{c}", namespace, indent)]
+                    quick = _float_passes(definition, f"value_{c}")
+                    if quick is not None:
+                        lines += [f"{indent}if not ({quick}):",
+                                  f"{indent}    value_{c} = convert_{c}(value_{c})"]
+                    elif _exact(definition):
+                        # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
+                        lines += [f"{indent}if type(value_{c}) is Decimal:",
+                                  f"{indent}    if not value_{c}:",
+                                  f"{indent}        value_{c} = value_{c}.copy_abs()",
+                                  f"{indent}else:",
+                                  *_converted(f"value_{c}", f"convert_{c}", namespace, indent + "    ")]
+                    else:
+                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, indent)
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
-                    # Read once per record for the counters without a filter; under a filter, read again.
-                    event_id = ids.get(definition.event_id, "") if not definition.where else ""
-                    if not event_id:
-                        event_id = f"id_{c}"
-                        if not definition.where:
-                            ids[definition.event_id] = event_id
-                        # the router's own rule: a refused id raises, and the router decides the event
-                        namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
-                        lines += [f"{indent}{event_id} = event.{attr(definition.event_id)}",
-                                  *_converted(event_id, f"check_{event_id}", namespace, indent)]
-                applying += self._apply_lines(definition, g, index, value, event_id, decided)
+                    # the router's own rule: a refused id raises, and the router decides the event
+                    event_id = id_locals[definition.event_id]
+                    namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
+                    lines += [f"{indent}if {event_id} is None:",
+                              f"{indent}    {event_id} = {attr(definition.event_id)}",
+                              *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
         marking = ["    finally:"]
@@ -232,36 +512,41 @@ class FastRoute:
                         f"                touched.append(row{g})",
                         f"            row{g}.touched |= bits{g}"]
         changed = " or ".join(f"bits{g}" for g in range(len(groups)))
-        lines += ["    except REFUSED:", "        return None", *applying[:1 + len(groups)], "    try:",
-                  *("    " + line for line in applying[1 + len(groups):]), *marking,
-                  f"    return APPLIED if {changed} else " + ("DUPLICATE" if self._always_wanted else
-                                                             "(DUPLICATE if wanted else FILTERED)")]
+        lines += ["    except REFUSED:", "        return None",
+                  "    if skipped is not None:",
+                  "        report(skipped)",
+                  "    # 2. the publisher-retry window, then the states; bits{g}: the counters of row{g} changed",
+                  *(f"    bits{g} = 0" for g in range(len(groups))), "    wanted = False",
+                  *(f"    {local} = None" for local in fresh_locals.values()),
+                  "    try:", *("    " + line for line in applying), *marking,
+                  f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
+        at = lines.index("        # RECORD")
+        lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
         self.source = "\n".join(lines) + "\n"
-        struct = msgspec.defstruct(
-            "TopicFields", [(a, Any, msgspec.field(default=_UNSET, name=path)) for path, a in fields.items()])
-        namespace["decode"] = msgspec.json.Decoder(struct).decode
+        # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
+        # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
+        namespace["decode"] = msgspec.json.Decoder(fields.struct(),
+                                                   float_hook=_short_decimal if self.decimals else None).decode
+        namespace["Decimal"] = Decimal
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]
 
     def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,
-                     event_id: str | None, decided: dict[tuple[str, str], str]) -> list[str]:
-        """Step 2 for one counter: the window's decision on its event id (one look-up per window group and
-        record: counters sharing an id field and a filter share the decision), then its state."""
-        c, row, indent = f"{group}_{index}", f"row{group}", "    "
-        lines = [f"    # counter {definition.name}"]
-        if definition.where:
-            lines.append(f"    if want_{c}:")
-            if not self._always_wanted:
-                lines.append("        wanted = True")
-            indent += "    "
+                     event_id: str | None, fresh_locals: dict[str, str]) -> list[str]:
+        """Step 2 for one counter that wants the event: the window's decision on its event id (one look-up per
+        window group and record: counters sharing an id field and a filter share the decision), then its
+        state."""
+        c, row, indent = f"{group}_{index}", f"row{group}", "        "
+        lines = [f"    # counter {definition.name}", f"    if want_{c}:", "        wanted = True"]
         if event_id is not None:
-            share = (f"{definition.event_id}|{sorted(definition.where.items())!r}", event_id)
-            fresh = decided.get(share)
+            share = f"{definition.event_id}|{sorted(definition.where.items())!r}"
+            fresh = fresh_locals.get(share)
             if fresh is None:
-                fresh = decided[share] = f"fresh_{c}"
-                lines.append(f"{indent}{fresh} = fresh({definition.name!r}, {event_id})")
-            lines.append(f"{indent}if {fresh}:")
+                fresh = fresh_locals[share] = f"fresh{len(fresh_locals)}"
+            lines += [f"{indent}if {fresh} is None:",
+                      f"{indent}    {fresh} = fresh({definition.name!r}, {event_id})",
+                      f"{indent}if {fresh}:"]
             indent += "    "
         lines += [f"{indent}state = {row}.states[{index}]",
                   f"{indent}if state is None:",
@@ -272,31 +557,44 @@ class FastRoute:
 
     @classmethod
     def build(cls, counter_set: CounterSet, topic: str, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-              max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES) -> FastRoute | None:
-        """The fast path for ``topic``, or ``None`` when a counter on it needs the router."""
+              max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+              max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
+              on_not_applicable: Callable[[str, str], None] | None = None,
+              partition: int | None = None) -> FastRoute | None:
+        """The fast path for ``topic``, or ``None`` when a counter on it needs the router.
+        ``on_not_applicable(counter, reason)`` is told of each counter an event lacks a field of, as the
+        router's is; ``partition`` is the one whose records it applies (``@partition``)."""
         counters = list(counter_set.for_topic(topic))
         if not counters or not all(_eligible(c) for c in counters):
             return None
-        return cls(counters, max_event_bytes, max_depth, max_key_bytes)
+        try:
+            return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable,
+                       partition)
+        except _Conflict:
+            return None
 
     def new_rows(self) -> list[dict[Any, Row]]:
         """Empty row caches, one per key group, for one mutator."""
         return [{} for _ in self._groups]
 
     def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
-        """The row of key ``values``, kept in ``rows`` when every value is a string (``True`` and ``1`` are
-        one dict key but two instance keys). ``None`` when a value is not a valid key part."""
-        paths, names = self._groups[group]
-        if any(v is _UNSET or v is None for v in values):
+        """The row of key ``values``, kept in ``rows`` when every value is a string or an integer (``True``
+        and ``1`` are one dict key but two instance keys: the generated code looks a row up only by strings and
+        integers). ``None`` when a value is not a valid key part. A bucketed group's
+        last value is its bucket's text, the key's last component."""
+        paths, names, bucketed = self._groups[group]
+        parts = values[:-1] if bucketed else values
+        if any(v is _UNSET or v is None for v in parts):
             return None
         try:
-            key = "|".join(_escape(_key_text(path, v)) for path, v in zip(paths, values, strict=True))
+            key = "|".join([*(_escape(_key_text(path, v)) for path, v in zip(paths, parts, strict=True)),
+                            *values[len(parts):]])
         except InvalidEventError:
             return None
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
             return None
         row = Row(key, names)
-        if all(type(v) is str for v in values):
+        if all(type(v) is str or type(v) is int for v in values):
             rows[values[0] if len(values) == 1 else values] = row
         return row
 

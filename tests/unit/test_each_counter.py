@@ -345,17 +345,18 @@ def test_the_documented_record_counter_counts_by_key_field_header_and_hour() -> 
     assert decision.updates == [Update("orders_by_customer_hour", "c7|eu|2026-11-18T11:00Z", None, None)]
 
 
-@pytest.mark.parametrize("key", ["@key", "@partition", "@header.source", "@@sym"])
-def test_a_topic_reading_the_record_or_an_at_field_has_no_fast_path(key: str) -> None:
-    """A counter keyed by a record field, or by a payload field written with a doubled @, leaves its topic to
-    the router (the batch path reads payload fields by their plain names), and counts what the router does."""
+@pytest.mark.parametrize("key", ["@key", "@partition", "@header.source", "@@sym", "@key.customer"])
+def test_a_topic_reading_the_record_takes_the_batch_path_but_for_a_field_of_its_key(key: str) -> None:
+    """A counter keyed by the record's key, partition or a header, or by a payload field written with a doubled
+    @ (read by its name, ``@sym``), takes the batch path; one keyed by a field of the key read as JSON leaves its
+    topic to the router. All count what the router does."""
     counters = parse_definitions(f'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["{key}"]\n')
     m = mutator(counters, "t")
-    assert m.applier.fast is None
-    m.apply_batch([Record(0, b'{"@sym": "A", "@key": "B", "@partition": "C"}', None, b"K",
+    assert (m.applier.fast is None) == (key == "@key.customer")
+    m.apply_batch([Record(0, b'{"@sym": "A", "@key": "B", "@partition": "C"}', None, b'{"customer": "c7"}',
                           [("source", b"web")])])
-    assert {k for _, k in m.states} == {{"@key": "K", "@partition": "0", "@header.source": "web",
-                                          "@@sym": "A"}[key]}
+    assert {k for _, k in m.states} == {{"@key": '{"customer": "c7"}', "@partition": "0", "@header.source": "web",
+                                          "@@sym": "A", "@key.customer": "c7"}[key]}
 
 
 def test_required_is_not_part_of_a_counters_meaning() -> None:

@@ -41,12 +41,36 @@ BODIES = [
     'kind = "count"\nkey = ["user"]',
     'kind = "count"\nkey = ["user"]\nrequired = true',
     'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nwhere = { side = ["sell"] }\nrequired = true',
+    # time buckets: every format, kept forever or retained (lateness, storable ends), on the record's time
+    'kind = "count"\nkey = ["sym"]\nbucket = { field = "ts", size = "1h", format = "epoch_seconds" }\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nbucket = { field = "ts", size = "1h", format = "epoch_seconds" }\n'
+    'retain = "2h"',
+    'kind = "count"\nbucket = { field = "iso", size = "1d", format = "iso8601" }',
+    'kind = "distinct"\nkey = ["sym"]\nvalue = "user"\nbucket = { field = "iso", size = "1h", format = "iso8601" }\n'
+    'retain = "1d"\nwhere = { side = ["buy"] }',
+    'kind = "max"\nkey = ["side"]\nvalue = "n"\n'
+    'bucket = { field = "@timestamp", size = "1m", format = "epoch_millis" }',
+    'kind = "count"\nkey = ["sym"]\nbucket = { field = "ms", size = "15m", format = "epoch_millis" }\nretain = "1h"',
+    # exact decimals (every number of the topic then read as a Decimal)
+    'kind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "decimal"\nevent_id = "id"',
+    'kind = "mean"\nkey = ["sym"]\nvalue = "x"\nnumber = "decimal"\ncoerce = true',
+    # dotted paths: keys, values, filters and ids inside an object
+    'kind = "count"\nkey = ["meta.a"]\nevent_id = "meta.b"',
+    'kind = "sum"\nkey = ["sym", "meta.b"]\nvalue = "meta.a"\nwhere = { "meta.b" = ["buy", 1] }',
+    'kind = "distinct"\nkey = ["user"]\nvalue = "meta.a"\nwhere = { "meta.b" = ["sell"] }\nevent_id = "id"',
+    # the record as fields: its key, a header, its partition and its time
+    'kind = "count"\nkey = ["@key"]\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym", "@header.h"]\nvalue = "n"\nwhere = { "@header.g" = ["x"] }',
+    'kind = "count"\nkey = ["@partition", "@timestamp"]\nwhere = { "@key" = ["K1", "a|b"] }',
+    'kind = "max"\nkey = ["@header.g"]\nvalue = "@timestamp"\nevent_id = "@header.h"',
+    'kind = "top_k"\nvalue = "@header.h"\nevent_id = "id"',
 ]
-# Topics the fast path leaves to the router entirely: a bucket, exact decimals, a dotted path.
+# Topics the fast path leaves to the router entirely: a field of the record's key read as JSON, and a field
+# read both as a value and as an object holding fields.
 ROUTER_ONLY = [
-    'kind = "count"\nkey = ["sym"]\nbucket = { field = "ts", size = "1h", format = "epoch_seconds" }',
-    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nnumber = "decimal"',
-    'kind = "count"\nkey = ["meta.sym"]',
+    'kind = "count"\nkey = ["@key.customer"]',
+    'kind = "count"\nkey = ["sym"]\nwhere = { "@key.region" = ["x"] }',
+    'kind = "sum"\nkey = ["meta"]\nvalue = "meta.a"',
 ]
 
 
@@ -75,7 +99,18 @@ scalars = st.one_of(
     st.none(),
 )
 values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sampled_from("ab"), scalars, max_size=2))
-FIELDS = ["sym", "n", "x", "id", "rid", "side", "user", "flag", "ts", "meta"]
+FIELDS = ["sym", "n", "x", "id", "rid", "side", "user", "flag", "ts", "meta", "iso", "ms"]
+# Event times around 2025-11-26 07:00 UTC, and the edges: before 1970, after 9999, unstorable, not a time.
+NOW_S = 1_764_140_400
+TIMES = st.sampled_from([NOW_S, NOW_S + 1, NOW_S + 3599, NOW_S + 3600, NOW_S - 1, NOW_S + 900, NOW_S - 7200,
+                         NOW_S - 86_400 * 3, NOW_S + 90_000, -5, 0,
+                         253_402_300_799, 253_402_300_800, 2**40, 1.5e9, float("inf"), "1764140400", True])
+ISO_TIMES = st.sampled_from(["2025-11-26T07:00:00+00:00", "2025-11-26T07:59:59.5Z", "2025-11-26T07:00:00",
+                             "2025-11-25T23:30:00-02:00", "2025-11-28T09:00:00+00:00", "nope", "9999-12-31T23:59:59Z",
+                             "2025-11-26", 1764140400])
+# Record timestamps (ms): none, -1, about the event times, and far from them.
+STAMPS = st.none() | st.just(-1) | st.sampled_from([NOW_S * 1000, (NOW_S + 7200) * 1000, (NOW_S - 90_000) * 1000,
+                                                    (NOW_S + 86_400 * 2) * 1000, 0]) | st.integers(0, 2**45)
 
 
 # A key of 13 characters escaped as \u00e9: 26 bytes of UTF-8, over MAX_KEY_BYTES, though 13 characters are not.
@@ -107,7 +142,11 @@ def event_bytes(draw: st.DrawFn) -> bytes:
                      x=draw(st.floats(-10, 10)), id=draw(st.sampled_from(["i1", "i2", "i3", 4, "i5"]) | edge),
                      rid=draw(st.sampled_from(["r1", "r2"])), side=draw(st.sampled_from(["buy", "sell", 1, True])),
                      user=draw(st.sampled_from(["u1", "u2", "u3", 5]) | edge),
-                     flag=draw(st.sampled_from([True, 1, "1", 0])))
+                     flag=draw(st.sampled_from([True, 1, "1", 0])), ts=draw(TIMES), iso=draw(ISO_TIMES),
+                     ms=draw(TIMES.map(lambda t: t * 1000 if type(t) is int else t)))
+        if draw(st.booleans()):
+            event["meta"] = {"a": draw(st.sampled_from(["u1", 3, 2.5, "e" * (MAX_KEY_BYTES + 1), None])),
+                             "b": draw(st.sampled_from(["buy", "sell", 1, "i7"]))}
     text = json.dumps(event, ensure_ascii=draw(st.booleans()))
     return text.encode("utf-8", "surrogatepass")
 
@@ -128,12 +167,21 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
         for r, e in result.invalid]
 
 
+# Records' keys and headers: text, not UTF-8, null, repeated names (the last one counts), absent.
+RECORD_KEYS = st.sampled_from([None, b"K1", b"K2", b"a|b", b"\xff", b"", b"e" * (MAX_KEY_BYTES + 1),
+                               "é".encode() * 13])  # 13 characters, 26 bytes: over MAX_KEY_BYTES
+HEADERS = st.lists(st.tuples(st.sampled_from(["h", "g", "other"]),
+                             st.sampled_from([b"x", b"y", b"i1", None, b"\xff", b"", "é".encode() * 13])),
+                    max_size=3)
+
 # Values of the header restricting a record to some counters (a re-published dead letter), drawn onto records.
 APPLY_TO_VALUES = st.sampled_from([b"c0", b"c1,c2", b"c0, c3 ,c5", b"", b"zz", b"\xff", None])
 
 
 def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], window: int, redelivered: int,
-                       max_event_bytes: int = 400, restricted: dict[int, bytes | None] | None = None) -> None:
+                       max_event_bytes: int = 400, restricted: dict[int, bytes | None] | None = None,
+                       stamps: list[int | None] | None = None,
+                       parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]] | None = None) -> None:
     """The differential check: apply_batch and apply, batch by batch, end with the same everything; the
     records of ``restricted`` carry the header restricting them to some counters."""
     counters = counter_set(bodies)
@@ -141,8 +189,12 @@ def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], 
     batched = mutator(counters, window, max_event_bytes)
     assert batched.applier.fast is not None
     restricted = restricted or {}
-    records = [Record(offset * 2, raw, None, None,  # gaps, as transactions leave
-                      [("other", b"x"), (APPLY_TO_HEADER, restricted[offset])] if offset in restricted else [])
+    stamps = stamps or []
+    parts = parts or [(None, [])]  # each record's key and headers
+    records = [Record(offset * 2, raw,  # gaps, as transactions leave
+                      stamps[offset % len(stamps)] if stamps else None, parts[offset % len(parts)][0],
+                      [("other", b"x"), (APPLY_TO_HEADER, restricted[offset])] if offset in restricted else
+                      parts[offset % len(parts)][1])
                for offset, raw in enumerate(events)]
     start = 0
     for size in [*cuts, len(records)]:
@@ -169,16 +221,21 @@ def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], 
        cuts=st.lists(st.integers(1, 12), max_size=10),
        window=st.sampled_from([0, 1, 3, 50]),
        redelivered=st.integers(0, 5),
-       restricted=st.dictionaries(st.integers(0, 59), APPLY_TO_VALUES, max_size=4))
+       restricted=st.dictionaries(st.integers(0, 59), APPLY_TO_VALUES, max_size=4),
+       stamps=st.lists(STAMPS, max_size=8),
+       parts=st.lists(st.tuples(RECORD_KEYS, HEADERS), max_size=6))
 @example(bodies=BODIES[:2], events=[nested_objects(6), nested_objects(5), ESCAPED_LONG_KEY], cuts=[], window=3,
-         redelivered=0, restricted={})
+         redelivered=0, restricted={}, stamps=[], parts=[])
 def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
-                                            redelivered: int, restricted: dict[int, bytes | None]) -> None:
+                                            redelivered: int, restricted: dict[int, bytes | None],
+                                            stamps: list[int | None],
+                                            parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]]) -> None:
     """For any counters and events (valid, invalid, retried, escaped keys, huge numbers, not ASCII, fields
     missing or null for some counters, wrongly typed for others, records restricted to some counters), in
     any batches (some redelivered), apply_batch gives the bytes, dirty sets, outcomes, skips and each
-    counter's refusals of apply."""
-    assert_paths_agree(bodies, events, cuts, window, redelivered, restricted=restricted)
+    counter's refusals of apply. Bucketed, decimal and dotted-path counters among them, on records whose
+    timestamps make events late, too far in the future or neither."""
+    assert_paths_agree(bodies, events, cuts, window, redelivered, restricted=restricted, stamps=stamps, parts=parts)
 
 
 # Events of a mixed topic: three types, each with its own fields, any of them missing, null or wrongly typed.
@@ -313,9 +370,11 @@ def test_the_differential_check_catches_a_planted_divergence(monkeypatch: pytest
 @settings(max_examples=50, deadline=None)
 def test_topics_the_fast_path_leaves_to_the_router_count_the_same(events: list[bytes], stamps: list[int | None]
                                                                   ) -> None:
-    """A topic with a bucketed, decimal or dotted-path counter has no fast path, and apply_batch is apply,
-    whatever the records' timestamps (a bucketed event's time is checked against them)."""
-    counters = counter_set([BODIES[0], *ROUTER_ONLY])
+    """A topic with a counter reading the record's key or headers, or a field both as a value and as an object,
+    has no fast path, and apply_batch is apply, whatever the records' timestamps."""
+    for body in ROUTER_ONLY:
+        assert FastRoute.build(counter_set([BODIES[0], body]), TOPIC) is None
+    counters = counter_set([BODIES[0], *ROUTER_ONLY, BODIES[16]])
     assert FastRoute.build(counters, TOPIC) is None
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     records = [Record(offset, raw, stamp) for (offset, raw), stamp in zip(enumerate(events), stamps, strict=False)]
@@ -332,7 +391,7 @@ def test_the_fast_path_takes_the_common_event() -> None:
     assert fast is not None
     raw = b'{"sym": "IBM", "n": 3, "id": "e1"}'
     create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
-    assert fast.apply_event(raw, fast.new_rows(), lambda counter, event_id: True, [], create) == APPLIED
+    assert fast.apply_event(raw, None, None, (), fast.new_rows(), lambda counter, event_id: True, [], create) == APPLIED
     result = m.apply_batch([Record(0, raw), Record(1, raw)])
     assert (result.applied, result.duplicates) == (1, 1)
     assert m.states[("c1", "IBM")].value() == 3
@@ -347,3 +406,96 @@ def test_a_field_name_the_decoder_cannot_take_leaves_the_topic_to_the_router() -
     m = mutator(counters, 10)
     assert m.apply_batch([Record(0, b'{"a\\"b": "x"}')]).applied == 1
     assert m.states[("c", "x")].value() == 1
+
+
+def test_the_fast_path_takes_nested_bucketed_and_decimal_events() -> None:
+    """Events of the shapes the router alone used to take (a key inside an object, an hourly bucket on the
+    event's time and on the record's, an exact decimal sum) are applied by the fast path itself, to the
+    states the router gives."""
+    counters = counter_set([
+        'kind = "count"\nkey = ["meta.a"]\nbucket = { field = "ts", size = "1h", format = "epoch_seconds" }\n'
+        'event_id = "id"\nretain = "1d"',
+        'kind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "decimal"\nwhere = { "meta.b" = ["buy"] }',
+        'kind = "count"\nbucket = { field = "@timestamp", size = "1m", format = "epoch_millis" }',
+    ])
+    fast = FastRoute.build(counters, TOPIC)
+    assert fast is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    raw = b'{"sym": "IBM", "x": 0.1, "ts": 1764140400, "id": "e1", "meta": {"a": "u1", "b": "buy"}}'
+    rows = fast.new_rows()
+    assert fast.apply_event(raw, NOW_S * 1000, None, (), rows, lambda counter, event_id: True, [], create) == APPLIED
+    # the record written more than a day after its bucket ended: late for c0, which the router decides
+    assert fast.apply_event(raw, (NOW_S + 3 * 86_400) * 1000, None, (), rows, lambda c, e: True, [], create) is None
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    records = [Record(i, raw, NOW_S * 1000 + i) for i in range(3)]
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+        k: s.to_bytes() for k, s in reference.states.items()}
+    assert str(batched.states[("c1", "IBM")].value()) == "0.3"
+    assert sorted(batched.states) == [("c0", "u1|2025-11-26T07:00Z"), ("c1", "IBM"), ("c2", "2025-11-26T07:00Z")]
+
+
+def test_the_differential_check_catches_a_planted_bucket_divergence() -> None:
+    """A fast path that allowed event times further ahead of their records than the router does would count
+    what the router refuses; the differential check tells them apart."""
+    counters = counter_set([BODIES[16]])
+    batched = mutator(counters, 10)
+    batched.applier.fast = FastRoute.build(counters, TOPIC, 400, 6, MAX_KEY_BYTES, max_future_skew_s=10**9)
+    reference = mutator(counters, 10)
+    records = [Record(0, b'{"sym": "IBM", "ts": 1764140400, "id": "e1"}', (NOW_S - 3 * 86_400) * 1000)]
+    assert described(batched.apply_batch(records)) != described(outcomes(reference, records))
+
+
+def test_the_differential_check_catches_a_planted_decimal_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path reads short decimals alone as passing the router's bounds; with that limit taken out it
+    would count a decimal of 150 digits the router refuses, and the check tells the two paths apart."""
+    counters = counter_set([BODIES[22]])
+    records = [Record(0, b'{"sym": "IBM", "x": 0.' + b"1" * 150 + b', "id": "e1"}')]
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    monkeypatch.setattr(fast_route, "SHORT_DECIMAL", 10**6)
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) != described(outcomes(reference, records))
+
+
+def test_the_fast_path_skips_the_counters_an_event_lacks_fields_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event lacking the key of one counter and the value of another is applied by the fast path to the
+    others, and the two it does not apply to are told, in the definitions' order, as the router tells them; a
+    fast path that did not tell them is caught."""
+    counters = counter_set([MIXED_BODIES[0], MIXED_BODIES[1], MIXED_BODIES[2], MIXED_BODIES[4]])
+    records = [Record(0, b'{"side": "buy", "sym": "IBM", "x": null, "flag": true}')]
+    fast = FastRoute.build(counters, TOPIC)
+    assert fast is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    raw = records[0].value or b""
+    assert fast.apply_event(raw, None, None, (), fast.new_rows(), lambda c, e: True, [], create) == APPLIED
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
+    assert batched.applier.router.skipped == reference.applier.router.skipped == [  # type: ignore[attr-defined]
+        ("c2", "key_missing"), ("c3", "value_null")]
+    monkeypatch.setattr(fast_route, "_report", lambda on_not_applicable, skipped: None)
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    batched.apply_batch(records)
+    outcomes(reference, records)
+    assert batched.applier.router.skipped != reference.applier.router.skipped  # type: ignore[attr-defined]
+
+
+def test_the_differential_check_catches_a_planted_bucket_reuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch path reuses the last bucket an integer time fell in for the times inside it; one that kept it
+    for a time past its end would count an event in the wrong hour, and the check tells the two paths apart."""
+    counters = counter_set([BODIES[16]])
+    records = [Record(i, b'{"sym": "IBM", "ts": %d, "id": "e%d"}' % (NOW_S + 3600 * i, i), None) for i in range(2)]
+
+    def states_of(m: Mutator) -> dict[tuple[str, str], bytes]:
+        return {k: s.to_bytes() for k, s in m.states.items()}
+
+    reference, batched = mutator(counters, 10), mutator(counters, 10)
+    outcomes(reference, records)
+    batched.apply_batch(records)
+    assert states_of(batched) == states_of(reference)
+    widened = fast_route._last_bucket
+    monkeypatch.setattr(fast_route, "_last_bucket", lambda last, size, scale, v, found: widened(
+        last, size * 2, scale, v, found))
+    batched = mutator(counters, 10)
+    batched.apply_batch(records)
+    assert states_of(batched) != states_of(reference)
