@@ -16,6 +16,7 @@ from typing import Any, overload
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
+from countersink.resets import read_epochs
 from countersink.settings import Consistency
 from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
@@ -82,14 +83,20 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
                          consistency: Consistency | None = None) -> dict[str, list[State]]:
     """:func:`read_states` of several instances of one counter, in one request."""
     level = consistency or client.settings.read_consistency
-    marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
-    rows = as_dicts(await client.execute(
-        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
-        [counter] * 4 + [partition_key(key) for key in keys], consistency=level))
+    # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
+    epochs = await read_epochs(client, counter, level)
+    cells: dict[str, list[str]] = {}
+    for key in keys:
+        cells.setdefault(epochs.cell(counter, key), []).append(key)
     by_key: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_key.setdefault(key_of_partition(row["key"]), []).append(row)
+    for cell, of_cell in cells.items():
+        marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
+        rows = as_dicts(await client.execute(
+            "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+            f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
+            [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level))
+        for row in rows:
+            by_key.setdefault(key_of_partition(row["key"]), []).append(row)
     grace = client.settings.retention_grace_s
     out: dict[str, list[State]] = {}
     for key in keys:
@@ -202,7 +209,8 @@ class CounterReader:
         return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
-        rows = as_dicts(await self.client.execute(_INSTANCE, [counter] * 3 + [partition_key(key)],
+        cell = (await read_epochs(self.client, counter, self.consistency)).cell(counter, key)  # its current epoch's
+        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 3 + [partition_key(key)],
                                                   consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None

@@ -1,0 +1,87 @@
+"""``countersink reset COUNTER [KEY ...]``: count a counter (or some of its keys) again from now.
+
+The reset is recorded first (a new epoch of the counter, who asked, when), then a control record naming it
+is published to every partition of the counter's topics; the offset each landed at is the reset's point in
+that partition, printed and recorded. Consumers apply it in log order and never pause; readers show only
+what comes after the point in each partition (``schemas.resets``, docs/operations.md "Resetting a counter").
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+from datetime import UTC, datetime
+
+from countersink.cassandra import CassandraClient
+from countersink.cli import EXIT_USAGE, counter_name, instance_key, run_async
+from countersink.kafka import make_producer
+from countersink.logs import get_logger
+from countersink.registry import CounterRegistry
+from countersink.resets import MAX_RESET_KEYS, CassandraResets, publish_controls, record_reset
+from countersink.settings import Settings
+
+log = get_logger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("counter", type=counter_name, help="counter name, as recorded in the counter registry")
+    parser.add_argument("keys", type=instance_key, nargs="*", metavar="KEY",
+                        help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if len(args.keys) > MAX_RESET_KEYS:
+        log.error("usage_refused", error=f"a reset names at most {MAX_RESET_KEYS} keys, not {len(args.keys)}")
+        return EXIT_USAGE
+    return run_async(reset(settings, args.counter, list(dict.fromkeys(args.keys)), as_json=args.json))
+
+
+def _requester() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: bool = False) -> int:
+    async with CassandraClient(settings.cassandra) as client:
+        known, definition = await CounterRegistry(client).lookup(counter)
+        if not known or definition is None:
+            log.error("unknown_counter", counter=counter,
+                      error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
+            return EXIT_USAGE
+        write_cl = settings.cassandra.write_consistency
+        requested_by = _requester()
+        recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl)
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        try:
+            partitions: list[tuple[str, int]] = []
+            for topic in definition.topics:
+                found = await producer.partitions_for(topic)
+                partitions.extend((topic, p) for p in sorted(found or ()))
+
+            async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+                metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
+                return int(metadata.offset)
+
+            positions = await publish_controls(recorded, partitions, send)
+        finally:
+            await producer.stop()
+        await CassandraResets(client, settings.cassandra.replay_read_consistency, write_cl).record_positions(positions)
+    when = datetime.fromtimestamp(at_us / 1e6, UTC).isoformat(timespec="milliseconds")
+    if as_json:
+        print(json.dumps({"counter": counter, "keys": sorted(keys), "epoch": recorded.epoch, "id": recorded.reset_id,
+                          "requested_by": requested_by, "requested_at": when,
+                          "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
+                                        for p in positions]}))
+        return 0
+    what = f"keys {', '.join(sorted(keys))} of {counter}" if keys else f"every key of {counter}"
+    print(f"reset {what}: epoch {recorded.epoch}, id {recorded.reset_id}, by {requested_by} at {when}")
+    for p in positions:
+        print(f"  {p.topic}/{p.partition}: counts from offset {p.offset + 1} on (control record at {p.offset})")
+    return 0

@@ -1,0 +1,134 @@
+"""Resets in Cassandra (``schemas.resets``): the rows, their positions in partitions, and the reset itself.
+
+:class:`CassandraResets` is the consumer's :class:`~consumer.resetting.ResetBook`; :func:`reset_counter` is
+what ``countersink reset`` runs: record the reset (a new epoch, by LWT), publish a control record to every
+partition of the counter's topics, record where each landed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.settings import Consistency
+from schemas.resets import (
+    Epochs,
+    Reset,
+    ResetPosition,
+    control_record,
+    current_epochs,
+    epochs_at,
+    new_reset_id,
+    row_of_reset_id,
+)
+
+MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control record stay small
+
+
+def _reset_of(row: dict[str, Any]) -> Reset:
+    return Reset(row["id"], row["counter"], int(row["epoch"]), frozenset(row.get("keys") or ()))
+
+
+async def read_resets(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> list[Reset]:
+    """Every recorded reset of ``counter`` (one single-partition read)."""
+    rows = as_dicts(await client.execute("SELECT counter, epoch, id, keys FROM resets WHERE counter = ?", [counter],
+                                         consistency=consistency or client.settings.read_consistency))
+    return [_reset_of(row) for row in rows]
+
+
+async def read_epochs(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> Epochs:
+    """The epochs readers use for ``counter``: every recorded reset of it."""
+    return current_epochs(await read_resets(client, counter, consistency))
+
+
+class CassandraResets:
+    """:class:`consumer.resetting.ResetBook` on the ``resets`` and ``reset_positions`` tables. Reads and writes
+    at the consistency of the protocol's own (they decide what is written)."""
+
+    def __init__(self, client: CassandraClient, read_cl: Consistency, write_cl: Consistency) -> None:
+        self.client, self.read_cl, self.write_cl = client, read_cl, write_cl
+
+    async def look_up(self, reset_ids: Sequence[str]) -> Mapping[str, Reset | None]:
+        found: dict[str, Reset | None] = {}
+        for reset_id in reset_ids:
+            where = row_of_reset_id(reset_id)
+            found[reset_id] = None
+            if where is None:
+                continue
+            rows = as_dicts(await self.client.execute(
+                "SELECT counter, epoch, id, keys FROM resets WHERE counter = ? AND epoch = ?", list(where),
+                consistency=self.read_cl))
+            if rows and rows[0]["id"] == reset_id:
+                found[reset_id] = _reset_of(rows[0])
+        return found
+
+    async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
+        rows = as_dicts(await self.client.execute(
+            "SELECT counter, epoch, offset FROM reset_positions WHERE topic = ? AND partition = ?",
+            [topic, partition], consistency=self.read_cl))
+        least: dict[tuple[str, int], int] = {}
+        for row in rows:
+            where = (row["counter"], int(row["epoch"]))
+            least[where] = min(least.get(where, row["offset"]), row["offset"])
+        if not least:
+            return Epochs()
+        resets = [r for counter in counters if any(c == counter for c, _ in least)
+                  for r in await read_resets(self.client, counter, self.read_cl)]
+        return epochs_at(resets, {r.reset_id: least[(r.counter, r.epoch)] for r in resets
+                                  if (r.counter, r.epoch) in least}, start)
+
+    async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
+        for p in positions:
+            await self.client.execute(
+                "INSERT INTO reset_positions (topic, partition, counter, epoch, offset) VALUES (?, ?, ?, ?, ?)",
+                [p.topic, p.partition, p.counter, p.epoch, p.offset], consistency=self.write_cl)
+
+
+class ResetRefusedError(Exception):
+    """Raised when a reset cannot be recorded (too many keys, no epoch claimed after retries)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetDone:
+    """What ``countersink reset`` did: the reset recorded and where its control record sits in each partition."""
+
+    reset: Reset
+    requested_by: str
+    requested_us: int
+    positions: tuple[ResetPosition, ...]
+
+
+async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,
+                       write_cl: Consistency, attempts: int = 20) -> tuple[Reset, int]:
+    """Record a new reset of ``counter`` (``keys``, or all keys when empty) at the next epoch, by LWT."""
+    if len(keys) > MAX_RESET_KEYS:
+        raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
+    for _ in range(attempts):
+        known = await read_resets(client, counter, write_cl)
+        epoch = max((r.epoch for r in known), default=0) + 1
+        reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys))
+        at_us = time.time_ns() // 1000
+        rows = as_dicts(await client.execute(
+            "INSERT INTO resets (counter, epoch, id, keys, requested_by, requested_us) VALUES (?, ?, ?, ?, ?, ?) "
+            "IF NOT EXISTS", [counter, epoch, reset.reset_id, set(keys) or None, requested_by, at_us],
+            consistency=write_cl, idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return reset, at_us
+        if rows[0].get("id") == reset.reset_id:  # ours, applied with its answer lost and retried
+            return reset, at_us
+    raise ResetRefusedError(f"could not claim a new epoch of {counter} after {attempts} attempts")
+
+
+async def publish_controls(reset: Reset, partitions: Sequence[tuple[str, int]],
+                           send: Callable[[str, int, bytes, list[tuple[str, bytes]]], Any]) -> list[ResetPosition]:
+    """Publish the reset's control record to each (topic, partition) and return where each landed. ``send``
+    sends one record to one partition and returns an awaitable of its offset."""
+    value, headers = control_record(reset)
+    positions = []
+    for topic, partition in partitions:
+        offset = await send(topic, partition, value, headers)
+        positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, topic, partition, int(offset)))
+    return positions

@@ -1,0 +1,188 @@
+"""Resets on real Kafka and Cassandra: ``countersink reset`` while a consumer runs, then kill -9 and a takeover
+that replays what the dead consumer left: values show only what came after each partition's reset point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from countersink.cassandra import CassandraClient
+from countersink.kafka import make_producer
+from countersink.reader import CounterReader, read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack.loading import child_env, end_offsets, wait_until_flushed
+from tests.integration.consumer_support import read_topic, start_consumer, wait_until_started
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITIONS = 2
+SYMBOLS = ("S0", "S1", "S2")
+DEFINITIONS = """
+[[counter]]
+name = "trades"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+"""
+
+Event = tuple[str, str, int]  # id, symbol, qty
+
+
+def _events(prefix: str, n: int) -> list[Event]:
+    return [(f"{prefix}{i}", SYMBOLS[i % len(SYMBOLS)], i + 1) for i in range(n)]
+
+
+async def _publish(kafka: KafkaSettings, topic: str, events: list[Event]) -> None:
+    """Each event to partition (number mod PARTITIONS), in order."""
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for i, (event_id, symbol, qty) in enumerate(events):
+            await producer.send_and_wait(topic, json.dumps({"id": event_id, "symbol": symbol, "qty": qty}).encode(),
+                                         partition=i % PARTITIONS)
+    finally:
+        await producer.stop()
+
+
+def _truth(events: list[Event]) -> dict[tuple[str, str], int]:
+    counts: Counter[str] = Counter(symbol for _, symbol, _ in events)
+    sums: Counter[str] = Counter()
+    for _, symbol, qty in events:
+        sums[symbol] += qty
+    return {**{("trades", s): counts[s] for s in SYMBOLS}, **{("shares", s): sums[s] for s in SYMBOLS}}
+
+
+async def _values(cassandra: CassandraSettings) -> dict[tuple[str, str], int]:
+    values: dict[tuple[str, str], int] = {}
+    async with CassandraClient(cassandra) as client:
+        for counter in ("trades", "shares"):
+            for symbol in SYMBOLS:
+                state = await read_state(client, counter, symbol)
+                values[(counter, symbol)] = 0 if state is None else int(state.value())  # type: ignore[call-overload]
+    return values
+
+
+def _reset(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-m", "countersink", "reset", *args, "--json"], cwd=REPO,
+                          env=child_env(kafka, cassandra), capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+async def _flushed(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, topic: str) -> None:
+    await wait_until_flushed(cassandra, group, await end_offsets(kafka, {topic: PARTITIONS}), within_s=90)
+
+
+async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_later_events(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A consumer counts events; ``countersink reset trades`` and ``countersink reset shares S1`` run while it
+    does. Right after each returns, the instances reset read nothing counted before. More events come; the
+    consumer is killed with kill -9 before its last flush commits and a second one takes over, replaying the
+    window it left: every value is exactly the events after the reset (trades, shares of S1) or all of them
+    (shares of S0 and S2), and explain shows the same as get."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+               "counters_file": counters}
+    log = tmp_path / "consumer.log"
+    before, after, late = _events("a", 30), _events("b", 24), _events("c", 18)
+
+    first = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, first)
+        await _publish(kafka_settings, topic, before)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        assert await _values(cassandra_settings) == _truth(before)
+
+        whole = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades")
+        one = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "shares", "S1")
+        assert (whole["epoch"], one["epoch"]) == (1, 1)
+        assert sorted((p["partition"], p["offset"]) for p in whole["positions"]) == [  # type: ignore[union-attr]
+            (0, 15), (1, 15)], whole
+        seen = await _values(cassandra_settings)
+        assert all(seen[("trades", s)] == 0 for s in SYMBOLS), seen
+        assert seen[("shares", "S1")] == 0, seen
+        assert seen[("shares", "S0")] == _truth(before)[("shares", "S0")], seen
+
+        await _publish(kafka_settings, topic, after)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        await _publish(kafka_settings, topic, late)
+    finally:
+        first.send_signal(signal.SIGKILL)  # whatever it had applied of ``late`` and not committed is replayed
+        first.wait()
+
+    second = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, second)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        seen = await _values(cassandra_settings)
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait()
+    everything, since = _truth(before + after + late), _truth(after + late)
+    expected = {**everything, **{("trades", s): since[("trades", s)] for s in SYMBOLS},
+                ("shares", "S1"): since[("shares", "S1")]}
+    assert seen == expected
+    async with CassandraClient(cassandra_settings) as client:
+        explained = await CounterReader(client).explain("shares", "S1")
+    assert explained.value == expected[("shares", "S1")]
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text
+
+
+async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """A record carrying the control header with an id no reset was recorded under changes no value and goes
+    to the dead-letter topic."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    log = tmp_path / "consumer.log"
+    events = _events("a", 12)
+    process = start_consumer(kafka_settings, cassandra_settings, log, flush_interval_s=0.5,
+                             dead_letter_topic=f"dlq-{group}", group_id=group, counters_file=counters)
+    try:
+        await wait_until_started(log, process)
+        await _publish(kafka_settings, topic, events[:6])
+        producer = make_producer(kafka_settings)
+        await producer.start()
+        try:
+            for partition in range(PARTITIONS):
+                await producer.send_and_wait(topic, b"{}", partition=partition,
+                                             headers=[("countersink.control", b"trades.1.forged")])
+        finally:
+            await producer.stop()
+        await _publish(kafka_settings, topic, events[6:])
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        assert await _values(cassandra_settings) == _truth(events)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    letters = await read_topic(kafka_settings, f"dlq-{group}", at_least=PARTITIONS, within_s=20)
+    assert len(letters) == PARTITIONS
+    assert all(dict(r.headers).get("countersink.error") == b"ForgedControlError" for r in letters), [
+        r.headers for r in letters]
