@@ -81,7 +81,7 @@ async def _values(cassandra: CassandraSettings) -> dict[tuple[str, str], int]:
 
 
 def _reset(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-m", "countersink", "reset", *args, "--json"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "reset", *args, "--json"], cwd=REPO,
                           env=child_env(kafka, cassandra), capture_output=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     result: dict[str, object] = json.loads(done.stdout)
