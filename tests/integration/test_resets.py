@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -93,7 +95,8 @@ async def _flushed(kafka: KafkaSettings, cassandra: CassandraSettings, group: st
 
 
 async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_later_events(
-    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
 ) -> None:
     """A consumer counts events; ``countersink reset trades`` and ``countersink reset shares S1`` run while it
     does. Right after each returns, the instances reset read nothing counted before. More events come; the
@@ -119,8 +122,8 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         whole = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades")
         one = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "shares", "S1")
         assert (whole["epoch"], one["epoch"]) == (1, 1)
-        assert sorted((p["partition"], p["offset"]) for p in whole["positions"]) == [  # type: ignore[union-attr]
-            (0, 15), (1, 15)], whole
+        positions = cast(list[dict[str, int]], whole["positions"])
+        assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
         seen = await _values(cassandra_settings)
         assert all(seen[("trades", s)] == 0 for s in SYMBOLS), seen
         assert seen[("shares", "S1")] == 0, seen
@@ -153,7 +156,8 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
 
 
 async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
-    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
 ) -> None:
     """A record carrying the control header with an id no reset was recorded under changes no value and goes
     to the dead-letter topic."""
