@@ -161,6 +161,24 @@ def epochs_at(resets: Iterable[Reset], positions: Mapping[str, int], start: int)
     return epochs
 
 
+def counts_after_resets(resets: Iterable[Reset], points: Mapping[tuple[str, str, int], int], counter: str,
+                        key: str, topic: str, partition: int, offset: int) -> bool:
+    """The truth rule of resets, for a checker that computes values from the log alone (``make chaos``):
+    whether the record at ``offset`` of (``topic``, ``partition``) counts toward instance (``counter``,
+    ``key``). It does when it lies after the control record, in that partition, of the reset that sets the
+    instance's current epoch (the greatest epoch among the recorded resets covering it); always, before any
+    reset. ``points`` maps (reset id, topic, partition) to the offset of the reset's control record there, as
+    ``countersink reset --json`` prints it. A partition without a point for that reset counts nothing of the
+    instance (its control record was never published: run the reset again)."""
+    resets = [r for r in resets if r.counter == counter]
+    epoch = current_epochs(resets).epoch(counter, key)
+    if epoch == 0:
+        return True
+    reset = next(r for r in resets if (r.counter, r.epoch) == (counter, epoch))
+    point = points.get((reset.reset_id, topic, partition))
+    return point is not None and offset > point
+
+
 @dataclasses.dataclass(frozen=True)
 class ResetPosition:
     """Where a reset sits in one partition: the offset of its first control record there."""
@@ -174,6 +192,18 @@ class ResetPosition:
 
 
 __all__ = [
-    "CONTROL_HEADER", "Epochs", "ForgedControlError", "Reset", "ResetPosition", "cell_name", "control_record",
-    "control_reset_id", "current_epochs", "epochs_at", "new_reset_id", "row_of_reset_id", "split_cell",
+    "CONTROL_HEADER",
+    "Epochs",
+    "ForgedControlError",
+    "Reset",
+    "ResetPosition",
+    "cell_name",
+    "control_record",
+    "control_reset_id",
+    "counts_after_resets",
+    "current_epochs",
+    "epochs_at",
+    "new_reset_id",
+    "row_of_reset_id",
+    "split_cell",
 ]
