@@ -82,12 +82,11 @@ async def _values(cassandra: CassandraSettings) -> dict[tuple[str, str], int]:
     return values
 
 
-def _reset(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-m", "countersink.cli", "reset", *args, "--json"], cwd=REPO,
+def _reset(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "reset", *args], cwd=REPO,
                           env=child_env(kafka, cassandra), capture_output=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    return done.stdout.decode()
 
 
 async def _flushed(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, topic: str) -> None:
@@ -119,9 +118,13 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         await _flushed(kafka_settings, cassandra_settings, group, topic)
         assert await _values(cassandra_settings) == _truth(before)
 
-        whole = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades")
+        whole = json.loads(await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades", "--json"))
         one = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "shares", "S1")
-        assert (whole["epoch"], one["epoch"]) == (1, 1)
+        head, *points = one.splitlines()
+        assert head.startswith("reset keys S1 of shares: epoch 1, id shares.1.")
+        assert sorted(points) == [f"  {topic}/0: counts from offset 17 on (control record at 16)",
+                                  f"  {topic}/1: counts from offset 17 on (control record at 16)"], one
+        assert whole["epoch"] == 1
         positions = cast(list[dict[str, int]], whole["positions"])
         assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
         seen = await _values(cassandra_settings)
