@@ -22,6 +22,7 @@ from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_states, state_from_bytes
+from schemas.resets import cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
@@ -263,14 +264,21 @@ class CounterReader:
         # the token carries the last key returned, and its remaining rows are skipped.
         last, page = _split_token(page) if page else (None, None)
         keys: list[str] = []
+        # A key is listed when it has a cell of its current epoch (schemas.resets): one column pair per epoch
+        # in use (all keys', and those of keys reset one by one).
+        epochs = await read_epochs(self.client, counter, self.consistency)
+        cells = sorted({epochs.cell(counter, ""), *(cell_name(counter, e) for e in
+                                                    epochs.by_key.get(counter, {}).values())})
+        columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}" for i in range(len(cells)))
         while len(keys) < limit:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
             # row returned, so no key is skipped.
             result = await self.client.execute(
-                "SELECT key, tallies[?] AS tally, states[?] AS cell FROM shards", [counter, counter],
+                f"SELECT key, {columns} FROM shards", [c for cell in cells for c in (cell, cell)],  # noqa: S608
                 consistency=self.consistency, page_size=limit - len(keys), page_state=page)
             for row in as_dicts(result):
-                if row["key"] != last and (row["tally"] is not None or row["cell"] is not None):
+                index = cells.index(epochs.cell(counter, key_of_partition(row["key"])))
+                if row["key"] != last and (row[f"t{index}"] is not None or row[f"c{index}"] is not None):
                     keys.append(key_of_partition(row["key"]))
                     last = row["key"]  # the partition, as the walk meets it
             page = result.page_state() if result.has_more_pages() else None

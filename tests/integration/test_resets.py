@@ -128,6 +128,9 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         positions = cast(list[dict[str, int]], whole["positions"])
         assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
         seen = await _values(cassandra_settings)
+        async with CassandraClient(cassandra_settings) as client:
+            listed = (await CounterReader(client).list_instances("trades"))[0]
+            assert (listed, (await CounterReader(client).list_instances("shares"))[0]) == ([], ["S0", "S2"])
         assert all(seen[("trades", s)] == 0 for s in SYMBOLS), seen
         assert seen[("shares", "S1")] == 0, seen
         assert seen[("shares", "S0")] == _truth(before)[("shares", "S0")], seen
@@ -153,7 +156,9 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
     assert seen == expected
     async with CassandraClient(cassandra_settings) as client:
         explained = await CounterReader(client).explain("shares", "S1")
+        listed = (await CounterReader(client).list_instances("trades"))[0]
     assert explained.value == expected[("shares", "S1")]
+    assert listed == list(SYMBOLS)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text
 
