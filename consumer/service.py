@@ -353,7 +353,11 @@ class ConsumerService:
         return self.ownership.goes_on_from(tp, mutator, int((await self.consumer.beginning_offsets([tp]))[tp]))
 
     def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
+        resets_before = len(mutator.positions)
         result = mutator.apply_batch(records)
+        for position in mutator.positions[resets_before:]:
+            log.info("reset_applied", topic=tp.topic, partition=tp.partition, offset=position.offset,
+                     counter=position.counter, epoch=position.epoch, reset=position.reset_id, mutator=str(mutator.id))
         for record, error in result.invalid:
             self.dead_letters.queue(tp, record, error)
         METRICS.events_applied.inc(result.applied)

@@ -161,13 +161,17 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
     assert explained.value == expected[("shares", "S1")]
     assert listed == list(SYMBOLS)
     # The GC folds the first consumer's rows, cells of both epochs: what it folds of the old one is never read.
-    gc = subprocess.run([sys.executable, "-m", "countersink.cli", "gc", "--once"], cwd=REPO, capture_output=True,
-                        env=child_env(kafka_settings, cassandra_settings, gc={"grace_s": 0}), timeout=120, check=False)
+    gc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "gc", "--once"], cwd=REPO, capture_output=True,
+        env=child_env(kafka_settings, cassandra_settings, gc={"grace_s": 0}), timeout=120, check=False)
     assert gc.returncode == 0, gc.stderr.decode(errors="replace")
     assert b"mutator_collected" in gc.stdout + gc.stderr
     assert await _values(cassandra_settings) == expected
     text = log.read_text(errors="replace")
     assert "Traceback" not in text
+    applied = [json.loads(line) for line in text.splitlines() if '"reset_applied"' in line]
+    assert {(e["counter"], e["partition"]) for e in applied} == {
+        (counter, partition) for counter in ("trades", "shares") for partition in range(PARTITIONS)}, applied
 
 
 async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
