@@ -263,17 +263,19 @@ class Applier:
         accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it).
 
         A control record (``schemas.resets``) is no event: outcome CONTROL for one of a recorded reset of a
-        counter on this topic (:meth:`control_reset` names it), INVALID with a :class:`ForgedControlError`
-        otherwise. It takes its place in the retry window as a record without ids, whatever it is."""
+        counter on this topic (:meth:`control_reset` names it), FILTERED for a recorded reset of a counter
+        these definitions do not keep, INVALID with a :class:`ForgedControlError` for one naming no recorded
+        reset. It takes its place in the retry window as a record without ids, whatever it is."""
         if record.headers:
             reset_id = control_reset_id(record.headers)
             if reset_id is not None:
                 self.window.push(())
-                reset = self._reset_named(reset_id)
-                if reset is None:
-                    return Outcome.INVALID, [], ForgedControlError(
-                        "", f"control record {reset_id!r} names no recorded reset of a counter on {self.topic}")
-                return Outcome.CONTROL, [], None
+                if self._reset_named(reset_id) is not None:
+                    return Outcome.CONTROL, [], None
+                if reset_id and self.known.get(reset_id) is not None:
+                    return Outcome.FILTERED, [], None  # a recorded reset of a counter this consumer does not keep
+                return Outcome.INVALID, [], ForgedControlError(
+                    "", f"control record {reset_id!r} names no recorded reset of a counter on {self.topic}")
         try:
             decision = self.router.decide_record(self.topic, record.value or b"", record.timestamp, record.key,
                                                  record.headers, self.partition)

@@ -140,3 +140,15 @@ def test_a_forged_control_record_is_invalid_and_an_unlooked_one_is_a_bug() -> No
     outcomes = [mutator.apply(record)[0] for record in records]
     assert outcomes[2] is Outcome.INVALID
     assert mutator.states[("trades", "IBM")].value() == 3
+
+
+def test_a_recorded_reset_of_a_counter_kept_elsewhere_is_passed_over() -> None:
+    """A consumer whose definitions lack the counter reset (another deployment's counter on a shared topic)
+    skips its control record: no dead letter, no state dropped."""
+    other = Reset("volume.1.x", "volume", 1)
+    mutator = _mutator(MemoryResets([other]))
+    records = _records([other])
+    run(mutator.applier.learn(records))
+    outcomes = [mutator.apply(record)[0] for record in records]
+    assert outcomes[2] is Outcome.FILTERED
+    assert mutator.states[("trades", "IBM")].value() == 3
