@@ -85,7 +85,7 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
     """:func:`read_states` of several instances of one counter, in one request."""
     level = consistency or client.settings.read_consistency
     # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
-    epochs = await read_epochs(client, counter, level)
+    epochs = await read_epochs(client, counter)
     cells: dict[str, list[str]] = {}
     for key in keys:
         cells.setdefault(epochs.cell(counter, key), []).append(key)
@@ -210,7 +210,7 @@ class CounterReader:
         return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
-        cell = (await read_epochs(self.client, counter, self.consistency)).cell(counter, key)  # its current epoch's
+        cell = (await read_epochs(self.client, counter)).cell(counter, key)  # its current epoch's
         rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 3 + [partition_key(key)],
                                                   consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
@@ -266,7 +266,7 @@ class CounterReader:
         keys: list[str] = []
         # A key is listed when it has a cell of its current epoch (schemas.resets): one column pair per epoch
         # in use (all keys', and those of keys reset one by one).
-        epochs = await read_epochs(self.client, counter, self.consistency)
+        epochs = await read_epochs(self.client, counter)
         cells = sorted({epochs.cell(counter, ""), *(cell_name(counter, e) for e in
                                                     epochs.by_key.get(counter, {}).values())})
         columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}" for i in range(len(cells)))

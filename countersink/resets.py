@@ -39,9 +39,11 @@ async def read_resets(client: CassandraClient, counter: str, consistency: Consis
     return [_reset_of(row) for row in rows]
 
 
-async def read_epochs(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> Epochs:
-    """The epochs readers use for ``counter``: every recorded reset of it."""
-    return current_epochs(await read_resets(client, counter, consistency))
+async def read_epochs(client: CassandraClient, counter: str) -> Epochs:
+    """The epochs readers use for ``counter``: every recorded reset of it, read at the replay read consistency
+    (whatever serving reads at): it overlaps the reset's write, so a read made once ``countersink reset`` has
+    returned knows the reset."""
+    return current_epochs(await read_resets(client, counter, client.settings.replay_read_consistency))
 
 
 class CassandraResets:
