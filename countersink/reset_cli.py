@@ -56,14 +56,18 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             return EXIT_USAGE
         write_cl = settings.cassandra.write_consistency
         requested_by = _requester()
-        recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl)
         producer = make_producer(settings.kafka)
         await producer.start()
         try:
+            # The partitions first: the reset records how many each topic has, and one added later holds only
+            # what comes after the reset.
             partitions: list[tuple[str, int]] = []
             for topic in definition.topics:
                 found = await producer.partitions_for(topic)
                 partitions.extend((topic, p) for p in sorted(found or ()))
+            counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
+                      for topic in definition.topics}
+            recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl, counts)
 
             async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
                 metadata = await (await producer.send(topic, value, partition=partition, headers=headers))

@@ -29,13 +29,15 @@ MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control recor
 
 
 def _reset_of(row: dict[str, Any]) -> Reset:
-    return Reset(row["id"], row["counter"], int(row["epoch"]), frozenset(row.get("keys") or ()))
+    return Reset(row["id"], row["counter"], int(row["epoch"]), frozenset(row.get("keys") or ()),
+                 tuple(sorted((row.get("partitions") or {}).items())))
 
 
 async def read_resets(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> list[Reset]:
     """Every recorded reset of ``counter`` (one single-partition read)."""
-    rows = as_dicts(await client.execute("SELECT counter, epoch, id, keys FROM resets WHERE counter = ?", [counter],
-                                         consistency=consistency or client.settings.read_consistency))
+    rows = as_dicts(await client.execute(
+        "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ?", [counter],
+        consistency=consistency or client.settings.read_consistency))
     return [_reset_of(row) for row in rows]
 
 
@@ -61,7 +63,7 @@ class CassandraResets:
             if where is None:
                 continue
             rows = as_dicts(await self.client.execute(
-                "SELECT counter, epoch, id, keys FROM resets WHERE counter = ? AND epoch = ?", list(where),
+                "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ? AND epoch = ?", list(where),
                 consistency=self.read_cl))
             if rows and rows[0]["id"] == reset_id:
                 found[reset_id] = _reset_of(rows[0])
@@ -75,12 +77,10 @@ class CassandraResets:
         for row in rows:
             where = (row["counter"], int(row["epoch"]))
             least[where] = min(least.get(where, row["offset"]), row["offset"])
-        if not least:
-            return Epochs()
-        resets = [r for counter in counters if any(c == counter for c, _ in least)
-                  for r in await read_resets(self.client, counter, self.read_cl)]
+        # Every counter's: a reset recorded before this partition existed has no position here, and applies.
+        resets = [r for counter in counters for r in await read_resets(self.client, counter, self.read_cl)]
         return epochs_at(resets, {r.reset_id: least[(r.counter, r.epoch)] for r in resets
-                                  if (r.counter, r.epoch) in least}, start)
+                                  if (r.counter, r.epoch) in least}, start, topic, partition)
 
     async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
         for p in positions:
@@ -104,18 +104,20 @@ class ResetDone:
 
 
 async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,
-                       write_cl: Consistency, attempts: int = 20) -> tuple[Reset, int]:
-    """Record a new reset of ``counter`` (``keys``, or all keys when empty) at the next epoch, by LWT."""
+                       write_cl: Consistency, partitions: Mapping[str, int], attempts: int = 20) -> tuple[Reset, int]:
+    """Record a new reset of ``counter`` (``keys``, or all keys when empty) at the next epoch, by LWT, with the
+    number of ``partitions`` of each of its topics now."""
     if len(keys) > MAX_RESET_KEYS:
         raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
     for _ in range(attempts):
         known = await read_resets(client, counter, write_cl)
         epoch = max((r.epoch for r in known), default=0) + 1
-        reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys))
+        reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
         at_us = time.time_ns() // 1000
         rows = as_dicts(await client.execute(
-            "INSERT INTO resets (counter, epoch, id, keys, requested_by, requested_us) VALUES (?, ?, ?, ?, ?, ?) "
-            "IF NOT EXISTS", [counter, epoch, reset.reset_id, set(keys) or None, requested_by, at_us],
+            "INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            [counter, epoch, reset.reset_id, set(keys) or None, dict(partitions), requested_by, at_us],
             consistency=write_cl, idempotent=False))
         if not rows or rows[0].get("[applied]"):
             return reset, at_us

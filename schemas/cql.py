@@ -209,6 +209,7 @@ def create_tables(keyspace: str) -> list[str]:
             epoch bigint,
             id text,
             keys set<text>,
+            partitions map<text, int>,
             requested_by text,
             requested_us bigint,
             PRIMARY KEY ((counter), epoch)

@@ -44,9 +44,17 @@ class Reset:
     counter: str
     epoch: int
     keys: frozenset[str] = frozenset()
+    # How many partitions each of the counter's topics had when the reset was recorded: a partition added
+    # since got no control record, and everything in it comes after the reset.
+    partitions: tuple[tuple[str, int], ...] = ()
 
     def covers(self, key: str) -> bool:
         return not self.keys or key in self.keys
+
+    def born_after(self, topic: str, partition: int) -> bool:
+        """Whether (``topic``, ``partition``) did not exist when the reset was recorded."""
+        count = dict(self.partitions).get(topic)
+        return count is not None and partition >= count
 
 
 def cell_name(counter: str, epoch: int) -> str:
@@ -150,13 +158,15 @@ def current_epochs(resets: Iterable[Reset]) -> Epochs:
     return epochs
 
 
-def epochs_at(resets: Iterable[Reset], positions: Mapping[str, int], start: int) -> Epochs:
-    """The epochs of a mutator that starts at offset ``start`` of a partition: every reset whose position in
-    that partition (``positions``: reset id -> offset of its first control record there) is below ``start``."""
+def epochs_at(resets: Iterable[Reset], positions: Mapping[str, int], start: int, topic: str = "",
+              partition: int = -1) -> Epochs:
+    """The epochs of a mutator that starts at offset ``start`` of (``topic``, ``partition``): every reset whose
+    position in that partition (``positions``: reset id -> offset of its first control record there) is below
+    ``start``, and every reset recorded before the partition existed (it holds nothing from before them)."""
     epochs = Epochs()
     for reset in sorted(resets, key=lambda r: r.epoch):
         at = positions.get(reset.reset_id)
-        if at is not None and at < start:
+        if (at is not None and at < start) or (at is None and reset.born_after(topic, partition)):
             epochs.apply(reset)
     return epochs
 
@@ -169,14 +179,17 @@ def counts_after_resets(resets: Iterable[Reset], points: Mapping[tuple[str, str,
     instance's current epoch (the greatest epoch among the recorded resets covering it); always, before any
     reset. ``points`` maps (reset id, topic, partition) to the offset of the reset's control record there, as
     ``countersink reset --json`` prints it. A partition without a point for that reset counts nothing of the
-    instance (its control record was never published: run the reset again)."""
+    instance (its control record was never published: run the reset again), unless the partition was added
+    after the reset was recorded: then all of it counts."""
     resets = [r for r in resets if r.counter == counter]
     epoch = current_epochs(resets).epoch(counter, key)
     if epoch == 0:
         return True
     reset = next(r for r in resets if (r.counter, r.epoch) == (counter, epoch))
     point = points.get((reset.reset_id, topic, partition))
-    return point is not None and offset > point
+    if point is None:
+        return reset.born_after(topic, partition)
+    return offset > point
 
 
 @dataclasses.dataclass(frozen=True)

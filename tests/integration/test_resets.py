@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from aiokafka.admin import NewPartitions
 
 from countersink.cassandra import CassandraClient
-from countersink.kafka import make_producer
+from countersink.kafka import make_admin, make_producer
 from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env, end_offsets, wait_until_flushed
@@ -52,14 +53,14 @@ def _events(prefix: str, n: int) -> list[Event]:
     return [(f"{prefix}{i}", SYMBOLS[i % len(SYMBOLS)], i + 1) for i in range(n)]
 
 
-async def _publish(kafka: KafkaSettings, topic: str, events: list[Event]) -> None:
-    """Each event to partition (number mod PARTITIONS), in order."""
+async def _publish(kafka: KafkaSettings, topic: str, events: list[Event], partitions: int = PARTITIONS) -> None:
+    """Each event to partition (number mod ``partitions``), in order."""
     producer = make_producer(kafka)
     await producer.start()
     try:
         for i, (event_id, symbol, qty) in enumerate(events):
             await producer.send_and_wait(topic, json.dumps({"id": event_id, "symbol": symbol, "qty": qty}).encode(),
-                                         partition=i % PARTITIONS)
+                                         partition=i % partitions)
     finally:
         await producer.stop()
 
@@ -209,3 +210,43 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
     assert len(letters) == PARTITIONS
     assert all(dict(r.headers).get("countersink.error") == b"ForgedControlError" for r in letters), [
         r.headers for r in letters]
+
+
+async def test_a_partition_added_after_a_reset_counts_all_it_holds(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A reset records how many partitions the counter's topics have: a partition added later got no control
+    record, and everything in it counts (it holds nothing from before the reset)."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+               "counters_file": counters}
+    log = tmp_path / "consumer.log"
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+        await _publish(kafka_settings, topic, [(f"a{i}", "S0", 1) for i in range(5)], partitions=1)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}), within_s=90)
+        await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    admin = make_admin(kafka_settings)
+    await admin.start()
+    try:
+        await admin.create_partitions({topic: NewPartitions(total_count=2)})
+    finally:
+        await admin.close()
+    await _publish(kafka_settings, topic, [(f"b{i}", "S0", 1) for i in range(6)], partitions=2)
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}), within_s=90)
+        seen = await _values(cassandra_settings)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert (seen[("trades", "S0")], seen[("shares", "S0")]) == (6, 11)

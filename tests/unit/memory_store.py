@@ -423,7 +423,7 @@ class MemoryResets:
         if await _gate(Op("read_reset_positions", start)) is not Fault.NONE:
             raise StoreTimeoutError("read_reset_positions timed out")
         here = {reset_id: at for (reset_id, t, p), at in self.positions.items() if (t, p) == (topic, partition)}
-        return epochs_at([r for r in self.resets.values() if r.counter in counters], here, start)
+        return epochs_at([r for r in self.resets.values() if r.counter in counters], here, start, topic, partition)
 
     async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
         fault = await _gate(Op("record_reset_positions", positions))

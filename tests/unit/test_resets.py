@@ -152,3 +152,14 @@ def test_a_recorded_reset_of_a_counter_kept_elsewhere_is_passed_over() -> None:
     outcomes = [mutator.apply(record)[0] for record in records]
     assert outcomes[2] is Outcome.FILTERED
     assert mutator.states[("trades", "IBM")].value() == 3
+
+
+def test_a_partition_added_after_a_reset_holds_only_what_comes_after_it() -> None:
+    """A partition the topic did not have when the reset was recorded got no control record: a mutator
+    starting there writes the reset's epoch from its first record, and the truth rule counts all of it."""
+    reset = Reset("trades.1.a", "trades", 1, partitions=(("orders", 2),))
+    assert epochs_at([reset], {}, 0, "orders", 2).epoch("trades", "IBM") == 1
+    assert epochs_at([reset], {}, 0, "orders", 1).epoch("trades", "IBM") == 0  # its control record is to come
+    assert epochs_at([reset], {}, 0, "other", 5).epoch("trades", "IBM") == 0
+    assert counts_after_resets([reset], {}, "trades", "IBM", "orders", 2, 0)
+    assert not counts_after_resets([reset], {}, "trades", "IBM", "orders", 1, 0)
