@@ -17,7 +17,7 @@ from typing import cast
 import pytest
 from aiokafka.admin import NewPartitions
 
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_admin, make_producer
 from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings, KafkaSettings
@@ -168,6 +168,15 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
     assert gc.returncode == 0, gc.stderr.decode(errors="replace")
     assert b"mutator_collected" in gc.stdout + gc.stderr
     assert await _values(cassandra_settings) == expected
+    # Only current epochs were folded: the cells a reset ended were deleted with their rows, unfolded.
+    async with CassandraClient(cassandra_settings) as client:
+        tallies = {row["key"]: set(row["tallies"] or {}) for row in as_dicts(await client.execute(
+            "SELECT key, tallies FROM shards PER PARTITION LIMIT 1"))}
+    assert {key: cells - {"trades@1", "shares", "shares@1"} for key, cells in tallies.items()} == {
+        s: set() for s in SYMBOLS}, tallies
+    assert "shares@1" not in tallies["S0"], tallies
+    assert "shares" not in tallies["S1"], tallies
+    assert any(tallies.values()), tallies  # something was folded
     text = log.read_text(errors="replace")
     assert "Traceback" not in text
     applied = [json.loads(line) for line in text.splitlines() if '"reset_applied"' in line]

@@ -217,10 +217,16 @@ def reset_points(entries: Sequence[Entry], offsets: Sequence[int]) -> dict[str, 
     return points
 
 
-async def collect(store: MemoryStore, now_us: int) -> None:
+async def collect(store: MemoryStore, now_us: int, epochs: Epochs | None = None) -> None:
     """One run of the real GC (``gc_worker.collector``), one instance at a time so the test drives each step.
-    A storage timeout defers the instance, as a replica down does in production."""
-    await Collector(store, GRACE_US, concurrency=1).run(now_us)
+    A storage timeout defers the instance, as a replica down does in production. With ``epochs`` (the
+    readers'), cells of ended epochs are deleted unfolded."""
+
+    async def epochs_of(counter: str) -> Epochs:
+        assert epochs is not None
+        return epochs
+
+    await Collector(store, GRACE_US, concurrency=1, epochs_of=None if epochs is None else epochs_of).run(now_us)
 
 
 CONFIG = ConsumerSettings(group_id=PID.consumer_group, retry_window_records=RETRY_WINDOW,
@@ -634,7 +640,7 @@ class ProtocolModel(RuleBasedStateMachine):
     @precondition(lambda self: len(self.gc_tasks) < 2)
     @rule(skew=st.sampled_from((0, -MAX_SKEW_US, MAX_SKEW_US)), ops=OPS, fault=FAULTS)
     def start_gc(self, skew: int, ops: int, fault: Fault) -> None:
-        task = Task("gc", collect(self.store, self.now_us + skew))
+        task = Task("gc", collect(self.store, self.now_us + skew, self.epochs))
         self.gc_tasks.append(task)
         self.drive(task, ops, fault)
 
@@ -745,7 +751,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     raise self.violation(f"{phase}, {instance} reads {seen.get(instance, 0)} but records "
                                          f"0..{start_offset - 1} make {expected.get(instance, 0)}")
             self.now_us += 10**9
-            run(collect(self.store, self.now_us))
+            run(collect(self.store, self.now_us, self.epochs))
         if self.check_liveness:
             for (counter, key) in sorted(self.store.shards):
                 for shard in self.store.snapshot(counter, key).shards:
