@@ -33,8 +33,26 @@ def _reset_of(row: dict[str, Any]) -> Reset:
                  tuple(sorted((row.get("partitions") or {}).items())))
 
 
+_TABLE_SEEN = "_countersink_resets_table_seen"
+
+
+async def _table_exists(client: CassandraClient) -> bool:
+    """Whether the keyspace has the ``resets`` table (one made before resets has none until ``countersink
+    schema`` runs: it has no resets either). Once seen, remembered for the client."""
+    if getattr(client, _TABLE_SEEN, False):
+        return True
+    found = as_dicts(await client.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'resets'",
+        [client.keyspace], consistency=Consistency.ONE))
+    if found:
+        setattr(client, _TABLE_SEEN, True)
+    return bool(found)
+
+
 async def read_resets(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> list[Reset]:
     """Every recorded reset of ``counter`` (one single-partition read)."""
+    if not await _table_exists(client):
+        return []
     rows = as_dicts(await client.execute(
         "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ?", [counter],
         consistency=consistency or client.settings.read_consistency))

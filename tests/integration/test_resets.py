@@ -259,3 +259,12 @@ async def test_a_partition_added_after_a_reset_counts_all_it_holds(
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     assert (seen[("trades", "S0")], seen[("shares", "S0")]) == (6, 11)
+
+
+async def test_a_keyspace_made_before_resets_reads_as_before(cassandra_settings: CassandraSettings) -> None:
+    """Reads of a keyspace whose schema predates resets (no ``resets`` table until ``countersink schema``
+    runs) work as before: no reset is recorded there."""
+    async with CassandraClient(cassandra_settings) as client:
+        await client.execute("DROP TABLE resets", prepared=False)
+        assert await read_state(client, "trades", "S0") is None
+        assert (await CounterReader(client).list_instances("trades"))[0] == []
