@@ -14,8 +14,10 @@ import json
 import socket
 from datetime import UTC, datetime
 
+from aiokafka.errors import UnknownTopicOrPartitionError
+
 from countersink.cassandra import CassandraClient
-from countersink.cli import EXIT_USAGE, counter_name, instance_key, run_async
+from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async
 from countersink.kafka import make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
@@ -63,10 +65,19 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             # what comes after the reset.
             partitions: list[tuple[str, int]] = []
             for topic in definition.topics:
-                found = await producer.partitions_for(topic)
+                try:
+                    found = await producer.partitions_for(topic)
+                except UnknownTopicOrPartitionError:
+                    found = set()
                 partitions.extend((topic, p) for p in sorted(found or ()))
             counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
                       for topic in definition.topics}
+            missing = sorted(topic for topic, count in counts.items() if count == 0)
+            if missing:
+                # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
+                log.error("reset_refused", counter=counter,
+                          error=f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
+                return EXIT_FAILED
             recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl, counts)
 
             async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:

@@ -268,3 +268,23 @@ async def test_a_keyspace_made_before_resets_reads_as_before(cassandra_settings:
         await client.execute("DROP TABLE resets", prepared=False)
         assert await read_state(client, "trades", "S0") is None
         assert (await CounterReader(client).list_instances("trades"))[0] == []
+
+
+async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+) -> None:
+    """A reset whose control records could not reach a topic would hide what that topic's partitions count:
+    the command refuses (exit 1, one line) before recording anything."""
+    from countersink.registry import CounterRegistry
+    from schemas.definitions import parse_definitions
+
+    gone = f"gone-{os.urandom(4).hex()}"
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", gone)), "test")
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "trades"], cwd=REPO, capture_output=True,
+        env=child_env(kafka_settings, cassandra_settings), timeout=120, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"Kafka knows no partition of {gone}: nothing was reset".encode() in done.stderr
+    async with CassandraClient(cassandra_settings) as client:
+        assert as_dicts(await client.execute("SELECT * FROM resets")) == []
