@@ -7,13 +7,13 @@ partition of the counter's topics, record where each landed.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
+from schemas.errors import CountersinkError
 from schemas.resets import (
     Epochs,
     Reset,
@@ -107,18 +107,8 @@ class CassandraResets:
                 [p.topic, p.partition, p.counter, p.epoch, p.offset], consistency=self.write_cl)
 
 
-class ResetRefusedError(Exception):
+class ResetRefusedError(CountersinkError):
     """Raised when a reset cannot be recorded (too many keys, no epoch claimed after retries)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ResetDone:
-    """What ``countersink reset`` did: the reset recorded and where its control record sits in each partition."""
-
-    reset: Reset
-    requested_by: str
-    requested_us: int
-    positions: tuple[ResetPosition, ...]
 
 
 async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,

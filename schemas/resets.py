@@ -32,7 +32,6 @@ from schemas.errors import InvalidEventError
 
 CONTROL_HEADER = "countersink.control"
 _EPOCH_MARK = "@"  # counter names are [a-z][a-z0-9_]*: a cell name with "@" is never a counter's own
-MAX_CONTROL_BYTES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
