@@ -13,6 +13,7 @@ import getpass
 import json
 import socket
 from datetime import UTC, datetime
+from typing import Any, cast
 
 from aiokafka.errors import UnknownTopicOrPartitionError
 
@@ -21,7 +22,14 @@ from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key,
 from countersink.kafka import make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
-from countersink.resets import MAX_RESET_KEYS, CassandraResets, publish_controls, record_reset
+from countersink.resets import (
+    MAX_RESET_KEYS,
+    CassandraResets,
+    publish_controls,
+    read_points,
+    read_reset_rows,
+    record_reset,
+)
 from countersink.settings import Settings
 
 log = get_logger(__name__)
@@ -32,13 +40,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("keys", type=instance_key, nargs="*", metavar="KEY",
                         help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--list", action="store_true",
+                        help="reset nothing: print the counter's recorded resets and where each sits")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if len(args.keys) > MAX_RESET_KEYS:
         log.error("usage_refused", error=f"a reset names at most {MAX_RESET_KEYS} keys, not {len(args.keys)}")
         return EXIT_USAGE
+    if args.list:
+        if args.keys:
+            log.error("usage_refused", error="--list takes no KEY")
+            return EXIT_USAGE
+        return run_async(list_resets(settings, args.counter, as_json=args.json))
     return run_async(reset(settings, args.counter, list(dict.fromkeys(args.keys)), as_json=args.json))
+
+
+async def list_resets(settings: Settings, counter: str, *, as_json: bool = False) -> int:
+    """Print every recorded reset of ``counter``, oldest first, with who, when and its points."""
+    async with CassandraClient(settings.cassandra) as client:
+        found = []
+        for row in await read_reset_rows(client, counter):
+            points = await read_points(client, counter, int(row["epoch"]), row.get("partitions") or {})
+            found.append({"counter": counter, "keys": sorted(row.get("keys") or ()), "epoch": int(row["epoch"]),
+                          "id": row["id"], "requested_by": row["requested_by"],
+                          "requested_at": datetime.fromtimestamp(row["requested_us"] / 1e6, UTC).isoformat(
+                              timespec="milliseconds"),
+                          "positions": [{"topic": t, "partition": p, "offset": o} for (t, p), o in points.items()]})
+    if as_json:
+        print(json.dumps(found))
+        return 0
+    if not found:
+        print(f"no reset of {counter} is recorded")
+    for item in found:
+        keys = cast(list[str], item["keys"])
+        what = f"keys {', '.join(keys)} of {counter}" if keys else f"every key of {counter}"
+        print(f"reset {what}: epoch {item['epoch']}, id {item['id']}, by {item['requested_by']} at "
+              f"{item['requested_at']}")
+        for p in cast(list[dict[str, Any]], item["positions"]):
+            print(f"  {p['topic']}/{p['partition']}: counts from offset {p['offset'] + 1} on "
+                  f"(control record at {p['offset']})")
+    return 0
 
 
 def _requester() -> str:

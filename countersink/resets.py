@@ -66,6 +66,29 @@ async def read_epochs(client: CassandraClient, counter: str) -> Epochs:
     return current_epochs(await read_resets(client, counter, client.settings.replay_read_consistency))
 
 
+async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[str, Any]]:
+    """The ``resets`` rows of ``counter``, oldest first, every column."""
+    if not await _table_exists(client):
+        return []
+    return as_dicts(await client.execute(
+        "SELECT counter, epoch, id, keys, partitions, requested_by, requested_us FROM resets WHERE counter = ?",
+        [counter]))
+
+
+async def read_points(client: CassandraClient, counter: str, epoch: int, partitions: Mapping[str, int]
+                      ) -> dict[tuple[str, int], int]:
+    """Where ``counter``'s reset of ``epoch`` sits in each partition it was published to (those recorded)."""
+    points: dict[tuple[str, int], int] = {}
+    for topic, count in sorted(partitions.items()):
+        for partition in range(count):
+            rows = as_dicts(await client.execute(
+                "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
+                [topic, partition, counter, epoch]))
+            if rows:
+                points[(topic, partition)] = min(int(row["offset"]) for row in rows)
+    return points
+
+
 class CassandraResets:
     """:class:`consumer.resetting.ResetBook` on the ``resets`` and ``reset_positions`` tables. Reads and writes
     at the consistency of the protocol's own (they decide what is written)."""

@@ -127,6 +127,9 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         assert sorted(points) == [f"  {topic}/0: counts from offset 17 on (control record at 16)",
                                   f"  {topic}/1: counts from offset 17 on (control record at 16)"], one
         assert whole["epoch"] == 1
+        listed_resets = json.loads(await asyncio.to_thread(
+            _reset, kafka_settings, cassandra_settings, "trades", "--list", "--json"))
+        assert listed_resets == [whole]  # who, when and every point, as recorded
         positions = cast(list[dict[str, int]], whole["positions"])
         assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
         seen = await _values(cassandra_settings)
