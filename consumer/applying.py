@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import NamedTuple, Protocol
 
+from consumer.resetting import NO_RESETS, ResetBook
 from consumer.storage import MutatorEntry, PartitionId
 from schemas import formats, timeseries
 from schemas.definitions import CounterSet
@@ -23,6 +24,7 @@ from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
 from schemas.kinds import State, new_state
 from schemas.kinds.base import KindSpec
+from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
 
 # What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
 # about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
@@ -106,6 +108,12 @@ class Outcome(enum.Enum):
     FILTERED = "filtered"  # valid, but no counter on this topic wants it
     DUPLICATE = "duplicate"  # every update repeats an event id seen within the window
     INVALID = "invalid"
+    CONTROL = "control"  # a control record of a recorded reset (schemas.resets): applied in log order
+
+
+class ResetNotLearnedError(CountersinkError):
+    """Raised when a control record is classified before :meth:`Applier.learn` looked its reset up: a bug in
+    the caller, never decided by guess (a guess could differ from a replay's)."""
 
 
 class RetryWindow:
@@ -223,6 +231,10 @@ class Applier:
     topic: str
     partition: int
     window: RetryWindow
+    resets: ResetBook = NO_RESETS
+    # The epochs of the instances at the point applied (schemas.resets), and the resets looked up by id.
+    epochs: Epochs = dataclasses.field(default_factory=Epochs, init=False)
+    known: dict[str, Reset | None] = dataclasses.field(default_factory=dict, init=False)
     # The topic's fast path (None: every record takes the router). Built from the router's limits.
     fast: FastRoute | None = dataclasses.field(default=None, init=False)
     # Avro, Protobuf and JSON Schema topics: a record's value to the JSON text the fast path reads (None: the
@@ -253,7 +265,22 @@ class Applier:
 
         The error, when not None, is for the dead-letter topic: the whole event's (outcome INVALID), or a
         :class:`CountersRefusedError` naming the counters that refused it, beside the updates of those that
-        accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it)."""
+        accepted it (outcome APPLIED or DUPLICATE; INVALID when none applies it).
+
+        A control record (``schemas.resets``) is no event: outcome CONTROL for one of a recorded reset of a
+        counter on this topic (:meth:`control_reset` names it), FILTERED for a recorded reset of a counter
+        these definitions do not keep, INVALID with a :class:`ForgedControlError` for one naming no recorded
+        reset. It takes its place in the retry window as a record without ids, whatever it is."""
+        if record.headers:
+            reset_id = control_reset_id(record.headers)
+            if reset_id is not None:
+                self.window.push(())
+                if self._reset_named(reset_id) is not None:
+                    return Outcome.CONTROL, [], None
+                if reset_id and self.known.get(reset_id) is not None:
+                    return Outcome.FILTERED, [], None  # a recorded reset of a counter this consumer does not keep
+                return Outcome.INVALID, [], ForgedControlError(
+                    "", f"control record {reset_id!r} names no recorded reset of a counter on {self.topic}")
         try:
             decision = self.router.decide_record(self.topic, record.value or b"", record.timestamp, record.key,
                                                  record.headers, self.partition)
@@ -269,6 +296,29 @@ class Applier:
             return Outcome.DUPLICATE, [], error
         return Outcome.APPLIED, fresh, error
 
+    def _reset_named(self, reset_id: str) -> Reset | None:
+        if reset_id and reset_id not in self.known:
+            raise ResetNotLearnedError(f"reset {reset_id!r} was not looked up before its control record applied")
+        reset = self.known.get(reset_id) if reset_id else None
+        if reset is None or reset.counter not in self.counters or not any(
+                c.name == reset.counter for c in self.counters.for_topic(self.topic)):
+            return None
+        return reset
+
+    def control_reset(self, record: KafkaRecord) -> Reset:
+        """The reset of a record :meth:`classify` found CONTROL."""
+        reset = self._reset_named(control_reset_id(record.headers) or "")
+        assert reset is not None
+        return reset
+
+    async def learn(self, records: Iterable[KafkaRecord]) -> None:
+        """Look up the resets that control records among ``records`` name, before they are classified."""
+        wanted = [reset_id for record in records if record.headers
+                  for reset_id in (control_reset_id(record.headers),)
+                  if reset_id and reset_id not in self.known]
+        if wanted:
+            self.known.update(await self.resets.look_up(list(dict.fromkeys(wanted))))
+
     def expires_at(self, counter: str, key: str) -> int | None:
         """When the instance's bucket reaches the end of its retention; None for a counter kept forever."""
         definition = self.counters[counter]
@@ -278,10 +328,15 @@ class Applier:
         """Rebuild the retry window from the last ``size`` records before offset ``before``: the window the
         partition's previous owner had there. Records, not offsets: a window rebuilt from the last ``size``
         offsets of a log with gaps (transactions, compaction) would hold fewer records, and let through a
-        retry the previous owner dropped."""
+        retry the previous owner dropped. Also learns the epochs of the instances at ``before``: every reset
+        recorded as sitting below it."""
+        self.epochs = await self.resets.epochs_at(self.topic, self.partition,
+                                                  [c.name for c in self.counters.for_topic(self.topic)], before)
         if self.window.size <= 0 or before <= 0:
             return
-        for record in await source.read_back(self.topic, self.partition, before, self.window.size):
+        records = await source.read_back(self.topic, self.partition, before, self.window.size)
+        await self.learn(records)
+        for record in records:
             self.classify(record)
 
 
@@ -315,7 +370,8 @@ class Mutator:
     flush_seq: int = 0  # k-1: the number of the last flush whose window this mutator opened
     states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
     dirty: set[tuple[str, str]] = dataclasses.field(default_factory=set)
-    recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # in the GC's work list already
+    # (cell, key) in the GC's work list already (a cell: schemas.resets.cell_name)
+    recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     state_bytes: int = 0
     # The window a flush attempt may have opened without finishing its writes (its LWT can apply even when
     # the caller sees a timeout); the next attempt reads the row to learn what happened.
@@ -332,10 +388,32 @@ class Mutator:
     # The size last measured of each sketch state written (sketches grow as they fill; the other kinds keep
     # their size when new), so that a flush re-measures what it wrote instead of every state it holds.
     measured: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    # Where resets applied since the last flush sit: recorded by the flush before it opens its window.
+    positions: list[ResetPosition] = dataclasses.field(default_factory=list)
 
     @property
     def id(self) -> uuid.UUID:
         return self.entry.id
+
+    def cell(self, counter: str, key: str) -> str:
+        """The name of the cell this mutator writes (counter, key)'s state in: its epoch's."""
+        return self.applier.epochs.cell(counter, key)
+
+    def reset(self, reset: Reset, offset: int) -> None:
+        """Apply a control record of ``reset`` at ``offset``: drop the states it covers (they are never written
+        again: their epoch is over) and write those instances in the reset's epoch from here on. A second
+        control record of a reset applied already changes nothing."""
+        epochs = self.applier.epochs
+        if (reset.counter, reset.epoch) in epochs.applied:
+            return
+        for ident in [i for i in self.states if epochs.clears(reset, *i)]:
+            self.state_bytes -= self.states.pop(ident).size_bytes()
+            self.dirty.discard(ident)
+            self.measured.pop(ident, None)
+        self.rows = None  # the fast path's rows held the dropped states: rebuilt from ``states``
+        epochs.apply(reset)
+        self.positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, self.applier.topic,
+                                            self.applier.partition, offset))
 
     def apply(self, record: KafkaRecord) -> tuple[Outcome, InvalidEventError | None]:
         """Apply one record of this partition, in offset order. Records at or below what is applied are
@@ -343,6 +421,8 @@ class Mutator:
         if record.offset <= self.applied_through:
             return Outcome.FILTERED, None
         outcome, updates, error = self.applier.classify(record)
+        if outcome is Outcome.CONTROL:
+            self.reset(self.applier.control_reset(record), record.offset)
         if updates:
             self.state_bytes += apply_updates(self.states, updates, self.applier.counters, self.dirty)
         self.applied_through = record.offset
@@ -377,11 +457,31 @@ class Mutator:
             row.states[index] = state
             return state
 
+        def mark_touched() -> None:
+            dirty = self.dirty
+            for row in touched:
+                bits, index = row.touched, 0
+                while bits:
+                    if bits & 1:
+                        dirty.add((row.names[index], row.key))
+                    bits >>= 1
+                    index += 1
+                row.touched = 0
+            touched.clear()
+
         applied = duplicates = 0
         try:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
+                    continue
+                if record.headers and control_reset_id(record.headers) is not None:
+                    # A control record: what was applied so far is marked dirty before it may drop states, and
+                    # the rows (holding the states it may drop) are rebuilt after it.
+                    mark_touched()
+                    result.count(record, *self.apply(record))
+                    if self.rows is None:
+                        rows = self.rows = fast.new_rows()
                     continue
                 if record.headers and restricted(record.headers):
                     # restricted to some counters (a re-published dead letter): the router decides it
@@ -407,15 +507,7 @@ class Mutator:
         finally:
             result.applied += applied
             result.duplicates += duplicates
-            dirty = self.dirty
-            for row in touched:
-                bits, index = row.touched, 0
-                while bits:
-                    if bits & 1:
-                        dirty.add((row.names[index], row.key))
-                    bits >>= 1
-                    index += 1
-                row.touched = 0
+            mark_touched()
         return result
 
     def skip_to(self, position: int) -> None:

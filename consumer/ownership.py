@@ -38,6 +38,7 @@ from consumer.protocol import (
     finish_take_over,
     release,
 )
+from consumer.resetting import NO_RESETS, ResetBook
 from consumer.schedule import Footprint
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.logs import get_logger
@@ -105,7 +106,8 @@ class Ownership:
                  source: RecordSource, consumer: AIOKafkaConsumer, dead_letters: DeadLetters,
                  retry: PartitionRetry, *,
                  clock: Callable[[], int] = now_us, new_id: Callable[[], uuid.UUID] = uuid.uuid4,
-                 spawn: Callable[[Coroutine[Any, Any, None]], Background] = in_background) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None]], Background] = in_background,
+                 resets: ResetBook = NO_RESETS) -> None:
         """``clock`` (microseconds), ``new_id`` and ``spawn`` are the process's own unless a test passes
         stand-ins: the protocol model runs this class step by step, with its own clocks and interleavings."""
         self.config = config
@@ -120,6 +122,7 @@ class Ownership:
         self.clock = clock
         self.new_id = new_id
         self.spawn = spawn
+        self.resets = resets
         self.mutators: dict[TopicPartition, Mutator] = {}
         # Takeovers still finishing in the background, by new mutator: it applies meanwhile, but writes
         # nothing until its takeover is finished (see takeover_pending).
@@ -180,7 +183,7 @@ class Ownership:
 
         def fresh_applier() -> Applier:
             return Applier(self.router, self.counters, tp.topic, tp.partition,
-                           RetryWindow(self.config.retry_window_records))
+                           RetryWindow(self.config.retry_window_records), self.resets)
 
         started = time.monotonic()
         claimed = await self._claim(tp, from_owner)

@@ -24,6 +24,7 @@ from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import Update
 from schemas.kinds import State, new_state, state_from_bytes
+from schemas.resets import ResetPosition
 
 # A mutator's shard writes carry the timestamp born_us + flush_seq; the GC deletes with retired_us. Retiring
 # at least this long after birth keeps every write timestamp below the retire time for any mutator that
@@ -78,21 +79,32 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     intent = mutator.applied_through
     flushing, mutator.dirty = mutator.dirty, set()
     expires_at, retained = mutator.applier.expires_at, mutator.applier.retained
-    states, recorded = mutator.states, mutator.recorded
-    # In no particular order: the store groups them by key (sorting them cost more than building them).
+    states, recorded, epochs = mutator.states, mutator.recorded, mutator.applier.epochs
+    # In no particular order: the store groups them by key (sorting them cost more than building them). Each
+    # state goes to the cell of its instance's epoch (the counter's own name until a reset).
+    # ``recorded`` holds cells: after a reset, an instance's new cell goes to the GC's work list too.
     writes = [
-        ShardWrite(counter, key, states[(counter, key)].to_bytes(), intent, (counter, key) not in recorded,
+        ShardWrite(cell, key, states[(counter, key)].to_bytes(), intent, (cell, key) not in recorded,
                    expires_at(counter, key) if counter in retained else None)
         for counter, key in flushing
+        for cell in (epochs.cell(counter, key) if epochs.applied else counter,)
     ]
+    positions, mutator.positions = mutator.positions, []
     mutator.window_committed = False
     try:
+        if positions:
+            # Before the window that covers them can be committed: a successor starting past a control record
+            # learns its reset from here (the reset command may have died before recording it).
+            await mutator.applier.resets.record_positions(positions)
         seq = await _open_window(store, mutator, intent)
         await store.write_shards(mutator.id, mutator.entry.born_us, mutator.entry.born_us + seq, writes)
     except BaseException:
-        mutator.dirty |= flushing  # not known written: the next attempt writes them again, as they are then
+        # Not known written: the next attempt writes them again, as they are then (unless a reset applied
+        # meanwhile dropped them).
+        mutator.dirty |= {ident for ident in flushing if ident in states}
+        mutator.positions[:0] = positions
         raise
-    mutator.recorded.update(flushing)
+    mutator.recorded.update((write.counter, write.key) for write in writes)
     mutator.flush_seq = seq
     mutator.flushed_through = intent
     mutator.window_seq = None
@@ -378,30 +390,54 @@ async def _replay_window(
     # flush_max_dirty) and one chunk, never the whole window's records. Each chunk's new instances have their
     # shards read before its updates apply.
     replayed = 0
+    # By (cell, key): the writer's state of an instance in the epoch it wrote it in (schemas.resets).
     states: dict[tuple[str, str], tuple[State, int]] = {}
+    counter_of: dict[str, str] = {}  # cell -> counter
+    epochs = applier.epochs
+    positions: list[ResetPosition] = []
     async for chunk in source.stream(applier.topic, applier.partition, committed + 1, intent):
         replayed += len(chunk)
-        applied: list[tuple[int, list[Update]]] = []
+        await applier.learn(chunk)
+        applied: list[tuple[int, list[tuple[str, Update]]]] = []
         unread: dict[tuple[str, str], None] = {}  # in first-seen order
         for record in chunk:
             outcome, updates, error = applier.classify(record)
+            if outcome is Outcome.CONTROL:
+                # As the writer did: its states of the instances reset are dropped, never written again.
+                reset = applier.control_reset(record)
+                if (reset.counter, reset.epoch) not in epochs.applied:
+                    for cell, key in [i for i in states if epochs.clears(reset, counter_of[i[0]], i[1])]:
+                        if epochs.cell(counter_of[cell], key) == cell:
+                            del states[(cell, key)]
+                    for cell, key in [i for i in unread if epochs.clears(reset, counter_of[i[0]], i[1])]:
+                        if epochs.cell(counter_of[cell], key) == cell:
+                            del unread[(cell, key)]
+                    epochs.apply(reset)
+                    positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, applier.topic,
+                                                   applier.partition, record.offset))
             if outcome is Outcome.APPLIED:
-                applied.append((record.offset, updates))
-                unread.update(((u.counter, u.key), None) for u in updates if (u.counter, u.key) not in states)
+                placed = [(epochs.cell(u.counter, u.key) if epochs.applied else u.counter, u) for u in updates]
+                applied.append((record.offset, placed))
+                for cell, u in placed:
+                    counter_of[cell] = u.counter
+                    if (cell, u.key) not in states:
+                        unread[(cell, u.key)] = None
             if error is not None and on_invalid is not None:  # refused whole, or by some of its counters
                 await on_invalid(record, error)
         if unread:
             stored = await store.read_shards(writer, writer_born_us, list(unread))
             states.update({
-                (c, k): (new_state(applier.counters[c]), -1) if shard is None else
+                (c, k): (new_state(applier.counters[counter_of[c]]), -1) if shard is None else
                         (state_from_bytes(shard.state), shard.through_offset)
                 for (c, k), shard in stored.items()})
-        for offset, updates in applied:
-            for update in updates:
-                state, through = states[(update.counter, update.key)]
-                if offset > through:
-                    state.apply(update.value)
-    writes = [ShardWrite(c, k, state.to_bytes(), intent, True, applier.expires_at(c, k))
+        for offset, placed in applied:
+            for cell, update in placed:
+                entry = states.get((cell, update.key))
+                if entry is not None and offset > entry[1]:
+                    entry[0].apply(update.value)
+    if positions:
+        await applier.resets.record_positions(positions)
+    writes = [ShardWrite(c, k, state.to_bytes(), intent, True, applier.expires_at(counter_of[c], k))
               for (c, k), (state, _) in sorted(states.items())]
     await store.write_shards(writer, writer_born_us, writer_born_us + seq, writes)
     return replayed, len(writes)

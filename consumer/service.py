@@ -29,6 +29,7 @@ from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
 from consumer.kafka_source import KafkaRecordSource
 from consumer.ownership import Ownership, PartitionRetry
+from consumer.resetting import NO_RESETS, ResetBook
 from consumer.schedule import Progress
 from consumer.schema_source import SchemaLoadingSource
 from consumer.storage import Store
@@ -47,6 +48,7 @@ from countersink.kafka import (
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.registry import CounterRegistry
+from countersink.resets import CassandraResets
 from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError
 from countersink.settings import Settings
@@ -139,8 +141,11 @@ class ConsumerService:
         self._stop_requested_at: float | None = None
         retry = PartitionRetry(self.config, lambda: self._stop_requested_at)
         self.dead_letters = DeadLetters(self.producer, self.config)
+        resets: ResetBook = NO_RESETS
+        if isinstance(self.store, CassandraStore):
+            resets = CassandraResets(self.cassandra, self.store.read_cl, self.store.write_cl)
         self.ownership = Ownership(self.config, self.host, self.router, counters, self.store, self.source,
-                                   self.consumer, self.dead_letters, retry)
+                                   self.consumer, self.dead_letters, retry, resets=resets)
         self.flushing = Flushing(self.store, self.ownership, self.dead_letters, retry, self.cassandra)
         # Held while a batch is applied, flushed and rotated, and by the rebalance callbacks (which aiokafka
         # runs in its coordinator task, concurrently with this loop): a rotation must never take over a
@@ -309,6 +314,10 @@ class ConsumerService:
                     if records[0].offset > mutator.applied_through + GAP_WORTH_A_LOOK and not (
                             await self._check_for_lost_records(tp, mutator)):
                         continue  # stopped: records it should have counted are gone
+                    if any(record.headers for record in records):
+                        # Control records (resets) are looked up before the batch is applied: the hot path
+                        # decides from what the applier knows, and never waits.
+                        await self.ownership.retry("resets", tp, functools.partial(mutator.applier.learn, records))
                     self._apply(tp, mutator, records)
                     if len(mutator.dirty) >= self.config.flush_max_dirty and self.ownership.takeover_pending(mutator):
                         # It cannot flush before its takeover is finished: bound what it holds meanwhile.
@@ -390,7 +399,11 @@ class ConsumerService:
         return self.ownership.goes_on_from(tp, mutator, int((await self.consumer.beginning_offsets([tp]))[tp]))
 
     def _apply(self, tp: TopicPartition, mutator: Mutator, records: Sequence[KafkaRecord]) -> None:
+        resets_before = len(mutator.positions)
         result = mutator.apply_batch(records)
+        for position in mutator.positions[resets_before:]:
+            log.info("reset_applied", topic=tp.topic, partition=tp.partition, offset=position.offset,
+                     counter=position.counter, epoch=position.epoch, reset=position.reset_id, mutator=str(mutator.id))
         for record, error in result.invalid:
             self.dead_letters.queue(tp, record, error)
         METRICS.events_applied.inc(result.applied)

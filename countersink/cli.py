@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("countersink.read_cli", "show why an instance's value is what it is: tally, shards, mutators"),
     "list": ("countersink.read_cli", "list the instances of a counter, a page at a time"),
     "serve": ("countersink.serve", "serve counters over HTTP as JSON (with an OpenAPI description)"),
+    "reset": ("countersink.reset_cli", "count a counter (or some of its keys) again from now on"),
     "dead-letters": ("countersink.dead_letters_cli",
                      "re-publish a dead letter to its topic, for the counters that refused it only"),
     "drop": ("countersink.commands.drop", "drop a counter: its registry entry and every row of it"),

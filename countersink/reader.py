@@ -16,12 +16,14 @@ from typing import Any, overload
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
+from countersink.resets import read_epochs
 from countersink.settings import Consistency
 from countersink.state_cache import StateCache
 from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
+from schemas.resets import cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
@@ -81,29 +83,35 @@ async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[st
     first, then its shards in the partition's order. None (an empty list) for an instance never counted, or
     past its retention (:func:`read_states`)."""
     level = consistency or client.settings.read_consistency
-    marks = ", ".join("?" * len(keys))  # bind markers only: the keys are bound values
-    result = await client.execute(
-        "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-        f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
-        [counter] * 4 + [partition_key(key) for key in keys], consistency=level)
+    # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
+    epochs = await read_epochs(client, counter)
+    cells: dict[str, list[str]] = {}
+    for key in keys:
+        cells.setdefault(epochs.cell(counter, key), []).append(key)
     grace = client.settings.retention_grace_s
     out: dict[str, list[bytes]] = {key: [] for key in keys}
     hidden: set[str] = set()
-    partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
-    blobs: list[bytes] = []
-    for row in result:
-        values = row.as_tuple()
-        if values[_KEY] != partition:
-            # A partition's rows come together; the static tally is repeated on each of them: take it once.
-            partition = values[_KEY]
-            blobs = out.setdefault(key_of_partition(partition), [])
-            if values[_TALLY] is not None and not blobs:
-                blobs.append(values[_TALLY])
-        if (values[_TALLY_TTL] is not None and values[_TALLY_TTL] <= grace) or (
-                values[_STATE_TTL] is not None and values[_STATE_TTL] <= grace):
-            hidden.add(key_of_partition(partition))
-        if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
-            blobs.append(shard_of_cell(values[_CELL])[0])
+    for cell, of_cell in cells.items():
+        marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
+        result = await client.execute(
+            "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+            f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
+            [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level)
+        partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
+        blobs: list[bytes] = []
+        for row in result:
+            values = row.as_tuple()
+            if values[_KEY] != partition:
+                # A partition's rows come together; the static tally is repeated on each of them: take it once.
+                partition = values[_KEY]
+                blobs = out.setdefault(key_of_partition(partition), [])
+                if values[_TALLY] is not None and not blobs:
+                    blobs.append(values[_TALLY])
+            if (values[_TALLY_TTL] is not None and values[_TALLY_TTL] <= grace) or (
+                    values[_STATE_TTL] is not None and values[_STATE_TTL] <= grace):
+                hidden.add(key_of_partition(partition))
+            if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
+                blobs.append(shard_of_cell(values[_CELL])[0])
     for key in hidden:
         out[key] = []
     return {key: out[key] for key in keys}
@@ -228,7 +236,8 @@ class CounterReader:
         return definition
 
     async def explain(self, counter: str, key: str) -> Explanation:
-        rows = as_dicts(await self.client.execute(_INSTANCE, [counter] * 3 + [partition_key(key)],
+        cell = (await read_epochs(self.client, counter)).cell(counter, key)  # its current epoch's
+        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 3 + [partition_key(key)],
                                                   consistency=self.consistency))
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
@@ -281,14 +290,21 @@ class CounterReader:
         # the token carries the last key returned, and its remaining rows are skipped.
         last, page = _split_token(page) if page else (None, None)
         keys: list[str] = []
+        # A key is listed when it has a cell of its current epoch (schemas.resets): one column pair per epoch
+        # in use (all keys', and those of keys reset one by one).
+        epochs = await read_epochs(self.client, counter)
+        cells = sorted({epochs.cell(counter, ""), *(cell_name(counter, e) for e in
+                                                    epochs.by_key.get(counter, {}).values())})
+        columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}" for i in range(len(cells)))
         while len(keys) < limit:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
             # row returned, so no key is skipped.
             result = await self.client.execute(
-                "SELECT key, tallies[?] AS tally, states[?] AS cell FROM shards", [counter, counter],
+                f"SELECT key, {columns} FROM shards", [c for cell in cells for c in (cell, cell)],  # noqa: S608
                 consistency=self.consistency, page_size=limit - len(keys), page_state=page)
             for row in as_dicts(result):
-                if row["key"] != last and (row["tally"] is not None or row["cell"] is not None):
+                index = cells.index(epochs.cell(counter, key_of_partition(row["key"])))
+                if row["key"] != last and (row[f"t{index}"] is not None or row[f"c{index}"] is not None):
                     keys.append(key_of_partition(row["key"]))
                     last = row["key"]  # the partition, as the walk meets it
             page = result.page_state() if result.has_more_pages() else None

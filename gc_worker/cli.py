@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from countersink.health import HealthServer
 from countersink.kafka import start_admin
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
+from countersink.resets import read_epochs
 from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, Settings
 from gc_worker.collector import Collector, GcReport
@@ -131,6 +133,7 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
         concurrency=settings.gc.concurrency,
         forget_after_us=int(settings.gc.forget_after_s * 1e6),
         progress=progress,
+        epochs_of=functools.partial(read_epochs, client),
     )
     started = time.perf_counter()
     run, started_us = uuid.uuid4(), now_us()

@@ -63,13 +63,14 @@ import bisect
 import dataclasses
 import enum
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from countersink.logs import get_logger
 from countersink.retry import is_retriable
 from schemas.errors import CountersinkError
 from schemas.kinds import merge_stored
+from schemas.resets import Epochs, split_cell
 
 log = get_logger(__name__)
 
@@ -228,7 +229,10 @@ class Collector:
         concurrency: int = 16,
         forget_after_us: int | None = None,
         progress: Callable[[int, int, GcReport], None] | None = None,
+        epochs_of: Callable[[str], Awaitable[Epochs]] | None = None,
     ) -> None:
+        """``epochs_of`` (a counter's current epochs, ``schemas.resets``): cells of an epoch a reset has ended
+        are deleted with their rows without being folded (nobody reads them again); None folds every cell."""
         if grace_us < 0:
             raise ValueError("grace must not be negative")
         self.store = store
@@ -238,9 +242,12 @@ class Collector:
         self.concurrency = max(1, concurrency)
         self.forget_after_us = forget_after_us
         self.progress = progress
+        self.epochs_of = epochs_of
+        self._epochs: dict[str, Epochs] = {}  # per run: a reset recorded since only ends more epochs
 
     async def run(self, now_us: int) -> GcReport:
         report = GcReport(dry_run=self.dry_run)
+        self._epochs = {}
         cutoff = now_us - self.grace_us
         registry = await self.store.read_registry()
         # Every shard of a mutator in ``final`` is final: collected ones too (a late write of theirs may show).
@@ -285,6 +292,16 @@ class Collector:
             await self._forget(registry, now_us - self.forget_after_us, report)
         return report
 
+    async def _ended(self, cell: str, key: str) -> bool:
+        """Whether ``cell`` of instance key ``key`` belongs to an epoch a reset has ended."""
+        counter, epoch = split_cell(cell)
+        if self.epochs_of is None:
+            return False
+        epochs = self._epochs.get(counter)
+        if epochs is None:
+            epochs = self._epochs[counter] = await self.epochs_of(counter)
+        return epoch < epochs.epoch(counter, key)
+
     async def _fold_all(self, keys: Sequence[str], plan: _Run, report: GcReport) -> list[Verdict]:
         if self.concurrency == 1:
             return [await self._fold_key(key, plan, report) for key in keys]
@@ -316,7 +333,8 @@ class Collector:
             if late:
                 return self._defer(report, key, "shard_written_after_retirement",
                                    mutators=[str(s.mutator) for s in late])
-            counters = sorted({counter for s in folded for counter in s.states})
+            counters = [cell for cell in sorted({cell for s in folded for cell in s.states})
+                        if not await self._ended(cell, key)]
             newer = {c: view.tally_write_us[c] for c in counters
                      if view.tally_write_us.get(c, -1) >= plan.timestamp_us}
             if newer:

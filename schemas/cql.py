@@ -204,6 +204,29 @@ def create_tables(keyspace: str) -> list[str]:
             dropped_us bigint,
             dropped_by text
         )""",
+        # Resets (schemas/resets.py): one row per reset of a counter, by its epoch (a new epoch is claimed by
+        # INSERT ... IF NOT EXISTS), recorded before its control records are published; never deleted while
+        # the counter exists (a control record is checked against it, by a replay too).
+        f"""CREATE TABLE IF NOT EXISTS {ks}.resets (
+            counter text,
+            epoch bigint,
+            id text,
+            keys set<text>,
+            partitions map<text, int>,
+            requested_by text,
+            requested_us bigint,
+            PRIMARY KEY ((counter), epoch)
+        )""",
+        # Where each reset sits in a partition: the offset of its control record there, recorded by the reset
+        # command from its acknowledgements and by the mutator that applies it (the least offset counts).
+        f"""CREATE TABLE IF NOT EXISTS {ks}.reset_positions (
+            topic text,
+            partition int,
+            counter text,
+            epoch bigint,
+            offset bigint,
+            PRIMARY KEY ((topic, partition), counter, epoch, offset)
+        )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
             name text PRIMARY KEY,
             version int

@@ -28,6 +28,7 @@ from consumer.applying import Record
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.errors import CountersinkError
+from schemas.resets import Epochs, Reset, ResetPosition, epochs_at
 
 Instance = tuple[str, str]
 
@@ -405,6 +406,36 @@ class MemoryStore:
         raise AssertionError("the model test keeps every mutator")
 
 
+class MemoryResets:
+    """:class:`consumer.resetting.ResetBook` in memory: the reset rows (recorded before their control records
+    are in the log) and the positions mutators record, with fault gates on the reads and writes a mutator
+    waits for. The positions are those the consumer recorded alone: the reset command's own recording of
+    them is left out, as if it had died before."""
+
+    def __init__(self, resets: Sequence[Reset] = ()) -> None:
+        self.resets = {r.reset_id: r for r in resets}
+        self.positions: dict[tuple[str, str, int], int] = {}  # (reset id, topic, partition) -> least offset
+
+    async def look_up(self, reset_ids: Sequence[str]) -> Mapping[str, Reset | None]:
+        return {reset_id: self.resets.get(reset_id) for reset_id in reset_ids}
+
+    async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
+        if await _gate(Op("read_reset_positions", start)) is not Fault.NONE:
+            raise StoreTimeoutError("read_reset_positions timed out")
+        here = {reset_id: at for (reset_id, t, p), at in self.positions.items() if (t, p) == (topic, partition)}
+        return epochs_at([r for r in self.resets.values() if r.counter in counters], here, start, topic, partition)
+
+    async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
+        fault = await _gate(Op("record_reset_positions", positions))
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError("record_reset_positions timed out before applying")
+        for position in positions:
+            where = (position.reset_id, position.topic, position.partition)
+            self.positions[where] = min(self.positions.get(where, position.offset), position.offset)
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("record_reset_positions: answer lost")
+
+
 class MemoryLog:
     """One Kafka partition's log: a :class:`consumer.protocol.RecordSource` over a list of records.
 
@@ -412,9 +443,12 @@ class MemoryLog:
     aborted or compacted records); by default they are 0, 1, 2, ... ``start`` is the first offset retention
     left in the log."""
 
-    def __init__(self, values: Sequence[bytes | None], offsets: Sequence[int] | None = None, start: int = 0) -> None:
+    def __init__(self, values: Sequence[bytes | None], offsets: Sequence[int] | None = None, start: int = 0,
+                 headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None) -> None:
         offsets = range(len(values)) if offsets is None else offsets
-        self.records = [Record(offset, value) for offset, value in zip(offsets, values, strict=True)]
+        headers = [()] * len(values) if headers is None else headers
+        self.records = [Record(offset, value, headers=tuple(h))
+                        for offset, value, h in zip(offsets, values, headers, strict=True)]
         self.start = start
 
     def _kept(self) -> list[Record]:

@@ -61,11 +61,13 @@ from gc_worker.collector import Collector
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import new_state, state_from_bytes
+from schemas.resets import Epochs, Reset, ResetPosition, control_record, current_epochs, split_cell
 from tests.unit.memory_store import (
     BackgroundTask,
     Fault,
     Instance,
     MemoryLog,
+    MemoryResets,
     MemoryStore,
     StoreTimeoutError,
     Task,
@@ -108,6 +110,27 @@ MALFORMED = (
 )
 
 
+# Resets of the model's counters (schemas.resets): all keys or one, epochs rising per counter. A log holds the
+# control records of some of them, in any order (two resets run at once), some twice, and forged ones.
+RESETS = (
+    Reset("r1", "trades", 1),
+    Reset("r2", "shares", 2, frozenset({"IBM"})),
+    Reset("r3", "trades", 3, frozenset({"SAP"})),
+    Reset("r4", "shares", 4),
+)
+FORGED = Reset("forged", "trades", 9)  # its control record is in the log, its row was never recorded
+
+
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """A control record of a reset (or of a forged one) in the log."""
+
+    reset: Reset
+
+    def to_record(self) -> tuple[bytes, list[tuple[str, bytes]]]:
+        return control_record(self.reset)
+
+
 class ProtocolViolation(AssertionError):
     """The store holds something the log does not justify: an event lost or counted twice."""
 
@@ -122,26 +145,34 @@ class Event:
         return json.dumps({"sym": self.sym, "qty": self.qty, "id": self.event_id}).encode()
 
 
+Entry = Event | bytes | Control
+
+
 @st.composite
-def logs(draw: st.DrawFn) -> list[Event | bytes]:
+def logs(draw: st.DrawFn) -> list[Entry]:
     """A partition's log: events on two symbols, publisher retries (the same event again at a new offset,
-    sometimes inside the retry window, sometimes beyond it) and malformed records."""
-    entries: list[Event | bytes] = []
+    sometimes inside the retry window, sometimes beyond it), malformed records and, in some logs, control
+    records of resets (some twice, some forged)."""
+    entries: list[Entry] = []
+    resets = draw(st.sampled_from((False, True)))
     for offset in range(draw(st.integers(6, 30))):
-        choice = draw(st.sampled_from(("event", "event", "event", "retry", "malformed")))
+        choice = draw(st.sampled_from(("event", "event", "event", "retry", "malformed", "reset")))
         earlier = [e for e in entries[-2 * RETRY_WINDOW:] if isinstance(e, Event)]
         if choice == "retry" and earlier:
             entries.append(draw(st.sampled_from(earlier)))
         elif choice == "malformed":
             entries.append(draw(st.sampled_from(MALFORMED)))
+        elif choice == "reset" and resets:
+            entries.append(Control(draw(st.sampled_from((*RESETS, FORGED)))))
         else:
             entries.append(Event(draw(st.sampled_from(SYMBOLS)), draw(st.integers(0, 9)), f"e{offset}"))
     return entries
 
 
-def counted(entries: Sequence[Event | bytes], offsets: Sequence[int]) -> list[Event | None]:
+def counted(entries: Sequence[Entry], offsets: Sequence[int]) -> list[Event | None]:
     """What each offset contributes, computed from the log alone: valid events not repeating an event id
-    of the ``RETRY_WINDOW`` records (not offsets) before them; nothing at an offset without a record."""
+    of the ``RETRY_WINDOW`` records (not offsets) before them; nothing at an offset without a record, nor at
+    a control record (a record of the window all the same)."""
     out: list[Event | None] = [None] * (offsets[-1] + 1 if offsets else 0)
     for index, (offset, entry) in enumerate(zip(offsets, entries, strict=True)):
         recent = entries[max(0, index - RETRY_WINDOW):index]
@@ -177,10 +208,25 @@ def applier() -> Applier:
     return Applier(ROUTER, COUNTERS, TOPIC, PID.partition, RetryWindow(RETRY_WINDOW))
 
 
-async def collect(store: MemoryStore, now_us: int) -> None:
+def reset_points(entries: Sequence[Entry], offsets: Sequence[int]) -> dict[str, int]:
+    """Where each reset sits in the log: the offset of its first control record."""
+    points: dict[str, int] = {}
+    for offset, entry in zip(offsets, entries, strict=True):
+        if isinstance(entry, Control):
+            points.setdefault(entry.reset.reset_id, offset)
+    return points
+
+
+async def collect(store: MemoryStore, now_us: int, epochs: Epochs | None = None) -> None:
     """One run of the real GC (``gc_worker.collector``), one instance at a time so the test drives each step.
-    A storage timeout defers the instance, as a replica down does in production."""
-    await Collector(store, GRACE_US, concurrency=1).run(now_us)
+    A storage timeout defers the instance, as a replica down does in production. With ``epochs`` (the
+    readers'), cells of ended epochs are deleted unfolded."""
+
+    async def epochs_of(counter: str) -> Epochs:
+        assert epochs is not None
+        return epochs
+
+    await Collector(store, GRACE_US, concurrency=1, epochs_of=None if epochs is None else epochs_of).run(now_us)
 
 
 CONFIG = ConsumerSettings(group_id=PID.consumer_group, retry_window_records=RETRY_WINDOW,
@@ -285,6 +331,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     store_class: ClassVar[type[MemoryStore]] = MemoryStore
     log_class: ClassVar[type[MemoryLog]] = MemoryLog
+    resets_class: ClassVar[type[MemoryResets]] = MemoryResets
     ownership_class: ClassVar[type[Ownership]] = Ownership
     # At the end, every shard but the final owner's must have been collected.
     check_liveness: ClassVar[bool] = False
@@ -299,22 +346,43 @@ class ProtocolModel(RuleBasedStateMachine):
         self.log = MemoryLog([])
         self.contributions: list[Event | None] = []
         self.checked_rows = 0
+        self.resets = self.resets_class()
+        self.points: dict[str, int] = {}  # reset id -> offset of its first control record
+        self.epochs = Epochs()  # what readers use: every recorded reset
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def truth(self, first: int, last: int) -> dict[Instance, int]:
+    def point(self, counter: str, epoch: int) -> int:
+        """The offset of the control record of ``counter``'s reset of ``epoch`` (-1 for epoch 0)."""
+        if epoch == 0:
+            return -1
+        return next(self.points[r.reset_id] for r in RESETS if (r.counter, r.epoch) == (counter, epoch))
+
+    def truth(self, first: int, last: int, cell: str | None = None) -> dict[Instance, int]:
+        """What records ``first..last`` make of each instance, after the reset of its current epoch (of
+        ``cell``'s epoch, with a cell name: then only the instances of that cell's counter)."""
         values: dict[Instance, int] = {}
-        for event in self.contributions[max(first, 0):last + 1]:
-            if event is not None:
-                values[("trades", event.sym)] = values.get(("trades", event.sym), 0) + 1
-                values[("shares", event.sym)] = values.get(("shares", event.sym), 0) + event.qty
+        for offset in range(max(first, 0), min(last, len(self.contributions) - 1) + 1):
+            event = self.contributions[offset]
+            if event is None:
+                continue
+            for counter, add in (("trades", 1), ("shares", event.qty)):
+                if cell is None:
+                    epoch = self.epochs.epoch(counter, event.sym)
+                else:
+                    named, epoch = split_cell(cell)
+                    if named != counter:
+                        continue
+                if offset > self.point(counter, epoch):
+                    values[(counter, event.sym)] = values.get((counter, event.sym), 0) + add
         return values
 
     def readable(self) -> dict[Instance, int]:
-        """What a reader sees: merge(tally, every visible shard), per instance."""
+        """What a reader sees: merge(tally, every visible shard) of each instance's current epoch."""
         values: dict[Instance, int] = {}
-        for counter, key in sorted(set(self.store.shards) | set(self.store.tallies)):
-            snapshot = self.store.snapshot(counter, key)
+        stored = set(self.store.shards) | set(self.store.tallies)
+        for counter, key in sorted({(split_cell(cell)[0], key) for cell, key in stored}):
+            snapshot = self.store.snapshot(self.epochs.cell(counter, key), key)
             state = state_from_bytes(snapshot.tally) if snapshot.tally else new_state(COUNTERS[counter])
             for shard in snapshot.shards:
                 state.merge(state_from_bytes(shard.state))
@@ -343,7 +411,8 @@ class ProtocolModel(RuleBasedStateMachine):
         dead_letters = DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG)
         actor.ownership = self.ownership_class(
             CONFIG, actor.name, ROUTER, COUNTERS, self.store, self.log, cast(AIOKafkaConsumer, KafkaPositions()),
-            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us, new_id=new_id, spawn=spawn)
+            dead_letters, retry, clock=lambda: self.now_us + actor.skew_us, new_id=new_id, spawn=spawn,
+            resets=self.resets)
         actor.flushing = Flushing(self.store, actor.ownership, dead_letters, retry)
         self.actors.append(actor)
         return actor
@@ -419,8 +488,15 @@ class ProtocolModel(RuleBasedStateMachine):
         """The log is written; the partition's first owner takes it (from offset 0), sometimes with the answer
         of its registration or of the LWT creating the row lost."""
         offsets = data.draw(offsets_of(len(entries)))
-        self.log = self.log_class([e.to_bytes() if isinstance(e, Event) else e for e in entries], offsets)
+        records = [e.to_record() if isinstance(e, Control) else (e.to_bytes() if isinstance(e, Event) else e, [])
+                   for e in entries]
+        self.log = self.log_class([value for value, _ in records], offsets, headers=[h for _, h in records])
         self.contributions = counted(entries, offsets)
+        # Each reset published was recorded first: readers use them all from the start.
+        self.points = reset_points(entries, offsets)
+        recorded = [r for r in RESETS if r.reset_id in self.points]
+        self.resets.resets = {r.reset_id: r for r in recorded}
+        self.epochs = current_epochs(recorded)
         lost = data.draw(st.sampled_from((None, None, "register_mutator", "create_partition")))
         if lost is None:
             self.new_owner(0, 10**6, Fault.NONE)
@@ -487,6 +563,7 @@ class ProtocolModel(RuleBasedStateMachine):
         the router for what it does not take); then, as the consumer does with its position, skip the offsets
         without a record (markers) up to the one after."""
         following = [r for r in self.log.records if r.offset > mutator.applied_through]
+        run(mutator.applier.learn(following[:n]))
         mutator.apply_batch(following[:n])
         if len(following) > n:
             mutator.skip_to(following[n].offset)
@@ -563,7 +640,7 @@ class ProtocolModel(RuleBasedStateMachine):
     @precondition(lambda self: len(self.gc_tasks) < 2)
     @rule(skew=st.sampled_from((0, -MAX_SKEW_US, MAX_SKEW_US)), ops=OPS, fault=FAULTS)
     def start_gc(self, skew: int, ops: int, fault: Fault) -> None:
-        task = Task("gc", collect(self.store, self.now_us + skew))
+        task = Task("gc", collect(self.store, self.now_us + skew, self.epochs))
         self.gc_tasks.append(task)
         self.drive(task, ops, fault)
 
@@ -575,7 +652,9 @@ class ProtocolModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------------------------ invariants
 
     def violation(self, message: str) -> ProtocolViolation:
-        return ProtocolViolation(f"{message}\nrow: {self.row()}\nheld writes: {len(self.store.held)}")
+        return ProtocolViolation(f"{message}\nrow: {self.row()}\nheld writes: {len(self.store.held)}"
+                                 f"\nreset points: {self.points}, recorded: {self.resets.positions}\n"
+                                 f"cells: {sorted(self.store.shards)} tallies: {sorted(self.store.tallies)}")
 
     @invariant()
     def ownership_row_only_moves_forward(self) -> None:
@@ -597,7 +676,8 @@ class ProtocolModel(RuleBasedStateMachine):
                 if row is None or shard.through_offset > row.intent_offset:
                     raise self.violation(f"{counter}/{key} shard of {shard.mutator} is through "
                                          f"{shard.through_offset}, beyond the intent offset")
-                expected = self.truth(start, shard.through_offset).get((counter, key), 0)
+                expected = self.truth(max(start, self.point(*split_cell(counter)) + 1), shard.through_offset,
+                                      counter).get((split_cell(counter)[0], key), 0)
                 value = state_from_bytes(shard.state).value()
                 if value != expected:
                     raise self.violation(f"{counter}/{key} shard of {shard.mutator} holds {value}, but records "
@@ -671,7 +751,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     raise self.violation(f"{phase}, {instance} reads {seen.get(instance, 0)} but records "
                                          f"0..{start_offset - 1} make {expected.get(instance, 0)}")
             self.now_us += 10**9
-            run(collect(self.store, self.now_us))
+            run(collect(self.store, self.now_us, self.epochs))
         if self.check_liveness:
             for (counter, key) in sorted(self.store.shards):
                 for shard in self.store.snapshot(counter, key).shards:
@@ -732,7 +812,8 @@ class LateSnapshotStore(MemoryStore):
                            writes: Sequence[ShardWrite]) -> None:
         owner = self.live.get(mutator)
         if owner is not None:
-            writes = [w._replace(state=owner.states[(w.counter, w.key)].to_bytes()) for w in writes]
+            writes = [w._replace(state=owner.states[(split_cell(w.counter)[0], w.key)].to_bytes()) for w in writes
+                      if (split_cell(w.counter)[0], w.key) in owner.states]
         await super().write_shards(mutator, born_us, timestamp_us, writes)
 
 
@@ -1079,3 +1160,50 @@ def test_a_replay_whose_records_left_the_log_says_which() -> None:
     assert (lost.value.first, lost.value.last) == (0, 1)
     result: Takeover = run(finish_take_over(store, log, claimed, applier, EPOCH_US + 30, accept_lost=True))
     assert result.replayed_records == 4
+
+
+class KeepsStateEpochs(Epochs):
+    """Epochs whose resets drop no state: a mutator goes on in the new epoch with what it counted before."""
+
+    def clears(self, reset: Reset, counter: str, key: str) -> bool:
+        return False
+
+    def copy(self) -> Epochs:
+        return self
+
+
+class ResurrectingResets(MemoryResets):
+    """Hands out :class:`KeepsStateEpochs`: at a reset, the next flush writes the pre-reset events again."""
+
+    async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
+        found = await super().epochs_at(topic, partition, counters, start)
+        return KeepsStateEpochs(found.all_keys, found.by_key, found.applied)
+
+
+class ResurrectingModel(ProtocolModel):
+    resets_class = ResurrectingResets
+
+
+class ForgetfulResets(MemoryResets):
+    """Records no reset position: a successor starting after a control record does not know its reset."""
+
+    async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
+        return None
+
+
+class ForgetfulModel(ProtocolModel):
+    resets_class = ForgetfulResets
+
+
+def test_model_catches_a_reset_that_a_flush_resurrects() -> None:
+    """With a reset that switches the epoch but keeps the states counted before it, the model finds a
+    pre-reset event read after the reset."""
+    with pytest.raises(ProtocolViolation):
+        run_model(ResurrectingModel, MUST_FAIL_SETTINGS)
+
+
+def test_model_catches_a_successor_that_does_not_learn_a_reset() -> None:
+    """With no reset position recorded, a successor starting after a control record writes its events in the
+    old epoch's cells: the model finds them lost to readers."""
+    with pytest.raises(ProtocolViolation):
+        run_model(ForgetfulModel, MUST_FAIL_SETTINGS)

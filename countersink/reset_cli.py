@@ -1,0 +1,144 @@
+"""``countersink reset COUNTER [KEY ...]``: count a counter (or some of its keys) again from now.
+
+The reset is recorded first (a new epoch of the counter, who asked, when), then a control record naming it
+is published to every partition of the counter's topics; the offset each landed at is the reset's point in
+that partition, printed and recorded. Consumers apply it in log order and never pause; readers show only
+what comes after the point in each partition (``schemas.resets``, docs/operations.md "Resetting a counter").
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from aiokafka.errors import UnknownTopicOrPartitionError
+
+from countersink.cassandra import CassandraClient
+from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async
+from countersink.kafka import make_producer
+from countersink.logs import get_logger
+from countersink.registry import CounterRegistry
+from countersink.resets import (
+    MAX_RESET_KEYS,
+    CassandraResets,
+    publish_controls,
+    read_points,
+    read_reset_rows,
+    record_reset,
+)
+from countersink.settings import Settings
+
+log = get_logger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("counter", type=counter_name, help="counter name, as recorded in the counter registry")
+    parser.add_argument("keys", type=instance_key, nargs="*", metavar="KEY",
+                        help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--list", action="store_true",
+                        help="reset nothing: print the counter's recorded resets and where each sits")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if len(args.keys) > MAX_RESET_KEYS:
+        log.error("usage_refused", error=f"a reset names at most {MAX_RESET_KEYS} keys, not {len(args.keys)}")
+        return EXIT_USAGE
+    if args.list:
+        if args.keys:
+            log.error("usage_refused", error="--list takes no KEY")
+            return EXIT_USAGE
+        return run_async(list_resets(settings, args.counter, as_json=args.json))
+    return run_async(reset(settings, args.counter, list(dict.fromkeys(args.keys)), as_json=args.json))
+
+
+async def list_resets(settings: Settings, counter: str, *, as_json: bool = False) -> int:
+    """Print every recorded reset of ``counter``, oldest first, with who, when and its points."""
+    async with CassandraClient(settings.cassandra) as client:
+        found = []
+        for row in await read_reset_rows(client, counter):
+            points = await read_points(client, counter, int(row["epoch"]), row.get("partitions") or {})
+            found.append({"counter": counter, "keys": sorted(row.get("keys") or ()), "epoch": int(row["epoch"]),
+                          "id": row["id"], "requested_by": row["requested_by"],
+                          "requested_at": datetime.fromtimestamp(row["requested_us"] / 1e6, UTC).isoformat(
+                              timespec="milliseconds"),
+                          "positions": [{"topic": t, "partition": p, "offset": o} for (t, p), o in points.items()]})
+    if as_json:
+        print(json.dumps(found))
+        return 0
+    if not found:
+        print(f"no reset of {counter} is recorded")
+    for item in found:
+        keys = cast(list[str], item["keys"])
+        what = f"keys {', '.join(keys)} of {counter}" if keys else f"every key of {counter}"
+        print(f"reset {what}: epoch {item['epoch']}, id {item['id']}, by {item['requested_by']} at "
+              f"{item['requested_at']}")
+        for p in cast(list[dict[str, Any]], item["positions"]):
+            print(f"  {p['topic']}/{p['partition']}: counts from offset {p['offset'] + 1} on "
+                  f"(control record at {p['offset']})")
+    return 0
+
+
+def _requester() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: bool = False) -> int:
+    async with CassandraClient(settings.cassandra) as client:
+        known, definition = await CounterRegistry(client).lookup(counter)
+        if not known or definition is None:
+            log.error("unknown_counter", counter=counter,
+                      error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
+            return EXIT_USAGE
+        write_cl = settings.cassandra.write_consistency
+        requested_by = _requester()
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        try:
+            # The partitions first: the reset records how many each topic has, and one added later holds only
+            # what comes after the reset.
+            partitions: list[tuple[str, int]] = []
+            for topic in definition.topics:
+                try:
+                    found = await producer.partitions_for(topic)
+                except UnknownTopicOrPartitionError:
+                    found = set()
+                partitions.extend((topic, p) for p in sorted(found or ()))
+            counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
+                      for topic in definition.topics}
+            missing = sorted(topic for topic, count in counts.items() if count == 0)
+            if missing:
+                # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
+                log.error("reset_refused", counter=counter,
+                          error=f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
+                return EXIT_FAILED
+            recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl, counts)
+
+            async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+                metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
+                return int(metadata.offset)
+
+            positions = await publish_controls(recorded, partitions, send)
+        finally:
+            await producer.stop()
+        await CassandraResets(client, settings.cassandra.replay_read_consistency, write_cl).record_positions(positions)
+    when = datetime.fromtimestamp(at_us / 1e6, UTC).isoformat(timespec="milliseconds")
+    if as_json:
+        print(json.dumps({"counter": counter, "keys": sorted(keys), "epoch": recorded.epoch, "id": recorded.reset_id,
+                          "requested_by": requested_by, "requested_at": when,
+                          "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
+                                        for p in positions]}))
+        return 0
+    what = f"keys {', '.join(sorted(keys))} of {counter}" if keys else f"every key of {counter}"
+    print(f"reset {what}: epoch {recorded.epoch}, id {recorded.reset_id}, by {requested_by} at {when}")
+    for p in positions:
+        print(f"  {p.topic}/{p.partition}: counts from offset {p.offset + 1} on (control record at {p.offset})")
+    return 0

@@ -1,0 +1,169 @@
+"""Resets in Cassandra (``schemas.resets``): the rows, their positions in partitions, and the reset itself.
+
+:class:`CassandraResets` is the consumer's :class:`~consumer.resetting.ResetBook`; :func:`reset_counter` is
+what ``countersink reset`` runs: record the reset (a new epoch, by LWT), publish a control record to every
+partition of the counter's topics, record where each landed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.settings import Consistency
+from schemas.errors import CountersinkError
+from schemas.resets import (
+    Epochs,
+    Reset,
+    ResetPosition,
+    control_record,
+    current_epochs,
+    epochs_at,
+    new_reset_id,
+    row_of_reset_id,
+)
+
+MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control record stay small
+
+
+def _reset_of(row: dict[str, Any]) -> Reset:
+    return Reset(row["id"], row["counter"], int(row["epoch"]), frozenset(row.get("keys") or ()),
+                 tuple(sorted((row.get("partitions") or {}).items())))
+
+
+_TABLE_SEEN = "_countersink_resets_table_seen"
+
+
+async def _table_exists(client: CassandraClient) -> bool:
+    """Whether the keyspace has the ``resets`` table (one made before resets has none until ``countersink
+    schema`` runs: it has no resets either). Once seen, remembered for the client."""
+    if getattr(client, _TABLE_SEEN, False):
+        return True
+    found = as_dicts(await client.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'resets'",
+        [client.keyspace], consistency=Consistency.ONE))
+    if found:
+        setattr(client, _TABLE_SEEN, True)
+    return bool(found)
+
+
+async def read_resets(client: CassandraClient, counter: str, consistency: Consistency | None = None) -> list[Reset]:
+    """Every recorded reset of ``counter`` (one single-partition read)."""
+    if not await _table_exists(client):
+        return []
+    rows = as_dicts(await client.execute(
+        "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ?", [counter],
+        consistency=consistency or client.settings.read_consistency))
+    return [_reset_of(row) for row in rows]
+
+
+async def read_epochs(client: CassandraClient, counter: str) -> Epochs:
+    """The epochs readers use for ``counter``: every recorded reset of it, read at the replay read consistency
+    (whatever serving reads at): it overlaps the reset's write, so a read made once ``countersink reset`` has
+    returned knows the reset."""
+    return current_epochs(await read_resets(client, counter, client.settings.replay_read_consistency))
+
+
+async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[str, Any]]:
+    """The ``resets`` rows of ``counter``, oldest first, every column."""
+    if not await _table_exists(client):
+        return []
+    return as_dicts(await client.execute(
+        "SELECT counter, epoch, id, keys, partitions, requested_by, requested_us FROM resets WHERE counter = ?",
+        [counter]))
+
+
+async def read_points(client: CassandraClient, counter: str, epoch: int, partitions: Mapping[str, int]
+                      ) -> dict[tuple[str, int], int]:
+    """Where ``counter``'s reset of ``epoch`` sits in each partition it was published to (those recorded)."""
+    points: dict[tuple[str, int], int] = {}
+    for topic, count in sorted(partitions.items()):
+        for partition in range(count):
+            rows = as_dicts(await client.execute(
+                "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
+                [topic, partition, counter, epoch]))
+            if rows:
+                points[(topic, partition)] = min(int(row["offset"]) for row in rows)
+    return points
+
+
+class CassandraResets:
+    """:class:`consumer.resetting.ResetBook` on the ``resets`` and ``reset_positions`` tables. Reads and writes
+    at the consistency of the protocol's own (they decide what is written)."""
+
+    def __init__(self, client: CassandraClient, read_cl: Consistency, write_cl: Consistency) -> None:
+        self.client, self.read_cl, self.write_cl = client, read_cl, write_cl
+
+    async def look_up(self, reset_ids: Sequence[str]) -> Mapping[str, Reset | None]:
+        found: dict[str, Reset | None] = {}
+        for reset_id in reset_ids:
+            where = row_of_reset_id(reset_id)
+            found[reset_id] = None
+            if where is None:
+                continue
+            rows = as_dicts(await self.client.execute(
+                "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ? AND epoch = ?", list(where),
+                consistency=self.read_cl))
+            if rows and rows[0]["id"] == reset_id:
+                found[reset_id] = _reset_of(rows[0])
+        return found
+
+    async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
+        rows = as_dicts(await self.client.execute(
+            "SELECT counter, epoch, offset FROM reset_positions WHERE topic = ? AND partition = ?",
+            [topic, partition], consistency=self.read_cl))
+        least: dict[tuple[str, int], int] = {}
+        for row in rows:
+            where = (row["counter"], int(row["epoch"]))
+            least[where] = min(least.get(where, row["offset"]), row["offset"])
+        # Every counter's: a reset recorded before this partition existed has no position here, and applies.
+        resets = [r for counter in counters for r in await read_resets(self.client, counter, self.read_cl)]
+        return epochs_at(resets, {r.reset_id: least[(r.counter, r.epoch)] for r in resets
+                                  if (r.counter, r.epoch) in least}, start, topic, partition)
+
+    async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
+        for p in positions:
+            await self.client.execute(
+                "INSERT INTO reset_positions (topic, partition, counter, epoch, offset) VALUES (?, ?, ?, ?, ?)",
+                [p.topic, p.partition, p.counter, p.epoch, p.offset], consistency=self.write_cl)
+
+
+class ResetRefusedError(CountersinkError):
+    """Raised when a reset cannot be recorded (too many keys, no epoch claimed after retries)."""
+
+
+async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,
+                       write_cl: Consistency, partitions: Mapping[str, int], attempts: int = 20) -> tuple[Reset, int]:
+    """Record a new reset of ``counter`` (``keys``, or all keys when empty) at the next epoch, by LWT, with the
+    number of ``partitions`` of each of its topics now."""
+    if len(keys) > MAX_RESET_KEYS:
+        raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
+    for _ in range(attempts):
+        known = await read_resets(client, counter, write_cl)
+        epoch = max((r.epoch for r in known), default=0) + 1
+        reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
+        at_us = time.time_ns() // 1000
+        rows = as_dicts(await client.execute(
+            "INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            [counter, epoch, reset.reset_id, set(keys) or None, dict(partitions), requested_by, at_us],
+            consistency=write_cl, idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return reset, at_us
+        if rows[0].get("id") == reset.reset_id:  # ours, applied with its answer lost and retried
+            return reset, at_us
+    raise ResetRefusedError(f"could not claim a new epoch of {counter} after {attempts} attempts")
+
+
+async def publish_controls(reset: Reset, partitions: Sequence[tuple[str, int]],
+                           send: Callable[[str, int, bytes, list[tuple[str, bytes]]], Any]) -> list[ResetPosition]:
+    """Publish the reset's control record to each (topic, partition) and return where each landed. ``send``
+    sends one record to one partition and returns an awaitable of its offset."""
+    value, headers = control_record(reset)
+    positions = []
+    for topic, partition in partitions:
+        offset = await send(topic, partition, value, headers)
+        positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, topic, partition, int(offset)))
+    return positions

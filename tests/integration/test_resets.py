@@ -1,0 +1,293 @@
+"""Resets on real Kafka and Cassandra: ``countersink reset`` while a consumer runs, then kill -9 and a takeover
+that replays what the dead consumer left: values show only what came after each partition's reset point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import cast
+
+import pytest
+from aiokafka.admin import NewPartitions
+
+from countersink.cassandra import CassandraClient, as_dicts
+from countersink.kafka import make_admin, make_producer
+from countersink.reader import CounterReader, read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack.loading import child_env, end_offsets, wait_until_flushed
+from tests.integration.consumer_support import read_topic, start_consumer, wait_until_started
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITIONS = 2
+SYMBOLS = ("S0", "S1", "S2")
+DEFINITIONS = """
+[[counter]]
+name = "trades"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+"""
+
+Event = tuple[str, str, int]  # id, symbol, qty
+
+
+def _events(prefix: str, n: int) -> list[Event]:
+    return [(f"{prefix}{i}", SYMBOLS[i % len(SYMBOLS)], i + 1) for i in range(n)]
+
+
+async def _publish(kafka: KafkaSettings, topic: str, events: list[Event], partitions: int = PARTITIONS) -> None:
+    """Each event to partition (number mod ``partitions``), in order."""
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        for i, (event_id, symbol, qty) in enumerate(events):
+            await producer.send_and_wait(topic, json.dumps({"id": event_id, "symbol": symbol, "qty": qty}).encode(),
+                                         partition=i % partitions)
+    finally:
+        await producer.stop()
+
+
+def _truth(events: list[Event]) -> dict[tuple[str, str], int]:
+    counts: Counter[str] = Counter(symbol for _, symbol, _ in events)
+    sums: Counter[str] = Counter()
+    for _, symbol, qty in events:
+        sums[symbol] += qty
+    return {**{("trades", s): counts[s] for s in SYMBOLS}, **{("shares", s): sums[s] for s in SYMBOLS}}
+
+
+async def _values(cassandra: CassandraSettings) -> dict[tuple[str, str], int]:
+    values: dict[tuple[str, str], int] = {}
+    async with CassandraClient(cassandra) as client:
+        for counter in ("trades", "shares"):
+            for symbol in SYMBOLS:
+                state = await read_state(client, counter, symbol)
+                values[(counter, symbol)] = 0 if state is None else int(state.value())  # type: ignore[call-overload]
+    return values
+
+
+def _reset(kafka: KafkaSettings, cassandra: CassandraSettings, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", "reset", *args], cwd=REPO,
+                          env=child_env(kafka, cassandra), capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode()
+
+
+async def _flushed(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, topic: str) -> None:
+    await wait_until_flushed(cassandra, group, await end_offsets(kafka, {topic: PARTITIONS}), within_s=90)
+
+
+async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_later_events(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A consumer counts events; ``countersink reset trades`` and ``countersink reset shares S1`` run while it
+    does. Right after each returns, the instances reset read nothing counted before. More events come; the
+    consumer is killed with kill -9 before its last flush commits and a second one takes over, replaying the
+    window it left: every value is exactly the events after the reset (trades, shares of S1) or all of them
+    (shares of S0 and S2), explain shows the same as get, and so does every value after the GC has folded
+    the dead consumer's rows."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+               "counters_file": counters}
+    log = tmp_path / "consumer.log"
+    before, after, late = _events("a", 30), _events("b", 24), _events("c", 18)
+
+    first = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, first)
+        await _publish(kafka_settings, topic, before)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        assert await _values(cassandra_settings) == _truth(before)
+
+        whole = json.loads(await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades", "--json"))
+        one = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "shares", "S1")
+        head, *points = one.splitlines()
+        assert head.startswith("reset keys S1 of shares: epoch 1, id shares.1.")
+        assert sorted(points) == [f"  {topic}/0: counts from offset 17 on (control record at 16)",
+                                  f"  {topic}/1: counts from offset 17 on (control record at 16)"], one
+        assert whole["epoch"] == 1
+        listed_resets = json.loads(await asyncio.to_thread(
+            _reset, kafka_settings, cassandra_settings, "trades", "--list", "--json"))
+        assert listed_resets == [whole]  # who, when and every point, as recorded
+        positions = cast(list[dict[str, int]], whole["positions"])
+        assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
+        seen = await _values(cassandra_settings)
+        async with CassandraClient(cassandra_settings) as client:
+            listed = (await CounterReader(client).list_instances("trades"))[0]
+            assert (listed, (await CounterReader(client).list_instances("shares"))[0]) == ([], ["S0", "S2"])
+        assert all(seen[("trades", s)] == 0 for s in SYMBOLS), seen
+        assert seen[("shares", "S1")] == 0, seen
+        assert seen[("shares", "S0")] == _truth(before)[("shares", "S0")], seen
+
+        await _publish(kafka_settings, topic, after)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        await _publish(kafka_settings, topic, late)
+    finally:
+        first.send_signal(signal.SIGKILL)  # whatever it had applied of ``late`` and not committed is replayed
+        first.wait()
+
+    second = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, second)
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        seen = await _values(cassandra_settings)
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait()
+    everything, since = _truth(before + after + late), _truth(after + late)
+    expected = {**everything, **{("trades", s): since[("trades", s)] for s in SYMBOLS},
+                ("shares", "S1"): since[("shares", "S1")]}
+    assert seen == expected
+    async with CassandraClient(cassandra_settings) as client:
+        explained = await CounterReader(client).explain("shares", "S1")
+        listed = (await CounterReader(client).list_instances("trades"))[0]
+    assert explained.value == expected[("shares", "S1")]
+    assert listed == list(SYMBOLS)
+    # The GC folds the first consumer's rows, cells of both epochs: what it folds of the old one is never read.
+    gc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "gc", "--once"], cwd=REPO, capture_output=True,
+        env=child_env(kafka_settings, cassandra_settings, gc={"grace_s": 0}), timeout=120, check=False)
+    assert gc.returncode == 0, gc.stderr.decode(errors="replace")
+    assert b"mutator_collected" in gc.stdout + gc.stderr
+    assert await _values(cassandra_settings) == expected
+    # Only current epochs were folded: the cells a reset ended were deleted with their rows, unfolded.
+    async with CassandraClient(cassandra_settings) as client:
+        tallies = {row["key"]: set(row["tallies"] or {}) for row in as_dicts(await client.execute(
+            "SELECT key, tallies FROM shards PER PARTITION LIMIT 1"))}
+    assert {key: cells - {"trades@1", "shares", "shares@1"} for key, cells in tallies.items()} == {
+        s: set() for s in SYMBOLS}, tallies
+    assert "shares@1" not in tallies["S0"], tallies
+    assert "shares" not in tallies["S1"], tallies
+    assert any(tallies.values()), tallies  # something was folded
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text
+    applied = [json.loads(line) for line in text.splitlines() if '"reset_applied"' in line]
+    assert {(e["counter"], e["partition"]) for e in applied} == {
+        (counter, partition) for counter in ("trades", "shares") for partition in range(PARTITIONS)}, applied
+
+
+async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A record carrying the control header with an id no reset was recorded under changes no value and goes
+    to the dead-letter topic."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    log = tmp_path / "consumer.log"
+    events = _events("a", 12)
+    process = start_consumer(kafka_settings, cassandra_settings, log, flush_interval_s=0.5,
+                             dead_letter_topic=f"dlq-{group}", group_id=group, counters_file=counters)
+    try:
+        await wait_until_started(log, process)
+        await _publish(kafka_settings, topic, events[:6])
+        producer = make_producer(kafka_settings)
+        await producer.start()
+        try:
+            for partition in range(PARTITIONS):
+                await producer.send_and_wait(topic, b"{}", partition=partition,
+                                             headers=[("countersink.control", b"trades.1.forged")])
+        finally:
+            await producer.stop()
+        await _publish(kafka_settings, topic, events[6:])
+        await _flushed(kafka_settings, cassandra_settings, group, topic)
+        assert await _values(cassandra_settings) == _truth(events)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    letters = await read_topic(kafka_settings, f"dlq-{group}", at_least=PARTITIONS, within_s=20)
+    assert len(letters) == PARTITIONS
+    assert all(dict(r.headers).get("countersink.error") == b"ForgedControlError" for r in letters), [
+        r.headers for r in letters]
+
+
+async def test_a_partition_added_after_a_reset_counts_all_it_holds(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A reset records how many partitions the counter's topics have: a partition added later got no control
+    record, and everything in it counts (it holds nothing from before the reset)."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+               "counters_file": counters}
+    log = tmp_path / "consumer.log"
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+        await _publish(kafka_settings, topic, [(f"a{i}", "S0", 1) for i in range(5)], partitions=1)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}), within_s=90)
+        await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    admin = make_admin(kafka_settings)
+    await admin.start()
+    try:
+        await admin.create_partitions({topic: NewPartitions(total_count=2)})
+    finally:
+        await admin.close()
+    await _publish(kafka_settings, topic, [(f"b{i}", "S0", 1) for i in range(6)], partitions=2)
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}), within_s=90)
+        seen = await _values(cassandra_settings)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert (seen[("trades", "S0")], seen[("shares", "S0")]) == (6, 11)
+
+
+async def test_a_keyspace_made_before_resets_reads_as_before(cassandra_settings: CassandraSettings) -> None:
+    """Reads of a keyspace whose schema predates resets (no ``resets`` table until ``countersink schema``
+    runs) work as before: no reset is recorded there."""
+    async with CassandraClient(cassandra_settings) as client:
+        await client.execute("DROP TABLE resets", prepared=False)
+        assert await read_state(client, "trades", "S0") is None
+        assert (await CounterReader(client).list_instances("trades"))[0] == []
+
+
+async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+) -> None:
+    """A reset whose control records could not reach a topic would hide what that topic's partitions count:
+    the command refuses (exit 1, one line) before recording anything."""
+    from countersink.registry import CounterRegistry
+    from schemas.definitions import parse_definitions
+
+    gone = f"gone-{os.urandom(4).hex()}"
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", gone)), "test")
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "trades"], cwd=REPO, capture_output=True,
+        env=child_env(kafka_settings, cassandra_settings), timeout=120, check=False)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"Kafka knows no partition of {gone}: nothing was reset".encode() in done.stderr
+    async with CassandraClient(cassandra_settings) as client:
+        assert as_dicts(await client.execute("SELECT * FROM resets")) == []

@@ -1,0 +1,165 @@
+"""Resets' pure core (schemas.resets): cell names, epochs of instances, control records and the truth rule."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from consumer.applying import Applier, Mutator, Outcome, Record, ResetNotLearnedError, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
+from schemas.definitions import parse_definitions
+from schemas.events import EventRouter
+from schemas.resets import (
+    CONTROL_HEADER,
+    Epochs,
+    Reset,
+    cell_name,
+    control_record,
+    control_reset_id,
+    counts_after_resets,
+    current_epochs,
+    epochs_at,
+    new_reset_id,
+    row_of_reset_id,
+    split_cell,
+)
+from tests.unit.memory_store import MemoryResets, run
+
+COUNTERS = parse_definitions("""
+[[counter]]
+name = "trades"
+topics = ["orders"]
+kind = "count"
+key = ["sym"]
+""")
+WHOLE = Reset("trades.1.a", "trades", 1)
+IBM = Reset("trades.2.b", "trades", 2, frozenset({"IBM"}))
+
+
+def test_a_cell_name_is_the_counter_before_any_reset_and_names_its_epoch_after() -> None:
+    """Epoch 0 is the counter's own cell (data from before resets existed); others carry the epoch."""
+    assert cell_name("trades", 0) == "trades"
+    assert cell_name("trades", 3) == "trades@3"
+    assert split_cell("trades@3") == ("trades", 3)
+    assert split_cell("trades") == ("trades", 0)
+
+
+def test_an_instance_takes_the_greatest_epoch_of_the_resets_covering_it() -> None:
+    """A reset of one key and a later reset of all keys: each instance reads the greatest covering epoch,
+    whatever order the control records were met in; a second control record of a reset is ignored."""
+    later = Reset("trades.3.c", "trades", 3)
+    for order in ([WHOLE, IBM, later], [later, IBM, WHOLE]):
+        epochs = Epochs()
+        for reset in order:
+            assert epochs.apply(reset)
+        assert not epochs.apply(IBM)
+        assert (epochs.epoch("trades", "IBM"), epochs.epoch("trades", "SAP")) == (3, 3)
+    assert current_epochs([WHOLE, IBM]).cell("trades", "IBM") == "trades@2"
+    assert current_epochs([WHOLE, IBM]).cell("trades", "SAP") == "trades@1"
+    assert not current_epochs([IBM]).clears(WHOLE, "trades", "IBM")  # IBM is at 2 already: 1 changes nothing
+
+
+def test_a_successor_knows_the_resets_recorded_below_its_start() -> None:
+    """epochs_at applies exactly the resets whose position lies below the start offset."""
+    epochs = epochs_at([WHOLE, IBM], {"trades.1.a": 10, "trades.2.b": 20}, 15)
+    assert (epochs.epoch("trades", "IBM"), epochs.applied) == (1, {("trades", 1)})
+    assert epochs_at([WHOLE], {"trades.1.a": 10}, 10).epoch("trades", "IBM") == 0
+
+
+def test_a_reset_id_names_its_row_and_anything_else_names_none() -> None:
+    reset_id = new_reset_id("trades", 7)
+    assert row_of_reset_id(reset_id) == ("trades", 7)
+    for forged in ("", "x", "trades.seven.x", "trades.1", ".1.x", "a.1.b.c"):
+        assert row_of_reset_id(forged) is None
+
+
+def test_a_control_record_names_its_reset_in_its_header() -> None:
+    value, headers = control_record(WHOLE)
+    assert control_reset_id(headers) == "trades.1.a"
+    assert b'"epoch":1' in value
+    assert control_reset_id([("other", b"x")]) is None
+    assert control_reset_id([(CONTROL_HEADER, None)]) == ""
+
+
+def test_the_truth_rule_counts_what_lies_after_each_partitions_point() -> None:
+    """The rule a checker applies: after the point of the current epoch's reset in that partition."""
+    points = {("trades.1.a", "orders", 0): 5, ("trades.2.b", "orders", 0): 8}
+    rule = counts_after_resets
+    assert not rule([WHOLE, IBM], points, "trades", "SAP", "orders", 0, 5)
+    assert rule([WHOLE, IBM], points, "trades", "SAP", "orders", 0, 6)
+    assert not rule([WHOLE, IBM], points, "trades", "IBM", "orders", 0, 7)
+    assert rule([WHOLE, IBM], points, "trades", "IBM", "orders", 0, 9)
+    assert not rule([WHOLE], points, "trades", "IBM", "orders", 1, 100)  # no control record there
+    assert rule([], points, "trades", "IBM", "orders", 1, 0)
+
+
+def _mutator(resets: MemoryResets) -> Mutator:
+    applier = Applier(EventRouter(COUNTERS), COUNTERS, "orders", 0, RetryWindow(4), resets)
+    entry = MutatorEntry(uuid.UUID(int=1), "g", "orders", 0, "h", 0, 10**12)
+    return Mutator(entry, PartitionId("g", "orders", 0), applier, applied_through=-1, flushed_through=-1)
+
+
+def _records(resets: list[Reset | str]) -> list[Record]:
+    records = []
+    for offset, item in enumerate(["IBM", "SAP", *resets, "IBM", "SAP", "IBM"]):
+        if isinstance(item, Reset):
+            value, headers = control_record(item)
+            records.append(Record(offset, value, headers=headers))
+        else:
+            records.append(Record(offset, f'{{"sym": "{item}"}}'.encode()))
+    return records
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["apply_batch", "apply"])
+def test_a_mutator_drops_the_states_a_reset_covers_and_writes_the_new_epoch(batch: bool) -> None:
+    """At a control record the mutator drops what it counted of the instances covered, in the batch path as in
+    the record-at-a-time one, and records where the reset sits."""
+    mutator = _mutator(MemoryResets([IBM]))
+    records = _records([IBM])
+    run(mutator.applier.learn(records))
+    if batch:
+        mutator.apply_batch(records)
+    else:
+        for record in records:
+            mutator.apply(record)
+    assert {i: s.value() for i, s in mutator.states.items()} == {("trades", "IBM"): 2, ("trades", "SAP"): 2}
+    assert (mutator.cell("trades", "IBM"), mutator.cell("trades", "SAP")) == ("trades@2", "trades")
+    assert [(p.reset_id, p.offset) for p in mutator.positions] == [("trades.2.b", 2)]
+
+
+def test_a_forged_control_record_is_invalid_and_an_unlooked_one_is_a_bug() -> None:
+    """A control record naming no recorded reset is refused (dead-lettered); one the applier was never told
+    to look up raises rather than guess."""
+    mutator = _mutator(MemoryResets([]))
+    records = _records([IBM])
+    with pytest.raises(ResetNotLearnedError):
+        mutator.apply_batch(records)
+    mutator = _mutator(MemoryResets([]))
+    run(mutator.applier.learn(records))
+    outcomes = [mutator.apply(record)[0] for record in records]
+    assert outcomes[2] is Outcome.INVALID
+    assert mutator.states[("trades", "IBM")].value() == 3
+
+
+def test_a_recorded_reset_of_a_counter_kept_elsewhere_is_passed_over() -> None:
+    """A consumer whose definitions lack the counter reset (another deployment's counter on a shared topic)
+    skips its control record: no dead letter, no state dropped."""
+    other = Reset("volume.1.x", "volume", 1)
+    mutator = _mutator(MemoryResets([other]))
+    records = _records([other])
+    run(mutator.applier.learn(records))
+    outcomes = [mutator.apply(record)[0] for record in records]
+    assert outcomes[2] is Outcome.FILTERED
+    assert mutator.states[("trades", "IBM")].value() == 3
+
+
+def test_a_partition_added_after_a_reset_holds_only_what_comes_after_it() -> None:
+    """A partition the topic did not have when the reset was recorded got no control record: a mutator
+    starting there writes the reset's epoch from its first record, and the truth rule counts all of it."""
+    reset = Reset("trades.1.a", "trades", 1, partitions=(("orders", 2),))
+    assert epochs_at([reset], {}, 0, "orders", 2).epoch("trades", "IBM") == 1
+    assert epochs_at([reset], {}, 0, "orders", 1).epoch("trades", "IBM") == 0  # its control record is to come
+    assert epochs_at([reset], {}, 0, "other", 5).epoch("trades", "IBM") == 0
+    assert counts_after_resets([reset], {}, "trades", "IBM", "orders", 2, 0)
+    assert not counts_after_resets([reset], {}, "trades", "IBM", "orders", 1, 0)
