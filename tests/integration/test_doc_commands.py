@@ -15,6 +15,7 @@ import asyncio
 import json
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -335,19 +336,23 @@ async def test_the_consumer_block_runs_as_written(
     """docs/running.md's "Running the consumer": the schema, the demo's topics, then the consumer and its
     ``python -m consumer`` alternative, each until it answers /readyz 200 and then stopped by SIGTERM (exit 0).
 
-    ``make services-up`` is the one line not run: the servers are the test session's. The demo's topics and
-    the group are renamed for this test (a copy of demo/counters.toml), so that nothing else shares them."""
-    prefix = f"docs{uuid.uuid4().hex[:8]}-"
+    ``make services-up`` is the one line not run: the servers are the test session's. The demo's topics,
+    counters and the group are renamed for this test (a copy of demo/counters.toml), so that nothing else
+    shares them (a keyspace counts each counter by one group: another test's group would refuse this one)."""
+    unique = uuid.uuid4().hex[:8]
+    prefix = f"docs{unique}-"
     (tmp_path / "demo").mkdir()
-    (tmp_path / "demo" / "counters.toml").write_text((REPO / "demo" / "counters.toml").read_text()
-                                                     .replace('"demo-', f'"{prefix}demo-'))
+    renamed = re.sub(r'^name = "(?!demo-)', f'name = "d{unique}_', (REPO / "demo" / "counters.toml").read_text(),
+                     flags=re.MULTILINE).replace('"demo-', f'"{prefix}demo-')
+    (tmp_path / "demo" / "counters.toml").write_text(renamed)
+    shutil.copytree(REPO / "examples" / "formats", tmp_path / "examples" / "formats")  # its inline schemas
     health = free_port()
     env = child_env(kafka_settings, cassandra_settings, consumer={"health_port": health})
     env["PYTHONPATH"] = str(REPO)
     runner = Runner(env, tmp_path, {"--group trades-counters": f"--group {prefix}group"})
     steps = sh_steps(doc_block("docs/running.md", "consumer"))
     assert steps[0].command == "make services-up"
-    topics = [f"{prefix}demo-{name}" for name in ("trades", "likes", "api-calls")]
+    topics = sorted(set(re.findall(rf'"({re.escape(prefix)}demo-[a-z-]+)"', renamed)))
     consumers = 0
     try:
         for step in steps[1:]:
