@@ -23,7 +23,7 @@ from schemas import timeseries
 from schemas.cql import key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
-from schemas.resets import cell_name
+from schemas.resets import Epochs, cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
@@ -78,13 +78,16 @@ _KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL = range(5)
 
 
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
-                        consistency: Consistency | None = None) -> dict[str, list[bytes]]:
+                        consistency: Consistency | None = None, epochs: Epochs | None = None
+                        ) -> dict[str, list[bytes]]:
     """The stored states (bytes) of several instances of one counter, in one request: each instance's tally
     first, then its shards in the partition's order. None (an empty list) for an instance never counted, or
-    past its retention (:func:`read_states`)."""
+    past its retention (:func:`read_states`). ``epochs``: the counter's, when the caller read them already
+    (a range read reads them once for all its chunks)."""
     level = consistency or client.settings.read_consistency
     # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
-    epochs = await read_epochs(client, counter)
+    if epochs is None:
+        epochs = await read_epochs(client, counter)
     cells: dict[str, list[str]] = {}
     for key in keys:
         cells.setdefault(epochs.cell(counter, key), []).append(key)
@@ -211,10 +214,11 @@ class CounterReader:
 
         keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
         names = list(keys)
+        epochs = await read_epochs(self.client, definition.name)  # once for every chunk of the range
 
         async def read(chunk: list[str]) -> dict[str, list[bytes]]:
             async with self._reads:
-                return await read_blobs_of(self.client, definition.name, chunk, self.consistency)
+                return await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
 
         # Each bucket merged on its own (from the cache when its bytes are unchanged), then the buckets of each
         # step merged together: a merge of merges, which CRDT states allow.
