@@ -14,12 +14,17 @@ keyspace of its own (dropped at the end), written with plain CQL the way a store
   generation's length), cells keyed ``counter \\0 mutator`` in it; the GC would fold and delete whole
   generations once all their mutators are retired (a row tombstone), never single cells. Mutators spread
   over ``GENERATIONS`` generations here (births spread over a rotation period, and the one before).
+- ``generation rows + stamps``: the same, and beside each cell an empty one of the same name in ``stamps``,
+  written by the same statement: what a reader checks without reading the states.
 - ``counter rows``: a row per (key, counter), a map mutator -> cell in it: a flush writes a row per counter.
 
 Reads (``--rounds`` of each, all interleaved in an order shuffled each round, one unmeasured round first,
 beside the plain one-row read of bench.wide_reads): the instance of 256 and of 1,000 shards of a sum, a
-distinct, a quantiles and a top-k (bench.wide_reads' states), each merged with ``merge_blobs``, and again
-through a ``StateCache`` of serve's default size. Every value is checked.
+distinct, a quantiles and a top-k (bench.wide_reads' states), each merged with ``merge_blobs``, again
+through a ``StateCache`` of serve's default size, and "write times checked": the write times of the
+instance's tally and cells read (``writetime(cells['c\0' .. 'c\1'])``, or of ``stamps``), the states only
+when those differ from the last read's (never, here: nothing is written between reads). Every value is
+checked. ``--layouts a,b`` and ``--parts reads,flushes,gc`` measure some of it.
 
 Flushes (``--keys``): the Cassandra process's CPU seconds (``/proc``, so Cassandra must run on this machine;
 its pid is found by its listening port, or given with ``--cassandra-pid``) for what bench.layouts writes (a
@@ -54,7 +59,12 @@ from countersink.state_cache import StateCache
 from schemas.cql import shard_cell, shard_of_cell
 from schemas.kinds import State, merge_blobs
 
-LAYOUTS = ("rows", "static cells", "generation rows", "generation rows + stamps", "counter rows")
+LAYOUTS = ("rows", "static cells", "generation rows", "generation rows + stamps", "generation rows + stamp table",
+           "counter rows")
+STAMPED = "generation rows + stamp table"
+# The stamps of STAMPED: a partition per key in a table of their own, so that checking them reads no state.
+STAMP_TABLE = ("l_stamps", "key text, gen bigint, tally_stamps map<text, blob> STATIC, stamps map<text, blob>, "
+                           "PRIMARY KEY ((key), gen)")
 TABLES = {
     "rows": "key text, born_us bigint, mutator uuid, tallies map<text, blob> STATIC, states map<text, blob>, "
             "PRIMARY KEY ((key), born_us, mutator)",
@@ -64,10 +74,11 @@ TABLES = {
                        "PRIMARY KEY ((key), gen)",
     "generation rows + stamps": "key text, gen bigint, tallies map<text, blob> STATIC, cells map<text, blob>, "
                                "stamps map<text, blob>, PRIMARY KEY ((key), gen)",
+    STAMPED: "key text, gen bigint, tallies map<text, blob> STATIC, cells map<text, blob>, PRIMARY KEY ((key), gen)",
     "counter rows": "key text, counter text, tally blob, cells map<text, blob>, PRIMARY KEY ((key), counter)",
 }
 TABLE_NAMES = {"rows": "l_rows", "static cells": "l_static", "generation rows": "l_gen",
-               "generation rows + stamps": "l_gen_stamps", "counter rows": "l_counter"}
+               "generation rows + stamps": "l_gen_stamps", STAMPED: "l_gen_st", "counter rows": "l_counter"}
 COMPACTION = "compaction = {'class': 'UnifiedCompactionStrategy', 'scaling_parameters': 'L4'}"
 WIDE = (256, 1000)
 GENERATIONS = 3
@@ -110,6 +121,12 @@ class Layout:
         if self.name == "generation rows":
             return [(f"UPDATE {t} USING TIMESTAMP ? SET cells = cells + ? WHERE key = ? AND gen = ?",  # noqa: S608
                      [ts, named, key, born_us // GEN_US])]
+        if self.name == STAMPED:
+            # two partitions (one per table) of one key: one mutation in Cassandra when batched together
+            return [(f"UPDATE {t} USING TIMESTAMP ? SET cells = cells + ? WHERE key = ? AND gen = ?",  # noqa: S608
+                     [ts, named, key, born_us // GEN_US]),
+                    (f"UPDATE {STAMP_TABLE[0]} USING TIMESTAMP ? SET stamps = stamps + ? WHERE key = ? "  # noqa: S608
+                     "AND gen = ?", [ts, dict.fromkeys(named, b""), key, born_us // GEN_US])]
         if self.name == "generation rows + stamps":
             # beside each cell an empty one of the same name and write time: what a validator reads
             return [(f"UPDATE {t} USING TIMESTAMP ? SET cells = cells + ?, stamps = stamps + ? WHERE key = ? "  # noqa: S608
@@ -168,6 +185,10 @@ class Layout:
         elif self.name == "counter rows":
             text = f"SELECT writetime(tally), writetime(cells) FROM {t} WHERE key = ? AND counter = ?"  # noqa: S608
             params = [key, counter]
+        elif self.name == STAMPED:
+            text = (f"SELECT writetime(tally_stamps['{c}']), writetime(stamps['{c}{SEP}' .. '{c}\x01']) "  # noqa: S608
+                    f"FROM {STAMP_TABLE[0]} WHERE key = ?")
+            params = [key]
         else:
             column = "stamps" if self.name == "generation rows + stamps" else "cells"
             text = (f"SELECT writetime(tallies['{c}']), writetime({column}['{c}{SEP}' .. '{c}\x01']) "  # noqa: S608
@@ -201,6 +222,12 @@ class Layout:
         else:
             statements.append((f"DELETE FROM {t} USING TIMESTAMP ? WHERE key = ? AND gen < ?",  # noqa: S608
                                [ts, key, live_from // GEN_US]))
+        if self.name == STAMPED:
+            s = STAMP_TABLE[0]
+            statements += [(f"UPDATE {s} USING TIMESTAMP ? SET tally_stamps = tally_stamps + ? WHERE key = ?",  # noqa: S608
+                            [ts, dict.fromkeys(counters, b""), key]),
+                           (f"DELETE FROM {s} USING TIMESTAMP ? WHERE key = ? AND gen < ?",  # noqa: S608
+                            [ts, key, live_from // GEN_US])]
         return statements
 
 
@@ -455,6 +482,9 @@ async def run(args: argparse.Namespace) -> None:
         for name in args.layouts:
             await client.execute(f"CREATE TABLE {keyspace}.{TABLE_NAMES[name]} ({TABLES[name]}) WITH {COMPACTION}",
                                  prepared=False)
+            if name == STAMPED:
+                await client.execute(f"CREATE TABLE {keyspace}.{STAMP_TABLE[0]} ({STAMP_TABLE[1]}) WITH {COMPACTION}",
+                                     prepared=False)
     try:
         async with CassandraClient(settings) as client:
             layouts = {name: Layout(client, name) for name in args.layouts}
