@@ -16,6 +16,8 @@ keyspace of its own (dropped at the end), written with plain CQL the way a store
   over ``GENERATIONS`` generations here (births spread over a rotation period, and the one before).
 - ``generation rows + stamps``: the same, and beside each cell an empty one of the same name in ``stamps``,
   written by the same statement: what a reader checks without reading the states.
+- ``generation rows + stamp table``: the stamps (a digest of each cell) in a table of their own, same key and
+  generation, written beside the states.
 - ``counter rows``: a row per (key, counter), a map mutator -> cell in it: a flush writes a row per counter.
 
 Reads (``--rounds`` of each, all interleaved in an order shuffled each round, one unmeasured round first,
@@ -23,7 +25,8 @@ beside the plain one-row read of bench.wide_reads): the instance of 256 and of 1
 distinct, a quantiles and a top-k (bench.wide_reads' states), each merged with ``merge_blobs``, again
 through a ``StateCache`` of serve's default size, and "write times checked": the write times of the
 instance's tally and cells read (``writetime(cells['c\0' .. 'c\1'])``, or of ``stamps``), the states only
-when those differ from the last read's (never, here: nothing is written between reads). Every value is
+when those differ from the last read's (never, here: nothing is written between reads); and for the stamp
+table "digests checked": its stamps hold a 16-byte digest of each cell, read as values. Every value is
 checked. ``--layouts a,b`` and ``--parts reads,flushes,gc`` measure some of it.
 
 Flushes (``--keys``): the Cassandra process's CPU seconds (``/proc``, so Cassandra must run on this machine;
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hashlib
 import os
 import random
 import re
@@ -88,12 +92,19 @@ PLAIN = "plain row"
 CACHED = ", cached"
 # serve's cache checked against the write times of the instance's cells, read without their bytes
 VALIDATED = ", write times checked"
+# the same, with the stamp table's digests read as values
+DIGESTS = ", digests checked"
 SEP = "\x00"
 BATCH_ROWS = 10
 WORKERS = 64
 FLUSH_COUNTERS = ("trades", "shares", "buyers")
 FLUSH_STATE_BYTES = {"trades": 3, "shares": 6, "buyers": 43}  # bench.layouts' states (make bench's stream)
 _READ = re.compile(r"Read (\d+) live rows and (\d+) tombstone cells")
+
+
+def digest(cell: bytes) -> bytes:
+    """A stamp: 16 bytes that change whenever the cell's bytes do."""
+    return hashlib.blake2b(cell, digest_size=16).digest()
 
 
 def cell_name(counter: str, mutator: uuid.UUID) -> str:
@@ -126,7 +137,7 @@ class Layout:
             return [(f"UPDATE {t} USING TIMESTAMP ? SET cells = cells + ? WHERE key = ? AND gen = ?",  # noqa: S608
                      [ts, named, key, born_us // GEN_US]),
                     (f"UPDATE {STAMP_TABLE[0]} USING TIMESTAMP ? SET stamps = stamps + ? WHERE key = ? "  # noqa: S608
-                     "AND gen = ?", [ts, dict.fromkeys(named, b""), key, born_us // GEN_US])]
+                     "AND gen = ?", [ts, {n: digest(v) for n, v in named.items()}, key, born_us // GEN_US])]
         if self.name == "generation rows + stamps":
             # beside each cell an empty one of the same name and write time: what a validator reads
             return [(f"UPDATE {t} USING TIMESTAMP ? SET cells = cells + ?, stamps = stamps + ? WHERE key = ? "  # noqa: S608
@@ -197,6 +208,13 @@ class Layout:
         result = await self.client.execute(text, params, consistency=level)
         return tuple(tuple(w) if isinstance(w, list) else w for row in result for w in row.as_tuple())
 
+    async def digests(self, counter: str, key: str) -> tuple[object, ...]:
+        """The stamp table's digests of the instance's tally and cells, read as values (prepared, bound)."""
+        result = await self.client.execute(
+            f"SELECT tally_stamps[?], stamps[? .. ?] FROM {STAMP_TABLE[0]} WHERE key = ?",  # noqa: S608
+            [counter, counter + SEP, counter + chr(1), key], consistency=self.client.settings.read_consistency)
+        return tuple(tuple((w or {}).values()) if isinstance(w, dict) else w for row in result for w in row.as_tuple())
+
     def fold(self, key: str, counters: Sequence[str], retired: Sequence[tuple[uuid.UUID, int]], tally: bytes,
              ts: int, live_from: int) -> list[tuple[str, list[object]]]:
         """The GC's batch folding ``retired`` (mutator, birth) of ``key`` into its tallies (one partition).
@@ -225,7 +243,7 @@ class Layout:
         if self.name == STAMPED:
             s = STAMP_TABLE[0]
             statements += [(f"UPDATE {s} USING TIMESTAMP ? SET tally_stamps = tally_stamps + ? WHERE key = ?",  # noqa: S608
-                            [ts, dict.fromkeys(counters, b""), key]),
+                            [ts, dict.fromkeys(counters, digest(tally)), key]),
                            (f"DELETE FROM {s} USING TIMESTAMP ? WHERE key = ? AND gen < ?",  # noqa: S608
                             [ts, key, live_from // GEN_US])]
         return statements
@@ -310,19 +328,20 @@ async def measure_reads(client: CassandraClient, layouts: dict[str, Layout], rou
     async def plain() -> None:
         await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
 
-    validated: dict[tuple[str, str, str], tuple[tuple[object, ...], State | None]] = {}
+    validated: dict[tuple[str, str, str, str], tuple[tuple[object, ...], State | None]] = {}
 
     def reader(name: str, kind: str, n: int, how: str) -> Callable[[], Awaitable[None]]:
         layout, counter, key = layouts[name], f"wide_{kind}", f"{kind}-{n}"
 
         async def read() -> None:
-            if how == VALIDATED:
-                # the stored states' write times read; the states only when they differ from the last read's
-                seen = await layout.validator(counter, key)
-                kept = validated.get((name, counter, key))
+            if how in (VALIDATED, DIGESTS):
+                # the stored states' write times (or digests) read; the states only when they differ from the
+                # last read's
+                seen = await (layout.validator(counter, key) if how == VALIDATED else layout.digests(counter, key))
+                kept = validated.get((name, counter, key, how))
                 if kept is None or kept[0] != seen:
                     kept = (seen, merge_blobs(await layout.read(counter, key)))
-                    validated[(name, counter, key)] = kept
+                    validated[(name, counter, key, how)] = kept
                 state = kept[1]
             else:
                 blobs = await layout.read(counter, key)
@@ -334,7 +353,7 @@ async def measure_reads(client: CassandraClient, layouts: dict[str, Layout], rou
     for name in layouts:
         for kind in KINDS:
             for n in WIDE:
-                for how in ("", CACHED, VALIDATED):
+                for how in ("", CACHED, VALIDATED) + ((DIGESTS,) if name == STAMPED else ()):
                     reads[f"{name}: {kind}, {n:,} shards{how}"] = reader(name, kind, n, how)
     timings: dict[str, list[float]] = {name: [] for name in reads}
     order_rng = random.Random(seed)
