@@ -495,16 +495,19 @@ async def run(args: argparse.Namespace) -> None:
     pid = args.cassandra_pid or cassandra_pid(int(port))
     keyspace = f"bench_layouts_{uuid.uuid4().hex[:8]}"
     settings = CassandraSettings(contact_points=[host], port=int(port), keyspace=keyspace)
-    async with CassandraClient(settings, use_keyspace=False) as client:
-        await client.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
-                             "{'class': 'SimpleStrategy', 'replication_factor': 1}", prepared=False)
-        for name in args.layouts:
-            await client.execute(f"CREATE TABLE {keyspace}.{TABLE_NAMES[name]} ({TABLES[name]}) WITH {COMPACTION}",
-                                 prepared=False)
-            if name == STAMPED:
-                await client.execute(f"CREATE TABLE {keyspace}.{STAMP_TABLE[0]} ({STAMP_TABLE[1]}) WITH {COMPACTION}",
-                                     prepared=False)
+    unknown = [name for name in args.layouts if name not in TABLES]
+    if unknown:
+        raise SystemExit(f"unknown layouts {unknown}: choose among {', '.join(LAYOUTS)}")
     try:
+        async with CassandraClient(settings, use_keyspace=False) as client:
+            await client.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                                 "{'class': 'SimpleStrategy', 'replication_factor': 1}", prepared=False)
+            for name in args.layouts:
+                await client.execute(f"CREATE TABLE {keyspace}.{TABLE_NAMES[name]} ({TABLES[name]}) "
+                                     f"WITH {COMPACTION}", prepared=False)
+                if name == STAMPED:
+                    await client.execute(f"CREATE TABLE {keyspace}.{STAMP_TABLE[0]} ({STAMP_TABLE[1]}) "
+                                         f"WITH {COMPACTION}", prepared=False)
         async with CassandraClient(settings) as client:
             layouts = {name: Layout(client, name) for name in args.layouts}
             if "reads" in args.parts:
