@@ -47,8 +47,8 @@ async def running_serve(cassandra: CassandraSettings, counters: Path, ready_with
                 except aiohttp.ClientConnectionError:
                     pass
                 if process.returncode is not None:
-                    said = output.read_text() if output is not None else (
-                        await process.stdout.read()).decode()  # type: ignore[union-attr]
+                    said = (await asyncio.to_thread(output.read_text) if output is not None else
+                            (await process.stdout.read()).decode())  # type: ignore[union-attr]
                     pytest.fail(f"countersink serve exited with {process.returncode}: {said}")
                 await asyncio.sleep(0.1)
             else:
