@@ -40,18 +40,28 @@ def _reset_of(row: dict[str, Any]) -> Reset:
 
 
 _TABLE_SEEN = "_countersink_resets_table_seen"
+_TABLE_MISSED = "_countersink_resets_table_missed_at"
+# A keyspace without the resets table is asked again at most this often (not on every read): the table
+# appears when ``countersink schema`` runs, and a reader sees resets at most this long after that.
+NO_TABLE_RECHECK_S = 1.0
 
 
 async def _table_exists(client: CassandraClient) -> bool:
     """Whether the keyspace has the ``resets`` table (one made before resets has none until ``countersink
-    schema`` runs: it has no resets either). Once seen, remembered for the client."""
+    schema`` runs: it has no resets either). Once seen, remembered for the client; not seen, remembered for
+    :data:`NO_TABLE_RECHECK_S`."""
     if getattr(client, _TABLE_SEEN, False):
         return True
+    missed_at = getattr(client, _TABLE_MISSED, None)
+    if missed_at is not None and time.monotonic() - missed_at < NO_TABLE_RECHECK_S:
+        return False
     found = as_dicts(await client.execute(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'resets'",
         [client.keyspace], consistency=Consistency.ONE))
     if found:
         setattr(client, _TABLE_SEEN, True)
+    else:
+        setattr(client, _TABLE_MISSED, time.monotonic())
     return bool(found)
 
 

@@ -63,7 +63,7 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
-from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, reset_counter
+from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_epochs, reset_counter
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.settings import (
     CassandraSettings,
@@ -79,6 +79,7 @@ from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
 from schemas.errors import MalformedInstanceKeyError
 from schemas.events import DEFAULT_MAX_KEY_BYTES
+from schemas.resets import Epochs
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 log = get_logger(__name__)
@@ -221,7 +222,9 @@ class ReadApi:
         for key in keys:
             _checked_key(key)
         level = _consistency(request)
-        results = await asyncio.gather(*(self._read(name, key, level) for key in keys))
+        async with self._cassandra_answers():
+            epochs = await read_epochs(self.client, name)  # once for every key
+        results = await asyncio.gather(*(self._read(name, key, level, epochs) for key in keys))
         return web.json_response({
             "counter": name,
             "values": {key: {"kind": kind, "value": to_jsonable(value)} for key, (kind, value) in
@@ -274,9 +277,10 @@ class ReadApi:
                                   "from": timeseries.iso(start), "to": timeseries.iso(end), "step": step,
                                   "points": to_jsonable(points)})
 
-    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
+    async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
+                    ) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level, self.cache)
+            state = await read_state(self.client, name, key, level, self.cache, epochs)
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
