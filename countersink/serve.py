@@ -65,6 +65,7 @@ from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_epochs, reset_counter
 from countersink.retry import StopRequested, wait_until_reachable
+from countersink.schema_registry import SchemaRegistryUnavailableError
 from countersink.settings import (
     CassandraSettings,
     Consistency,
@@ -333,6 +334,8 @@ class ReadApi:
                 result = await trace_records(self.client, self.tracing, query, self.counters)
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
+        except SchemaRegistryUnavailableError as exc:
+            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
         except TimeoutError:
             raise _problem(web.HTTPGatewayTimeout, f"the trace did not finish within {TRACE_TIMEOUT_S} s") from None
         return web.json_response({"topic": query.topic, "notes": result.notes,
