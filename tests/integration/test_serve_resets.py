@@ -12,7 +12,6 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -21,6 +20,7 @@ from openapi_spec_validator import validate
 
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
+from tests.docblocks import doc_block
 from tests.integration.consumer_support import start_consumer, wait_until_started
 from tests.integration.serve_support import running_serve
 from tests.integration.test_resets import DEFINITIONS, PARTITIONS, SYMBOLS, _events, _flushed, _publish, _truth
@@ -103,13 +103,14 @@ async def test_an_admin_token_resets_over_http_and_read_tokens_or_none_cannot(
             schema = {**operation["responses"]["200"]["content"]["application/json"]["schema"],
                       "components": document["components"]}
 
-            async with http.post(f"{base}/counters/shares/reset", json={"keys": ["S1"]},
-                                 headers=_bearer(admin_token)) as answer:
-                assert answer.status == 200, await answer.text()
-                one: dict[str, Any] = await answer.json()
-            async with http.post(f"{base}/counters/trades/reset", headers=_bearer(admin_token)) as answer:
-                assert answer.status == 200, await answer.text()
-                whole: dict[str, Any] = await answer.json()
+            # docs/operations.md's two curl commands, as written, with this server and token.
+            done = await asyncio.to_thread(
+                subprocess.run, ["bash", "-euc", doc_block("docs/operations.md", "http-reset")],
+                env={"PATH": os.environ["PATH"], "SERVE": base, "ADMIN_TOKEN": admin_token},
+                capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stderr
+            print(done.stdout)
+            one, whole = (json.loads(line) for line in done.stdout.splitlines())
             for done in (one, whole):
                 assert not list(OAS31Validator(schema).iter_errors(done)), done
                 assert done["requested_by"] == "ops-oncall"
