@@ -20,6 +20,11 @@ restart: add the new token, move the clients, remove the old one). A tokens file
 all: one that cannot be read, holds a bad line or is deleted revokes every token it held. Tokens without
 TLS need ``allow_insecure``.
 
+With admin tokens (``admin_tokens``/``admin_tokens_file``, ``NAME:TOKEN`` each) and a Cassandra role that may
+write the resets tables (``admin_cassandra_username``), ``POST /counters/{name}/reset`` resets a counter (a
+JSON body ``{"keys": [...]}``, or none for every key) as ``countersink reset`` does, recorded as asked by the
+token's name; a read token there answers 403. Without them the route is not served.
+
 Every answer of 400 or more is a problem document (RFC 9457), aiohttp's own 404 and 405 and its HTTP
 parser's refusals included, and none quotes the request: a header the parser refuses (an oversize
 ``Authorization``) reaches neither the answer nor the log.
@@ -366,8 +371,8 @@ class ReadApi:
             raise _problem(web.HTTPConflict, str(exc)) from None
         except (CassandraOverloadedError, CassandraUnavailableError, KafkaError) as exc:
             log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__)
-            raise _problem(web.HTTPServiceUnavailable, "the reset did not complete: countersink reset --list "
-                           "shows what was recorded", retry_after=2) from None
+            raise _problem(web.HTTPServiceUnavailable, "the reset did not complete (countersink reset --list "
+                           "shows what was recorded): reset again", retry_after=2) from None
         log.info("reset_requested", counter=name, keys=len(keys), requested_by=requested_by,
                  epoch=done.reset.epoch, id=done.reset.reset_id)
         return web.json_response(done.as_json())
