@@ -369,7 +369,7 @@ class ReadApi:
                                            cassandra.write_consistency, cassandra.replay_read_consistency)
         except ResetRefusedError as exc:
             raise _problem(web.HTTPConflict, str(exc)) from None
-        except (CassandraOverloadedError, CassandraUnavailableError, KafkaError) as exc:
+        except (CassandraError, KafkaError) as exc:
             log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__)
             raise _problem(web.HTTPServiceUnavailable, "the reset did not complete (countersink reset --list "
                            "shows what was recorded): reset again", retry_after=2) from None
