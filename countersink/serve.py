@@ -392,6 +392,9 @@ class ReadApi:
         limit = min(self.settings.max_keys, MAX_RESET_KEYS)
         if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
             raise _problem(web.HTTPBadRequest, "keys is a list of strings")
+        if "keys" in document and not keys:
+            # An empty selection must not become every key: that is asked for without keys.
+            raise _problem(web.HTTPBadRequest, "keys names at least one key; to reset every key, send no body")
         if len(keys) > limit:
             raise _problem(web.HTTPBadRequest, f"a reset names at most {limit} keys")
         return [_checked_key(key) for key in dict.fromkeys(keys)]
@@ -907,7 +910,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema}],
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "additionalProperties": False, "properties": {"keys": {
-                    "type": "array", "items": key_schema, "maxItems": min(settings.max_keys, MAX_RESET_KEYS)}}}}}},
+                    "type": "array", "items": key_schema, "minItems": 1,
+                    "maxItems": min(settings.max_keys, MAX_RESET_KEYS)}}}}}},
             "security": [{"admin": []}],
             "responses": {"200": {"description": "the reset as recorded: its epoch, id, who asked, when, and its "
                                   "point in each partition (counts from offset + 1 on)", "content": {

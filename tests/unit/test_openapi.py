@@ -102,6 +102,13 @@ async def test_the_reset_route_answers_401_without_an_admin_token_and_403_to_a_r
             assert not list(OAS31Validator({**schema, "components": document["components"]}).iter_errors(body))
         refused = await http.get("/counters/likes/reset")
         assert refused.status == 401  # the read route, guarded by the read tokens
+        admin = {"Authorization": f"Bearer {TOKEN[::-1]}"}
+        for body in ({"keys": []}, {"keys": "p1"}, {"keys": ["p1"], "all": True}, ["p1"], {"keys": [""]}):
+            # refused before anything is looked up: an empty list of keys is not "every key"
+            answer = await http.post("/counters/likes/reset", json=body, headers=admin)
+            assert answer.status == 400, (body, await answer.text())
+        answer = await http.post("/counters/likes/reset", data=b"{not json", headers=admin)
+        assert answer.status == 400
 
 
 async def test_with_tokens_every_operation_answers_the_documented_401() -> None:
