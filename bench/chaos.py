@@ -1,9 +1,11 @@
 """``make chaos``: a long run under faults that ends by comparing every counter with the truth.
 
     python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--poison-events 20000]
-                          [--mixed-events 10000] [--consumers 3] [--kill-every 6] [--seed 1]
+                          [--mixed-events 10000] [--consumers 3] [--kill-every 6] [--seed 1] [--no-resets]
+                          [--port-offset 0]
 
-It starts its own Kafka and Cassandra (ports 19092 and 19042, data under ``.stack/chaos``), three consumers
+It starts its own Kafka and Cassandra (ports 19092 and 19042 plus ``--port-offset``, data under
+``.stack/chaos``), three consumers
 and a GC loop, and publishes the events (trades over 500 symbols, with publisher retries and malformed
 records) while it injects faults: kill -9 of a random consumer every few seconds (restarted a moment
 later), one Kafka broker restart, one Cassandra restart, one zombie (a consumer frozen with SIGSTOP past its
@@ -33,6 +35,14 @@ record keys absent or not UTF-8, and a hundredth of the records not JSON. Its tr
 from the records read back, without countersink's router (``tests/integration/per_counter_truth.py``): every
 value over every key an event can name must match it, and every record some counter refuses must reach the
 dead-letter topic (and no other).
+
+While the plain trades are published (a third of them out, consumers being killed), ``countersink reset``
+resets ``trades`` (every key) and ``shares`` of some symbols, and later ``shares`` of a few of them again.
+Each reset's points are the offsets its printed result gives in each partition (checked against what
+``countersink reset --list`` reads from the resets tables at the end). The truth of those two counters is
+then computed from the plain topic as read back: per partition in offset order, a trade counts when no
+record within the retry window before it carried its id (a retry counts nowhere, whatever the reset) and
+when it lies after the latest reset point of its instance in that partition.
 
 It prints ``lost=N duplicated=M`` (events missing from, or counted twice in, the trade counts of both
 topics), ``dead_letters_missing=N`` and the faults injected, and exits 0 only if all three are 0 and every
@@ -67,11 +77,12 @@ from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
 from countersink.reader import read_state
-from countersink.settings import CassandraSettings, KafkaSettings
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings
 from schemas.definitions import parse_definitions
 from schemas.errors import InvalidEventError
 from schemas.events import EventRouter, RecordFields, apply_updates
 from schemas.kinds import State
+from schemas.resets import control_reset_id
 from stack import servers
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 
@@ -750,6 +761,120 @@ def compare_mixed(values: dict[str, dict[str, object]], truth: MixedTruth) -> tu
     return lost, duplicated, mismatched
 
 
+# ------------------------------------------------------------------------------ resets of the plain phase
+
+# (counter, how many symbols: 0 for every key, when: the share of the plain stream published first)
+RESETS: tuple[tuple[str, int, float], ...] = (("trades", 0, 0.35), ("shares", 40, 0.35), ("shares", 8, 0.6))
+
+
+@dataclass
+class ResetDone:
+    """One reset as ``countersink reset --json`` printed it: its keys (empty: every key) and its points."""
+
+    counter: str
+    epoch: int
+    keys: frozenset[str]
+    points: dict[int, int]  # partition -> the control record's offset there
+    printed: dict[str, object]
+
+
+@dataclass
+class Resets:
+    """The resets the run made, and what went wrong making them (a harness failure, not countersink's)."""
+
+    done: list[ResetDone] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+def _reset_command(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "countersink.cli", "reset", *args], cwd=ROOT, env=env,
+                          capture_output=True, timeout=120, check=False)
+
+
+async def reset_when(published: asyncio.Event, env: dict[str, str], counter: str, keys: list[str],
+                     resets: Resets) -> None:
+    """Once ``published`` is set, reset ``counter`` (``keys``, or every key) with the CLI, as an operator
+    would. A refusal that recorded nothing (Kafka or Cassandra restarting) is tried again; one that recorded a
+    reset without printing it fails the run (its points are unknown here)."""
+    await published.wait()
+    for attempt in range(1, 31):
+        before = await asyncio.to_thread(_reset_command, env, counter, "--list", "--json")
+        done = await asyncio.to_thread(_reset_command, env, counter, *keys, "--json")
+        if done.returncode == 0:
+            printed = json.loads(done.stdout.decode().strip().splitlines()[-1])
+            points = {int(p["partition"]): int(p["offset"]) for p in printed["positions"] if p["topic"] == TOPIC}
+            resets.done.append(ResetDone(counter, int(printed["epoch"]), frozenset(printed["keys"]), points,
+                                         printed))
+            what = f"{len(keys)} keys of {counter}" if keys else f"every key of {counter}"
+            say(f"reset {what}: epoch {printed['epoch']}, points {dict(sorted(points.items()))}")
+            return
+        after = await asyncio.to_thread(_reset_command, env, counter, "--list", "--json")
+        if before.returncode == 0 and after.returncode == 0 and before.stdout != after.stdout:
+            resets.failures.append(f"reset of {counter} failed after recording a reset: "
+                                   f"{done.stderr.decode(errors='replace')[-300:]}")
+            return
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1][-300:]
+        say(f"reset of {counter} refused (attempt {attempt}, exit {done.returncode}: {why}); trying again in 2s")
+        await asyncio.sleep(2.0)
+    resets.failures.append(f"reset of {counter} refused 30 times")
+
+
+def reset_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], resets: list[ResetDone], window: int
+                ) -> tuple[Counter[str], Counter[str]]:
+    """The counts (``trades``) and integer sums (``shares``) by symbol of the plain topic as read back, each
+    reset applied at its points: per partition in offset order, every record (control records and malformed
+    ones too) takes a number; a trade whose id a record within ``window`` numbers before carried is a retry,
+    counted nowhere; any other counts in an instance unless a reset of that instance lies at a later offset
+    of its partition."""
+    trades: Counter[str] = Counter()
+    shares: Counter[str] = Counter()
+
+    def after_last_reset(counter: str, symbol: str, partition: int, offset: int) -> bool:
+        return all(offset > r.points[partition] for r in resets
+                   if r.counter == counter and (not r.keys or symbol in r.keys))
+
+    for partition, batch in records.items():
+        last_number: dict[str, int] = {}
+        for number, record in enumerate(batch):
+            if control_reset_id(list(record.headers)) is not None:
+                continue
+            try:
+                event = json.loads(record.value or b"", parse_float=Decimal)
+            except ValueError:
+                continue
+            if not isinstance(event, dict) or not isinstance(event.get("symbol"), str) \
+                    or not isinstance(event.get("qty"), int):
+                continue  # malformed: refused by every counter (make_events)
+            previous = last_number.get(event["id"])
+            last_number[event["id"]] = number
+            if previous is not None and number - previous <= window:
+                continue
+            symbol = event["symbol"]
+            if after_last_reset("trades", symbol, partition, record.offset):
+                trades[symbol] += 1
+            if after_last_reset("shares", symbol, partition, record.offset):
+                shares[symbol] += event["qty"]
+    return trades, shares
+
+
+async def report_resets(env: dict[str, str], resets: Resets) -> bool:
+    """Print the resets made; True when all were made and the resets tables hold each as it was printed."""
+    for failure in resets.failures:
+        print(f"reset failed: {failure}")
+    recorded: list[dict[str, object]] = []
+    for counter in sorted({r.counter for r in resets.done}):
+        listed = await asyncio.to_thread(_reset_command, env, counter, "--list", "--json")
+        recorded += json.loads(listed.stdout.decode().strip().splitlines()[-1]) if listed.returncode == 0 else []
+    printed = [r.printed for r in resets.done]
+    key = lambda item: (str(item["counter"]), int(item["epoch"]))  # noqa: E731 - a sort key
+    agree = sorted(printed, key=key) == sorted(recorded, key=key)
+    print(f"resets ({TOPIC}): {len(resets.done)} of {len(RESETS)} made under kill -9 ("
+          + ", ".join(f"{r.counter} epoch {r.epoch}, {f'{len(r.keys)} keys' if r.keys else 'every key'}"
+                      for r in resets.done)
+          + f"); the resets tables {'hold each as printed' if agree else 'DISAGREE with what was printed'}")
+    return agree and not resets.failures and len(resets.done) == len(RESETS)
+
+
 class Fleet:
     """The consumer processes and the GC loop, restartable by slot."""
 
@@ -884,8 +1009,9 @@ def compare(values: dict[str, dict[str, object]], truth: Truth, prefix: str = ""
     counted = {s: int(v or 0) for s, v in values[f"{prefix}trades"].items()}  # type: ignore[call-overload]
     lost = sum(max(0, n - counted.get(s, 0)) for s, n in truth.count.items())
     duplicated = sum(max(0, counted.get(s, 0) - n) for s, n in truth.count.items())
+    # An instance with nothing counted since a reset emptied it reads as nothing counted (None).
     mismatched = [f"{c}/{s}: {values[c].get(s)!r} != {v!r}" for c, by in truth.expected(prefix).items()
-                  for s, v in by.items() if values[c].get(s) != v]
+                  for s, v in by.items() if values[c].get(s) != v and not (v == 0 and values[c].get(s) is None)]
     return lost, duplicated, mismatched
 
 
@@ -902,11 +1028,16 @@ def ownership_changes() -> tuple[int, int]:
 
 
 async def publish_plain(kafka: KafkaSettings, stream: list[bytes], topic: str = TOPIC,
-                        keys: list[bytes | None] | None = None) -> None:
-    """A plain stream, a hundredth at a time, half a second apart (keyed by ``keys`` when given)."""
+                        keys: list[bytes | None] | None = None,
+                        milestones: list[tuple[float, asyncio.Event]] | None = None) -> None:
+    """A plain stream, a hundredth at a time, half a second apart (keyed by ``keys`` when given); each
+    milestone's event is set once that share of the stream is published."""
     chunk = max(1, len(stream) // 100)
     for i in range(0, len(stream), chunk):
         await publish(kafka, topic, stream[i:i + chunk], keys=None if keys is None else keys[i:i + chunk])
+        for share, reached in milestones or []:
+            if min(len(stream), i + chunk) >= share * len(stream):
+                reached.set()
         await asyncio.sleep(0.5)
         if i // chunk % 10 == 9:
             say(f"published {min(len(stream), i + chunk)}/{len(stream)} records to {topic}")
@@ -920,10 +1051,11 @@ async def run(args: argparse.Namespace) -> int:
     # Ports below Linux's ephemeral range (32768-60999): a readiness probe of a port in that range, sent
     # before the server listens, can be given that same port as its own and connect to itself, and the
     # server then fails to bind.
-    kafka_server = servers.KafkaServer(port=19092, controller_port=19093, root=STACK / "kafka")
-    cassandra_node = servers.CassandraNode(native_port=19042, storage_port=17000, jmx_port=17199,
-                                           seeds="127.0.0.1:17000", cluster_name="countersink-chaos",
-                                           root=STACK / "cassandra")
+    shift = args.port_offset
+    kafka_server = servers.KafkaServer(port=19092 + shift, controller_port=19093 + shift, root=STACK / "kafka")
+    cassandra_node = servers.CassandraNode(native_port=19042 + shift, storage_port=17000 + shift,
+                                           jmx_port=17199 + shift, seeds=f"127.0.0.1:{17000 + shift}",
+                                           cluster_name="countersink-chaos", root=STACK / "cassandra")
     say("starting Kafka and Cassandra")
     kafka_server.start(tied_to_parent=True, wait=False)
     cassandra_node.start(tied_to_parent=True, wait=False)
@@ -935,7 +1067,7 @@ async def run(args: argparse.Namespace) -> int:
         kafka_server.wait_ready()
         cassandra_node.wait_ready()
         kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-chaos")
-        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=19042, keyspace="countersink_chaos",
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=19042 + shift, keyspace="countersink_chaos",
                                       request_timeout_s=5.0)
         async with CassandraClient(cassandra, use_keyspace=False) as client:
             await client.execute("DROP KEYSPACE IF EXISTS countersink_chaos", prepared=False)
@@ -981,7 +1113,19 @@ async def run(args: argparse.Namespace) -> int:
         injector = asyncio.create_task(inject(fleet, kafka_server, cassandra_node, faults, rng, args.kill_every,
                                               done, QUICK_FAULTS_AT if args.quick else FAULTS_AT))
         started = time.monotonic()
-        publishers = [publish_plain(kafka, stream)]
+        resets = Resets()
+        milestones: list[tuple[float, asyncio.Event]] = []
+        resetters = []
+        if args.resets:
+            symbols = sorted(truth.count)
+            reset_rng = random.Random(f"resets-{args.seed}")
+            chosen = reset_rng.sample(symbols, max(n for _, n, _ in RESETS))
+            for counter, n, share in RESETS:
+                reached = asyncio.Event()
+                milestones.append((share, reached))
+                resetters.append(reset_when(reached, env, counter, sorted(reset_rng.sample(chosen, n)) if n else [],
+                                            resets))
+        publishers = [publish_plain(kafka, stream, milestones=milestones), *resetters]
         if transactional:
             publishers.append(publish_transactions(kafka, plan, tx_log))
         if poisoned:
@@ -1018,6 +1162,12 @@ async def run(args: argparse.Namespace) -> int:
         report = json.loads(out.splitlines()[-1]) if out else {}
         say(f"final GC: exit {gc.returncode}, folded {report.get('instances_folded')} instances, "
             f"{report.get('mutators_collected')} mutators collected")
+        window = int(consumer.get("retry_window_records", ConsumerSettings().retry_window_records))  # type: ignore[call-overload]
+        if args.resets:
+            reset_trades, reset_shares = reset_truth(await read_topic(kafka, TOPIC, PARTITIONS), resets.done, window)
+            # Every symbol, 0 included: a count in an instance a reset emptied is a duplicate.
+            truth.count = Counter({s: reset_trades[s] for s in truth.smallest})
+            truth.qty = Counter({s: reset_shares[s] for s in truth.smallest})
         expected = truth.expected()
         if committed is not None:
             expected.update(committed.truth.expected(TX_PREFIX))
@@ -1039,6 +1189,8 @@ async def run(args: argparse.Namespace) -> int:
               f"{rotations} by rotation")
         print(f"unexpected exits: {faults.unexpected_exits or 'none'}")
         harness_ok = True
+        if args.resets:
+            harness_ok = await report_resets(env, resets)
         if committed is not None:
             tx_lost, tx_duplicated, tx_mismatched = compare(values, committed.truth, TX_PREFIX)
             print(f"plain phase ({TOPIC}): lost={lost} duplicated={duplicated} mismatched={len(mismatched)}")
@@ -1138,6 +1290,11 @@ def main() -> int:
     parser.add_argument("--kill-every", type=float,
                         help="seconds between kills, on average (default 6; 4 with --quick)")
     parser.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "big"))
+    parser.add_argument("--no-resets", dest="resets", action="store_false",
+                        help="make no reset during the plain phase (its truth is then the stream's own)")
+    parser.add_argument("--port-offset", type=int, default=0, metavar="N",
+                        help="add N to every port of the run's own Kafka and Cassandra (19092, 19093, 19042, 17000, "
+                             "17199), to run beside another stack on the same machine")
     args = parser.parse_args()
     if args.events is None:
         args.events = 40_000 if args.quick else 1_000_000

@@ -129,12 +129,13 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
 
 async def read_state(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None,
-    cache: StateCache | None = None,
+    cache: StateCache | None = None, epochs: Epochs | None = None,
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
     its retention: :func:`read_states`). Its stored states are decoded and merged as a batch
-    (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when it merged the same bytes before."""
-    blobs = (await read_blobs_of(client, counter, [key], consistency))[key]
+    (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when it merged the same bytes before.
+    ``epochs``: the counter's, when the caller read them already (for several keys at once)."""
+    blobs = (await read_blobs_of(client, counter, [key], consistency, epochs))[key]
     return merge_blobs(blobs) if cache is None else cache.merged(counter, key, blobs)
 
 
@@ -168,13 +169,14 @@ class CounterReader:
         self.max_range_buckets = max_range_buckets
         self._reads = reads or asyncio.Semaphore(concurrency)
 
-    async def get(self, counter: str, key: str) -> object:
+    async def get(self, counter: str, key: str, epochs: Epochs | None = None) -> object:
         """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
-        state = await read_state(self.client, counter, key, self.consistency, self.cache)
+        state = await read_state(self.client, counter, key, self.consistency, self.cache, epochs)
         return None if state is None else state.value()
 
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
-        values = await asyncio.gather(*(self.get(counter, key) for key in keys))
+        epochs = await read_epochs(self.client, counter)  # once for every key
+        values = await asyncio.gather(*(self.get(counter, key, epochs) for key in keys))
         return dict(zip(keys, values, strict=True))
 
     async def series(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant

@@ -15,21 +15,11 @@ import socket
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from aiokafka.errors import UnknownTopicOrPartitionError
-
 from countersink.cassandra import CassandraClient
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async
-from countersink.kafka import make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
-from countersink.resets import (
-    MAX_RESET_KEYS,
-    CassandraResets,
-    publish_controls,
-    read_points,
-    read_reset_rows,
-    record_reset,
-)
+from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_points, read_reset_rows, reset_counter
 from countersink.settings import Settings
 
 log = get_logger(__name__)
@@ -98,47 +88,20 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             log.error("unknown_counter", counter=counter,
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
             return EXIT_USAGE
-        write_cl = settings.cassandra.write_consistency
-        requested_by = _requester()
-        producer = make_producer(settings.kafka)
-        await producer.start()
         try:
-            # The partitions first: the reset records how many each topic has, and one added later holds only
-            # what comes after the reset.
-            partitions: list[tuple[str, int]] = []
-            for topic in definition.topics:
-                try:
-                    found = await producer.partitions_for(topic)
-                except UnknownTopicOrPartitionError:
-                    found = set()
-                partitions.extend((topic, p) for p in sorted(found or ()))
-            counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
-                      for topic in definition.topics}
-            missing = sorted(topic for topic, count in counts.items() if count == 0)
-            if missing:
-                # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
-                log.error("reset_refused", counter=counter,
-                          error=f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
-                return EXIT_FAILED
-            recorded, at_us = await record_reset(client, counter, keys, requested_by, write_cl, counts)
-
-            async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
-                metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
-                return int(metadata.offset)
-
-            positions = await publish_controls(recorded, partitions, send)
-        finally:
-            await producer.stop()
-        await CassandraResets(client, settings.cassandra.replay_read_consistency, write_cl).record_positions(positions)
-    when = datetime.fromtimestamp(at_us / 1e6, UTC).isoformat(timespec="milliseconds")
+            done = await reset_counter(client, settings.kafka, definition, keys, _requester(),
+                                       settings.cassandra.write_consistency,
+                                       settings.cassandra.replay_read_consistency)
+        except ResetRefusedError as exc:
+            log.error("reset_refused", counter=counter, error=str(exc))
+            return EXIT_FAILED
+    answer = done.as_json()
     if as_json:
-        print(json.dumps({"counter": counter, "keys": sorted(keys), "epoch": recorded.epoch, "id": recorded.reset_id,
-                          "requested_by": requested_by, "requested_at": when,
-                          "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
-                                        for p in positions]}))
+        print(json.dumps(answer))
         return 0
     what = f"keys {', '.join(sorted(keys))} of {counter}" if keys else f"every key of {counter}"
-    print(f"reset {what}: epoch {recorded.epoch}, id {recorded.reset_id}, by {requested_by} at {when}")
-    for p in positions:
+    print(f"reset {what}: epoch {answer['epoch']}, id {answer['id']}, by {answer['requested_by']} at "
+          f"{answer['requested_at']}")
+    for p in done.positions:
         print(f"  {p.topic}/{p.partition}: counts from offset {p.offset + 1} on (control record at {p.offset})")
     return 0

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from aiokafka.errors import UnknownTopicOrPartitionError
+
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.settings import Consistency
+from countersink.kafka import make_producer
+from countersink.settings import Consistency, KafkaSettings
+from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError
 from schemas.resets import (
     Epochs,
@@ -34,18 +40,28 @@ def _reset_of(row: dict[str, Any]) -> Reset:
 
 
 _TABLE_SEEN = "_countersink_resets_table_seen"
+_TABLE_MISSED = "_countersink_resets_table_missed_at"
+# A keyspace without the resets table is asked again at most this often (not on every read): the table
+# appears when ``countersink schema`` runs, and a reader sees resets at most this long after that.
+NO_TABLE_RECHECK_S = 1.0
 
 
 async def _table_exists(client: CassandraClient) -> bool:
     """Whether the keyspace has the ``resets`` table (one made before resets has none until ``countersink
-    schema`` runs: it has no resets either). Once seen, remembered for the client."""
+    schema`` runs: it has no resets either). Once seen, remembered for the client; not seen, remembered for
+    :data:`NO_TABLE_RECHECK_S`."""
     if getattr(client, _TABLE_SEEN, False):
         return True
+    missed_at = getattr(client, _TABLE_MISSED, None)
+    if missed_at is not None and time.monotonic() - missed_at < NO_TABLE_RECHECK_S:
+        return False
     found = as_dicts(await client.execute(
         "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'resets'",
         [client.keyspace], consistency=Consistency.ONE))
     if found:
         setattr(client, _TABLE_SEEN, True)
+    else:
+        setattr(client, _TABLE_MISSED, time.monotonic())
     return bool(found)
 
 
@@ -167,3 +183,58 @@ async def publish_controls(reset: Reset, partitions: Sequence[tuple[str, int]],
         offset = await send(topic, partition, value, headers)
         positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, topic, partition, int(offset)))
     return positions
+
+
+@dataclass(frozen=True)
+class ResetDone:
+    """A reset recorded and published: who asked, when (microseconds since the epoch), and its points."""
+
+    reset: Reset
+    keys: tuple[str, ...]
+    requested_by: str
+    requested_us: int
+    positions: tuple[ResetPosition, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """As ``countersink reset --json`` prints it (and ``POST /counters/{name}/reset`` answers)."""
+        return {"counter": self.reset.counter, "keys": sorted(self.keys), "epoch": self.reset.epoch,
+                "id": self.reset.reset_id, "requested_by": self.requested_by,
+                "requested_at": datetime.fromtimestamp(self.requested_us / 1e6, UTC).isoformat(timespec="milliseconds"),
+                "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
+                              for p in self.positions]}
+
+
+async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definition: CounterDefinition,
+                        keys: Sequence[str], requested_by: str, write_cl: Consistency, positions_read_cl: Consistency
+                        ) -> ResetDone:
+    """Reset ``definition``'s counter (``keys``, or every key when empty): record the reset, publish its control
+    record to every partition of the counter's topics, record where each landed. Raises
+    :class:`ResetRefusedError` before recording anything when a topic has no partition Kafka knows."""
+    producer = make_producer(kafka)
+    await producer.start()
+    try:
+        # The partitions first: the reset records how many each topic has, and one added later holds only
+        # what comes after the reset.
+        partitions: list[tuple[str, int]] = []
+        for topic in definition.topics:
+            try:
+                found = await producer.partitions_for(topic)
+            except UnknownTopicOrPartitionError:
+                found = set()
+            partitions.extend((topic, p) for p in sorted(found or ()))
+        counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1) for topic in definition.topics}
+        missing = sorted(topic for topic, count in counts.items() if count == 0)
+        if missing:
+            # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
+            raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
+        recorded, at_us = await record_reset(client, definition.name, keys, requested_by, write_cl, counts)
+
+        async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+            metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
+            return int(metadata.offset)
+
+        positions = await publish_controls(recorded, partitions, send)
+    finally:
+        await producer.stop()
+    await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
+    return ResetDone(recorded, tuple(keys), requested_by, at_us, tuple(positions))

@@ -20,6 +20,11 @@ restart: add the new token, move the clients, remove the old one). A tokens file
 all: one that cannot be read, holds a bad line or is deleted revokes every token it held. Tokens without
 TLS need ``allow_insecure``.
 
+With admin tokens (``admin_tokens``/``admin_tokens_file``, ``NAME:TOKEN`` each) and a Cassandra role that may
+write the resets tables (``admin_cassandra_username``), ``POST /counters/{name}/reset`` resets a counter (a
+JSON body ``{"keys": [...]}``, or none for every key) as ``countersink reset`` does, recorded as asked by the
+token's name; a read token there answers 403. Without them the route is not served.
+
 Every answer of 400 or more is a problem document (RFC 9457), aiohttp's own 404 and 405 and its HTTP
 parser's refusals included, and none quotes the request: a header the parser refuses (an oversize
 ``Authorization``) reaches neither the answer nor the log.
@@ -33,16 +38,20 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
+import json
 import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
 
 from countersink.cassandra import (
     CassandraClient,
@@ -59,14 +68,24 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
+from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_epochs, reset_counter
 from countersink.retry import StopRequested, wait_until_reachable
-from countersink.settings import Consistency, ReadSettings, ServeSettings, Settings
+from countersink.schema_registry import SchemaRegistryUnavailableError
+from countersink.settings import (
+    CassandraSettings,
+    Consistency,
+    KafkaSettings,
+    ReadSettings,
+    ServeSettings,
+    Settings,
+)
 from countersink.state_cache import StateCache
 from schemas import timeseries
 from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
 from schemas.errors import MalformedInstanceKeyError
 from schemas.events import DEFAULT_MAX_KEY_BYTES
+from schemas.resets import Epochs
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 log = get_logger(__name__)
@@ -78,8 +97,12 @@ class ReadApi:
     def __init__(self, client: CassandraClient, settings: ServeSettings, counters: CounterSet | None = None,
                  consistency: Consistency | None = None, *, registry: CounterRegistry | None = None,
                  read_settings: ReadSettings | None = None, tokens: Tokens | None = None,
-                 tracing: Settings | None = None) -> None:
+                 tracing: Settings | None = None, resetting: Resetting | None = None) -> None:
         self.client = client
+        # The writing role's client and the Kafka settings that ``POST /counters/{name}/reset`` uses; None: no
+        # such route.
+        self.resetting = resetting
+        self._resets = asyncio.Semaphore(1)  # one reset at a time: each publishes with a producer of its own
         # The Kafka and consumer settings that ``/trace/{topic}`` reads records with; None: no such route.
         self.tracing = tracing
         self._traces = asyncio.Semaphore(1)  # one trace at a time: each reads Kafka with a client of its own
@@ -93,11 +116,14 @@ class ReadApi:
         self._cache_counted = {"hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
+        self.admin_tokens = resetting.tokens if resetting is not None else None
         self._handling = 0
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_observed, _problems, self._guard],
                               client_max_size=self.settings.max_body_bytes)
+        if self.resetting is not None:  # before /counters/{name}/{key}, whose GET reads an instance named reset
+            app.add_routes([web.post(_RESET_PATH, self.reset)])
         app.add_routes([
             web.get("/counters/{name}/series", self.keyless_series),
             web.get("/counters/{name}/{key}", self.get_one),
@@ -123,7 +149,11 @@ class ReadApi:
             raise _problem(web.HTTPRequestURITooLong,
                            f"request targets are at most {self.settings.max_url_bytes} bytes")
         await self._refuse_large_body(request)
-        if request.path not in _OPEN_PATHS and self.tokens.required:
+        resource = request.match_info.route.resource
+        if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
+                and request.method == "POST":
+            request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
+        elif request.path not in _OPEN_PATHS and self.tokens.required:
             self._check_token(request)
         if self._handling >= self.settings.max_requests:
             raise _problem(web.HTTPServiceUnavailable,
@@ -139,8 +169,10 @@ class ReadApi:
         if request.content_length is not None:
             size = request.content_length
         else:
-            # A chunked body announces no length: read at most one byte past the limit to know.
+            # A chunked body announces no length: read at most one byte past the limit to know (what was read
+            # is kept for the handler: a reset's keys must not be lost on the way).
             size = 0
+            chunks: list[bytes] = []
             while request.body_exists and size <= limit:
                 try:
                     chunk = await request.content.read(limit + 1 - size)
@@ -152,16 +184,27 @@ class ReadApi:
                 if not chunk:
                     break
                 size += len(chunk)
+                chunks.append(chunk)
+            request[_CHUNKED_BODY] = b"".join(chunks)
         if size > limit:
             raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
                            max_size=limit, actual_size=size)
 
     def _check_token(self, request: web.Request) -> None:
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-        if not self.tokens.accepts(given.strip()):
+        """A read token, or an admin token (admins read too)."""
+        given = _bearer(request)
+        if not self.tokens.accepts(given) and (self.admin_tokens is None or self.admin_tokens.name_of(given) is None):
             raise _unauthorized("the bearer token is not valid")
+
+    def _check_admin_token(self, request: web.Request, admin_tokens: Tokens) -> str:
+        """The name of the request's admin token; 403 for a read token, 401 for anything else."""
+        given = _bearer(request)
+        name = admin_tokens.name_of(given)
+        if name is not None:
+            return name
+        if self.tokens.required and self.tokens.accepts(given):
+            raise _problem(web.HTTPForbidden, "this route needs an admin token; a read token only reads")
+        raise _unauthorized("the bearer token is not valid")
 
     # --- reads
 
@@ -185,7 +228,9 @@ class ReadApi:
         for key in keys:
             _checked_key(key)
         level = _consistency(request)
-        results = await asyncio.gather(*(self._read(name, key, level) for key in keys))
+        async with self._cassandra_answers():
+            epochs = await read_epochs(self.client, name)  # once for every key
+        results = await asyncio.gather(*(self._read(name, key, level, epochs) for key in keys))
         return web.json_response({
             "counter": name,
             "values": {key: {"kind": kind, "value": to_jsonable(value)} for key, (kind, value) in
@@ -238,9 +283,10 @@ class ReadApi:
                                   "from": timeseries.iso(start), "to": timeseries.iso(end), "step": step,
                                   "points": to_jsonable(points)})
 
-    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
+    async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
+                    ) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level, self.cache)
+            state = await read_state(self.client, name, key, level, self.cache, epochs)
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
@@ -293,10 +339,65 @@ class ReadApi:
                 result = await trace_records(self.client, self.tracing, query, self.counters)
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
+        except SchemaRegistryUnavailableError as exc:
+            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
         except TimeoutError:
             raise _problem(web.HTTPGatewayTimeout, f"the trace did not finish within {TRACE_TIMEOUT_S} s") from None
         return web.json_response({"topic": query.topic, "notes": result.notes,
                                   "records": to_jsonable(result.records)})
+
+    # --- changes
+
+    async def reset(self, request: web.Request) -> web.Response:
+        """``POST /counters/{name}/reset`` with ``{"keys": [...]}`` or no body (every key): as ``countersink reset
+        --json``, recorded as asked by the admin token's name."""
+        resetting = self.resetting
+        if resetting is None:
+            raise _problem(web.HTTPNotFound, "resets are not served here")
+        name = await self._counter(request)
+        keys = await self._reset_keys(request)
+        requested_by = request[_ADMIN_NAME]
+        async with self._cassandra_answers():
+            known, definition = await CounterRegistry(resetting.client).lookup(name)
+        if not known or definition is None:
+            raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry: a consumer records "
+                           "it when it starts")
+        cassandra = resetting.client.settings
+        try:
+            async with self._resets:
+                done = await reset_counter(resetting.client, resetting.kafka, definition, keys, requested_by,
+                                           cassandra.write_consistency, cassandra.replay_read_consistency)
+        except ResetRefusedError as exc:
+            raise _problem(web.HTTPConflict, str(exc)) from None
+        except (CassandraError, KafkaError) as exc:
+            log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__)
+            raise _problem(web.HTTPServiceUnavailable, "the reset did not complete (countersink reset --list "
+                           "shows what was recorded): reset again", retry_after=2) from None
+        log.info("reset_requested", counter=name, keys=len(keys), requested_by=requested_by,
+                 epoch=done.reset.epoch, id=done.reset.reset_id)
+        return web.json_response(done.as_json())
+
+    async def _reset_keys(self, request: web.Request) -> list[str]:
+        """The keys a reset's body names: none (no body, or ``{}``) is every key."""
+        body = request[_CHUNKED_BODY] if _CHUNKED_BODY in request else await request.read()
+        if not body.strip():
+            return []
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise _problem(web.HTTPBadRequest, 'the body is JSON: {"keys": ["k1", "k2"]}, or none') from None
+        if not isinstance(document, dict) or set(document) - {"keys"}:
+            raise _problem(web.HTTPBadRequest, 'the body is an object whose only member is keys')
+        keys = document.get("keys", [])
+        limit = min(self.settings.max_keys, MAX_RESET_KEYS)
+        if not isinstance(keys, list) or not all(isinstance(key, str) for key in keys):
+            raise _problem(web.HTTPBadRequest, "keys is a list of strings")
+        if "keys" in document and not keys:
+            # An empty selection must not become every key: that is asked for without keys.
+            raise _problem(web.HTTPBadRequest, "keys names at least one key; to reset every key, send no body")
+        if len(keys) > limit:
+            raise _problem(web.HTTPBadRequest, f"a reset names at most {limit} keys")
+        return [_checked_key(key) for key in dict.fromkeys(keys)]
 
     # --- operations
 
@@ -304,7 +405,8 @@ class ReadApi:
         counters = self.counters
         if counters is None and self.registry is not None:
             counters = await self.registry.counters()
-        return web.json_response(openapi_document(self.settings, counters, tracing=self.tracing is not None))
+        return web.json_response(openapi_document(self.settings, counters, tracing=self.tracing is not None,
+                                                  resetting=self.resetting is not None))
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -332,6 +434,23 @@ class ReadApi:
                 METRICS.serve_state_cache_reads.labels(outcome=outcome).inc(grown)
                 self._cache_counted[outcome] = count
         METRICS.serve_state_cache_bytes.set(self.cache.size_bytes)
+
+
+@dataclass(frozen=True)
+class Resetting:
+    """What ``POST /counters/{name}/reset`` needs: the admin tokens, a client logged in as the role that writes
+    the resets tables, and the Kafka settings its control records are published with."""
+
+    tokens: Tokens
+    client: CassandraClient
+    kafka: KafkaSettings
+
+
+def _bearer(request: web.Request) -> str:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+    return given.strip()
 
 
 def _checked_key(key: str) -> str:
@@ -423,6 +542,9 @@ def _unauthorized(detail: str) -> web.HTTPException:
     return _problem(web.HTTPUnauthorized, detail, headers={"WWW-Authenticate": 'Bearer realm="countersink"'})
 
 
+_RESET_PATH = "/counters/{name}/reset"
+_ADMIN_NAME = web.RequestKey("admin_name", str)
+_CHUNKED_BODY = web.RequestKey("chunked_body", bytes)
 # Probes must answer without credentials: an orchestrator's health checks carry none.
 _OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _MIN_TOKEN_CHARS = 16
@@ -445,20 +567,24 @@ class Tokens:
     token) and counted in ``countersink_serve_tokens_file_refused_total{reason}``; while no token is
     accepted, :meth:`usable` is false and the server reports unready."""
 
-    def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        fixed = settings.tokens.get_secret_value().replace(",", "\n") if settings.tokens else ""
-        self._fixed = _parse_tokens(fixed, "COUNTERSINK_SERVE__TOKENS", unit="entry")
-        if settings.tokens is not None and not self._fixed:
+    def __init__(self, settings: ServeSettings, clock: Callable[[], float] = time.monotonic, *,
+                 admin: bool = False) -> None:
+        self._admin = admin  # the admin tokens (NAME:TOKEN each), else the read tokens
+        secret, self._file = (settings.admin_tokens, settings.admin_tokens_file) if admin else (
+            settings.tokens, settings.tokens_file)
+        self._variable = "COUNTERSINK_SERVE__ADMIN_TOKENS" if admin else "COUNTERSINK_SERVE__TOKENS"
+        fixed = secret.get_secret_value().replace(",", "\n") if secret else ""
+        self._fixed = _parse_tokens(fixed, self._variable, unit="entry", named=admin)
+        if secret is not None and not self._fixed:
             # Set but empty (a secret that did not arrive): refuse rather than serve without tokens.
-            raise TokenError("COUNTERSINK_SERVE__TOKENS is set but holds no token")
-        self._file = settings.tokens_file
+            raise TokenError(f"{self._variable} is set but holds no token")
         self._clock = clock
-        self._from_file: list[bytes] = []
+        self._from_file: list[tuple[str, bytes]] = []
         self._seen: bytes | str | None = None  # a digest of the content last looked at, or why it was unreadable
         self._checked_at = float("-inf")
         if self._file is not None:
             self._reload(strict=True)
-        METRICS.serve_tokens_accepted.set(self.count)
+        self._count_accepted()
 
     @property
     def required(self) -> bool:
@@ -481,13 +607,23 @@ class Tokens:
 
     def accepts(self, token: str) -> bool:
         """True when ``token`` is one of the accepted tokens; every one is compared, in constant time each."""
+        return self.name_of(token) is not None
+
+    def name_of(self, token: str) -> str | None:
+        """The name of ``token`` when it is accepted (an empty name for a read token), else None. Every accepted
+        token is compared, in constant time each."""
         self.refresh()
         # Header values are decoded with surrogateescape: a byte that is not UTF-8 must not fail the encoding.
         given = token.encode("utf-8", "surrogateescape")
-        matched = False
-        for accepted in (*self._fixed, *self._from_file):
-            matched |= hmac.compare_digest(given, accepted)
+        matched: str | None = None
+        for name, accepted in (*self._fixed, *self._from_file):
+            if hmac.compare_digest(given, accepted):
+                matched = name
         return matched
+
+    def _count_accepted(self) -> None:
+        if not self._admin:  # the gauge counts the read tokens
+            METRICS.serve_tokens_accepted.set(self.count)
 
     def _reload(self, *, strict: bool) -> None:
         assert self._file is not None
@@ -496,26 +632,27 @@ class Tokens:
         if seen == self._seen:
             return
         self._seen = seen
-        tokens: list[bytes] = []
+        tokens: list[tuple[str, bytes]] = []
         if text is not None:
             try:
-                tokens = _parse_tokens(text, "", unit="line")
+                tokens = _parse_tokens(text, "", unit="line", named=self._admin)
             except TokenError as exc:
                 cause, reason = "invalid", str(exc)
         if reason is not None:
             if strict:
-                raise TokenError(f"COUNTERSINK_SERVE__TOKENS_FILE ({self._file}): {reason}")
+                raise TokenError(f"{self._variable}_FILE ({self._file}): {reason}")
             revoked, self._from_file = len(self._from_file), []
-            METRICS.serve_tokens_file_refused.labels(reason=cause).inc()
-            METRICS.serve_tokens_accepted.set(self.count)
+            if not self._admin:
+                METRICS.serve_tokens_file_refused.labels(reason=cause).inc()
+            self._count_accepted()
             log.error("tokens_file_refused", path=str(self._file), reason=reason, cause=cause,
-                      revoked=revoked, accepted=self.count)
+                      revoked=revoked, accepted=self.count, **({"admin": True} if self._admin else {}))
             return
         self._from_file = tokens
-        METRICS.serve_tokens_accepted.set(self.count)
+        self._count_accepted()
         if not strict:
             (log.info if self.count else log.warning)("tokens_reloaded", path=str(self._file), tokens=len(tokens),
-                                                      accepted=self.count)
+                                                      accepted=self.count, **({"admin": True} if self._admin else {}))
 
 
 def _read_tokens_file(path: Path) -> tuple[bytes | str, str | None, str, str | None]:
@@ -538,23 +675,42 @@ def _read_tokens_file(path: Path) -> tuple[bytes | str, str | None, str, str | N
         return digest, None, "invalid", f"it is not UTF-8 text (byte {exc.start})"
 
 
-def _parse_tokens(text: str, source: str, *, unit: str) -> list[bytes]:
-    """One token per line (blank lines and ``#`` comments ignored); each at least 16 characters. A refusal
-    names the lines (or comma-separated entries) at fault, never what they hold."""
-    tokens: list[bytes] = []
+_TOKEN_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+
+
+def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> list[tuple[str, bytes]]:
+    """One token per line (blank lines and ``#`` comments ignored), ``NAME:TOKEN`` when ``named``; each token
+    at least 16 characters, each name 1 to 64 of ``A-Z a-z 0-9 . _ @ -``. A refusal names the lines (or
+    comma-separated entries) at fault, never what they hold."""
+    tokens: list[tuple[str, bytes]] = []
     short: list[str] = []
+    unnamed: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         token = line.strip()
         if not token or token.startswith("#"):
             continue
+        name = ""
+        if named:
+            name, _, token = token.partition(":")
+            name, token = name.strip(), token.strip()
+            if not _TOKEN_NAME.fullmatch(name) or not token:
+                unnamed.append(str(number))
+                continue
         if len(token) < _MIN_TOKEN_CHARS:
             short.append(str(number))
-        tokens.append(token.encode("utf-8", "surrogateescape"))
+        tokens.append((name, token.encode("utf-8", "surrogateescape")))
+    prefix = source + ": " if source else ""
+    if unnamed:
+        raise TokenError(f"{prefix}{_lines(unit, unnamed)}: not NAME:TOKEN (a name is 1 to 64 of "
+                         "A-Z a-z 0-9 . _ @ -)")
     if short:
-        where = f"{unit} {short[0]}" if len(short) == 1 else f"{unit.replace('y', 'ie')}s {', '.join(short)}"
-        raise TokenError(f"{source + ': ' if source else ''}{where}: "
+        raise TokenError(f"{prefix}{_lines(unit, short)}: "
                          f"{'a token' if len(short) == 1 else 'tokens'} shorter than {_MIN_TOKEN_CHARS} characters")
     return tokens
+
+
+def _lines(unit: str, numbers: list[str]) -> str:
+    return f"{unit} {numbers[0]}" if len(numbers) == 1 else f"{unit.replace('y', 'ie')}s {', '.join(numbers)}"
 
 
 def _loopback(host: str) -> bool:
@@ -615,7 +771,7 @@ def api_runner(api: ReadApi, *, shutdown_timeout: float = 5) -> web.AppRunner:
 
 
 def openapi_document(settings: ServeSettings, counters: CounterSet | None = None, *,
-                     tracing: bool = False) -> dict[str, Any]:
+                     tracing: bool = False, resetting: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 description served at ``/openapi.json``."""
     name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN.pattern}
     if counters is not None:
@@ -744,9 +900,40 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "application/json": {"schema": {"type": "object", "required": ["topic", "notes", "records"]}}}},
                 **errors},
         }}
+    if resetting:
+        document["paths"][_RESET_PATH] = {"post": {
+            "summary": "Reset a counter (some of its keys, or every key): count them again from now",
+            "operationId": "resetCounter",
+            "description": "As countersink reset --json (docs/operations.md, \"Resetting a counter\"), recorded as "
+                           "asked by the admin token's name. Without a body (or with {}), every key of the counter. "
+                           "Needs an admin token: a read token answers 403.",
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema}],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "properties": {"keys": {
+                    "type": "array", "items": key_schema, "minItems": 1,
+                    "maxItems": min(settings.max_keys, MAX_RESET_KEYS)}}}}}},
+            "security": [{"admin": []}],
+            "responses": {"200": {"description": "the reset as recorded: its epoch, id, who asked, when, and its "
+                                  "point in each partition (counts from offset + 1 on)", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Reset"}}}},
+                **errors, "401": problem, "403": problem, "409": problem},
+        }}
+        document["components"]["schemas"]["Reset"] = {
+            "type": "object", "required": ["counter", "keys", "epoch", "id", "requested_by", "requested_at",
+                                           "positions"],
+            "properties": {
+                "counter": {"type": "string"}, "keys": {"type": "array", "items": {"type": "string"}},
+                "epoch": {"type": "integer"}, "id": {"type": "string"}, "requested_by": {"type": "string"},
+                "requested_at": {"type": "string"},
+                "positions": {"type": "array", "items": {
+                    "type": "object", "required": ["topic", "partition", "offset"], "properties": {
+                        "topic": {"type": "string"}, "partition": {"type": "integer"},
+                        "offset": {"type": "integer", "description": "the control record's offset"}}}}}}
+        document["components"].setdefault("securitySchemes", {})["admin"] = {
+            "type": "http", "scheme": "bearer", "description": "an admin token (COUNTERSINK_SERVE__ADMIN_TOKENS_FILE)"}
     if guarded:
         # Every path described here needs a token; /healthz and /readyz, which stay open, are not described.
-        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        document["components"].setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
         document["security"] = [{"bearer": []}]
     return document
 
@@ -790,14 +977,16 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
     try:
         tls = server_tls(serve_settings)
         tokens = Tokens(serve_settings)
-        if tokens.required and tls is None and not serve_settings.allow_insecure:
+        admin_tokens = Tokens(serve_settings, admin=True) if serve_settings.admin else None
+        admin_cassandra = _admin_cassandra(settings.cassandra, serve_settings)
+        if (tokens.required or admin_tokens is not None) and tls is None and not serve_settings.allow_insecure:
             raise TokenError("bearer tokens over plain HTTP can be read by anyone on the path: set "
                              "COUNTERSINK_SERVE__TLS_CERT and __TLS_KEY, or COUNTERSINK_SERVE__ALLOW_INSECURE=true "
                              "if a TLS proxy on this host is the only client")
-    except TokenError as exc:
+    except (TokenError, ValueError) as exc:
         log.error("serve_settings_refused", error=str(exc))
         return 2
-    if tokens.required and tls is None:
+    if (tokens.required or admin_tokens is not None) and tls is None:
         log.warning("serve_tokens_over_plain_http", allow_insecure=True,
                     why="tokens and requests cross the network readable; only safe behind a TLS proxy on this host")
     if not tokens.required and not _loopback(serve_settings.host):
@@ -805,31 +994,54 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
                     why="anyone who reaches this address reads every counter and /metrics: set "
                         "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")
     client = CassandraClient(settings.cassandra, app="countersink-serve")
+    writer = CassandraClient(admin_cassandra, app="countersink-serve-admin") if admin_cassandra else None
     started = time.monotonic()
     try:
         # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
         await wait_until_reachable("cassandra", client.start, timeout_s=serve_settings.startup_timeout_s, stop=stop)
+        if writer is not None:
+            await wait_until_reachable("cassandra", writer.start, timeout_s=serve_settings.startup_timeout_s,
+                                       stop=stop)
     except StopRequested:
         log.info("serve_stopped_before_start")
+        await client.stop()
         return 0
     except CassandraError as exc:
-        log.error("cassandra_unreachable", error=str(exc), waited_s=round(time.monotonic() - started, 1))
+        log.error("cassandra_unreachable", error=str(exc), waited_s=round(time.monotonic() - started, 1),
+                  role=admin_cassandra.username if writer is not None and admin_cassandra else None)
+        await client.stop()
         return 1
-    async with client:
+    async with client, (writer or contextlib.nullcontext()):
         # Without a definitions file, the names and kinds the consumers recorded.
         registry = CounterRegistry(client, consistency) if counters is None else None
+        resetting = Resetting(admin_tokens, writer, settings.kafka) if admin_tokens and writer else None
         api = ReadApi(client, serve_settings, counters, consistency, registry=registry,
-                      read_settings=settings.read, tokens=tokens, tracing=settings)
+                      read_settings=settings.read, tokens=tokens, tracing=settings, resetting=resetting)
         runner = api_runner(api)
         await runner.setup()
         site = web.TCPSite(runner, serve_settings.host, serve_settings.port, ssl_context=tls)
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else serve_settings.port
         log.info("serve_started", host=serve_settings.host, port=port, https=tls is not None,
-                 tokens_required=api.tokens.required, counters=str(counters.source) if counters else None)
+                 tokens_required=api.tokens.required, counters=str(counters.source) if counters else None,
+                 resets=resetting is not None)
         try:
             await stop.wait()
         finally:
             await runner.cleanup()
             log.info("serve_stopped")
     return 0
+
+
+def _admin_cassandra(cassandra: CassandraSettings, serve_settings: ServeSettings) -> CassandraSettings | None:
+    """The Cassandra settings of the role that writes resets (validated like any: no password in the clear
+    without ``allow_insecure``), or None when admin routes are not served."""
+    if serve_settings.admin_cassandra_username is None:
+        return None
+    fields = {**dict(cassandra), "username": serve_settings.admin_cassandra_username,
+              "password": serve_settings.admin_cassandra_password}
+    try:
+        return CassandraSettings.model_validate(fields)
+    except ValidationError as exc:
+        raise ValueError("COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME: "
+                         + "; ".join(str(e["msg"]) for e in exc.errors())) from None

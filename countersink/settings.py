@@ -335,12 +335,36 @@ class ServeSettings(_Section):
     # Merged states of instances read recently, reused while their stored bytes are unchanged (every read still
     # reads them: countersink.state_cache); 0 turns the cache off.
     state_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)
+    # Admin tokens (NAME:TOKEN, comma-separated, or one per line in the file), for the routes that change
+    # something (POST /counters/{name}/reset). The name is what a reset records as who asked; the token never
+    # leaves the server. They read too; a read token on an admin route answers 403.
+    admin_tokens: SecretStr | None = None
+    admin_tokens_file: Path | None = None  # read at start and again within a second of any change
+    # The Cassandra role that may write the resets tables (the read role cannot). Unset: no admin route is
+    # served. The other connection settings (contact points, TLS) are COUNTERSINK_CASSANDRA__'s.
+    admin_cassandra_username: str | None = Field(default=None, min_length=1, max_length=200)
+    admin_cassandra_password: SecretStr | None = None
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServeSettings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("HTTPS needs both tls_cert and tls_key")
         return self
+
+    @model_validator(mode="after")
+    def _admin_complete(self) -> ServeSettings:
+        has_tokens = self.admin_tokens is not None or self.admin_tokens_file is not None
+        if has_tokens != (self.admin_cassandra_username is not None):
+            raise ValueError("admin routes need both admin tokens (admin_tokens or admin_tokens_file) and the "
+                             "Cassandra role that writes resets (admin_cassandra_username): set both or neither")
+        if self.admin_cassandra_password is not None and self.admin_cassandra_username is None:
+            raise ValueError("admin_cassandra_password is set without admin_cassandra_username")
+        return self
+
+    @property
+    def admin(self) -> bool:
+        """Whether the admin routes are served."""
+        return self.admin_cassandra_username is not None
 
 
 class ReadSettings(_Section):

@@ -58,11 +58,14 @@ from stack.servers import (
 # TRUNCATE, and cannot be split from it) only on the tables the process writes.
 CONSUMER_WRITES = ("shards", "partitions", "mutators", "mutator_work", "counters", "reset_positions")
 GC_WRITES = ("shards", "mutators", "mutator_work", "gc_runs")
+RESET_WRITES = ("resets", "reset_positions")
 ROLES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "countersink_schema": (),
     "countersink_consumer": (("SELECT", None), *(("MODIFY", table) for table in CONSUMER_WRITES)),
     "countersink_gc": (("SELECT", None), *(("MODIFY", table) for table in GC_WRITES)),
     "countersink_reader": (("SELECT", None),),
+    # serve's second login, for POST /counters/{name}/reset only (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME)
+    "countersink_serve_admin": (("SELECT", None), *(("MODIFY", table) for table in RESET_WRITES)),
 }
 KAFKA_USERS = ("countersink", "loader")
 ADMIN_ROLE = "stack_admin"

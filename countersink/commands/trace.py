@@ -20,14 +20,15 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from consumer.applying import Applier, Record, RetryWindow
+from consumer.applying import Applier, Record, RecordSource, RetryWindow
 from consumer.kafka_source import KafkaRecordSource
+from consumer.schema_source import SchemaLoadingSource
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
 from countersink.kafka import make_consumer, start_admin
@@ -35,10 +36,12 @@ from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
+from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
 from countersink.settings import ConsumerSettings, Settings
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
+from schemas.formats import SchemaCache, decoders
 
 log = get_logger(__name__)
 
@@ -70,17 +73,20 @@ class Decision:
 
 
 Decide = Callable[[str, Record, int], dict[str, Decision]]
+Decoders = Mapping[str, Callable[[Any], Any]]  # per topic that is not JSON: schemas.formats.decoders
 
 
-def route_decisions(counters: CounterSet, limits: ConsumerSettings) -> Decide:
+def route_decisions(counters: CounterSet, limits: ConsumerSettings, decoders: Decoders | None = None) -> Decide:
     """A function telling, for one record of a topic, what the consumer's router does with it in each counter
     on the topic (the router is built once, with the consumer's limits). Each counter decides for itself: an
     event refused as a whole (unparseable, oversized, too deep) is dead-lettered for every counter; otherwise
     a counter counts it, filters it out, finds it late, skips it as not applicable (a key, value or bucket
-    field absent or null) or refuses it (then the record is dead-lettered, once, for the counters refusing it)."""
+    field absent or null) or refuses it (then the record is dead-lettered, once, for the counters refusing it).
+    ``decoders``: the consumer's, for topics that are not JSON (:func:`schemas.formats.decoders`); the writer
+    schemas a record names must be in their cache before it is decided."""
     late: list[str] = []
     router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, on_late=late.append,
-                         max_future_skew_s=limits.max_future_skew_s)
+                         max_future_skew_s=limits.max_future_skew_s, decoders=decoders)
 
     def decide(topic: str, record: Record, partition: int) -> dict[str, Decision]:
         late.clear()
@@ -207,6 +213,9 @@ async def _command(settings: Settings, query: TraceQuery, counters: CounterSet |
         except TraceRefusedError as exc:
             log.error("trace_refused", topic=query.topic, error=str(exc))
             return EXIT_USAGE
+        except SchemaRegistryUnavailableError as exc:
+            log.error("trace_failed", topic=query.topic, error=str(exc))
+            return EXIT_FAILED
     for note in result.notes:
         if as_json:
             log.info("trace_searched", note=note)
@@ -257,7 +266,16 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
                 for c in counters.for_topic(query.topic)}
     consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
                              auto_offset_reset="earliest", isolation_level="read_committed")
-    source = KafkaRecordSource(settings.kafka)
+    # The consumer's decoders: Avro, Protobuf and JSON Schema records are decoded as it decodes them, their
+    # writer schemas loaded from the registry before any is routed (consumer.schema_source).
+    cache = SchemaCache()
+    try:
+        loader = SchemaLoader(settings.schema_registry, counters, cache)
+    except SchemaRegistryNotConfiguredError as exc:
+        raise TraceRefusedError(str(exc)) from None
+    formats = _Formats(decoders(counters.formats, cache, counters.schema_base), loader)
+    kafka_source = KafkaRecordSource(settings.kafka)
+    source: RecordSource = SchemaLoadingSource(kafka_source, loader) if loader.needed else kafka_source
     result = TraceResult([], [])
     await consumer.start()
     try:
@@ -268,15 +286,27 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         if query.offset is not None:
             found = await _at_offset(consumer, query.topic, *query.offset, partitions, result.notes)
         else:
-            found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes)
+            found = await _by_event_id(consumer, counters, settings.consumer, query, partitions, result.notes,
+                                       formats)
+        await loader.load(query.topic, (record.value for record in found))
         for record in found:
             result.records.append(await _trace_record(client, consumer, source, counters, settings.consumer,
                                                       group_of, query.topic, record,
-                                                      known.get(settings.consumer.dead_letter_topic, set())))
+                                                      known.get(settings.consumer.dead_letter_topic, set()),
+                                                      formats.decoders))
     finally:
         await consumer.stop()
-        await source.stop()
+        await kafka_source.stop()
+        await loader.stop()
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Formats:
+    """How a trace decodes records that are not JSON: the consumer's decoders, and what loads their schemas."""
+
+    decoders: Decoders
+    loader: SchemaLoader
 
 
 async def _partitions(settings: Settings, topics: tuple[str, ...]) -> dict[str, set[int]]:
@@ -333,13 +363,13 @@ async def _at_offset(consumer: AIOKafkaConsumer, topic: str, partition: int, off
 
 
 async def _by_event_id(consumer: AIOKafkaConsumer, counters: CounterSet, limits: ConsumerSettings,
-                       query: TraceQuery, partitions: set[int], notes: list[str]) -> list[Any]:
+                       query: TraceQuery, partitions: set[int], notes: list[str], formats: _Formats) -> list[Any]:
     """Records whose event id, by any counter on the topic that names one, is ``query.event_id``: the last
     ``query.scan`` records of each partition searched (only the key's partition with a key)."""
     paths = sorted({c.event_id for c in counters.for_topic(query.topic) if c.event_id is not None})
     if not paths:
         raise TraceRefusedError(f"no counter on {query.topic!r} names an event_id field: trace by offset")
-    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes)
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, decoders=formats.decoders)
     key = None if query.key is None else query.key.encode()
     searched = sorted(partitions)
     if key is not None:
@@ -351,6 +381,7 @@ async def _by_event_id(consumer: AIOKafkaConsumer, counters: CounterSet, limits:
         first = max(start, end - query.scan)
         if first < end:
             async for chunk in _chunks(consumer, tp, first, end - 1):
+                await formats.loader.load(query.topic, (message.value for message in chunk))
                 for message in chunk:
                     if key is not None and message.key != key:
                         continue
@@ -380,19 +411,20 @@ def _event_ids(router: EventRouter, topic: str, value: bytes | None, paths: list
     return ids
 
 
-async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: KafkaRecordSource,
+async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, source: RecordSource,
                         counters: CounterSet,
                         limits: ConsumerSettings, group_of: dict[str, str], topic: str, message: Any,
-                        dead_letter_partitions: set[int]) -> RecordTrace:
+                        dead_letter_partitions: set[int], decoders: Decoders) -> RecordTrace:
     offset, partition = int(message.offset), int(message.partition)
     value: bytes = message.value or b""
-    decide = route_decisions(counters, limits)
+    decide = route_decisions(counters, limits, decoders)
     headers = tuple((name, bytes(v) if v is not None else None) for name, v in (message.headers or ()))
     decisions = decide(topic, Record(offset, value, message.timestamp, message.key, headers), partition)
     traces = {name: CounterTrace(name, d.outcome, d.key, d.event_id, d.reason) for name, d in decisions.items()}
     if any(d.outcome == COUNTED and d.event_id is not None for d in decisions.values()):
         fresh, last_seen = await _retry_window(source, counters, limits, decide, topic, partition,
-                                               Record(offset, value, message.timestamp, message.key, headers))
+                                               Record(offset, value, message.timestamp, message.key, headers),
+                                               decoders)
         for name, d in decisions.items():
             if d.outcome == COUNTED and d.event_id is not None and name not in fresh:
                 trace = traces[name]
@@ -451,13 +483,15 @@ async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, pa
     return None
 
 
-async def _retry_window(source: KafkaRecordSource, counters: CounterSet, limits: ConsumerSettings, decide: Decide,
-                        topic: str, partition: int, record: Record) -> tuple[set[str], dict[tuple[str, str], int]]:
+async def _retry_window(source: RecordSource, counters: CounterSet, limits: ConsumerSettings, decide: Decide,
+                        topic: str, partition: int, record: Record, decoders: Decoders
+                        ) -> tuple[set[str], dict[tuple[str, str], int]]:
     """The counters for which ``record`` is no publisher retry, by the consumer's own window rebuilt from the
     ``retry_window_records`` records before it; and, per (counter, event id), the last of those records that
     carried it."""
     size = limits.retry_window_records
-    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, max_future_skew_s=limits.max_future_skew_s)
+    router = EventRouter(counters, max_event_bytes=limits.max_event_bytes, max_future_skew_s=limits.max_future_skew_s,
+                         decoders=decoders)
     applier = Applier(router, counters, topic, partition, RetryWindow(size))
     last_seen: dict[tuple[str, str], int] = {}
     for earlier in await source.read_back(topic, partition, record.offset, size) if size > 0 else []:

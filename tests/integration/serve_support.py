@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -20,19 +20,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextlib.asynccontextmanager
-async def running_serve(cassandra: CassandraSettings, counters: Path, ready_within_s: float = 30.0
-                        ) -> AsyncIterator[str]:
+async def running_serve(cassandra: CassandraSettings, counters: Path, ready_within_s: float = 30.0, *,
+                        env: Mapping[str, str] | None = None, output: Path | None = None) -> AsyncIterator[str]:
     """Start ``serve`` over ``counters`` on a free loopback port, wait for ``/readyz``, yield its base URL; on
-    the way out, SIGTERM must end it with exit code 0."""
+    the way out, SIGTERM must end it with exit code 0. ``env``: more settings; ``output``: a file that gets
+    what it prints (its log)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra.contact_points[0],
            "COUNTERSINK_CASSANDRA__PORT": str(cassandra.port), "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra.keyspace,
-           "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port), "PYTHONPATH": str(REPO)}
+           "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port), "PYTHONPATH": str(REPO),
+           **(env or {})}
+    sink = output.open("ab") if output is not None else None
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "countersink.cli", "serve", "--counters", str(counters), env=env, cwd=REPO,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        stdout=sink or asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
@@ -43,7 +46,10 @@ async def running_serve(cassandra: CassandraSettings, counters: Path, ready_with
                             break
                 except aiohttp.ClientConnectionError:
                     pass
-                assert process.returncode is None, (await process.stdout.read()).decode()  # type: ignore[union-attr]
+                if process.returncode is not None:
+                    said = (await asyncio.to_thread(output.read_text) if output is not None else
+                            (await process.stdout.read()).decode())  # type: ignore[union-attr]
+                    pytest.fail(f"countersink serve exited with {process.returncode}: {said}")
                 await asyncio.sleep(0.1)
             else:
                 pytest.fail("countersink serve never became ready")
@@ -54,3 +60,5 @@ async def running_serve(cassandra: CassandraSettings, counters: Path, ready_with
         if process.returncode is None:
             process.kill()
             await process.wait()
+        if sink is not None:
+            sink.close()

@@ -30,7 +30,9 @@ from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFai
 from countersink.cassandra import CassandraClient, CassandraError, as_dicts
 from countersink.cli import SUBCOMMANDS
 from countersink.kafka import ensure_topics, make_admin, make_consumer, make_producer
+from countersink.registry import CounterRegistry
 from countersink.settings import Settings
+from schemas.definitions import load_definitions
 from stack.loading import end_offsets, publish, wait_until_flushed
 from stack.secure import ADMIN_ROLE, GROUP_PREFIX, SecureStack
 from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
@@ -434,6 +436,45 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
                                use_keyspace=False) as schema:
         with pytest.raises(CassandraError, match="has no SELECT permission"):
             await schema.execute("SELECT role, salted_hash FROM system_auth.roles")
+
+
+async def test_serve_resets_with_its_admin_role_which_writes_only_the_resets_tables(
+        secure_stack: SecureStack, granted_keyspace: str, secure_topic: str, tmp_path: Path) -> None:
+    """serve reads as the SELECT-only role and resets as its admin role over TLS: an admin token's reset is
+    recorded (who: the token's name) and visible to reads at once; the admin role is refused by Cassandra
+    when it writes shards. The Kafka user the reset publishes with must write the topic: here the loader."""
+    counters = write_definitions(tmp_path, secure_topic)
+    async with CassandraClient(secure_stack.cassandra_settings("countersink_consumer", granted_keyspace)) as client:
+        await CounterRegistry(client).register(load_definitions(counters), "test", KEYSPACE_GROUP)
+    port, admin_token = free_port(), "admin-token-" + uuid.uuid4().hex
+    assert secure_stack.certs is not None
+    password = secure_stack.cassandra_roles["countersink_serve_admin"]
+    serve = await start("serve-admin", ["serve", "--counters", str(counters)], env_for(
+        secure_stack, "countersink_reader", granted_keyspace, kafka_user="loader",
+        serve={"host": "127.0.0.1", "port": port, "tls_cert": secure_stack.certs.server_cert,
+               "tls_key": secure_stack.certs.server_key, "tokens": TOKENS[0], "admin_tokens": f"ops:{admin_token}",
+               "admin_cassandra_username": "countersink_serve_admin", "admin_cassandra_password": password}))
+    base = f"https://localhost:{port}"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls(secure_stack))) as http:
+            await wait_ready(http, base, serve)
+            async with http.post(base + "/counters/trades_count/reset", json={"keys": ["X"]},
+                                 headers={"Authorization": f"Bearer {TOKENS[0]}"}) as answer:
+                assert answer.status == 403, await answer.text()
+            async with http.post(base + "/counters/trades_count/reset", json={"keys": ["X"]},
+                                 headers={"Authorization": f"Bearer {admin_token}"}) as answer:
+                assert answer.status == 200, await answer.text()
+                done = await answer.json()
+    finally:
+        assert await serve.stop() == 0, serve.text()
+    assert (done["requested_by"], done["keys"], done["epoch"]) == ("ops", ["X"], 1), done
+    assert sorted(p["partition"] for p in done["positions"]) == [0, 1]
+    async with CassandraClient(secure_stack.cassandra_settings("countersink_serve_admin", granted_keyspace)) as admin:
+        with pytest.raises(CassandraError, match="countersink_serve_admin has no MODIFY permission"):
+            await admin.execute("UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?",
+                                [{"trades_count": b"\x00"}, "X", 1, uuid.uuid4()])
+    assert admin_token not in serve.text()
+    assert password not in serve.text()
 
 
 async def test_the_kafka_user_reads_events_and_cannot_write_them_or_make_topics(

@@ -18,12 +18,23 @@ from pydantic import SecretStr
 
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
+from countersink.commands.trace import TraceQuery
+from countersink.commands.trace import trace as trace_records
 from countersink.kafka import make_producer
 from countersink.registry import CounterRegistry
+from countersink.schema_registry import SchemaRegistryClient
 from countersink.serve import ReadApi
-from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, ServeSettings, Settings
+from countersink.settings import (
+    CassandraSettings,
+    ConsumerSettings,
+    KafkaSettings,
+    SchemaRegistrySettings,
+    ServeSettings,
+    Settings,
+)
 from schemas.definitions import load_definitions
-from stack.loading import child_env, end_offsets, wait_until_flushed
+from schemas.formats import ProtoSchema, avro_encoder, frame
+from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import running
 
 pytestmark = pytest.mark.integration
@@ -166,3 +177,89 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
             assert unknown.status == 404
             spec = await (await http.get("/openapi.json", headers=auth)).json()
             assert "/trace/{topic}" in spec["paths"]
+
+
+FORMAT_DEFINITIONS = """
+[[topic]]
+name = "{avro}"
+format = "avro"
+
+[[topic]]
+name = "{proto}"
+format = "protobuf"
+
+[[counter]]
+name = "views_by_page"
+topics = ["{avro}"]
+kind = "sum"
+key = ["page"]
+value = "n"
+event_id = "id"
+
+[[counter]]
+name = "amount_by_sku"
+topics = ["{proto}"]
+kind = "sum"
+key = ["sku"]
+value = "amount"
+"""
+VIEW = {"type": "record", "name": "View", "namespace": "shop", "fields": [
+    {"name": "id", "type": "string"}, {"name": "page", "type": "string"}, {"name": "n", "type": "long"}]}
+PURCHASE = """syntax = "proto3";
+package shop;
+message Purchase {
+  string sku = 1;
+  int64 amount = 2;
+}
+"""
+
+
+async def test_trace_decodes_avro_and_protobuf_records_as_the_consumer_does(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+        schema_registry_url: str, tmp_path: Path) -> None:
+    """Records of an Avro and a Protobuf topic, their writer schemas in a real registry, are traced as counted
+    into their instance (by offset, and by an event id read from the Avro record), a retry as a retry, and a
+    record naming a schema id the registry does not know as dead-lettered for that reason: not as
+    unparseable JSON."""
+    avro, proto = await topic_factory("avro", partitions=1), await topic_factory("proto", partitions=1)
+    async with SchemaRegistryClient(SchemaRegistrySettings(url=schema_registry_url)) as registry:
+        view_id = await registry.register(f"{avro}-value", "AVRO", json.dumps(VIEW))
+        purchase_id = await registry.register(f"{proto}-value", "PROTOBUF", PURCHASE)
+    encode_view = avro_encoder(json.dumps(VIEW))
+    schema = ProtoSchema(PURCHASE)
+    encode_purchase = schema.encoder(schema.indexes_of("shop.Purchase"))
+    views = [frame(view_id, encode_view({"id": f"v{i}", "page": f"/p{i % 2}", "n": i + 1})) for i in range(4)]
+    views.append(views[2])  # offset 4: a publisher's retry of offset 2
+    views.append(frame(987_654, encode_view({"id": "lost", "page": "/p0", "n": 1})))  # 5: an id nobody knows
+    await publish(kafka_settings, avro, views)
+    await publish(kafka_settings, proto, [frame(purchase_id, encode_purchase({"sku": "A1", "amount": 7}), (0,)),
+                                          frame(purchase_id, encode_purchase({"sku": "B2", "amount": 5}), (0,))])
+    group = f"t{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(FORMAT_DEFINITIONS.replace("{avro}", avro).replace("{proto}", proto))
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings,
+                        schema_registry=SchemaRegistrySettings(url=schema_registry_url),
+                        consumer=ConsumerSettings(group_id=group, counters_file=counters,
+                                                  dead_letter_topic=f"dlq-{group}", flush_interval_s=0.3,
+                                                  health_port=0))
+    definitions = load_definitions(counters)
+    async with running(ConsumerService(settings, definitions)):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {avro: 1, proto: 1}))
+
+    async with CassandraClient(cassandra_settings) as client:
+        async def traced(topic: str, **query: Any) -> list[Any]:
+            result = await trace_records(client, settings, TraceQuery(topic, **query), definitions)
+            return [{t.counter: t for t in record.counters} for record in result.records]
+
+        (view,) = await traced(avro, offset=(0, 1))
+        assert (view["views_by_page"].outcome, view["views_by_page"].key) == ("counted", "/p1")
+        assert view["views_by_page"].in_value is True
+        (purchase,) = await traced(proto, offset=(0, 1))
+        assert (purchase["amount_by_sku"].outcome, purchase["amount_by_sku"].key) == ("counted", "B2")
+        assert purchase["amount_by_sku"].value_now == 5
+        original, retry = await traced(avro, event_id="v2")
+        assert original["views_by_page"].outcome == "counted"
+        assert (retry["views_by_page"].outcome, retry["views_by_page"].retry_of) == ("dropped_as_retry", 2)
+        (lost,) = await traced(avro, offset=(0, 5))
+        assert lost["views_by_page"].outcome == "dead_lettered"
+        assert "UnknownSchemaError" in (lost["views_by_page"].reason or ""), lost

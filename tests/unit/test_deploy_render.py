@@ -27,6 +27,8 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 # Each process and the Cassandra role docs/security.md gives it (the roles the secured stack creates).
 PROCESS_ROLES = {"schema": "countersink_schema", "consume": "countersink_consumer", "gc": "countersink_gc",
                  "serve": "countersink_reader"}
+# serve's second role, for resets over HTTP only: set in its Secret when they are turned on.
+SERVE_ADMIN_ROLE = "countersink_serve_admin"
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def test_each_process_has_its_own_secret_and_role(rendered: list[dict[str, Any]]
     assert len(set(by_process.values())) == len(by_process)
     secrets = example_secrets()
     assert set(secrets) == set(by_process.values())
-    assert set(PROCESS_ROLES.values()) == set(ROLES)
+    assert set(PROCESS_ROLES.values()) | {SERVE_ADMIN_ROLE} == set(ROLES)
     for process, secret in by_process.items():
         data = secrets[secret]
         assert all(_setting_exists(name) for name in data), secret
@@ -171,3 +173,14 @@ def test_each_process_has_its_own_secret_and_role(rendered: list[dict[str, Any]]
     # nothing secret in the ConfigMap every process shares
     (config,) = [d for d in rendered if d["kind"] == "ConfigMap"]
     assert not [name for name in config["data"] if re.search(r"PASSWORD|USERNAME|TOKEN|KEYFILE|PRIVATE_KEY", name)]
+
+
+def test_the_serve_secret_shows_how_to_turn_resets_on() -> None:
+    """The serve Secret's example names, commented out, the settings that turn resets over HTTP on: real
+    settings, logging in as serve's admin role (the one stack/secure.py grants the resets tables)."""
+    text = (KUBERNETES / "secret.example.yaml").read_text()
+    serve = text[text.index("name: countersink-serve-credentials"):]
+    commented = dict(re.findall(r"^  # (COUNTERSINK_[A-Z_]+): \"([^\"]*)\"$", serve, re.M))
+    assert all(_setting_exists(name) for name in commented), commented
+    assert commented["COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME"] == SERVE_ADMIN_ROLE
+    assert {"COUNTERSINK_SERVE__ADMIN_TOKENS", "COUNTERSINK_KAFKA__SASL_PASSWORD"} <= set(commented)

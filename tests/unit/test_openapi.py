@@ -13,8 +13,8 @@ from openapi_spec_validator import validate
 from pydantic import SecretStr
 
 from countersink.cassandra import CassandraClient
-from countersink.serve import ReadApi, openapi_document
-from countersink.settings import CassandraSettings, ServeSettings, Settings
+from countersink.serve import ReadApi, Resetting, Tokens, openapi_document
+from countersink.settings import CassandraSettings, KafkaSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
 
 COUNTERS = parse_definitions('''
@@ -56,20 +56,59 @@ def test_a_broken_document_is_refused_by_the_validator() -> None:
         validate(document)
 
 
-def _routes(tracing: Settings | None = None) -> set[str]:
-    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS, tracing=tracing)
+ADMIN = ServeSettings(tokens=SecretStr(TOKEN), admin_tokens=SecretStr(f"ops:{TOKEN[::-1]}"),
+                      admin_cassandra_username="countersink_serve_admin")
+
+
+def _resetting() -> Resetting:
+    return Resetting(Tokens(ADMIN, admin=True), CassandraClient(CassandraSettings()), KafkaSettings())
+
+
+def _routes(tracing: Settings | None = None, resetting: bool = False) -> set[str]:
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS, tracing=tracing,
+                  resetting=_resetting() if resetting else None)
     return {resource.canonical for resource in api.app().router.resources()}
 
 
-@pytest.mark.parametrize("tracing", [False, True])
-def test_the_document_describes_exactly_the_counter_routes(tracing: bool) -> None:
-    """Every /counters (and, where traces are served, /trace) route of the server is a path of the document and
-    every path a route; the operational routes (probes, metrics, the document itself) are the only ones left out."""
-    paths = set(openapi_document(ServeSettings(), COUNTERS, tracing=tracing)["paths"])
-    routes = _routes(Settings() if tracing else None)
+@pytest.mark.parametrize(("tracing", "resetting"), [(False, False), (True, False), (True, True)])
+def test_the_document_describes_exactly_the_counter_routes(tracing: bool, resetting: bool) -> None:
+    """Every /counters (and, where traces and resets are served, /trace and the reset) route of the server is a
+    path of the document and every path a route; the operational routes (probes, metrics, the document itself)
+    are the only ones left out."""
+    document = openapi_document(ServeSettings(), COUNTERS, tracing=tracing, resetting=resetting)
+    validate(document)
+    paths = set(document["paths"])
+    routes = _routes(Settings() if tracing else None, resetting)
     assert {route for route in routes if route.startswith(("/counters", "/trace"))} == paths
     assert ("/trace/{topic}" in paths) is tracing
+    assert ("/counters/{name}/reset" in paths) is resetting
     assert routes - paths == {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+
+
+async def test_the_reset_route_answers_401_without_an_admin_token_and_403_to_a_read_token() -> None:
+    """POST /counters/{name}/reset: no token and a token nobody issued answer 401, a read token 403, each the
+    documented problem document; the guard answers before the handler (nothing reaches Cassandra or Kafka).
+    GET of the same path still reads the instance named reset (a read token passes the guard)."""
+    document = openapi_document(ADMIN, COUNTERS, resetting=True)
+    responses = document["paths"]["/counters/{name}/reset"]["post"]["responses"]
+    api = ReadApi(CassandraClient(CassandraSettings()), ADMIN, COUNTERS, resetting=_resetting())
+    async with TestClient(TestServer(api.app())) as http:
+        for headers, status in (({}, 401), ({"Authorization": "Bearer " + "x" * 20}, 401),
+                                ({"Authorization": f"Bearer {TOKEN}"}, 403)):
+            answer = await http.post("/counters/likes/reset", json={"keys": ["p1"]}, headers=headers)
+            assert answer.status == status
+            schema = responses[str(status)]["content"][answer.content_type]["schema"]
+            body = await answer.json(content_type=None)
+            assert not list(OAS31Validator({**schema, "components": document["components"]}).iter_errors(body))
+        refused = await http.get("/counters/likes/reset")
+        assert refused.status == 401  # the read route, guarded by the read tokens
+        admin = {"Authorization": f"Bearer {TOKEN[::-1]}"}
+        for body in ({"keys": []}, {"keys": "p1"}, {"keys": ["p1"], "all": True}, ["p1"], {"keys": [""]}):
+            # refused before anything is looked up: an empty list of keys is not "every key"
+            answer = await http.post("/counters/likes/reset", json=body, headers=admin)
+            assert answer.status == 400, (body, await answer.text())
+        answer = await http.post("/counters/likes/reset", data=b"{not json", headers=admin)
+        assert answer.status == 400
 
 
 async def test_with_tokens_every_operation_answers_the_documented_401() -> None:
@@ -80,7 +119,7 @@ async def test_with_tokens_every_operation_answers_the_documented_401() -> None:
     assert document["security"] == [{"bearer": []}]
     api = ReadApi(CassandraClient(CassandraSettings()), settings, COUNTERS)
     async with TestClient(TestServer(api.app())) as http:
-        for path, operations in document["paths"].items():
+        for path, operations in document["paths"].items():  # every one a GET here
             url = re.sub(r"\{name\}", "likes", path).replace("{key}", "p1")
             answer = await http.get(url, params={"from": "now-1h", "to": "now"} if "series" in path else None)
             documented = operations["get"]["responses"]

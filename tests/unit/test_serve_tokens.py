@@ -216,3 +216,46 @@ def test_the_openapi_document_says_a_bearer_token_is_needed_when_one_is() -> Non
     open_document = openapi_document(ServeSettings())
     assert "security" not in open_document
     assert all("401" not in operation["get"]["responses"] for operation in open_document["paths"].values())
+
+
+def test_admin_tokens_carry_a_name_and_only_the_name_comes_out(tmp_path: Path) -> None:
+    """Admin tokens are NAME:TOKEN: an accepted one gives its name (what a reset records), any other None; a
+    read token is not an admin token."""
+    path = tmp_path / "admin"
+    path.write_text(f"# admins\nops-oncall:{A}\nalice@example.org : {B}\n")
+    settings = ServeSettings(tokens=SecretStr(C), admin_tokens_file=path, admin_cassandra_username="writer")
+    admin = Tokens(settings, admin=True)
+    assert (admin.name_of(A), admin.name_of(B), admin.name_of(C), admin.name_of("")) == (
+        "ops-oncall", "alice@example.org", None, None)
+    assert Tokens(settings).name_of(C) == ""
+
+
+def test_an_admin_line_without_a_name_is_refused_without_quoting_it() -> None:
+    """An admin entry that is not NAME:TOKEN (or whose name has a space) stops the start; the reason names the
+    entry, never what it holds."""
+    for entry in (A, f"two words:{A}", f":{A}", "ops:"):
+        with pytest.raises(TokenError, match="entry 2: not NAME:TOKEN") as refused:
+            Tokens(ServeSettings(admin_tokens=SecretStr(f"ops:{B},{entry}"), admin_cassandra_username="w"),
+                   admin=True)
+        assert A not in str(refused.value)
+
+
+def test_admin_tokens_and_the_writing_role_come_together() -> None:
+    """Admin tokens without the role that writes resets (or the role without tokens) are refused: a route
+    nobody may call, or one that could not write, would only mislead."""
+    with pytest.raises(ValidationError, match="set both or neither"):
+        ServeSettings(admin_tokens=SecretStr(f"ops:{A}"))
+    with pytest.raises(ValidationError, match="set both or neither"):
+        ServeSettings(admin_cassandra_username="writer")
+    assert ServeSettings(admin_tokens=SecretStr(f"ops:{A}"), admin_cassandra_username="writer").admin
+
+
+def test_the_reset_operation_is_described_only_when_served() -> None:
+    """/openapi.json describes POST /counters/{name}/reset, behind the admin scheme, only when it is served."""
+    settings = ServeSettings(admin_tokens=SecretStr(f"ops:{A}"), admin_cassandra_username="writer")
+    assert "/counters/{name}/reset" not in openapi_document(settings)["paths"]
+    document = openapi_document(settings, resetting=True)
+    operation = document["paths"]["/counters/{name}/reset"]["post"]
+    assert operation["security"] == [{"admin": []}]
+    assert {"401", "403"} <= set(operation["responses"])
+    assert document["components"]["securitySchemes"]["admin"]["scheme"] == "bearer"
