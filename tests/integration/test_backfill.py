@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
+from tests.docblocks import doc_block
 from tests.integration.consumer_support import REPO, Truth, make_events, start_consumer, wait_until_started
 
 pytestmark = pytest.mark.integration
@@ -69,6 +71,19 @@ def _command(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[s
     return subprocess.Popen([sys.executable, "-m", "countersink.cli", *args], cwd=REPO,
                             env=child_env(kafka, cassandra, consumer=options), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
+
+
+def _doc_commands(counters: Path, group: str, since: str) -> dict[str, list[str]]:
+    """The commands docs/operations.md shows (block ``backfill-commands``), by subcommand, with this test's
+    definitions file, group and time in place of the page's."""
+    commands = {}
+    for line in doc_block("docs/operations.md", "backfill-commands").splitlines():
+        words = shlex.split(line)
+        assert words[0] == "countersink", line
+        swap = {"counters.toml": str(counters), "trades-counters": group, "2026-11-26T08:00:00Z": since}
+        commands[words[1]] = [swap.get(word, word) for word in words[1:]]
+    assert sorted(commands) == ["backfill", "reprocess"], commands
+    return commands
 
 
 def _finish(process: subprocess.Popen[bytes], timeout_s: float = 180) -> str:
@@ -156,8 +171,9 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
     third = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
     try:
         await wait_until_started(log, third)
+        documented = _doc_commands(after_file, group, "")
         out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
-                                                        "backfill", "shares_traded"))
+                                                        *documented["backfill"]))
         await flushed()
         assert "backfill of shares_traded finished" in out, out
         resumed = [line for line in out.splitlines() if line.startswith(f"  {topic}/0: done")]
@@ -192,7 +208,7 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
         await publish(kafka_settings, topic, batches[4][0])
         await flushed()
         out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
-                                                        "reprocess", "trades_count", "--from", since))
+                                                        *_doc_commands(after_file, group, since)["reprocess"]))
         assert out.startswith("reset every key of trades_count: epoch 1"), out
         await publish(kafka_settings, topic, batches[5][0])
         await flushed()
