@@ -14,7 +14,6 @@ goes on from what the last one committed. ``backfill`` also resumes a reprocess 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import getpass
 import socket
@@ -52,6 +51,7 @@ from countersink.kafka import make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import CassandraResets, publish_controls, read_resets, record_reset
+from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
 from countersink.settings import Settings
 from schemas import formats, registry
@@ -272,6 +272,7 @@ class Backfill:
                 log.error("backfill_refused", counter=self.counter, error="Kafka knows no partition of its topics")
                 return EXIT_FAILED
             deadline = time.monotonic() + wait_s
+            pauses = Backoff(first_s=0.5, max_s=5.0).pauses()
             while True:
                 handovers = await read_handovers(client, self.group, self.counter)
                 missing = [tp for tp in partitions if tp not in handovers]
@@ -285,7 +286,7 @@ class Backfill:
                     return EXIT_FAILED
                 print(f"waiting for the live consumers to take {', '.join(f'{t}/{p}' for t, p in missing)} with "
                       f"{self.counter}", flush=True)
-                await asyncio.sleep(1.0)
+                await pause_unless_stopped(pauses(), None)
             starts = await self._starts(partitions, definition.since)
             spans = []
             group = backfill_group(self.group, self.counter)
