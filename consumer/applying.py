@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.resetting import NO_RESETS, ResetBook
@@ -232,6 +232,15 @@ class Applier:
     partition: int
     window: RetryWindow
     resets: ResetBook = NO_RESETS
+    # Counters counted only from an offset on (counter -> the first offset it counts): a counter with ``since``
+    # counts from its hand-over offset, a backfill below it (countersink.backfills).
+    starts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # A backfill's counter: the only one whose updates are kept. Records are still routed with every counter
+    # of the topic, so that the publisher-retry window decides exactly as the live mutators' does.
+    only: frozenset[str] | None = None
+    # The epochs to start from instead of those recorded at the start offset: a reprocess counts what comes
+    # before its reset's point into the reset's epoch.
+    epochs_from: Epochs | None = None
     # The epochs of the instances at the point applied (schemas.resets), and the resets looked up by id.
     epochs: Epochs = dataclasses.field(default_factory=Epochs, init=False)
     known: dict[str, Reset | None] = dataclasses.field(default_factory=dict, init=False)
@@ -242,9 +251,14 @@ class Applier:
     transcode: Callable[[bytes], bytes | None] | None = dataclasses.field(default=None, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
+    # Records below this offset take the reference path (:meth:`classify`), which keeps ``starts``.
+    slow_below: int = dataclasses.field(default=-1, init=False)
 
     def __post_init__(self) -> None:
         router = self.router
+        self.slow_below = max(self.starts.values(), default=-1)
+        if self.epochs_from is not None:
+            self.epochs = self.epochs_from.copy()
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
@@ -254,6 +268,8 @@ class Applier:
             # A decoded Avro or Protobuf double is a float to the router, and its JSON text would be read back
             # as a Decimal: such a topic's exact decimals take the router.
             self.fast = None
+        if self.only is not None:
+            self.fast = None  # a backfill keeps one counter's updates: the reference path drops the others'
         if decode is not None and self.fast is not None:
             self.transcode = formats.transcoder(decode, router.max_event_bytes,
                                                 json_payload=self.counters.format_of(self.topic) == "json-schema")
@@ -287,14 +303,31 @@ class Applier:
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc
-        updates = decision.updates
-        error = CountersRefusedError(tuple(decision.refusals)) if decision.refusals else None
+        updates, refusals = decision.updates, decision.refusals
+        # The window first, from every update: it must decide as an unrestricted mutator's would.
         fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
+        if self.starts or self.only is not None:
+            counts = self.counts
+            updates = [u for u in updates if counts(u.counter, record.offset)]
+            fresh = [u for u in fresh if counts(u.counter, record.offset)]
+            refusals = [r for r in refusals if r.counter is None or counts(r.counter, record.offset)]
+        error = CountersRefusedError(tuple(refusals)) if refusals else None
         if not updates:
             return (Outcome.FILTERED if error is None else Outcome.INVALID), [], error
         if not fresh:
             return Outcome.DUPLICATE, [], error
         return Outcome.APPLIED, fresh, error
+
+    def start_counting(self, starts: Mapping[str, int]) -> None:
+        """Count each of ``starts``' counters only from its offset on (its hand-over): set before any record
+        is applied."""
+        self.starts = dict(starts)
+        self.slow_below = max(self.starts.values(), default=-1)
+
+    def counts(self, counter: str, offset: int) -> bool:
+        """Whether this applier counts ``counter``'s update of the record at ``offset``: the hand-over of a
+        counter with ``since`` is where the live mutators start counting it and its backfill stops."""
+        return (self.only is None or counter in self.only) and offset >= self.starts.get(counter, -1)
 
     def _reset_named(self, reset_id: str) -> Reset | None:
         if reset_id and reset_id not in self.known:
@@ -330,8 +363,11 @@ class Applier:
         offsets of a log with gaps (transactions, compaction) would hold fewer records, and let through a
         retry the previous owner dropped. Also learns the epochs of the instances at ``before``: every reset
         recorded as sitting below it."""
-        self.epochs = await self.resets.epochs_at(self.topic, self.partition,
-                                                  [c.name for c in self.counters.for_topic(self.topic)], before)
+        if self.epochs_from is not None:
+            self.epochs = self.epochs_from.copy()
+        else:
+            self.epochs = await self.resets.epochs_at(self.topic, self.partition,
+                                                      [c.name for c in self.counters.for_topic(self.topic)], before)
         if self.window.size <= 0 or before <= 0:
             return
         records = await source.read_back(self.topic, self.partition, before, self.window.size)
@@ -474,6 +510,11 @@ class Mutator:
             for record in records:
                 offset = record.offset
                 if offset <= self.applied_through:
+                    continue
+                if offset < applier.slow_below:
+                    # Below a hand-over offset: the reference path counts only the counters that start there.
+                    mark_touched()
+                    result.count(record, *self.apply(record))
                     continue
                 if record.headers and control_reset_id(record.headers) is not None:
                     # A control record: what was applied so far is marked dirty before it may drop states, and

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from consumer import schedule
 from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource, RetryWindow
 from consumer.dead_letters import DeadLetters
+from consumer.handovers import NO_HANDOVERS, HandoverBook
 from consumer.protocol import (
     Claim,
     Claimant,
@@ -107,7 +108,7 @@ class Ownership:
                  retry: PartitionRetry, *,
                  clock: Callable[[], int] = now_us, new_id: Callable[[], uuid.UUID] = uuid.uuid4,
                  spawn: Callable[[Coroutine[Any, Any, None]], Background] = in_background,
-                 resets: ResetBook = NO_RESETS) -> None:
+                 resets: ResetBook = NO_RESETS, handovers: HandoverBook = NO_HANDOVERS) -> None:
         """``clock`` (microseconds), ``new_id`` and ``spawn`` are the process's own unless a test passes
         stand-ins: the protocol model runs this class step by step, with its own clocks and interleavings."""
         self.config = config
@@ -123,6 +124,12 @@ class Ownership:
         self.new_id = new_id
         self.spawn = spawn
         self.resets = resets
+        self.handovers = handovers
+        # Counters with ``since`` by topic, and their hand-over offsets by partition once learned (they never
+        # change once recorded: consumer.handovers).
+        self._since = {topic: [c.name for c in counters.for_topic(topic) if c.since is not None]
+                       for topic in {t for c in counters for t in c.topics}}
+        self._starts: dict[TopicPartition, dict[str, int]] = {}
         self.mutators: dict[TopicPartition, Mutator] = {}
         # Takeovers still finishing in the background, by new mutator: it applies meanwhile, but writes
         # nothing until its takeover is finished (see takeover_pending).
@@ -183,7 +190,7 @@ class Ownership:
 
         def fresh_applier() -> Applier:
             return Applier(self.router, self.counters, tp.topic, tp.partition,
-                           RetryWindow(self.config.retry_window_records), self.resets)
+                           RetryWindow(self.config.retry_window_records), self.resets, self._starts.get(tp, {}))
 
         started = time.monotonic()
         claimed = await self._claim(tp, from_owner)
@@ -234,6 +241,17 @@ class Ownership:
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                      applier_factory: Callable[[], Applier], started: float) -> None:
         accept_lost = self.config.on_records_lost == "skip"
+        since = self._since.get(tp.topic)
+        if since and tp not in self._starts:
+            # Before the mutator applies anything, and before the replay's applier is made: the counters with
+            # ``since`` count from their hand-over offset on, recorded once (by the first that gets here).
+            starts = dict(await self.retry("handover", tp, functools.partial(
+                self.handovers.hand_over, self.config.group_id, tp.topic, tp.partition, since,
+                claimed.start_offset)))
+            self._starts[tp] = starts
+            mutator.applier.start_counting(starts)
+            log.info("handover_learned", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
+                     offsets=starts)
         if mutator.id in self.warming:
             # Reads Kafka again: retried while the broker is away (a restart), as flushes wait for Cassandra.
             await self.retry("warm_up", tp, functools.partial(mutator.applier.warm_up, self.source,

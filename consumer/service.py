@@ -27,12 +27,14 @@ from consumer.cassandra_store import CassandraStore
 from consumer.cleanup_policies import check_policies, deduplicating
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
+from consumer.handovers import NO_HANDOVERS, HandoverBook
 from consumer.kafka_source import KafkaRecordSource
 from consumer.ownership import Ownership, PartitionRetry
 from consumer.resetting import NO_RESETS, ResetBook
 from consumer.schedule import Progress
 from consumer.schema_source import SchemaLoadingSource
 from consumer.storage import Store
+from countersink.backfills import CassandraHandovers
 from countersink.cassandra import CassandraClient
 from countersink.consistency import check_deciding_reads, replication_factors
 from countersink.gc_runs import GcAgeSampler
@@ -142,10 +144,12 @@ class ConsumerService:
         retry = PartitionRetry(self.config, lambda: self._stop_requested_at)
         self.dead_letters = DeadLetters(self.producer, self.config)
         resets: ResetBook = NO_RESETS
+        handovers: HandoverBook = NO_HANDOVERS
         if isinstance(self.store, CassandraStore):
             resets = CassandraResets(self.cassandra, self.store.read_cl, self.store.write_cl)
+            handovers = CassandraHandovers(self.cassandra, self.host)
         self.ownership = Ownership(self.config, self.host, self.router, counters, self.store, self.source,
-                                   self.consumer, self.dead_letters, retry, resets=resets)
+                                   self.consumer, self.dead_letters, retry, resets=resets, handovers=handovers)
         self.flushing = Flushing(self.store, self.ownership, self.dead_letters, retry, self.cassandra)
         # Held while a batch is applied, flushed and rotated, and by the rebalance callbacks (which aiokafka
         # runs in its coordinator task, concurrently with this loop): a rotation must never take over a

@@ -46,6 +46,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                      "re-publish a dead letter to its topic, for the counters that refused it only"),
     "drop": ("countersink.commands.drop", "drop a counter: its registry entry and every row of it"),
     "trace": ("countersink.commands.trace", "show what one record did in each counter on its topic"),
+    "backfill": ("countersink.commands.backfill",
+                 "count a counter with since over the retained log, up to where the live consumers count it from"),
+    "reprocess": ("countersink.commands.backfill", "reset a counter, then count it again from a time"),
 }
 
 # Commands whose output is for a person: on a terminal they log only warnings and errors, one plain line each.

@@ -220,16 +220,28 @@ def _print_explanation(e: Explanation) -> None:
                   f"flush {row['flush_seq']}")
 
 
+async def _backfilling(client: CassandraClient, counter: str) -> str | None:
+    """The line telling that ``counter`` is still being backfilled (countersink.backfills), if it is."""
+    from countersink.backfills import counter_backfill  # here: the backfill's imports are not every read's
+
+    return await counter_backfill(client, counter)
+
+
 def run_explain(args: argparse.Namespace, settings: Settings) -> int:
     async def explain() -> int:
         async with CassandraClient(settings.cassandra) as client:
             if await _known_or_refuse(client, args) is False:
                 return EXIT_USAGE
             explanation = await CounterReader(client, args.consistency).explain(args.counter, args.key)
+            backfilling = await _backfilling(client, args.counter)
         if args.json:
-            print(json.dumps(to_jsonable(explanation)))
+            shown = to_jsonable(explanation)
+            assert isinstance(shown, dict)
+            print(json.dumps({**shown, **({"backfilling": backfilling} if backfilling else {})}))
         else:
             _print_explanation(explanation)
+            if backfilling:
+                print(f"  {backfilling}")
         return 0
 
     return run_async(explain())
@@ -243,13 +255,17 @@ def run_list(args: argparse.Namespace, settings: Settings) -> int:
                 return EXIT_USAGE
             keys, next_page = await CounterReader(client, args.consistency).list_instances(
                 args.counter, args.limit, page)
+            backfilling = await _backfilling(client, args.counter)
         token = base64.urlsafe_b64encode(next_page).decode() if next_page else None
         if args.json:
-            print(json.dumps({"counter": args.counter, "keys": keys, "next_page": token}))
+            print(json.dumps({"counter": args.counter, "keys": keys, "next_page": token,
+                              **({"backfilling": backfilling} if backfilling else {})}))
         else:
             print("\n".join(keys))
             if token:
                 print(f"(more: --page {token})")
+            if backfilling:
+                print(f"({backfilling})")
         return 0
 
     return run_async(list_keys())

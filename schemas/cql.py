@@ -227,6 +227,22 @@ def create_tables(keyspace: str) -> list[str]:
             offset bigint,
             PRIMARY KEY ((topic, partition), counter, epoch, offset)
         )""",
+        # Hand-overs of backfilled counters (countersink/backfills.py): per live group and cell (a counter with
+        # ``since``, or the epoch cell a reprocess fills), the offset of each partition where the live mutators
+        # count on and the backfill stops, recorded once by INSERT ... IF NOT EXISTS; the backfill's start and
+        # when it finished the partition.
+        f"""CREATE TABLE IF NOT EXISTS {ks}.handovers (
+            consumer_group text,
+            cell text,
+            topic text,
+            partition int,
+            offset bigint,
+            recorded_us bigint,
+            recorded_by text,
+            start_offset bigint,
+            finished_us bigint,
+            PRIMARY KEY ((consumer_group, cell), topic, partition)
+        )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
             name text PRIMARY KEY,
             version int

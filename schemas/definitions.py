@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,7 @@ _KIND_OPTIONS: dict[str, frozenset[str]] = {
     "top_k": frozenset({"max_map_size", "top"}),
     "count": frozenset(),
 }
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,6})?([Zz]|[+-]\d\d:\d\d)")
 _ALL_OPTIONS = frozenset().union(*_KIND_OPTIONS.values())
 _BUCKET_UNITS = {"m": 60, "h": 3600, "d": 86400}
 _BUCKET_SIZE = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
@@ -216,6 +218,23 @@ class CounterDefinition(BaseModel):
     k: int | None = Field(default=None, ge=8, le=65535)
     max_map_size: int | None = Field(default=None, ge=8, le=65536)
     top: int | None = Field(default=None, ge=1, le=1000)
+    # Where a counter added to a running deployment starts: "earliest" (the log start) or an RFC 3339 time with
+    # an offset; unset, from the group's position. Set, the live consumers count it from a hand-over offset
+    # in each partition and ``countersink backfill`` counts what comes before (docs/operations.md, Adding a
+    # counter with a backfill). Not part of the meaning: it decides where counting starts, not what a state is.
+    since: str | None = None
+
+    @field_validator("since")
+    @classmethod
+    def _since_is_a_start(cls, v: str | None) -> str | None:
+        if v is not None:
+            since_ms(v)
+        return v
+
+    @property
+    def since_ms(self) -> int | None:
+        """The start of a ``since`` time in epoch milliseconds; None for ``earliest`` or no ``since``."""
+        return None if self.since is None or self.since == "earliest" else since_ms(self.since)
 
     @field_validator("name")
     @classmethod
@@ -323,6 +342,17 @@ class CounterDefinition(BaseModel):
     def number_mode(self) -> NumberMode | None:
         """The effective number mode for numeric kinds, ``None`` for the others."""
         return self.spec.number if self.kind in _NUMERIC_KINDS else None
+
+
+def since_ms(text: str) -> int | None:
+    """``since``: None for ``earliest``, else the RFC 3339 time (with its offset) in epoch milliseconds.
+    Raises ValueError for anything else."""
+    if text == "earliest":
+        return None
+    if len(text) > 40 or not _RFC3339.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is neither \"earliest\" nor an RFC 3339 time with an offset, like "
+                         "2026-11-01T00:00:00Z")
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
 
 
 class CounterSet:

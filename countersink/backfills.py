@@ -1,0 +1,225 @@
+"""Backfills in Cassandra and Kafka: hand-over offsets (``consumer.handovers``), a backfill's run over one
+partition, and what a reader is told while one is under way.
+
+A counter with ``since`` is counted by the live mutators from its hand-over offset H in each partition on. A
+backfill counts [start, H) of each partition for that counter alone: mutators of its own, in a consumer group
+of its own (:func:`backfill_group`, the declared exception to one group per keyspace), run the same claim /
+flush / takeover protocol as the live ones (``consumer.protocol``), so a backfill killed at any point is
+finished by the next run, which replays the window the dead one left open. It stops each partition at H, so
+every record is counted by exactly one side; its mutators retire and the GC folds their shards as any
+other's. Records are routed with every counter of the topic (the publisher-retry window decides as the live
+mutators' does) and only the backfilled counter's updates are kept. A reprocess is a reset, then a backfill
+into the reset's epoch from a time up to the reset's point (its control record) in each partition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource
+from consumer.protocol import Claimant, finish_take_over, flush, release
+from consumer.storage import MutatorEntry, PartitionId, Store
+from countersink.cassandra import CassandraClient, as_dicts
+from schemas import registry
+from schemas.resets import cell_name, current_epochs
+
+# A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
+# expiry it is registered with (twice this), after which it would write nothing more.
+ROTATE_AFTER_S = 600.0
+
+
+def backfill_group(live_group: str, cell: str) -> str:
+    """The consumer group of a backfill's ownership rows and mutators: derived from the live group and the cell
+    it fills (a counter, or ``counter@epoch`` for a reprocess), so that two backfills never share rows."""
+    return f"{live_group}.backfill.{cell}"
+
+
+class CassandraHandovers:
+    """:class:`consumer.handovers.HandoverBook` on the ``handovers`` table, by LWT."""
+
+    def __init__(self, client: CassandraClient, recorded_by: str) -> None:
+        self.client, self.recorded_by = client, recorded_by
+
+    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
+                        offset: int) -> Mapping[str, int]:
+        return {counter: await record_handover(self.client, group, counter, topic, partition, offset,
+                                               self.recorded_by) for counter in counters}
+
+
+async def record_handover(client: CassandraClient, group: str, cell: str, topic: str, partition: int, offset: int,
+                          recorded_by: str) -> int:
+    """Record ``offset`` as the hand-over of ``cell`` in the partition unless one is recorded; return the one
+    recorded (a retry after a lost answer finds its own)."""
+    rows = as_dicts(await client.execute(
+        "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+        [group, cell, topic, partition, offset, time.time_ns() // 1000, recorded_by], idempotent=False))
+    if not rows or rows[0].get("[applied]"):
+        return offset
+    return int(rows[0]["offset"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """One partition's hand-over of a cell, as recorded."""
+
+    topic: str
+    partition: int
+    offset: int  # the first offset the live mutators count; the backfill counts below it
+    start_offset: int | None  # where the backfill started (None: not finished)
+    finished_us: int | None
+
+
+async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict[tuple[str, int], Handover]:
+    """Every recorded hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
+    rows = as_dicts(await client.execute(
+        "SELECT topic, partition, offset, start_offset, finished_us FROM handovers WHERE consumer_group = ? AND "
+        "cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
+    return {(row["topic"], int(row["partition"])): Handover(
+        row["topic"], int(row["partition"]), int(row["offset"]),
+        None if row.get("start_offset") is None else int(row["start_offset"]),
+        None if row.get("finished_us") is None else int(row["finished_us"])) for row in rows}
+
+
+async def fix_start(client: CassandraClient, group: str, cell: str, topic: str, partition: int, start: int) -> int:
+    """Record where the backfill of a partition starts, once (a later run resumes the same span, whatever
+    retention or the clock say by then); return the start recorded."""
+    rows = as_dicts(await client.execute(
+        "UPDATE handovers SET start_offset = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND partition = ? "
+        "IF start_offset = null", [start, group, cell, topic, partition], idempotent=False))
+    if not rows or rows[0].get("[applied]") or rows[0].get("start_offset") is None:
+        return start
+    return int(rows[0]["start_offset"])
+
+
+async def mark_finished(client: CassandraClient, group: str, cell: str, topic: str, partition: int) -> None:
+    """Record the partition backfilled up to its hand-over (once: a second run keeps the first one's time)."""
+    await client.execute(
+        "UPDATE handovers SET finished_us = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND partition = ? "
+        "IF finished_us = null", [time.time_ns() // 1000, group, cell, topic, partition], idempotent=False)
+
+
+async def backfill_state(client: CassandraClient, counter: str, group: str | None, since: str | None,
+                         epoch: int) -> str | None:
+    """What a reader is told of ``counter``'s backfill: None when none is under way (no ``since`` and no
+    reprocess of its current ``epoch``, or every recorded hand-over finished), else one line."""
+    if group is None:
+        return None
+    cells = ([counter] if since is not None and epoch == 0 else []) + ([cell_name(counter, epoch)] if epoch else [])
+    for cell in cells:
+        try:
+            found = await read_handovers(client, group, cell)
+        except Exception:  # a keyspace made before backfills has no table: nothing to say
+            return None
+        if cell != counter or found or since is not None:
+            done = sum(1 for h in found.values() if h.finished_us is not None)
+            if not found and cell == counter:
+                return (f"backfilling: no live consumer has recorded where it counts {counter} from yet "
+                        f"(countersink backfill {counter})")
+            if done < len(found):
+                return (f"backfilling: {done} of {len(found)} partitions done; events before each hand-over offset "
+                        f"are not all counted yet (countersink backfill {counter})")
+    return None
+
+
+async def counter_backfill(client: CassandraClient, counter: str) -> str | None:
+    """What readers are told of ``counter``'s backfill (:func:`backfill_state`), from the counter registry and
+    its resets; None when none is under way or the keyspace cannot say."""
+    from countersink.registry import CounterRegistry
+    from countersink.resets import read_resets
+
+    try:
+        row = await CounterRegistry(client).record(counter)
+    except Exception:  # a keyspace made before the registry: nothing to say
+        return None
+    if row is None or row.get("definition") is None:
+        return None
+    since = registry.from_record(row["definition"]).since
+    epoch = current_epochs(await read_resets(client, counter)).all_keys.get(counter, 0)
+    return await backfill_state(client, counter, row.get("consumer_group"), since, epoch)
+
+
+ProgressReport = Callable[[str, int, int, int, int], None]  # topic, partition, first, applied through, end
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One partition of a backfill: from ``first`` (its start offset, for a first run) up to ``end`` (its
+    hand-over offset, excluded)."""
+
+    topic: str
+    partition: int
+    first: int
+    end: int
+
+
+async def backfill_partition(store: Store, source: RecordSource, make_applier: Callable[[], Applier], span: Span,
+                             group: str, host: str, *, flush_interval_s: float, flush_max_dirty: int,
+                             on_progress: ProgressReport, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
+                             rotate_after_s: float = ROTATE_AFTER_S) -> int:
+    """Count ``span`` of one partition with mutators of ``group`` (the backfill's), by the live protocol, and
+    return where this run started in it. A run after a kill -9 claims the partition, replays the window the
+    dead mutator left open and goes on from there; a run once the partition is done writes nothing.
+
+    Raises :class:`RecordsLostError` when records still to count were deleted from the log."""
+    while True:
+        born = clock()
+        entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
+                             host=host, born_us=born, expires_us=born + int(rotate_after_s * 2e6))
+        claimed = await Claimant(entry, span.first - 1).claim(store)
+        start = claimed.start_offset
+        applier = make_applier()
+        await applier.warm_up(source, start)
+        await finish_take_over(store, source, claimed, make_applier, clock())
+        mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,
+                          applied_through=start - 1, flushed_through=start - 1)
+        if start < span.end:
+            log_start = await source.log_start(span.topic, span.partition)
+            if log_start > start:
+                raise RecordsLostError(span.topic, span.partition, start, min(log_start, span.end) - 1)
+        rotate_at = time.monotonic() + rotate_after_s
+        last_flush = time.monotonic()
+        if start < span.end:
+            chunks = source.stream(span.topic, span.partition, start, span.end - 1)
+            try:
+                async for chunk in chunks:
+                    await applier.learn(chunk)
+                    mutator.apply_batch(chunk)
+                    now = time.monotonic()
+                    if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
+                        await flush(store, mutator, clock())
+                        last_flush = now
+                        on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
+                    if now >= rotate_at:
+                        break
+                else:
+                    mutator.skip_to(span.end)  # the offsets after the last record below H hold no record
+            finally:
+                # Closed on a break too: the source holds its reader while a stream is open.
+                close = getattr(chunks, "aclose", None)
+                if close is not None:
+                    await close()
+        else:
+            mutator.skip_to(span.end)
+        await release(store, mutator, clock())
+        on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
+        if mutator.flushed_through >= span.end - 1:
+            return start
+
+
+__all__ = [
+    "CassandraHandovers",
+    "Handover",
+    "Span",
+    "backfill_group",
+    "backfill_partition",
+    "backfill_state",
+    "counter_backfill",
+    "fix_start",
+    "mark_finished",
+    "read_handovers",
+    "record_handover",
+]

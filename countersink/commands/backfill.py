@@ -1,0 +1,352 @@
+"""``countersink backfill COUNTER`` and ``countersink reprocess COUNTER --from TIME``.
+
+backfill: a counter whose definition has ``since`` is counted by the live consumers from a hand-over offset in
+each partition on (the first live mutator's start, recorded once); this counts the retained log below it, from
+``since``, for that counter alone, and records each partition finished (``countersink.backfills``).
+
+reprocess: a reset of every key of the counter (``countersink reset``), then a backfill into the reset's epoch
+from ``--from`` up to the reset's point (its control record) in each partition.
+
+Both print progress per partition while they run, and may be killed and run again at any point: the next run
+goes on from what the last one committed. ``backfill`` also resumes a reprocess that did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import getpass
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiokafka import TopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
+
+from consumer.applying import Applier, RecordsLostError, RetryWindow
+from consumer.cassandra_store import CassandraStore
+from consumer.kafka_source import KafkaRecordSource
+from consumer.schema_source import SchemaLoadingSource
+from countersink.backfills import (
+    Span,
+    backfill_group,
+    backfill_partition,
+    fix_start,
+    mark_finished,
+    read_handovers,
+    record_handover,
+)
+from countersink.cassandra import CassandraClient
+from countersink.cli import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    counter_name,
+    load_definitions_or_refuse,
+    positive_int,
+    run_async,
+    setting_default,
+)
+from countersink.kafka import make_consumer, make_producer
+from countersink.logs import get_logger
+from countersink.registry import CounterRegistry
+from countersink.resets import CassandraResets, publish_controls, read_resets, record_reset
+from countersink.retry import Backoff, pause_unless_stopped
+from countersink.schema_registry import SchemaLoader
+from countersink.settings import Settings
+from schemas import formats, registry
+from schemas.definitions import CounterSet, since_ms
+from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
+from schemas.events import EventRouter
+from schemas.formats import SchemaCache
+from schemas.resets import Epochs, cell_name, current_epochs
+
+log = get_logger(__name__)
+
+PROGRESS_EVERY_S = 5.0
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("counter", type=counter_name, help="the counter, as its definition names it")
+    parser.add_argument("--counters", type=Path, metavar="FILE",
+                        help="the definitions file the live consumers run " + setting_default("consumer.counters_file"))
+    parser.add_argument("--group", help="the live consumers' group " + setting_default("consumer.group_id"))
+
+
+def add_backfill_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+    parser.add_argument("--wait-s", type=positive_int, default=300, metavar="SECONDS",
+                        help="how long to wait for the live consumers to record where they count the counter from "
+                        "in each partition (they do when they take it over with the definition)")
+
+
+def add_reprocess_arguments(parser: argparse.ArgumentParser) -> None:
+    _common_arguments(parser)
+    parser.add_argument("--from", dest="since", required=True, metavar="TIME",
+                        help='count again from this RFC 3339 time (with its offset, e.g. 2026-11-01T00:00:00Z) or '
+                        '"earliest"')
+
+
+def _settings_of(args: argparse.Namespace, settings: Settings) -> Settings:
+    updates = {}
+    if args.counters:
+        updates["counters_file"] = args.counters
+    if args.group:
+        updates["group_id"] = args.group
+    if updates:
+        settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
+    return settings
+
+
+def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
+    settings = _settings_of(args, settings)
+    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
+    if counters is None:
+        return EXIT_USAGE
+    if args.counter not in counters:
+        log.error("usage_refused", error=f"no counter {args.counter!r} in {counters.source}")
+        return EXIT_USAGE
+    return run_async(Backfill(settings, counters, args.counter).backfill(args.wait_s))
+
+
+def run_reprocess(args: argparse.Namespace, settings: Settings) -> int:
+    settings = _settings_of(args, settings)
+    try:
+        since_ms(args.since)
+    except ValueError as exc:
+        log.error("usage_refused", error=str(exc))
+        return EXIT_USAGE
+    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
+    if counters is None:
+        return EXIT_USAGE
+    if args.counter not in counters:
+        log.error("usage_refused", error=f"no counter {args.counter!r} in {counters.source}")
+        return EXIT_USAGE
+    return run_async(Backfill(settings, counters, args.counter).reprocess(args.since))
+
+
+def _requester() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+class Backfill:
+    """One backfill or reprocess of one counter, run from the command line."""
+
+    def __init__(self, settings: Settings, counters: CounterSet, counter: str) -> None:
+        self.settings, self.counters, self.counter = settings, counters, counter
+        self.group = settings.consumer.group_id
+        self.host = f"{socket.gethostname()}:backfill"
+        self._printed: dict[tuple[str, int], float] = {}
+
+    async def _checked(self, client: CassandraClient, *, since_required: bool) -> bool:
+        """The counter is recorded for the live group with this meaning; its backfill group is declared."""
+        row = await CounterRegistry(client).record(self.counter)
+        if row is None or row.get("kind") is None:
+            log.error("backfill_refused", counter=self.counter,
+                      error=f"{self.counter!r} is not in the counter registry: start the live consumers with its "
+                      "definition first (they record where they count it from)")
+            return False
+        recorded_group = row.get("consumer_group")
+        if recorded_group != self.group:
+            log.error("backfill_refused", counter=self.counter,
+                      error=f"{self.counter!r} is counted by consumer group {recorded_group!r}, not {self.group!r}: "
+                      f"run with --group {recorded_group}")
+            return False
+        if since_required and registry.from_record(row["definition"]).since is None:
+            log.error("backfill_refused", counter=self.counter,
+                      error=f"{self.counter!r} was first counted without since: its live mutators counted it from "
+                      "where they started, and a backfill would count those events twice (use countersink reprocess "
+                      f"{self.counter} --from TIME)")
+            return False
+        try:
+            # Meaning and drop checked as any consumer's; the backfill's own group is the declared exception.
+            await CounterRegistry(client).register(CounterSet((self.counters[self.counter],), self.counters.source),
+                                                   self.host, backfill_group(self.group, self.counter),
+                                                   backfill={self.counter})
+        except (CounterDroppedError, DefinitionChangedError, GroupMismatchError) as exc:
+            for problem in getattr(exc, "problems", (exc,)):
+                log.error("backfill_refused", counter=self.counter, error=problem.line)
+            return False
+        return True
+
+    async def _partitions(self) -> list[tuple[str, int]]:
+        producer = make_producer(self.settings.kafka)
+        await producer.start()
+        try:
+            found: list[tuple[str, int]] = []
+            for topic in self.counters[self.counter].topics:
+                try:
+                    numbers = await producer.partitions_for(topic)
+                except UnknownTopicOrPartitionError:
+                    numbers = set()
+                found.extend((topic, p) for p in sorted(numbers or ()))
+            return found
+        finally:
+            await producer.stop()
+
+    async def _starts(self, partitions: Sequence[tuple[str, int]], since: str) -> dict[tuple[str, int], int]:
+        """Where ``since`` falls in each partition: its log start for ``earliest``, else the first record at or
+        after the time (the log end when there is none)."""
+        consumer = make_consumer(self.settings.kafka, enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            at = since_ms(since)
+            if at is None:
+                begin = await consumer.beginning_offsets(tps)
+                return {(tp.topic, tp.partition): int(begin[tp]) for tp in tps}
+            found = await consumer.offsets_for_times(dict.fromkeys(tps, at))
+            end = await consumer.end_offsets(tps)
+            return {(tp.topic, tp.partition): int(end[tp]) if found.get(tp) is None else int(found[tp].offset)
+                    for tp in tps}
+        finally:
+            await consumer.stop()
+
+    def _progress(self, topic: str, partition: int, first: int, through: int, end: int) -> None:
+        now = time.monotonic()
+        if through < end - 1 and now - self._printed.get((topic, partition), float("-inf")) < PROGRESS_EVERY_S:
+            return
+        self._printed[(topic, partition)] = now
+        done = max(0, through + 1 - first)
+        share = 100.0 if end <= first else min(100.0, 100.0 * done / (end - first))
+        print(f"  {topic}/{partition}: counted through offset {through} of {first}..{end - 1} ({share:.0f}%)",
+              flush=True)
+
+    async def _run(self, client: CassandraClient, cell: str, epochs: Epochs | None,
+                   spans: Sequence[Span]) -> int:
+        """Backfill every span of ``cell``, one partition after the other, each recorded finished."""
+        settings, config = self.settings, self.settings.consumer
+        schema_cache = SchemaCache()
+        schemas = SchemaLoader(settings.schema_registry, self.counters, schema_cache)
+        router = EventRouter(self.counters, max_event_bytes=config.max_event_bytes,
+                             max_future_skew_s=config.max_future_skew_s,
+                             decoders=formats.decoders(self.counters.formats, schema_cache, self.counters.schema_base))
+        store = CassandraStore(client)
+        resets = CassandraResets(client, store.read_cl, store.write_cl)
+        kafka = KafkaRecordSource(settings.kafka)
+        source = SchemaLoadingSource(kafka, schemas) if schemas.needed else kafka
+        group = backfill_group(self.group, cell)
+
+        def applier(topic: str, partition: int) -> Applier:
+            return Applier(router, self.counters, topic, partition, RetryWindow(config.retry_window_records), resets,
+                           only=frozenset({self.counter}), epochs_from=epochs)
+
+        try:
+            for span in spans:
+                started = await backfill_partition(
+                    store, source, functools.partial(applier, span.topic, span.partition), span, group, self.host,
+                    flush_interval_s=config.flush_interval_s, flush_max_dirty=config.flush_max_dirty,
+                    on_progress=self._progress)
+                await mark_finished(client, self.group, cell, span.topic, span.partition)
+                print(f"  {span.topic}/{span.partition}: done, offsets {span.first}..{span.end - 1} counted "
+                      f"(this run from {started})", flush=True)
+        except RecordsLostError as exc:
+            log.error("backfill_failed", counter=self.counter, error=str(exc),
+                      action="the retained log no longer holds them: nothing more can be counted there")
+            return EXIT_FAILED
+        finally:
+            await kafka.stop()
+            await schemas.stop()
+        print(f"backfill of {cell} finished: every partition counted up to its hand-over", flush=True)
+        return 0
+
+    async def backfill(self, wait_s: int) -> int:
+        definition = self.counters[self.counter]
+        async with CassandraClient(self.settings.cassandra, app="countersink-backfill") as client:
+            epoch = current_epochs(await read_resets(
+                client, self.counter, self.settings.cassandra.replay_read_consistency)).all_keys.get(self.counter, 0)
+            if epoch and await read_handovers(client, self.group, cell_name(self.counter, epoch)):
+                return await self._resume_reprocess(client, epoch)
+            if definition.since is None:
+                log.error("usage_refused", error=f"{self.counter!r} has no since in {self.counters.source}: there is "
+                          "nothing before its hand-over to count (countersink reprocess counts again from a time)")
+                return EXIT_USAGE
+            if not await self._checked(client, since_required=True):
+                return EXIT_USAGE
+            partitions = await self._partitions()
+            if not partitions:
+                log.error("backfill_refused", counter=self.counter, error="Kafka knows no partition of its topics")
+                return EXIT_FAILED
+            deadline = time.monotonic() + wait_s
+            pauses = Backoff(first_s=0.5, max_s=5.0).pauses()
+            while True:
+                handovers = await read_handovers(client, self.group, self.counter)
+                missing = [tp for tp in partitions if tp not in handovers]
+                if not missing:
+                    break
+                if time.monotonic() >= deadline:
+                    log.error("backfill_refused", counter=self.counter,
+                              error=f"no live consumer recorded where it counts {self.counter} from in "
+                              f"{', '.join(f'{t}/{p}' for t, p in missing)} within {wait_s}s: run the consumers "
+                              "with its definition")
+                    return EXIT_FAILED
+                print(f"waiting for the live consumers to take {', '.join(f'{t}/{p}' for t, p in missing)} with "
+                      f"{self.counter}", flush=True)
+                await pause_unless_stopped(pauses(), None)
+            starts = await self._starts(partitions, definition.since)
+            spans = []
+            group = backfill_group(self.group, self.counter)
+            print(f"backfill of {self.counter} since {definition.since}, group {group}:", flush=True)
+            for topic, partition in partitions:
+                h = handovers[(topic, partition)]
+                first = await fix_start(client, self.group, self.counter, topic, partition,
+                                        min(starts[(topic, partition)], h.offset))
+                spans.append(Span(topic, partition, first, h.offset))
+                print(f"  {topic}/{partition}: offsets {first}..{h.offset - 1}, live from {h.offset}", flush=True)
+            return await self._run(client, self.counter, None, spans)
+
+    async def _resume_reprocess(self, client: CassandraClient, epoch: int) -> int:
+        cell = cell_name(self.counter, epoch)
+        if not await self._checked(client, since_required=False):
+            return EXIT_USAGE
+        handovers = await read_handovers(client, self.group, cell)
+        spans = [Span(t, p, h.start_offset if h.start_offset is not None else h.offset, h.offset)
+                 for (t, p), h in sorted(handovers.items())]
+        print(f"resuming the reprocess of {self.counter} into epoch {epoch}:", flush=True)
+        return await self._run(client, cell, Epochs({self.counter: epoch}, {}, {(self.counter, epoch)}), spans)
+
+    async def reprocess(self, since: str) -> int:
+        async with CassandraClient(self.settings.cassandra, app="countersink-reprocess") as client:
+            partitions = await self._partitions()
+            if not partitions:
+                log.error("reprocess_refused", counter=self.counter, error="Kafka knows no partition of its topics")
+                return EXIT_FAILED
+            if not await self._checked(client, since_required=False):
+                return EXIT_USAGE
+            # The starts first: a time after the reset would otherwise fall past its control records.
+            starts = await self._starts(partitions, since)
+            counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
+                      for topic in self.counters[self.counter].topics}
+            write_cl = self.settings.cassandra.write_consistency
+            requested_by = _requester()
+            reset, _ = await record_reset(client, self.counter, [], requested_by, write_cl, counts)
+            producer = make_producer(self.settings.kafka)
+            await producer.start()
+            try:
+                async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+                    return int((await (await producer.send(topic, value, partition=partition, headers=headers))).offset)
+
+                positions = await publish_controls(reset, partitions, send)
+            finally:
+                await producer.stop()
+            await CassandraResets(client, self.settings.cassandra.replay_read_consistency,
+                                  write_cl).record_positions(positions)
+            cell = cell_name(self.counter, reset.epoch)
+            print(f"reset every key of {self.counter}: epoch {reset.epoch}, id {reset.reset_id}, by {requested_by}",
+                  flush=True)
+            spans = []
+            for position in positions:
+                where = (position.topic, position.partition)
+                end = await record_handover(client, self.group, cell, position.topic, position.partition,
+                                            position.offset, requested_by)
+                first = await fix_start(client, self.group, cell, position.topic, position.partition,
+                                        min(starts[where], end))
+                spans.append(Span(position.topic, position.partition, first, end))
+                print(f"  {position.topic}/{position.partition}: control record at {position.offset}; counting "
+                      f"offsets {first}..{end - 1} again", flush=True)
+            return await self._run(client, cell, Epochs({self.counter: reset.epoch}, {}, {(self.counter, reset.epoch)}),
+                                   spans)

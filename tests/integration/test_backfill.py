@@ -1,0 +1,230 @@
+"""Backfill and reprocess on real Kafka and Cassandra: a counter added to a running deployment with ``since``
+is counted over the retained log by ``countersink backfill`` and joins the live consumers at the hand-over
+offset with no gap and no overlap, through kill -9 of the backfill and of a live consumer; ``countersink
+reprocess`` counts a counter again from a time; a second, undeclared group is still refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from countersink.backfills import counter_backfill, read_handovers
+from countersink.cassandra import CassandraClient
+from countersink.reader import CounterReader, read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+from stack.loading import child_env, end_offsets, publish, wait_until_flushed
+from tests.docblocks import doc_block
+from tests.integration.consumer_support import REPO, Truth, make_events, start_consumer, wait_until_started
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+COUNT = """
+[[counter]]
+name = "trades_count"
+topics = ["{topic}"]
+kind = "count"
+key = ["symbol"]
+event_id = "trade_id"
+"""
+SHARES = """
+[[counter]]
+name = "shares_traded"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "trade_id"
+since = "earliest"
+"""
+
+
+def _sum(*truths: Truth) -> Truth:
+    total = Truth()
+    for truth in truths:
+        total.count.update(truth.count)
+        total.qty.update(truth.qty)
+    return total
+
+
+async def _values(cassandra: CassandraSettings, counter: str, symbols: set[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    async with CassandraClient(cassandra) as client:
+        for symbol in sorted(symbols):
+            state = await read_state(client, counter, symbol)
+            found[symbol] = 0 if state is None else int(state.value())  # type: ignore[call-overload]
+    return {symbol: value for symbol, value in found.items() if value}
+
+
+def _command(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object], *args: str
+             ) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "countersink.cli", *args], cwd=REPO,
+                            env=child_env(kafka, cassandra, consumer=options), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _doc_commands(counters: Path, group: str, since: str) -> dict[str, list[str]]:
+    """The commands docs/operations.md shows (block ``backfill-commands``), by subcommand, with this test's
+    definitions file, group and time in place of the page's."""
+    commands = {}
+    for line in doc_block("docs/operations.md", "backfill-commands").splitlines():
+        words = shlex.split(line)
+        assert words[0] == "countersink", line
+        swap = {"counters.toml": str(counters), "trades-counters": group, "2026-11-26T08:00:00Z": since}
+        commands[words[1]] = [swap.get(word, word) for word in words[1:]]
+    assert sorted(commands) == ["backfill", "reprocess"], commands
+    return commands
+
+
+def _finish(process: subprocess.Popen[bytes], timeout_s: float = 180) -> str:
+    out, err = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, (out + err).decode(errors="replace")
+    return out.decode()
+
+
+async def _kill_at_first_progress(process: subprocess.Popen[bytes]) -> list[str]:
+    """Read the backfill's lines until it reports a flush, then kill -9 it."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    while True:
+        line = (await asyncio.to_thread(process.stdout.readline)).decode()
+        assert line, f"the backfill ended before reporting progress: {lines}"
+        lines.append(line)
+        if "counted through offset" in line:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return lines
+
+
+async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A consumer counts trades_count; it is killed with kill -9 and a consumer with shares_traded (since =
+    "earliest") added takes over, recording where it counts it from. ``countersink backfill shares_traded`` is
+    killed with kill -9 after its first flush, the live consumer too; more events come, a new live consumer
+    and a second backfill run finish the job. shares_traded then equals the sum over every event published
+    (publisher retries dropped), computed from the events alone, explain says no more that it is
+    backfilling, and a GC folding the backfill's shards changes nothing. Then ``countersink reprocess
+    trades_count --from T`` counts it again from a time: it equals the events published after T; and a
+    consumer of another group is still refused (exit 2)."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"b{os.urandom(4).hex()}"
+    before_file, after_file = tmp_path / "before.toml", tmp_path / "after.toml"
+    before_file.write_text(COUNT.replace("{topic}", topic))
+    after_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=6, duplicates=n // 40, seed=seed)
+               for seed, n in enumerate((3000, 1500, 1500, 800, 600, 400), start=11)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    first = start_consumer(kafka_settings, cassandra_settings, log, counters_file=before_file, **options)
+    try:
+        await wait_until_started(log, first)
+        await publish(kafka_settings, topic, batches[0][0])
+        await flushed()
+        await publish(kafka_settings, topic, batches[1][0])
+        await asyncio.sleep(0.3)
+    finally:
+        first.send_signal(signal.SIGKILL)  # whatever window it left open is replayed by the next owner
+        first.wait()
+
+    second = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    backfill_options = {**options, "counters_file": after_file, "flush_interval_s": 0.02, "flush_max_dirty": 3}
+    try:
+        await wait_until_started(log, second)
+        await publish(kafka_settings, topic, batches[2][0])
+        await flushed()
+        async with CassandraClient(cassandra_settings) as client:
+            handovers = await read_handovers(client, group, "shares_traded")
+            backfilling = await counter_backfill(client, "shares_traded")
+        assert sorted(handovers) == [(topic, p) for p in range(PARTITIONS)], handovers
+        assert all(h.offset > 0 and h.finished_us is None for h in handovers.values()), handovers
+        # Before the backfill, shares_traded holds only what the live consumer counted from its hand-over on.
+        assert backfilling is not None
+        assert backfilling.startswith("backfilling: 0 of 2 partitions done"), backfilling
+        live_only = await _values(cassandra_settings, "shares_traded", symbols)
+        assert sum(live_only.values()) < sum(_sum(*(t for _, t in batches[:3])).qty.values())
+        killed = _command(kafka_settings, cassandra_settings, backfill_options, "backfill", "shares_traded")
+        printed = await _kill_at_first_progress(killed)
+        assert any(line.startswith(f"  {topic}/0: offsets 0..") for line in printed), printed
+    finally:
+        second.send_signal(signal.SIGKILL)
+        second.wait()
+
+    await publish(kafka_settings, topic, batches[3][0])
+    third = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    try:
+        await wait_until_started(log, third)
+        documented = _doc_commands(after_file, group, "")
+        out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
+                                                        *documented["backfill"]))
+        await flushed()
+        assert "backfill of shares_traded finished" in out, out
+        resumed = [line for line in out.splitlines() if line.startswith(f"  {topic}/0: done")]
+        # The killed run had flushed part of partition 0 at least: the second run went on from there.
+        assert resumed, out
+        assert " 0.." in resumed[0], out
+        assert "(this run from 0)" not in resumed[0], out
+        everything = _sum(*(t for _, t in batches[:4]))
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+        assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)
+        async with CassandraClient(cassandra_settings) as client:
+            explained = await CounterReader(client).explain("shares_traded", sorted(symbols)[0])
+            backfilling = await counter_backfill(client, "shares_traded")
+            assert all(h.finished_us is not None for h in (await read_handovers(client, group, "shares_traded")
+                                                          ).values())
+        assert backfilling is None
+        assert explained.value == everything.qty[sorted(symbols)[0]]
+        # A second run finds every partition done and counts nothing twice.
+        again = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
+                                                          "backfill", "shares_traded"))
+        assert "finished" in again, again
+        gc = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "countersink.cli", "gc", "--once"], cwd=REPO, capture_output=True,
+            env=child_env(kafka_settings, cassandra_settings, gc={"grace_s": 0}), timeout=120, check=False)
+        assert gc.returncode == 0, gc.stderr.decode(errors="replace")
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+
+        # Reprocess from a time between batches: counts again only what was published from then on.
+        await asyncio.sleep(1.1)
+        since = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        await asyncio.sleep(1.1)
+        await publish(kafka_settings, topic, batches[4][0])
+        await flushed()
+        out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
+                                                        *_doc_commands(after_file, group, since)["reprocess"]))
+        assert out.startswith("reset every key of trades_count: epoch 1"), out
+        await publish(kafka_settings, topic, batches[5][0])
+        await flushed()
+        recent = _sum(batches[4][1], batches[5][1])
+        assert await _values(cassandra_settings, "trades_count", symbols) == dict(recent.count)
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(
+            _sum(*(t for _, t in batches)).qty)
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.wait(timeout=60)
+
+    # One group per keyspace: a consumer of another group is refused, undeclared.
+    other = start_consumer(kafka_settings, cassandra_settings, log,
+                           **{**options, "group_id": f"{group}-other", "counters_file": after_file})
+    assert other.wait(timeout=90) == 2
+    refused = [json.loads(line) for line in log.read_text(errors="replace").splitlines() if '"group_refused"' in line]
+    assert refused, log.read_text(errors="replace")[-2000:]
+    assert group in refused[-1]["error"], refused
+    assert "Traceback" not in log.read_text(errors="replace")

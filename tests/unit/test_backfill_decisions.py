@@ -1,0 +1,96 @@
+"""What a counter with ``since`` changes in a mutator: the hand-over offset splits the counting of its records
+between the live mutators and the backfill, in the batch path as in the record path."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
+from schemas.definitions import parse_definitions
+from schemas.errors import DefinitionError
+from schemas.events import EventRouter
+from schemas.resets import Epochs
+
+COUNTERS = parse_definitions("""
+[[counter]]
+name = "trades"
+topics = ["orders"]
+kind = "count"
+key = ["sym"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["orders"]
+kind = "sum"
+key = ["sym"]
+value = "qty"
+event_id = "id"
+since = "2026-11-01T00:00:00+01:00"
+""")
+ROUTER = EventRouter(COUNTERS)
+# Ten trades of IBM, qty = offset + 1; offset 7 repeats the event id of offset 2 (a publisher retry).
+RECORDS = [Record(o, json.dumps({"sym": "IBM", "qty": o + 1, "id": f"e{2 if o == 7 else o}"}).encode())
+           for o in range(10)]
+
+
+def _mutator(applier: Applier) -> Mutator:
+    entry = MutatorEntry(uuid.uuid4(), "g", "orders", 0, "h", 1, 2)
+    return Mutator(entry, PartitionId("g", "orders", 0), applier, applied_through=-1, flushed_through=-1)
+
+
+def _values(mutator: Mutator) -> dict[str, object]:
+    return {counter: state.value() for (counter, _), state in sorted(mutator.states.items())}
+
+
+def test_since_is_earliest_or_a_time_with_its_offset() -> None:
+    """``since`` takes "earliest" or an RFC 3339 time with its offset; anything else is refused by name."""
+    assert COUNTERS["shares"].since_ms == 1_793_487_600_000  # 2026-10-31T23:00:00Z
+    assert COUNTERS["trades"].since is None
+    for bad in ("yesterday", "2026-11-01", "2026-11-01T00:00:00", "0"):
+        text = f'[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\nsince = "{bad}"\n'
+        with pytest.raises(DefinitionError, match="since"):
+            parse_definitions(text)
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_live_mutator_counts_the_counter_from_its_handover_on(batch: bool) -> None:
+    """Hand-over 5: trades counts every record, shares only those at 5 and after; the retry at 7 of the event
+    at 2 is dropped by both, as a mutator without the hand-over drops it."""
+    applier = Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100))
+    applier.start_counting({"shares": 5})
+    mutator = _mutator(applier)
+    if batch:
+        mutator.apply_batch(RECORDS)
+    else:
+        for record in RECORDS:
+            mutator.apply(record)
+    assert _values(mutator) == {"shares": 6 + 7 + 9 + 10, "trades": 9}
+
+
+def test_a_backfill_keeps_its_counter_only_and_the_two_sides_add_up() -> None:
+    """A backfill applier over [0, 5) keeps shares only; with the live side from 5 on it makes what one
+    mutator counting shares everywhere makes."""
+    backfill = _mutator(Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"})))
+    assert backfill.applier.fast is None
+    backfill.apply_batch(RECORDS[:5])
+    live_applier = Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100))
+    live_applier.start_counting({"shares": 5})
+    live = _mutator(live_applier)
+    live.apply_batch(RECORDS)
+    whole = _mutator(Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100)))
+    whole.apply_batch(RECORDS)
+    assert _values(backfill) == {"shares": 1 + 2 + 3 + 4 + 5}
+    assert _values(backfill)["shares"] + _values(live)["shares"] == _values(whole)["shares"]  # type: ignore[operator]
+
+
+def test_a_reprocess_writes_the_epoch_it_is_given() -> None:
+    """``epochs_from``: the states go to the reset's epoch's cell, whatever the log holds before its point."""
+    applier = Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}),
+                      epochs_from=Epochs({"shares": 3}, {}, {("shares", 3)}))
+    assert applier.epochs.cell("shares", "IBM") == "shares@3"
+    assert applier.epochs.cell("trades", "IBM") == "trades"

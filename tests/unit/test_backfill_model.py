@@ -1,0 +1,372 @@
+"""The protocol model (``tests/unit/test_protocol_model.py``) with a backfill among its rules.
+
+``shares`` has ``since = "earliest"``: the live processes (the consumer's own :class:`Ownership`) count it from
+its hand-over offset H, recorded once by the first mutator that gets to it (an LWT that may fail or apply with
+its answer lost, like every other); ``countersink backfill``'s own :func:`backfill_partition` runs, one storage
+operation at a time, in a group of its own over [0, H): started any time H is recorded, killed at any step,
+two at once, its writes held, reordered or lost, its mutators folded by the GC. Resets are in the logs too.
+
+Beside the model's invariants (each shard is exactly its mutator's records, shards of an instance never hold
+the same record, reads stay between what the committed and the intent offsets justify), a live mutator's
+``shares`` shard holds only records from H on, and a backfill's only records below H. At the end, once one
+last backfill has run to completion after the final takeover, every instance reads exactly the log. The
+mutants: a backfill that stops one record short of H (a gap), and a hand-over recorded without IF NOT EXISTS,
+so that each live mutator records its own start and the backfill reads a later one than the first live
+mutator counted from (an overlap).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, cast
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from hypothesis import settings
+from hypothesis.stateful import invariant, precondition, rule
+
+from consumer.applying import Applier, RetryWindow
+from consumer.dead_letters import DeadLetters
+from consumer.flushing import Flushing
+from consumer.protocol import ClaimUnresolvedError, FencedError
+from consumer.storage import PartitionId, PartitionRow
+from countersink.backfills import Span, backfill_group, backfill_partition
+from schemas.definitions import parse_definitions
+from schemas.events import EventRouter
+from schemas.kinds import state_from_bytes
+from schemas.resets import split_cell
+from tests.unit.memory_store import Fault, Instance, MemoryStore, StoreTimeoutError, Task, run
+from tests.unit.test_protocol_model import (
+    CONFIG,
+    FAULTS,
+    MODEL_SETTINGS,
+    MUST_FAIL_SETTINGS,
+    OPS,
+    PICK,
+    PID,
+    RETRY_WINDOW,
+    TOPIC,
+    TP,
+    Actor,
+    DeadLetterTopic,
+    KafkaPositions,
+    ProtocolModel,
+    ProtocolViolation,
+    RetryEachStep,
+    collect,
+    run_model,
+)
+
+BEFORE = parse_definitions(
+    """
+[[counter]]
+name = "trades"
+topics = ["orders"]
+kind = "count"
+key = ["sym"]
+event_id = "id"
+"""
+)
+COUNTERS = parse_definitions(
+    """
+[[counter]]
+name = "trades"
+topics = ["orders"]
+kind = "count"
+key = ["sym"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["orders"]
+kind = "sum"
+key = ["sym"]
+value = "qty"
+event_id = "id"
+since = "earliest"
+"""
+)
+ROUTER = EventRouter(COUNTERS)
+ROUTER_BEFORE = EventRouter(BEFORE)
+BACKFILLED = "shares"
+BACKFILL_GROUP = backfill_group(PID.consumer_group, BACKFILLED)
+BACKFILL_PID = PartitionId(BACKFILL_GROUP, TOPIC, PID.partition)
+
+
+class MemoryHandovers:
+    """:class:`consumer.handovers.HandoverBook` over the model's store: one LWT gate per counter."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.recorded: dict[tuple[str, str, str, int], int] = {}
+
+    def record(self, where: tuple[str, str, str, int], offset: int) -> int:
+        """INSERT ... IF NOT EXISTS: the first offset stays."""
+        return self.recorded.setdefault(where, offset)
+
+    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
+                        offset: int) -> Mapping[str, int]:
+        found = {}
+        for counter in counters:
+            fault = await self.store._lwt("hand_over", counter)  # the store's own fault gate
+            found[counter] = self.record((group, counter, topic, partition), offset)
+            self.store._answer(fault, True)
+        return found
+
+
+class PerGroupHistoryStore(MemoryStore):
+    """Keeps the history of the live group's ownership row only: the backfill's row moves on its own."""
+
+    def _set_row(self, pid: PartitionId, row: PartitionRow) -> None:
+        if pid == PID:
+            super()._set_row(pid, row)
+        else:
+            self.partitions[pid] = row
+
+
+class BackfillModel(ProtocolModel):
+    """The protocol model with a counter backfilled beside the live processes (module docstring)."""
+
+    store_class = PerGroupHistoryStore
+    handovers_class: ClassVar[type[MemoryHandovers]] = MemoryHandovers
+    end_shift: ClassVar[int] = 0  # where the backfill stops, from H: a mutant shifts it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handovers = self.handovers_class(self.store)
+        self.backfills: list[Task] = []
+        self.finished_backfills = 0
+        self.added = False  # the live processes started since have shares among their definitions
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    @property
+    def handover(self) -> int | None:
+        return self.handovers.recorded.get((PID.consumer_group, BACKFILLED, TOPIC, PID.partition))
+
+    def new_actor(self, skew_us: int) -> Actor:
+        actor = super().new_actor(skew_us)
+        retry = RetryEachStep(CONFIG, lambda: None)
+        dead_letters = DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG)
+        # Before shares is added, the deployment counts trades only.
+        router, counters = (ROUTER, COUNTERS) if self.added else (ROUTER_BEFORE, BEFORE)
+        actor.ownership = self.ownership_class(
+            CONFIG, actor.name, router, counters, self.store, self.log, cast(AIOKafkaConsumer, KafkaPositions()),
+            dead_letters, retry, clock=actor.ownership.clock, new_id=actor.ownership.new_id,
+            spawn=actor.ownership.spawn, resets=self.resets, handovers=self.handovers)
+        actor.flushing = Flushing(self.store, actor.ownership, dead_letters, retry)
+        return actor
+
+    def backfill(self, handover: int) -> Any:
+        def applier() -> Applier:
+            return Applier(ROUTER, COUNTERS, TOPIC, PID.partition, RetryWindow(RETRY_WINDOW), self.resets,
+                           only=frozenset({BACKFILLED}))
+
+        span = Span(TOPIC, PID.partition, 0, handover + self.end_shift)
+        return backfill_partition(self.store, self.log, applier, span, BACKFILL_GROUP, "backfill",
+                                  flush_interval_s=0.0, flush_max_dirty=1,
+                                  on_progress=lambda *_: None, clock=lambda: self.now_us)
+
+    def running(self) -> list[Task]:
+        return super().running() + self.backfills
+
+    def after_task_step(self, task: Task) -> None:
+        if task in self.backfills:
+            if task.done:
+                self.backfills.remove(task)
+                # A run that fails (a timeout, fenced by another run, a lost claim answer) exits; the next goes on.
+                if task.error is not None and not isinstance(
+                        task.error, StoreTimeoutError | FencedError | ClaimUnresolvedError):
+                    raise task.error
+                self.finished_backfills += task.error is None
+            return
+        super().after_task_step(task)
+
+    def is_backfill(self, mutator: uuid.UUID) -> bool:
+        entry = self.store.mutators.get(mutator)
+        return entry is not None and entry.consumer_group == BACKFILL_GROUP
+
+    def shares_only(self, values: dict[Instance, int]) -> dict[Instance, int]:
+        return {i: v for i, v in values.items() if i[0] == BACKFILLED}
+
+    # ------------------------------------------------------------------------------------ rules
+
+    @precondition(lambda self: not self.added)
+    @rule()
+    def add_the_counter(self) -> None:
+        """shares is added to the definitions: every process running the old ones is killed (kill -9: the
+        windows they left open are replayed by processes that know shares), and every process started from
+        now on counts it from its hand-over offset."""
+        for actor in self.live():
+            if actor.task is not None:
+                actor.task.abandon()
+            for background in actor.background:
+                background.task.abandon()
+            actor.task, actor.background, actor.gone = None, [], True
+        self.added = True
+
+    @precondition(lambda self: self.handover is not None and len(self.backfills) < 2)
+    @rule(ops=OPS, fault=FAULTS)
+    def start_backfill(self, ops: int, fault: Fault) -> None:
+        """``countersink backfill shares`` starts (a second may run at once: they fence each other)."""
+        assert self.handover is not None
+        task = Task("backfill", self.backfill(self.handover))
+        self.backfills.append(task)
+        self.drive(task, ops, fault)
+
+    @precondition(lambda self: bool(self.backfills))
+    @rule(i=PICK)
+    def kill_backfill(self, i: int) -> None:
+        """kill -9 of a backfill run: what it held in flight may still land."""
+        self.backfills.pop(i % len(self.backfills)).abandon()
+
+    # ------------------------------------------------------------------------------------ invariants
+
+    @invariant()
+    def every_shard_is_what_its_mutator_consumed(self) -> None:
+        """Each visible shard is exactly its mutator's records from its start to its through offset, live
+        ``shares`` shards from H on, backfill shards below H; no two shards of an instance hold one record."""
+        live_row, backfill_row, handover = self.row(), self.store.partitions.get(BACKFILL_PID), self.handover
+        for cell, key in sorted(self.store.shards):
+            counter, epoch = split_cell(cell)
+            ranges: list[tuple[int, int, uuid.UUID]] = []
+            for shard in self.store.snapshot(cell, key).shards:
+                start = self.store.starts.get(shard.mutator)
+                if start is None:
+                    raise self.violation(f"shard of {shard.mutator}, which never started consuming")
+                backfill = self.is_backfill(shard.mutator)
+                row = backfill_row if backfill else live_row
+                if row is None or shard.through_offset > row.intent_offset:
+                    raise self.violation(f"{cell}/{key} shard of {shard.mutator} is through "
+                                         f"{shard.through_offset}, beyond its group's intent offset")
+                first = start
+                if counter == BACKFILLED and not backfill:
+                    if handover is None:
+                        raise self.violation(f"{cell}/{key}: live shard of {shard.mutator} with no hand-over recorded")
+                    first = max(first, handover)
+                if backfill and counter != BACKFILLED:
+                    raise self.violation(f"{cell}/{key}: the backfill wrote {counter}")
+                expected = self.truth(max(first, self.point(counter, epoch) + 1), shard.through_offset,
+                                      cell).get((counter, key), 0)
+                value = state_from_bytes(shard.state).value()
+                if value != expected:
+                    raise self.violation(f"{cell}/{key} shard of {shard.mutator}{' (backfill)' if backfill else ''} "
+                                         f"holds {value}, but records {first}..{shard.through_offset} make {expected}")
+                if first <= shard.through_offset:
+                    ranges.append((first, shard.through_offset, shard.mutator))
+            ranges.sort()
+            for (_, end, one), (begin, _, other) in itertools.pairwise(ranges):
+                if begin <= end:
+                    raise self.violation(f"{cell}/{key}: shards of {one} and {other} both hold record {begin}")
+
+    @invariant()
+    def readable_value_is_between_committed_and_intent(self) -> None:
+        """trades as in the model; shares between what the live group's offsets justify from H on plus what
+        the backfill's offsets justify below H."""
+        row = self.row()
+        if row is None:
+            return
+        seen = self.readable()
+        low, high = dict(self.truth(0, row.committed_offset)), dict(self.truth(0, row.intent_offset))
+        for part in (low, high):
+            for instance in list(self.shares_only(part)):
+                del part[instance]
+        handover, backfill_row = self.handover, self.store.partitions.get(BACKFILL_PID)
+        for bounds, offset_of in ((low, "committed_offset"), (high, "intent_offset")):
+            parts = []
+            if handover is not None:
+                parts.append(self.shares_only(self.truth(handover, getattr(row, offset_of))))
+            if backfill_row is not None:
+                parts.append(self.shares_only(self.truth(0, getattr(backfill_row, offset_of))))
+            for part in parts:
+                for instance, value in part.items():
+                    bounds[instance] = bounds.get(instance, 0) + value
+        for instance in sorted(set(low) | set(high) | set(seen)):
+            value = seen.get(instance, 0)
+            if not low.get(instance, 0) <= value <= high.get(instance, 0):
+                raise self.violation(f"{instance} reads {value}; committed truth {low.get(instance, 0)}, "
+                                     f"intent truth {high.get(instance, 0)} (hand-over {handover})")
+
+    def teardown(self) -> None:
+        """Everyone stops, every write in flight lands, one last process takes the partition over and one last
+        backfill runs to its end: every instance then reads exactly the log up to where the last owner starts,
+        before and after a GC."""
+        for task in self.backfills:
+            task.abandon()
+        self.backfills = []
+        for actor in self.actors:
+            if actor.task is not None:
+                actor.task.abandon()
+            for background in actor.background:
+                background.task.abandon()
+        for task in self.gc_tasks:
+            task.abandon()
+        while self.store.held:
+            self.store.deliver(0)
+        if not self.log.records:
+            return
+        if not self.added:
+            self.add_the_counter()
+        last = self.new_actor(0)
+        run(last.ownership.take([TP]))
+        for background in last.background:
+            error = background.task.finish().error
+            if error is not None:
+                raise error
+        assert last.mutator is not None
+        handover = self.handover
+        if handover is None:
+            raise self.violation("the final takeover recorded no hand-over")
+        run(self.backfill(handover))
+        start_offset = last.mutator.applied_through + 1
+        for phase in ("after the final takeover and backfill", "after a full GC"):
+            self.every_shard_is_what_its_mutator_consumed()
+            expected, seen = self.truth(0, start_offset - 1), self.readable()
+            for instance in sorted(set(expected) | set(seen)):
+                if expected.get(instance, 0) != seen.get(instance, 0):
+                    raise self.violation(f"{phase}, {instance} reads {seen.get(instance, 0)} but records "
+                                         f"0..{start_offset - 1} make {expected.get(instance, 0)} (hand-over "
+                                         f"{handover})")
+            self.now_us += 10**9
+            run(collect(self.store, self.now_us, self.epochs))
+
+
+class GapModel(BackfillModel):
+    """The backfill stops one record short of the hand-over offset."""
+
+    end_shift = -1
+
+
+class LastStartWinsHandovers(MemoryHandovers):
+    """The hand-over written without IF NOT EXISTS: each live mutator records (and counts from) its own start."""
+
+    def record(self, where: tuple[str, str, str, int], offset: int) -> int:
+        self.recorded[where] = offset
+        return offset
+
+
+class OverlapModel(BackfillModel):
+    handovers_class = LastStartWinsHandovers
+
+
+def test_a_backfill_joins_the_live_mutators_with_no_gap_and_no_overlap() -> None:
+    """Under every fault of the model, kill -9 of backfill runs and of live processes, two backfills at once,
+    resets and the GC, every event of the backfilled counter is counted exactly once: below H by the
+    backfill, from H on by the live mutators."""
+    run_model(BackfillModel, settings(MODEL_SETTINGS, max_examples=200))
+
+
+def test_model_catches_a_backfill_that_stops_short_of_the_handover() -> None:
+    """A gap at the hand-over: the record just below H is counted by nobody."""
+    with pytest.raises(ProtocolViolation):
+        run_model(GapModel, MUST_FAIL_SETTINGS)
+
+
+def test_model_catches_a_handover_recorded_by_every_mutator() -> None:
+    """An overlap at the hand-over: without IF NOT EXISTS a later live mutator moves H on, and the backfill counts
+    records an earlier live mutator counted."""
+    with pytest.raises(ProtocolViolation):
+        run_model(OverlapModel, MUST_FAIL_SETTINGS)
+
