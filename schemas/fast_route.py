@@ -2,7 +2,7 @@
 
 :class:`EventRouter` is the reference: it parses a whole event into a dict and runs one extractor per counter,
 which builds an :class:`~schemas.events.Update` per counter and event. :class:`FastRoute` reaches the same
-updates with less work per event, for every definition but those reading a field of the record's key:
+updates with less work per event:
 
 - one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
   (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
@@ -26,15 +26,16 @@ makes the generated ``apply_event`` return ``None`` before it changes anything, 
 event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
 two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field of the
-record's key read as JSON (``@key.PATH``), a field msgspec cannot name (a quote, a backslash or a control
-character in it), or one field both as a value and as an object holding fields (``user`` and ``user.id``); its
-events all take the router. So does an Avro or Protobuf topic with exact decimals
-(``consumer.applying.Applier``: a double transcoded to JSON text would come back a Decimal). The record's own
-parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router
-reads them. A record carrying the ``countersink.apply-to`` header (a re-published dead letter) takes the
-router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it
-names.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
+cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object
+holding fields (``user`` and ``user.id``); its events all take the router. So does an Avro or Protobuf topic
+with exact decimals (``consumer.applying.Applier``: a double transcoded to JSON text would come back a
+Decimal). The record's own parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the
+batch path as the router reads them, and so are the fields of its key read as a JSON document (``@key.PATH``:
+a decoder of those fields alone; a key the payload's checks would hand back leaves its record to the router,
+:func:`_key_document`). A record carrying the ``countersink.apply-to`` header (a re-published dead letter)
+takes the router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the
+counters it names.
 """
 
 from __future__ import annotations
@@ -112,10 +113,36 @@ def _field_parts(path: str) -> tuple[str, ...] | None:
     of the record (``@key``, ``@header.NAME``, ...) or one holding a name msgspec cannot take."""
     if record_part(path) is not None:
         return None
-    parts = tuple(payload_path(path).split("."))
+    return _nameable(tuple(payload_path(path).split(".")))
+
+
+def _nameable(parts: tuple[str, ...]) -> tuple[str, ...] | None:
     if any(not part or not _UNNAMEABLE.isdisjoint(part) for part in parts):
         return None
     return parts
+
+
+def _key_doc_parts(path: str) -> tuple[str, ...] | None:
+    """The names along ``@key.PATH`` (a field of the record's key read as a JSON document), or ``None`` for any
+    other path or one holding a name msgspec cannot take."""
+    found = record_part(path)
+    if found is None or found[0] != "key" or not found[1]:
+        return None
+    return _nameable(tuple(found[1].split(".")))
+
+
+def _key_document(decode: Callable[[bytes], Any], max_bytes: int, max_depth: int, long_digits: int,
+                  key: bytes) -> Any:
+    """The record's key read as a JSON document, for ``@key.PATH``: the fields counters read, as a struct. The
+    router's reading (``schemas.events``: its JSON parser, no exact decimals, the depth bound) is kept by handing
+    back (a ValueError, so the router decides the record) every key the payload's checks would hand back: not
+    ASCII, a ``\\u`` escape, deeply bracketed, long, a long run of digits, or not an object msgspec reads."""
+    raw = bytes(key)
+    if (len(raw) > max_bytes or not raw.isascii() or (92 in raw and b"\\u" in raw)
+            or raw.count(123) + raw.count(91) > max_depth
+            or (len(raw) >= long_digits and b"0" * long_digits in raw.translate(_DIGITS_AS_ZERO))):
+        raise ValueError("left to the router")
+    return decode(raw)  # msgspec.DecodeError is a ValueError
 
 
 def _exact(definition: CounterDefinition) -> bool:
@@ -143,7 +170,8 @@ def _eligible(definition: CounterDefinition) -> bool:
         paths.append(definition.event_id)
     if definition.bucket is not None:
         paths.append(definition.bucket.field)
-    return all(_field_parts(path) is not None or _record_local(path) is not None for path in paths)
+    return all(_field_parts(path) is not None or _record_local(path) is not None or _key_doc_parts(path) is not None
+               for path in paths)
 
 
 TIMESTAMP = "@timestamp"
@@ -243,9 +271,11 @@ class _Fields:
         self.tree: dict[str, list[Any]] = {}  # name -> [attribute, children (None for a field read)]
         self.count = 0
 
-    def attr(self, path: str) -> str:
-        """``f0.f3``: the attributes reaching ``path`` from the decoded event."""
-        parts = _field_parts(path)
+    def attr(self, path: str, parts: tuple[str, ...] | None = None) -> str:
+        """``f0.f3``: the attributes reaching ``path`` (the names ``parts``, when given) from the decoded
+        event."""
+        if parts is None:
+            parts = _field_parts(path)
         assert parts is not None
         node, attrs = self.tree, []
         for i, part in enumerate(parts):
@@ -337,8 +367,14 @@ class FastRoute:
 
         record_lines: dict[str, str] = {}  # local -> its line, for the parts of the record counters read
 
+        key_fields = _Fields()  # the fields of the record's key read as a JSON document (``@key.PATH``)
+
         def attr(path: str) -> str:
             """The expression reading ``path`` in ``apply_event``."""
+            inside_key = _key_doc_parts(path)
+            if inside_key is not None:
+                record_lines["KDOC"] = "KDOC = KEY_NONE if key is None else key_document(key)"
+                return "KDOC." + key_fields.attr(path, inside_key)
             record = _record_local(path)
             if record is None:
                 return "event." + fields.attr(path)
@@ -528,6 +564,12 @@ class FastRoute:
         namespace["decode"] = msgspec.json.Decoder(fields.struct(),
                                                    float_hook=_short_decimal if self.decimals else None).decode
         namespace["Decimal"] = Decimal
+        if key_fields.tree:
+            # The key's document is read as the router reads it: its JSON parser, never exact decimals.
+            key_struct = key_fields.struct(name="KeyFields")
+            namespace["KEY_NONE"] = key_struct()  # no key: every field of it absent
+            namespace["key_document"] = functools.partial(
+                _key_document, msgspec.json.Decoder(key_struct).decode, max_event_bytes, max_depth, LONG_DIGITS)
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]
