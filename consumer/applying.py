@@ -237,9 +237,12 @@ class Applier:
     known: dict[str, Reset | None] = dataclasses.field(default_factory=dict, init=False)
     # The topic's fast path (None: every record takes the router). Built from the router's limits.
     fast: FastRoute | None = dataclasses.field(default=None, init=False)
-    # Avro, Protobuf and JSON Schema topics: a record's value to the JSON text the fast path reads (None: the
-    # record takes the router); schemas.formats.transcoder says why that decides as the router does.
+    # JSON Schema topics whose records are not checked: a record's value to the JSON text the fast path reads
+    # (None: the record takes the router); schemas.formats.json_text_reader.
     transcode: Callable[[bytes], bytes | None] | None = dataclasses.field(default=None, init=False)
+    # The other Avro, Protobuf and JSON Schema topics: a record's value to the fields the fast path reads
+    # (None: the record takes the router); schemas.formats.converter says why that decides as the router does.
+    convert: Callable[[bytes], object] | None = dataclasses.field(default=None, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
 
@@ -250,13 +253,14 @@ class Applier:
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
                                     self.partition)
         decode = router.decoder_of(self.topic)
-        if decode is not None and self.fast is not None and self.fast.decimals:
-            # A decoded Avro or Protobuf double is a float to the router, and its JSON text would be read back
-            # as a Decimal: such a topic's exact decimals take the router.
-            self.fast = None
         if decode is not None and self.fast is not None:
-            self.transcode = formats.transcoder(decode, router.max_event_bytes,
-                                                json_payload=self.counters.format_of(self.topic) == "json-schema")
+            if not self.fast.decimals:
+                # JSON text the fast path reads as the router's parser does (with exact decimals, the record's
+                # parser is the schema's: its fields are read as it read them, below)
+                self.transcode = formats.json_text_reader(decode, router.max_event_bytes)
+            if self.transcode is None:
+                self.convert = formats.converter(formats.projecting(decode), router.max_event_bytes,
+                                                 router.max_depth, self.fast.fields_of, self.fast.top_names)
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
@@ -445,7 +449,7 @@ class Mutator:
             rows = self.rows = fast.new_rows()
         window, states, counters = applier.window, self.states, applier.counters
         apply_event, fresh, advance = fast.apply_event, window.fresh, window.advance
-        transcode = applier.transcode
+        transcode, convert, apply_fields = applier.transcode, applier.convert, fast.apply_fields
         touched: list[Row] = []
 
         def create(row: Row, index: int) -> State:
@@ -488,13 +492,19 @@ class Mutator:
                     result.count(record, *self.apply(record))
                     continue
                 raw = record.value or b""
-                if transcode is not None:
-                    json_text = transcode(raw)
-                    if json_text is None:
-                        result.count(record, *self.apply(record))
-                        continue
-                    raw = json_text
-                outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched, create)
+                if convert is not None:
+                    fields = convert(raw)
+                    outcome = None if fields is None else apply_fields(fields, record.timestamp, record.key,
+                                                                        record.headers, rows, fresh, touched, create)
+                else:
+                    if transcode is not None:
+                        json_text = transcode(raw)
+                        if json_text is None:
+                            result.count(record, *self.apply(record))
+                            continue
+                        raw = json_text
+                    outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched,
+                                          create)
                 if outcome is None:
                     result.count(record, *self.apply(record))
                     continue

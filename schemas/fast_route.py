@@ -57,6 +57,7 @@ from schemas.events import (
     DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_KEY_BYTES,
     MAX_INTEGER,
+    _check_decimal,
     _escape,
     _event_id_converter,
     _key_text,
@@ -228,6 +229,15 @@ def _last_bucket(last: list[Any], size: int, scale: int, v: Any, found: tuple[An
     return found
 
 
+def _decimal_passes(d: Decimal) -> bool:
+    """Whether the router's checks of a Decimal value pass it (then it is kept, the zero's sign dropped)."""
+    try:
+        _check_decimal("", d)
+    except InvalidEventError:
+        return False
+    return True
+
+
 def _itself(v: Any) -> Any:
     return v
 
@@ -311,6 +321,10 @@ APPLIED, DUPLICATE, FILTERED = 1, 2, 0
 # state of a row's counter.
 ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
                        list["Row"], Callable[["Row", int], State]], "int | None"]
+# apply_fields(event, ts, key, headers, rows, fresh, touched, create): apply_event for fields already read
+# (``FastRoute.fields_of``: a decoded Avro, Protobuf or JSON Schema record).
+ApplyFields = Callable[[Any, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
+                        list["Row"], Callable[["Row", int], State]], "int | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -558,11 +572,21 @@ class FastRoute:
                   f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
         at = lines.index("        # RECORD")
         lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
+        # apply_fields: the same, from the fields already read (fields_of: a decoded Avro or Protobuf record)
+        body = lines[lines.index("    # 1. read and check every counter's key, filter, value and event id: nothing is "
+                                 "changed yet. A"):]
+        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):", *body]
+        lines += ["", "", *self._fields_of_lines(fields)]
         self.source = "\n".join(lines) + "\n"
+        topic_struct = fields.struct()
+        # The top-level payload fields counters read: all a decoded record need be read for (fields_of).
+        self.top_names = frozenset(fields.tree)
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
         # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
-        namespace["decode"] = msgspec.json.Decoder(fields.struct(),
+        namespace["decode"] = msgspec.json.Decoder(topic_struct,
                                                    float_hook=_short_decimal if self.decimals else None).decode
+        namespace.update(TopicFields=topic_struct, convert=msgspec.convert, decimal_passes=_decimal_passes,
+                         CONVERT_ERRORS=(msgspec.ValidationError, TypeError, ValueError))
         namespace["Decimal"] = Decimal
         if key_fields.tree:
             # The key's document is read as the router reads it: its JSON parser, never exact decimals.
@@ -573,6 +597,31 @@ class FastRoute:
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]
+        self.apply_fields: ApplyFields = namespace["apply_fields"]
+        self.fields_of: Callable[[dict[str, Any]], Any] = namespace["fields_of"]
+
+    @staticmethod
+    def _fields_of_lines(fields: _Fields) -> list[str]:
+        """``fields_of(decoded)``: a decoded record (a dict, as the router reads it) as the struct ``apply_fields``
+        reads, its values the router's own objects, or None for a record left to the router: a field read
+        that is not where the struct has it (an object expected), a string that is not ASCII (every string
+        ``apply_event`` holds is: its lengths are its bytes), or a Decimal the router's checks refuse (the
+        exact counters' lines take a Decimal as passing them)."""
+        lines = ["def fields_of(decoded):", "    try:", "        event = convert(decoded, TopicFields)",
+                 "    except CONVERT_ERRORS:", "        return None"]
+
+        def leaves(tree: dict[str, list[Any]], prefix: str) -> list[str]:
+            found: list[str] = []
+            for attr, children in tree.values():
+                found += [prefix + attr] if children is None else leaves(children, f"{prefix}{attr}.")
+            return found
+
+        for leaf in leaves(fields.tree, "event."):
+            lines += [f"    v = {leaf}", "    if type(v) is str:", "        if not v.isascii():",
+                      "            return None", "    elif type(v) is Decimal and not decimal_passes(v):",
+                      "        return None"]
+        lines.append("    return event")
+        return lines
 
     def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,
                      event_id: str | None, fresh_locals: dict[str, str]) -> list[str]:
