@@ -22,7 +22,7 @@ from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
-from schemas.kinds import State, new_state
+from schemas.kinds import KINDS, State, new_state
 from schemas.kinds.base import KindSpec
 from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
 
@@ -243,11 +243,16 @@ class Applier:
     # The other Avro, Protobuf and JSON Schema topics: a record's value to the fields the fast path reads
     # (None: the record takes the router); schemas.formats.converter says why that decides as the router does.
     convert: Callable[[bytes], object] | None = dataclasses.field(default=None, init=False)
+    # Per counter of the topic: a function making its new state (new_state's), and that state's size.
+    made: dict[str, tuple[Callable[[], State], int]] = dataclasses.field(default_factory=dict, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         router = self.router
+        for definition in self.counters.for_topic(self.topic):
+            spec = definition.spec
+            self.made[definition.name] = (functools.partial(KINDS[spec.kind].new, spec), _size_when_new(spec))
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
@@ -447,17 +452,21 @@ class Mutator:
         rows = self.rows
         if rows is None:
             rows = self.rows = fast.new_rows()
-        window, states, counters = applier.window, self.states, applier.counters
+        window, states = applier.window, self.states
         apply_event, fresh, advance = fast.apply_event, window.fresh, window.advance
         transcode, convert, apply_fields = applier.transcode, applier.convert, fast.apply_fields
         touched: list[Row] = []
 
+        made = applier.made
+
         def create(row: Row, index: int) -> State:
-            ident = (row.names[index], row.key)
+            name = row.names[index]
+            ident = (name, row.key)
             state = states.get(ident)
             if state is None:
-                state = states[ident] = new_state(counters[ident[0]])
-                self.state_bytes += state.size_bytes()
+                make, size = made[name]
+                state = states[ident] = make()
+                self.state_bytes += size
             row.states[index] = state
             return state
 

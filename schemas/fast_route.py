@@ -674,18 +674,29 @@ class FastRoute:
         integers). ``None`` when a value is not a valid key part. A bucketed group's
         last value is its bucket's text, the key's last component."""
         paths, names, bucketed = self._groups[group]
-        parts = values[:-1] if bucketed else values
-        if any(v is _UNSET or v is None for v in parts):
-            return None
-        try:
-            key = "|".join([*(_escape(_key_text(path, v)) for path, v in zip(paths, parts, strict=True)),
-                            *values[len(parts):]])
-        except InvalidEventError:
-            return None
+        texts = []
+        kept = True  # every value a string or an integer
+        for path, v in zip(paths, values, strict=False):  # a bucketed group's values end with the bucket's
+            t = type(v)
+            if t is str:
+                texts.append(_escape(v))
+            elif t is int:
+                texts.append(str(v))
+            elif v is _UNSET or v is None:
+                return None
+            else:
+                kept = False
+                try:
+                    texts.append(_escape(_key_text(path, v)))
+                except InvalidEventError:
+                    return None
+        if bucketed:
+            texts.append(values[-1])
+        key = "|".join(texts)
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
             return None
         row = Row(key, names)
-        if all(type(v) is str or type(v) is int for v in values):
+        if kept:
             rows[values[0] if len(values) == 1 else values] = row
         return row
 
