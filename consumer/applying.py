@@ -256,7 +256,7 @@ class Applier:
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
-                                    self.partition)
+                                    self.partition, router.on_late)
         decode = router.decoder_of(self.topic)
         if decode is not None and self.fast is not None:
             if not self.fast.decimals:

@@ -253,17 +253,25 @@ def _absent(role: str, values: tuple[Any, ...]) -> str:
     raise AssertionError("no field is absent")
 
 
-def _skip(skipped: list[tuple[int, str, str]] | None, entry: tuple[int, str, str]) -> list[tuple[int, str, str]]:
+Skipped = list[tuple[int, str, "str | None"]]  # (the counter's place in the definitions, its name, why; None: late)
+
+
+def _skip(skipped: Skipped | None, entry: tuple[int, str, str | None]) -> Skipped:
     if skipped is None:
         return [entry]
     skipped.append(entry)
     return skipped
 
 
-def _report(on_not_applicable: Callable[[str, str], None] | None, skipped: list[tuple[int, str, str]]) -> None:
-    """Tell the counters an event taken did not apply to, in the definitions' order (the router's)."""
-    if on_not_applicable is not None:
-        for _, counter, reason in sorted(skipped):
+def _report(on_not_applicable: Callable[[str, str], None] | None, on_late: Callable[[str], None] | None,
+            skipped: Skipped) -> None:
+    """Tell the counters an event taken did not apply to (``on_not_applicable``) or was late for (``on_late``),
+    in the definitions' order (the router's)."""
+    for _, counter, reason in sorted(skipped):
+        if reason is None:
+            if on_late is not None:
+                on_late(counter)
+        elif on_not_applicable is not None:
             on_not_applicable(counter, reason)
 
 
@@ -359,7 +367,8 @@ class FastRoute:
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
                  max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
-                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None) -> None:
+                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None,
+                 on_late: Callable[[str], None] | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
@@ -374,7 +383,7 @@ class FastRoute:
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
             "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
-            "report": functools.partial(_report, on_not_applicable), "header": _header,
+            "report": functools.partial(_report, on_not_applicable, on_late), "header": _header,
             "text_of": _text_of,
             "PARTITION": _UNSET if partition is None else partition,
         }
@@ -466,7 +475,8 @@ class FastRoute:
                               f"        br{b} = None",
                               f"        if bv{b} is UNSET or bv{b} is None:",
                               f"            br{b} = absent('bucket', (bv{b},))",
-                              f"        bt{b} = None"]
+                              f"        bt{b} = None",
+                              f"        late{b} = False"]
                 bucket_lines = [f"if bt{b} is None:"]
                 if first.bucket.format != "iso8601":
                     # An integer time inside the last bucket an integer time fell in (LAST: its first and
@@ -491,9 +501,10 @@ class FastRoute:
                     "        return None",
                 ]
                 if first.retain_seconds is not None:
+                    # late: the group's counters check the event as the router does, then skip it (on_late)
                     namespace[f"KEPT_MS{b}"] = (first.bucket.seconds + first.retain_seconds) * 1000
                     bucket_lines += [f"    if ts is not None and ts >= bt{b}[1] * 1000 + KEPT_MS{b}:",
-                                     "        return None"]
+                                     f"        late{b} = True"]
             for index, definition in enumerate(members):
                 c = f"{g}_{index}"
                 lines += [f"        # counter {definition.name} ({definition.kind})", f"        want_{c} = False"]
@@ -521,10 +532,16 @@ class FastRoute:
                                  f"{definition.name!r}, reason))")
                 lines.append(f"{indent}else:")
                 indent += "    "
+                retained = when is not None and when[3] is not None
+                row_lines = [f"row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))"]
+                if retained:
+                    # a late bucket's key is checked as the router checks it, and no row is kept for it
+                    row_lines = [f"if late{b}:", f"    row{g} = new_row({g}, {{}}, ({values}))",
+                                 "else:", *(f"    {line}" for line in row_lines)]
                 lines += [f"{indent}want_{c} = True",
                           f"{indent}if row{g} is None:",
                           *(f"{indent}    {line}" for line in bucket_lines),
-                          f"{indent}    row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))",
+                          *(f"{indent}    {line}" for line in row_lines),
                           f"{indent}    if row{g} is None:",
                           f"{indent}        return None"]
                 value = "None"
@@ -552,6 +569,11 @@ class FastRoute:
                     lines += [f"{indent}if {event_id} is None:",
                               f"{indent}    {event_id} = {attr(definition.event_id)}",
                               *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                if retained:
+                    # after its checks, as the router's extractor: a late event that is also invalid is refused
+                    late_entry = f"({order[definition.name]}, {definition.name!r}, None)"
+                    lines += [f"{indent}if late{b}:", f"{indent}    want_{c} = False",
+                              f"{indent}    skipped = skip(skipped, {late_entry})"]
                 applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
@@ -651,7 +673,7 @@ class FastRoute:
               max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
               max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
               on_not_applicable: Callable[[str, str], None] | None = None,
-              partition: int | None = None) -> FastRoute | None:
+              partition: int | None = None, on_late: Callable[[str], None] | None = None) -> FastRoute | None:
         """The fast path for ``topic``, or ``None`` when a counter on it needs the router.
         ``on_not_applicable(counter, reason)`` is told of each counter an event lacks a field of, as the
         router's is; ``partition`` is the one whose records it applies (``@partition``)."""
@@ -660,7 +682,7 @@ class FastRoute:
             return None
         try:
             return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable,
-                       partition)
+                       partition, on_late)
         except _Conflict:
             return None
 
