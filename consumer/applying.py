@@ -460,11 +460,10 @@ class Mutator:
         made = applier.made
 
         def create(row: Row, index: int) -> State:
-            name = row.names[index]
-            ident = (name, row.key)
+            ident = row.idents[index]
             state = states.get(ident)
             if state is None:
-                make, size = made[name]
+                make, size = made[ident[0]]
                 state = states[ident] = make()
                 self.state_bytes += size
             row.states[index] = state
@@ -473,12 +472,16 @@ class Mutator:
         def mark_touched() -> None:
             dirty = self.dirty
             for row in touched:
-                bits, index = row.touched, 0
-                while bits:
-                    if bits & 1:
-                        dirty.add((row.names[index], row.key))
-                    bits >>= 1
-                    index += 1
+                bits, idents = row.touched, row.idents
+                if bits == (1 << len(idents)) - 1:  # every counter of the row: the common case
+                    dirty.update(idents)
+                else:
+                    index = 0
+                    while bits:
+                        if bits & 1:
+                            dirty.add(idents[index])
+                        bits >>= 1
+                        index += 1
                 row.touched = 0
             touched.clear()
 

@@ -96,15 +96,17 @@ _UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
 class Row:
     """The states of every counter of one key group for one key value, created as events need them.
 
-    ``(names[i], key)`` is the identity of the group's counter ``i`` (``names`` is the group's, shared by
-    its rows: a row holds no tuple of its own per counter); ``states[i]`` its state once an event has been
-    applied to it (``None`` before); ``touched`` a bit per counter changed in the batch being applied."""
+    ``idents[i]``, ``(names[i], key)``, is the identity of the group's counter ``i`` (``names`` is the group's,
+    shared by its rows), made once with the row: the mutator's states and dirty set hold these tuples, not new
+    ones per batch; ``states[i]`` its state once an event has been applied to it (``None`` before);
+    ``touched`` a bit per counter changed in the batch being applied."""
 
-    __slots__ = ("key", "names", "states", "touched")
+    __slots__ = ("idents", "key", "names", "states", "touched")
 
     def __init__(self, key: str, names: tuple[str, ...]) -> None:
         self.key = key
         self.names = names
+        self.idents = tuple([(name, key) for name in names])
         self.states: list[State | None] = [None] * len(names)
         self.touched = 0
 
