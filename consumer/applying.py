@@ -295,7 +295,7 @@ class Applier:
                                                  record.headers, self.partition)
         except InvalidEventError as exc:
             self.window.push(())
-            return Outcome.INVALID, [], exc
+            return Outcome.INVALID, [], exc.with_traceback(None)  # kept for the dead letter, without its frames
         updates = decision.updates
         error = CountersRefusedError(tuple(decision.refusals)) if decision.refusals else None
         fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
