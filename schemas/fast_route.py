@@ -16,26 +16,28 @@ updates with less work per event:
 - the value and event-id checks are the router's own converters, so a value is accepted, refused and
   converted exactly as the router does;
 - each counter decides for itself: one the event lacks a key, value or bucket field of (missing or null) is
-  skipped, and told to ``on_not_applicable`` as the router tells it.
+  skipped, and told to ``on_not_applicable`` as the router tells it; a retained counter whose bucket had
+  expired when the record was written skips the event once it has checked it, and is told to ``on_late``;
+- a decoded Avro, Protobuf or JSON Schema record is applied by ``apply_fields`` from the decoder's own objects
+  (:meth:`fields_of`: floats and Decimals as the router reads them), so exact decimals take the batch path on
+  those topics too (``schemas.formats.converter`` hands back the records the router refuses as a whole).
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
 escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
 of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
-40 characters on a topic with exact decimals, an event time too far ahead of its record or late —
+40 characters on a topic with exact decimals, an event time too far ahead of its record —
 makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
 event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
 two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
 
 A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
 cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object
-holding fields (``user`` and ``user.id``); its events all take the router. So does an Avro or Protobuf topic
-with exact decimals (``consumer.applying.Applier``: a double transcoded to JSON text would come back a
-Decimal). The record's own parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the
-batch path as the router reads them, and so are the fields of its key read as a JSON document (``@key.PATH``:
-a decoder of those fields alone; a key the payload's checks would hand back leaves its record to the router,
-:func:`_key_document`). A record carrying the ``countersink.apply-to`` header (a re-published dead letter)
-takes the router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the
-counters it names.
+holding fields (``user`` and ``user.id``); its events all take the router. The record's own parts (``@key``,
+``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router reads them, and so
+are the fields of its key read as a JSON document (``@key.PATH``: a decoder of those fields alone; a key the
+payload's checks would hand back leaves its record to the router, :func:`_key_document`). A record carrying
+the ``countersink.apply-to`` header (a re-published dead letter) takes the router
+(:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it names.
 """
 
 from __future__ import annotations
