@@ -6,10 +6,11 @@ The same trades (``bench.pipeline.trade``) and counters (``bench.pipeline.defini
 distinct, with event ids), encoded in each format; Avro, Protobuf and JSON Schema in the Confluent wire format
 with their writer schema already in the cache (as after the first record of a schema id). Each format runs
 ``Mutator.apply_batch`` on batches of 500, the consumer's path, keys repeating, interleaved round by round;
-printed: CPU µs per event (best round) and the ratio to JSON. Every format takes the JSON fast path
-(``schemas.fast_route``; the others as JSON text of the decoded record, ``schemas.formats.transcoder``);
-``json (router)`` is JSON with its fast path turned off, every record through the router, for scale. No Kafka,
-no Cassandra, no registry.
+printed: CPU µs per event (best round) and the ratio to JSON. Every format takes the batch path
+(``schemas.fast_route``): Avro and Protobuf records as the decoded fields counters read
+(``schemas.formats.converter``), JSON Schema records not checked against their schema as their JSON text
+(``schemas.formats.json_text_reader``); ``json (router)`` is JSON with its fast path turned off, every record
+through the router, for scale. No Kafka, no Cassandra, no registry.
 """
 
 from __future__ import annotations

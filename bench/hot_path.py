@@ -22,6 +22,9 @@ definition: flat (the bench's three counters), the key read from a nested field,
 decimal sum, the third counter of each kind, and a page-view stream of nine counters. Each shape's batch path
 (collector tuned, keys repeating) and router (record at a time), interleaved round by round in one process,
 with its ratio to flat, its share of events the batch path decides itself, and its CPU per counter update.
+
+``--refused`` measures instead the flat shape on that stream with none, 1 % and 10 % of its records holding
+``qty`` as a string: refused by the sum counter (a dead letter each), which the batch path hands to the router.
 """
 
 from __future__ import annotations
@@ -208,6 +211,33 @@ def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7, only: 
     return results
 
 
+REFUSED_SHARES = (0.0, 0.01, 0.1)
+
+
+def measure_refused(events: int, symbols: int, rounds: int, seed: int = 7) -> dict[float, float]:
+    """Best µs/event of the batch path (collector tuned, keys repeating) on the flat shape, per share of records
+    one counter refuses (``qty`` a string), the same records otherwise, the shares in turn."""
+    rng = random.Random(seed)
+    raw = [shapes.event(i, rng, symbols) for i in range(events * (rounds + 1))]
+
+    def spoiled(i: int, value: bytes, share: float) -> bytes:
+        if share and i % round(1 / share) == 0:
+            return value.replace(b'"qty":', b'"qty":"x').replace(b',"buyer"', b'","buyer"', 1)
+        return value
+
+    streams = {share: [Record(i, spoiled(i, value, share), (shapes.START_S + i // shapes.PER_SECOND) * 1000)
+                       for i, value in enumerate(raw)] for share in REFUSED_SHARES}
+    mutators = {share: new_mutator(text=shapes.SHAPES[shapes.FLAT]) for share in REFUSED_SHARES}
+    for share, mutator in mutators.items():
+        batched(mutator, streams[share][:events])
+    best = dict.fromkeys(REFUSED_SHARES, float("inf"))
+    for round_ in range(rounds):
+        for share in REFUSED_SHARES[round_ % 3:] + REFUSED_SHARES[:round_ % 3]:
+            part = streams[share][events * (round_ + 1):events * (round_ + 2)]
+            best[share] = min(best[share], cpu_us_per_event(batched, mutators[share], part, tuned=True))
+    return best
+
+
 def _scratch(mutator: Mutator) -> Callable[[Row, int], State]:
     """States for a pass that only asks the batch path what it would take (thrown away after)."""
     counters = mutator.applier.counters
@@ -245,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true", help="what each part of the batch path costs")
     parser.add_argument("--shapes", action="store_true", help="each shape of definition, beside flat")
     parser.add_argument("--only", action="append", help="with --shapes: the shapes whose names hold this")
+    parser.add_argument("--refused", action="store_true", help="flat, with records one counter refuses")
     args = parser.parse_args(argv)
+    if args.refused:
+        best = measure_refused(args.events, args.symbols, args.rounds)
+        print("| records one counter refuses | batch path, µs/event | × none |\n|---|---:|---:|")
+        print("\n".join(f"| {share:.0%} | {us:.2f} | {us / best[0.0]:.2f}× |" for share, us in best.items()))
+        return 0
     if args.shapes:
         print(shapes_table(measure_shapes(args.events, args.symbols, args.rounds, only=args.only)))
         return 0

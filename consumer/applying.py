@@ -22,7 +22,7 @@ from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
-from schemas.kinds import State, new_state
+from schemas.kinds import KINDS, State, new_state
 from schemas.kinds.base import KindSpec
 from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
 
@@ -246,9 +246,14 @@ class Applier:
     known: dict[str, Reset | None] = dataclasses.field(default_factory=dict, init=False)
     # The topic's fast path (None: every record takes the router). Built from the router's limits.
     fast: FastRoute | None = dataclasses.field(default=None, init=False)
-    # Avro, Protobuf and JSON Schema topics: a record's value to the JSON text the fast path reads (None: the
-    # record takes the router); schemas.formats.transcoder says why that decides as the router does.
+    # JSON Schema topics whose records are not checked: a record's value to the JSON text the fast path reads
+    # (None: the record takes the router); schemas.formats.json_text_reader.
     transcode: Callable[[bytes], bytes | None] | None = dataclasses.field(default=None, init=False)
+    # The other Avro, Protobuf and JSON Schema topics: a record's value to the fields the fast path reads
+    # (None: the record takes the router); schemas.formats.converter says why that decides as the router does.
+    convert: Callable[[bytes], object] | None = dataclasses.field(default=None, init=False)
+    # Per counter of the topic: a function making its new state (new_state's), and that state's size.
+    made: dict[str, tuple[Callable[[], State], int]] = dataclasses.field(default_factory=dict, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     # Records below this offset take the reference path (:meth:`classify`), which keeps ``starts``.
@@ -259,20 +264,24 @@ class Applier:
         self.slow_below = max(self.starts.values(), default=-1)
         if self.epochs_from is not None:
             self.epochs = self.epochs_from.copy()
+        for definition in self.counters.for_topic(self.topic):
+            spec = definition.spec
+            self.made[definition.name] = (functools.partial(KINDS[spec.kind].new, spec), _size_when_new(spec))
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
-                                    self.partition)
+                                    self.partition, router.on_late)
         decode = router.decoder_of(self.topic)
-        if decode is not None and self.fast is not None and self.fast.decimals:
-            # A decoded Avro or Protobuf double is a float to the router, and its JSON text would be read back
-            # as a Decimal: such a topic's exact decimals take the router.
-            self.fast = None
         if self.only is not None:
             self.fast = None  # a backfill keeps one counter's updates: the reference path drops the others'
         if decode is not None and self.fast is not None:
-            self.transcode = formats.transcoder(decode, router.max_event_bytes,
-                                                json_payload=self.counters.format_of(self.topic) == "json-schema")
+            if not self.fast.decimals:
+                # JSON text the fast path reads as the router's parser does (with exact decimals, the record's
+                # parser is the schema's: its fields are read as it read them, below)
+                self.transcode = formats.json_text_reader(decode, router.max_event_bytes)
+            if self.transcode is None:
+                self.convert = formats.converter(formats.projecting(decode), router.max_event_bytes,
+                                                 router.max_depth, self.fast.fields_of, self.fast.top_names)
         self.window.share({c.name: f"{c.event_id}|{sorted(c.where.items())!r}"
                            for c in self.counters.for_topic(self.topic) if c.event_id is not None})
 
@@ -302,7 +311,7 @@ class Applier:
                                                  record.headers, self.partition)
         except InvalidEventError as exc:
             self.window.push(())
-            return Outcome.INVALID, [], exc
+            return Outcome.INVALID, [], exc.with_traceback(None)  # kept for the dead letter, without its frames
         updates, refusals = decision.updates, decision.refusals
         # The window first, from every update: it must decide as an unrestricted mutator's would.
         fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
@@ -479,29 +488,36 @@ class Mutator:
         rows = self.rows
         if rows is None:
             rows = self.rows = fast.new_rows()
-        window, states, counters = applier.window, self.states, applier.counters
+        window, states = applier.window, self.states
         apply_event, fresh, advance = fast.apply_event, window.fresh, window.advance
-        transcode = applier.transcode
+        transcode, convert, apply_fields = applier.transcode, applier.convert, fast.apply_fields
         touched: list[Row] = []
 
+        made = applier.made
+
         def create(row: Row, index: int) -> State:
-            ident = (row.names[index], row.key)
+            ident = row.idents[index]
             state = states.get(ident)
             if state is None:
-                state = states[ident] = new_state(counters[ident[0]])
-                self.state_bytes += state.size_bytes()
+                make, size = made[ident[0]]
+                state = states[ident] = make()
+                self.state_bytes += size
             row.states[index] = state
             return state
 
         def mark_touched() -> None:
             dirty = self.dirty
             for row in touched:
-                bits, index = row.touched, 0
-                while bits:
-                    if bits & 1:
-                        dirty.add((row.names[index], row.key))
-                    bits >>= 1
-                    index += 1
+                bits, idents = row.touched, row.idents
+                if bits == (1 << len(idents)) - 1:  # every counter of the row: the common case
+                    dirty.update(idents)
+                else:
+                    index = 0
+                    while bits:
+                        if bits & 1:
+                            dirty.add(idents[index])
+                        bits >>= 1
+                        index += 1
                 row.touched = 0
             touched.clear()
 
@@ -529,13 +545,19 @@ class Mutator:
                     result.count(record, *self.apply(record))
                     continue
                 raw = record.value or b""
-                if transcode is not None:
-                    json_text = transcode(raw)
-                    if json_text is None:
-                        result.count(record, *self.apply(record))
-                        continue
-                    raw = json_text
-                outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched, create)
+                if convert is not None:
+                    fields = convert(raw)
+                    outcome = None if fields is None else apply_fields(fields, record.timestamp, record.key,
+                                                                        record.headers, rows, fresh, touched, create)
+                else:
+                    if transcode is not None:
+                        json_text = transcode(raw)
+                        if json_text is None:
+                            result.count(record, *self.apply(record))
+                            continue
+                        raw = json_text
+                    outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched,
+                                          create)
                 if outcome is None:
                     result.count(record, *self.apply(record))
                     continue

@@ -1032,7 +1032,9 @@ class EventRouter:
                         self.on_not_applicable(name, reason)
                     continue
                 exc.counter = name
-                refusals.append(exc)
+                # Kept for the dead letter without its traceback: the frames it holds (this one, with the
+                # refusals list) would make a cycle that lives until the next collection, per refused record.
+                refusals.append(exc.with_traceback(None))
                 continue
             if update is None:
                 continue

@@ -2,7 +2,7 @@
 
 :class:`EventRouter` is the reference: it parses a whole event into a dict and runs one extractor per counter,
 which builds an :class:`~schemas.events.Update` per counter and event. :class:`FastRoute` reaches the same
-updates with less work per event, for every definition but those reading a field of the record's key:
+updates with less work per event:
 
 - one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
   (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
@@ -16,25 +16,28 @@ updates with less work per event, for every definition but those reading a field
 - the value and event-id checks are the router's own converters, so a value is accepted, refused and
   converted exactly as the router does;
 - each counter decides for itself: one the event lacks a key, value or bucket field of (missing or null) is
-  skipped, and told to ``on_not_applicable`` as the router tells it.
+  skipped, and told to ``on_not_applicable`` as the router tells it; a retained counter whose bucket had
+  expired when the record was written skips the event once it has checked it, and is told to ``on_late``;
+- a decoded Avro, Protobuf or JSON Schema record is applied by ``apply_fields`` from the decoder's own objects
+  (:meth:`fields_of`: floats and Decimals as the router reads them), so exact decimals take the batch path on
+  those topics too (``schemas.formats.converter`` hands back the records the router refuses as a whole).
 
 It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
 escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
 of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
-40 characters on a topic with exact decimals, an event time too far ahead of its record or late —
+40 characters on a topic with exact decimals, an event time too far ahead of its record —
 makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
 event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
 two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
 
-A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field of the
-record's key read as JSON (``@key.PATH``), a field msgspec cannot name (a quote, a backslash or a control
-character in it), or one field both as a value and as an object holding fields (``user`` and ``user.id``); its
-events all take the router. So does an Avro or Protobuf topic with exact decimals
-(``consumer.applying.Applier``: a double transcoded to JSON text would come back a Decimal). The record's own
-parts (``@key``, ``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router
-reads them. A record carrying the ``countersink.apply-to`` header (a re-published dead letter) takes the
-router (:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it
-names.
+A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
+cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object
+holding fields (``user`` and ``user.id``); its events all take the router. The record's own parts (``@key``,
+``@timestamp``, ``@header.NAME``, ``@partition``) are read on the batch path as the router reads them, and so
+are the fields of its key read as a JSON document (``@key.PATH``: a decoder of those fields alone; a key the
+payload's checks would hand back leaves its record to the router, :func:`_key_document`). A record carrying
+the ``countersink.apply-to`` header (a re-published dead letter) takes the router
+(:meth:`~consumer.applying.Mutator.apply_batch` hands it over), which decides it for the counters it names.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from schemas.events import (
     DEFAULT_MAX_FUTURE_SKEW_S,
     DEFAULT_MAX_KEY_BYTES,
     MAX_INTEGER,
+    _check_decimal,
     _escape,
     _event_id_converter,
     _key_text,
@@ -94,15 +98,17 @@ _UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
 class Row:
     """The states of every counter of one key group for one key value, created as events need them.
 
-    ``(names[i], key)`` is the identity of the group's counter ``i`` (``names`` is the group's, shared by
-    its rows: a row holds no tuple of its own per counter); ``states[i]`` its state once an event has been
-    applied to it (``None`` before); ``touched`` a bit per counter changed in the batch being applied."""
+    ``idents[i]``, ``(names[i], key)``, is the identity of the group's counter ``i`` (``names`` is the group's,
+    shared by its rows), made once with the row: the mutator's states and dirty set hold these tuples, not new
+    ones per batch; ``states[i]`` its state once an event has been applied to it (``None`` before);
+    ``touched`` a bit per counter changed in the batch being applied."""
 
-    __slots__ = ("key", "names", "states", "touched")
+    __slots__ = ("idents", "key", "names", "states", "touched")
 
     def __init__(self, key: str, names: tuple[str, ...]) -> None:
         self.key = key
         self.names = names
+        self.idents = tuple([(name, key) for name in names])
         self.states: list[State | None] = [None] * len(names)
         self.touched = 0
 
@@ -112,10 +118,36 @@ def _field_parts(path: str) -> tuple[str, ...] | None:
     of the record (``@key``, ``@header.NAME``, ...) or one holding a name msgspec cannot take."""
     if record_part(path) is not None:
         return None
-    parts = tuple(payload_path(path).split("."))
+    return _nameable(tuple(payload_path(path).split(".")))
+
+
+def _nameable(parts: tuple[str, ...]) -> tuple[str, ...] | None:
     if any(not part or not _UNNAMEABLE.isdisjoint(part) for part in parts):
         return None
     return parts
+
+
+def _key_doc_parts(path: str) -> tuple[str, ...] | None:
+    """The names along ``@key.PATH`` (a field of the record's key read as a JSON document), or ``None`` for any
+    other path or one holding a name msgspec cannot take."""
+    found = record_part(path)
+    if found is None or found[0] != "key" or not found[1]:
+        return None
+    return _nameable(tuple(found[1].split(".")))
+
+
+def _key_document(decode: Callable[[bytes], Any], max_bytes: int, max_depth: int, long_digits: int,
+                  key: bytes) -> Any:
+    """The record's key read as a JSON document, for ``@key.PATH``: the fields counters read, as a struct. The
+    router's reading (``schemas.events``: its JSON parser, no exact decimals, the depth bound) is kept by handing
+    back (a ValueError, so the router decides the record) every key the payload's checks would hand back: not
+    ASCII, a ``\\u`` escape, deeply bracketed, long, a long run of digits, or not an object msgspec reads."""
+    raw = bytes(key)
+    if (len(raw) > max_bytes or not raw.isascii() or (92 in raw and b"\\u" in raw)
+            or raw.count(123) + raw.count(91) > max_depth
+            or (len(raw) >= long_digits and b"0" * long_digits in raw.translate(_DIGITS_AS_ZERO))):
+        raise ValueError("left to the router")
+    return decode(raw)  # msgspec.DecodeError is a ValueError
 
 
 def _exact(definition: CounterDefinition) -> bool:
@@ -143,7 +175,8 @@ def _eligible(definition: CounterDefinition) -> bool:
         paths.append(definition.event_id)
     if definition.bucket is not None:
         paths.append(definition.bucket.field)
-    return all(_field_parts(path) is not None or _record_local(path) is not None for path in paths)
+    return all(_field_parts(path) is not None or _record_local(path) is not None or _key_doc_parts(path) is not None
+               for path in paths)
 
 
 TIMESTAMP = "@timestamp"
@@ -200,6 +233,15 @@ def _last_bucket(last: list[Any], size: int, scale: int, v: Any, found: tuple[An
     return found
 
 
+def _decimal_passes(d: Decimal) -> bool:
+    """Whether the router's checks of a Decimal value pass it (then it is kept, the zero's sign dropped)."""
+    try:
+        _check_decimal("", d)
+    except InvalidEventError:
+        return False
+    return True
+
+
 def _itself(v: Any) -> Any:
     return v
 
@@ -215,17 +257,25 @@ def _absent(role: str, values: tuple[Any, ...]) -> str:
     raise AssertionError("no field is absent")
 
 
-def _skip(skipped: list[tuple[int, str, str]] | None, entry: tuple[int, str, str]) -> list[tuple[int, str, str]]:
+Skipped = list[tuple[int, str, "str | None"]]  # (the counter's place in the definitions, its name, why; None: late)
+
+
+def _skip(skipped: Skipped | None, entry: tuple[int, str, str | None]) -> Skipped:
     if skipped is None:
         return [entry]
     skipped.append(entry)
     return skipped
 
 
-def _report(on_not_applicable: Callable[[str, str], None] | None, skipped: list[tuple[int, str, str]]) -> None:
-    """Tell the counters an event taken did not apply to, in the definitions' order (the router's)."""
-    if on_not_applicable is not None:
-        for _, counter, reason in sorted(skipped):
+def _report(on_not_applicable: Callable[[str, str], None] | None, on_late: Callable[[str], None] | None,
+            skipped: Skipped) -> None:
+    """Tell the counters an event taken did not apply to (``on_not_applicable``) or was late for (``on_late``),
+    in the definitions' order (the router's)."""
+    for _, counter, reason in sorted(skipped):
+        if reason is None:
+            if on_late is not None:
+                on_late(counter)
+        elif on_not_applicable is not None:
             on_not_applicable(counter, reason)
 
 
@@ -243,9 +293,11 @@ class _Fields:
         self.tree: dict[str, list[Any]] = {}  # name -> [attribute, children (None for a field read)]
         self.count = 0
 
-    def attr(self, path: str) -> str:
-        """``f0.f3``: the attributes reaching ``path`` from the decoded event."""
-        parts = _field_parts(path)
+    def attr(self, path: str, parts: tuple[str, ...] | None = None) -> str:
+        """``f0.f3``: the attributes reaching ``path`` (the names ``parts``, when given) from the decoded
+        event."""
+        if parts is None:
+            parts = _field_parts(path)
         assert parts is not None
         node, attrs = self.tree, []
         for i, part in enumerate(parts):
@@ -281,6 +333,10 @@ APPLIED, DUPLICATE, FILTERED = 1, 2, 0
 # state of a row's counter.
 ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
                        list["Row"], Callable[["Row", int], State]], "int | None"]
+# apply_fields(event, ts, key, headers, rows, fresh, touched, create): apply_event for fields already read
+# (``FastRoute.fields_of``: a decoded Avro, Protobuf or JSON Schema record).
+ApplyFields = Callable[[Any, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
+                        list["Row"], Callable[["Row", int], State]], "int | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -315,7 +371,8 @@ class FastRoute:
 
     def __init__(self, counters: list[CounterDefinition], max_event_bytes: int, max_depth: int,
                  max_key_bytes: int, max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
-                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None) -> None:
+                 on_not_applicable: Callable[[str, str], None] | None = None, partition: int | None = None,
+                 on_late: Callable[[str], None] | None = None) -> None:
         self.max_event_bytes = max_event_bytes
         self.max_depth = max_depth
         self.max_key_bytes = max_key_bytes
@@ -330,15 +387,21 @@ class FastRoute:
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
             "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
-            "report": functools.partial(_report, on_not_applicable), "header": _header,
+            "report": functools.partial(_report, on_not_applicable, on_late), "header": _header,
             "text_of": _text_of,
             "PARTITION": _UNSET if partition is None else partition,
         }
 
         record_lines: dict[str, str] = {}  # local -> its line, for the parts of the record counters read
 
+        key_fields = _Fields()  # the fields of the record's key read as a JSON document (``@key.PATH``)
+
         def attr(path: str) -> str:
             """The expression reading ``path`` in ``apply_event``."""
+            inside_key = _key_doc_parts(path)
+            if inside_key is not None:
+                record_lines["KDOC"] = "KDOC = KEY_NONE if key is None else key_document(key)"
+                return "KDOC." + key_fields.attr(path, inside_key)
             record = _record_local(path)
             if record is None:
                 return "event." + fields.attr(path)
@@ -416,7 +479,8 @@ class FastRoute:
                               f"        br{b} = None",
                               f"        if bv{b} is UNSET or bv{b} is None:",
                               f"            br{b} = absent('bucket', (bv{b},))",
-                              f"        bt{b} = None"]
+                              f"        bt{b} = None",
+                              f"        late{b} = False"]
                 bucket_lines = [f"if bt{b} is None:"]
                 if first.bucket.format != "iso8601":
                     # An integer time inside the last bucket an integer time fell in (LAST: its first and
@@ -441,9 +505,10 @@ class FastRoute:
                     "        return None",
                 ]
                 if first.retain_seconds is not None:
+                    # late: the group's counters check the event as the router does, then skip it (on_late)
                     namespace[f"KEPT_MS{b}"] = (first.bucket.seconds + first.retain_seconds) * 1000
                     bucket_lines += [f"    if ts is not None and ts >= bt{b}[1] * 1000 + KEPT_MS{b}:",
-                                     "        return None"]
+                                     f"        late{b} = True"]
             for index, definition in enumerate(members):
                 c = f"{g}_{index}"
                 lines += [f"        # counter {definition.name} ({definition.kind})", f"        want_{c} = False"]
@@ -471,10 +536,16 @@ class FastRoute:
                                  f"{definition.name!r}, reason))")
                 lines.append(f"{indent}else:")
                 indent += "    "
+                retained = when is not None and when[3] is not None
+                row_lines = [f"row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))"]
+                if retained:
+                    # a late bucket's key is checked as the router checks it, and no row is kept for it
+                    row_lines = [f"if late{b}:", f"    row{g} = new_row({g}, {{}}, ({values}))",
+                                 "else:", *(f"    {line}" for line in row_lines)]
                 lines += [f"{indent}want_{c} = True",
                           f"{indent}if row{g} is None:",
                           *(f"{indent}    {line}" for line in bucket_lines),
-                          f"{indent}    row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))",
+                          *(f"{indent}    {line}" for line in row_lines),
                           f"{indent}    if row{g} is None:",
                           f"{indent}        return None"]
                 value = "None"
@@ -502,6 +573,11 @@ class FastRoute:
                     lines += [f"{indent}if {event_id} is None:",
                               f"{indent}    {event_id} = {attr(definition.event_id)}",
                               *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                if retained:
+                    # after its checks, as the router's extractor: a late event that is also invalid is refused
+                    late_entry = f"({order[definition.name]}, {definition.name!r}, None)"
+                    lines += [f"{indent}if late{b}:", f"{indent}    want_{c} = False",
+                              f"{indent}    skipped = skip(skipped, {late_entry})"]
                 applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
@@ -522,15 +598,56 @@ class FastRoute:
                   f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
         at = lines.index("        # RECORD")
         lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
+        # apply_fields: the same, from the fields already read (fields_of: a decoded Avro or Protobuf record)
+        body = lines[lines.index("    # 1. read and check every counter's key, filter, value and event id: nothing is "
+                                 "changed yet. A"):]
+        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):", *body]
+        lines += ["", "", *self._fields_of_lines(fields)]
         self.source = "\n".join(lines) + "\n"
+        topic_struct = fields.struct()
+        # The top-level payload fields counters read: all a decoded record need be read for (fields_of).
+        self.top_names = frozenset(fields.tree)
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
         # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
-        namespace["decode"] = msgspec.json.Decoder(fields.struct(),
+        namespace["decode"] = msgspec.json.Decoder(topic_struct,
                                                    float_hook=_short_decimal if self.decimals else None).decode
+        namespace.update(TopicFields=topic_struct, convert=msgspec.convert, decimal_passes=_decimal_passes,
+                         CONVERT_ERRORS=(msgspec.ValidationError, TypeError, ValueError))
         namespace["Decimal"] = Decimal
+        if key_fields.tree:
+            # The key's document is read as the router reads it: its JSON parser, never exact decimals.
+            key_struct = key_fields.struct(name="KeyFields")
+            namespace["KEY_NONE"] = key_struct()  # no key: every field of it absent
+            namespace["key_document"] = functools.partial(
+                _key_document, msgspec.json.Decoder(key_struct).decode, max_event_bytes, max_depth, LONG_DIGITS)
         namespace.update(APPLIED=APPLIED, DUPLICATE=DUPLICATE, FILTERED=FILTERED)
         exec(compile(self.source, f"<fast route of {counters[0].name}>", "exec"), namespace)  # noqa: S102
         self.apply_event: ApplyEvent = namespace["apply_event"]
+        self.apply_fields: ApplyFields = namespace["apply_fields"]
+        self.fields_of: Callable[[dict[str, Any]], Any] = namespace["fields_of"]
+
+    @staticmethod
+    def _fields_of_lines(fields: _Fields) -> list[str]:
+        """``fields_of(decoded)``: a decoded record (a dict, as the router reads it) as the struct ``apply_fields``
+        reads, its values the router's own objects, or None for a record left to the router: a field read
+        that is not where the struct has it (an object expected), a string that is not ASCII (every string
+        ``apply_event`` holds is: its lengths are its bytes), or a Decimal the router's checks refuse (the
+        exact counters' lines take a Decimal as passing them)."""
+        lines = ["def fields_of(decoded):", "    try:", "        event = convert(decoded, TopicFields)",
+                 "    except CONVERT_ERRORS:", "        return None"]
+
+        def leaves(tree: dict[str, list[Any]], prefix: str) -> list[str]:
+            found: list[str] = []
+            for attr, children in tree.values():
+                found += [prefix + attr] if children is None else leaves(children, f"{prefix}{attr}.")
+            return found
+
+        for leaf in leaves(fields.tree, "event."):
+            lines += [f"    v = {leaf}", "    if type(v) is str:", "        if not v.isascii():",
+                      "            return None", "    elif type(v) is Decimal and not decimal_passes(v):",
+                      "        return None"]
+        lines.append("    return event")
+        return lines
 
     def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,
                      event_id: str | None, fresh_locals: dict[str, str]) -> list[str]:
@@ -560,7 +677,7 @@ class FastRoute:
               max_depth: int = DEFAULT_MAX_DEPTH, max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
               max_future_skew_s: int = DEFAULT_MAX_FUTURE_SKEW_S,
               on_not_applicable: Callable[[str, str], None] | None = None,
-              partition: int | None = None) -> FastRoute | None:
+              partition: int | None = None, on_late: Callable[[str], None] | None = None) -> FastRoute | None:
         """The fast path for ``topic``, or ``None`` when a counter on it needs the router.
         ``on_not_applicable(counter, reason)`` is told of each counter an event lacks a field of, as the
         router's is; ``partition`` is the one whose records it applies (``@partition``)."""
@@ -569,7 +686,7 @@ class FastRoute:
             return None
         try:
             return cls(counters, max_event_bytes, max_depth, max_key_bytes, max_future_skew_s, on_not_applicable,
-                       partition)
+                       partition, on_late)
         except _Conflict:
             return None
 
@@ -583,18 +700,29 @@ class FastRoute:
         integers). ``None`` when a value is not a valid key part. A bucketed group's
         last value is its bucket's text, the key's last component."""
         paths, names, bucketed = self._groups[group]
-        parts = values[:-1] if bucketed else values
-        if any(v is _UNSET or v is None for v in parts):
-            return None
-        try:
-            key = "|".join([*(_escape(_key_text(path, v)) for path, v in zip(paths, parts, strict=True)),
-                            *values[len(parts):]])
-        except InvalidEventError:
-            return None
+        texts = []
+        kept = True  # every value a string or an integer
+        for path, v in zip(paths, values, strict=False):  # a bucketed group's values end with the bucket's
+            t = type(v)
+            if t is str:
+                texts.append(_escape(v))
+            elif t is int:
+                texts.append(str(v))
+            elif v is _UNSET or v is None:
+                return None
+            else:
+                kept = False
+                try:
+                    texts.append(_escape(_key_text(path, v)))
+                except InvalidEventError:
+                    return None
+        if bucketed:
+            texts.append(values[-1])
+        key = "|".join(texts)
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
             return None
         row = Row(key, names)
-        if all(type(v) is str or type(v) is int for v in values):
+        if kept:
             rows[values[0] if len(values) == 1 else values] = row
         return row
 

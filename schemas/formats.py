@@ -23,6 +23,7 @@ import datetime as dt
 import functools
 import io
 import json
+import keyword
 import os
 import subprocess
 import sys
@@ -209,8 +210,13 @@ def _zigzag(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
 
 
+_FIRST = (0,)
+
+
 def read_message_indexes(raw: bytes, at: int) -> tuple[tuple[int, ...], int]:
     """The Protobuf message indexes at ``at`` (after the 5-byte header): (indexes, offset of the payload)."""
+    if at < len(raw) and raw[at] == 0:  # [0], the first message: one byte, as most records say it
+        return _FIRST, at + 1
     raw_count, at = _varint(raw, at)
     count = _zigzag(raw_count)
     if count == 0:
@@ -434,7 +440,7 @@ class ProtoSchema:
         source = next(f for f in descriptor_set.file if f.name == "schema.proto")
         self._top = [self.file.message_types_by_name[m.name] for m in source.message_type]
         self._get_class = message_factory.GetMessageClass
-        self._decoders: dict[tuple[int, ...], Decoder] = {}
+        self._decoders: dict[tuple[tuple[int, ...], frozenset[str] | None], Decoder] = {}
         if not self._top:
             raise SchemaError("the .proto file declares no message")
 
@@ -486,15 +492,16 @@ class ProtoSchema:
 
         return encode
 
-    def decoder(self, indexes: tuple[int, ...]) -> Decoder | None:
-        """The decoder of the message at ``indexes``; None when the file has no message there."""
-        decode = self._decoders.get(indexes)
+    def decoder(self, indexes: tuple[int, ...], only: frozenset[str] | None = None) -> Decoder | None:
+        """The decoder of the message at ``indexes``; None when the file has no message there. ``only``: the
+        message's fields to read (the others are left out of the dict; each read as when all are)."""
+        decode = self._decoders.get((indexes, only))
         if decode is None:
             descriptor = self.descriptor(indexes)
             if descriptor is None:
                 return None
             message_class = self._get_class(descriptor)
-            to_dict = _message_reader(descriptor)
+            to_dict = _message_reader(descriptor, only=only)
             parse = message_class.FromString
 
             def decode(payload: bytes) -> Any:
@@ -504,7 +511,7 @@ class ProtoSchema:
                     raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: {exc}") from exc
                 return to_dict(message)
 
-            self._decoders[indexes] = decode
+            self._decoders[(indexes, only)] = decode
         return decode
 
 
@@ -514,20 +521,60 @@ _WRAPPERS = frozenset({"google.protobuf.DoubleValue", "google.protobuf.FloatValu
                        "google.protobuf.BoolValue", "google.protobuf.StringValue", "google.protobuf.BytesValue"})
 
 
-def _message_reader(descriptor: Any, readers: dict[str, Callable[[Any], Any]] | None = None
-                    ) -> Callable[[Any], Any]:
+def _message_reader(descriptor: Any, readers: dict[str, Callable[[Any], Any]] | None = None,
+                    only: frozenset[str] | None = None) -> Callable[[Any], Any]:
     """A function from a message of ``descriptor`` to a dict. A field with presence (proto2 fields, proto3
     ``optional``, members of a oneof, messages) is absent when unset; a proto3 scalar without presence holds
-    its value, the default included (the wire cannot tell them apart). Enums are their value's name."""
-    from google.protobuf.descriptor import FieldDescriptor
-
+    its value, the default included (the wire cannot tell them apart). Enums are their value's name. ``only``:
+    the fields of the message itself to read (the others are left out; each is read as when all are)."""
     if readers is None:
         readers = {}
     full_name = descriptor.full_name
-    if full_name in readers:  # a recursive message: read by the reader being built
+    if only is None and full_name in readers:  # a recursive message: read by the reader being built
         known = readers
         return lambda m: known[full_name](m)
-    readers[full_name] = lambda m: None
+    if only is None:
+        readers[full_name] = lambda m: None
+    read = _compiled_reader(_message_plan(descriptor, readers, only))
+    if only is None:
+        readers[full_name] = read
+    return read
+
+
+def _compiled_reader(plan: list[tuple[str, bool, Callable[[Any], Any] | None, bool, bool]]
+                     ) -> Callable[[Any], dict[str, Any]]:
+    """A reader of the fields of ``plan`` written out as one function, a few lines per field (one loop over the
+    plan per message costs more than the reading)."""
+    namespace: dict[str, Any] = {}
+    lines = ["def read(m):", "    out = {}"]
+    for n, (name, presence, convert, repeated, is_map) in enumerate(plan):
+        get = f"m.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(m, {name!r})"
+        indent = "    "
+        if presence:
+            lines.append(f"    if m.HasField({name!r}):")
+            indent += "    "
+        if convert is not None:
+            namespace[f"convert{n}"] = convert
+        if is_map:
+            value = (f"{{k: convert{n}(v) for k, v in {get}.items()}}" if convert is not None
+                     else f"{{k: v for k, v in {get}.items()}}")
+        elif repeated:
+            value = f"[convert{n}(v) for v in {get}]" if convert is not None else f"list({get})"
+        else:
+            value = f"convert{n}({get})" if convert is not None else get
+        lines.append(f"{indent}out[{name!r}] = {value}")
+    lines.append("    return out")
+    exec(compile("\n".join(lines) + "\n", "<protobuf reader>", "exec"), namespace)  # noqa: S102
+    read: Callable[[Any], dict[str, Any]] = namespace["read"]
+    return read
+
+
+def _message_plan(descriptor: Any, readers: dict[str, Callable[[Any], Any]], only: frozenset[str] | None
+                  ) -> list[tuple[str, bool, Callable[[Any], Any] | None, bool, bool]]:
+    """How :func:`_message_reader` reads each field of ``descriptor`` (of ``only``, when given): its name,
+    whether it has presence, its value's conversion, whether it is repeated, whether it is a map."""
+    from google.protobuf.descriptor import FieldDescriptor
+
     plan: list[tuple[str, bool, Callable[[Any], Any] | None, bool, bool]] = []
 
     def value_reader(field: Any) -> Callable[[Any], Any] | None:
@@ -546,33 +593,17 @@ def _message_reader(descriptor: Any, readers: dict[str, Callable[[Any], Any]] | 
             return lambda b: b.hex()
         return None
 
-    map_entries = {}
     for field in descriptor.fields:
+        if only is not None and field.name not in only:
+            continue
         is_map = (field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry)
         if is_map:
             value_field = field.message_type.fields_by_name["value"]
-            map_entries[field.name] = value_reader(value_field)
-            plan.append((field.name, False, map_entries[field.name], False, True))
+            plan.append((field.name, False, value_reader(value_field), False, True))
             continue
         plan.append((field.name, field.has_presence and not field.is_repeated, value_reader(field),
                      field.is_repeated, False))
-
-    def read(message: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, presence, convert, repeated, is_map in plan:
-            if presence and not message.HasField(name):
-                continue
-            value = getattr(message, name)
-            if is_map:
-                out[name] = {k: (convert(v) if convert else v) for k, v in value.items()}
-            elif repeated:
-                out[name] = [convert(v) for v in value] if convert else list(value)
-            else:
-                out[name] = convert(value) if convert else value
-        return out
-
-    readers[full_name] = read
-    return read
+    return plan
 
 
 # --- JSON Schema --------------------------------------------------------------------------------------------
@@ -641,6 +672,8 @@ class WriterSchema:
         self.schema_id = schema_id
         self.proto: ProtoSchema | None = None
         self._decode: Decoder | None = None
+        # A JSON Schema record not checked against its schema: its payload is the event's JSON text as it is.
+        self.json_text = topic.format == "json-schema" and not topic.validate_records
         wanted = SCHEMA_TYPE[topic.format]
         if schema_type != wanted:
             raise SchemaError(f"a {schema_type} schema on a {topic.format} topic")
@@ -651,10 +684,11 @@ class WriterSchema:
         else:
             self.proto = ProtoSchema(text, max_bytes=max_bytes)
 
-    def decode(self, raw: bytes, at: int) -> Any:
+    def decode(self, raw: bytes, at: int, only: frozenset[str] | None = None) -> Any:
+        """``only``: the fields a Protobuf record is read for (every field of the others)."""
         if self.proto is not None:
             indexes, at = read_message_indexes(raw, at)
-            decode = self.proto.decoder(indexes)
+            decode = self.proto.decoder(indexes, only)
             if decode is None:
                 raise UnparseableEventError("", f"schema id {self.schema_id} has no message at {list(indexes)}")
             return decode(raw[at:])
@@ -680,115 +714,150 @@ class SchemaCache:
         return self.entries.get((topic, schema_id))
 
 
-def registry_decoder(topic: TopicFormat, cache: SchemaCache) -> Decoder:
-    """The decoder of a registry topic's values: header, cached writer schema, payload."""
-    name = topic.name
-    entries = cache.entries
+class RegistryDecoder:
+    """The decoder of a registry topic's values: header, cached writer schema, payload. Called with ``only``,
+    a Protobuf record is read for those fields alone."""
 
-    def decode(raw: bytes) -> Any:
+    def __init__(self, topic: TopicFormat, cache: SchemaCache) -> None:
+        self.name = topic.name
+        self.entries = cache.entries
+        # A JSON Schema topic whose records are not checked: their payloads are the events' JSON text.
+        self.json_payload = topic.format == "json-schema" and not topic.validate_records
+
+    def __call__(self, raw: bytes, only: frozenset[str] | None = None) -> Any:
         schema_id, at = split_header(raw)
-        entry = entries.get((name, schema_id))
+        entry = self.entries.get((self.name, schema_id))
         if entry is None:
-            raise SchemaNotLoadedError(f"schema id {schema_id} of topic {name} was not loaded before routing")
+            raise SchemaNotLoadedError(f"schema id {schema_id} of topic {self.name} was not loaded before routing")
         if isinstance(entry, InvalidEventError):
             raise entry
-        return entry.decode(raw, at)
+        return entry.decode(raw, at, only)
 
-    return decode
+    def json_text(self, raw: bytes) -> bytes | None:
+        """The payload of a JSON Schema record whose schema is loaded and does not check it (the event's JSON
+        text, not parsed here); None for any other record (the router decides it, or raises)."""
+        if len(raw) < HEADER_BYTES or raw[0] != MAGIC:
+            return None
+        entry = self.entries.get((self.name, int.from_bytes(raw[1:HEADER_BYTES], "big")))
+        if type(entry) is not WriterSchema or not entry.json_text:
+            return None
+        return raw[HEADER_BYTES:]
+
+
+def registry_decoder(topic: TopicFormat, cache: SchemaCache) -> RegistryDecoder:
+    """The decoder of a registry topic's values: header, cached writer schema, payload."""
+    return RegistryDecoder(topic, cache)
+
+
+class InlineDecoder:
+    """The decoder of an inline topic (schemas from files; the header's id is not looked up). Called with
+    ``only``, a Protobuf record is read for those fields alone."""
+
+    def __init__(self, topic: TopicFormat, base: Path | None, parse: JsonParser,
+                 max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> None:
+        assert topic.schema_file is not None
+        text = _read_schema_file(topic.schema_file, base, max_bytes)
+        self.proto: ProtoSchema | None = None
+        self.indexes: tuple[int, ...] = ()
+        self.payload_decode: Decoder | None = None
+        self.json_payload = topic.format == "json-schema" and not topic.validate_records
+        if topic.format == "avro":
+            reader = None if topic.reader_schema_file is None else _read_schema_file(topic.reader_schema_file,
+                                                                                      base, max_bytes)
+            self.payload_decode = compile_avro(text, reader, max_bytes=max_bytes)
+        elif topic.format == "json-schema":
+            self.payload_decode = compile_json_schema(text, parse, topic.validate_records, max_bytes=max_bytes)
+        else:
+            self.proto = ProtoSchema(text, max_bytes=max_bytes)
+            assert topic.message is not None
+            self.indexes = self.proto.indexes_of(topic.message)
+
+    def __call__(self, raw: bytes, only: frozenset[str] | None = None) -> Any:
+        _, at = split_header(raw)
+        if self.proto is not None:
+            _, at = read_message_indexes(raw, at)
+            decode = self.proto.decoder(self.indexes, only)
+            assert decode is not None
+            return decode(raw[at:])
+        assert self.payload_decode is not None
+        return self.payload_decode(raw[at:])
+
+    def json_text(self, raw: bytes) -> bytes | None:
+        """The payload of a JSON Schema record of a topic that does not check it; None for any other."""
+        if not self.json_payload or len(raw) < HEADER_BYTES or raw[0] != MAGIC:
+            return None
+        return raw[HEADER_BYTES:]
 
 
 def inline_decoder(topic: TopicFormat, base: Path | None, parse: JsonParser,
-                   max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Decoder | None:
+                   max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> InlineDecoder | None:
     """The decoder of an inline topic (schemas from files; the header's id is not looked up); None for a
     JSON or registry topic. Raises :class:`SchemaError` for an unusable file."""
     if topic.schema_file is None:
         if topic.reader_schema_file is not None:
             _read_schema_file(topic.reader_schema_file, base, max_bytes)
         return None
-    text = _read_schema_file(topic.schema_file, base, max_bytes)
-    if topic.format == "avro":
-        reader = None if topic.reader_schema_file is None else _read_schema_file(topic.reader_schema_file, base,
-                                                                                  max_bytes)
-        payload_decode = compile_avro(text, reader, max_bytes=max_bytes)
-    elif topic.format == "json-schema":
-        payload_decode = compile_json_schema(text, parse, topic.validate_records, max_bytes=max_bytes)
-    else:
-        proto = ProtoSchema(text, max_bytes=max_bytes)
-        assert topic.message is not None
-        indexes = proto.indexes_of(topic.message)
-        message_decode = proto.decoder(indexes)
-        assert message_decode is not None
-
-        def decode_proto(raw: bytes) -> Any:
-            _, at = split_header(raw)
-            _, at = read_message_indexes(raw, at)
-            return message_decode(raw[at:])
-
-        return decode_proto
-
-    def decode(raw: bytes) -> Any:
-        _, at = split_header(raw)
-        return payload_decode(raw[at:])
-
-    return decode
+    return InlineDecoder(topic, base, parse, max_bytes)
 
 
-# --- the JSON fast path for decoded records --------------------------------------------------------
+# --- the batch path for decoded records ----------------------------------------------------------------
 
-def _json_exact(value: Any) -> bool:
-    """True when ``value`` comes back from JSON text as it is: no Decimal, no NaN or infinity, string keys."""
-    t = type(value)
-    if t is str or t is int or t is bool or value is None:
-        return True
-    if t is float:
-        return bool(value - value == 0.0)  # finite
-    if t is dict:
-        return all(type(k) is str and _json_exact(v) for k, v in value.items())
-    if t is list:
-        return all(_json_exact(v) for v in value)
-    return False
+# A decoder that can read a record for some fields alone (``only``): RegistryDecoder, InlineDecoder.
+ProjectingDecoder = Callable[[bytes, "frozenset[str] | None"], Any]
 
 
-def _event_json_exact(event: dict[str, Any]) -> bool:
-    """:func:`_json_exact` of a decoded event (string keys), with the common flat case in one loop."""
-    for v in event.values():
-        t = type(v)
-        if t is str or t is int or t is bool or v is None:
-            continue
-        if not _json_exact(v):
-            return False
-    return True
+def projecting(decode: Decoder) -> ProjectingDecoder:
+    """``decode`` as a decoder taking ``only`` (ignored by a decoder that cannot read a record for some fields)."""
+    if isinstance(decode, RegistryDecoder | InlineDecoder):
+        return decode
+
+    def whole(raw: bytes, only: frozenset[str] | None) -> Any:
+        return decode(raw)
+
+    return whole
 
 
-def transcoder(decode: Decoder, max_event_bytes: int, json_payload: bool = False) -> Callable[[bytes], bytes | None]:
-    """A function from a record's value to the JSON text of its decoded event, for the JSON fast path
-    (``schemas.fast_route``), or None when the record should take the router: it does not decode (the router
-    gives the error), is over ``max_event_bytes`` (the router refuses it by its own size), or its event would not
-    come back from JSON as it is (a Decimal, a NaN, a non-string key). Since the fast path decides as the router
-    does on JSON text, and that text parses back to the decoded event, the fast path decides as the router does
-    on the record. ``json_payload`` (JSON Schema topics): the payload is that JSON text already, once decoded
-    (its schema id known, validated when asked)."""
-    import msgspec
+def converter(decode: ProjectingDecoder, max_event_bytes: int, max_depth: int, fields_of: Callable[[Any], Any],
+              only: frozenset[str]) -> Callable[[bytes], Any]:
+    """A function from a record's value to the fields the topic's counters read (``fields_of``, the fast path's
+    :meth:`~schemas.fast_route.FastRoute.fields_of`: the decoded objects themselves, floats and Decimals as they
+    are), or None when the record should take the router. The router refuses a record as a whole when it is over
+    ``max_event_bytes``, does not decode, is not a record (a dict), or is nested deeper than ``max_depth`` (which
+    it looks for only when the record's bytes hold more than ``max_depth`` brackets): every such record, and
+    every one ``fields_of`` does not take, is handed back, so the fast path decides only records the router
+    would read into the same fields. ``only``: the top-level fields counters read, all a Protobuf record is read
+    for (the others cannot change the decision of a record handed back when deep)."""
 
-    encode = msgspec.json.encode
-
-    def transcode(raw: bytes) -> bytes | None:
-        if len(raw) > max_event_bytes:
+    def convert(raw: bytes) -> Any:
+        if len(raw) > max_event_bytes or raw.count(123) + raw.count(91) > max_depth:
             return None
         try:
-            event = decode(raw)
+            event = decode(raw, only)
         except InvalidEventError:
             return None
-        if json_payload:
-            return raw[HEADER_BYTES:]
-        if type(event) is not dict or not _event_json_exact(event):
+        if type(event) is not dict:
             return None
-        try:
-            return encode(event)
-        except (TypeError, ValueError, OverflowError):
-            return None
+        return fields_of(event)
 
-    return transcode
+    return convert
+
+
+def json_text_reader(decode: Any, max_event_bytes: int) -> Callable[[bytes], bytes | None] | None:
+    """For a JSON Schema topic whose records are not checked against their schema: a function from a record's
+    value to its payload, the event's JSON text, for the JSON fast path (None: the router decides the record).
+    Not parsed here: the fast path hands back all the JSON text the router's parser would not read as it does.
+    None when the topic's decoder has no such reading."""
+    if not isinstance(decode, RegistryDecoder | InlineDecoder) or not decode.json_payload:
+        return None
+    json_text = decode.json_text
+
+    def read(raw: bytes) -> bytes | None:
+        if len(raw) > max_event_bytes:
+            return None
+        text: bytes | None = json_text(raw)
+        return text
+
+    return read
 
 
 def _json_loads(raw: bytes) -> Any:
@@ -810,12 +879,12 @@ def decoders(formats: Mapping[str, TopicFormat], cache: SchemaCache, base: Path 
     return made
 
 
-def _registry(topic: TopicFormat, cache: SchemaCache, parse: JsonParser) -> Decoder:
+def _registry(topic: TopicFormat, cache: SchemaCache, parse: JsonParser) -> RegistryDecoder:
     del parse  # a registry topic's JSON Schema payloads are parsed by its WriterSchema (SchemaLoader's parser)
     return registry_decoder(topic, cache)
 
 
-def _inline(topic: TopicFormat, base: Path | None, parse: JsonParser) -> Decoder:
+def _inline(topic: TopicFormat, base: Path | None, parse: JsonParser) -> InlineDecoder:
     decode = inline_decoder(topic, base, parse)
     assert decode is not None
     return decode
@@ -824,6 +893,8 @@ def _inline(topic: TopicFormat, base: Path | None, parse: JsonParser) -> Decoder
 __all__ = [
     "FORMATS",
     "BadSchemaEventError",
+    "InlineDecoder",
+    "RegistryDecoder",
     "SchemaCache",
     "SchemaError",
     "SchemaNotLoadedError",
@@ -832,16 +903,18 @@ __all__ = [
     "WriterSchema",
     "avro_encoder",
     "compile_avro",
+    "converter",
     "decoders",
     "frame",
     "inline_decoder",
     "json_schema_encoder",
+    "json_text_reader",
     "parse_topic_tables",
     "plain",
+    "projecting",
     "read_message_indexes",
     "registry_decoder",
     "schema_id_of",
     "schema_ids",
     "split_header",
-    "transcoder",
 ]

@@ -64,13 +64,17 @@ BODIES = [
     'kind = "count"\nkey = ["@partition", "@timestamp"]\nwhere = { "@key" = ["K1", "a|b"] }',
     'kind = "max"\nkey = ["@header.g"]\nvalue = "@timestamp"\nevent_id = "@header.h"',
     'kind = "top_k"\nvalue = "@header.h"\nevent_id = "id"',
-]
-# Topics the fast path leaves to the router entirely: a field of the record's key read as JSON, and a field
-# read both as a value and as an object holding fields.
-ROUTER_ONLY = [
+    # fields of the record's key read as a JSON document, in keys, filters, values, ids and buckets
     'kind = "count"\nkey = ["@key.customer"]',
-    'kind = "count"\nkey = ["sym"]\nwhere = { "@key.region" = ["x"] }',
+    'kind = "count"\nkey = ["sym"]\nwhere = { "@key.region" = ["x", 1] }',
+    'kind = "sum"\nkey = ["@key.o.id", "side"]\nvalue = "@key.n"\nevent_id = "@key.customer"',
+    'kind = "count"\nkey = ["@key.region"]\nbucket = { field = "@key.t", size = "1h", format = "epoch_seconds" }',
+]
+# Topics the fast path leaves to the router entirely: a field read both as a value and as an object holding
+# fields.
+ROUTER_ONLY = [
     'kind = "sum"\nkey = ["meta"]\nvalue = "meta.a"',
+    'kind = "sum"\nkey = ["@key.o"]\nvalue = "@key.o.id"',
 ]
 
 
@@ -80,9 +84,11 @@ def counter_set(bodies: list[str]):  # type: ignore[no-untyped-def]
 
 
 def mutator(counters, window: int, max_event_bytes: int = 400) -> Mutator:  # type: ignore[no-untyped-def]
-    skipped: list[tuple[str, str]] = []  # what the router told of events lacking a counter's fields
+    # what the router told of events lacking a counter's fields, and of events late for a counter, in order
+    skipped: list[tuple[str, str]] = []
     router = EventRouter(counters, max_event_bytes=max_event_bytes, max_depth=6, max_key_bytes=MAX_KEY_BYTES,
-                         on_not_applicable=lambda counter, reason: skipped.append((counter, reason)))
+                         on_not_applicable=lambda counter, reason: skipped.append((counter, reason)),
+                         on_late=lambda counter: skipped.append((counter, "late")))
     router.skipped = skipped  # type: ignore[attr-defined]
     applier = Applier(router, counters, TOPIC, 0, RetryWindow(window))
     entry = MutatorEntry(uuid.uuid4(), "g", TOPIC, 0, "h", 0, 10**18)
@@ -170,6 +176,26 @@ def described(result: BatchApplied) -> tuple[int, int, list[tuple[int, str, str,
 # Records' keys and headers: text, not UTF-8, null, repeated names (the last one counts), absent.
 RECORD_KEYS = st.sampled_from([None, b"K1", b"K2", b"a|b", b"\xff", b"", b"e" * (MAX_KEY_BYTES + 1),
                                "é".encode() * 13])  # 13 characters, 26 bytes: over MAX_KEY_BYTES
+# Keys read as JSON documents (@key.PATH): valid, wrongly typed, null, not objects, escaped, deep, not JSON.
+KEY_DOC_VALUES = st.sampled_from(['"c1"', '"c2"', "5", "true", "null", "1.5", '"x"', "1", '"a|b"', "[1]", "{}",
+                                  '{"id": "o1"}', '{"id": 7}', '{"id": null}', '"\\u00e9"', '"' + "e" * 30 + '"',
+                                  "1764140400", "1e3", "NaN", "9" * 30, "-0", '"2025"'])
+
+
+@st.composite
+def key_documents(draw: st.DrawFn) -> bytes | None:
+    """A record's key holding a JSON document (or not quite one)."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from([b"[1]", b'"s"', b"null", b"{", b'{"customer": "c1"', b"\xef\xbb\xbf{}",
+                                     b'{"o": ' * 7 + b"1" + b"}" * 7, b'{"customer": "\xc3\xa9"}']))
+    members = [f'"{name}": {draw(KEY_DOC_VALUES)}'
+               for name in draw(st.lists(st.sampled_from(["customer", "region", "o", "n", "t", "z"]), unique=True))]
+    if draw(st.booleans()):
+        members.append(f'"customer": {draw(KEY_DOC_VALUES)}')  # a duplicate name: the last one counts
+    return ("{" + ", ".join(members) + "}").encode()
+
+
+RECORD_KEYS = RECORD_KEYS | key_documents()
 HEADERS = st.lists(st.tuples(st.sampled_from(["h", "g", "other"]),
                              st.sampled_from([b"x", b"y", b"i1", None, b"\xff", b"", "é".encode() * 13])),
                     max_size=3)
@@ -370,8 +396,8 @@ def test_the_differential_check_catches_a_planted_divergence(monkeypatch: pytest
 @settings(max_examples=50, deadline=None)
 def test_topics_the_fast_path_leaves_to_the_router_count_the_same(events: list[bytes], stamps: list[int | None]
                                                                   ) -> None:
-    """A topic with a counter reading the record's key or headers, or a field both as a value and as an object,
-    has no fast path, and apply_batch is apply, whatever the records' timestamps."""
+    """A topic with a counter reading a field both as a value and as an object holding fields (of the payload or
+    of the record's key) has no fast path, and apply_batch is apply, whatever the records' timestamps."""
     for body in ROUTER_ONLY:
         assert FastRoute.build(counter_set([BODIES[0], body]), TOPIC) is None
     counters = counter_set([BODIES[0], *ROUTER_ONLY, BODIES[16]])
@@ -424,8 +450,9 @@ def test_the_fast_path_takes_nested_bucketed_and_decimal_events() -> None:
     raw = b'{"sym": "IBM", "x": 0.1, "ts": 1764140400, "id": "e1", "meta": {"a": "u1", "b": "buy"}}'
     rows = fast.new_rows()
     assert fast.apply_event(raw, NOW_S * 1000, None, (), rows, lambda counter, event_id: True, [], create) == APPLIED
-    # the record written more than a day after its bucket ended: late for c0, which the router decides
-    assert fast.apply_event(raw, (NOW_S + 3 * 86_400) * 1000, None, (), rows, lambda c, e: True, [], create) is None
+    # the record written more than a day after its bucket ended: late for c0, which skips it; the others count it
+    assert fast.apply_event(raw, (NOW_S + 3 * 86_400) * 1000, None, (), rows, lambda c, e: True, [],
+                            create) == APPLIED
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     records = [Record(i, raw, NOW_S * 1000 + i) for i in range(3)]
     assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
@@ -473,7 +500,7 @@ def test_the_fast_path_skips_the_counters_an_event_lacks_fields_of(monkeypatch: 
     assert described(batched.apply_batch(records)) == described(outcomes(reference, records))
     assert batched.applier.router.skipped == reference.applier.router.skipped == [  # type: ignore[attr-defined]
         ("c2", "key_missing"), ("c3", "value_null")]
-    monkeypatch.setattr(fast_route, "_report", lambda on_not_applicable, skipped: None)
+    monkeypatch.setattr(fast_route, "_report", lambda on_not_applicable, on_late, skipped: None)
     reference, batched = mutator(counters, 10), mutator(counters, 10)
     batched.apply_batch(records)
     outcomes(reference, records)
@@ -499,3 +526,69 @@ def test_the_differential_check_catches_a_planted_bucket_reuse(monkeypatch: pyte
     batched = mutator(counters, 10)
     batched.apply_batch(records)
     assert states_of(batched) != states_of(reference)
+
+
+def test_the_fast_path_takes_fields_of_the_record_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counters reading fields of the record's key as a JSON document (``@key.PATH``) are applied by the batch
+    path itself, as the router applies them; a key document the router refuses (too deep) is handed back, and a
+    batch path that read it anyway is caught by the differential check."""
+    counters = counter_set([BODIES[0], BODIES[32], BODIES[33], BODIES[34]])
+    fast = FastRoute.build(counters, TOPIC, 400, 6, MAX_KEY_BYTES)
+    assert fast is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    raw = b'{"sym": "IBM", "side": "buy", "id": "e1"}'
+    key = b'{"customer": "c1", "region": "x", "o": {"id": "o1"}, "n": 4}'
+    assert fast.apply_event(raw, None, key, (), fast.new_rows(), lambda c, e: True, [], create) == APPLIED
+    deep = b'{"customer": "c2", "z": ' + b'{"a": ' * 6 + b"1" + b"}" * 7
+    records = [Record(0, raw, None, key), Record(1, raw, None, None), Record(2, raw, None, deep),
+               Record(3, raw, None, b'{"customer": 5, "region": 1, "o": {"id": 2}, "n": 1.5}')]
+
+    def agree() -> bool:
+        reference, batched = mutator(counters, 10), mutator(counters, 10)
+        if described(batched.apply_batch(records)) != described(outcomes(reference, records)):
+            return False
+        return {k: s.to_bytes() for k, s in batched.states.items()} == {
+            k: s.to_bytes() for k, s in reference.states.items()}
+
+    assert agree()
+    reference = mutator(counters, 10)
+    outcomes(reference, records)
+    assert ("c1", "c1") in reference.states
+    assert ("c3", "o1|buy") in reference.states
+    monkeypatch.setattr(fast_route, "_key_document", lambda decode, size, depth, digits, key: decode(key))
+    assert not agree()
+
+
+def test_late_events_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event whose record was written after its bucket's retention (a replay of old records) is skipped by
+    the retained counters on the batch path, told to ``on_late`` in the definitions' order among the skips, and
+    counted by the others, as the router does; a late event whose key the router refuses is handed back. A
+    batch path that counted late events is caught."""
+    counters = counter_set([BODIES[0], BODIES[17], 'kind = "count"\nkey = ["user"]', BODIES[21]])
+    late_ms = (NOW_S + 3 * 86_400) * 1000
+    records = [Record(i, b'{"sym": "IBM", "n": %d, "ts": %d, "ms": %d, "id": "e%d"}' % (i, NOW_S, NOW_S * 1000, i),
+                      late_ms) for i in range(3)]
+    records.append(Record(3, b'{"sym": "' + b"e" * (MAX_KEY_BYTES + 1) + b'", "n": 1, "ts": %d}' % NOW_S, late_ms))
+    fast = FastRoute.build(counters, TOPIC, 400, 6, MAX_KEY_BYTES)
+    assert fast is not None
+    create = lambda row, index: new_state(counters[row.names[index]])  # noqa: E731
+    assert fast.apply_event(records[0].value or b"", late_ms, None, (), fast.new_rows(), lambda c, e: True, [],
+                            create) == APPLIED
+
+    def compared() -> tuple[bool, list[tuple[str, str]]]:
+        reference, batched = mutator(counters, 10), mutator(counters, 10)
+        same = (described(batched.apply_batch(records)) == described(outcomes(reference, records))
+                and {k: s.to_bytes() for k, s in batched.states.items()} == {
+                    k: s.to_bytes() for k, s in reference.states.items()}
+                and batched.applier.router.skipped == reference.applier.router.skipped)  # type: ignore[attr-defined]
+        return same, reference.applier.router.skipped  # type: ignore[attr-defined]
+
+    same, told = compared()
+    assert same
+    assert told[:3] == [("c1", "late"), ("c2", "key_missing"), ("c3", "late")]
+    monkeypatch.setattr(fast_route, "_skip", lambda skipped, entry: skipped if entry[2] is None else _skip(
+        skipped, entry))
+    assert not compared()[0]
+
+
+_skip = fast_route._skip

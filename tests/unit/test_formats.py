@@ -429,9 +429,11 @@ def test_a_registry_topic_without_a_registry_url_is_refused_at_start(tmp_path: P
     assert "COUNTERSINK_SCHEMA_REGISTRY__URL" in line["error"]
 
 
-# --- the JSON fast path on decoded records ----------------------------------------------------------------------
+# --- the batch path on decoded records --------------------------------------------------------------------------
 
-_SCALAR = ["null", "boolean", "long", "double", "string"]
+# An Avro decimal of up to 120 digits: the router refuses more than 100 (events.MAX_DECIMAL_DIGITS).
+_SCALAR = ["null", "boolean", "long", "double", "string",
+           {"type": "bytes", "logicalType": "decimal", "precision": 120, "scale": 4}]
 _ANY_FIELD = [*_SCALAR, {"type": "array", "items": _SCALAR}, {"type": "map", "values": _SCALAR}]
 DIFFERENTIAL_AVRO = {"type": "record", "name": "Any", "fields": [
     {"name": name, "type": _ANY_FIELD, "default": None} for name in FAST_ROUTE_FIELDS]}
@@ -455,21 +457,27 @@ def _avro_record(event: dict[str, Any]) -> bytes | None:
         return None  # not a record of the schema (an integer past 64 bits, a lone surrogate)
 
 
+_decimal_values = st.decimals(allow_nan=False, allow_infinity=False, places=4) | st.sampled_from(
+    [Decimal("0.0000"), Decimal("-0.0000"), Decimal("9" * 96 + ".0000"), Decimal("9" * 97 + ".0000"),
+     Decimal("1" * 110 + ".0001")])
+
+
 @st.composite
 def decoded_event(draw: st.DrawFn) -> dict[str, Any]:
-    """Any fields with any values, or (half the time) the common shape: valid fields, ids from a small set."""
-    event: dict[str, Any] = dict(draw(st.dictionaries(st.sampled_from(FAST_ROUTE_FIELDS), fast_route_values)))
+    """Any fields with any values, or (half the time) the common shape: valid fields, ids from a small set;
+    exact decimals among them (Avro's decimal type: four places, up to 120 digits)."""
+    event: dict[str, Any] = dict(draw(st.dictionaries(st.sampled_from(FAST_ROUTE_FIELDS),
+                                                      fast_route_values | _decimal_values)))
     if draw(st.booleans()):
         event.update(sym=draw(st.sampled_from(["IBM", "MSFT", "a|b", 7, True])), n=draw(st.integers(-5, 5)),
-                     x=draw(st.floats(-10, 10)), id=draw(st.sampled_from(["i1", "i2", "i3", 4])),
+                     x=draw(st.floats(-10, 10) | _decimal_values), id=draw(st.sampled_from(["i1", "i2", "i3", 4])),
                      rid=draw(st.sampled_from(["r1", "r2"])), side=draw(st.sampled_from(["buy", "sell", 1, True])),
                      user=draw(st.sampled_from(["u1", "u2", 5])), flag=draw(st.sampled_from([True, 1, "1", 0])))
     return event
 
 
 DECODED_ARGUMENTS = {
-    # exact decimals on a decoded topic take the router (test_a_decoded_topic_with_exact_decimals_takes_the_router)
-    "bodies": st.lists(st.sampled_from([b for b in BODIES if 'number = "decimal"' not in b]), min_size=1, max_size=4),
+    "bodies": st.lists(st.sampled_from(BODIES), min_size=1, max_size=4),
     "events": st.lists(decoded_event(), max_size=25),
     "format_": st.sampled_from(["avro", "json-schema"]),
     "window": st.integers(0, 5),
@@ -484,10 +492,12 @@ def _decoded_check(bodies: list[str], events: list[dict[str, Any]], format_: str
     if format_ == "avro":
         encoded = [_avro_record(event) for event in events]
     else:
-        encoded = [frame(1, json.dumps(event).encode("utf-8", "surrogatepass")) for event in events]
+        encoded = [frame(1, json.dumps(event, default=str).encode("utf-8", "surrogatepass")) for event in events]
     records = [Record(offset, raw) for offset, raw in enumerate(r for r in encoded if r is not None)]
     reference, batched = _formats_mutator(counters, format_, window), _formats_mutator(counters, format_, window)
-    assert batched.applier.transcode is not None
+    # JSON Schema records not checked, no exact decimals: their JSON text as it is; else the decoded fields
+    assert (batched.applier.transcode is not None) == (format_ == "json-schema" and not batched.applier.fast.decimals)
+    assert (batched.applier.convert is None) == (batched.applier.transcode is not None)
     for batch in (records[:cut], records[cut:]):
         expected = fast_route_outcomes(reference, batch)
         assert fast_route_described(batched.apply_batch(batch)) == fast_route_described(expected)
@@ -505,19 +515,24 @@ def test_decoded_records_take_the_fast_path_as_the_router_decides(
     _decoded_check(bodies, events, format_, window, cut)
 
 
-def test_a_decoded_topic_with_exact_decimals_takes_the_router() -> None:
-    """An Avro double is a float to the router; written as JSON text and read back with exact decimals it would
-    be a Decimal: such a topic has no batch path, and counts what the router does."""
+def test_a_decoded_topic_with_exact_decimals_takes_the_batch_path() -> None:
+    """An Avro double is a float to the router, and an Avro decimal a Decimal: the batch path reads the decoded
+    objects themselves, so an exact sum of both counts what the router does, without asking it."""
     counters = parse_definitions('[[topic]]\nname = "t"\nformat = "avro"\n\n[[counter]]\nname = "c"\n'
                                  'topics = ["t"]\nkind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "decimal"\n')
     mutator = _formats_mutator(counters, "avro", 0)
-    assert mutator.applier.fast is None
-    assert mutator.applier.transcode is None
+    assert mutator.applier.convert is not None
     x = 0.1
-    record = _avro_record({"sym": "IBM", "x": x})
-    assert record is not None
-    assert mutator.apply_batch([Record(0, record)]).applied == 1
-    assert mutator.states[("c", "IBM")].value() == Decimal(x)  # the double's exact value, as the router reads it
+    records = [_avro_record({"sym": "IBM", "x": x}), _avro_record({"sym": "IBM", "x": Decimal("0.25")})]
+    routed: list[object] = []
+    original = mutator.applier.router.decide_record
+    mutator.applier.router.decide_record = lambda *args, **kwargs: routed.append(args) or original(  # type: ignore[method-assign]
+        *args, **kwargs)
+    assert mutator.apply_batch([Record(i, r) for i, r in enumerate(records) if r is not None]).applied == 2
+    assert routed == []
+    # the double's exact value, as the router reads it, and the decimal's
+    assert Decimal(x) == Decimal("0.1000000000000000055511151231257827021181583404541015625")
+    assert mutator.states[("c", "IBM")].value() == Decimal("0.3500000000000000055511151231257827021181583404541015625")
 
 
 def test_the_fast_path_reads_decoded_records() -> None:
@@ -545,11 +560,11 @@ def test_the_fast_path_reads_decoded_records() -> None:
 
 
 def test_the_decoded_differential_check_catches_a_planted_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a transcoder that writes booleans as integers (the router refuses ``true`` where it takes ``1``), the
+    """With a batch path that reads booleans as integers (the router refuses ``true`` where it takes ``1``), the
     differential check above fails: it can tell the two paths apart."""
     import msgspec
 
-    real_encode = msgspec.json.encode
+    real_convert = msgspec.convert
 
     def bools_as_ints(value: Any) -> Any:
         if type(value) is bool:
@@ -560,8 +575,133 @@ def test_the_decoded_differential_check_catches_a_planted_divergence(monkeypatch
             return [bools_as_ints(v) for v in value]
         return value
 
-    monkeypatch.setattr(msgspec.json, "encode", lambda value: real_encode(bools_as_ints(value)))
+    monkeypatch.setattr(msgspec, "convert", lambda value, kind: real_convert(bools_as_ints(value), kind))
     planted = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True,
                        suppress_health_check=[HealthCheck.too_slow])(given(**DECODED_ARGUMENTS)(_decoded_check))
     with pytest.raises(AssertionError):
         planted()
+
+
+def test_the_decoded_differential_check_catches_a_planted_decimal_divergence(monkeypatch: pytest.MonkeyPatch
+                                                                             ) -> None:
+    """The batch path takes an Avro decimal the router's checks pass, and hands back one they refuse (more than
+    100 digits) and a string that is not ASCII (a key of 13 characters and 26 bytes, over the limit of 24); one
+    that took every decimal would count what the router refuses, and the check tells the two paths apart."""
+    from schemas import fast_route
+
+    counters = parse_definitions('[[topic]]\nname = "t"\nformat = "avro"\n\n' + "".join(
+        f'[[counter]]\nname = "c{i}"\ntopics = ["t"]\n{body}\n\n' for i, body in enumerate(
+            ['kind = "sum"\nkey = ["sym"]\nvalue = "x"\nnumber = "decimal"', 'kind = "count"\nkey = ["sym"]'])))
+    events = [{"sym": "IBM", "x": Decimal("1.5")}, {"sym": "IBM", "x": Decimal("1" * 110 + ".0001")},
+              {"sym": "é" * 13, "x": Decimal("2")}, {"sym": "é", "x": 2.5}]
+    records = [Record(i, raw) for i, raw in enumerate(_avro_record(e) for e in events) if raw is not None]
+    assert len(records) == 4
+
+    def described_states(m: Mutator) -> tuple[object, dict[tuple[str, str], bytes]]:
+        return fast_route_described(m.apply_batch(records)), {k: s.to_bytes() for k, s in m.states.items()}
+
+    reference = _formats_mutator(counters, "avro", 0)
+    expected = fast_route_described(fast_route_outcomes(reference, records)), {
+        k: s.to_bytes() for k, s in reference.states.items()}
+    assert described_states(_formats_mutator(counters, "avro", 0)) == expected
+    assert [letter[0] for letter in expected[0][2]] == [1, 2]  # the long decimal and the long key are refused
+    monkeypatch.setattr(fast_route, "_decimal_passes", lambda d: True)
+    assert described_states(_formats_mutator(counters, "avro", 0)) != expected
+
+
+DIFFERENTIAL_PROTO = """
+syntax = "proto3";
+message Meta { string a = 1; string b = 2; }
+message Node { Node next = 1; string v = 2; }
+message Event {
+  string sym = 1;
+  int64 n = 2;
+  double x = 3;
+  optional string id = 4;
+  string side = 5;
+  optional string user = 6;
+  optional bool flag = 7;
+  Meta meta = 8;
+  Node deep = 9;
+  string unread = 10;
+  map<string, int64> tags = 11;
+}
+"""
+_PROTO_BODIES = [
+    'kind = "count"\nkey = ["sym"]\nevent_id = "id"',
+    'kind = "sum"\nkey = ["sym"]\nvalue = "n"\nevent_id = "id"',
+    'kind = "sum"\nkey = ["side"]\nvalue = "x"\nnumber = "decimal"',
+    'kind = "distinct"\nkey = ["meta.a"]\nvalue = "user"\nwhere = { "meta.b" = ["buy"] }',
+    'kind = "max"\nkey = ["flag"]\nvalue = "x"\nnumber = "float"',
+    'kind = "count"\nkey = ["user", "sym"]\nrequired = true',
+]
+
+
+@st.composite
+def proto_event(draw: st.DrawFn) -> dict[str, Any]:
+    """A message of DIFFERENTIAL_PROTO as its constructor's arguments: any of its fields, set or not, unread ones
+    deep."""
+    strings = st.sampled_from(["IBM", "a|b", "", "buy", "sell", "é" * 13, "x" * 30, "u1"])
+    fields = {"sym": strings, "n": st.integers(-(2**63), 2**63 - 1) | st.integers(-5, 5),
+              "x": st.floats(allow_nan=True, allow_infinity=True).filter(lambda f: f == f),
+              "id": st.sampled_from(["i1", "i2", "e" * 30]), "side": strings, "user": strings,
+              "flag": st.booleans(), "meta": st.fixed_dictionaries({}, optional={"a": strings, "b": strings}),
+              "deep": st.integers(0, 9).map(lambda d: json.loads('{"next": ' * d + '{"v": "{{{{{{{{[["}' + "}" * d)),
+              "unread": st.sampled_from(["{" * 10, "[", "plain"]), "tags": st.dictionaries(strings, st.integers(0, 9))}
+    names = draw(st.lists(st.sampled_from(list(fields)), unique=True))
+    return {name: draw(fields[name]) for name in names}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies=st.lists(st.sampled_from(_PROTO_BODIES), min_size=1, max_size=4), events=st.lists(proto_event(),
+                                                                                               max_size=15))
+def test_protobuf_records_take_the_batch_path_as_the_router_decides(bodies: list[str],
+                                                                    events: list[dict[str, Any]]) -> None:
+    """Protobuf records on the batch path, read for the fields counters use alone (deep or bracket-laden unread
+    fields included, which the router looks at for depth), end as record at a time through the router."""
+    counters = parse_definitions('[[topic]]\nname = "t"\nformat = "protobuf"\n\n' + "".join(
+        f'[[counter]]\nname = "c{i}"\ntopics = ["t"]\n{body}\n\n' for i, body in enumerate(bodies)))
+    mutators = []
+    for _ in range(2):
+        cache = SchemaCache()
+        cache.put("t", 1, WriterSchema(1, "PROTOBUF", DIFFERENTIAL_PROTO, counters.formats["t"], json.loads))
+        router = EventRouter(counters, max_event_bytes=400, max_depth=6, max_key_bytes=24,
+                             decoders=decoders(counters.formats, cache, None))
+        entry = MutatorEntry(uuid.uuid4(), "g", "t", 0, "h", 0, 10**18)
+        mutators.append(Mutator(entry, PartitionId("g", "t", 0), Applier(router, counters, "t", 0, RetryWindow(3)),
+                                -1, -1))
+    reference, batched = mutators
+    assert batched.applier.convert is not None
+    message_class = _proto_class()
+    records = [Record(i, frame(1, message_class(**event).SerializeToString(), (2,)))
+               for i, event in enumerate(events)]
+    expected = fast_route_outcomes(reference, records)
+    assert fast_route_described(batched.apply_batch(records)) == fast_route_described(expected)
+    assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+        k: s.to_bytes() for k, s in reference.states.items()}
+
+
+def test_the_protobuf_differential_check_catches_a_planted_depth_divergence(monkeypatch: pytest.MonkeyPatch
+                                                                            ) -> None:
+    """A record whose unread field is nested deeper than the router takes (its bytes holding brackets, so the
+    router looks) is handed back by the batch path; one that did not look would count it, and the differential
+    check above tells the two paths apart."""
+    from schemas import formats
+
+    deep = {"sym": "IBM", "id": "i1", "deep": json.loads('{"next": ' * 8 + '{"v": "{{{{{{{{[["}' + "}" * 8)}
+    check = test_protobuf_records_take_the_batch_path_as_the_router_decides.hypothesis.inner_test  # type: ignore[attr-defined]
+    check(bodies=[_PROTO_BODIES[0]], events=[deep, {"sym": "IBM", "id": "i2"}])
+    real = formats.converter
+    monkeypatch.setattr(formats, "converter", lambda decode, size, depth, fields_of, only: real(
+        decode, size, 10**9, fields_of, only))
+    with pytest.raises(AssertionError):
+        check(bodies=[_PROTO_BODIES[0]], events=[deep, {"sym": "IBM", "id": "i2"}])
+
+
+_PROTO_CLASSES: list[Any] = []
+
+
+def _proto_class() -> Any:
+    if not _PROTO_CLASSES:  # protoc runs once
+        _PROTO_CLASSES.append(ProtoSchema(DIFFERENTIAL_PROTO).message_class((2,)))
+    return _PROTO_CLASSES[0]
