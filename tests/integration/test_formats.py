@@ -233,9 +233,10 @@ async def test_registry_away_is_a_wait_then_everything_counts(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
     private_schema_registry: servers.SchemaRegistryServer, tmp_path: Path,
 ) -> None:
-    """With the registry stopped the consumer applies nothing and is unready, saying why; no record is
-    dead-lettered. Once the registry answers again (in-memory, so the schema is registered again under the
-    same id) every record is counted exactly."""
+    """With the registry away (its process frozen: every request times out) the consumer applies nothing and
+    is unready, saying why; no record is dead-lettered. Once the registry answers again every record is counted
+    exactly. (Frozen rather than restarted: the stack's registry keeps schemas in memory, so a restarted one
+    would answer "unknown id" until the schema is registered again, which a record is rightly dead-lettered for.)"""
     topic = await topic_factory("avro", partitions=2)
     registry = SchemaRegistrySettings(url=private_schema_registry.url)
     async with SchemaRegistryClient(registry) as client:
@@ -248,29 +249,34 @@ async def test_registry_away_is_a_wait_then_everything_counts(
         events.append(frame(schema_id, encode({"page": page, "n": i})))
         pages[page] += 1
     await publish(kafka_settings, topic, events)
-    await asyncio.to_thread(private_schema_registry.stop)
-
-    group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
-                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
-    settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
-    service = ConsumerService(settings, load_definitions(counters))
-    async with running(service):
-        deadline = time.monotonic() + 60
-        while service.schema_wait is None:
-            assert time.monotonic() < deadline, "the consumer never waited for the registry"
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(2)
-        assert not service.is_ready
-        assert "waiting for the schema registry" in service._why_not_ready()
-        assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {
-            "views_by_page": dict.fromkeys(pages)}
-        await asyncio.to_thread(private_schema_registry.restart)
-        async with SchemaRegistryClient(registry) as client:
-            assert await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1)) == schema_id
-        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
-        assert service.schema_wait is None
+    assert private_schema_registry.process is not None
+    registry_pid = private_schema_registry.process.pid
+    assert registry_pid is not None
+    os.kill(registry_pid, signal.SIGSTOP)
+    try:
+        group = f"g{os.urandom(4).hex()}"
+        counters = tmp_path / "counters.toml"
+        counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
+                            f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+        settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
+        settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(
+            update={"timeout_s": 2.0})})
+        service = ConsumerService(settings, load_definitions(counters))
+        async with running(service):
+            deadline = time.monotonic() + 60
+            while service.schema_wait is None:
+                assert time.monotonic() < deadline, "the consumer never waited for the registry"
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2)
+            assert not service.is_ready
+            assert "waiting for the schema registry" in service._why_not_ready()
+            assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {
+                "views_by_page": dict.fromkeys(pages)}
+            os.kill(registry_pid, signal.SIGCONT)
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
+            assert service.schema_wait is None
+    finally:
+        os.kill(registry_pid, signal.SIGCONT)
 
     assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {"views_by_page": dict(pages)}
     assert await read_topic(kafka_settings, f"dlq-{group}", 1, within_s=2) == []
