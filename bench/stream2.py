@@ -1,0 +1,212 @@
+"""``make bench``'s second stream: page views, shaped like real traffic and unlike the trades.
+
+Each event (``bench.shapes.event``) has a nested user, an epoch-seconds time (20 events a second, so an hour
+holds 72,000), a page out of ``pages``, an endpoint, a status, a latency, a decimal amount and a type. The nine
+counters of ``bench.shapes.PAGE_VIEWS`` read it: hourly and daily buckets, keys from nested fields, a decimal
+sum of purchases only, latency quantiles, top-k endpoints, an error count under a filter, over seven
+different keys. The stream is loaded into a topic of its own (keyed by ``user.id``) and counted:
+
+- by a countersink consumer, until every record is flushed (the same columns as the trades: events/s, CPU per
+  event and per counter update, Cassandra and Kafka CPU), its views, views per country, revenue, errors and
+  slowest values checked against the truth computed while publishing; Cassandra rows written per event and
+  Cassandra CPU per row (what its nine counters over seven keys cost the store);
+- by the same consumer with ``flush_interval_s`` raised (``--stream2-flush-interval-s``), measured in the
+  same run: fewer rows per event, the same values;
+- by Kafka Streams (``HourlyCounts``, exactly-once v2), keeping the windowed equivalents it can of two of the
+  nine counters in one application (views per page and per country, per hour), its every count checked.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from bench import kstreams, shapes
+from bench.pipeline import ConsumerRun, countersink_rate, load, named_for, say
+from countersink.cassandra import CassandraClient
+from countersink.reader import read_state
+from countersink.settings import CassandraSettings, KafkaSettings
+
+TOPIC = "bench-pageviews"
+GROUP = "bench-countersink-pageviews"  # its counters are renamed run_pageviews_…
+WIDER_GROUP = "bench-countersink-pageviews-wider"
+COUNTERS = 9
+# Kafka Streams: an hourly count of each, in one application (key paths, comma-separated)
+KSTREAMS_KEYS = ("page", "user.country")
+
+
+def definitions(topic: str = TOPIC) -> str:
+    """The nine page-view counters of ``bench.shapes`` on ``topic``."""
+    return shapes.PAGE_VIEWS.replace(f'topics = ["{shapes.TOPIC}"]', f'topics = ["{topic}"]')
+
+
+def renamed(group: str) -> str:
+    """The prefix ``pipeline.named_for`` gives the counters of ``group`` (``run_pageviews_``)."""
+    return named_for('name = "', group).removeprefix('name = "')
+
+
+def hour(ts: int) -> str:
+    """An hourly bucket's name in an instance key: its start in UTC."""
+    return time.strftime("%Y-%m-%dT%H:00Z", time.gmtime(ts - ts % 3600))
+
+
+@dataclass
+class Truth:
+    """What the published page views add up to, for the counters checked (exact: decimals as decimals)."""
+
+    events: int = 0
+    updates: int = 0  # counter updates: each event once in every counter it applies to (filters, fields)
+    views: Counter[str] = field(default_factory=Counter)  # page|hour
+    by_country: Counter[str] = field(default_factory=Counter)  # country|hour
+    revenue: dict[str, Decimal] = field(default_factory=dict)  # country|hour, purchases only
+    errors: Counter[str] = field(default_factory=Counter)  # endpoint|hour, status 500 or 503
+    slowest: dict[str, float] = field(default_factory=dict)  # endpoint
+
+    def add(self, value: bytes) -> None:
+        event = json.loads(value, parse_float=Decimal)
+        bucket = hour(event["ts"])
+        country, endpoint = event["user"]["country"], event["endpoint"]
+        self.events += 1
+        self.updates += 7  # views, views_by_country, latency, top_endpoints, visitors, slowest, bytes
+        self.views[f"{event['page']}|{bucket}"] += 1
+        self.by_country[f"{country}|{bucket}"] += 1
+        if event["type"] == "purchase":
+            self.updates += 1
+            key = f"{country}|{bucket}"
+            self.revenue[key] = self.revenue.get(key, Decimal(0)) + event["amount"]
+        if event["status"] in (500, 503):
+            self.updates += 1
+            self.errors[f"{endpoint}|{bucket}"] += 1
+        latency = float(event["latency_ms"])
+        self.slowest[endpoint] = max(latency, self.slowest.get(endpoint, latency))
+
+    def hourly_counts(self) -> dict[str, int]:
+        """HourlyCounts' expected output for ``KSTREAMS_KEYS``: ``page=/p/1|2025-11-26T00:00Z`` -> count."""
+        return {**{f"page={key}": n for key, n in self.views.items()},
+                **{f"user.country={key}": n for key, n in self.by_country.items()}}
+
+
+def maker(pages: int, seed: int, truth: Truth) -> Any:
+    """``make(i)`` for ``pipeline.load``: the i-th page view (keyed by its user), added to ``truth``."""
+    rng = random.Random(seed)
+
+    def make(i: int) -> tuple[bytes, bytes]:
+        value = shapes.event(i, rng, pages)
+        truth.add(value)
+        user = value[value.index(b'"user":{"id":"') + 14:]
+        return user[:user.index(b'"')], value
+
+    return make
+
+
+async def check_values(cassandra: CassandraSettings, truth: Truth, counter_prefix: str = "",
+                       sample: int = 1_000) -> list[str]:
+    """The countersink run's values against the truth: views of ``sample`` page-hours (sorted), and every
+    views-per-country, revenue (exact decimal), error count and slowest latency."""
+    expected: list[tuple[str, str, object]] = [
+        *[("views", key, truth.views[key]) for key in sorted(truth.views)[:sample]],
+        *[("views_by_country", key, n) for key, n in sorted(truth.by_country.items())],
+        *[("revenue", key, total) for key, total in sorted(truth.revenue.items())],
+        *[("errors", key, n) for key, n in sorted(truth.errors.items())],
+        *[("slowest", key, latency) for key, latency in sorted(truth.slowest.items())],
+    ]
+    problems = []
+    async with CassandraClient(cassandra) as client:
+        for counter, key, want in expected:
+            state = await read_state(client, counter_prefix + counter, key)
+            got = None if state is None else state.value()
+            if got != want:
+                problems.append(f"{counter}/{key}: {got} != {want}")
+    return problems
+
+
+def figures(run: ConsumerRun, truth: Truth) -> dict[str, float]:
+    """A countersink run's columns, as the trades' are reported."""
+    per_million = 1e6 / truth.events
+    cassandra = run.server_cpu_s.get("Cassandra", 0.0)
+    return {
+        "events_per_s": run.rate,
+        "consumer_cpu_s_per_million": run.cpu_s * per_million,
+        "consumer_cpu_us_per_update": run.cpu_s * 1e6 / truth.updates,
+        "cassandra_cpu_s_per_million": cassandra * per_million,
+        "kafka_cpu_s_per_million": run.server_cpu_s.get("Kafka", 0.0) * per_million,
+        "shards_per_event": run.rows / truth.events,
+        "rows_per_event": run.cassandra_rows / truth.events,
+        "cassandra_cpu_us_per_row": cassandra * 1e6 / run.cassandra_rows if run.cassandra_rows else 0.0,
+    }
+
+
+async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, events: int, pages: int,
+                     partitions: int, seed: int, wider_interval_s: float, kstreams_budget_s: float,
+                     servers_by_name: dict[str, int], workdir: Path, classpath: str, kstreams_threads: int = 1,
+                     kstreams_commit_ms: int = 100) -> dict[str, Any]:
+    """Load the page views and count them three ways (see the module's docstring). Returns every figure and
+    the mismatches found (``checks``, ``wider_checks``, ``kstreams_checks``: empty when all is exact)."""
+    from countersink.kafka import ensure_topics
+
+    await ensure_topics(kafka, {TOPIC: partitions})
+    truth = Truth()
+    started = time.monotonic()
+    await load(kafka, TOPIC, partitions, events, maker(pages, seed, truth), "page views")
+    out: dict[str, Any] = {"events": events, "pages": pages, "partitions": partitions, "counters": COUNTERS,
+                           "load_s": time.monotonic() - started, "updates_per_event": truth.updates / events,
+                           "wider_flush_interval_s": wider_interval_s}
+    say(f"loaded {events:,} page views ({truth.updates / events:.2f} counter updates per event) in "
+        f"{out['load_s']:.0f}s")
+
+    text = definitions()
+    run = await countersink_rate(kafka, cassandra, partitions, events, GROUP, servers_by_name, topic=TOPIC,
+                                 counters_text=text)
+    out["countersink"] = figures(run, truth)
+    say(f"page views, countersink: {run.rate:,.0f} events/s, {out['countersink']['rows_per_event']:.2f} Cassandra "
+        f"rows per event, {out['countersink']['cassandra_cpu_us_per_row']:.1f} µs of Cassandra CPU per row")
+    out["checks"] = await check_values(cassandra, truth, renamed(GROUP))
+    say(f"page views, countersink: {len(out['checks'])} values mismatched")
+
+    # item 5: the same run with flushes further apart (fewer rows per event), in the same run
+    run = await countersink_rate(kafka, cassandra, partitions, events, WIDER_GROUP, servers_by_name, topic=TOPIC,
+                                 counters_text=text, flush_interval_s=wider_interval_s)
+    out["wider"] = figures(run, truth)
+    out["wider_checks"] = await check_values(cassandra, truth, renamed(WIDER_GROUP))
+    say(f"page views, flush_interval_s {wider_interval_s:g}: {run.rate:,.0f} events/s, "
+        f"{out['wider']['rows_per_event']:.2f} rows per event, {len(out['wider_checks'])} values mismatched")
+
+    ks = await kstreams_run(kafka, partitions, events, kstreams_budget_s, servers_by_name, workdir, classpath,
+                            threads=kstreams_threads, commit_ms=kstreams_commit_ms)
+    out["kstreams"], out["kstreams_checks"] = kstreams_figures(ks, truth, threads=kstreams_threads,
+                                                               commit_ms=kstreams_commit_ms)
+    return out
+
+
+async def kstreams_run(kafka: KafkaSettings, partitions: int, events: int, budget_s: float,
+                       servers_by_name: Mapping[str, int], workdir: Path, classpath: str, *, threads: int = 1,
+                       commit_ms: int = 100, topic: str = TOPIC) -> kstreams.StreamsRun:
+    """HourlyCounts keeping views per page and per country per hour, until it has committed ``events``
+    records (or for ``budget_s``)."""
+    run = await kstreams.streams_rate(kafka, topic, partitions, events, budget_s, servers_by_name, workdir,
+                                      classpath, threads=threads, config={"commit.interval.ms": commit_ms},
+                                      application=kstreams.hourly(",".join(KSTREAMS_KEYS), "ts"))
+    say(f"page views, Kafka Streams: {run.rate:,.0f} events/s over {run.committed:,} events")
+    return run
+
+
+def kstreams_figures(run: kstreams.StreamsRun, truth: Truth, *, threads: int = 1, commit_ms: int = 100
+                     ) -> tuple[dict[str, float], list[str]]:
+    """Its figures (as the trades' Kafka Streams step reports them) and its counts' mismatches with the truth;
+    checked only when it committed every record."""
+    per_million = 1e6 / max(run.committed, 1)
+    out = {"events_per_s": run.rate, "committed": run.committed, "threads": threads,
+           "commit_interval_ms": commit_ms, "jvm_cpu_s_per_million": run.cpu_s * per_million,
+           **{f"{name.lower()}_cpu_s_per_million": cpu * per_million for name, cpu in run.server_cpu_s.items()}}
+    if run.committed < truth.events:
+        return out, []
+    expected = truth.hourly_counts()
+    out["counts_checked"] = len(expected)
+    return out, kstreams.check_counts(kstreams.hourly_counts(run.output), expected)
