@@ -185,7 +185,7 @@ def _kstreams_section(report: Report, cs: float) -> list[str]:
 TRADES_COUNTERS = 3  # the trades' counters: every event updates each of them
 
 
-def _stream2_section(report: Report) -> list[str]:
+def stream2_section(report: Report) -> list[str]:
     """The second stream (``bench.stream2``) beside the trades, the same columns, and the ratios to its targets."""
     s2 = report.stream2
     if not s2:
@@ -329,7 +329,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         "",
         *_cost_table(report, cs, raw, native, quix),
         *_kstreams_section(report, cs),
-        *_stream2_section(report),
+        *stream2_section(report),
         "## Exactness of the countersink run",
         "",
         f"Count and sum of 2,000 symbols compared with the truth computed while publishing: "

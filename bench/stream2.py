@@ -18,8 +18,12 @@ different keys. The stream is loaded into a topic of its own (keyed by ``user.id
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import dataclasses
 import json
 import random
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -28,11 +32,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from bench import kstreams, shapes
+from bench import kstreams, pipeline, shapes
 from bench.pipeline import ConsumerRun, countersink_rate, load, named_for, say
 from countersink.cassandra import CassandraClient
+from countersink.kafka import ensure_topics
+from countersink.logs import configure_logging
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
+from stack import servers
 
 TOPIC = "bench-pageviews"
 GROUP = "bench-countersink-pageviews"  # its counters are renamed run_pageviews_…
@@ -149,8 +156,6 @@ async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, even
                      kstreams_commit_ms: int = 100) -> dict[str, Any]:
     """Load the page views and count them three ways (see the module's docstring). Returns every figure and
     the mismatches found (``checks``, ``wider_checks``, ``kstreams_checks``: empty when all is exact)."""
-    from countersink.kafka import ensure_topics
-
     await ensure_topics(kafka, {TOPIC: partitions})
     truth = Truth()
     started = time.monotonic()
@@ -210,3 +215,117 @@ def kstreams_figures(run: kstreams.StreamsRun, truth: Truth, *, threads: int = 1
     expected = truth.hourly_counts()
     out["counts_checked"] = len(expected)
     return out, kstreams.check_counts(kstreams.hourly_counts(run.output), expected)
+
+
+# --- the second stream beside the trades, alone: `python -m bench.stream2`
+
+
+async def run(args: argparse.Namespace) -> pipeline.Report:
+    """The trades' countersink and Kafka Streams runs, then the second stream's (``bench_step``), on servers of
+    the bench's own (as ``make bench`` starts them), one after the other: the figures #32's table compares,
+    from one run, without the rest of ``make bench``."""
+    report = pipeline.Report(events=args.events, symbols=args.symbols, partitions=args.partitions)
+    stack = pipeline.STACK
+    stack.mkdir(parents=True, exist_ok=True)
+    for old in stack.glob("*.log"):
+        old.unlink()
+    say("building the Kafka Streams application (bench/kstreams)")
+    classpath = kstreams.build()
+    say("starting Kafka and Cassandra")
+    with pipeline.bench_servers(stack, kafka_port=29092, native_port=29042, storage_port=27000, jmx_port=27199,
+                                cluster_name="countersink-bench") as (kafka_server, cassandra_node):
+        kafka = KafkaSettings(bootstrap_servers=[kafka_server.bootstrap], client_id="countersink-bench")
+        cassandra = CassandraSettings(contact_points=["127.0.0.1"], port=29042, keyspace="countersink_bench",
+                                      replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
+        async with CassandraClient(cassandra, use_keyspace=False) as client:
+            await client.execute("DROP KEYSPACE IF EXISTS countersink_bench", prepared=False)
+            await client.ensure_schema()
+        await ensure_topics(kafka, {pipeline.TOPIC: args.partitions})
+        rng = random.Random(args.seed)
+        truth: dict[str, tuple[int, int]] = {}
+
+        def make(i: int) -> tuple[bytes, bytes]:
+            key, value = pipeline.trade(i, rng, args.symbols)
+            event = json.loads(value)
+            count, qty = truth.get(event["symbol"], (0, 0))
+            truth[event["symbol"]] = (count + 1, qty + event["qty"])
+            return key, value
+
+        started = time.monotonic()
+        await load(kafka, pipeline.TOPIC, args.partitions, args.events, make, "trades")
+        report.load_s = time.monotonic() - started
+        jvms = {name: server.process.pid for name, server in (("Cassandra", cassandra_node), ("Kafka", kafka_server))
+                if server.process is not None and server.process.pid is not None}
+        if args.warmup_seconds > 0:
+            say(f"warming Cassandra up ({args.warmup_seconds:.0f} s, not measured)")
+            await pipeline.warm_up_consumer(kafka, cassandra, args.partitions, args.warmup_seconds)
+
+        say("trades: countersink (count, sum, distinct; exactly-once)")
+        run_ = await countersink_rate(kafka, cassandra, args.partitions, args.events, pipeline.MAIN_GROUP, jvms)
+        report.rates["countersink"] = run_.rate
+        report.cpu_s_per_million = run_.cpu_s / args.events * 1e6
+        report.server_cpu_s_per_million = {name: cpu / args.events * 1e6 for name, cpu in run_.server_cpu_s.items()}
+        report.rows_per_event = run_.rows / args.events
+        report.cassandra_rows_per_event = run_.cassandra_rows / args.events
+        report.checks = await pipeline.check_values(cassandra, truth, 2000)
+        say(f"trades, countersink: {run_.rate:,.0f} events/s; {len(report.checks)} values mismatched")
+
+        say("trades: Kafka Streams, exactly-once v2")
+        report.kstreams, report.kstreams_checks = await kstreams.bench_step(
+            kafka, pipeline.TOPIC, args.partitions, truth, args.kstreams_seconds, jvms, stack, classpath,
+            threads=args.kstreams_threads, commit_ms=args.kstreams_commit_ms)
+        report.rates[kstreams.NAME] = report.kstreams["events_per_s"]
+        say(f"trades, Kafka Streams: {report.kstreams['events_per_s']:,.0f} events/s; "
+            f"{len(report.kstreams_checks)} values mismatched")
+
+        say(f"page views: {args.stream2_events:,} over {args.pages:,} pages")
+        report.stream2 = await bench_step(
+            kafka, cassandra, events=args.stream2_events, pages=args.pages, partitions=args.partitions,
+            seed=args.seed, wider_interval_s=args.stream2_flush_interval_s, kstreams_budget_s=args.kstreams_seconds,
+            servers_by_name=jvms, workdir=stack, classpath=classpath, kstreams_threads=args.kstreams_threads,
+            kstreams_commit_ms=args.kstreams_commit_ms)
+    say("servers stopped")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.report import _kstreams_section, stream2_section
+
+    parser = argparse.ArgumentParser(prog="python -m bench.stream2", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000, help="trades")
+    parser.add_argument("--symbols", type=int, default=50_000)
+    parser.add_argument("--stream2-events", type=int, default=None, help="page views (default: as many as trades)")
+    parser.add_argument("--pages", type=int, default=20_000)
+    parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument("--stream2-flush-interval-s", type=float, default=5.0)
+    parser.add_argument("--kstreams-seconds", type=float, default=300.0)
+    parser.add_argument("--kstreams-threads", type=int, default=1)
+    parser.add_argument("--kstreams-commit-ms", type=int, default=100)
+    parser.add_argument("--warmup-seconds", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
+    args = parser.parse_args(argv)
+    if args.stream2_events is None:
+        args.stream2_events = args.events
+    configure_logging("WARNING", "console")
+    command = "python -m bench.stream2 " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        result = asyncio.run(run(args))
+    except servers.StackError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    lines = [f"Made by `{command.strip()}` on {time.strftime('%Y-%m-%d')}.", "",
+             *_kstreams_section(result, result.rates["countersink"]),
+             *stream2_section(result)]
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"command": command.strip(), "report": dataclasses.asdict(result)},
+                                       indent=1) + "\n")
+    problems = [*result.checks, *result.kstreams_checks,
+                *[p for name in pipeline.STREAM2_CHECKS for p in result.stream2.get(name, [])]]
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
