@@ -69,7 +69,7 @@ TOPIC = "bench-trades"
 RECOVERY_TOPIC = "bench-recovery"
 COMMAND = "make bench"
 SPACING_4 = "countersink, flush_spacing 4"
-STREAM2_CHECKS = ("checks", "wider_checks", "kstreams_checks")  # bench.stream2's mismatches, by run
+STREAM2_CHECKS = ("checks", "variant_checks", "kstreams_checks")  # bench.stream2's mismatches, by run
 TWO_PROCESSES = "countersink, 2 processes"
 
 
@@ -296,10 +296,11 @@ class ConsumerRun:
 async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
                            group: str, servers_by_name: dict[str, int], profile_to: Path | None = None,
                            processes: int = 1, topic: str = TOPIC, counters_text: str | None = None,
-                           **consumer: object) -> ConsumerRun:
+                           cassandra_options: dict[str, object] | None = None, **consumer: object) -> ConsumerRun:
     """Events per second until the last record of every partition of ``topic`` is flushed, and what it cost.
     With ``processes`` > 1, that many consumers in one group share the partitions (figures are their sums).
-    ``counters_text``: the definitions (the trades' three by default), renamed for ``group``."""
+    ``counters_text``: the definitions (the trades' three by default), renamed for ``group``;
+    ``cassandra_options``: Cassandra settings of the consumers (``{"write_batch_rows": 20}``)."""
     counters = STACK / "counters.toml"
     counters.write_text(named_for(counters_text if counters_text is not None else definitions(topic), group))
     ports = [free_port() for _ in range(processes)]
@@ -312,6 +313,8 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
             env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters,
                                                         "health_port": port, **consumer}, gc={"health_port": 0})
             env["COUNTERSINK_LOG_LEVEL"] = os.environ.get("BENCH_CONSUMER_LOG_LEVEL", "WARNING")
+            env.update({f"COUNTERSINK_CASSANDRA__{name.upper()}": str(value)
+                        for name, value in (cassandra_options or {}).items()})
             running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log"))
         sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
         await wait_until_flushed(cassandra, group, ends, 1800,
@@ -774,11 +777,10 @@ async def run(args: argparse.Namespace) -> Report:
             from bench import stream2
 
             say(f"the second stream: {args.stream2_events:,} page views over {args.pages:,} pages, "
-                f"{stream2.COUNTERS} counters; countersink, then flush_interval_s {args.stream2_flush_interval_s:g}, "
-                "then Kafka Streams")
+                f"{stream2.COUNTERS} counters; countersink (and its variants), then Kafka Streams")
             report.stream2 = await stream2.bench_step(
                 kafka, cassandra, events=args.stream2_events, pages=args.pages, partitions=args.partitions,
-                seed=args.seed, wider_interval_s=args.stream2_flush_interval_s,
+                seed=args.seed, variants=args.stream2_variant,
                 kstreams_budget_s=args.kstreams_seconds, servers_by_name=jvms, workdir=STACK,
                 classpath=kstreams_classpath, kstreams_threads=args.kstreams_threads,
                 kstreams_commit_ms=args.kstreams_commit_ms)
@@ -867,6 +869,12 @@ def _frame_name(frame: str) -> str:
     return f"{path}: {name}"
 
 
+def stream2_variant(spec: str) -> tuple[str, dict[str, dict[str, object]]]:
+    from bench.stream2 import variant
+
+    return variant(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -895,8 +903,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream2-events", type=int, default=None,
                         help="page views in the second stream (default: as many as --events; 0: no second stream)")
     parser.add_argument("--pages", type=int, default=20_000, help="distinct pages of the second stream")
-    parser.add_argument("--stream2-flush-interval-s", type=float, default=5.0,
-                        help="flush_interval_s of the second stream's second countersink run (rows per event)")
+    parser.add_argument("--stream2-variant", type=stream2_variant, action="append", default=[],
+                        metavar="SECTION.NAME=VALUE,…", help="the second stream counted again by countersink with "
+                        "these settings (repeatable; consumer.flush_spacing=30, cassandra.write_batch_rows=20)")
     parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win

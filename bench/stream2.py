@@ -10,8 +10,8 @@ different keys. The stream is loaded into a topic of its own (keyed by ``user.id
   event and per counter update, Cassandra and Kafka CPU), its views, views per country, revenue, errors and
   slowest values checked against the truth computed while publishing; Cassandra rows written per event and
   Cassandra CPU per row (what its nine counters over seven keys cost the store);
-- by the same consumer with ``flush_interval_s`` raised (``--stream2-flush-interval-s``), measured in the
-  same run: fewer rows per event, the same values;
+- by the same consumer with other settings (``--variant consumer.flush_spacing=30``: one run each), measured
+  in the same run: rows per event and Cassandra CPU per row, the same values;
 - by Kafka Streams (``HourlyCounts``, exactly-once v2), keeping the windowed equivalents it can of two of the
   nine counters in one application (views per page and per country, per hour), its every count checked.
 """
@@ -25,8 +25,9 @@ import json
 import random
 import sys
 import time
+import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -43,7 +44,7 @@ from stack import servers
 
 TOPIC = "bench-pageviews"
 GROUP = "bench-countersink-pageviews"  # its counters are renamed run_pageviews_…
-WIDER_GROUP = "bench-countersink-pageviews-wider"
+WIDER_GROUP = "bench-countersink-pageviews-variant"  # and -0, -1, … a variant
 COUNTERS = 9
 # Kafka Streams: an hourly count of each, in one application (key paths, comma-separated)
 KSTREAMS_KEYS = ("page", "user.country")
@@ -68,6 +69,7 @@ def hour(ts: int) -> str:
 class Truth:
     """What the published page views add up to, for the counters checked (exact: decimals as decimals)."""
 
+    partitions: int = 1  # the topic's, to tell the rows each partition's consumer must write
     events: int = 0
     updates: int = 0  # counter updates: each event once in every counter it applies to (filters, fields)
     views: Counter[str] = field(default_factory=Counter)  # page|hour
@@ -75,19 +77,27 @@ class Truth:
     revenue: dict[str, Decimal] = field(default_factory=dict)  # country|hour, purchases only
     errors: Counter[str] = field(default_factory=Counter)  # endpoint|hour, status 500 or 503
     slowest: dict[str, float] = field(default_factory=dict)  # endpoint
+    # (partition, Cassandra row key) pairs: each is written at least once, whatever the flush schedule
+    rows: set[int] = field(default_factory=set)
 
-    def add(self, value: bytes) -> None:
+    def add(self, value: bytes, key: bytes = b"") -> None:
         event = json.loads(value, parse_float=Decimal)
         bucket = hour(event["ts"])
-        country, endpoint = event["user"]["country"], event["endpoint"]
+        country, endpoint, page = event["user"]["country"], event["endpoint"], event["page"]
+        day = time.strftime("%Y-%m-%dT00:00Z", time.gmtime(event["ts"]))
+        partition = zlib.crc32(key) % self.partitions  # as pipeline.load places it
+        # The rows the nine counters write: one per distinct instance key (counters sharing one share the row)
+        for row in (f"{page}|{bucket}", f"{country}|{bucket}", f"{endpoint}|{bucket}", country, f"{page}|{day}",
+                    endpoint, f"{endpoint}|{event['status']}"):
+            self.rows.add(hash((partition, row)))
         self.events += 1
         self.updates += 7  # views, views_by_country, latency, top_endpoints, visitors, slowest, bytes
         self.views[f"{event['page']}|{bucket}"] += 1
         self.by_country[f"{country}|{bucket}"] += 1
         if event["type"] == "purchase":
             self.updates += 1
-            key = f"{country}|{bucket}"
-            self.revenue[key] = self.revenue.get(key, Decimal(0)) + event["amount"]
+            revenue_key = f"{country}|{bucket}"
+            self.revenue[revenue_key] = self.revenue.get(revenue_key, Decimal(0)) + event["amount"]
         if event["status"] in (500, 503):
             self.updates += 1
             self.errors[f"{endpoint}|{bucket}"] += 1
@@ -106,9 +116,10 @@ def maker(pages: int, seed: int, truth: Truth) -> Any:
 
     def make(i: int) -> tuple[bytes, bytes]:
         value = shapes.event(i, rng, pages)
-        truth.add(value)
         user = value[value.index(b'"user":{"id":"') + 14:]
-        return user[:user.index(b'"')], value
+        key = user[:user.index(b'"')]
+        truth.add(value, key)
+        return key, value
 
     return make
 
@@ -150,19 +161,34 @@ def figures(run: ConsumerRun, truth: Truth) -> dict[str, float]:
     }
 
 
+Variant = tuple[str, dict[str, dict[str, object]]]  # a label, and settings by section ("consumer", "cassandra")
+
+
+def variant(spec: str) -> Variant:
+    """``consumer.flush_spacing=30,cassandra.write_batch_rows=20`` -> (that text, its settings by section)."""
+    settings: dict[str, dict[str, object]] = {}
+    for item in spec.split(","):
+        name, sep, value = item.strip().partition("=")
+        section, dot, setting = name.partition(".")
+        if not sep or not dot or section not in ("consumer", "cassandra") or not setting.isidentifier():
+            raise ValueError(f"not SECTION.NAME=VALUE (section consumer or cassandra): {item!r}")
+        settings.setdefault(section, {})[setting] = value
+    return spec, settings
+
+
 async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, events: int, pages: int,
-                     partitions: int, seed: int, wider_interval_s: float, kstreams_budget_s: float,
+                     partitions: int, seed: int, variants: Sequence[Variant], kstreams_budget_s: float,
                      servers_by_name: dict[str, int], workdir: Path, classpath: str, kstreams_threads: int = 1,
                      kstreams_commit_ms: int = 100) -> dict[str, Any]:
     """Load the page views and count them three ways (see the module's docstring). Returns every figure and
-    the mismatches found (``checks``, ``wider_checks``, ``kstreams_checks``: empty when all is exact)."""
+    the mismatches found (``checks``, ``variant_checks``, ``kstreams_checks``: empty when all is exact)."""
     await ensure_topics(kafka, {TOPIC: partitions})
-    truth = Truth()
+    truth = Truth(partitions=partitions)
     started = time.monotonic()
     await load(kafka, TOPIC, partitions, events, maker(pages, seed, truth), "page views")
     out: dict[str, Any] = {"events": events, "pages": pages, "partitions": partitions, "counters": COUNTERS,
                            "load_s": time.monotonic() - started, "updates_per_event": truth.updates / events,
-                           "wider_flush_interval_s": wider_interval_s}
+                           "rows_floor_per_event": len(truth.rows) / events}
     say(f"loaded {events:,} page views ({truth.updates / events:.2f} counter updates per event) in "
         f"{out['load_s']:.0f}s")
 
@@ -175,13 +201,18 @@ async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, even
     out["checks"] = await check_values(cassandra, truth, renamed(GROUP))
     say(f"page views, countersink: {len(out['checks'])} values mismatched")
 
-    # item 5: the same run with flushes further apart (fewer rows per event), in the same run
-    run = await countersink_rate(kafka, cassandra, partitions, events, WIDER_GROUP, servers_by_name, topic=TOPIC,
-                                 counters_text=text, flush_interval_s=wider_interval_s)
-    out["wider"] = figures(run, truth)
-    out["wider_checks"] = await check_values(cassandra, truth, renamed(WIDER_GROUP))
-    say(f"page views, flush_interval_s {wider_interval_s:g}: {run.rate:,.0f} events/s, "
-        f"{out['wider']['rows_per_event']:.2f} rows per event, {len(out['wider_checks'])} values mismatched")
+    # the same run with other settings (rows per event, Cassandra CPU per row), in the same run
+    out["variants"], out["variant_checks"] = {}, []
+    for n, (label, settings) in enumerate(variants):
+        group = f"{WIDER_GROUP}-{n}"
+        consumer: dict[str, Any] = settings.get("consumer", {})
+        run = await countersink_rate(kafka, cassandra, partitions, events, group, servers_by_name, topic=TOPIC,
+                                     counters_text=text, cassandra_options=settings.get("cassandra"), **consumer)
+        out["variants"][label] = figures(run, truth)
+        problems = await check_values(cassandra, truth, renamed(group))
+        out["variant_checks"] += [f"{label}: {problem}" for problem in problems]
+        say(f"page views, {label}: {run.rate:,.0f} events/s, {out['variants'][label]['rows_per_event']:.2f} rows "
+            f"per event, {len(problems)} values mismatched")
 
     ks = await kstreams_run(kafka, partitions, events, kstreams_budget_s, servers_by_name, workdir, classpath,
                             threads=kstreams_threads, commit_ms=kstreams_commit_ms)
@@ -281,7 +312,7 @@ async def run(args: argparse.Namespace) -> pipeline.Report:
         say(f"page views: {args.stream2_events:,} over {args.pages:,} pages")
         report.stream2 = await bench_step(
             kafka, cassandra, events=args.stream2_events, pages=args.pages, partitions=args.partitions,
-            seed=args.seed, wider_interval_s=args.stream2_flush_interval_s, kstreams_budget_s=args.kstreams_seconds,
+            seed=args.seed, variants=args.variant, kstreams_budget_s=args.kstreams_seconds,
             servers_by_name=jvms, workdir=stack, classpath=classpath, kstreams_threads=args.kstreams_threads,
             kstreams_commit_ms=args.kstreams_commit_ms)
     say("servers stopped")
@@ -298,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream2-events", type=int, default=None, help="page views (default: as many as trades)")
     parser.add_argument("--pages", type=int, default=20_000)
     parser.add_argument("--partitions", type=int, default=12)
-    parser.add_argument("--stream2-flush-interval-s", type=float, default=5.0)
+    parser.add_argument("--variant", type=variant, action="append", default=[], metavar="SECTION.NAME=VALUE,…",
+                        help="the page views counted again with these settings (repeatable)")
     parser.add_argument("--kstreams-seconds", type=float, default=300.0)
     parser.add_argument("--kstreams-threads", type=int, default=1)
     parser.add_argument("--kstreams-commit-ms", type=int, default=100)

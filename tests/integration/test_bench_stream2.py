@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from bench import kstreams, pipeline, stream2
+from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics
+from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
+from schemas.kinds.distinct import DistinctEstimate
 from tests.integration.test_first_hour import delete_topics
 
 EVENTS = 6_000
@@ -30,12 +33,15 @@ async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_tru
     group = "bench-countersink-pageviews-test"
     await ensure_topics(kafka_settings, {topic: PARTITIONS})
     try:
-        truth = stream2.Truth()
+        truth = stream2.Truth(partitions=PARTITIONS)
         await pipeline.load(kafka_settings, topic, PARTITIONS, EVENTS, stream2.maker(PAGES, 3, truth), "views")
         run = await pipeline.countersink_rate(kafka_settings, cassandra_settings, PARTITIONS, EVENTS, group, {},
                                               topic=topic, counters_text=stream2.definitions(topic))
         prefix = stream2.renamed(group)
         problems = await stream2.check_values(cassandra_settings, truth, prefix)
+        async with CassandraClient(cassandra_settings) as client:  # the daily bucket's key, as the floor names it
+            page = sorted(truth.views)[0].split("|")[0]
+            visitors = await read_state(client, f"{prefix}visitors", f"{page}|2025-11-26T00:00Z")
         classpath = kstreams.build()
         ks_run = await stream2.kstreams_run(kafka_settings, PARTITIONS, EVENTS, 180, {}, tmp_path, classpath,
                                             commit_ms=200, topic=topic)
@@ -60,6 +66,12 @@ async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_tru
     assert truth.revenue
     assert truth.errors
     assert 0 < run.cassandra_rows < run.rows  # shards written; counters sharing a key share its row
+    # every (partition, row key) written at least once: the floor is below what was written, and not far
+    assert len(truth.rows) <= run.cassandra_rows < 3 * len(truth.rows)
+    assert visitors is not None
+    estimate = visitors.value()
+    assert isinstance(estimate, DistinctEstimate)
+    assert estimate.estimate >= 1
     assert [p.split(": ")[0] for p in off] == [f"views/{views_key}", f"views_by_country/{country_key}",
                                                f"revenue/{revenue_key}", f"errors/{error_key}",
                                                f"slowest/{slow_key}"]
