@@ -272,9 +272,9 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 60, *, signa
         return process.wait()
 
 
-def metric_values(port: int, names: tuple[str, ...]) -> dict[str, float]:
+def metric_values(port: int, names: tuple[str, ...], timeout: float = 5) -> dict[str, float]:
     """The named samples of a process's /metrics, by name (those it does not show are left out)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
         text = response.read().decode()
     out = {}
     for line in text.splitlines():
@@ -321,7 +321,8 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
         cpu = sum(proc_cpu_s(process.pid) for process in running)
         written = ("countersink_flush_rows_sum", "countersink_shard_rows_written_total")
-        metrics = [metric_values(port, written) for port in ports]
+        # a consumer busy encoding a large flush on a loaded machine answers late: its figures are still wanted
+        metrics = [metric_values(port, written, timeout=120) for port in ports]
         rows = sum(m.get(written[0], 0.0) for m in metrics)
         cassandra_rows = sum(m.get(written[1], 0.0) for m in metrics)
         server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
