@@ -319,6 +319,9 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
         sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
         await wait_until_flushed(cassandra, group, ends, 1800,
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
+        # The ownership rows show the last window's intent before its shards are written: the figures are read
+        # once every window is recorded complete (its writes acknowledged), or a large last flush is left out.
+        await wait_until_windows_committed(cassandra, group, topic, partitions)
         cpu = sum(proc_cpu_s(process.pid) for process in running)
         written = ("countersink_flush_rows_sum", "countersink_shard_rows_written_total")
         # a consumer busy encoding a large flush on a loaded machine answers late: its figures are still wanted
@@ -641,6 +644,21 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
             stop_process(second)
 
 
+async def wait_until_windows_committed(cassandra: CassandraSettings, group: str, topic: str, partitions: int,
+                                      within_s: float = 300) -> None:
+    """Until every partition's ownership row shows its last flush window recorded complete."""
+    deadline = time.monotonic() + within_s
+    async with CassandraClient(cassandra) as client:
+        while time.monotonic() < deadline:
+            rows = as_dicts(await client.execute(
+                "SELECT committed_offset, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition IN ?", [group, topic, list(range(partitions))]))
+            if len(rows) == partitions and all(r["committed_offset"] == r["intent_offset"] for r in rows):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{group}: the last flush windows of {topic} were not recorded complete within {within_s}s")
+
+
 async def wait_until_window_committed(cassandra: CassandraSettings, group: str, topic: str,
                                      within_s: float = 60) -> None:
     """Until partition 0's ownership row shows its last flush window recorded complete."""
@@ -902,7 +920,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the consumer run sampled by py-spy, made when a target is missed")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stream2-events", type=int, default=None,
-                        help="page views in the second stream (default: as many as --events; 0: no second stream)")
+                        help="page views in the second stream (default: as many as --events, at most 1,000,000; "
+                        "0: no second stream)")
     parser.add_argument("--pages", type=int, default=20_000, help="distinct pages of the second stream")
     parser.add_argument("--stream2-variant", type=stream2_variant, action="append", default=[],
                         metavar="SECTION.NAME=VALUE,…", help="the second stream counted again by countersink with "
@@ -915,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                             recovery_instances=[10_000, 100_000], pages=5_000)
     args = parser.parse_args(argv)
     if args.stream2_events is None:
-        args.stream2_events = args.events
+        args.stream2_events = min(args.events, 1_000_000)
     configure_logging("WARNING", "console")
     command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
