@@ -17,8 +17,9 @@ of JSON trades keyed by symbol, and consumes that same topic five ways, one afte
 
 Then the second stream (``bench.stream2``): page views with nested fields, hourly buckets, a decimal sum under
 a filter, quantiles and top-k, nine counters over seven keys, in a topic of their own, counted by countersink
-(twice: the second time with flushes further apart, for the Cassandra rows it writes per event) and by Kafka
-Streams (the hourly counts it can keep), every system's values checked against the truth.
+(and once more per ``--stream2-variant``, other settings on the same topic) and by Kafka Streams (the hourly
+counts it can keep), every system's values checked against the truth; Cassandra rows written per event and
+Cassandra CPU per row beside the trades'.
 
 Then: consumer CPU per million events; the GC folding what the countersink run left (instances per
 second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read, and of wide

@@ -8,6 +8,8 @@ import random
 import zlib
 from decimal import Decimal
 
+import pytest
+
 from bench import shapes, stream2
 from bench.pipeline import Report
 from bench.report import stream2_section
@@ -50,6 +52,15 @@ def test_the_rows_each_partition_writes_at_least_once_are_counted_once() -> None
     other = next(key for key in (b"b", b"c", b"d", b"e") if zlib.crc32(key) % 2 != zlib.crc32(b"a") % 2)
     truth.add(later, other)
     assert len(truth.rows) == 9 + 7  # another partition's consumer writes its own rows
+
+
+def test_a_variant_names_its_settings_by_section_and_a_bad_one_is_refused() -> None:
+    assert stream2.variant("consumer.flush_spacing=30, cassandra.write_batch_rows=20") == (
+        "consumer.flush_spacing=30, cassandra.write_batch_rows=20",
+        {"consumer": {"flush_spacing": "30"}, "cassandra": {"write_batch_rows": "20"}})
+    for bad in ("kafka.acks=1", "flush_spacing=30", "consumer.flush_spacing", "consumer.a-b=1"):
+        with pytest.raises(ValueError, match=r"SECTION\.NAME=VALUE"):
+            stream2.variant(bad)
 
 
 def test_the_definitions_are_the_nine_page_view_counters_on_the_stream_topic() -> None:
