@@ -239,7 +239,7 @@ def stream2_section(report: Report) -> list[str]:
         *[row(f"page views, `{label}`", "9", f) for label, f in variants.items()],
         "",
         "A shard is one counter's state of one key; a Cassandra row holds the shards of every counter sharing "
-        "that key (`countersink_shard_rows_written`), and is what Cassandra's work follows. "
+        "that key (`countersink_shard_rows_written_total`), and is what Cassandra's work follows. "
         + (f"Whatever the flush schedule, each consumer writes every row its partitions touched at least once: "
            f"{floor:.2f} rows per event on this stream (distinct partition and row key pairs in what was "
            "published), the floor of the page views' rows per event in this layout." if floor else ""),
