@@ -179,9 +179,10 @@ def variant(spec: str) -> Variant:
 async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, events: int, pages: int,
                      partitions: int, seed: int, variants: Sequence[Variant], kstreams_budget_s: float,
                      servers_by_name: dict[str, int], workdir: Path, classpath: str, kstreams_threads: int = 1,
-                     kstreams_commit_ms: int = 100) -> dict[str, Any]:
+                     kstreams_commit_ms: int = 100, profile_to: Path | None = None) -> dict[str, Any]:
     """Load the page views and count them three ways (see the module's docstring). Returns every figure and
-    the mismatches found (``checks``, ``variant_checks``, ``kstreams_checks``: empty when all is exact)."""
+    the mismatches found (``checks``, ``variant_checks``, ``kstreams_checks``: empty when all is exact).
+    ``profile_to``: py-spy samples the first countersink run's stacks into that file (``out["profile"]``)."""
     await ensure_topics(kafka, {TOPIC: partitions})
     truth = Truth(partitions=partitions)
     started = time.monotonic()
@@ -193,9 +194,11 @@ async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, even
         f"{out['load_s']:.0f}s")
 
     text = definitions()
-    run = await countersink_rate(kafka, cassandra, partitions, events, GROUP, servers_by_name, topic=TOPIC,
-                                 counters_text=text)
+    run = await countersink_rate(kafka, cassandra, partitions, events, GROUP, servers_by_name, profile_to,
+                                 topic=TOPIC, counters_text=text)
     out["countersink"] = figures(run, truth)
+    if profile_to is not None:
+        out["profile"] = pipeline.profile_table(profile_to)
     say(f"page views, countersink: {run.rate:,.0f} events/s, {out['countersink']['rows_per_event']:.2f} Cassandra "
         f"rows per event, {out['countersink']['cassandra_cpu_us_per_row']:.1f} µs of Cassandra CPU per row")
     out["checks"] = await check_values(cassandra, truth, renamed(GROUP))
@@ -314,7 +317,8 @@ async def run(args: argparse.Namespace) -> pipeline.Report:
             kafka, cassandra, events=args.stream2_events, pages=args.pages, partitions=args.partitions,
             seed=args.seed, variants=args.variant, kstreams_budget_s=args.kstreams_seconds,
             servers_by_name=jvms, workdir=stack, classpath=classpath, kstreams_threads=args.kstreams_threads,
-            kstreams_commit_ms=args.kstreams_commit_ms)
+            kstreams_commit_ms=args.kstreams_commit_ms,
+            profile_to=stack / "pageviews-stacks.txt" if args.profile else None)
     say("servers stopped")
     return report
 
@@ -336,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kstreams-commit-ms", type=int, default=100)
     parser.add_argument("--warmup-seconds", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the page views' first countersink run with py-spy (100 a second, from outside)")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
     args = parser.parse_args(argv)
     if args.stream2_events is None:
@@ -350,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"Made by `{command.strip()}` on {time.strftime('%Y-%m-%d')}.", "",
              *_kstreams_section(result, result.rates["countersink"]),
              *stream2_section(result)]
+    if result.stream2.get("profile"):
+        lines += ["The page views' countersink run, its stacks sampled by py-spy:", "", result.stream2["profile"]]
     print("\n".join(lines))
     if args.out is not None:
         args.out.write_text(json.dumps({"command": command.strip(), "report": dataclasses.asdict(result)},
