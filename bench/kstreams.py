@@ -5,7 +5,8 @@ The Maven project in ``bench/kstreams/`` builds two Kafka Streams applications (
 
 - ``TradeCounts`` keeps, per symbol, the bench's "trades" count and "shares" sum (integer ``qty``);
 - ``HourlyCounts`` keeps an hourly count per key (a dotted path or the record key) and per hour of an
-  ISO-8601 time field (or the record time): the windowed equivalent of a bucketed countersink count.
+  ISO-8601 or epoch-seconds time field (or the record time): the windowed equivalent of a bucketed
+  countersink count; several key paths, comma-separated, keep several such counts in one application.
 
 Each writes every update to an output topic of its own; the last committed record of a key is its value,
 checked against the truth.
@@ -47,8 +48,9 @@ COUNT = struct.Struct(">q")  # HourlyCounts' output value
 
 
 def hourly(key: str, time: str, grace_hours: int = 168) -> tuple[str, ...]:
-    """The HourlyCounts application: counts per ``key`` (a dotted path, or ``@key``) and per hour of ``time``
-    (a dotted path to an ISO-8601 time, or ``@timestamp``); events up to ``grace_hours`` late still count."""
+    """The HourlyCounts application: counts per ``key`` (a dotted path, or ``@key``; several, comma-separated:
+    one count each, output keys ``PATH=VALUE|HOUR``) and per hour of ``time`` (a dotted path to an ISO-8601
+    time or to epoch seconds, or ``@timestamp``); events up to ``grace_hours`` late still count."""
     return ("dev.countersink.bench.HourlyCounts", key, time, str(grace_hours))
 
 
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("events", type=int, help="records in the topic: the run ends when all are committed")
     parser.add_argument("--threads", type=int, default=1, help="num.stream.threads")
     parser.add_argument("--hourly", nargs=2, metavar=("KEY", "TIME"),
-                        help="HourlyCounts instead of TradeCounts: key path (or @key), time path (or @timestamp)")
+                        help="HourlyCounts instead of TradeCounts: key path (or @key; several, comma-separated), "
+                        "time path (or @timestamp)")
     parser.add_argument("--config", action="append", default=[], metavar="NAME=VALUE",
                         help="a Kafka Streams setting, e.g. commit.interval.ms=1000 (repeatable)")
     parser.add_argument("--budget-s", type=float, default=240.0)

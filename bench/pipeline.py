@@ -15,6 +15,12 @@ of JSON trades keyed by symbol, and consumes that same topic five ways, one afte
 5. Kafka Streams (``bench/kstreams/``, exactly-once v2, RocksDB), counting trades and summing ``qty`` per
    symbol, timed the same way; its values, read back from its output topic, checked against the truth.
 
+Then the second stream (``bench.stream2``): page views with nested fields, hourly buckets, a decimal sum under
+a filter, quantiles and top-k, nine counters over seven keys, in a topic of their own, counted by countersink
+(and once more per ``--stream2-variant``, other settings on the same topic) and by Kafka Streams (the hourly
+counts it can keep), every system's values checked against the truth; Cassandra rows written per event and
+Cassandra CPU per row beside the trades'.
+
 Then: consumer CPU per million events; the GC folding what the countersink run left (instances per
 second); read latency of an instance with 1, 5 and 20 shards beside a plain one-row read, and of wide
 instances (up to 1,000 shards, ``bench.wide_reads``) and ranges of wide buckets; memory per
@@ -64,6 +70,7 @@ TOPIC = "bench-trades"
 RECOVERY_TOPIC = "bench-recovery"
 COMMAND = "make bench"
 SPACING_4 = "countersink, flush_spacing 4"
+STREAM2_CHECKS = ("checks", "variant_checks", "kstreams_checks")  # bench.stream2's mismatches, by run
 TWO_PROCESSES = "countersink, 2 processes"
 
 
@@ -147,6 +154,9 @@ class Report:
     # Kafka Streams: events/s, CPU s per million events of its JVM and of the servers meanwhile, symbols checked
     kstreams: dict[str, float] = field(default_factory=dict)
     kstreams_checks: list[str] = field(default_factory=list)  # its count and sum against the truth: mismatches
+    cassandra_rows_per_event: float = 0.0  # Cassandra rows of shards the countersink run wrote per event
+    # the second stream (bench.stream2): its figures, countersink's and Kafka Streams', and their checks
+    stream2: dict[str, Any] = field(default_factory=dict)
 
 
 # --- servers
@@ -263,9 +273,9 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 60, *, signa
         return process.wait()
 
 
-def metric_values(port: int, names: tuple[str, ...]) -> dict[str, float]:
+def metric_values(port: int, names: tuple[str, ...], timeout: float = 5) -> dict[str, float]:
     """The named samples of a process's /metrics, by name (those it does not show are left out)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
         text = response.read().decode()
     out = {}
     for line in text.splitlines():
@@ -281,17 +291,21 @@ class ConsumerRun:
     cpu_s: float  # user + system CPU of the consumer processes
     rows: float  # shards written until every record was flushed
     server_cpu_s: dict[str, float]  # CPU the Kafka and Cassandra processes used meanwhile
+    cassandra_rows: float = 0.0  # Cassandra rows of shards written (one per key flushed, its counters' shards in it)
 
 
 async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
                            group: str, servers_by_name: dict[str, int], profile_to: Path | None = None,
-                           processes: int = 1, **consumer: object) -> ConsumerRun:
-    """Events per second until the last record of every partition is flushed, and what it cost. With
-    ``processes`` > 1, that many consumers in one group share the partitions (figures are their sums)."""
+                           processes: int = 1, topic: str = TOPIC, counters_text: str | None = None,
+                           cassandra_options: dict[str, object] | None = None, **consumer: object) -> ConsumerRun:
+    """Events per second until the last record of every partition of ``topic`` is flushed, and what it cost.
+    With ``processes`` > 1, that many consumers in one group share the partitions (figures are their sums).
+    ``counters_text``: the definitions (the trades' three by default), renamed for ``group``;
+    ``cassandra_options``: Cassandra settings of the consumers (``{"write_batch_rows": 20}``)."""
     counters = STACK / "counters.toml"
-    counters.write_text(named_for(definitions(TOPIC), group))
+    counters.write_text(named_for(counters_text if counters_text is not None else definitions(topic), group))
     ports = [free_port() for _ in range(processes)]
-    ends = await end_offsets(kafka, {TOPIC: partitions})
+    ends = await end_offsets(kafka, {topic: partitions})
     servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
     started = time.monotonic()
     running: list[subprocess.Popen[bytes]] = []
@@ -300,13 +314,21 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
             env = child_env(kafka, cassandra, consumer={"group_id": group, "counters_file": counters,
                                                         "health_port": port, **consumer}, gc={"health_port": 0})
             env["COUNTERSINK_LOG_LEVEL"] = os.environ.get("BENCH_CONSUMER_LOG_LEVEL", "WARNING")
+            env.update({f"COUNTERSINK_CASSANDRA__{name.upper()}": str(value)
+                        for name, value in (cassandra_options or {}).items()})
             running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log"))
         sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
         await wait_until_flushed(cassandra, group, ends, 1800,
                                  lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
+        # The ownership rows show the last window's intent before its shards are written: the figures are read
+        # once every window is recorded complete (its writes acknowledged), or a large last flush is left out.
+        await wait_until_windows_committed(cassandra, group, topic, partitions)
         cpu = sum(proc_cpu_s(process.pid) for process in running)
-        rows = sum(metric_values(port, ("countersink_flush_rows_sum",)).get("countersink_flush_rows_sum", 0.0)
-                   for port in ports)
+        written = ("countersink_flush_rows_sum", "countersink_shard_rows_written_total")
+        # a consumer busy encoding a large flush on a loaded machine answers late: its figures are still wanted
+        metrics = [metric_values(port, written, timeout=120) for port in ports]
+        rows = sum(m.get(written[0], 0.0) for m in metrics)
+        cassandra_rows = sum(m.get(written[1], 0.0) for m in metrics)
         server_cpu = {name: proc_cpu_s(pid) - servers_before[name] for name, pid in servers_by_name.items()}
     finally:
         # The last window's writes may still be in flight when its intent shows the end: the run ends when
@@ -321,7 +343,7 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
         raise RuntimeError(f"py-spy exited {sampler.returncode}; see {STACK / 'py-spy.log'}")
     if any(codes):
         raise RuntimeError(f"countersink consumers exited {codes}; see {STACK / group}*.log")
-    return ConsumerRun(total / elapsed, cpu, rows, server_cpu)
+    return ConsumerRun(total / elapsed, cpu, rows, server_cpu, cassandra_rows)
 
 
 async def warm_up_consumer(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int,
@@ -623,6 +645,21 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
             stop_process(second)
 
 
+async def wait_until_windows_committed(cassandra: CassandraSettings, group: str, topic: str, partitions: int,
+                                      within_s: float = 300) -> None:
+    """Until every partition's ownership row shows its last flush window recorded complete."""
+    deadline = time.monotonic() + within_s
+    async with CassandraClient(cassandra) as client:
+        while time.monotonic() < deadline:
+            rows = as_dicts(await client.execute(
+                "SELECT committed_offset, intent_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
+                "AND partition IN ?", [group, topic, list(range(partitions))]))
+            if len(rows) == partitions and all(r["committed_offset"] == r["intent_offset"] for r in rows):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{group}: the last flush windows of {topic} were not recorded complete within {within_s}s")
+
+
 async def wait_until_window_committed(cassandra: CassandraSettings, group: str, topic: str,
                                      within_s: float = 60) -> None:
     """Until partition 0's ownership row shows its last flush window recorded complete."""
@@ -712,6 +749,7 @@ async def run(args: argparse.Namespace) -> Report:
         report.server_cpu_s_per_million = {name: cpu / args.events * 1_000_000
                                            for name, cpu in run_.server_cpu_s.items()}
         report.rows_per_event = run_.rows / args.events
+        report.cassandra_rows_per_event = run_.cassandra_rows / args.events
         say(f"countersink: {run_.rate:,.0f} events/s, {report.cpu_s_per_million:.1f} CPU s per million events, "
             f"{report.rows_per_event:.2f} shards per event")
         report.checks = await check_values(cassandra, truth, 2000)
@@ -754,6 +792,19 @@ async def run(args: argparse.Namespace) -> Report:
         say(f"kafka streams: {report.notes[kstreams.NAME]}; count and sum of "
             f"{report.kstreams.get('symbols_checked', 0):,.0f} symbols checked against the truth: "
             f"{len(report.kstreams_checks)} mismatched")
+
+        if args.stream2_events > 0:
+            from bench import stream2
+
+            say(f"the second stream: {args.stream2_events:,} page views over {args.pages:,} pages, "
+                f"{stream2.COUNTERS} counters; countersink (and its variants), then Kafka Streams")
+            report.stream2 = await stream2.bench_step(
+                kafka, cassandra, events=args.stream2_events, pages=args.pages, partitions=args.partitions,
+                seed=args.seed, variants=args.stream2_variant,
+                kstreams_budget_s=args.kstreams_seconds, servers_by_name=jvms, workdir=STACK,
+                classpath=kstreams_classpath, kstreams_threads=args.kstreams_threads,
+                kstreams_commit_ms=args.kstreams_commit_ms)
+            say(f"page views: {sum(len(report.stream2[k]) for k in STREAM2_CHECKS)} values mismatched")
 
         from bench.hot_path import measure
 
@@ -838,6 +889,12 @@ def _frame_name(frame: str) -> str:
     return f"{path}: {name}"
 
 
+def stream2_variant(spec: str) -> tuple[str, dict[str, dict[str, object]]]:
+    from bench.stream2 import variant
+
+    return variant(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -863,13 +920,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the consumer run sampled by py-spy, made when a target is missed")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--stream2-events", type=int, default=None,
+                        help="page views in the second stream (default: as many as --events, at most 1,000,000; "
+                        "0: no second stream)")
+    parser.add_argument("--pages", type=int, default=20_000, help="distinct pages of the second stream")
+    parser.add_argument("--stream2-variant", type=stream2_variant, action="append", default=[],
+                        metavar="SECTION.NAME=VALUE,…", help="the second stream counted again by countersink with "
+                        "these settings (repeatable; consumer.flush_spacing=30, cassandra.write_batch_rows=20)")
     parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win
         parser.set_defaults(events=200_000, symbols=10_000, native_seconds=15.0, quix_seconds=60.0, read_rounds=300,
                             wide_rounds=30, kstreams_seconds=90.0, memory_instances=20_000,
-                            recovery_instances=[10_000, 100_000])
+                            recovery_instances=[10_000, 100_000], pages=5_000)
     args = parser.parse_args(argv)
+    if args.stream2_events is None:
+        args.stream2_events = min(args.events, 1_000_000)
     configure_logging("WARNING", "console")
     command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
     try:
@@ -881,7 +947,8 @@ def main(argv: list[str] | None = None) -> int:
 
     text = write_report(report, args.out, command.strip())
     print(text)
-    return 0 if not report.checks and not report.kstreams_checks else 1
+    stream2_checks = [problem for name in STREAM2_CHECKS for problem in report.stream2.get(name, [])]
+    return 0 if not report.checks and not report.kstreams_checks and not stream2_checks else 1
 
 
 if __name__ == "__main__":

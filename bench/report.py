@@ -182,6 +182,97 @@ def _kstreams_section(report: Report, cs: float) -> list[str]:
     ]
 
 
+TRADES_COUNTERS = 3  # the trades' counters: every event updates each of them
+
+
+def stream2_section(report: Report) -> list[str]:
+    """The second stream (``bench.stream2``) beside the trades, the same columns, and the ratios to its targets."""
+    s2 = report.stream2
+    if not s2:
+        return []
+    cs, variants, ks = s2["countersink"], s2.get("variants", {}), s2["kstreams"]
+    server = report.server_cpu_s_per_million
+    trades_cassandra = server.get("Cassandra", 0.0)
+    trades_rows = report.cassandra_rows_per_event
+    trades = {
+        "events_per_s": report.rates["countersink"], "consumer_cpu_s_per_million": report.cpu_s_per_million,
+        "consumer_cpu_us_per_update": report.cpu_s_per_million / TRADES_COUNTERS,
+        "cassandra_cpu_s_per_million": trades_cassandra, "kafka_cpu_s_per_million": server.get("Kafka", 0.0),
+        "shards_per_event": report.rows_per_event, "rows_per_event": trades_rows,
+        "cassandra_cpu_us_per_row": trades_cassandra / trades_rows if trades_rows else 0.0}
+
+    def row(name: str, counters: str, f: dict[str, float]) -> str:
+        return (f"| {name} | {counters} | {f['events_per_s']:,.0f} | {f['consumer_cpu_s_per_million']:.1f} | "
+                f"{f['consumer_cpu_us_per_update']:.2f} | {f['cassandra_cpu_s_per_million']:.1f} | "
+                f"{f['kafka_cpu_s_per_million']:.1f} | {f['shards_per_event']:.2f} | {f['rows_per_event']:.2f} | "
+                f"{f['cassandra_cpu_us_per_row']:.1f} |")
+
+    per_update = cs["consumer_cpu_us_per_update"] / trades["consumer_cpu_us_per_update"]
+    ks_rate = ks["events_per_s"]
+    trades_ks = report.kstreams.get("events_per_s", 0.0)
+    ours = cs["consumer_cpu_s_per_million"] + cs["cassandra_cpu_s_per_million"] + cs["kafka_cpu_s_per_million"]
+    theirs = ks["jvm_cpu_s_per_million"] + ks.get("kafka_cpu_s_per_million", 0.0)
+    checked = int(ks.get("counts_checked", 0))
+    ks_exactness = (f"Kafka Streams' {checked:,} hourly counts (the last committed record of each in its output "
+                    f"topic) compared with the truth: {len(s2['kstreams_checks'])} mismatched."
+                    if checked else f"Kafka Streams' values were not checked: it committed "
+                    f"{ks['committed']:,.0f} of {s2['events']:,} events within its time budget.")
+    checks = [*s2["checks"], *s2.get("variant_checks", []), *s2["kstreams_checks"]][:5]
+    floor = s2.get("rows_floor_per_event", 0.0)
+    return [
+        "## The second stream: page views",
+        "",
+        f"{s2['events']:,} page views over {s2['pages']:,} pages in a topic of their own ({s2['partitions']} "
+        f"partitions, keyed by user, loaded in {s2['load_s']:.0f} s), shaped like real traffic and unlike the "
+        "trades: a nested user, hourly and daily buckets of an epoch-seconds time, a decimal sum of purchases "
+        "only, latency quantiles, top-k endpoints, a max, a mean, an error count under a filter: nine counters "
+        f"over seven keys (`bench.shapes.PAGE_VIEWS`), {s2['updates_per_event']:.2f} counter updates per event "
+        "(a counter whose filter or fields an event does not meet is not updated). Each system consumed the "
+        "whole topic in one process, after the trades' runs, on the same servers.",
+        "",
+        "| stream | counters | events/s | consumer CPU s per million events | consumer CPU µs per counter "
+        "update | Cassandra CPU s per million events | Kafka CPU s per million events | shards per event | "
+        "Cassandra rows per event | Cassandra CPU µs per row |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        row("trades", "3 (count, sum, distinct)", trades),
+        row("page views", "9", cs),
+        *[row(f"page views, `{label}`", "9", f) for label, f in variants.items()],
+        "",
+        "A shard is one counter's state of one key; a Cassandra row holds the shards of every counter sharing "
+        "that key (`countersink_shard_rows_written_total`), and is what Cassandra's work follows. "
+        + (f"Whatever the flush schedule, each consumer writes every row its partitions touched at least once: "
+           f"{floor:.2f} rows per event on this stream (distinct partition and row key pairs in what was "
+           "published), the floor of the page views' rows per event in this layout." if floor else ""),
+        "",
+        f"Kafka Streams (`HourlyCounts`, exactly-once v2, RocksDB window store, one stream thread, a commit every "
+        f"{ks.get('commit_interval_ms', 100):,.0f} ms) kept the windowed equivalents it can of two of the nine "
+        "counters (views per page per hour and per country per hour) in one application, through one "
+        f"repartition topic: {ks_rate:,.0f} events/s, JVM {ks['jvm_cpu_s_per_million']:.1f} and Kafka "
+        f"{ks.get('kafka_cpu_s_per_million', 0.0):.1f} CPU s per million events. {ks_exactness}",
+        "",
+        f"countersink's views (1,000 page-hours), views per country, revenue, errors and slowest, compared with "
+        f"the truth computed while publishing: {len(s2['checks'])} mismatched"
+        + (f"; in the runs with other settings: {len(s2.get('variant_checks', []))}" if variants else "") + "."
+        + ("" if not checks else " " + "; ".join(checks)),
+        "",
+        "| figure | measured | target | |",
+        "|---|---:|---:|---|",
+        f"| page views: consumer CPU per counter update ÷ trades' | {per_update:.2f}× | ≤ 1.3× | "
+        f"{_verdict(per_update <= 1.3)} |",
+        f"| countersink ÷ Kafka Streams EOS, events/s, trades | {_ratio(trades['events_per_s'], trades_ks)} | "
+        f"≥ 1.5× | {_verdict(trades['events_per_s'] >= 1.5 * trades_ks) if trades_ks else 'not measured'} |",
+        f"| countersink ÷ Kafka Streams EOS, events/s, page views (9 counters against its 2) | "
+        f"{_ratio(cs['events_per_s'], ks_rate)} | ≥ 1.5× | "
+        f"{_verdict(cs['events_per_s'] >= 1.5 * ks_rate) if ks_rate else 'not measured'} |",
+        f"| whole pipeline CPU per event ÷ Kafka Streams' (JVM + Kafka), page views | {_ratio(ours, theirs)} | | |",
+        *[f"| page views, `{label}` ÷ the default: Cassandra rows per event, Cassandra CPU per event | "
+          f"{_ratio(f['rows_per_event'], cs['rows_per_event'])}, "
+          f"{_ratio(f['cassandra_cpu_s_per_million'], cs['cassandra_cpu_s_per_million'])} | | |"
+          for label, f in variants.items()],
+        "",
+    ]
+
+
 def write_report(report: Report, out: Path, command: str, made_on: str | None = None) -> str:
     """Write REPORT.md, its plots, and results.json (every figure, to render the report again from)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -245,6 +336,7 @@ def write_report(report: Report, out: Path, command: str, made_on: str | None = 
         "",
         *_cost_table(report, cs, raw, native, quix),
         *_kstreams_section(report, cs),
+        *stream2_section(report),
         "## Exactness of the countersink run",
         "",
         f"Count and sum of 2,000 symbols compared with the truth computed while publishing: "

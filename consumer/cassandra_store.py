@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
+from countersink.metrics import METRICS
 from schemas.cql import key_of_partition, partition_key, row_ttl, shard_cell, shard_of_cell, work_chunk
 
 
@@ -170,6 +171,7 @@ class CassandraStore:
         # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
         # (idempotent) set after a failure.
         await self._run_bounded(calls)
+        METRICS.shard_rows_written.inc(len(rows))
 
     async def _run_bounded(self, calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
         """Run ``calls`` on a fixed number of workers, not one task each: a flush or replay of a hundred

@@ -132,6 +132,9 @@ class Metrics:
         self.flush_seconds = Histogram("countersink_flush_seconds", "Time to flush one mutator", registry=r)
         self.flush_rows = Histogram("countersink_flush_rows", "Shards written by one flush", registry=r,
                                     buckets=(1, 10, 100, 1_000, 10_000, 100_000))
+        self.shard_rows_written = Counter(
+            "countersink_shard_rows_written", "Cassandra rows of shards written by flushes (one per key flushed: "
+            "the counters of a key share its row); what Cassandra's work follows", registry=r)
         self.flush_retries = Counter("countersink_flush_retries", "Flushes retried while Cassandra was unavailable",
                                      registry=r)
         self.live_mutators = Gauge("countersink_live_mutators", "Mutators owned by this process", registry=r)

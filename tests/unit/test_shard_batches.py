@@ -154,3 +154,14 @@ def test_the_keyless_instance_is_written_to_its_own_partition() -> None:
     assert key_of_partition("\\") == ""
     with pytest.raises(MalformedInstanceKeyError):
         partition_key("\\")
+
+
+def test_the_rows_written_are_counted_one_per_key_not_per_shard() -> None:
+    """countersink_shard_rows_written_total grows by the rows sent: the counters of one key share a row."""
+    from countersink.metrics import METRICS
+
+    before = METRICS.shard_rows_written._value.get()
+    writes = [write(i) for i in range(25)] + [ShardWrite("shares", f"S{i:06d}", bytes(8), 7, False) for i in range(5)]
+    requests = shard_requests(writes)
+    assert sum(len(r) for r in requests) == 25
+    assert METRICS.shard_rows_written._value.get() - before == 25

@@ -34,12 +34,17 @@ import org.apache.kafka.streams.state.WindowStore;
  * <pre>java -cp target/classes:target/lib/* dev.countersink.bench.HourlyCounts BOOTSTRAP INPUT OUTPUT APP_ID STATE_DIR THREADS KEY TIME [GRACE_HOURS]</pre>
  *
  * <p>KEY is a dotted path into the JSON event ({@code user.id}) or {@code @key}, the record key; TIME a dotted
- * path to an ISO-8601 time ({@code 2026-11-22T10:17:00Z}) or {@code @timestamp}, the record time. An event
- * lacking either is skipped, as a countersink counter skips an event it does not apply to. Each event is
- * parsed once; a key read from the event is a new key, so Kafka Streams repartitions by it (through a topic)
- * before counting. Events up to GRACE_HOURS (default 168) behind the newest seen are still counted in their
- * hour. Every update goes to OUTPUT keyed {@code KEY|2026-11-22T10:00Z} (the hour's start in UTC, as
- * countersink names a bucket), the count as a big-endian long.
+ * path to an ISO-8601 time ({@code 2026-11-22T10:17:00Z}) or to a number of seconds since the epoch, or
+ * {@code @timestamp}, the record time. An event lacking either is skipped, as a countersink counter skips an
+ * event it does not apply to. Each event is parsed once; a key read from the event is a new key, so Kafka
+ * Streams repartitions by it (through a topic) before counting. Events up to GRACE_HOURS (default 168) behind
+ * the newest seen are still counted in their hour. Every update goes to OUTPUT keyed
+ * {@code KEY|2026-11-22T10:00Z} (the hour's start in UTC, as countersink names a bucket), the count as a
+ * big-endian long.
+ *
+ * <p>KEY may name several paths, comma-separated ({@code page,user.country}): several hourly counts kept by
+ * one application, each event counted once under each path it has, through one repartition topic and one
+ * window store. Their output keys then start with the path: {@code user.country=FR|2026-11-22T10:00Z}.
  */
 public final class HourlyCounts {
 
@@ -55,27 +60,42 @@ public final class HourlyCounts {
         return node.isMissingNode() || node.isNull() ? null : node;
     }
 
-    static Keyed keyed(String recordKey, long recordTime, byte[] value, String keyPath, String timePath) {
-        JsonNode event;
+    static JsonNode parse(byte[] value) {
         try {
-            event = JSON.readTree(value);
+            return JSON.readTree(value);
         } catch (IOException e) {
             throw new UncheckedIOException("an event that is not JSON", e);
         }
-        String key = recordKey;
-        if (!keyPath.equals("@key")) {
-            JsonNode node = at(event, keyPath);
-            key = node == null ? null : node.isTextual() ? node.textValue() : node.toString();
+    }
+
+    /** The event's time in milliseconds: an ISO-8601 text or a number of seconds; null when it has none. */
+    static Long time(JsonNode event, long recordTime, String timePath) {
+        if (timePath.equals("@timestamp")) {
+            return recordTime;
         }
-        long time = recordTime;
-        if (!timePath.equals("@timestamp")) {
-            JsonNode node = at(event, timePath);
-            if (node == null || !node.isTextual()) {
-                return null;
-            }
-            time = OffsetDateTime.parse(node.textValue()).toInstant().toEpochMilli();
+        JsonNode node = at(event, timePath);
+        if (node != null && node.isTextual()) {
+            return OffsetDateTime.parse(node.textValue()).toInstant().toEpochMilli();
         }
-        return key == null ? null : new Keyed(key, time);
+        if (node != null && node.isIntegralNumber()) {
+            return Math.multiplyExact(node.longValue(), 1000L);
+        }
+        return null;
+    }
+
+    static String key(JsonNode event, String recordKey, String keyPath) {
+        if (keyPath.equals("@key")) {
+            return recordKey;
+        }
+        JsonNode node = at(event, keyPath);
+        return node == null ? null : node.isTextual() ? node.textValue() : node.toString();
+    }
+
+    static Keyed keyed(String recordKey, long recordTime, byte[] value, String keyPath, String timePath) {
+        JsonNode event = parse(value);
+        String key = key(event, recordKey, keyPath);
+        Long time = time(event, recordTime, timePath);
+        return key == null || time == null ? null : new Keyed(key, time);
     }
 
     static Topology topology(String input, String output, String keyPath, String timePath, Duration grace) {
@@ -89,6 +109,24 @@ public final class HourlyCounts {
                     Keyed keyed = keyed(record.key(), record.timestamp(), record.value(), keyPath, timePath);
                     if (keyed != null) {
                         context().forward(record.withTimestamp(keyed.time()));
+                    }
+                }
+            });
+        } else if (keyPath.contains(",")) {  // several counts: each event once under each path it has
+            String[] paths = keyPath.split(",");
+            timed = events.process(() -> new ContextualProcessor<String, byte[], String, byte[]>() {
+                @Override
+                public void process(Record<String, byte[]> record) {
+                    JsonNode event = parse(record.value());
+                    Long time = time(event, record.timestamp(), timePath);
+                    if (time == null) {
+                        return;
+                    }
+                    for (String path : paths) {
+                        String key = key(event, record.key(), path);
+                        if (key != null) {
+                            context().forward(record.withKey(path + "=" + key).withTimestamp(time));
+                        }
                     }
                 }
             });
