@@ -21,7 +21,7 @@ from consumer.applying import Applier, Record, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
 from consumer.storage import PartitionId
-from countersink.backfills import Span, backfill_partition, counter_backfill, read_handovers
+from countersink.backfills import Span, backfill_partition, counter_backfill, read_handovers, record_handover
 from countersink.cassandra import CassandraClient
 from countersink.cli import EXIT_FAILED, EXIT_USAGE
 from countersink.commands.backfill import Backfill
@@ -81,7 +81,8 @@ async def test_records_deleted_while_a_backfill_reads_them_fail_it(
 ) -> None:
     """Retention deletes records a backfill has not read yet while it streams a partition (the reader would
     jump to the new log start): the backfill raises RecordsLostError naming the partition and exactly the
-    offsets it had not counted, flushes nothing past them, and the partition is not done."""
+    offsets it had not counted, flushes nothing past them, and the partition is not done; a run again fails
+    too."""
     topic = await topic_factory(partitions=1)
     counters_file = tmp_path / "counters.toml"
     counters_file.write_text(SHARES.replace("{topic}", topic).replace("{since}", "earliest"))
@@ -116,6 +117,20 @@ async def test_records_deleted_while_a_backfill_reads_them_fail_it(
         row = await store.read_partition(PartitionId("g.backfill.x", topic, 0))
         assert row is not None
         assert row.intent_offset == lost.value.first - 1, row  # the last flush's window ends before the hole
+        # A run again, by the command, fails too (its replay of the open window finds it gone first): exit 1, one
+        # line naming the partition and the offsets, and the partition is not marked finished.
+        settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings,
+                            consumer=ConsumerSettings(counters_file=counters_file, group_id="g"))
+        await record_handover(client, "g", "x", topic, 0, len(events), "test")
+        with capture_logs() as logs:
+            rc = await Backfill(settings, counters, "shares_traded")._run(client, "x", None,
+                                                                          [Span(topic, 0, 0, len(events))])
+        assert rc == EXIT_FAILED
+        failed = [e for e in logs if e.get("log_level") == "error"]
+        assert [e["event"] for e in failed] == ["backfill_failed"], logs
+        assert failed[0]["error"] == (f"records {row.committed_offset + 1}..{row.intent_offset} of {topic}/0 were "
+                                      "deleted from the log before they were counted"), failed
+        assert (await read_handovers(client, "g", "x"))[(topic, 0)].finished_us is None
 
 
 class Stop(Exception):
@@ -199,8 +214,11 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
             await publish(kafka_settings, topic, events)
             after.qty.update(truth.qty)
             await flushed()
+            before = await _values(cassandra_settings, "shares_traded", symbols)
             with pytest.raises(Stop):
                 await command(_stop_at(step)).reprocess(since, 30)
+            if step == "planned":  # nothing was reset
+                assert await _values(cassandra_settings, "shares_traded", symbols) == before
             with capture_logs() as logs:
                 resumed_rc = await command().backfill(30)
             if step in resumed:
