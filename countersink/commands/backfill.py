@@ -303,13 +303,19 @@ class Backfill:
                 # A plan left by a reprocess that lost its epoch to another reset is not this reset's.
                 if plan and all(h.reset_id in (None, reset.reset_id) for h in plan.values()):
                     return await self._resume_reprocess(client, reset, plan, wait_s)
-            stopped = await read_handovers(client, self.group, cell_name(self.counter, epoch + 1))
-            if stopped and not any(r.epoch == epoch + 1 for r in resets):
+            # The epoch a reprocess stopped before its reset would have taken (per-key resets take epochs too).
+            planned = max((r.epoch for r in resets), default=0) + 1
+            stopped = await read_handovers(client, self.group, cell_name(self.counter, planned))
+            if stopped:
+                # Nothing to resume: the counter is as it was. Said, and a counter with since is backfilled.
                 since = next(iter(stopped.values())).reprocess_from
-                log.error("backfill_refused", counter=self.counter,
-                          error=f"a reprocess of {self.counter} was stopped before it reset anything (the counter "
-                          f"is as it was): run countersink reprocess {self.counter} --from {since} again")
-                return EXIT_USAGE
+                why = (f"a reprocess of {self.counter} was stopped before it reset anything (the counter is as it "
+                       f"was): to count again from {since}, run countersink reprocess {self.counter} --from {since} "
+                       "again")
+                if definition.since is None:
+                    log.error("backfill_refused", counter=self.counter, error=why)
+                    return EXIT_USAGE
+                log.warning("reprocess_not_started", counter=self.counter, error=why)
             if definition.since is None:
                 log.error("usage_refused", error=f"{self.counter!r} has no since in {self.counters.source}: there is "
                           "nothing before its hand-over to count (countersink reprocess counts again from a time)")

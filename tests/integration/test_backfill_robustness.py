@@ -161,11 +161,12 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     for them and refuses after --wait-s, resetting nothing. Then, with a live consumer running, a reprocess
     from a time T is stopped after each step of its setup in turn (plan recorded, reset recorded, control
     records published, their positions recorded, the first partition's end recorded): ``countersink
-    backfill`` resumes it where its plan and the reset's points are recorded, and refuses (exit 2, one line
-    naming the reprocess to run again) where they are not, nothing marked finished; the reprocess run again
-    then finishes. After every round the counter equals the sum of the events published after T, computed
-    from the events alone, and explain says no more that it is backfilling. A definitions file whose since
-    differs from the recorded one is refused."""
+    backfill`` resumes it where its plan and the reset's points are recorded, refuses (exit 2, one line
+    naming the reprocess to run again) where the reset is recorded but its points are not, nothing marked
+    finished, and says so where nothing was reset; the reprocess run again then finishes. After every round
+    the counter equals the sum of the events published after T, computed from the events alone, and explain
+    says no more that it is backfilling. A definitions file whose since differs from the recorded one is
+    refused."""
     partitions = 2
     topic = await topic_factory(partitions=partitions)
     group = f"r{os.urandom(4).hex()}"
@@ -223,16 +224,23 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
                 resumed_rc = await command().backfill(30)
             if step in resumed:
                 assert resumed_rc == 0, (step, logs)
+            elif step == "planned":
+                # Nothing was reset: said, and shares_traded (with since) is backfilled as usual.
+                assert resumed_rc == 0, (step, logs)
+                said = [e for e in logs if e.get("event") == "reprocess_not_started"]
+                assert len(said) == 1, (step, logs)
+                assert f"countersink reprocess shares_traded --from {since} again" in said[0]["error"], said
+                assert await command().reprocess(since, 30) == 0, step
             else:
                 assert resumed_rc == EXIT_USAGE, (step, logs)
                 refusals = [e for e in logs if e.get("event") == "backfill_refused"]
                 assert len(refusals) == 1, (step, logs)
                 assert f"countersink reprocess shares_traded --from {since} again" in refusals[0]["error"], refusals
-                if step != "planned":  # the reset is in force: readers are told the reprocess is not done
-                    async with CassandraClient(cassandra_settings) as client:
-                        told = await counter_backfill(client, "shares_traded")
-                    assert told is not None
-                    assert told.startswith("backfilling: 0 of 2 partitions done"), (step, told)
+                # The reset is in force: readers are told the reprocess is not done.
+                async with CassandraClient(cassandra_settings) as client:
+                    told = await counter_backfill(client, "shares_traded")
+                assert told is not None
+                assert told.startswith("backfilling: 0 of 2 partitions done"), (step, told)
                 assert await command().reprocess(since, 30) == 0, step
             await flushed()
             assert await _values(cassandra_settings, "shares_traded", symbols) == dict(after.qty), step
