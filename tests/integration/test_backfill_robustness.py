@@ -21,7 +21,14 @@ from consumer.applying import Applier, Record, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
 from consumer.storage import PartitionId
-from countersink.backfills import Span, backfill_partition, counter_backfill, read_handovers, record_handover
+from countersink.backfills import (
+    Span,
+    backfill_partition,
+    counter_backfill,
+    read_handovers,
+    record_handover,
+    record_plan,
+)
 from countersink.cassandra import CassandraClient
 from countersink.cli import EXIT_FAILED, EXIT_USAGE
 from countersink.commands.backfill import Backfill
@@ -32,7 +39,7 @@ from countersink.resets import CassandraResets, read_resets
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import load_definitions
 from schemas.events import EventRouter
-from schemas.resets import cell_name
+from schemas.resets import Reset, cell_name, new_reset_id
 from stack.loading import end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import Truth, make_events, start_consumer, wait_until_started
 
@@ -260,6 +267,21 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     finally:
         live.send_signal(signal.SIGTERM)
         live.wait(timeout=60)
+
+    # A partition whose hand-over is past the reset's point ends at the hand-over (its live mutators count from
+    # there, the reset applied at their start); else at the point. An end once recorded stays.
+    far = Reset(new_reset_id("shares_traded", 99), "shares_traded", 99, frozenset(), ((topic, partitions),))
+    async with CassandraClient(cassandra_settings) as client:
+        for p in range(partitions):
+            await record_plan(client, group, cell_name("shares_traded", 99), topic, p, 0, far.reset_id, since, "t")
+        unfilled: dict[tuple[str, int], int | None] = {(topic, 0): None, (topic, 1): None}
+        points, live_from = {(topic, 0): 5, (topic, 1): 7}, {(topic, 0): 9, (topic, 1): 3}
+        ends = await command()._ends(client, far, unfilled, points, live_from)
+        assert ends == {(topic, 0): 9, (topic, 1): 7}
+        again = await command()._ends(client, far, unfilled, {(topic, 0): 6, (topic, 1): 6}, {})
+        assert again == ends
+        recorded = await read_handovers(client, group, cell_name("shares_traded", 99))
+        assert {tp: h.offset for tp, h in recorded.items()} == ends
 
     # since is fixed at the first start: a file with another one is refused, pointing at reprocess.
     changed = tmp_path / "changed.toml"
