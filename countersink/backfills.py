@@ -9,7 +9,10 @@ finished by the next run, which replays the window the dead one left open. It st
 every record is counted by exactly one side; its mutators retire and the GC folds their shards as any
 other's. Records are routed with every counter of the topic (the publisher-retry window decides as the live
 mutators' does) and only the backfilled counter's updates are kept. A reprocess is a reset, then a backfill
-into the reset's epoch from a time up to the reset's point (its control record) in each partition.
+into the reset's epoch from a time up to the reset's point (its control record) in each partition. A reprocess
+records its plan (a row per partition: the reset's id, ``--from`` and the start, no end yet) before it resets,
+and each partition's end once the reset's point there is known, so a run killed at any step is resumed or
+refused, never taken for finished (``countersink.commands.backfill``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
-from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource
+from consumer.applying import Applier, Mutator, Record, RecordsLostError, RecordSource
 from consumer.protocol import Claimant, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
@@ -68,20 +71,47 @@ class Handover:
 
     topic: str
     partition: int
-    offset: int  # the first offset the live mutators count; the backfill counts below it
-    start_offset: int | None  # where the backfill started (None: not finished)
+    # The first offset the live mutators count; the backfill counts below it. None: a reprocess's plan whose
+    # end is not recorded yet (its reset's point in the partition was not known when it was killed).
+    offset: int | None
+    start_offset: int | None  # where the backfill started (None: not fixed yet)
     finished_us: int | None
+    reset_id: str | None = None  # a reprocess's: the reset it counts again after
+    reprocess_from: str | None = None  # a reprocess's ``--from``
 
 
 async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict[tuple[str, int], Handover]:
     """Every recorded hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
     rows = as_dicts(await client.execute(
-        "SELECT topic, partition, offset, start_offset, finished_us FROM handovers WHERE consumer_group = ? AND "
-        "cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
+        "SELECT topic, partition, offset, start_offset, finished_us, reset_id, reprocess_from FROM handovers WHERE "
+        "consumer_group = ? AND cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
     return {(row["topic"], int(row["partition"])): Handover(
-        row["topic"], int(row["partition"]), int(row["offset"]),
+        row["topic"], int(row["partition"]), None if row.get("offset") is None else int(row["offset"]),
         None if row.get("start_offset") is None else int(row["start_offset"]),
-        None if row.get("finished_us") is None else int(row["finished_us"])) for row in rows}
+        None if row.get("finished_us") is None else int(row["finished_us"]),
+        row.get("reset_id"), row.get("reprocess_from")) for row in rows}
+
+
+async def record_plan(client: CassandraClient, group: str, cell: str, topic: str, partition: int, start: int,
+                      reset_id: str, reprocess_from: str, recorded_by: str) -> None:
+    """Record a reprocess's plan for one partition before its reset is: the reset it will be (``cell`` names
+    its epoch), ``--from`` and where the backfill starts, with no end (:func:`fill_end` records it). A plan
+    left by a run killed before its reset was recorded is written over."""
+    await client.execute(
+        "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by, "
+        "start_offset, finished_us, reset_id, reprocess_from) VALUES (?, ?, ?, ?, null, ?, ?, ?, null, ?, ?)",
+        [group, cell, topic, partition, time.time_ns() // 1000, recorded_by, start, reset_id, reprocess_from])
+
+
+async def fill_end(client: CassandraClient, group: str, cell: str, topic: str, partition: int, end: int) -> int:
+    """Record the end of a reprocess's span in a partition, once (a resumed run finds the first one's);
+    return the end recorded."""
+    rows = as_dicts(await client.execute(
+        "UPDATE handovers SET offset = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND partition = ? "
+        "IF offset = null", [end, group, cell, topic, partition], idempotent=False))
+    if not rows or rows[0].get("[applied]") or rows[0].get("offset") is None:
+        return end
+    return int(rows[0]["offset"])
 
 
 async def fix_start(client: CassandraClient, group: str, cell: str, topic: str, partition: int, start: int) -> int:
@@ -142,6 +172,28 @@ async def counter_backfill(client: CassandraClient, counter: str) -> str | None:
     return await backfill_state(client, counter, row.get("consumer_group"), since, epoch)
 
 
+async def _check_kept(source: RecordSource, span: Span, through: int, upto: int) -> None:
+    """Raise :class:`RecordsLostError` when offsets from ``through`` + 1 up to ``upto`` (excluded, and the
+    span's end at most) were deleted from the log: its start is past ``through`` + 1."""
+    log_start = await source.log_start(span.topic, span.partition)
+    if log_start > through + 1:
+        raise RecordsLostError(span.topic, span.partition, through + 1, min(log_start, upto, span.end) - 1)
+
+
+async def _apply(store: Store, mutator: Mutator, chunk: list[Record], span: Span, last_flush: float,
+                 flush_interval_s: float, flush_max_dirty: int, on_progress: ProgressReport,
+                 clock: Callable[[], int]) -> float:
+    """Apply one chunk and flush when one is due; return when the last flush started (monotonic)."""
+    await mutator.applier.learn(chunk)
+    mutator.apply_batch(chunk)
+    now = time.monotonic()
+    if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
+        await flush(store, mutator, clock())
+        on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
+        return now
+    return last_flush
+
+
 ProgressReport = Callable[[str, int, int, int, int], None]  # topic, partition, first, applied through, end
 
 
@@ -177,33 +229,40 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,
                           applied_through=start - 1, flushed_through=start - 1)
         if start < span.end:
-            log_start = await source.log_start(span.topic, span.partition)
-            if log_start > start:
-                raise RecordsLostError(span.topic, span.partition, start, min(log_start, span.end) - 1)
+            await _check_kept(source, span, start - 1, span.end)
         rotate_at = time.monotonic() + rotate_after_s
         last_flush = time.monotonic()
-        if start < span.end:
-            chunks = source.stream(span.topic, span.partition, start, span.end - 1)
+        while mutator.applied_through < span.end - 1 and time.monotonic() < rotate_at:
+            # The reader jumps to the log start when retention deletes what it reads next (aiokafka resets an
+            # out-of-range position): a chunk that starts past the next offset is checked against the log
+            # start before it is applied (transaction markers leave such gaps too). The check reads Kafka,
+            # which the open stream holds: the stream is closed first, and opened again after the chunk.
+            skipped: list[Record] | None = None
+            ended = False
+            chunks = source.stream(span.topic, span.partition, mutator.applied_through + 1, span.end - 1)
             try:
                 async for chunk in chunks:
-                    await applier.learn(chunk)
-                    mutator.apply_batch(chunk)
-                    now = time.monotonic()
-                    if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
-                        await flush(store, mutator, clock())
-                        last_flush = now
-                        on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
-                    if now >= rotate_at:
+                    if chunk[0].offset > mutator.applied_through + 1:
+                        skipped = chunk
+                        break
+                    last_flush = await _apply(store, mutator, chunk, span, last_flush, flush_interval_s,
+                                              flush_max_dirty, on_progress, clock)
+                    if time.monotonic() >= rotate_at:
                         break
                 else:
-                    mutator.skip_to(span.end)  # the offsets after the last record below H hold no record
+                    ended = True
             finally:
                 # Closed on a break too: the source holds its reader while a stream is open.
                 close = getattr(chunks, "aclose", None)
                 if close is not None:
                     await close()
-        else:
-            mutator.skip_to(span.end)
+            if skipped is not None:
+                await _check_kept(source, span, mutator.applied_through, skipped[0].offset)
+                last_flush = await _apply(store, mutator, skipped, span, last_flush, flush_interval_s,
+                                          flush_max_dirty, on_progress, clock)
+            elif ended:
+                await _check_kept(source, span, mutator.applied_through, span.end)
+                mutator.skip_to(span.end)  # the offsets after the last record below H hold no record
         await release(store, mutator, clock())
         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
         if mutator.flushed_through >= span.end - 1:
@@ -218,8 +277,10 @@ __all__ = [
     "backfill_partition",
     "backfill_state",
     "counter_backfill",
+    "fill_end",
     "fix_start",
     "mark_finished",
     "read_handovers",
     "record_handover",
+    "record_plan",
 ]

@@ -157,20 +157,33 @@ async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str
     if len(keys) > MAX_RESET_KEYS:
         raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
     for _ in range(attempts):
-        known = await read_resets(client, counter, write_cl)
-        epoch = max((r.epoch for r in known), default=0) + 1
+        epoch = await next_epoch(client, counter, write_cl)
         reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
-        at_us = time.time_ns() // 1000
-        rows = as_dicts(await client.execute(
-            "INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
-            [counter, epoch, reset.reset_id, set(keys) or None, dict(partitions), requested_by, at_us],
-            consistency=write_cl, idempotent=False))
-        if not rows or rows[0].get("[applied]"):
-            return reset, at_us
-        if rows[0].get("id") == reset.reset_id:  # ours, applied with its answer lost and retried
+        at_us = await claim_epoch(client, reset, requested_by, write_cl)
+        if at_us is not None:
             return reset, at_us
     raise ResetRefusedError(f"could not claim a new epoch of {counter} after {attempts} attempts")
+
+
+async def next_epoch(client: CassandraClient, counter: str, consistency: Consistency) -> int:
+    """The epoch a new reset of ``counter`` would take now (the greatest recorded, plus one)."""
+    return max((r.epoch for r in await read_resets(client, counter, consistency)), default=0) + 1
+
+
+async def claim_epoch(client: CassandraClient, reset: Reset, requested_by: str, write_cl: Consistency) -> int | None:
+    """Record ``reset`` at its own epoch, by LWT; when it was recorded (microseconds since 1970), None when
+    another reset holds that epoch."""
+    at_us = time.time_ns() // 1000
+    rows = as_dicts(await client.execute(
+        "INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+        [reset.counter, reset.epoch, reset.reset_id, set(reset.keys) or None, dict(reset.partitions), requested_by,
+         at_us], consistency=write_cl, idempotent=False))
+    if not rows or rows[0].get("[applied]"):
+        return at_us
+    if rows[0].get("id") == reset.reset_id:  # ours, applied with its answer lost and retried
+        return at_us
+    return None
 
 
 async def publish_controls(reset: Reset, partitions: Sequence[tuple[str, int]],

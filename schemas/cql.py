@@ -241,6 +241,8 @@ def create_tables(keyspace: str) -> list[str]:
             recorded_by text,
             start_offset bigint,
             finished_us bigint,
+            reset_id text,
+            reprocess_from text,
             PRIMARY KEY ((consumer_group, cell), topic, partition)
         )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
@@ -272,6 +274,8 @@ def create_tables(keyspace: str) -> list[str]:
 # consumer group (one group per keyspace) and its drop marker (a dropped counter's name stays refused).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text")),
+    # A reprocess's plan (countersink.backfills.record_plan).
+    "handovers": (("reset_id", "text"), ("reprocess_from", "text")),
 }
 
 

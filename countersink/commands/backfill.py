@@ -18,7 +18,7 @@ import functools
 import getpass
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -29,13 +29,15 @@ from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
 from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import (
+    Handover,
     Span,
     backfill_group,
     backfill_partition,
+    fill_end,
     fix_start,
     mark_finished,
     read_handovers,
-    record_handover,
+    record_plan,
 )
 from countersink.cassandra import CassandraClient
 from countersink.cli import (
@@ -50,7 +52,7 @@ from countersink.cli import (
 from countersink.kafka import make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
-from countersink.resets import CassandraResets, publish_controls, read_resets, record_reset
+from countersink.resets import CassandraResets, claim_epoch, next_epoch, publish_controls, read_points, read_resets
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
 from countersink.settings import Settings
@@ -59,7 +61,7 @@ from schemas.definitions import CounterSet, since_ms
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
 from schemas.events import EventRouter
 from schemas.formats import SchemaCache
-from schemas.resets import Epochs, cell_name, current_epochs
+from schemas.resets import Epochs, Reset, cell_name, current_epochs, new_reset_id
 
 log = get_logger(__name__)
 
@@ -73,11 +75,15 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", help="the live consumers' group " + setting_default("consumer.group_id"))
 
 
+def _wait_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait-s", type=positive_int, default=300, metavar="SECONDS",
+                        help="how long to wait for the live consumers to record where they count a counter with since "
+                        "from in each partition (they do when they take it over with the definition)")
+
+
 def add_backfill_arguments(parser: argparse.ArgumentParser) -> None:
     _common_arguments(parser)
-    parser.add_argument("--wait-s", type=positive_int, default=300, metavar="SECONDS",
-                        help="how long to wait for the live consumers to record where they count the counter from "
-                        "in each partition (they do when they take it over with the definition)")
+    _wait_argument(parser)
 
 
 def add_reprocess_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +91,7 @@ def add_reprocess_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="since", required=True, metavar="TIME",
                         help='count again from this RFC 3339 time (with its offset, e.g. 2026-11-01T00:00:00Z) or '
                         '"earliest"')
+    _wait_argument(parser)
 
 
 def _settings_of(args: argparse.Namespace, settings: Settings) -> Settings:
@@ -122,7 +129,7 @@ def run_reprocess(args: argparse.Namespace, settings: Settings) -> int:
     if args.counter not in counters:
         log.error("usage_refused", error=f"no counter {args.counter!r} in {counters.source}")
         return EXIT_USAGE
-    return run_async(Backfill(settings, counters, args.counter).reprocess(args.since))
+    return run_async(Backfill(settings, counters, args.counter).reprocess(args.since, args.wait_s))
 
 
 def _requester() -> str:
@@ -141,6 +148,8 @@ class Backfill:
         self.group = settings.consumer.group_id
         self.host = f"{socket.gethostname()}:backfill"
         self._printed: dict[tuple[str, int], float] = {}
+        # Called with the name of each step of a reprocess's setup once it is done (a test stops it there).
+        self.on_step: Callable[[str], None] = lambda step: None
 
     async def _checked(self, client: CassandraClient, *, since_required: bool) -> bool:
         """The counter is recorded for the live group with this meaning; its backfill group is declared."""
@@ -156,11 +165,19 @@ class Backfill:
                       error=f"{self.counter!r} is counted by consumer group {recorded_group!r}, not {self.group!r}: "
                       f"run with --group {recorded_group}")
             return False
-        if since_required and registry.from_record(row["definition"]).since is None:
+        recorded_since = registry.from_record(row["definition"]).since
+        if since_required and recorded_since is None:
             log.error("backfill_refused", counter=self.counter,
                       error=f"{self.counter!r} was first counted without since: its live mutators counted it from "
                       "where they started, and a backfill would count those events twice (use countersink reprocess "
                       f"{self.counter} --from TIME)")
+            return False
+        since = self.counters[self.counter].since
+        if recorded_since is not None and since is not None and since != recorded_since:
+            log.error("backfill_refused", counter=self.counter,
+                      error=f"{self.counter!r} has since = {since!r} in {self.counters.source}, but it was first "
+                      f"counted with since = {recorded_since!r}, which is fixed then: put it back (to count again "
+                      f"from another time, use countersink reprocess {self.counter} --from TIME)")
             return False
         try:
             # Meaning and drop checked as any consumer's; the backfill's own group is the declared exception.
@@ -254,13 +271,51 @@ class Backfill:
         print(f"backfill of {cell} finished: every partition counted up to its hand-over", flush=True)
         return 0
 
+    async def _wait_for_handovers(self, client: CassandraClient, partitions: Sequence[tuple[str, int]],
+                                  wait_s: int) -> dict[tuple[str, int], int] | None:
+        """The hand-over of the counter (with ``since``) in every partition, once the live consumers have
+        recorded them all; None (said) when they have not within ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        pauses = Backoff(first_s=0.5, max_s=5.0).pauses()
+        while True:
+            handovers = await read_handovers(client, self.group, self.counter)
+            missing = [tp for tp in partitions if tp not in handovers or handovers[tp].offset is None]
+            if not missing:
+                return {tp: int(h.offset) for tp, h in handovers.items() if h.offset is not None}
+            if time.monotonic() >= deadline:
+                log.error("backfill_refused", counter=self.counter,
+                          error=f"no live consumer recorded where it counts {self.counter} from in "
+                          f"{', '.join(f'{t}/{p}' for t, p in missing)} within {wait_s}s: run the consumers "
+                          "with its definition")
+                return None
+            print(f"waiting for the live consumers to take {', '.join(f'{t}/{p}' for t, p in missing)} with "
+                  f"{self.counter}", flush=True)
+            await pause_unless_stopped(pauses(), None)
+
     async def backfill(self, wait_s: int) -> int:
         definition = self.counters[self.counter]
         async with CassandraClient(self.settings.cassandra, app="countersink-backfill") as client:
-            epoch = current_epochs(await read_resets(
-                client, self.counter, self.settings.cassandra.replay_read_consistency)).all_keys.get(self.counter, 0)
-            if epoch and await read_handovers(client, self.group, cell_name(self.counter, epoch)):
-                return await self._resume_reprocess(client, epoch)
+            resets = await read_resets(client, self.counter, self.settings.cassandra.replay_read_consistency)
+            epoch = current_epochs(resets).all_keys.get(self.counter, 0)
+            if epoch:
+                reset = next(r for r in resets if r.epoch == epoch)
+                plan = await read_handovers(client, self.group, cell_name(self.counter, epoch))
+                # A plan left by a reprocess that lost its epoch to another reset is not this reset's.
+                if plan and all(h.reset_id in (None, reset.reset_id) for h in plan.values()):
+                    return await self._resume_reprocess(client, reset, plan, wait_s)
+            # The epoch a reprocess stopped before its reset would have taken (per-key resets take epochs too).
+            planned = max((r.epoch for r in resets), default=0) + 1
+            stopped = await read_handovers(client, self.group, cell_name(self.counter, planned))
+            if stopped:
+                # Nothing to resume: the counter is as it was. Said, and a counter with since is backfilled.
+                since = next(iter(stopped.values())).reprocess_from
+                why = (f"a reprocess of {self.counter} was stopped before it reset anything (the counter is as it "
+                       f"was): to count again from {since}, run countersink reprocess {self.counter} --from {since} "
+                       "again")
+                if definition.since is None:
+                    log.error("backfill_refused", counter=self.counter, error=why)
+                    return EXIT_USAGE
+                log.warning("reprocess_not_started", counter=self.counter, error=why)
             if definition.since is None:
                 log.error("usage_refused", error=f"{self.counter!r} has no since in {self.counters.source}: there is "
                           "nothing before its hand-over to count (countersink reprocess counts again from a time)")
@@ -271,22 +326,9 @@ class Backfill:
             if not partitions:
                 log.error("backfill_refused", counter=self.counter, error="Kafka knows no partition of its topics")
                 return EXIT_FAILED
-            deadline = time.monotonic() + wait_s
-            pauses = Backoff(first_s=0.5, max_s=5.0).pauses()
-            while True:
-                handovers = await read_handovers(client, self.group, self.counter)
-                missing = [tp for tp in partitions if tp not in handovers]
-                if not missing:
-                    break
-                if time.monotonic() >= deadline:
-                    log.error("backfill_refused", counter=self.counter,
-                              error=f"no live consumer recorded where it counts {self.counter} from in "
-                              f"{', '.join(f'{t}/{p}' for t, p in missing)} within {wait_s}s: run the consumers "
-                              "with its definition")
-                    return EXIT_FAILED
-                print(f"waiting for the live consumers to take {', '.join(f'{t}/{p}' for t, p in missing)} with "
-                      f"{self.counter}", flush=True)
-                await pause_unless_stopped(pauses(), None)
+            handovers = await self._wait_for_handovers(client, partitions, wait_s)
+            if handovers is None:
+                return EXIT_FAILED
             starts = await self._starts(partitions, definition.since)
             spans = []
             group = backfill_group(self.group, self.counter)
@@ -294,22 +336,65 @@ class Backfill:
             for topic, partition in partitions:
                 h = handovers[(topic, partition)]
                 first = await fix_start(client, self.group, self.counter, topic, partition,
-                                        min(starts[(topic, partition)], h.offset))
-                spans.append(Span(topic, partition, first, h.offset))
-                print(f"  {topic}/{partition}: offsets {first}..{h.offset - 1}, live from {h.offset}", flush=True)
+                                        min(starts[(topic, partition)], h))
+                spans.append(Span(topic, partition, first, h))
+                print(f"  {topic}/{partition}: offsets {first}..{h - 1}, live from {h}", flush=True)
             return await self._run(client, self.counter, None, spans)
 
-    async def _resume_reprocess(self, client: CassandraClient, epoch: int) -> int:
-        cell = cell_name(self.counter, epoch)
+    async def _ends(self, client: CassandraClient, reset: Reset, plan: Mapping[tuple[str, int], int | None],
+                    points: Mapping[tuple[str, int], int], live: Mapping[tuple[str, int], int]
+                    ) -> dict[tuple[str, int], int]:
+        """Record the end of each planned partition's span that has none yet and return every end known: the
+        reset's point P there, or the counter's hand-over H when that is later (a counter with ``since`` whose
+        live mutators took the partition after the reset count from H on, the epoch's reset already applied
+        at their start: (P, H) is the reprocess's to count). A partition whose point is not known is left out."""
+        cell = cell_name(self.counter, reset.epoch)
+        ends: dict[tuple[str, int], int] = {}
+        for (topic, partition), end in sorted(plan.items()):
+            if end is None:
+                point = points.get((topic, partition))
+                if point is None:
+                    continue
+                end = await fill_end(client, self.group, cell, topic, partition,
+                                     max(point, live.get((topic, partition), point)))
+            ends[(topic, partition)] = end
+        return ends
+
+    async def _resume_reprocess(self, client: CassandraClient, reset: Reset, plan: Mapping[tuple[str, int], Handover],
+                                wait_s: int) -> int:
+        """Go on with the reprocess of the counter's current epoch from its recorded plan; refuse (exit 2) when
+        its reset is not in every planned partition (killed while publishing it: a new reprocess is needed)."""
+        cell = cell_name(self.counter, reset.epoch)
         if not await self._checked(client, since_required=False):
             return EXIT_USAGE
-        handovers = await read_handovers(client, self.group, cell)
-        spans = [Span(t, p, h.start_offset if h.start_offset is not None else h.offset, h.offset)
-                 for (t, p), h in sorted(handovers.items())]
-        print(f"resuming the reprocess of {self.counter} into epoch {epoch}:", flush=True)
-        return await self._run(client, cell, Epochs({self.counter: epoch}, {}, {(self.counter, epoch)}), spans)
+        since = next((h.reprocess_from for h in plan.values() if h.reprocess_from), None)
+        live: dict[tuple[str, int], int] = {}
+        if self.counters[self.counter].since is not None and any(h.offset is None for h in plan.values()):
+            found = await self._wait_for_handovers(client, sorted(plan), wait_s)
+            if found is None:
+                return EXIT_FAILED
+            live = found
+        points = await read_points(client, self.counter, reset.epoch, dict(reset.partitions))
+        ends = await self._ends(client, reset, {tp: h.offset for tp, h in plan.items()}, points, live)
+        missing = sorted(tp for tp in plan if tp not in ends)
+        if missing:
+            log.error("backfill_refused", counter=self.counter,
+                      error=f"the reprocess of {self.counter} into epoch {reset.epoch} was stopped before its reset "
+                      f"reached {', '.join(f'{t}/{p}' for t, p in missing)}: its span there is unknown; run "
+                      f"countersink reprocess {self.counter} --from {since or 'TIME'} again")
+            return EXIT_USAGE
+        spans = [Span(t, p, min(h.start_offset if h.start_offset is not None else ends[(t, p)], ends[(t, p)]),
+                      ends[(t, p)]) for (t, p), h in sorted(plan.items())]
+        print(f"resuming the reprocess of {self.counter} into epoch {reset.epoch}"
+              f"{f' from {since}' if since else ''}:", flush=True)
+        return await self._run(client, cell, Epochs({self.counter: reset.epoch}, {}, {(self.counter, reset.epoch)}),
+                               spans)
 
-    async def reprocess(self, since: str) -> int:
+    async def reprocess(self, since: str, wait_s: int) -> int:
+        """Reset every key of the counter, then count it again from ``since``. Its plan (the reset it will be,
+        ``since`` and each partition's start) is recorded before the reset, each partition's end (the reset's
+        point, or a later hand-over) after it: killed at any step, ``countersink backfill COUNTER`` goes on
+        from what was recorded, or refuses to when the reset did not reach every partition."""
         async with CassandraClient(self.settings.cassandra, app="countersink-reprocess") as client:
             partitions = await self._partitions()
             if not partitions:
@@ -317,13 +402,33 @@ class Backfill:
                 return EXIT_FAILED
             if not await self._checked(client, since_required=False):
                 return EXIT_USAGE
+            live: dict[tuple[str, int], int] = {}
+            if self.counters[self.counter].since is not None:
+                # The hand-overs first: a partition taken after the reset would count from H > P on.
+                found = await self._wait_for_handovers(client, partitions, wait_s)
+                if found is None:
+                    return EXIT_FAILED
+                live = found
             # The starts first: a time after the reset would otherwise fall past its control records.
             starts = await self._starts(partitions, since)
             counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
                       for topic in self.counters[self.counter].topics}
             write_cl = self.settings.cassandra.write_consistency
             requested_by = _requester()
-            reset, _ = await record_reset(client, self.counter, [], requested_by, write_cl, counts)
+            epoch = await next_epoch(client, self.counter, write_cl)
+            reset = Reset(new_reset_id(self.counter, epoch), self.counter, epoch, frozenset(),
+                          tuple(sorted(counts.items())))
+            cell = cell_name(self.counter, epoch)
+            for topic, partition in partitions:
+                await record_plan(client, self.group, cell, topic, partition, starts[(topic, partition)],
+                                  reset.reset_id, since, requested_by)
+            self.on_step("planned")
+            if await claim_epoch(client, reset, requested_by, write_cl) is None:
+                log.error("reprocess_refused", counter=self.counter,
+                          error=f"another reset of {self.counter} took epoch {epoch} meanwhile; nothing was reset: "
+                          "run the reprocess again")
+                return EXIT_FAILED
+            self.on_step("reset")
             producer = make_producer(self.settings.kafka)
             await producer.start()
             try:
@@ -333,20 +438,20 @@ class Backfill:
                 positions = await publish_controls(reset, partitions, send)
             finally:
                 await producer.stop()
+            self.on_step("published")
             await CassandraResets(client, self.settings.cassandra.replay_read_consistency,
                                   write_cl).record_positions(positions)
-            cell = cell_name(self.counter, reset.epoch)
+            self.on_step("positions")
             print(f"reset every key of {self.counter}: epoch {reset.epoch}, id {reset.reset_id}, by {requested_by}",
                   flush=True)
+            points = {(p.topic, p.partition): p.offset for p in positions}
             spans = []
-            for position in positions:
-                where = (position.topic, position.partition)
-                end = await record_handover(client, self.group, cell, position.topic, position.partition,
-                                            position.offset, requested_by)
-                first = await fix_start(client, self.group, cell, position.topic, position.partition,
-                                        min(starts[where], end))
-                spans.append(Span(position.topic, position.partition, first, end))
-                print(f"  {position.topic}/{position.partition}: control record at {position.offset}; counting "
-                      f"offsets {first}..{end - 1} again", flush=True)
+            for topic, partition in partitions:
+                where = (topic, partition)
+                end = (await self._ends(client, reset, {where: None}, points, live))[where]
+                spans.append(Span(topic, partition, min(starts[where], end), end))
+                print(f"  {topic}/{partition}: control record at {points[where]}; counting offsets "
+                      f"{min(starts[where], end)}..{end - 1} again", flush=True)
+                self.on_step(f"end {topic}/{partition}")
             return await self._run(client, cell, Epochs({self.counter: reset.epoch}, {}, {(self.counter, reset.epoch)}),
                                    spans)

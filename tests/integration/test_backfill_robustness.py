@@ -1,0 +1,296 @@
+"""Backfill and reprocess when things go wrong, on real Kafka and Cassandra: records that retention deletes while
+a backfill reads them fail it (no partition marked finished with a hole); a reprocess stopped after each step of
+its setup is resumed by ``countersink backfill`` or refused until run again, and ends exact; a reprocess of a
+counter with ``since`` waits for every hand-over; a changed ``since`` is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import RecordsToDelete
+from structlog.testing import capture_logs
+
+from consumer.applying import Applier, Record, RecordsLostError, RetryWindow
+from consumer.cassandra_store import CassandraStore
+from consumer.kafka_source import KafkaRecordSource
+from consumer.storage import PartitionId
+from countersink.backfills import (
+    Span,
+    backfill_partition,
+    counter_backfill,
+    read_handovers,
+    record_handover,
+    record_plan,
+)
+from countersink.cassandra import CassandraClient
+from countersink.cli import EXIT_FAILED, EXIT_USAGE
+from countersink.commands.backfill import Backfill
+from countersink.kafka import make_admin
+from countersink.reader import read_state
+from countersink.registry import CounterRegistry
+from countersink.resets import CassandraResets, read_resets
+from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
+from schemas.definitions import load_definitions
+from schemas.events import EventRouter
+from schemas.resets import Reset, cell_name, new_reset_id
+from stack.loading import end_offsets, publish, wait_until_flushed
+from tests.integration.consumer_support import Truth, make_events, start_consumer, wait_until_started
+
+pytestmark = pytest.mark.integration
+
+SHARES = """
+[[counter]]
+name = "shares_traded"
+topics = ["{topic}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "trade_id"
+since = "{since}"
+"""
+
+
+async def _delete_before(kafka: KafkaSettings, topic: str, offset: int) -> None:
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(offset)}, timeout_ms=10_000)
+    finally:
+        await admin.close()
+
+
+class DeletingSource(KafkaRecordSource):
+    """The real reader, whose log loses its head to retention (``delete_records``) once the first chunk of a
+    stream has been handed over."""
+
+    def __init__(self, settings: KafkaSettings, topic: str, delete_before: int) -> None:
+        super().__init__(settings)
+        self.topic, self.delete_before, self.deleted = topic, delete_before, False
+
+    async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+        async for chunk in super().stream(topic, partition, first, last):
+            yield chunk
+            if not self.deleted:
+                self.deleted = True
+                await _delete_before(self._settings, self.topic, self.delete_before)
+
+
+async def test_records_deleted_while_a_backfill_reads_them_fail_it(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """Retention deletes records a backfill has not read yet while it streams a partition (the reader would
+    jump to the new log start): the backfill raises RecordsLostError naming the partition and exactly the
+    offsets it had not counted, flushes nothing past them, and the partition is not done; a run again fails
+    too."""
+    topic = await topic_factory(partitions=1)
+    counters_file = tmp_path / "counters.toml"
+    counters_file.write_text(SHARES.replace("{topic}", topic).replace("{since}", "earliest"))
+    counters = load_definitions(counters_file)
+    events, _ = make_events(30_000, symbols=6, seed=5)
+    await publish(kafka_settings, topic, events)
+    delete_before = 27_000
+    router = EventRouter(counters)
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        resets = CassandraResets(client, store.read_cl, store.write_cl)
+        source = DeletingSource(kafka_settings, topic, delete_before)
+
+        def applier() -> Applier:
+            return Applier(router, counters, topic, 0, RetryWindow(100), resets, only=frozenset({"shares_traded"}))
+
+        flushed: list[int] = []
+        try:
+            with pytest.raises(RecordsLostError) as lost:
+                await backfill_partition(store, source, applier, Span(topic, 0, 0, len(events)), "g.backfill.x", "t",
+                                         flush_interval_s=0.0, flush_max_dirty=1,
+                                         on_progress=lambda *a: flushed.append(a[3]))
+        finally:
+            await source.stop()
+        assert source.deleted
+        assert (lost.value.topic, lost.value.partition, lost.value.last) == (topic, 0, delete_before - 1)
+        # The first offset lost is the first one not counted: nothing was flushed past it.
+        assert 0 < lost.value.first < delete_before, lost.value
+        assert max(flushed) == lost.value.first - 1, (flushed[-3:], lost.value)
+        assert str(lost.value) == (f"records {lost.value.first}..{delete_before - 1} of {topic}/0 were deleted from "
+                                   "the log before they were counted")
+        row = await store.read_partition(PartitionId("g.backfill.x", topic, 0))
+        assert row is not None
+        assert row.intent_offset == lost.value.first - 1, row  # the last flush's window ends before the hole
+        # A run again, by the command, fails too (its replay of the open window finds it gone first): exit 1, one
+        # line naming the partition and the offsets, and the partition is not marked finished.
+        settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings,
+                            consumer=ConsumerSettings(counters_file=counters_file, group_id="g"))
+        await record_handover(client, "g", "x", topic, 0, len(events), "test")
+        with capture_logs() as logs:
+            rc = await Backfill(settings, counters, "shares_traded")._run(client, "x", None,
+                                                                          [Span(topic, 0, 0, len(events))])
+        assert rc == EXIT_FAILED
+        failed = [e for e in logs if e.get("log_level") == "error"]
+        assert [e["event"] for e in failed] == ["backfill_failed"], logs
+        assert failed[0]["error"] == (f"records {row.committed_offset + 1}..{row.intent_offset} of {topic}/0 were "
+                                      "deleted from the log before they were counted"), failed
+        assert (await read_handovers(client, "g", "x"))[(topic, 0)].finished_us is None
+
+
+class Stop(Exception):
+    """Raised by a test's hook where a reprocess is stopped (as kill -9 would, with every write it made)."""
+
+
+def _stop_at(step: str) -> Callable[[str], None]:
+    def hook(reached: str) -> None:
+        if reached == step:
+            raise Stop(step)
+    return hook
+
+
+async def _values(cassandra: CassandraSettings, counter: str, symbols: set[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    async with CassandraClient(cassandra) as client:
+        for symbol in sorted(symbols):
+            state = await read_state(client, counter, symbol)
+            found[symbol] = 0 if state is None else int(state.value())  # type: ignore[call-overload]
+    return {symbol: value for symbol, value in found.items() if value}
+
+
+async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refused_and_ends_exact(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """shares_traded has since = "earliest". A reprocess before a live consumer recorded its hand-overs waits
+    for them and refuses after --wait-s, resetting nothing. Then, with a live consumer running, a reprocess
+    from a time T is stopped after each step of its setup in turn (plan recorded, reset recorded, control
+    records published, their positions recorded, the first partition's end recorded): ``countersink
+    backfill`` resumes it where its plan and the reset's points are recorded, refuses (exit 2, one line
+    naming the reprocess to run again) where the reset is recorded but its points are not, nothing marked
+    finished, and says so where nothing was reset; the reprocess run again then finishes. After every round
+    the counter equals the sum of the events published after T, computed from the events alone, and explain
+    says no more that it is backfilling. A definitions file whose since differs from the recorded one is
+    refused."""
+    partitions = 2
+    topic = await topic_factory(partitions=partitions)
+    group = f"r{os.urandom(4).hex()}"
+    counters_file = tmp_path / "counters.toml"
+    counters_file.write_text(SHARES.replace("{topic}", topic).replace("{since}", "earliest"))
+    counters = load_definitions(counters_file)
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group}
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+        counters_file=counters_file, group_id=group, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.05,
+        flush_max_dirty=5))
+
+    def command(hook: Callable[[str], None] | None = None) -> Backfill:
+        backfill = Backfill(settings, counters, "shares_traded")
+        if hook is not None:
+            backfill.on_step = hook
+        return backfill
+
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(counters, "test", group)
+    with capture_logs() as logs:
+        assert await command().reprocess("earliest", 1) == EXIT_FAILED
+    assert any("no live consumer recorded where it counts shares_traded from" in str(e.get("error")) for e in logs)
+    async with CassandraClient(cassandra_settings) as client:
+        assert await read_resets(client, "shares_traded") == []
+
+    batches = [make_events(n, symbols=5, duplicates=n // 50, seed=seed) for seed, n in enumerate([800] * 7, start=3)]
+    symbols = {s for _, truth in batches for s in truth.qty}
+    log = tmp_path / "consumer.log"
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: partitions}),
+                                 within_s=120)
+
+    live = start_consumer(kafka_settings, cassandra_settings, log, counters_file=counters_file, **options)
+    try:
+        await wait_until_started(log, live)
+        await publish(kafka_settings, topic, batches[0][0])
+        await flushed()
+        await asyncio.sleep(1.1)
+        since = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        await asyncio.sleep(1.1)
+        after = Truth()
+        resumed = {"positions", f"end {topic}/0"}
+        for round_, step in enumerate(["planned", "reset", "published", "positions", f"end {topic}/0"], start=1):
+            events, truth = batches[round_]
+            await publish(kafka_settings, topic, events)
+            after.qty.update(truth.qty)
+            await flushed()
+            before = await _values(cassandra_settings, "shares_traded", symbols)
+            with pytest.raises(Stop):
+                await command(_stop_at(step)).reprocess(since, 30)
+            if step == "planned":  # nothing was reset
+                assert await _values(cassandra_settings, "shares_traded", symbols) == before
+            with capture_logs() as logs:
+                resumed_rc = await command().backfill(30)
+            if step in resumed:
+                assert resumed_rc == 0, (step, logs)
+            elif step == "planned":
+                # Nothing was reset: said, and shares_traded (with since) is backfilled as usual.
+                assert resumed_rc == 0, (step, logs)
+                said = [e for e in logs if e.get("event") == "reprocess_not_started"]
+                assert len(said) == 1, (step, logs)
+                assert f"countersink reprocess shares_traded --from {since} again" in said[0]["error"], said
+                assert await command().reprocess(since, 30) == 0, step
+            else:
+                assert resumed_rc == EXIT_USAGE, (step, logs)
+                refusals = [e for e in logs if e.get("event") == "backfill_refused"]
+                assert len(refusals) == 1, (step, logs)
+                assert f"countersink reprocess shares_traded --from {since} again" in refusals[0]["error"], refusals
+                # The reset is in force: readers are told the reprocess is not done.
+                async with CassandraClient(cassandra_settings) as client:
+                    told = await counter_backfill(client, "shares_traded")
+                assert told is not None
+                assert told.startswith("backfilling: 0 of 2 partitions done"), (step, told)
+                assert await command().reprocess(since, 30) == 0, step
+            await flushed()
+            assert await _values(cassandra_settings, "shares_traded", symbols) == dict(after.qty), step
+            async with CassandraClient(cassandra_settings) as client:
+                assert await counter_backfill(client, "shares_traded") is None, step
+                epoch = max(r.epoch for r in await read_resets(client, "shares_traded"))
+                plan = await read_handovers(client, group, cell_name("shares_traded", epoch))
+            assert sorted(plan) == [(topic, p) for p in range(partitions)], (step, plan)
+            assert all(h.finished_us is not None and h.reprocess_from == since for h in plan.values()), (step, plan)
+        # Once done, a backfill resumes nothing and counts nothing twice.
+        assert await command().backfill(30) == 0
+        events, truth = batches[6]
+        await publish(kafka_settings, topic, events)
+        after.qty.update(truth.qty)
+        await flushed()
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(after.qty)
+    finally:
+        live.send_signal(signal.SIGTERM)
+        live.wait(timeout=60)
+
+    # A partition whose hand-over is past the reset's point ends at the hand-over (its live mutators count from
+    # there, the reset applied at their start); else at the point. An end once recorded stays.
+    far = Reset(new_reset_id("shares_traded", 99), "shares_traded", 99, frozenset(), ((topic, partitions),))
+    async with CassandraClient(cassandra_settings) as client:
+        for p in range(partitions):
+            await record_plan(client, group, cell_name("shares_traded", 99), topic, p, 0, far.reset_id, since, "t")
+        unfilled: dict[tuple[str, int], int | None] = {(topic, 0): None, (topic, 1): None}
+        points, live_from = {(topic, 0): 5, (topic, 1): 7}, {(topic, 0): 9, (topic, 1): 3}
+        ends = await command()._ends(client, far, unfilled, points, live_from)
+        assert ends == {(topic, 0): 9, (topic, 1): 7}
+        again = await command()._ends(client, far, unfilled, {(topic, 0): 6, (topic, 1): 6}, {})
+        assert again == ends
+        recorded = await read_handovers(client, group, cell_name("shares_traded", 99))
+        assert {tp: h.offset for tp, h in recorded.items()} == ends
+
+    # since is fixed at the first start: a file with another one is refused, pointing at reprocess.
+    changed = tmp_path / "changed.toml"
+    changed.write_text(SHARES.replace("{topic}", topic).replace("{since}", "2026-01-01T00:00:00Z"))
+    other = Backfill(settings, load_definitions(changed), "shares_traded")
+    async with CassandraClient(cassandra_settings) as client:
+        with capture_logs() as logs:
+            assert await other._checked(client, since_required=True) is False
+    assert [e["error"] for e in logs if e.get("event") == "backfill_refused"] == [
+        "'shares_traded' has since = '2026-01-01T00:00:00Z' in "
+        f"{changed}, but it was first counted with since = 'earliest', which is fixed then: put it back (to count "
+        "again from another time, use countersink reprocess shares_traded --from TIME)"]
