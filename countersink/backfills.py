@@ -17,14 +17,16 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource
+from consumer.handovers import Recorded
 from consumer.protocol import Claimant, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from schemas import registry
-from schemas.resets import cell_name, current_epochs
+from schemas.resets import cell_name, current_epochs, split_cell
 
 # A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
 # expiry it is registered with (twice this), after which it would write nothing more.
@@ -43,16 +45,72 @@ class CassandraHandovers:
     def __init__(self, client: CassandraClient, recorded_by: str) -> None:
         self.client, self.recorded_by = client, recorded_by
 
-    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
-                        offset: int) -> Mapping[str, int]:
-        return {counter: await record_handover(self.client, group, counter, topic, partition, offset,
-                                               self.recorded_by) for counter in counters}
+    async def propose(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                      mutator: uuid.UUID) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, mutator, recorded_us, recorded_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            [group, counter, topic, partition, offset, mutator, time.time_ns() // 1000, self.recorded_by],
+            idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return Recorded(offset, mutator, confirmed=False)
+        return _recorded(rows[0])
+
+    async def supersede(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                        mutator: uuid.UUID, proposed_by: uuid.UUID) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "UPDATE handovers SET offset = ?, mutator = ?, recorded_us = ?, recorded_by = ? WHERE consumer_group = ? "
+            "AND cell = ? AND topic = ? AND partition = ? IF mutator = ? AND confirmed_us = null",
+            [offset, mutator, time.time_ns() // 1000, self.recorded_by, group, counter, topic, partition,
+             proposed_by], idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return Recorded(offset, mutator, confirmed=False)
+        return await self._read(group, topic, partition, counter)
+
+    async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
+        # Applied or not (a lost answer, another's proposal since), the row says what is recorded now.
+        await self.client.execute(
+            "UPDATE handovers SET confirmed_us = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND "
+            "partition = ? IF mutator = ? AND confirmed_us = null",
+            [time.time_ns() // 1000, group, counter, topic, partition, mutator], idempotent=False)
+        return await self._read(group, topic, partition, counter)
+
+    async def _read(self, group: str, topic: str, partition: int, counter: str) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "SELECT offset, mutator, confirmed_us FROM handovers WHERE consumer_group = ? AND cell = ? AND topic = ? "
+            "AND partition = ?", [group, counter, topic, partition],
+            consistency=str(self.client.settings.serial_consistency)))
+        if not rows:  # never: a hand-over row is not deleted while a consumer counts its counter
+            raise RuntimeError(f"the hand-over of {counter} in {topic}/{partition} is gone")
+        return _recorded(rows[0])
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        # The table holds a row per counter with since (and per reprocess) and partition: scanned whole, at the
+        # consistency of the protocol's deciding reads (a proposal acknowledged before this read is seen).
+        rows = as_dicts(await self.client.execute(
+            "SELECT consumer_group, cell FROM handovers WHERE topic = ? AND partition = ? ALLOW FILTERING",
+            [topic, partition], consistency=self.client.settings.replay_read_consistency))
+        unknown = sorted({split_cell(row["cell"])[0] for row in rows if row["consumer_group"] == group}
+                         - set(known))
+        if not unknown:
+            return []
+        from countersink.registry import CounterRegistry
+
+        gone = await CounterRegistry(self.client, self.client.settings.replay_read_consistency).refused(unknown)
+        return [name for name in unknown if name not in gone]
+
+
+def _recorded(row: Mapping[str, Any]) -> Recorded:
+    """A row as the book holds it: one written by a command (no proposer) is confirmed as written."""
+    mutator = row.get("mutator")
+    return Recorded(int(row["offset"]), mutator, confirmed=mutator is None or row.get("confirmed_us") is not None)
 
 
 async def record_handover(client: CassandraClient, group: str, cell: str, topic: str, partition: int, offset: int,
                           recorded_by: str) -> int:
-    """Record ``offset`` as the hand-over of ``cell`` in the partition unless one is recorded; return the one
-    recorded (a retry after a lost answer finds its own)."""
+    """Record ``offset`` as the hand-over of ``cell`` in the partition unless one is recorded, confirmed as
+    written (a command's, no mutator's: a reprocess at its reset's point); return the one recorded (a retry
+    after a lost answer finds its own)."""
     rows = as_dicts(await client.execute(
         "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
@@ -74,10 +132,12 @@ class Handover:
 
 
 async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict[tuple[str, int], Handover]:
-    """Every recorded hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
+    """Every confirmed hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
     rows = as_dicts(await client.execute(
-        "SELECT topic, partition, offset, start_offset, finished_us FROM handovers WHERE consumer_group = ? AND "
-        "cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
+        "SELECT topic, partition, offset, mutator, confirmed_us, start_offset, finished_us FROM handovers WHERE "
+        "consumer_group = ? AND cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
+    # A live mutator's proposal not confirmed yet is no hand-over: it may still be superseded (consumer.handovers).
+    rows = [row for row in rows if _recorded(row).confirmed]
     return {(row["topic"], int(row["partition"])): Handover(
         row["topic"], int(row["partition"]), int(row["offset"]),
         None if row.get("start_offset") is None else int(row["start_offset"]),

@@ -228,3 +228,74 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
     assert refused, log.read_text(errors="replace")[-2000:]
     assert group in refused[-1]["error"], refused
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A rolling deploy backwards: a consumer with shares_traded (since = "earliest") records its hand-overs
+    and stops; a consumer still running the definitions without it is started, claims the partitions and is
+    refused (exit 2, one line naming the counter and what to do) before it counts anything; a consumer with
+    the new definitions and ``countersink backfill`` then make shares_traded and trades_count equal the sums
+    over every event published, computed from the events alone."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"r{os.urandom(4).hex()}"
+    before_file, after_file = tmp_path / "before.toml", tmp_path / "after.toml"
+    before_file.write_text(COUNT.replace("{topic}", topic))
+    after_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=5, duplicates=n // 40, seed=seed) for seed, n in enumerate((800, 600, 500), 31)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    await publish(kafka_settings, topic, batches[0][0])
+    new = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    try:
+        await wait_until_started(log, new)
+        await publish(kafka_settings, topic, batches[1][0])
+        await flushed()
+    finally:
+        new.send_signal(signal.SIGTERM)
+        assert new.wait(timeout=60) == 0
+    async with CassandraClient(cassandra_settings) as client:
+        assert sorted(await read_handovers(client, group, "shares_traded")) == [(topic, p) for p in range(PARTITIONS)]
+
+    await publish(kafka_settings, topic, batches[2][0])
+    old_log = tmp_path / "old.log"
+    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=before_file, **options)
+    try:
+        assert old.wait(timeout=90) == 2
+    finally:
+        if old.poll() is None:  # not refused: it would count on
+            old.kill()
+            old.wait()
+    text = old_log.read_text(errors="replace")
+    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
+    assert len(refused) == 1, text[-3000:]
+    assert refused[0]["level"] == "error", refused
+    assert "shares_traded" in refused[0]["error"], refused
+    assert "countersink drop shares_traded" in refused[0]["error"], refused
+    assert "Traceback" not in text
+    # Refused before its takeovers finished: it replayed, applied and flushed nothing.
+    assert '"partition_taken_over"' not in text, text[-3000:]
+    assert '"partition_refused"' in text, text[-3000:]
+
+    third = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    try:
+        await wait_until_started(log, third)
+        await flushed()
+        backfill_options = {**options, "counters_file": after_file}
+        out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
+                                                        "backfill", "shares_traded"))
+        assert "backfill of shares_traded finished" in out, out
+        everything = _sum(*(t for _, t in batches))
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+        assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.wait(timeout=60)
