@@ -3,6 +3,7 @@ between the live mutators and the backfill, in the batch path as in the record p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -13,7 +14,8 @@ from consumer.storage import MutatorEntry, PartitionId
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
 from schemas.events import EventRouter
-from schemas.resets import Epochs
+from schemas.resets import Epochs, Reset, control_record
+from tests.unit.memory_store import MemoryResets
 
 COUNTERS = parse_definitions("""
 [[counter]]
@@ -94,3 +96,22 @@ def test_a_reprocess_writes_the_epoch_it_is_given() -> None:
                       epochs_from=Epochs({"shares": 3}, {}, {("shares", 3)}))
     assert applier.epochs.cell("shares", "IBM") == "shares@3"
     assert applier.epochs.cell("trades", "IBM") == "trades"
+
+
+def test_a_reprocess_does_not_count_what_a_later_reset_moved_on() -> None:
+    """Two resets at once: a reprocess of shares into epoch 3 meets, before its own point, the control record of
+    a later reset (epoch 4, IBM only). What follows it for IBM belongs to epoch 4, which the live mutators
+    count from that control record on: the reprocess counts IBM only before it (SAP throughout), so nothing is
+    counted twice."""
+    later = Reset("r4", "shares", 4, frozenset({"IBM"}))
+    value, headers = control_record(later)
+    records = [Record(0, b'{"sym": "IBM", "qty": 1, "id": "a"}'), Record(1, b'{"sym": "SAP", "qty": 2, "id": "b"}'),
+               Record(2, value, headers=tuple(headers)),
+               Record(3, b'{"sym": "IBM", "qty": 4, "id": "c"}'), Record(4, b'{"sym": "SAP", "qty": 8, "id": "d"}')]
+    applier = Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), MemoryResets([later]),
+                      only=frozenset({"shares"}), epochs_from=Epochs({"shares": 3}, {}, {("shares", 3)}))
+    mutator = _mutator(applier)
+    asyncio.run(applier.learn(records))
+    mutator.apply_batch(records)
+    assert {key: state.value() for (_, key), state in mutator.states.items()} == {"SAP": 2 + 8}
+    assert applier.epochs.cell("shares", "IBM") == "shares@4"
