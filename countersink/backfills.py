@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource
@@ -26,6 +26,7 @@ from consumer.protocol import Claimant, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from schemas import registry
+from schemas.errors import CountersinkError
 from schemas.resets import cell_name, current_epochs, split_cell
 
 # A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
@@ -118,6 +119,32 @@ async def record_handover(client: CassandraClient, group: str, cell: str, topic:
     if not rows or rows[0].get("[applied]"):
         return offset
     return int(rows[0]["offset"])
+
+
+class CounterDroppedDuringBackfillError(CountersinkError):
+    """Raised before a backfill's write when the registry shows its counter dropped (or released) since it
+    started: ``countersink drop`` deletes the counter's cells once every writer has looked, and a later write
+    would bring them back."""
+
+
+def registry_look(client: CassandraClient, counter: str, check_s: float) -> Callable[[], Awaitable[None]]:
+    """A backfill's look at the registry before it writes, as a live consumer's: no write starts on a look
+    older than half of ``check_s`` (the registry is read again then); raises
+    :class:`CounterDroppedDuringBackfillError` once ``counter`` is dropped."""
+    from countersink.registry import CounterRegistry
+
+    registry = CounterRegistry(client, client.settings.replay_read_consistency)
+    looked_at = [float("-inf")]
+
+    async def look() -> None:
+        if time.monotonic() - looked_at[0] < check_s / 2:
+            return
+        refused = await registry.refused([counter])
+        if counter in refused:
+            raise CounterDroppedDuringBackfillError(refused[counter])
+        looked_at[0] = time.monotonic()
+
+    return look
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,13 +243,20 @@ class Span:
     end: int
 
 
+async def _write_anything() -> None:
+    """The default look before a backfill's write: nothing forbids it."""
+
+
 async def backfill_partition(store: Store, source: RecordSource, make_applier: Callable[[], Applier], span: Span,
                              group: str, host: str, *, flush_interval_s: float, flush_max_dirty: int,
                              on_progress: ProgressReport, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
-                             rotate_after_s: float = ROTATE_AFTER_S) -> int:
+                             rotate_after_s: float = ROTATE_AFTER_S,
+                             before_write: Callable[[], Awaitable[None]] = _write_anything) -> int:
     """Count ``span`` of one partition with mutators of ``group`` (the backfill's), by the live protocol, and
     return where this run started in it. A run after a kill -9 claims the partition, replays the window the
     dead mutator left open and goes on from there; a run once the partition is done writes nothing.
+    ``before_write`` is awaited before each flush and release: it raises to stop the run before it writes (the
+    counter dropped meanwhile: :class:`CounterDroppedDuringBackfillError`).
 
     Raises :class:`RecordsLostError` when records still to count were deleted from the log."""
     while True:
@@ -250,6 +284,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
                     mutator.apply_batch(chunk)
                     now = time.monotonic()
                     if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
+                        await before_write()
                         await flush(store, mutator, clock())
                         last_flush = now
                         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
@@ -264,6 +299,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
                     await close()
         else:
             mutator.skip_to(span.end)
+        await before_write()
         await release(store, mutator, clock())
         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
         if mutator.flushed_through >= span.end - 1:
@@ -272,6 +308,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
 
 __all__ = [
     "CassandraHandovers",
+    "CounterDroppedDuringBackfillError",
     "Handover",
     "Span",
     "backfill_group",
@@ -282,4 +319,5 @@ __all__ = [
     "mark_finished",
     "read_handovers",
     "record_handover",
+    "registry_look",
 ]

@@ -29,6 +29,7 @@ from consumer.cassandra_store import CassandraStore
 from consumer.kafka_source import KafkaRecordSource
 from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import (
+    CounterDroppedDuringBackfillError,
     Span,
     backfill_group,
     backfill_partition,
@@ -36,6 +37,7 @@ from countersink.backfills import (
     mark_finished,
     read_handovers,
     record_handover,
+    registry_look,
 )
 from countersink.cassandra import CassandraClient
 from countersink.cli import (
@@ -235,12 +237,14 @@ class Backfill:
             return Applier(router, self.counters, topic, partition, RetryWindow(config.retry_window_records), resets,
                            only=frozenset({self.counter}), epochs_from=epochs)
 
+        # Before each write, as a live consumer: a counter dropped meanwhile is never written back.
+        look = registry_look(client, self.counter, config.registry_check_s)
         try:
             for span in spans:
                 started = await backfill_partition(
                     store, source, functools.partial(applier, span.topic, span.partition), span, group, self.host,
                     flush_interval_s=config.flush_interval_s, flush_max_dirty=config.flush_max_dirty,
-                    on_progress=self._progress)
+                    on_progress=self._progress, before_write=look)
                 await mark_finished(client, self.group, cell, span.topic, span.partition)
                 print(f"  {span.topic}/{span.partition}: done, offsets {span.first}..{span.end - 1} counted "
                       f"(this run from {started})", flush=True)
@@ -248,6 +252,9 @@ class Backfill:
             log.error("backfill_failed", counter=self.counter, error=str(exc),
                       action="the retained log no longer holds them: nothing more can be counted there")
             return EXIT_FAILED
+        except CounterDroppedDuringBackfillError as exc:
+            log.error("backfill_refused", counter=self.counter, error=str(exc))
+            return EXIT_USAGE
         finally:
             await kafka.stop()
             await schemas.stop()

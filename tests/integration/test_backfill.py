@@ -299,3 +299,54 @@ async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
     finally:
         third.send_signal(signal.SIGTERM)
         third.wait(timeout=60)
+
+
+async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """shares_traded (since = "earliest") is backfilled, then dropped with ``--forget``, which deletes its
+    hand-overs and its backfill's ownership rows; added again with another meaning (a count), it gets hand-overs
+    of its own and a backfill that counts from the start: it equals the count of every event published."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"f{os.urandom(4).hex()}"
+    first_file, again_file = tmp_path / "first.toml", tmp_path / "again.toml"
+    first_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    again_file.write_text((COUNT + SHARES.replace('kind = "sum"', 'kind = "count"').replace('value = "qty"\n', ""))
+                          .replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+                                  "registry_check_s": 1.0}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=5, duplicates=n // 40, seed=seed) for seed, n in enumerate((700, 500), 41)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    await publish(kafka_settings, topic, batches[0][0])
+    for definitions, batch in ((first_file, batches[0]), (again_file, batches[1])):
+        consumer = start_consumer(kafka_settings, cassandra_settings, log, counters_file=definitions, **options)
+        try:
+            await wait_until_started(log, consumer)
+            if batch is batches[1]:
+                await publish(kafka_settings, topic, batch[0])
+            await flushed()
+            out = await asyncio.to_thread(_finish, _command(
+                kafka_settings, cassandra_settings, {**options, "counters_file": definitions}, "backfill",
+                "shares_traded"))
+            assert "backfill of shares_traded finished" in out, out
+        finally:
+            consumer.send_signal(signal.SIGTERM)
+            assert consumer.wait(timeout=60) == 0
+        if definitions is first_file:
+            everything = _sum(batches[0][1])
+            assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+            dropped = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
+                                                                "shares_traded", "--yes", "--forget"))
+            assert "hand-over rows" in dropped, dropped
+            async with CassandraClient(cassandra_settings) as client:
+                assert await read_handovers(client, group, "shares_traded") == {}
+    everything = _sum(*(t for _, t in batches))
+    assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.count)
+    assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)

@@ -11,11 +11,12 @@ import pytest
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.storage import MutatorEntry, PartitionId
+from countersink.backfills import CounterDroppedDuringBackfillError, Span, backfill_partition
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
 from schemas.events import EventRouter
 from schemas.resets import Epochs, Reset, control_record
-from tests.unit.memory_store import MemoryResets
+from tests.unit.memory_store import MemoryLog, MemoryResets, MemoryStore, run
 
 COUNTERS = parse_definitions("""
 [[counter]]
@@ -115,3 +116,29 @@ def test_a_reprocess_does_not_count_what_a_later_reset_moved_on() -> None:
     mutator.apply_batch(records)
     assert {key: state.value() for (_, key), state in mutator.states.items()} == {"SAP": 2 + 8}
     assert applier.epochs.cell("shares", "IBM") == "shares@4"
+
+
+def test_a_backfill_writes_nothing_once_its_counter_is_dropped() -> None:
+    """The backfill looks at the registry before each flush and before its release: once the look says the
+    counter is dropped it stops, and nothing is written after (``countersink drop`` deletes the counter's cells
+    once every writer has looked; a later write would bring them back)."""
+    store, log = MemoryStore(), MemoryLog([record.value for record in RECORDS])
+    pid = PartitionId("g.backfill.shares", "orders", 0)
+    seen: list[object] = []
+
+    async def look() -> None:
+        if len(seen) == 2:
+            seen.append((store.partitions[pid], repr(store.shards)))
+            raise CounterDroppedDuringBackfillError("counter 'shares' is dropped")
+        seen.append(None)
+
+    def applier() -> Applier:
+        return Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}))
+
+    with pytest.raises(CounterDroppedDuringBackfillError):
+        run(backfill_partition(store, log, applier, Span("orders", 0, 0, 10), pid.consumer_group, "h",
+                               flush_interval_s=0.0, flush_max_dirty=1, on_progress=lambda *_: None,
+                               clock=lambda: 10**15, before_write=look))
+    row, shards = seen[-1]  # type: ignore[misc]
+    assert row.intent_offset >= 2  # two flushes were written before the drop was seen
+    assert (store.partitions[pid], repr(store.shards)) == (row, shards)
