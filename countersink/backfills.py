@@ -18,15 +18,17 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource
+from aiokafka import TopicPartition
+
+from consumer.applying import Applier, KafkaRecord, Mutator, RecordsLostError, RecordSource
 from consumer.handovers import Recorded
 from consumer.protocol import Claimant, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from schemas import registry
-from schemas.errors import CountersinkError
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.resets import cell_name, current_epochs, split_cell
 
 # A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
@@ -119,6 +121,14 @@ async def record_handover(client: CassandraClient, group: str, cell: str, topic:
     if not rows or rows[0].get("[applied]"):
         return offset
     return int(rows[0]["offset"])
+
+
+class DeadLetterSink(Protocol):
+    """What a backfill needs of :class:`consumer.dead_letters.DeadLetters`."""
+
+    def queue(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None: ...
+    async def send(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None: ...
+    async def deliver(self) -> None: ...
 
 
 class CounterDroppedDuringBackfillError(CountersinkError):
@@ -251,14 +261,24 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
                              group: str, host: str, *, flush_interval_s: float, flush_max_dirty: int,
                              on_progress: ProgressReport, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
                              rotate_after_s: float = ROTATE_AFTER_S,
-                             before_write: Callable[[], Awaitable[None]] = _write_anything) -> int:
+                             before_write: Callable[[], Awaitable[None]] = _write_anything,
+                             dead_letters: DeadLetterSink | None = None) -> int:
     """Count ``span`` of one partition with mutators of ``group`` (the backfill's), by the live protocol, and
     return where this run started in it. A run after a kill -9 claims the partition, replays the window the
     dead mutator left open and goes on from there; a run once the partition is done writes nothing.
     ``before_write`` is awaited before each flush and release: it raises to stop the run before it writes (the
-    counter dropped meanwhile: :class:`CounterDroppedDuringBackfillError`).
+    counter dropped meanwhile: :class:`CounterDroppedDuringBackfillError`). Records the backfilled counter refuses
+    go to ``dead_letters`` (restricted to it), delivered before the window that skips them is recorded: below H
+    the live consumers did not have the counter, or left its refusals to the backfill. A record refused whole
+    is not: every live consumer dead-lettered it.
 
     Raises :class:`RecordsLostError` when records still to count were deleted from the log."""
+    tp = TopicPartition(span.topic, span.partition)
+
+    async def replayed_invalid(record: KafkaRecord, error: InvalidEventError) -> None:
+        if dead_letters is not None and isinstance(error, CountersRefusedError):
+            await dead_letters.send(tp, record, error)
+
     while True:
         born = clock()
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
@@ -267,7 +287,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         start = claimed.start_offset
         applier = make_applier()
         await applier.warm_up(source, start)
-        await finish_take_over(store, source, claimed, make_applier, clock())
+        await finish_take_over(store, source, claimed, make_applier, clock(), on_invalid=replayed_invalid)
         mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,
                           applied_through=start - 1, flushed_through=start - 1)
         if start < span.end:
@@ -281,10 +301,16 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             try:
                 async for chunk in chunks:
                     await applier.learn(chunk)
-                    mutator.apply_batch(chunk)
+                    applied = mutator.apply_batch(chunk)
+                    if dead_letters is not None:
+                        for record, error in applied.invalid:
+                            if isinstance(error, CountersRefusedError):
+                                dead_letters.queue(tp, record, error)
                     now = time.monotonic()
                     if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
                         await before_write()
+                        if dead_letters is not None:
+                            await dead_letters.deliver()
                         await flush(store, mutator, clock())
                         last_flush = now
                         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
@@ -300,6 +326,8 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         else:
             mutator.skip_to(span.end)
         await before_write()
+        if dead_letters is not None:
+            await dead_letters.deliver()
         await release(store, mutator, clock())
         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
         if mutator.flushed_through >= span.end - 1:

@@ -26,6 +26,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 
 from consumer.applying import Applier, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
+from consumer.dead_letters import DeadLetters
 from consumer.kafka_source import KafkaRecordSource
 from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import (
@@ -239,12 +240,16 @@ class Backfill:
 
         # Before each write, as a live consumer: a counter dropped meanwhile is never written back.
         look = registry_look(client, self.counter, config.registry_check_s)
+        # The counter's refusals below H: no live consumer sent them (consumer.dead_letters' topic and limits).
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        dead_letters = DeadLetters(producer, config)
         try:
             for span in spans:
                 started = await backfill_partition(
                     store, source, functools.partial(applier, span.topic, span.partition), span, group, self.host,
                     flush_interval_s=config.flush_interval_s, flush_max_dirty=config.flush_max_dirty,
-                    on_progress=self._progress, before_write=look)
+                    on_progress=self._progress, before_write=look, dead_letters=dead_letters)
                 await mark_finished(client, self.group, cell, span.topic, span.partition)
                 print(f"  {span.topic}/{span.partition}: done, offsets {span.first}..{span.end - 1} counted "
                       f"(this run from {started})", flush=True)
@@ -256,6 +261,8 @@ class Backfill:
             log.error("backfill_refused", counter=self.counter, error=str(exc))
             return EXIT_USAGE
         finally:
+            dead_letters.abandon()
+            await producer.stop()
             await kafka.stop()
             await schemas.stop()
         print(f"backfill of {cell} finished: every partition counted up to its hand-over", flush=True)

@@ -8,12 +8,14 @@ import json
 import uuid
 
 import pytest
+from aiokafka import TopicPartition
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.dead_letters import refused_by
 from consumer.storage import MutatorEntry, PartitionId
 from countersink.backfills import CounterDroppedDuringBackfillError, Span, backfill_partition
 from schemas.definitions import parse_definitions
-from schemas.errors import DefinitionError
+from schemas.errors import DefinitionError, InvalidEventError
 from schemas.events import EventRouter
 from schemas.resets import Epochs, Reset, control_record
 from tests.unit.memory_store import MemoryLog, MemoryResets, MemoryStore, run
@@ -142,3 +144,39 @@ def test_a_backfill_writes_nothing_once_its_counter_is_dropped() -> None:
     row, shards = seen[-1]  # type: ignore[misc]
     assert row.intent_offset >= 2  # two flushes were written before the drop was seen
     assert (store.partitions[pid], repr(store.shards)) == (row, shards)
+
+
+class Sink:
+    """The dead letters a backfill queues and sends, and whether each was delivered before the next write."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[int, tuple[str, ...]]] = []
+        self.delivered = 0
+
+    def queue(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+        self.queued.append((record.offset, refused_by(error)))
+
+    async def send(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+        self.queue(tp, record, error)
+
+    async def deliver(self) -> None:
+        self.delivered = len(self.queued)
+
+
+def test_a_backfill_dead_letters_what_its_counter_refuses_below_the_handover() -> None:
+    """Below H no live consumer sent the backfilled counter's refusals: the backfill sends them, restricted to
+    it (a qty of the wrong type: shares refuses it, trades counted it), and delivered before its last write;
+    a record refused whole (not JSON) is not sent again (every live consumer sent it)."""
+    values = [record.value for record in RECORDS[:4]]
+    values[1] = b'{"sym": "IBM", "qty": "lots", "id": "w"}'
+    values[2] = b"{not json"
+    store, log, sink = MemoryStore(), MemoryLog(values), Sink()
+
+    def applier() -> Applier:
+        return Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}))
+
+    run(backfill_partition(store, log, applier, Span("orders", 0, 0, 4), "g.backfill.shares", "h",
+                           flush_interval_s=0.0, flush_max_dirty=1, on_progress=lambda *_: None,
+                           clock=lambda: 10**15, dead_letters=sink))
+    assert sink.queued == [(1, ("shares",))]
+    assert sink.delivered == 1
