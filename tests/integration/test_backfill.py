@@ -92,6 +92,18 @@ def _finish(process: subprocess.Popen[bytes], timeout_s: float = 180) -> str:
     return out.decode()
 
 
+async def _trace_first(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object], topic: str
+                       ) -> dict[str, dict[str, object]]:
+    """``countersink trace`` of offset 0 of partition 0, by counter."""
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "countersink.cli", "trace", "--json",
+                                                    "--topic", topic, "--offset", "0:0"], cwd=REPO,
+                                   env=child_env(kafka, cassandra, consumer=options), capture_output=True, text=True,
+                                   timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    record = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+    return {entry["counter"]: entry for entry in record["counters"]}
+
+
 async def _kill_at_first_progress(process: subprocess.Popen[bytes]) -> list[str]:
     """Read the backfill's lines until it reports a flush, then kill -9 it."""
     assert process.stdout is not None
@@ -160,6 +172,13 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
         assert backfilling.startswith("backfilling: 0 of 2 partitions done"), backfilling
         live_only = await _values(cassandra_settings, "shares_traded", symbols)
         assert sum(live_only.values()) < sum(_sum(*(t for _, t in batches[:3])).qty.values())
+        # The first record of partition 0 lies below its hand-over: trace names the backfill's group, and it is
+        # not in the value before the backfill has counted it; trades_count counted it live.
+        traced = await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic)
+        assert traced["shares_traded"]["group"] == f"{group}.backfill.shares_traded", traced
+        assert traced["shares_traded"]["in_value"] is False, traced
+        assert traced["trades_count"]["group"] == group, traced
+        assert traced["trades_count"]["in_value"] is True, traced
         killed = _command(kafka_settings, cassandra_settings, backfill_options, "backfill", "shares_traded")
         printed = await _kill_at_first_progress(killed)
         assert any(line.startswith(f"  {topic}/0: offsets 0..") for line in printed), printed
@@ -191,6 +210,9 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
                                                           ).values())
         assert backfilling is None
         assert explained.value == everything.qty[sorted(symbols)[0]]
+        traced = await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic)
+        assert traced["shares_traded"]["group"] == f"{group}.backfill.shares_traded", traced
+        assert traced["shares_traded"]["in_value"] is True, traced
         # A second run finds every partition done and counts nothing twice.
         again = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
                                                           "backfill", "shares_traded"))
