@@ -2,7 +2,7 @@
 
     python -m bench.chaos [--quick] [--events 1000000] [--tx-events 20000] [--poison-events 20000]
                           [--mixed-events 10000] [--consumers 3] [--kill-every 6] [--seed 1] [--no-resets]
-                          [--port-offset 0]
+                          [--no-backfill] [--port-offset 0]
 
 It starts its own Kafka and Cassandra (ports 19092 and 19042 plus ``--port-offset``, data under
 ``.stack/chaos``), three consumers
@@ -43,6 +43,13 @@ Each reset's points are the offsets its printed result gives in each partition (
 then computed from the plain topic as read back: per partition in offset order, a trade counts when no
 record within the retry window before it carried its id (a retry counts nowhere, whatever the reset) and
 when it lies after the latest reset point of its instance in that partition.
+
+Half way through the plain stream a counter is added with ``since = "earliest"`` (``volume``, the shares by
+symbol): the consumers are restarted one by one with the new definitions (kill -9 each, a rolling restart:
+one still running the old definitions that is assigned a partition whose hand-over is recorded exits 2, and
+is restarted with the new ones, as a supervisor would), then ``countersink backfill volume`` runs, is killed
+with kill -9 at its first progress line and is run again until it finishes (again after any failure while a
+server restarts). ``volume`` must equal every trade of the topic, retries counted once and no reset applied.
 
 It prints ``lost=N duplicated=M`` (events missing from, or counted twice in, the trade counts of both
 topics), ``dead_letters_missing=N`` and the faults injected, and exits 0 only if all three are 0 and every
@@ -875,6 +882,82 @@ async def report_resets(env: dict[str, str], resets: Resets) -> bool:
     return agree and not resets.failures and len(resets.done) == len(RESETS)
 
 
+# ------------------------------------------------------------------------------ a backfill in the run
+
+BACKFILLED = "volume"
+BACKFILL_AT = 0.5  # the share of the plain stream published when the counter is added
+BACKFILL_DEFINITION = f"""
+[[counter]]
+name = "{BACKFILLED}"
+topics = ["{TOPIC}"]
+kind = "sum"
+key = ["symbol"]
+value = "qty"
+event_id = "id"
+since = "earliest"
+"""
+COUNTERS_FILE_VARIABLE = "COUNTERSINK_CONSUMER__COUNTERS_FILE"
+
+
+@dataclass
+class Backfill:
+    """What the backfill phase did: the roll, the runs of ``countersink backfill`` (exit codes, -9 for the one
+    killed) and what went wrong in the harness."""
+
+    rolled: int = 0
+    runs: list[int] = field(default_factory=list)
+    finished: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+async def backfill_when(reached: asyncio.Event, fleet: Fleet, added: Path, backfill: Backfill) -> None:
+    """Once ``reached`` is set: the consumers roll to the definitions with ``volume`` (kill -9 and a restart
+    each, a few seconds apart, while the injector goes on killing), then ``countersink backfill volume`` runs:
+    killed with kill -9 at its first progress line, then run again until it exits 0."""
+    await reached.wait()
+    fleet.env = {**fleet.env, COUNTERS_FILE_VARIABLE: str(added)}
+    say(f"{BACKFILLED} (since = \"earliest\") added: rolling the consumers to the new definitions")
+    for slot in range(len(fleet.consumers)):
+        fleet.restart_consumer(slot)  # kill -9 of what runs there, then the new definitions
+        backfill.rolled += 1
+        await asyncio.sleep(3.0)
+    command = [sys.executable, "-m", "countersink.cli", "backfill", BACKFILLED, "--counters", str(added),
+               "--group", GROUP, "--wait-s", "600"]
+    with open(STACK / "backfill.log", "ab") as log:
+        first = subprocess.Popen(command, cwd=ROOT, env=fleet.env, stdout=subprocess.PIPE, stderr=log)
+        assert first.stdout is not None
+        while True:
+            line = (await asyncio.to_thread(first.stdout.readline)).decode()
+            log.write(line.encode())
+            if not line or "counted through offset" in line:
+                break
+        if first.poll() is None:
+            first.kill()
+            say(f"fault: countersink backfill {BACKFILLED} killed (kill -9) at its first progress line")
+        backfill.runs.append(await asyncio.to_thread(first.wait))
+        for attempt in range(1, 31):
+            again = await asyncio.to_thread(subprocess.run, command, cwd=ROOT, env=fleet.env, stdout=log,
+                                            stderr=log, timeout=900, check=False)
+            backfill.runs.append(again.returncode)
+            if again.returncode == 0:
+                backfill.finished = True
+                say(f"countersink backfill {BACKFILLED} finished (run {attempt + 1})")
+                return
+            say(f"countersink backfill {BACKFILLED} exited {again.returncode} (a server restarting?); again in 3s")
+            await asyncio.sleep(3.0)
+    backfill.failures.append(f"countersink backfill {BACKFILLED} did not finish in 31 runs")
+
+
+def report_backfill(backfill: Backfill, refused: int) -> bool:
+    """Print the backfill phase; True when it ran as planned (the roll, a run killed, one finished)."""
+    print(f"backfill ({BACKFILLED}, since earliest): {backfill.rolled} consumers rolled to the new definitions "
+          f"under kill -9, {refused} exits 2 of consumers with the old definitions refused a partition; "
+          f"countersink backfill runs: exit codes {backfill.runs}")
+    for failure in backfill.failures:
+        print(f"backfill failed: {failure}")
+    return backfill.finished and not backfill.failures and bool(backfill.runs) and backfill.runs[0] == -9
+
+
 class Fleet:
     """The consumer processes and the GC loop, restartable by slot."""
 
@@ -882,6 +965,9 @@ class Fleet:
         self.env = env
         self.consumers: list[subprocess.Popen[bytes]] = [self._start("consumer", [], f"consumer-{i}")
                                                          for i in range(consumers)]
+        # The definitions file each slot's process was started with (the backfill phase changes env's).
+        self.definitions = [env.get(COUNTERS_FILE_VARIABLE) for _ in range(consumers)]
+        self.refused = 0  # exits 2 of a process with older definitions than the fleet's (a refused partition)
         self.gc = self._start("gc_worker", ["--every", "3s"], "gc")
 
     def _start(self, module: str, args: list[str], name: str) -> subprocess.Popen[bytes]:
@@ -890,14 +976,27 @@ class Fleet:
                                     stderr=log)
 
     def restart_consumer(self, slot: int) -> None:
+        """Start the slot's consumer with the fleet's settings now; one still running there is killed (kill -9)
+        first: two tasks (the injector, the roll) may restart a slot, and none is left running untracked."""
+        running = self.consumers[slot]
+        if running.poll() is None:
+            running.kill()
+            running.wait()
         self.consumers[slot] = self._start("consumer", [], f"consumer-{slot}")
+        self.definitions[slot] = self.env.get(COUNTERS_FILE_VARIABLE)
 
     def revive(self) -> list[tuple[str, int]]:
-        """Restart whatever exited on its own, as a supervisor would; returns (name, exit code) of each."""
+        """Restart whatever exited on its own, as a supervisor would; returns (name, exit code) of each but the
+        exits 2 of a process with older definitions than the fleet's (refused: counted in ``refused``)."""
         exited = []
         for slot, process in enumerate(self.consumers):
             if process.poll() is not None:
-                exited.append((f"consumer {slot}", process.returncode))
+                if process.returncode == 2 and self.definitions[slot] != self.env.get(COUNTERS_FILE_VARIABLE):
+                    self.refused += 1
+                    say(f"consumer {slot} (old definitions) refused a partition with a hand-over: exit 2, "
+                        "restarted with the new definitions")
+                else:
+                    exited.append((f"consumer {slot}", process.returncode))
                 self.restart_consumer(slot)
         if self.gc.poll() is not None:
             exited.append(("gc", self.gc.returncode))
@@ -1125,6 +1224,13 @@ async def run(args: argparse.Namespace) -> int:
                 milestones.append((share, reached))
                 resetters.append(reset_when(reached, env, counter, sorted(reset_rng.sample(chosen, n)) if n else [],
                                             resets))
+        backfill = Backfill()
+        if args.backfill:
+            added = STACK / "counters-backfill.toml"
+            added.write_text(counters.read_text() + BACKFILL_DEFINITION)
+            reached = asyncio.Event()
+            milestones.append((BACKFILL_AT, reached))
+            resetters.append(backfill_when(reached, fleet, added, backfill))
         publishers = [publish_plain(kafka, stream, milestones=milestones), *resetters]
         if transactional:
             publishers.append(publish_transactions(kafka, plan, tx_log))
@@ -1153,6 +1259,7 @@ async def run(args: argparse.Namespace) -> int:
             faults.unexpected_exits.append((name, code))
         say(f"lag 0 after {time.monotonic() - started:.0f}s; stopping the consumers and the GC loop")
         codes = fleet.stop()
+        fleet_refused = fleet.refused
         fleet = None
         await asyncio.sleep(3.5)  # retire times up to 1 s ahead, then the GC grace
         gc = await asyncio.create_subprocess_exec(
@@ -1163,8 +1270,14 @@ async def run(args: argparse.Namespace) -> int:
         say(f"final GC: exit {gc.returncode}, folded {report.get('instances_folded')} instances, "
             f"{report.get('mutators_collected')} mutators collected")
         window = int(consumer.get("retry_window_records", ConsumerSettings().retry_window_records))  # type: ignore[call-overload]
+        plain = await read_topic(kafka, TOPIC, PARTITIONS) if args.resets or args.backfill else {}
+        if args.backfill:
+            # Every trade of the topic, retries within the window once, no reset (volume is never reset).
+            volume_truth = reset_truth(plain, [], window)[1]
+            volume_expected: dict[str, dict[str, object]] = {BACKFILLED: {s: volume_truth[s] for s in truth.smallest}}
+            volume_values = await read_values(cassandra, volume_expected)
         if args.resets:
-            reset_trades, reset_shares = reset_truth(await read_topic(kafka, TOPIC, PARTITIONS), resets.done, window)
+            reset_trades, reset_shares = reset_truth(plain, resets.done, window)
             # Every symbol, 0 included: a count in an instance a reset emptied is a duplicate.
             truth.count = Counter({s: reset_trades[s] for s in truth.smallest})
             truth.qty = Counter({s: reset_shares[s] for s in truth.smallest})
@@ -1191,6 +1304,20 @@ async def run(args: argparse.Namespace) -> int:
         harness_ok = True
         if args.resets:
             harness_ok = await report_resets(env, resets)
+        if args.backfill:
+            harness_ok = report_backfill(backfill, fleet_refused) and harness_ok
+            counted = {s: int(v or 0) for s, v in volume_values[BACKFILLED].items()}  # type: ignore[call-overload]
+            b_lost = sum(max(0, n - counted.get(s, 0)) for s, n in volume_truth.items())
+            b_duplicated = sum(max(0, counted.get(s, 0) - n) for s, n in volume_truth.items())
+            b_mismatched = [f"{BACKFILLED}/{s}: {volume_values[BACKFILLED].get(s)!r} != {v!r}"
+                            for s, v in volume_expected[BACKFILLED].items()
+                            if volume_values[BACKFILLED].get(s) != v
+                            and not (v == 0 and volume_values[BACKFILLED].get(s) is None)]
+            print(f"backfill phase ({BACKFILLED}): lost={b_lost} duplicated={b_duplicated} "
+                  f"mismatched={len(b_mismatched)} over {len(volume_expected[BACKFILLED])} symbols")
+            for line in b_mismatched[:10]:
+                print(f"  {line}")
+            lost, duplicated, mismatched = lost + b_lost, duplicated + b_duplicated, mismatched + b_mismatched
         if committed is not None:
             tx_lost, tx_duplicated, tx_mismatched = compare(values, committed.truth, TX_PREFIX)
             print(f"plain phase ({TOPIC}): lost={lost} duplicated={duplicated} mismatched={len(mismatched)}")
@@ -1292,6 +1419,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(2), "big"))
     parser.add_argument("--no-resets", dest="resets", action="store_false",
                         help="make no reset during the plain phase (its truth is then the stream's own)")
+    parser.add_argument("--no-backfill", dest="backfill", action="store_false",
+                        help="add no counter with since half way (no rolling restart, no countersink backfill)")
     parser.add_argument("--port-offset", type=int, default=0, metavar="N",
                         help="add N to every port of the run's own Kafka and Cassandra (19092, 19093, 19042, 17000, "
                              "17199), to run beside another stack on the same machine")

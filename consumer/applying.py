@@ -320,6 +320,12 @@ class Applier:
             updates = [u for u in updates if counts(u.counter, record.offset)]
             fresh = [u for u in fresh if counts(u.counter, record.offset)]
             refusals = [r for r in refusals if r.counter is None or counts(r.counter, record.offset)]
+            if self.epochs_from is not None:
+                # A reprocess counts into its reset's epoch only: an instance a later reset of the counter moved
+                # on (its control record before the reprocess's point) is counted there by the live mutators.
+                kept = self.in_reprocessed_epoch
+                updates = [u for u in updates if kept(u.counter, u.key)]
+                fresh = [u for u in fresh if kept(u.counter, u.key)]
         error = CountersRefusedError(tuple(refusals)) if refusals else None
         if not updates:
             return (Outcome.FILTERED if error is None else Outcome.INVALID), [], error
@@ -337,6 +343,11 @@ class Applier:
         """Whether this applier counts ``counter``'s update of the record at ``offset``: the hand-over of a
         counter with ``since`` is where the live mutators start counting it and its backfill stops."""
         return (self.only is None or counter in self.only) and offset >= self.starts.get(counter, -1)
+
+    def in_reprocessed_epoch(self, counter: str, key: str) -> bool:
+        """Whether the instance is still in the epoch a reprocess counts into (``epochs_from``)."""
+        assert self.epochs_from is not None
+        return self.epochs.epoch(counter, key) == self.epochs_from.epoch(counter, key)
 
     def _reset_named(self, reset_id: str) -> Reset | None:
         if reset_id and reset_id not in self.known:

@@ -12,6 +12,7 @@ import asyncio
 import gc
 from pathlib import Path
 
+from consumer.handovers import HandoverRefusedError
 from consumer.service import ConsumerService, RebalanceFailedError
 from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError
@@ -115,6 +116,11 @@ async def consume(settings: Settings, counters: object) -> int:
             await service.run()
         except RebalanceFailedError:
             code = 1  # rebalance_failed says why
+        except HandoverRefusedError as exc:
+            # One line: which counter newer definitions count here, and what to do. The other partitions are
+            # released as at any stop; the refused one was never counted, and its next owner takes it over.
+            log.error("handover_refused", error=exc.line)
+            code = 2
         finally:
             try:
                 await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)

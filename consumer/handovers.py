@@ -1,37 +1,127 @@
-"""Hand-over offsets of counters with ``since`` (a backfill): the :class:`HandoverBook` interface.
+"""Hand-over offsets of counters with ``since`` (a backfill): the :class:`HandoverBook` interface, how a live
+mutator learns them (:func:`learn_handovers`) and how a consumer without a counter refuses a partition that a
+newer definitions file counts (:class:`HandoverRefusedError`).
 
 A counter whose definition says where it starts (``since``) is counted by two readers of each partition: the
 live mutators from its *hand-over offset* H on, and a backfill (``countersink backfill``) below it. H is the
-start offset of the first live mutator that counted the counter in the partition, recorded once by
-``INSERT ... IF NOT EXISTS``: every later mutator, takeover and replay finds the same H and counts the counter
-only at offsets >= H (``consumer.applying.Applier.starts``), and the backfill stops at H. Start offsets of a
-partition only move forward, so every mutator that counts the counter starts at or after H.
+start offset of the first live mutator that counted the counter in the partition: every later mutator, takeover
+and replay finds the same H and counts the counter only at offsets >= H (``consumer.applying.Applier.starts``),
+and the backfill stops at H. Start offsets of a partition only move forward, so every mutator that counts the
+counter starts at or after H.
+
+A mutator running *older* definitions (a rolling deploy: some processes still without the counter) must never
+count a partition past H: what it flushes there would hold no update of the counter, and nothing would count
+those records for it. So every claim reads the partition's hand-overs (:meth:`HandoverBook.foreign`) before
+its mutator applies anything, and a hand-over of a counter the process does not define (and the registry does
+not show dropped) makes it refuse. For that read to be decisive, H is recorded in two steps, as a handshake with
+the claims: a mutator *proposes* its start (INSERT ... IF NOT EXISTS), then reads the ownership row, and
+*confirms* the proposal only if it still owns the partition. Whoever claimed between its claim and that read
+may have looked before the proposal landed; the mutator is then fenced (it writes nothing) and its proposal
+stays unconfirmed, to be superseded by the next mutator with the counter (which starts past everything the
+claimant in between flushed). A claim after the confirming read looks after the proposal, and sees it. Only a
+confirmed H is counted from, by the live mutators and by the backfill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import uuid
+from collections.abc import Collection, Sequence
 from typing import Protocol
+
+from consumer.protocol import FencedError
+from consumer.storage import PartitionId, Store
+from schemas.errors import CountersinkError
+
+
+class HandoverRefusedError(CountersinkError):
+    """Raised when a claimed partition holds a hand-over of a counter this process does not define and the
+    registry does not show dropped: newer definitions count it there, and this process would lose its events."""
+
+    def __init__(self, topic: str, partition: int, counters: Sequence[str]) -> None:
+        self.topic, self.partition, self.counters = topic, partition, tuple(counters)
+        names = ", ".join(self.counters)
+        drops = " and ".join(f"countersink drop {name}" for name in self.counters)
+        self.line = (f"{topic}/{partition} is counted for {names} by consumers with newer definitions (a hand-over "
+                     f"is recorded), which this process does not define: its records there would be lost for "
+                     f"{names}. Run it with the definitions that have {names}, or remove the counter first ({drops})")
+        super().__init__(self.line)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """A partition's hand-over of one counter as the book holds it."""
+
+    offset: int
+    mutator: uuid.UUID | None  # who proposed it; None: recorded by a command (a reprocess), confirmed as written
+    confirmed: bool
 
 
 class HandoverBook(Protocol):
-    """Hand-over offsets as recorded in storage."""
+    """Hand-over offsets as recorded in storage, each write an LWT."""
 
-    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
-                        offset: int) -> Mapping[str, int]:
-        """Record ``offset`` as the hand-over of each of ``counters`` in the partition that has none yet, and
-        return the hand-over recorded for each (whoever recorded it first)."""
+    async def propose(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                      mutator: uuid.UUID) -> Recorded:
+        """Propose ``offset`` as the counter's hand-over unless one is recorded; return what is recorded."""
         ...
+
+    async def supersede(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                        mutator: uuid.UUID, proposed_by: uuid.UUID) -> Recorded:
+        """Replace the unconfirmed proposal of ``proposed_by`` with ``offset``; return what is recorded."""
+        ...
+
+    async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
+        """Confirm ``mutator``'s proposal if it is still the one recorded; return what is recorded."""
+        ...
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        """The counters not in ``known`` with a hand-over (confirmed or not) in the partition that the registry
+        does not show dropped: one read of the partition's hand-overs."""
+        ...
+
+
+async def learn_handovers(book: HandoverBook, store: Store, pid: PartitionId, counters: Sequence[str], start: int,
+                          mutator: uuid.UUID) -> dict[str, int]:
+    """The confirmed hand-over of each of ``counters`` in ``pid``'s partition, proposing ``start`` (the claiming
+    ``mutator``'s start offset) where none is confirmed (module docstring). Raises :class:`FencedError` when
+    ``mutator`` lost the partition before its proposal was confirmed. Safe to retry after any error."""
+    found: dict[str, int] = {}
+    where = (pid.consumer_group, pid.topic, pid.partition)
+    for counter in counters:
+        recorded = await book.propose(*where, counter, start, mutator)
+        while not recorded.confirmed:
+            if recorded.mutator != mutator:
+                # An unconfirmed proposal of another mutator: it lost the partition before confirming it (or is
+                # about to, as this one claimed after it). Ours replaces it, then is confirmed as below.
+                assert recorded.mutator is not None
+                recorded = await book.supersede(*where, counter, start, mutator, recorded.mutator)
+                continue
+            row = await store.read_partition(pid)
+            if row is None or row.owner != mutator:
+                raise FencedError(f"mutator {mutator} lost {pid} before confirming the hand-over of {counter}")
+            recorded = await book.confirm(*where, counter, mutator)
+        found[counter] = recorded.offset
+    return found
 
 
 class NoHandovers:
     """The book of a store that records no hand-over: every counter is counted from where a mutator starts."""
 
-    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
-                        offset: int) -> Mapping[str, int]:
-        return {}
+    async def propose(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                      mutator: uuid.UUID) -> Recorded:
+        return Recorded(offset, mutator, confirmed=True)
+
+    async def supersede(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                        mutator: uuid.UUID, proposed_by: uuid.UUID) -> Recorded:
+        return Recorded(offset, mutator, confirmed=True)
+
+    async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
+        raise AssertionError("nothing is ever proposed unconfirmed here")
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        return []
 
 
 NO_HANDOVERS = NoHandovers()
 
-__all__ = ["NO_HANDOVERS", "HandoverBook", "NoHandovers"]
+__all__ = ["NO_HANDOVERS", "HandoverBook", "HandoverRefusedError", "NoHandovers", "Recorded", "learn_handovers"]

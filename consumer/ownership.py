@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from consumer import schedule
 from consumer.applying import Applier, Mutator, RecordsLostError, RecordSource, RetryWindow
 from consumer.dead_letters import DeadLetters
-from consumer.handovers import NO_HANDOVERS, HandoverBook
+from consumer.handovers import NO_HANDOVERS, HandoverBook, HandoverRefusedError, learn_handovers
 from consumer.protocol import (
     Claim,
     Claimant,
@@ -130,6 +130,10 @@ class Ownership:
         self._since = {topic: [c.name for c in counters.for_topic(topic) if c.since is not None]
                        for topic in {t for c in counters for t in c.topics}}
         self._starts: dict[TopicPartition, dict[str, int]] = {}
+        self._defined = frozenset(c.name for c in counters)
+        # Set when a claimed partition holds a hand-over of a counter these definitions lack: the process must
+        # exit (the loop raises it); nothing was applied or written for that partition.
+        self.refusal: HandoverRefusedError | None = None
         self.mutators: dict[TopicPartition, Mutator] = {}
         # Takeovers still finishing in the background, by new mutator: it applies meanwhile, but writes
         # nothing until its takeover is finished (see takeover_pending).
@@ -241,13 +245,28 @@ class Ownership:
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                      applier_factory: Callable[[], Applier], started: float) -> None:
         accept_lost = self.config.on_records_lost == "skip"
+        # One read per claim, before the mutator applies or writes anything: a hand-over of a counter these
+        # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
+        # records from the hand-over on (consumer.handovers).
+        foreign = await self.retry("handovers", tp, functools.partial(
+            self.handovers.foreign, self.config.group_id, tp.topic, tp.partition, self._defined))
+        if foreign:
+            self.refuse(tp, mutator, HandoverRefusedError(tp.topic, tp.partition, foreign))
+            return
         since = self._since.get(tp.topic)
         if since and tp not in self._starts:
             # Before the mutator applies anything, and before the replay's applier is made: the counters with
-            # ``since`` count from their hand-over offset on, recorded once (by the first that gets here).
-            starts = dict(await self.retry("handover", tp, functools.partial(
-                self.handovers.hand_over, self.config.group_id, tp.topic, tp.partition, since,
-                claimed.start_offset)))
+            # ``since`` count from their hand-over offset on, recorded once (proposed by the first that gets
+            # here, confirmed while it still owns the partition).
+            try:
+                starts = await self.retry("handover", tp, functools.partial(
+                    learn_handovers, self.handovers, self.store, mutator.pid, since, claimed.start_offset,
+                    mutator.id))
+            except FencedError as exc:
+                mutator.fenced = True
+                self.warming.discard(mutator.id)
+                self.drop(tp, mutator, str(exc))
+                return
             self._starts[tp] = starts
             mutator.applier.start_counting(starts)
             log.info("handover_learned", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),
@@ -317,6 +336,17 @@ class Ownership:
         self.warming.discard(mutator.id)
         self._forget(tp, mutator)
         return False
+
+    def refuse(self, tp: TopicPartition, mutator: Mutator, refusal: HandoverRefusedError) -> None:
+        """A claimed partition is counted by newer definitions: its mutator never applies nor writes, and the
+        process is to exit (:attr:`refusal`). The next owner finishes the takeover as after a crash."""
+        mutator.fenced = True
+        self.warming.discard(mutator.id)
+        self._forget(tp, mutator)
+        if self.refusal is None:
+            self.refusal = refusal
+        log.warning("partition_refused", topic=tp.topic, partition=tp.partition, counters=list(refusal.counters),
+                  mutator=str(mutator.id))
 
     def _log_taken_over(self, tp: TopicPartition, mutator: Mutator, result: Takeover, started: float) -> None:
         log.info("partition_taken_over", topic=tp.topic, partition=tp.partition, mutator=str(mutator.id),

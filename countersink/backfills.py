@@ -20,14 +20,19 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any, Protocol
 
-from consumer.applying import Applier, Mutator, Record, RecordsLostError, RecordSource
+from aiokafka import TopicPartition
+
+from consumer.applying import Applier, KafkaRecord, Mutator, Record, RecordsLostError, RecordSource
+from consumer.handovers import Recorded
 from consumer.protocol import Claimant, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from schemas import registry
-from schemas.resets import cell_name, current_epochs
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
+from schemas.resets import cell_name, current_epochs, split_cell
 
 # A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
 # expiry it is registered with (twice this), after which it would write nothing more.
@@ -46,16 +51,72 @@ class CassandraHandovers:
     def __init__(self, client: CassandraClient, recorded_by: str) -> None:
         self.client, self.recorded_by = client, recorded_by
 
-    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
-                        offset: int) -> Mapping[str, int]:
-        return {counter: await record_handover(self.client, group, counter, topic, partition, offset,
-                                               self.recorded_by) for counter in counters}
+    async def propose(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                      mutator: uuid.UUID) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, mutator, recorded_us, recorded_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+            [group, counter, topic, partition, offset, mutator, time.time_ns() // 1000, self.recorded_by],
+            idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return Recorded(offset, mutator, confirmed=False)
+        return _recorded(rows[0])
+
+    async def supersede(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                        mutator: uuid.UUID, proposed_by: uuid.UUID) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "UPDATE handovers SET offset = ?, mutator = ?, recorded_us = ?, recorded_by = ? WHERE consumer_group = ? "
+            "AND cell = ? AND topic = ? AND partition = ? IF mutator = ? AND confirmed_us = null",
+            [offset, mutator, time.time_ns() // 1000, self.recorded_by, group, counter, topic, partition,
+             proposed_by], idempotent=False))
+        if not rows or rows[0].get("[applied]"):
+            return Recorded(offset, mutator, confirmed=False)
+        return await self._read(group, topic, partition, counter)
+
+    async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
+        # Applied or not (a lost answer, another's proposal since), the row says what is recorded now.
+        await self.client.execute(
+            "UPDATE handovers SET confirmed_us = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND "
+            "partition = ? IF mutator = ? AND confirmed_us = null",
+            [time.time_ns() // 1000, group, counter, topic, partition, mutator], idempotent=False)
+        return await self._read(group, topic, partition, counter)
+
+    async def _read(self, group: str, topic: str, partition: int, counter: str) -> Recorded:
+        rows = as_dicts(await self.client.execute(
+            "SELECT offset, mutator, confirmed_us FROM handovers WHERE consumer_group = ? AND cell = ? AND topic = ? "
+            "AND partition = ?", [group, counter, topic, partition],
+            consistency=str(self.client.settings.serial_consistency)))
+        if not rows:  # never: a hand-over row is not deleted while a consumer counts its counter
+            raise RuntimeError(f"the hand-over of {counter} in {topic}/{partition} is gone")
+        return _recorded(rows[0])
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        # The table holds a row per counter with since (and per reprocess) and partition: scanned whole, at the
+        # consistency of the protocol's deciding reads (a proposal acknowledged before this read is seen).
+        rows = as_dicts(await self.client.execute(
+            "SELECT consumer_group, cell FROM handovers WHERE topic = ? AND partition = ? ALLOW FILTERING",
+            [topic, partition], consistency=self.client.settings.replay_read_consistency))
+        unknown = sorted({split_cell(row["cell"])[0] for row in rows if row["consumer_group"] == group}
+                         - set(known))
+        if not unknown:
+            return []
+        from countersink.registry import CounterRegistry
+
+        gone = await CounterRegistry(self.client, self.client.settings.replay_read_consistency).refused(unknown)
+        return [name for name in unknown if name not in gone]
+
+
+def _recorded(row: Mapping[str, Any]) -> Recorded:
+    """A row as the book holds it: one written by a command (no proposer) is confirmed as written."""
+    mutator = row.get("mutator")
+    return Recorded(int(row["offset"]), mutator, confirmed=mutator is None or row.get("confirmed_us") is not None)
 
 
 async def record_handover(client: CassandraClient, group: str, cell: str, topic: str, partition: int, offset: int,
                           recorded_by: str) -> int:
-    """Record ``offset`` as the hand-over of ``cell`` in the partition unless one is recorded; return the one
-    recorded (a retry after a lost answer finds its own)."""
+    """Record ``offset`` as the hand-over of ``cell`` in the partition unless one is recorded, confirmed as
+    written (a command's, no mutator's: a reprocess at its reset's point); return the one recorded (a retry
+    after a lost answer finds its own)."""
     rows = as_dicts(await client.execute(
         "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
@@ -63,6 +124,40 @@ async def record_handover(client: CassandraClient, group: str, cell: str, topic:
     if not rows or rows[0].get("[applied]"):
         return offset
     return int(rows[0]["offset"])
+
+
+class DeadLetterSink(Protocol):
+    """What a backfill needs of :class:`consumer.dead_letters.DeadLetters`."""
+
+    def queue(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None: ...
+    async def send(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None: ...
+    async def deliver(self) -> None: ...
+
+
+class CounterDroppedDuringBackfillError(CountersinkError):
+    """Raised before a backfill's write when the registry shows its counter dropped (or released) since it
+    started: ``countersink drop`` deletes the counter's cells once every writer has looked, and a later write
+    would bring them back."""
+
+
+def registry_look(client: CassandraClient, counter: str, check_s: float) -> Callable[[], Awaitable[None]]:
+    """A backfill's look at the registry before it writes, as a live consumer's: no write starts on a look
+    older than half of ``check_s`` (the registry is read again then); raises
+    :class:`CounterDroppedDuringBackfillError` once ``counter`` is dropped."""
+    from countersink.registry import CounterRegistry
+
+    registry = CounterRegistry(client, client.settings.replay_read_consistency)
+    looked_at = [float("-inf")]
+
+    async def look() -> None:
+        if time.monotonic() - looked_at[0] < check_s / 2:
+            return
+        refused = await registry.refused([counter])
+        if counter in refused:
+            raise CounterDroppedDuringBackfillError(refused[counter])
+        looked_at[0] = time.monotonic()
+
+    return look
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +176,13 @@ class Handover:
 
 
 async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict[tuple[str, int], Handover]:
-    """Every recorded hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
+    """Every confirmed hand-over of ``cell`` for the live ``group``, read at SERIAL (they are written by LWT)."""
     rows = as_dicts(await client.execute(
-        "SELECT topic, partition, offset, start_offset, finished_us, reset_id, reprocess_from FROM handovers WHERE "
-        "consumer_group = ? AND cell = ?", [group, cell], consistency=str(client.settings.serial_consistency)))
+        "SELECT topic, partition, offset, mutator, confirmed_us, start_offset, finished_us, reset_id, reprocess_from "
+        "FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell],
+        consistency=str(client.settings.serial_consistency)))
+    # A live mutator's proposal not confirmed yet is no hand-over: it may still be superseded (consumer.handovers).
+    rows = [row for row in rows if _recorded(row).confirmed]
     return {(row["topic"], int(row["partition"])): Handover(
         row["topic"], int(row["partition"]), None if row.get("offset") is None else int(row["offset"]),
         None if row.get("start_offset") is None else int(row["start_offset"]),
@@ -182,12 +280,21 @@ async def _check_kept(source: RecordSource, span: Span, through: int, upto: int)
 
 async def _apply(store: Store, mutator: Mutator, chunk: list[Record], span: Span, last_flush: float,
                  flush_interval_s: float, flush_max_dirty: int, on_progress: ProgressReport,
-                 clock: Callable[[], int]) -> float:
-    """Apply one chunk and flush when one is due; return when the last flush started (monotonic)."""
+                 clock: Callable[[], int], tp: TopicPartition, before_write: Callable[[], Awaitable[None]],
+                 dead_letters: DeadLetterSink | None) -> float:
+    """Apply one chunk and flush when one is due; return when the last flush started (monotonic). Records the
+    backfilled counter refuses are queued for ``dead_letters``, delivered before the flush that skips them."""
     await mutator.applier.learn(chunk)
-    mutator.apply_batch(chunk)
+    applied = mutator.apply_batch(chunk)
+    if dead_letters is not None:
+        for record, error in applied.invalid:
+            if isinstance(error, CountersRefusedError):
+                dead_letters.queue(tp, record, error)
     now = time.monotonic()
     if len(mutator.dirty) >= flush_max_dirty or now - last_flush >= flush_interval_s:
+        await before_write()
+        if dead_letters is not None:
+            await dead_letters.deliver()
         await flush(store, mutator, clock())
         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
         return now
@@ -208,15 +315,32 @@ class Span:
     end: int
 
 
+async def _write_anything() -> None:
+    """The default look before a backfill's write: nothing forbids it."""
+
+
 async def backfill_partition(store: Store, source: RecordSource, make_applier: Callable[[], Applier], span: Span,
                              group: str, host: str, *, flush_interval_s: float, flush_max_dirty: int,
                              on_progress: ProgressReport, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
-                             rotate_after_s: float = ROTATE_AFTER_S) -> int:
+                             rotate_after_s: float = ROTATE_AFTER_S,
+                             before_write: Callable[[], Awaitable[None]] = _write_anything,
+                             dead_letters: DeadLetterSink | None = None) -> int:
     """Count ``span`` of one partition with mutators of ``group`` (the backfill's), by the live protocol, and
     return where this run started in it. A run after a kill -9 claims the partition, replays the window the
     dead mutator left open and goes on from there; a run once the partition is done writes nothing.
+    ``before_write`` is awaited before each flush and release: it raises to stop the run before it writes (the
+    counter dropped meanwhile: :class:`CounterDroppedDuringBackfillError`). Records the backfilled counter refuses
+    go to ``dead_letters`` (restricted to it), delivered before the window that skips them is recorded: below H
+    the live consumers did not have the counter, or left its refusals to the backfill. A record refused whole
+    is not: every live consumer dead-lettered it.
 
     Raises :class:`RecordsLostError` when records still to count were deleted from the log."""
+    tp = TopicPartition(span.topic, span.partition)
+
+    async def replayed_invalid(record: KafkaRecord, error: InvalidEventError) -> None:
+        if dead_letters is not None and isinstance(error, CountersRefusedError):
+            await dead_letters.send(tp, record, error)
+
     while True:
         born = clock()
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
@@ -225,7 +349,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         start = claimed.start_offset
         applier = make_applier()
         await applier.warm_up(source, start)
-        await finish_take_over(store, source, claimed, make_applier, clock())
+        await finish_take_over(store, source, claimed, make_applier, clock(), on_invalid=replayed_invalid)
         mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,
                           applied_through=start - 1, flushed_through=start - 1)
         if start < span.end:
@@ -246,7 +370,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
                         skipped = chunk
                         break
                     last_flush = await _apply(store, mutator, chunk, span, last_flush, flush_interval_s,
-                                              flush_max_dirty, on_progress, clock)
+                                              flush_max_dirty, on_progress, clock, tp, before_write, dead_letters)
                     if time.monotonic() >= rotate_at:
                         break
                 else:
@@ -259,10 +383,13 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             if skipped is not None:
                 await _check_kept(source, span, mutator.applied_through, skipped[0].offset)
                 last_flush = await _apply(store, mutator, skipped, span, last_flush, flush_interval_s,
-                                          flush_max_dirty, on_progress, clock)
+                                          flush_max_dirty, on_progress, clock, tp, before_write, dead_letters)
             elif ended:
                 await _check_kept(source, span, mutator.applied_through, span.end)
                 mutator.skip_to(span.end)  # the offsets after the last record below H hold no record
+        await before_write()
+        if dead_letters is not None:
+            await dead_letters.deliver()
         await release(store, mutator, clock())
         on_progress(span.topic, span.partition, span.first, mutator.flushed_through, span.end)
         if mutator.flushed_through >= span.end - 1:
@@ -271,6 +398,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
 
 __all__ = [
     "CassandraHandovers",
+    "CounterDroppedDuringBackfillError",
     "Handover",
     "Span",
     "backfill_group",
@@ -283,4 +411,5 @@ __all__ = [
     "read_handovers",
     "record_handover",
     "record_plan",
+    "registry_look",
 ]

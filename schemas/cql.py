@@ -239,6 +239,8 @@ def create_tables(keyspace: str) -> list[str]:
             offset bigint,
             recorded_us bigint,
             recorded_by text,
+            mutator uuid,
+            confirmed_us bigint,
             start_offset bigint,
             finished_us bigint,
             reset_id text,
@@ -274,8 +276,9 @@ def create_tables(keyspace: str) -> list[str]:
 # consumer group (one group per keyspace) and its drop marker (a dropped counter's name stays refused).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text")),
-    # A reprocess's plan (countersink.backfills.record_plan).
-    "handovers": (("reset_id", "text"), ("reprocess_from", "text")),
+    # The proposing mutator and its confirmation (consumer.handovers): a row without a proposer is confirmed;
+    # a reprocess's plan (countersink.backfills.record_plan).
+    "handovers": (("mutator", "uuid"), ("confirmed_us", "bigint"), ("reset_id", "text"), ("reprocess_from", "text")),
 }
 
 

@@ -26,9 +26,11 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 
 from consumer.applying import Applier, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
+from consumer.dead_letters import DeadLetters
 from consumer.kafka_source import KafkaRecordSource
 from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import (
+    CounterDroppedDuringBackfillError,
     Handover,
     Span,
     backfill_group,
@@ -38,6 +40,7 @@ from countersink.backfills import (
     mark_finished,
     read_handovers,
     record_plan,
+    registry_look,
 )
 from countersink.cassandra import CassandraClient
 from countersink.cli import (
@@ -252,12 +255,18 @@ class Backfill:
             return Applier(router, self.counters, topic, partition, RetryWindow(config.retry_window_records), resets,
                            only=frozenset({self.counter}), epochs_from=epochs)
 
+        # Before each write, as a live consumer: a counter dropped meanwhile is never written back.
+        look = registry_look(client, self.counter, config.registry_check_s)
+        # The counter's refusals below H: no live consumer sent them (consumer.dead_letters' topic and limits).
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        dead_letters = DeadLetters(producer, config)
         try:
             for span in spans:
                 started = await backfill_partition(
                     store, source, functools.partial(applier, span.topic, span.partition), span, group, self.host,
                     flush_interval_s=config.flush_interval_s, flush_max_dirty=config.flush_max_dirty,
-                    on_progress=self._progress)
+                    on_progress=self._progress, before_write=look, dead_letters=dead_letters)
                 await mark_finished(client, self.group, cell, span.topic, span.partition)
                 print(f"  {span.topic}/{span.partition}: done, offsets {span.first}..{span.end - 1} counted "
                       f"(this run from {started})", flush=True)
@@ -265,7 +274,12 @@ class Backfill:
             log.error("backfill_failed", counter=self.counter, error=str(exc),
                       action="the retained log no longer holds them: nothing more can be counted there")
             return EXIT_FAILED
+        except CounterDroppedDuringBackfillError as exc:
+            log.error("backfill_refused", counter=self.counter, error=str(exc))
+            return EXIT_USAGE
         finally:
+            dead_letters.abandon()
+            await producer.stop()
             await kafka.stop()
             await schemas.stop()
         print(f"backfill of {cell} finished: every partition counted up to its hand-over", flush=True)

@@ -14,8 +14,9 @@ The order is what keeps a running consumer from writing it back:
    is hidden too, and one built after reads nothing of the counter.
 
 The name stays refused after the drop: a consumer holding the old definitions must never count it again.
-``--forget`` (a deliberate act, once no consumer runs the old definitions) walks the rows once more and
-removes the registry entry, so a new definition may take the name.
+``--forget`` (a deliberate act, once no consumer runs the old definitions) walks the rows once more, deletes
+the counter's hand-overs and its backfills' ownership rows, and removes the registry entry, so a new
+definition may take the name (and be backfilled anew).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 
+from countersink.backfills import backfill_group
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry, DroppedCounter
 from countersink.settings import Settings
 from schemas.cql import key_of_partition
+from schemas.resets import split_cell
 
 log = get_logger(__name__)
 
@@ -110,7 +113,32 @@ async def drop(settings: Settings, name: str, *, forget: bool = False, batch: in
     return 0
 
 
+async def forget_backfills(client: CassandraClient, name: str) -> int:
+    """Delete ``name``'s hand-overs (of the counter and of each reprocess of it) and the ownership rows of their
+    backfill groups: a new definition under the name records hand-overs of its own and is backfilled from the
+    start, not taken for the old one's, done long ago. Returns how many hand-over rows were deleted. Both
+    tables hold a row per partition of each backfilled cell: each is read whole."""
+    found = {(row["consumer_group"], row["cell"]) for row in as_dicts(await client.execute(
+        "SELECT consumer_group, cell FROM handovers")) if split_cell(row["cell"])[0] == name}
+    groups = {backfill_group(group, cell) for group, cell in found}
+    deleted = 0
+    for group, cell in sorted(found):
+        deleted += len(as_dicts(await client.execute(
+            "SELECT topic FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell])))
+        await client.execute("DELETE FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell])
+    for row in as_dicts(await client.execute("SELECT consumer_group, topic, partition FROM partitions")):
+        if row["consumer_group"] in groups:
+            await client.execute("DELETE FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ? "
+                                 "IF EXISTS", [row["consumer_group"], row["topic"], row["partition"]],
+                                 idempotent=False)
+    return deleted
+
+
 async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Callable[[str], object]) -> int:
+    # Before the name is released: a consumer with a new definition of it must find none of the old hand-overs.
+    handovers = await forget_backfills(registry.client, dropped.name)
+    if handovers:
+        say(f"{dropped.name}: deleted {handovers} hand-over rows and the ownership rows of its backfills")
     if not await registry.forget(dropped):
         log.error("forget_refused", counter=dropped.name,
                   error=f"the registry entry of {dropped.name!r} is no longer the drop of "

@@ -29,6 +29,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from consumer.applying import Applier, Record, RecordSource, RetryWindow
 from consumer.kafka_source import KafkaRecordSource
 from consumer.schema_source import SchemaLoadingSource
+from countersink.backfills import backfill_group, read_handovers
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
 from countersink.kafka import make_consumer, start_admin
@@ -441,7 +442,8 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     rows: dict[str, list[dict[str, Any]]] = {}  # the partition's ownership row, by group
     reader = CounterReader(client)
     for trace in counted:
-        trace.group = group = group_of[trace.counter]
+        trace.group = group = await _counting_group(client, counters, group_of[trace.counter], trace.counter,
+                                                    topic, partition, offset)
         if group not in rows:
             rows[group] = as_dicts(await client.execute(
                 "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
@@ -464,6 +466,20 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
+
+
+async def _counting_group(client: CassandraClient, counters: CounterSet, live_group: str, counter: str, topic: str,
+                          partition: int, offset: int) -> str:
+    """The group whose mutators count ``counter`` at ``offset``: the live one, but for a counter with ``since``
+    below its hand-over in the partition (or before any is recorded), which its backfill counts."""
+    if counters[counter].since is None:
+        return live_group
+    try:
+        handover = (await read_handovers(client, live_group, counter)).get((topic, partition))
+    except Exception:  # a keyspace made before backfills: no hand-over, no backfill
+        return live_group
+    counted_live = handover is not None and handover.offset is not None and offset >= handover.offset
+    return live_group if counted_live else backfill_group(live_group, counter)
 
 
 async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, partitions: set[int], source: str

@@ -92,6 +92,18 @@ def _finish(process: subprocess.Popen[bytes], timeout_s: float = 180) -> str:
     return out.decode()
 
 
+async def _trace_first(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object], topic: str
+                       ) -> dict[str, dict[str, object]]:
+    """``countersink trace`` of offset 0 of partition 0, by counter."""
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "countersink.cli", "trace", "--json",
+                                                    "--topic", topic, "--offset", "0:0"], cwd=REPO,
+                                   env=child_env(kafka, cassandra, consumer=options), capture_output=True, text=True,
+                                   timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    record = next(json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))
+    return {entry["counter"]: entry for entry in record["counters"]}
+
+
 async def _kill_at_first_progress(process: subprocess.Popen[bytes]) -> list[str]:
     """Read the backfill's lines until it reports a flush, then kill -9 it."""
     assert process.stdout is not None
@@ -160,6 +172,13 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
         assert backfilling.startswith("backfilling: 0 of 2 partitions done"), backfilling
         live_only = await _values(cassandra_settings, "shares_traded", symbols)
         assert sum(live_only.values()) < sum(_sum(*(t for _, t in batches[:3])).qty.values())
+        # The first record of partition 0 lies below its hand-over: trace names the backfill's group, and it is
+        # not in the value before the backfill has counted it; trades_count counted it live.
+        traced = await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic)
+        assert traced["shares_traded"]["group"] == f"{group}.backfill.shares_traded", traced
+        assert traced["shares_traded"]["in_value"] is False, traced
+        assert traced["trades_count"]["group"] == group, traced
+        assert traced["trades_count"]["in_value"] is True, traced
         killed = _command(kafka_settings, cassandra_settings, backfill_options, "backfill", "shares_traded")
         printed = await _kill_at_first_progress(killed)
         assert any(line.startswith(f"  {topic}/0: offsets 0..") for line in printed), printed
@@ -191,6 +210,9 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
                                                           ).values())
         assert backfilling is None
         assert explained.value == everything.qty[sorted(symbols)[0]]
+        traced = await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic)
+        assert traced["shares_traded"]["group"] == f"{group}.backfill.shares_traded", traced
+        assert traced["shares_traded"]["in_value"] is True, traced
         # A second run finds every partition done and counts nothing twice.
         again = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
                                                           "backfill", "shares_traded"))
@@ -228,3 +250,125 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
     assert refused, log.read_text(errors="replace")[-2000:]
     assert group in refused[-1]["error"], refused
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A rolling deploy backwards: a consumer with shares_traded (since = "earliest") records its hand-overs
+    and stops; a consumer still running the definitions without it is started, claims the partitions and is
+    refused (exit 2, one line naming the counter and what to do) before it counts anything; a consumer with
+    the new definitions and ``countersink backfill`` then make shares_traded and trades_count equal the sums
+    over every event published, computed from the events alone."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"r{os.urandom(4).hex()}"
+    before_file, after_file = tmp_path / "before.toml", tmp_path / "after.toml"
+    before_file.write_text(COUNT.replace("{topic}", topic))
+    after_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=5, duplicates=n // 40, seed=seed) for seed, n in enumerate((800, 600, 500), 31)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    await publish(kafka_settings, topic, batches[0][0])
+    new = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    try:
+        await wait_until_started(log, new)
+        await publish(kafka_settings, topic, batches[1][0])
+        await flushed()
+    finally:
+        new.send_signal(signal.SIGTERM)
+        assert new.wait(timeout=60) == 0
+    async with CassandraClient(cassandra_settings) as client:
+        assert sorted(await read_handovers(client, group, "shares_traded")) == [(topic, p) for p in range(PARTITIONS)]
+
+    await publish(kafka_settings, topic, batches[2][0])
+    old_log = tmp_path / "old.log"
+    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=before_file, **options)
+    try:
+        assert old.wait(timeout=90) == 2
+    finally:
+        if old.poll() is None:  # not refused: it would count on
+            old.kill()
+            old.wait()
+    text = old_log.read_text(errors="replace")
+    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
+    assert len(refused) == 1, text[-3000:]
+    assert refused[0]["level"] == "error", refused
+    assert "shares_traded" in refused[0]["error"], refused
+    assert "countersink drop shares_traded" in refused[0]["error"], refused
+    assert "Traceback" not in text
+    # Refused before its takeovers finished: it replayed, applied and flushed nothing.
+    assert '"partition_taken_over"' not in text, text[-3000:]
+    assert '"partition_refused"' in text, text[-3000:]
+
+    third = start_consumer(kafka_settings, cassandra_settings, log, counters_file=after_file, **options)
+    try:
+        await wait_until_started(log, third)
+        await flushed()
+        backfill_options = {**options, "counters_file": after_file}
+        out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
+                                                        "backfill", "shares_traded"))
+        assert "backfill of shares_traded finished" in out, out
+        everything = _sum(*(t for _, t in batches))
+        assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+        assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.wait(timeout=60)
+
+
+async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """shares_traded (since = "earliest") is backfilled, then dropped with ``--forget``, which deletes its
+    hand-overs and its backfill's ownership rows; added again with another meaning (a count), it gets hand-overs
+    of its own and a backfill that counts from the start: it equals the count of every event published."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"f{os.urandom(4).hex()}"
+    first_file, again_file = tmp_path / "first.toml", tmp_path / "again.toml"
+    first_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    again_file.write_text((COUNT + SHARES.replace('kind = "sum"', 'kind = "count"').replace('value = "qty"\n', ""))
+                          .replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+                                  "registry_check_s": 1.0}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=5, duplicates=n // 40, seed=seed) for seed, n in enumerate((700, 500), 41)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    await publish(kafka_settings, topic, batches[0][0])
+    for definitions, batch in ((first_file, batches[0]), (again_file, batches[1])):
+        consumer = start_consumer(kafka_settings, cassandra_settings, log, counters_file=definitions, **options)
+        try:
+            await wait_until_started(log, consumer)
+            if batch is batches[1]:
+                await publish(kafka_settings, topic, batch[0])
+            await flushed()
+            out = await asyncio.to_thread(_finish, _command(
+                kafka_settings, cassandra_settings, {**options, "counters_file": definitions}, "backfill",
+                "shares_traded"))
+            assert "backfill of shares_traded finished" in out, out
+        finally:
+            consumer.send_signal(signal.SIGTERM)
+            assert consumer.wait(timeout=60) == 0
+        if definitions is first_file:
+            everything = _sum(batches[0][1])
+            assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+            dropped = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
+                                                                "shares_traded", "--yes", "--forget"))
+            assert "hand-over rows" in dropped, dropped
+            async with CassandraClient(cassandra_settings) as client:
+                assert await read_handovers(client, group, "shares_traded") == {}
+    everything = _sum(*(t for _, t in batches))
+    assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.count)
+    assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)

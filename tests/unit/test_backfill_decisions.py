@@ -3,17 +3,22 @@ between the live mutators and the backfill, in the batch path as in the record p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
 import pytest
+from aiokafka import TopicPartition
 
 from consumer.applying import Applier, Mutator, Record, RetryWindow
+from consumer.dead_letters import refused_by
 from consumer.storage import MutatorEntry, PartitionId
+from countersink.backfills import CounterDroppedDuringBackfillError, Span, backfill_partition
 from schemas.definitions import parse_definitions
-from schemas.errors import DefinitionError
+from schemas.errors import DefinitionError, InvalidEventError
 from schemas.events import EventRouter
-from schemas.resets import Epochs
+from schemas.resets import Epochs, Reset, control_record
+from tests.unit.memory_store import MemoryLog, MemoryResets, MemoryStore, run
 
 COUNTERS = parse_definitions("""
 [[counter]]
@@ -94,3 +99,84 @@ def test_a_reprocess_writes_the_epoch_it_is_given() -> None:
                       epochs_from=Epochs({"shares": 3}, {}, {("shares", 3)}))
     assert applier.epochs.cell("shares", "IBM") == "shares@3"
     assert applier.epochs.cell("trades", "IBM") == "trades"
+
+
+def test_a_reprocess_does_not_count_what_a_later_reset_moved_on() -> None:
+    """Two resets at once: a reprocess of shares into epoch 3 meets, before its own point, the control record of
+    a later reset (epoch 4, IBM only). What follows it for IBM belongs to epoch 4, which the live mutators
+    count from that control record on: the reprocess counts IBM only before it (SAP throughout), so nothing is
+    counted twice."""
+    later = Reset("r4", "shares", 4, frozenset({"IBM"}))
+    value, headers = control_record(later)
+    records = [Record(0, b'{"sym": "IBM", "qty": 1, "id": "a"}'), Record(1, b'{"sym": "SAP", "qty": 2, "id": "b"}'),
+               Record(2, value, headers=tuple(headers)),
+               Record(3, b'{"sym": "IBM", "qty": 4, "id": "c"}'), Record(4, b'{"sym": "SAP", "qty": 8, "id": "d"}')]
+    applier = Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), MemoryResets([later]),
+                      only=frozenset({"shares"}), epochs_from=Epochs({"shares": 3}, {}, {("shares", 3)}))
+    mutator = _mutator(applier)
+    asyncio.run(applier.learn(records))
+    mutator.apply_batch(records)
+    assert {key: state.value() for (_, key), state in mutator.states.items()} == {"SAP": 2 + 8}
+    assert applier.epochs.cell("shares", "IBM") == "shares@4"
+
+
+def test_a_backfill_writes_nothing_once_its_counter_is_dropped() -> None:
+    """The backfill looks at the registry before each flush and before its release: once the look says the
+    counter is dropped it stops, and nothing is written after (``countersink drop`` deletes the counter's cells
+    once every writer has looked; a later write would bring them back)."""
+    store, log = MemoryStore(), MemoryLog([record.value for record in RECORDS])
+    pid = PartitionId("g.backfill.shares", "orders", 0)
+    seen: list[object] = []
+
+    async def look() -> None:
+        if len(seen) == 2:
+            seen.append((store.partitions[pid], repr(store.shards)))
+            raise CounterDroppedDuringBackfillError("counter 'shares' is dropped")
+        seen.append(None)
+
+    def applier() -> Applier:
+        return Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}))
+
+    with pytest.raises(CounterDroppedDuringBackfillError):
+        run(backfill_partition(store, log, applier, Span("orders", 0, 0, 10), pid.consumer_group, "h",
+                               flush_interval_s=0.0, flush_max_dirty=1, on_progress=lambda *_: None,
+                               clock=lambda: 10**15, before_write=look))
+    row, shards = seen[-1]  # type: ignore[misc]
+    assert row.intent_offset >= 2  # two flushes were written before the drop was seen
+    assert (store.partitions[pid], repr(store.shards)) == (row, shards)
+
+
+class Sink:
+    """The dead letters a backfill queues and sends, and whether each was delivered before the next write."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[int, tuple[str, ...]]] = []
+        self.delivered = 0
+
+    def queue(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+        self.queued.append((record.offset, refused_by(error)))
+
+    async def send(self, tp: TopicPartition, record: Record, error: InvalidEventError) -> None:
+        self.queue(tp, record, error)
+
+    async def deliver(self) -> None:
+        self.delivered = len(self.queued)
+
+
+def test_a_backfill_dead_letters_what_its_counter_refuses_below_the_handover() -> None:
+    """Below H no live consumer sent the backfilled counter's refusals: the backfill sends them, restricted to
+    it (a qty of the wrong type: shares refuses it, trades counted it), and delivered before its last write;
+    a record refused whole (not JSON) is not sent again (every live consumer sent it)."""
+    values = [record.value for record in RECORDS[:4]]
+    values[1] = b'{"sym": "IBM", "qty": "lots", "id": "w"}'
+    values[2] = b"{not json"
+    store, log, sink = MemoryStore(), MemoryLog(values), Sink()
+
+    def applier() -> Applier:
+        return Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}))
+
+    run(backfill_partition(store, log, applier, Span("orders", 0, 0, 4), "g.backfill.shares", "h",
+                           flush_interval_s=0.0, flush_max_dirty=1, on_progress=lambda *_: None,
+                           clock=lambda: 10**15, dead_letters=sink))
+    assert sink.queued == [(1, ("shares",))]
+    assert sink.delivered == 1

@@ -5,6 +5,9 @@ its hand-over offset H, recorded once by the first mutator that gets to it (an L
 its answer lost, like every other); ``countersink backfill``'s own :func:`backfill_partition` runs, one storage
 operation at a time, in a group of its own over [0, H): started any time H is recorded, killed at any step,
 two at once, its writes held, reordered or lost, its mutators folded by the GC. Resets are in the logs too.
+After the counter is added, processes still running the definitions without it claim the partition too (a
+rolling deploy, in any order with the new processes' claims, proposals and confirmations of H): each must
+refuse the partition (and exit) once a hand-over is there, before it counts anything.
 
 Beside the model's invariants (each shard is exactly its mutator's records, shards of an instance never hold
 the same record, reads stay between what the committed and the intent offsets justify), a live mutator's
@@ -12,24 +15,28 @@ the same record, reads stay between what the committed and the intent offsets ju
 last backfill has run to completion after the final takeover, every instance reads exactly the log. The
 mutants: a backfill that stops one record short of H (a gap), and a hand-over recorded without IF NOT EXISTS,
 so that each live mutator records its own start and the backfill reads a later one than the first live
-mutator counted from (an overlap).
+mutator counted from (an overlap); a claim that does not read the hand-overs (a process without the counter
+counts past H); and, played step by step, a proposal counted from at once (the race its confirmation closes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection
 from typing import Any, ClassVar, cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from consumer.applying import Applier, RetryWindow
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
+from consumer.handovers import Recorded
 from consumer.protocol import ClaimUnresolvedError, FencedError
 from consumer.storage import PartitionId, PartitionRow
 from countersink.backfills import Span, backfill_group, backfill_partition
@@ -37,10 +44,11 @@ from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import state_from_bytes
 from schemas.resets import split_cell
-from tests.unit.memory_store import Fault, Instance, MemoryStore, StoreTimeoutError, Task, run
+from tests.unit.memory_store import Fault, Instance, MemoryLog, MemoryStore, StoreTimeoutError, Task, run
 from tests.unit.test_protocol_model import (
     CONFIG,
     FAULTS,
+    MAX_ACTORS,
     MODEL_SETTINGS,
     MUST_FAIL_SETTINGS,
     OPS,
@@ -51,11 +59,13 @@ from tests.unit.test_protocol_model import (
     TP,
     Actor,
     DeadLetterTopic,
+    Event,
     KafkaPositions,
     ProtocolModel,
     ProtocolViolation,
     RetryEachStep,
     collect,
+    counted,
     run_model,
 )
 
@@ -96,24 +106,50 @@ BACKFILL_PID = PartitionId(BACKFILL_GROUP, TOPIC, PID.partition)
 
 
 class MemoryHandovers:
-    """:class:`consumer.handovers.HandoverBook` over the model's store: one LWT gate per counter."""
+    """:class:`consumer.handovers.HandoverBook` over the model's store: each write an LWT behind the store's fault
+    gate (it may fail, or apply with its answer lost), the partition's read a read behind it."""
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
-        self.recorded: dict[tuple[str, str, str, int], int] = {}
+        self.recorded: dict[tuple[str, str, str, int], Recorded] = {}
 
-    def record(self, where: tuple[str, str, str, int], offset: int) -> int:
-        """INSERT ... IF NOT EXISTS: the first offset stays."""
-        return self.recorded.setdefault(where, offset)
+    def confirmed(self, where: tuple[str, str, str, int]) -> int | None:
+        found = self.recorded.get(where)
+        return found.offset if found is not None and found.confirmed else None
 
-    async def hand_over(self, group: str, topic: str, partition: int, counters: Sequence[str],
-                        offset: int) -> Mapping[str, int]:
-        found = {}
-        for counter in counters:
-            fault = await self.store._lwt("hand_over", counter)  # the store's own fault gate
-            found[counter] = self.record((group, counter, topic, partition), offset)
-            self.store._answer(fault, True)
+    def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
+        """INSERT ... IF NOT EXISTS: the first proposal stays."""
+        return self.recorded.setdefault(where, Recorded(offset, mutator, confirmed=False))
+
+    async def propose(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                      mutator: uuid.UUID) -> Recorded:
+        fault = await self.store._lwt("propose_handover", counter)
+        found = self.record((group, counter, topic, partition), offset, mutator)
+        self.store._answer(fault, True)
         return found
+
+    async def supersede(self, group: str, topic: str, partition: int, counter: str, offset: int,
+                        mutator: uuid.UUID, proposed_by: uuid.UUID) -> Recorded:
+        fault = await self.store._lwt("supersede_handover", counter)
+        where = (group, counter, topic, partition)
+        found = self.recorded[where]
+        if found.mutator == proposed_by and not found.confirmed:
+            found = self.recorded[where] = Recorded(offset, mutator, confirmed=False)
+        self.store._answer(fault, True)
+        return found
+
+    async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
+        fault = await self.store._lwt("confirm_handover", counter)
+        where = (group, counter, topic, partition)
+        found = self.recorded[where]
+        if found.mutator == mutator and not found.confirmed:
+            found = self.recorded[where] = dataclasses.replace(found, confirmed=True)
+        self.store._answer(fault, True)
+        return found
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        await self.store._read("read_handovers", partition)
+        return sorted({c for (g, c, t, p) in self.recorded if (g, t, p) == (group, topic, partition)} - set(known))
 
 
 class PerGroupHistoryStore(MemoryStore):
@@ -139,19 +175,26 @@ class BackfillModel(ProtocolModel):
         self.backfills: list[Task] = []
         self.finished_backfills = 0
         self.added = False  # the live processes started since have shares among their definitions
+        self.old_next = False  # the next process started runs the definitions without shares (a rolling deploy)
+        self.old: set[str] = set()  # the processes running the definitions without shares
+        self.refused = 0  # processes that refused the partition and exited
 
     # ------------------------------------------------------------------------------------ helpers
 
     @property
     def handover(self) -> int | None:
-        return self.handovers.recorded.get((PID.consumer_group, BACKFILLED, TOPIC, PID.partition))
+        return self.handovers.confirmed((PID.consumer_group, BACKFILLED, TOPIC, PID.partition))
 
     def new_actor(self, skew_us: int) -> Actor:
         actor = super().new_actor(skew_us)
         retry = RetryEachStep(CONFIG, lambda: None)
         dead_letters = DeadLetters(cast(AIOKafkaProducer, DeadLetterTopic()), CONFIG)
-        # Before shares is added, the deployment counts trades only.
-        router, counters = (ROUTER, COUNTERS) if self.added else (ROUTER_BEFORE, BEFORE)
+        # Before shares is added, the deployment counts trades only; after, a process may still run the old
+        # definitions (a rolling deploy: not every process is restarted yet, or one is rolled back).
+        old = not self.added or self.old_next
+        router, counters = (ROUTER_BEFORE, BEFORE) if old else (ROUTER, COUNTERS)
+        if old:
+            self.old.add(actor.name)
         actor.ownership = self.ownership_class(
             CONFIG, actor.name, router, counters, self.store, self.log, cast(AIOKafkaConsumer, KafkaPositions()),
             dead_letters, retry, clock=actor.ownership.clock, new_id=actor.ownership.new_id,
@@ -184,6 +227,19 @@ class BackfillModel(ProtocolModel):
             return
         super().after_task_step(task)
 
+    def observe(self, actor: Actor) -> None:
+        """A process that refused the partition (a hand-over of a counter it lacks) exits: it never acts again."""
+        super().observe(actor)
+        if actor.ownership.refusal is not None and not actor.gone:
+            if actor.name not in self.old:
+                raise self.violation(f"{actor.name} runs the definitions with shares and refused the partition")
+            if actor.task is not None:
+                actor.task.abandon()
+            for background in actor.background:
+                background.task.abandon()
+            actor.task, actor.background, actor.gone = None, [], True
+            self.refused += 1
+
     def is_backfill(self, mutator: uuid.UUID) -> bool:
         entry = self.store.mutators.get(mutator)
         return entry is not None and entry.consumer_group == BACKFILL_GROUP
@@ -206,6 +262,25 @@ class BackfillModel(ProtocolModel):
                 background.task.abandon()
             actor.task, actor.background, actor.gone = None, [], True
         self.added = True
+
+    @precondition(lambda self: self.added and len(self.live()) < MAX_ACTORS)
+    @rule(skew=st.sampled_from((0, 2_000_000)), ops=OPS, fault=FAULTS)
+    def old_owner(self, skew: int, ops: int, fault: Fault) -> None:
+        """A process still running the definitions without shares is assigned the partition after shares was
+        added (a rolling deploy, in any order with the new processes' claims and hand-overs)."""
+        self.old_next = True
+        try:
+            self.new_owner(skew, ops, fault)
+        finally:
+            self.old_next = False
+
+    @precondition(lambda self: self.added and len(self.live()) < MAX_ACTORS)
+    @rule(at=st.sampled_from(("read_handovers", "propose_handover", "read_partition")))
+    def new_owner_frozen_in_its_handover(self, at: str) -> None:
+        """A process with shares is assigned the partition and freezes in its takeover right after the
+        operation ``at`` (its look at the hand-overs, its proposal, its check that it still owns the
+        partition), so that other processes claim, look and count in between."""
+        self.new_owner(0, 10**6, Fault.NONE, stop_at=frozenset((at,)))
 
     @precondition(lambda self: self.handover is not None and len(self.backfills) < 2)
     @rule(ops=OPS, fault=FAULTS)
@@ -342,13 +417,38 @@ class GapModel(BackfillModel):
 class LastStartWinsHandovers(MemoryHandovers):
     """The hand-over written without IF NOT EXISTS: each live mutator records (and counts from) its own start."""
 
-    def record(self, where: tuple[str, str, str, int], offset: int) -> int:
-        self.recorded[where] = offset
-        return offset
+    def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
+        self.recorded[where] = Recorded(offset, mutator, confirmed=True)
+        return self.recorded[where]
 
 
 class OverlapModel(BackfillModel):
     handovers_class = LastStartWinsHandovers
+
+
+class UnguardedHandovers(MemoryHandovers):
+    """A claim that does not look at the partition's hand-overs: a process without shares counts past H."""
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        await self.store._read("read_handovers", partition)
+        return []
+
+
+class UnguardedModel(BackfillModel):
+    handovers_class = UnguardedHandovers
+
+
+class ConfirmedAtOnceHandovers(MemoryHandovers):
+    """A hand-over counted from as soon as it is proposed, without the proposer checking that it still owns the
+    partition: a process without shares that claimed in between, and looked before the proposal landed,
+    counts past H."""
+
+    def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
+        return self.recorded.setdefault(where, Recorded(offset, mutator, confirmed=True))
+
+
+class ConfirmedAtOnceModel(BackfillModel):
+    handovers_class = ConfirmedAtOnceHandovers
 
 
 def test_a_backfill_joins_the_live_mutators_with_no_gap_and_no_overlap() -> None:
@@ -370,3 +470,47 @@ def test_model_catches_a_handover_recorded_by_every_mutator() -> None:
     with pytest.raises(ProtocolViolation):
         run_model(OverlapModel, MUST_FAIL_SETTINGS)
 
+
+
+def test_model_catches_a_process_with_old_definitions_that_does_not_refuse() -> None:
+    """A rolling deploy without the claim's look at the hand-overs: a process without shares claims the
+    partition after H was recorded and counts on, and shares loses those records."""
+    with pytest.raises(ProtocolViolation):
+        run_model(UnguardedModel, MUST_FAIL_SETTINGS)
+
+
+def rolling_deploy_race(model_class: type[BackfillModel]) -> BackfillModel:
+    """A process with shares claims the partition and freezes after its look at the hand-overs; a process still
+    without shares claims it from it, looks (nothing recorded yet) and finishes its takeover; the first then
+    proposes its start as H; the second counts four records and releases the partition; then the model's
+    teardown (a last process with shares, one backfill to the end) checks every value against the log."""
+    model = model_class()
+    entries = [Event("IBM", 1 + i % 5, f"e{i}") for i in range(12)]
+    model.log = MemoryLog([e.to_bytes() for e in entries])
+    model.contributions = counted(entries, list(range(len(entries))))
+    model.new_owner(0, 10**6, Fault.NONE)  # the deployment before shares
+    model.work(0, 3, 10**6, Fault.NONE)
+    model.add_the_counter()
+    model.new_owner_frozen_in_its_handover("read_handovers")
+    model.old_owner(0, 10**6, Fault.NONE)
+    model.advance(0, 10**6, Fault.NONE)  # the first one's proposal lands after the second one looked
+    model.work(0, 4, 10**6, Fault.NONE)  # the process without shares counts on (it saw no hand-over)
+    model.begin_release(0, 10**6, Fault.NONE)  # and hands over cleanly: no window left open to replay
+    model.teardown()
+    return model
+
+
+def test_a_proposal_that_lands_after_a_claim_without_the_counter_is_superseded() -> None:
+    """The rolling-deploy race: a hand-over proposed by a mutator that lost the partition to a process without
+    the counter is never confirmed; the next mutator with the counter supersedes it with its own start, past
+    everything the process without it counted, and the backfill counts up to there: every value is exact."""
+    model = rolling_deploy_race(BackfillModel)
+    assert model.handover is not None
+    assert model.handover >= 3 + 4
+
+
+def test_the_race_loses_records_when_a_proposal_is_counted_from_at_once() -> None:
+    """The same race with the mutant that counts from a proposal at once: the records the process without
+    the counter flushed after H are counted by nobody for shares."""
+    with pytest.raises(ProtocolViolation):
+        rolling_deploy_race(ConfirmedAtOnceModel)
