@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiokafka.errors import KafkaError
+from aiokafka import errors
 from pydantic import ValidationError
 
 from countersink.cassandra import (
@@ -68,7 +68,15 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
-from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_epochs, reset_counter
+from countersink.resets import (
+    MAX_RESET_KEYS,
+    POSITIONS,
+    ResetDone,
+    ResetProgress,
+    ResetRefusedError,
+    read_epochs,
+    reset_counter,
+)
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.schema_registry import SchemaRegistryUnavailableError
 from countersink.settings import (
@@ -103,6 +111,8 @@ class ReadApi:
         # such route.
         self.resetting = resetting
         self._resets = asyncio.Semaphore(1)  # one reset at a time: each publishes with a producer of its own
+        self._running: dict[asyncio.Task[ResetDone], tuple[str, str, ResetProgress]] = {}
+        self._stopping = False  # set by finish_resets: no reset starts any more
         # The Kafka and consumer settings that ``/trace/{topic}`` reads records with; None: no such route.
         self.tracing = tracing
         self._traces = asyncio.Semaphore(1)  # one trace at a time: each reads Kafka with a client of its own
@@ -350,32 +360,105 @@ class ReadApi:
 
     async def reset(self, request: web.Request) -> web.Response:
         """``POST /counters/{name}/reset`` with ``{"keys": [...]}`` or no body (every key): as ``countersink reset
-        --json``, recorded as asked by the admin token's name."""
+        --json``, recorded as asked by the admin token's name. With an ``Idempotency-Key``, a request repeated
+        with the same key answers the reset the first one recorded (completing it if it was cut short)."""
         resetting = self.resetting
         if resetting is None:
             raise _problem(web.HTTPNotFound, "resets are not served here")
         name = await self._counter(request)
         keys = await self._reset_keys(request)
+        request_key = _idempotency_key(request)
         requested_by = request[_ADMIN_NAME]
+        self._refuse_if_stopping(name, requested_by)
         async with self._cassandra_answers():
             known, definition = await CounterRegistry(resetting.client).lookup(name)
         if not known or definition is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry: a consumer records "
                            "it when it starts")
         cassandra = resetting.client.settings
+        progress = ResetProgress()
+        await self._resets.acquire()
         try:
-            async with self._resets:
-                done = await reset_counter(resetting.client, resetting.kafka, definition, keys, requested_by,
-                                           cassandra.write_consistency, cassandra.replay_read_consistency)
+            # Waited for a slot: a client gone meanwhile (timed out, and perhaps retrying) gets no reset it cannot
+            # learn of; and a server told to stop meanwhile starts none.
+            if request.transport is None or request.transport.is_closing():
+                log.warning("reset_not_started", counter=name, requested_by=requested_by, request_key=request_key,
+                            why="the client closed the connection before the reset started")
+                raise _problem(web.HTTPBadRequest, "the client closed the connection before the reset started")
+            self._refuse_if_stopping(name, requested_by)
+            task = asyncio.create_task(reset_counter(
+                resetting.client, resetting.kafka, definition, keys, requested_by, cassandra.write_consistency,
+                cassandra.replay_read_consistency, request_key=request_key, progress=progress))
+        except BaseException:
+            self._resets.release()
+            raise
+        # The reset runs to its end whatever becomes of this request (shielded): a shutdown awaits it
+        # (finish_resets), and the next reset starts only after it.
+        self._running[task] = (name, requested_by, progress)
+
+        def finished(_: asyncio.Task[ResetDone]) -> None:
+            self._running.pop(task, None)
+            self._resets.release()
+
+        task.add_done_callback(finished)
+        try:
+            done = await asyncio.shield(task)
         except ResetRefusedError as exc:
+            log.warning("reset_refused", counter=name, requested_by=requested_by, status=409, error=str(exc))
             raise _problem(web.HTTPConflict, str(exc)) from None
-        except (CassandraError, KafkaError) as exc:
-            log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__)
-            raise _problem(web.HTTPServiceUnavailable, "the reset did not complete (countersink reset --list "
-                           "shows what was recorded): reset again", retry_after=2) from None
+        except Exception as exc:  # each failure is answered with what was recorded, and logged
+            return self._reset_failed(name, keys, requested_by, progress, exc)
         log.info("reset_requested", counter=name, keys=len(keys), requested_by=requested_by,
-                 epoch=done.reset.epoch, id=done.reset.reset_id)
+                 epoch=done.reset.epoch, id=done.reset.reset_id, request_key=request_key, repeated=done.repeated)
         return web.json_response(done.as_json())
+
+    def _refuse_if_stopping(self, name: str, requested_by: str) -> None:
+        if self._stopping:
+            log.warning("reset_refused", counter=name, requested_by=requested_by, status=503,
+                        error="the server is stopping")
+            raise _problem(web.HTTPServiceUnavailable, "the server is stopping: no reset starts now (another "
+                           "replica, or this one once restarted, takes it)", retry_after=2)
+
+    def _reset_failed(self, name: str, keys: list[str], requested_by: str, progress: ResetProgress,
+                      exc: Exception) -> web.Response:
+        """The answer to a reset that failed, saying what was recorded (epoch and id) and whether to retry."""
+        recorded = progress.reset
+        what = ("nothing was recorded" if recorded is None else
+                f"epoch {recorded.epoch} (id {recorded.reset_id}) was recorded and its control record published "
+                f"to {len(progress.published)} of {progress.partitions} partitions")
+        log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__,
+                  message=_first_line(exc), **progress.as_json())
+        if progress.stage == POSITIONS and recorded is not None:
+            # Every control record is out: the reset took effect. The mutators applying it record its positions.
+            done = ResetDone(recorded, tuple(keys), requested_by, progress.requested_us, tuple(progress.published))
+            return web.json_response({**done.as_json(), "warning": (
+                "the reset took effect (its control record is in every partition), but recording its positions "
+                f"failed ({type(exc).__name__}): the consumers record them as they apply it")})
+        again = ("nothing to complete: reset again" if recorded is None else
+                 "POST again with the same Idempotency-Key to complete this reset (without one, a retry is a new "
+                 "reset)" if progress.request_key else
+                 "the events counted since it in those partitions are not read until a reset that follows: reset "
+                 "again, with an Idempotency-Key that a retry repeats")
+        if _permanent(exc):
+            return _reset_problem(HTTPStatus.INTERNAL_SERVER_ERROR, f"the reset failed and retrying as it is will "
+                                  f"not help: {_what_to_fix(exc)}; {what}. Once fixed, {again}", progress)
+        return _reset_problem(HTTPStatus.SERVICE_UNAVAILABLE, f"the reset did not complete ({type(exc).__name__}): "
+                              f"{what}; {again}", progress, retry_after=2)
+
+    async def finish_resets(self, timeout_s: float) -> None:
+        """Refuse new resets and await the running ones for at most ``timeout_s``; those still running then are
+        logged (``reset_interrupted``, with their epoch and id when recorded) and cancelled."""
+        self._stopping = True
+        running = dict(self._running)
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=timeout_s)
+        for task in pending:
+            name, requested_by, progress = running[task]
+            log.error("reset_interrupted", counter=name, requested_by=requested_by, waited_s=timeout_s,
+                      **progress.as_json())
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _reset_keys(self, request: web.Request) -> list[str]:
         """The keys a reset's body names: none (no body, or ``{}``) is every key."""
@@ -451,6 +534,67 @@ def _bearer(request: web.Request) -> str:
     if scheme.lower() != "bearer" or not given.strip():
         raise _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
     return given.strip()
+
+
+# Kafka refusals that no retry undoes: the user lacks a grant, the topic went away, a record is refused.
+_PERMANENT_KAFKA = (errors.TopicAuthorizationFailedError, errors.ClusterAuthorizationFailedError,
+                    errors.AuthenticationFailedError, errors.UnknownTopicOrPartitionError,
+                    errors.RecordTooLargeError, errors.MessageSizeTooLargeError, errors.UnsupportedVersionError)
+
+
+def _permanent(exc: Exception) -> bool:
+    """True for a reset failure that a retry as it is would meet again (a grant, a topic, a role to fix, or a
+    failure nobody expected); False for one that passes (a server away, a timeout, a connection lost)."""
+    if isinstance(exc, CassandraUnavailableError | OSError | TimeoutError):
+        return False
+    return not isinstance(exc, errors.KafkaError) or isinstance(exc, _PERMANENT_KAFKA)
+
+
+def _what_to_fix(exc: Exception) -> str:
+    if isinstance(exc, errors.TopicAuthorizationFailedError | errors.ClusterAuthorizationFailedError):
+        return ("Kafka refused serve's user (COUNTERSINK_KAFKA__*) to write the counter's topics: grant it WRITE on "
+                "them (docs/security.md, \"Admin tokens\")")
+    if isinstance(exc, errors.AuthenticationFailedError):
+        return "Kafka refused serve's credentials (COUNTERSINK_KAFKA__SASL_*)"
+    if isinstance(exc, errors.MessageSizeTooLargeError | errors.RecordTooLargeError):
+        return ("Kafka refused the control record as too large: raise the topic's max.message.bytes (a control "
+                "record holds the reset's keys)")
+    if isinstance(exc, errors.UnknownTopicOrPartitionError):
+        return "a topic of the counter no longer exists in Kafka"
+    if isinstance(exc, CassandraError):
+        return (f"Cassandra refused the admin role (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME): {_first_line(exc)} "
+                "(docs/security.md: the grants it needs)")
+    if isinstance(exc, errors.KafkaError):
+        return f"Kafka refused the control record: {type(exc).__name__}"
+    return f"{type(exc).__name__} (reset_failed in serve's log)"
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's message, first line, bounded (driver messages may be long)."""
+    return (str(exc).splitlines() or [""])[0][:300]
+
+
+def _reset_problem(status: HTTPStatus, detail: str, progress: ResetProgress, retry_after: int | None = None
+                   ) -> web.Response:
+    """A problem document for a failed reset, with a ``reset`` member saying what was recorded (its stage, and
+    its epoch and id once recorded)."""
+    return web.Response(status=status, content_type=_PROBLEM, headers=(
+        {"Retry-After": str(retry_after)} if retry_after else None), text=json.dumps(
+        {"title": status.phrase, "status": int(status), "detail": detail, "reset": progress.as_json()}))
+
+
+_IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (1 to 128 of A-Z a-z 0-9 . _ : -), None without one; 400 otherwise."""
+    given = request.headers.getall("Idempotency-Key", [])
+    if not given:
+        return None
+    if len(given) > 1 or not _IDEMPOTENCY_KEY.fullmatch(given[0]):
+        raise _problem(web.HTTPBadRequest, "Idempotency-Key is one header of 1 to 128 of A-Z a-z 0-9 . _ : - "
+                       "(a UUID fits)")
+    return given[0]
 
 
 def _checked_key(key: str) -> str:
@@ -758,7 +902,10 @@ async def _observed(request: web.Request, handler: Callable[[web.Request], Await
         METRICS.serve_request_seconds.labels(route=route).observe(time.perf_counter() - started)
 
 
-def api_runner(api: ReadApi, *, shutdown_timeout: float = 5) -> web.AppRunner:
+STOP_TIMEOUT_S = 5.0  # the longest a stop waits for running resets, then for the requests in flight
+
+
+def api_runner(api: ReadApi, *, shutdown_timeout: float = STOP_TIMEOUT_S) -> web.AppRunner:
     """The runner of ``api``'s application. The parser's own limits (a request line or header line past them
     is answered 400 before routing) and its refusals answered and logged without quoting the request."""
 
@@ -1028,6 +1175,9 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         try:
             await stop.wait()
         finally:
+            # Resets first: shielded from the request that asked, each is awaited (within the stop timeout,
+            # while new ones answer 503) before the server closes and cancels what it still handles.
+            await api.finish_resets(STOP_TIMEOUT_S)
             await runner.cleanup()
             log.info("serve_stopped")
     return 0

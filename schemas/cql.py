@@ -216,6 +216,7 @@ def create_tables(keyspace: str) -> list[str]:
             partitions map<text, int>,
             requested_by text,
             requested_us bigint,
+            request_key text,
             PRIMARY KEY ((counter), epoch)
         )""",
         # Where each reset sits in a partition: the offset of its control record there, recorded by the reset
@@ -275,6 +276,8 @@ def create_tables(keyspace: str) -> list[str]:
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
                  ("topic_formats", "text")),
+    # A reset's idempotency key (POST /counters/{name}/reset's Idempotency-Key): a repeated request answers it.
+    "resets": (("request_key", "text"),),
 }
 
 
