@@ -162,7 +162,13 @@ class ReadApi:
         resource = request.match_info.route.resource
         if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
                 and request.method == "POST":
-            request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
+            try:
+                request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
+            except web.HTTPException as exc:
+                # Every refused attempt at a reset leaves a line (never the token): who tried is in the peer.
+                log.warning("reset_refused", counter=request.match_info.get("name"), status=exc.status,
+                            peer=request.remote, error=exc.reason)
+                raise
         elif request.path not in _OPEN_PATHS and self.tokens.required:
             self._check_token(request)
         if self._handling >= self.settings.max_requests:
@@ -467,7 +473,7 @@ class ReadApi:
             return []
         try:
             document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes (1024 x "[")
             raise _problem(web.HTTPBadRequest, 'the body is JSON: {"keys": ["k1", "k2"]}, or none') from None
         if not isinstance(document, dict) or set(document) - {"keys"}:
             raise _problem(web.HTTPBadRequest, 'the body is an object whose only member is keys')
@@ -597,9 +603,15 @@ def _idempotency_key(request: web.Request) -> str | None:
     return given[0]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _checked_key(key: str) -> str:
     """A key a request gives: 1 to the bytes an event's key may have, and an instance key at all. (The empty
     key of the one instance of a counter with no key fields is not given: /counters/{name} reads it.)"""
+    if _SURROGATE.search(key):
+        # JSON's \ud800 escapes decode to text that is no UTF-8: no event's key could be it.
+        raise _problem(web.HTTPBadRequest, "a key is Unicode text: a lone surrogate (\\ud800 to \\udfff) is not")
     if not key or len(key.encode()) > DEFAULT_MAX_KEY_BYTES:
         raise _problem(web.HTTPBadRequest, f"a key is 1 to {DEFAULT_MAX_KEY_BYTES} bytes (a counter with no key "
                        "fields is read without one)")
@@ -728,6 +740,10 @@ class Tokens:
         self._checked_at = float("-inf")
         if self._file is not None:
             self._reload(strict=True)
+        both = sorted({name for name, _ in self._fixed} & {name for name, _ in self._from_file}) if admin else []
+        if both:
+            raise TokenError(f"{self._variable} and {self._variable}_FILE both name {', '.join(both)}: each admin "
+                             "token has a name of its own")
         self._count_accepted()
 
     @property
@@ -829,6 +845,8 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
     tokens: list[tuple[str, bytes]] = []
     short: list[str] = []
     unnamed: list[str] = []
+    named_at: dict[str, str] = {}
+    twice: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         token = line.strip()
         if not token or token.startswith("#"):
@@ -840,6 +858,10 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
             if not _TOKEN_NAME.fullmatch(name) or not token:
                 unnamed.append(str(number))
                 continue
+            if name in named_at:
+                # A name says who reset: two tokens under one name could not be told apart, nor one revoked.
+                twice.append(f"{named_at[name]} and {number}")
+            named_at.setdefault(name, str(number))
         if len(token) < _MIN_TOKEN_CHARS:
             short.append(str(number))
         tokens.append((name, token.encode("utf-8", "surrogateescape")))
@@ -847,6 +869,9 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
     if unnamed:
         raise TokenError(f"{prefix}{_lines(unit, unnamed)}: not NAME:TOKEN (a name is 1 to 64 of "
                          "A-Z a-z 0-9 . _ @ -)")
+    if twice:
+        raise TokenError(f"{prefix}{unit.replace('y', 'ie')}s {'; '.join(twice)} give one name to two tokens (each "
+                         "admin token has a name of its own: it is who a reset records as asking)")
     if short:
         raise TokenError(f"{prefix}{_lines(unit, short)}: "
                          f"{'a token' if len(short) == 1 else 'tokens'} shorter than {_MIN_TOKEN_CHARS} characters")
@@ -1141,7 +1166,8 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
                     why="anyone who reaches this address reads every counter and /metrics: set "
                         "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")
     client = CassandraClient(settings.cassandra, app="countersink-serve")
-    writer = CassandraClient(admin_cassandra, app="countersink-serve-admin") if admin_cassandra else None
+    writer = CassandraClient(admin_cassandra, app="countersink-serve-admin", credentials=_ADMIN_CREDENTIALS
+                             ) if admin_cassandra else None
     started = time.monotonic()
     try:
         # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
@@ -1183,11 +1209,18 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
     return 0
 
 
+_ADMIN_CREDENTIALS = "COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME and __ADMIN_CASSANDRA_PASSWORD"
+
+
 def _admin_cassandra(cassandra: CassandraSettings, serve_settings: ServeSettings) -> CassandraSettings | None:
     """The Cassandra settings of the role that writes resets (validated like any: no password in the clear
     without ``allow_insecure``), or None when admin routes are not served."""
     if serve_settings.admin_cassandra_username is None:
         return None
+    if serve_settings.admin_cassandra_password is None:
+        # Connecting with an empty password would fail later, blaming the read role's settings.
+        raise ValueError("COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME is set without "
+                         "COUNTERSINK_SERVE__ADMIN_CASSANDRA_PASSWORD: set the admin role's password too")
     fields = {**dict(cassandra), "username": serve_settings.admin_cassandra_username,
               "password": serve_settings.admin_cassandra_password}
     try:
