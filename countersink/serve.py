@@ -401,6 +401,7 @@ class ReadApi:
         # The reset runs to its end whatever becomes of this request (shielded): a shutdown awaits it
         # (finish_resets), and the next reset starts only after it.
         self._running[task] = (name, requested_by, progress)
+        log.info("reset_started", counter=name, keys=len(keys), requested_by=requested_by, request_key=request_key)
 
         def finished(_: asyncio.Task[ResetDone]) -> None:
             self._running.pop(task, None)
@@ -568,8 +569,9 @@ def _what_to_fix(exc: Exception) -> str:
     if isinstance(exc, errors.UnknownTopicOrPartitionError):
         return "a topic of the counter no longer exists in Kafka"
     if isinstance(exc, CassandraError):
-        return (f"Cassandra refused the admin role (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME): {_first_line(exc)} "
-                "(docs/security.md: the grants it needs)")
+        return (f"Cassandra refused the reset's request as the admin role (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME)"
+                f": {_first_line(exc)} (docs/security.md: the grants it needs; on a keyspace made by an earlier "
+                "version, run countersink schema)")
     if isinstance(exc, errors.KafkaError):
         return f"Kafka refused the control record: {type(exc).__name__}"
     return f"{type(exc).__name__} (reset_failed in serve's log)"
@@ -1047,8 +1049,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                "type": "object", "required": ["start", "end", "value", "buckets_counted"],
                                "properties": {"start": {"type": "string"}, "end": {"type": "string"}, "value": value,
                                               "buckets_counted": {"type": "integer"}}}}}},
-            "Problem": {"type": "object", "properties": {"title": {"type": "string"}, "status": {"type": "integer"},
-                                                         "detail": {"type": "string"}}},
+            "Problem": {"type": "object", "properties": {
+                "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"},
+                "reset": {"type": "object", "required": ["stage", "recorded"], "description": "a reset that failed: "
+                          "how far it went, and once recorded its epoch, id and control records published",
+                          "properties": {"stage": {"type": "string", "enum": ["partitions", "recording", "publishing",
+                                                                              "positions"]},
+                                         "recorded": {"type": "boolean"}, "epoch": {"type": "integer"},
+                                         "id": {"type": "string"}, "published": {"type": "integer"},
+                                         "partitions": {"type": "integer"}}}}},
         }},
     }
     if tracing:
@@ -1079,7 +1088,12 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
             "description": "As countersink reset --json (docs/operations.md, \"Resetting a counter\"), recorded as "
                            "asked by the admin token's name. Without a body (or with {}), every key of the counter. "
                            "Needs an admin token: a read token answers 403.",
-            "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema}],
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                           {"name": "Idempotency-Key", "in": "header", "required": False,
+                            "schema": {"type": "string", "pattern": _IDEMPOTENCY_KEY.pattern},
+                            "description": "the same on every attempt of one reset: a request whose key was "
+                                           "recorded with a reset of the counter answers that reset (completing "
+                                           "it) instead of making a second. Clients that retry must send one."}],
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "additionalProperties": False, "properties": {"keys": {
                     "type": "array", "items": key_schema, "minItems": 1,
@@ -1088,7 +1102,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
             "responses": {"200": {"description": "the reset as recorded: its epoch, id, who asked, when, and its "
                                   "point in each partition (counts from offset + 1 on)", "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/Reset"}}}},
-                **errors, "401": problem, "403": problem, "409": problem},
+                **errors, "401": problem, "403": problem, "409": problem, "500": problem},
         }}
         document["components"]["schemas"]["Reset"] = {
             "type": "object", "required": ["counter", "keys", "epoch", "id", "requested_by", "requested_at",
@@ -1097,6 +1111,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "counter": {"type": "string"}, "keys": {"type": "array", "items": {"type": "string"}},
                 "epoch": {"type": "integer"}, "id": {"type": "string"}, "requested_by": {"type": "string"},
                 "requested_at": {"type": "string"},
+                "warning": {"type": "string", "description": "the reset took effect, but recording its positions "
+                            "failed: the consumers record them as they apply it"},
                 "positions": {"type": "array", "items": {
                     "type": "object", "required": ["topic", "partition", "offset"], "properties": {
                         "topic": {"type": "string"}, "partition": {"type": "integer"},

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,8 +20,8 @@ from countersink.cassandra import CassandraClient
 from countersink.kafka import make_consumer
 from countersink.registry import CounterRegistry
 from countersink.resets import read_points, read_reset_rows, record_reset
-from countersink.serve import ReadApi, Resetting, Tokens, api_runner
-from countersink.settings import CassandraSettings, Consistency, KafkaSettings, ServeSettings
+from countersink.serve import ReadApi, Resetting, Tokens, api_runner, serve
+from countersink.settings import CassandraSettings, Consistency, KafkaSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
 from tests.integration.test_resets import DEFINITIONS, PARTITIONS
 
@@ -113,6 +114,17 @@ async def test_an_idempotency_key_answers_the_recorded_reset_and_completes_it(
             plain = await http.post("/counters/shares/reset", headers=AUTH)
             assert (plain.status, (await plain.json())["epoch"]) == (200, expected)
 
+    # A keyspace made before keys were recorded: a request with a key fails (500, nothing to retry), one
+    # without resets.
+    async with CassandraClient(cassandra_settings) as client:
+        await client.execute("ALTER TABLE resets DROP request_key", prepared=False)
+        async with _serving(client, kafka_settings, topic) as (_, http):
+            keyed = await http.post("/counters/trades/reset", headers={**AUTH, "Idempotency-Key": "k"})
+            assert keyed.status == 500, await keyed.text()
+            assert (await keyed.json())["reset"]["recorded"] is False
+            plain = await http.post("/counters/trades/reset", headers=AUTH)
+            assert plain.status == 200, await plain.text()
+
 
 async def test_a_client_gone_before_its_reset_starts_gets_none(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
@@ -195,3 +207,45 @@ async def test_a_control_record_kafka_refuses_answers_500_with_the_recorded_epoc
         assert "same Idempotency-Key" in problem["detail"]
         (failed,) = [e for e in logs if e["event"] == "reset_failed"]
         assert (failed["epoch"], failed["id"], failed["error"]) == (1, row["id"], "MessageSizeTooLargeError")
+
+
+async def _logged(logs: list[MutableMapping[str, Any]], event: str) -> MutableMapping[str, Any]:
+    """The first entry of ``event`` in ``logs``, waited for (30 s at most)."""
+    for _ in range(3000):
+        found = [entry for entry in logs if entry["event"] == event]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no {event} in {logs}")
+
+
+async def test_serve_told_to_stop_during_a_reset_finishes_it_and_refuses_new_ones(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]],
+) -> None:
+    """``countersink serve``'s own stop (what SIGTERM sets): with a reset started, a reset asked for after the
+    stop answers 503 (the server still listens while it waits), the started one answers 200 with a control
+    record in every partition, and serve then exits 0."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic), "c.toml"),
+                                               "test", "g")
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings.model_copy(update={"allow_insecure": True}))
+    serve_settings = ServeSettings(host="127.0.0.1", port=0, allow_insecure=True,
+                                   admin_tokens=SecretStr(f"ops:{TOKEN}"), admin_cassandra_username="admin",
+                                   admin_cassandra_password=SecretStr(secrets.token_urlsafe(12)))
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        serving = asyncio.create_task(serve(settings, serve_settings, None, None, stop=stop))
+        port = (await _logged(logs, "serve_started"))["port"]
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{port}") as http:
+            first = asyncio.create_task(http.post("/counters/trades/reset", headers=AUTH))
+            await _logged(logs, "reset_started")
+            stop.set()
+            second = await http.post("/counters/shares/reset", headers=AUTH)
+            assert second.status == 503, await second.text()
+            answer = await first
+            assert answer.status == 200, await answer.text()
+            assert sorted(p["partition"] for p in (await answer.json())["positions"]) == list(range(PARTITIONS))
+        assert await serving == 0
+    assert not [entry for entry in logs if entry["event"] == "reset_interrupted"]
