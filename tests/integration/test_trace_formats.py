@@ -4,6 +4,7 @@ refused; an Avro or Protobuf record is never reported dead-lettered as unparseab
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -31,7 +32,7 @@ from schemas.definitions import load_definitions
 from schemas.formats import ProtoSchema, avro_encoder, frame
 from stack.loading import end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import running
-from tests.integration.test_trace import FORMAT_DEFINITIONS, PURCHASE, VIEW
+from tests.integration.test_trace import FORMAT_DEFINITIONS, PURCHASE, VIEW, _trace
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +92,14 @@ async def test_a_trace_from_the_registry_decodes_as_the_consumer_recorded_or_ref
                                                     f"topic '{avro}'"):
             await traced(avro, (0, 1))
         assert (await traced(proto, (0, 0)))["amount_by_sku"].outcome == "counted"  # its row has them
+        refused = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", avro, "--offset",
+                                          "0:1")
+        assert refused.returncode == 2, refused.stderr
+        assert "pass --counters FILE" in refused.stderr
+        async with TestClient(TestServer(api.app())) as http:
+            answer = await http.get(f"/trace/{avro}", params={"offset": "0:1"})
+            assert answer.status == 404, await answer.text()
+            assert "pass --counters FILE" in (await answer.json())["detail"]
         async with running(ConsumerService(settings, definitions)):
             pass  # a start records the formats over the old row
         assert (await traced(avro, (0, 1)))["views_by_page"].outcome == "counted"
