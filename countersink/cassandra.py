@@ -73,9 +73,12 @@ class CassandraClient:
     Result rows come back as the driver gives them: note that uuid columns arrive as text.
     """
 
-    def __init__(self, settings: CassandraSettings, *, use_keyspace: bool = True, app: str = "countersink"):
-        """``use_keyspace=False`` connects without selecting the keyspace (to create or drop it)."""
+    def __init__(self, settings: CassandraSettings, *, use_keyspace: bool = True, app: str = "countersink",
+                 credentials: str = "COUNTERSINK_CASSANDRA__USERNAME and __PASSWORD"):
+        """``use_keyspace=False`` connects without selecting the keyspace (to create or drop it). ``credentials``:
+        the settings a refusal of the credentials names (another role's, for a client logged in as it)."""
         self.settings = settings
+        self._credentials = credentials
         self.keyspace = settings.keyspace
         self._use_keyspace = use_keyspace
         self._app = app
@@ -143,7 +146,7 @@ class CassandraClient:
         except acsylla.errors.CassErrorServerBadCredentials as exc:
             user = f"user {self.settings.username!r}" if self.settings.username else "no user name"
             raise CassandraError(
-                f"Cassandra refused the credentials ({user}; check COUNTERSINK_CASSANDRA__USERNAME and __PASSWORD)"
+                f"Cassandra refused the credentials ({user}; check {self._credentials})"
             ) from exc
         except _TLS_REFUSED as exc:
             # Retrying cannot fix a certificate: say what TLS refused, at once.

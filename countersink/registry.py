@@ -25,6 +25,7 @@ from countersink.settings import Consistency
 from schemas import registry
 from schemas.definitions import CounterDefinition, CounterSet
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
+from schemas.formats import TopicFormat
 
 log = get_logger(__name__)
 
@@ -57,17 +58,26 @@ class CounterRegistry:
         await self._judge(counters, group, backfill, {d.name: await self.record(d.name) for d in counters},
                           adopt=False)
         answers: dict[str, dict[str, Any] | None] = {}
+        formats = {d.name: None if d.name in backfill else registry.formats_record(counters, d) for d in counters}
         for definition in counters:
             result = await self.client.execute(
                 "INSERT INTO counters (name, kind, fingerprint, definition, registered_us, registered_by, "
-                "consumer_group) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+                "consumer_group, topic_formats) VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
                 [definition.name, definition.kind, registry.fingerprint(definition), registry.to_record(definition),
-                 time.time_ns() // 1000, registered_by, None if definition.name in backfill else group],
+                 time.time_ns() // 1000, registered_by, None if definition.name in backfill else group,
+                 formats[definition.name]],
                 idempotent=False)  # a conditional write is never retried blindly by the driver
             rows = as_dicts(result)
             answers[definition.name] = None if not rows or rows[0].get("[applied]") else rows[0]
         # Again with what each insert found: a consumer starting at the same moment may have recorded first.
         await self._judge(counters, group, backfill, answers, adopt=True)
+        # The topics' formats as this consumer decodes them, over a record made before formats were recorded or
+        # with other ones (formats may change under the same meaning). A backfill records none: it reads the
+        # topics as the live consumer does, and that one records them.
+        for name, row in answers.items():
+            if row is not None and formats[name] is not None and row.get("topic_formats") != formats[name]:
+                await self.client.execute("UPDATE counters SET topic_formats = ? WHERE name = ? IF EXISTS",
+                                          [formats[name], name], idempotent=False)
 
     async def _judge(self, counters: CounterSet, group: str | None, backfill: Collection[str],
                      rows: dict[str, dict[str, Any] | None], *, adopt: bool) -> None:
@@ -187,6 +197,15 @@ class CounterRegistry:
         self._known = registry.registered_set(definitions) if definitions else None
         self._loaded_at = time.monotonic()
         return self._known
+
+    async def topic_format(self, topic: str) -> TopicFormat | str:
+        """The format of ``topic`` as the consumers of its counters recorded it, or why it is not known."""
+        rows = as_dicts(await self.client.execute("SELECT * FROM counters", consistency=self.consistency))
+        records = [row.get("topic_formats") for row in rows if row.get("definition") is not None
+                   and row.get("dropped_us") is None and topic in registry.from_record(row["definition"]).topics]
+        if not records:
+            return f"no counter in the counter registry reads topic {topic!r}"
+        return registry.recorded_format(topic, records)
 
     async def lookup(self, name: str) -> tuple[bool, CounterDefinition | None]:
         """(known, definition): known is False only for a name missing from a registry that has entries. The

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -150,16 +150,24 @@ class ResetRefusedError(CountersinkError):
     """Raised when a reset cannot be recorded (too many keys, no epoch claimed after retries)."""
 
 
+_INSERT = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
+# Only a request with a key names the column (a keyspace not yet given it resets from the command line).
+_INSERT_KEYED = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us, request_key) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
+
+
 async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,
-                       write_cl: Consistency, partitions: Mapping[str, int], attempts: int = 20) -> tuple[Reset, int]:
+                       write_cl: Consistency, partitions: Mapping[str, int], attempts: int = 20,
+                       request_key: str | None = None) -> tuple[Reset, int]:
     """Record a new reset of ``counter`` (``keys``, or all keys when empty) at the next epoch, by LWT, with the
-    number of ``partitions`` of each of its topics now."""
+    number of ``partitions`` of each of its topics now (and the request's idempotency key, if any)."""
     if len(keys) > MAX_RESET_KEYS:
         raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
     for _ in range(attempts):
         epoch = await next_epoch(client, counter, write_cl)
         reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
-        at_us = await claim_epoch(client, reset, requested_by, write_cl)
+        at_us = await claim_epoch(client, reset, requested_by, write_cl, request_key)
         if at_us is not None:
             return reset, at_us
     raise ResetRefusedError(f"could not claim a new epoch of {counter} after {attempts} attempts")
@@ -170,15 +178,15 @@ async def next_epoch(client: CassandraClient, counter: str, consistency: Consist
     return max((r.epoch for r in await read_resets(client, counter, consistency)), default=0) + 1
 
 
-async def claim_epoch(client: CassandraClient, reset: Reset, requested_by: str, write_cl: Consistency) -> int | None:
-    """Record ``reset`` at its own epoch, by LWT; when it was recorded (microseconds since 1970), None when
-    another reset holds that epoch."""
+async def claim_epoch(client: CassandraClient, reset: Reset, requested_by: str, write_cl: Consistency,
+                      request_key: str | None = None) -> int | None:
+    """Record ``reset`` at its own epoch, by LWT (with the request's idempotency key, if any); when it was
+    recorded (microseconds since 1970), None when another reset holds that epoch."""
     at_us = time.time_ns() // 1000
     rows = as_dicts(await client.execute(
-        "INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+        _INSERT_KEYED if request_key else _INSERT,
         [reset.counter, reset.epoch, reset.reset_id, set(reset.keys) or None, dict(reset.partitions), requested_by,
-         at_us], consistency=write_cl, idempotent=False))
+         at_us, *([request_key] if request_key else [])], consistency=write_cl, idempotent=False))
     if not rows or rows[0].get("[applied]"):
         return at_us
     if rows[0].get("id") == reset.reset_id:  # ours, applied with its answer lost and retried
@@ -187,26 +195,54 @@ async def claim_epoch(client: CassandraClient, reset: Reset, requested_by: str, 
 
 
 async def publish_controls(reset: Reset, partitions: Sequence[tuple[str, int]],
-                           send: Callable[[str, int, bytes, list[tuple[str, bytes]]], Any]) -> list[ResetPosition]:
-    """Publish the reset's control record to each (topic, partition) and return where each landed. ``send``
-    sends one record to one partition and returns an awaitable of its offset."""
+                           send: Callable[[str, int, bytes, list[tuple[str, bytes]]], Any],
+                           positions: list[ResetPosition] | None = None) -> list[ResetPosition]:
+    """Publish the reset's control record to each (topic, partition) and return where each landed (appended to
+    ``positions`` as each lands, when given). ``send`` sends one record to one partition and returns an
+    awaitable of its offset."""
     value, headers = control_record(reset)
-    positions = []
+    positions = [] if positions is None else positions
     for topic, partition in partitions:
         offset = await send(topic, partition, value, headers)
         positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, topic, partition, int(offset)))
     return positions
 
 
+# The stages of a reset, in order: what :class:`ResetProgress` says it was doing when it stopped.
+PARTITIONS, RECORDING, PUBLISHING, POSITIONS, DONE = "partitions", "recording", "publishing", "positions", "done"
+
+
+@dataclass
+class ResetProgress:
+    """How far a reset went, for whoever must say so when it fails or is interrupted: its stage, the reset once
+    recorded (its epoch and id), and the control records published so far."""
+
+    stage: str = PARTITIONS
+    reset: Reset | None = None
+    published: list[ResetPosition] = field(default_factory=list)
+    partitions: int = 0  # control records to publish
+    requested_us: int = 0  # when the reset was recorded
+    request_key: str | None = None  # the request's idempotency key
+
+    def as_json(self) -> dict[str, Any]:
+        """The members a problem document carries about a reset that did not complete."""
+        if self.reset is None:
+            return {"stage": self.stage, "recorded": False}
+        return {"stage": self.stage, "recorded": True, "epoch": self.reset.epoch, "id": self.reset.reset_id,
+                "published": len(self.published), "partitions": self.partitions}
+
+
 @dataclass(frozen=True)
 class ResetDone:
-    """A reset recorded and published: who asked, when (microseconds since the epoch), and its points."""
+    """A reset recorded and published: who asked, when (microseconds since the epoch), and its points.
+    ``repeated``: the reset a request with the same idempotency key recorded before (not a new one)."""
 
     reset: Reset
     keys: tuple[str, ...]
     requested_by: str
     requested_us: int
     positions: tuple[ResetPosition, ...]
+    repeated: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """As ``countersink reset --json`` prints it (and ``POST /counters/{name}/reset`` answers)."""
@@ -217,12 +253,32 @@ class ResetDone:
                               for p in self.positions]}
 
 
+async def recorded_request(client: CassandraClient, counter: str, request_key: str, read_cl: Consistency
+                           ) -> dict[str, Any] | None:
+    """The ``resets`` row of ``counter`` recorded with the idempotency key ``request_key``, or None."""
+    if not await _table_exists(client):
+        return None
+    rows = as_dicts(await client.execute("SELECT * FROM resets WHERE counter = ?", [counter], consistency=read_cl))
+    return next((row for row in rows if row.get("request_key") == request_key), None)
+
+
 async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definition: CounterDefinition,
-                        keys: Sequence[str], requested_by: str, write_cl: Consistency, positions_read_cl: Consistency
-                        ) -> ResetDone:
+                        keys: Sequence[str], requested_by: str, write_cl: Consistency, positions_read_cl: Consistency,
+                        *, request_key: str | None = None, progress: ResetProgress | None = None) -> ResetDone:
     """Reset ``definition``'s counter (``keys``, or every key when empty): record the reset, publish its control
     record to every partition of the counter's topics, record where each landed. Raises
-    :class:`ResetRefusedError` before recording anything when a topic has no partition Kafka knows."""
+    :class:`ResetRefusedError` before recording anything when a topic has no partition Kafka knows.
+
+    With ``request_key``, a reset of the counter already recorded with that key is not made again: it is
+    answered (``repeated``), its control record published to the partitions where none is recorded yet (an
+    earlier attempt cut short), which is harmless where one landed unrecorded (the least offset counts).
+    ``progress`` is kept up to date as the reset goes."""
+    progress = progress if progress is not None else ResetProgress()
+    progress.request_key = request_key
+    if request_key is not None:
+        row = await recorded_request(client, definition.name, request_key, write_cl)
+        if row is not None:
+            return await _repeated(client, kafka, row, keys, write_cl, positions_read_cl, progress)
     producer = make_producer(kafka)
     await producer.start()
     try:
@@ -240,14 +296,53 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         if missing:
             # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
             raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
-        recorded, at_us = await record_reset(client, definition.name, keys, requested_by, write_cl, counts)
-
-        async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
-            metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
-            return int(metadata.offset)
-
-        positions = await publish_controls(recorded, partitions, send)
+        progress.stage = RECORDING
+        recorded, at_us = await record_reset(client, definition.name, keys, requested_by, write_cl, counts,
+                                             request_key=request_key)
+        progress.reset, progress.stage, progress.partitions = recorded, PUBLISHING, len(partitions)
+        progress.requested_us = at_us
+        positions = await publish_controls(recorded, partitions, _sender(producer), progress.published)
     finally:
         await producer.stop()
+    progress.stage = POSITIONS
     await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
+    progress.stage = DONE
     return ResetDone(recorded, tuple(keys), requested_by, at_us, tuple(positions))
+
+
+def _sender(producer: Any) -> Callable[[str, int, bytes, list[tuple[str, bytes]]], Any]:
+    async def send(topic: str, partition: int, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+        metadata = await (await producer.send(topic, value, partition=partition, headers=headers))
+        return int(metadata.offset)
+
+    return send
+
+
+async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str, Any], keys: Sequence[str],
+                    write_cl: Consistency, positions_read_cl: Consistency, progress: ResetProgress) -> ResetDone:
+    """The reset ``row`` records, asked for again with its idempotency key: its control record published where
+    no position is recorded yet, and answered as recorded."""
+    recorded = _reset_of(row)
+    if recorded.keys != frozenset(keys):
+        raise ResetRefusedError(f"Idempotency-Key {row.get('request_key')!r} was given to reset epoch "
+                                f"{recorded.epoch} of {recorded.counter} with other keys: a new reset needs a new key")
+    progress.reset, progress.stage = recorded, PUBLISHING
+    progress.requested_us = int(row.get("requested_us") or 0)
+    points = await read_points(client, recorded.counter, recorded.epoch, dict(recorded.partitions))
+    missing = [(topic, p) for topic, count in recorded.partitions for p in range(count) if (topic, p) not in points]
+    progress.partitions = len(missing)
+    published: list[ResetPosition] = []
+    if missing:
+        producer = make_producer(kafka)
+        await producer.start()
+        try:
+            await publish_controls(recorded, missing, _sender(producer), published)
+        finally:
+            await producer.stop()
+        progress.stage = POSITIONS
+        await CassandraResets(client, positions_read_cl, write_cl).record_positions(published)
+    progress.stage = DONE
+    positions = [ResetPosition(recorded.reset_id, recorded.counter, recorded.epoch, topic, p, offset)
+                 for (topic, p), offset in points.items()] + published
+    return ResetDone(recorded, tuple(keys), str(row.get("requested_by")), int(row.get("requested_us") or 0),
+                     tuple(sorted(positions, key=lambda p: (p.topic, p.partition))), repeated=True)

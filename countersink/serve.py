@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiokafka.errors import KafkaError
+from aiokafka import errors
 from pydantic import ValidationError
 
 from countersink.cassandra import (
@@ -68,7 +68,15 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_state, to_jsonable
 from countersink.registry import CounterRegistry
-from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_epochs, reset_counter
+from countersink.resets import (
+    MAX_RESET_KEYS,
+    POSITIONS,
+    ResetDone,
+    ResetProgress,
+    ResetRefusedError,
+    read_epochs,
+    reset_counter,
+)
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.schema_registry import SchemaRegistryUnavailableError
 from countersink.settings import (
@@ -103,6 +111,8 @@ class ReadApi:
         # such route.
         self.resetting = resetting
         self._resets = asyncio.Semaphore(1)  # one reset at a time: each publishes with a producer of its own
+        self._running: dict[asyncio.Task[ResetDone], tuple[str, str, ResetProgress]] = {}
+        self._stopping = False  # set by finish_resets: no reset starts any more
         # The Kafka and consumer settings that ``/trace/{topic}`` reads records with; None: no such route.
         self.tracing = tracing
         self._traces = asyncio.Semaphore(1)  # one trace at a time: each reads Kafka with a client of its own
@@ -152,7 +162,13 @@ class ReadApi:
         resource = request.match_info.route.resource
         if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
                 and request.method == "POST":
-            request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
+            try:
+                request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
+            except web.HTTPException as exc:
+                # Every refused attempt at a reset leaves a line (never the token): who tried is in the peer.
+                log.warning("reset_refused", counter=request.match_info.get("name"), status=exc.status,
+                            peer=request.remote, error=exc.reason)
+                raise
         elif request.path not in _OPEN_PATHS and self.tokens.required:
             self._check_token(request)
         if self._handling >= self.settings.max_requests:
@@ -350,32 +366,106 @@ class ReadApi:
 
     async def reset(self, request: web.Request) -> web.Response:
         """``POST /counters/{name}/reset`` with ``{"keys": [...]}`` or no body (every key): as ``countersink reset
-        --json``, recorded as asked by the admin token's name."""
+        --json``, recorded as asked by the admin token's name. With an ``Idempotency-Key``, a request repeated
+        with the same key answers the reset the first one recorded (completing it if it was cut short)."""
         resetting = self.resetting
         if resetting is None:
             raise _problem(web.HTTPNotFound, "resets are not served here")
         name = await self._counter(request)
         keys = await self._reset_keys(request)
+        request_key = _idempotency_key(request)
         requested_by = request[_ADMIN_NAME]
+        self._refuse_if_stopping(name, requested_by)
         async with self._cassandra_answers():
             known, definition = await CounterRegistry(resetting.client).lookup(name)
         if not known or definition is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry: a consumer records "
                            "it when it starts")
         cassandra = resetting.client.settings
+        progress = ResetProgress()
+        await self._resets.acquire()
         try:
-            async with self._resets:
-                done = await reset_counter(resetting.client, resetting.kafka, definition, keys, requested_by,
-                                           cassandra.write_consistency, cassandra.replay_read_consistency)
+            # Waited for a slot: a client gone meanwhile (timed out, and perhaps retrying) gets no reset it cannot
+            # learn of; and a server told to stop meanwhile starts none.
+            if request.transport is None or request.transport.is_closing():
+                log.warning("reset_not_started", counter=name, requested_by=requested_by, request_key=request_key,
+                            why="the client closed the connection before the reset started")
+                raise _problem(web.HTTPBadRequest, "the client closed the connection before the reset started")
+            self._refuse_if_stopping(name, requested_by)
+            task = asyncio.create_task(reset_counter(
+                resetting.client, resetting.kafka, definition, keys, requested_by, cassandra.write_consistency,
+                cassandra.replay_read_consistency, request_key=request_key, progress=progress))
+        except BaseException:
+            self._resets.release()
+            raise
+        # The reset runs to its end whatever becomes of this request (shielded): a shutdown awaits it
+        # (finish_resets), and the next reset starts only after it.
+        self._running[task] = (name, requested_by, progress)
+        log.info("reset_started", counter=name, keys=len(keys), requested_by=requested_by, request_key=request_key)
+
+        def finished(_: asyncio.Task[ResetDone]) -> None:
+            self._running.pop(task, None)
+            self._resets.release()
+
+        task.add_done_callback(finished)
+        try:
+            done = await asyncio.shield(task)
         except ResetRefusedError as exc:
+            log.warning("reset_refused", counter=name, requested_by=requested_by, status=409, error=str(exc))
             raise _problem(web.HTTPConflict, str(exc)) from None
-        except (CassandraError, KafkaError) as exc:
-            log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__)
-            raise _problem(web.HTTPServiceUnavailable, "the reset did not complete (countersink reset --list "
-                           "shows what was recorded): reset again", retry_after=2) from None
+        except Exception as exc:  # each failure is answered with what was recorded, and logged
+            return self._reset_failed(name, keys, requested_by, progress, exc)
         log.info("reset_requested", counter=name, keys=len(keys), requested_by=requested_by,
-                 epoch=done.reset.epoch, id=done.reset.reset_id)
+                 epoch=done.reset.epoch, id=done.reset.reset_id, request_key=request_key, repeated=done.repeated)
         return web.json_response(done.as_json())
+
+    def _refuse_if_stopping(self, name: str, requested_by: str) -> None:
+        if self._stopping:
+            log.warning("reset_refused", counter=name, requested_by=requested_by, status=503,
+                        error="the server is stopping")
+            raise _problem(web.HTTPServiceUnavailable, "the server is stopping: no reset starts now (another "
+                           "replica, or this one once restarted, takes it)", retry_after=2)
+
+    def _reset_failed(self, name: str, keys: list[str], requested_by: str, progress: ResetProgress,
+                      exc: Exception) -> web.Response:
+        """The answer to a reset that failed, saying what was recorded (epoch and id) and whether to retry."""
+        recorded = progress.reset
+        what = ("nothing was recorded" if recorded is None else
+                f"epoch {recorded.epoch} (id {recorded.reset_id}) was recorded and its control record published "
+                f"to {len(progress.published)} of {progress.partitions} partitions")
+        log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__,
+                  message=_first_line(exc), **progress.as_json())
+        if progress.stage == POSITIONS and recorded is not None:
+            # Every control record is out: the reset took effect. The mutators applying it record its positions.
+            done = ResetDone(recorded, tuple(keys), requested_by, progress.requested_us, tuple(progress.published))
+            return web.json_response({**done.as_json(), "warning": (
+                "the reset took effect (its control record is in every partition), but recording its positions "
+                f"failed ({type(exc).__name__}): the consumers record them as they apply it")})
+        again = ("nothing to complete: reset again" if recorded is None else
+                 "POST again with the same Idempotency-Key to complete this reset (without one, a retry is a new "
+                 "reset)" if progress.request_key else
+                 "the events counted since it in those partitions are not read until a reset that follows: reset "
+                 "again, with an Idempotency-Key that a retry repeats")
+        if _permanent(exc):
+            return _reset_problem(HTTPStatus.INTERNAL_SERVER_ERROR, f"the reset failed and retrying as it is will "
+                                  f"not help: {_what_to_fix(exc)}; {what}. Once fixed, {again}", progress)
+        return _reset_problem(HTTPStatus.SERVICE_UNAVAILABLE, f"the reset did not complete ({type(exc).__name__}): "
+                              f"{what}; {again}", progress, retry_after=2)
+
+    async def finish_resets(self, timeout_s: float) -> None:
+        """Refuse new resets and await the running ones for at most ``timeout_s``; those still running then are
+        logged (``reset_interrupted``, with their epoch and id when recorded) and cancelled."""
+        self._stopping = True
+        running = dict(self._running)
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=timeout_s)
+        for task in pending:
+            name, requested_by, progress = running[task]
+            log.error("reset_interrupted", counter=name, requested_by=requested_by, waited_s=timeout_s,
+                      **progress.as_json())
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _reset_keys(self, request: web.Request) -> list[str]:
         """The keys a reset's body names: none (no body, or ``{}``) is every key."""
@@ -384,7 +474,7 @@ class ReadApi:
             return []
         try:
             document = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes (1024 x "[")
             raise _problem(web.HTTPBadRequest, 'the body is JSON: {"keys": ["k1", "k2"]}, or none') from None
         if not isinstance(document, dict) or set(document) - {"keys"}:
             raise _problem(web.HTTPBadRequest, 'the body is an object whose only member is keys')
@@ -453,9 +543,77 @@ def _bearer(request: web.Request) -> str:
     return given.strip()
 
 
+# Kafka refusals that no retry undoes: the user lacks a grant, the topic went away, a record is refused.
+_PERMANENT_KAFKA = (errors.TopicAuthorizationFailedError, errors.ClusterAuthorizationFailedError,
+                    errors.AuthenticationFailedError, errors.UnknownTopicOrPartitionError,
+                    errors.RecordTooLargeError, errors.MessageSizeTooLargeError, errors.UnsupportedVersionError)
+
+
+def _permanent(exc: Exception) -> bool:
+    """True for a reset failure that a retry as it is would meet again (a grant, a topic, a role to fix, or a
+    failure nobody expected); False for one that passes (a server away, a timeout, a connection lost)."""
+    if isinstance(exc, CassandraUnavailableError | OSError | TimeoutError):
+        return False
+    return not isinstance(exc, errors.KafkaError) or isinstance(exc, _PERMANENT_KAFKA)
+
+
+def _what_to_fix(exc: Exception) -> str:
+    if isinstance(exc, errors.TopicAuthorizationFailedError | errors.ClusterAuthorizationFailedError):
+        return ("Kafka refused serve's user (COUNTERSINK_KAFKA__*) to write the counter's topics: grant it WRITE on "
+                "them (docs/security.md, \"Admin tokens\")")
+    if isinstance(exc, errors.AuthenticationFailedError):
+        return "Kafka refused serve's credentials (COUNTERSINK_KAFKA__SASL_*)"
+    if isinstance(exc, errors.MessageSizeTooLargeError | errors.RecordTooLargeError):
+        return ("Kafka refused the control record as too large: raise the topic's max.message.bytes (a control "
+                "record holds the reset's keys)")
+    if isinstance(exc, errors.UnknownTopicOrPartitionError):
+        return "a topic of the counter no longer exists in Kafka"
+    if isinstance(exc, CassandraError):
+        return (f"Cassandra refused the reset's request as the admin role (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME)"
+                f": {_first_line(exc)} (docs/security.md: the grants it needs; on a keyspace made by an earlier "
+                "version, run countersink schema)")
+    if isinstance(exc, errors.KafkaError):
+        return f"Kafka refused the control record: {type(exc).__name__}"
+    return f"{type(exc).__name__} (reset_failed in serve's log)"
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's message, first line, bounded (driver messages may be long)."""
+    return (str(exc).splitlines() or [""])[0][:300]
+
+
+def _reset_problem(status: HTTPStatus, detail: str, progress: ResetProgress, retry_after: int | None = None
+                   ) -> web.Response:
+    """A problem document for a failed reset, with a ``reset`` member saying what was recorded (its stage, and
+    its epoch and id once recorded)."""
+    return web.Response(status=status, content_type=_PROBLEM, headers=(
+        {"Retry-After": str(retry_after)} if retry_after else None), text=json.dumps(
+        {"title": status.phrase, "status": int(status), "detail": detail, "reset": progress.as_json()}))
+
+
+_IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    """The request's ``Idempotency-Key`` (1 to 128 of A-Z a-z 0-9 . _ : -), None without one; 400 otherwise."""
+    given = request.headers.getall("Idempotency-Key", [])
+    if not given:
+        return None
+    if len(given) > 1 or not _IDEMPOTENCY_KEY.fullmatch(given[0]):
+        raise _problem(web.HTTPBadRequest, "Idempotency-Key is one header of 1 to 128 of A-Z a-z 0-9 . _ : - "
+                       "(a UUID fits)")
+    return given[0]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _checked_key(key: str) -> str:
     """A key a request gives: 1 to the bytes an event's key may have, and an instance key at all. (The empty
     key of the one instance of a counter with no key fields is not given: /counters/{name} reads it.)"""
+    if _SURROGATE.search(key):
+        # JSON's \ud800 escapes decode to text that is no UTF-8: no event's key could be it.
+        raise _problem(web.HTTPBadRequest, "a key is Unicode text: a lone surrogate (\\ud800 to \\udfff) is not")
     if not key or len(key.encode()) > DEFAULT_MAX_KEY_BYTES:
         raise _problem(web.HTTPBadRequest, f"a key is 1 to {DEFAULT_MAX_KEY_BYTES} bytes (a counter with no key "
                        "fields is read without one)")
@@ -584,6 +742,10 @@ class Tokens:
         self._checked_at = float("-inf")
         if self._file is not None:
             self._reload(strict=True)
+        both = sorted({name for name, _ in self._fixed} & {name for name, _ in self._from_file}) if admin else []
+        if both:
+            raise TokenError(f"{self._variable} and {self._variable}_FILE both name {', '.join(both)}: each admin "
+                             "token has a name of its own")
         self._count_accepted()
 
     @property
@@ -685,6 +847,8 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
     tokens: list[tuple[str, bytes]] = []
     short: list[str] = []
     unnamed: list[str] = []
+    named_at: dict[str, str] = {}
+    twice: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         token = line.strip()
         if not token or token.startswith("#"):
@@ -696,6 +860,10 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
             if not _TOKEN_NAME.fullmatch(name) or not token:
                 unnamed.append(str(number))
                 continue
+            if name in named_at:
+                # A name says who reset: two tokens under one name could not be told apart, nor one revoked.
+                twice.append(f"{named_at[name]} and {number}")
+            named_at.setdefault(name, str(number))
         if len(token) < _MIN_TOKEN_CHARS:
             short.append(str(number))
         tokens.append((name, token.encode("utf-8", "surrogateescape")))
@@ -703,6 +871,9 @@ def _parse_tokens(text: str, source: str, *, unit: str, named: bool = False) -> 
     if unnamed:
         raise TokenError(f"{prefix}{_lines(unit, unnamed)}: not NAME:TOKEN (a name is 1 to 64 of "
                          "A-Z a-z 0-9 . _ @ -)")
+    if twice:
+        raise TokenError(f"{prefix}{unit.replace('y', 'ie')}s {'; '.join(twice)} give one name to two tokens (each "
+                         "admin token has a name of its own: it is who a reset records as asking)")
     if short:
         raise TokenError(f"{prefix}{_lines(unit, short)}: "
                          f"{'a token' if len(short) == 1 else 'tokens'} shorter than {_MIN_TOKEN_CHARS} characters")
@@ -758,7 +929,10 @@ async def _observed(request: web.Request, handler: Callable[[web.Request], Await
         METRICS.serve_request_seconds.labels(route=route).observe(time.perf_counter() - started)
 
 
-def api_runner(api: ReadApi, *, shutdown_timeout: float = 5) -> web.AppRunner:
+STOP_TIMEOUT_S = 5.0  # the longest a stop waits for running resets, then for the requests in flight
+
+
+def api_runner(api: ReadApi, *, shutdown_timeout: float = STOP_TIMEOUT_S) -> web.AppRunner:
     """The runner of ``api``'s application. The parser's own limits (a request line or header line past them
     is answered 400 before routing) and its refusals answered and logged without quoting the request."""
 
@@ -875,8 +1049,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                "type": "object", "required": ["start", "end", "value", "buckets_counted"],
                                "properties": {"start": {"type": "string"}, "end": {"type": "string"}, "value": value,
                                               "buckets_counted": {"type": "integer"}}}}}},
-            "Problem": {"type": "object", "properties": {"title": {"type": "string"}, "status": {"type": "integer"},
-                                                         "detail": {"type": "string"}}},
+            "Problem": {"type": "object", "properties": {
+                "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"},
+                "reset": {"type": "object", "required": ["stage", "recorded"], "description": "a reset that failed: "
+                          "how far it went, and once recorded its epoch, id and control records published",
+                          "properties": {"stage": {"type": "string", "enum": ["partitions", "recording", "publishing",
+                                                                              "positions"]},
+                                         "recorded": {"type": "boolean"}, "epoch": {"type": "integer"},
+                                         "id": {"type": "string"}, "published": {"type": "integer"},
+                                         "partitions": {"type": "integer"}}}}},
         }},
     }
     if tracing:
@@ -907,7 +1088,12 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
             "description": "As countersink reset --json (docs/operations.md, \"Resetting a counter\"), recorded as "
                            "asked by the admin token's name. Without a body (or with {}), every key of the counter. "
                            "Needs an admin token: a read token answers 403.",
-            "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema}],
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                           {"name": "Idempotency-Key", "in": "header", "required": False,
+                            "schema": {"type": "string", "pattern": _IDEMPOTENCY_KEY.pattern},
+                            "description": "the same on every attempt of one reset: a request whose key was "
+                                           "recorded with a reset of the counter answers that reset (completing "
+                                           "it) instead of making a second. Clients that retry must send one."}],
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "additionalProperties": False, "properties": {"keys": {
                     "type": "array", "items": key_schema, "minItems": 1,
@@ -916,7 +1102,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
             "responses": {"200": {"description": "the reset as recorded: its epoch, id, who asked, when, and its "
                                   "point in each partition (counts from offset + 1 on)", "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/Reset"}}}},
-                **errors, "401": problem, "403": problem, "409": problem},
+                **errors, "401": problem, "403": problem, "409": problem, "500": problem},
         }}
         document["components"]["schemas"]["Reset"] = {
             "type": "object", "required": ["counter", "keys", "epoch", "id", "requested_by", "requested_at",
@@ -925,6 +1111,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "counter": {"type": "string"}, "keys": {"type": "array", "items": {"type": "string"}},
                 "epoch": {"type": "integer"}, "id": {"type": "string"}, "requested_by": {"type": "string"},
                 "requested_at": {"type": "string"},
+                "warning": {"type": "string", "description": "the reset took effect, but recording its positions "
+                            "failed: the consumers record them as they apply it"},
                 "positions": {"type": "array", "items": {
                     "type": "object", "required": ["topic", "partition", "offset"], "properties": {
                         "topic": {"type": "string"}, "partition": {"type": "integer"},
@@ -994,7 +1182,8 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
                     why="anyone who reaches this address reads every counter and /metrics: set "
                         "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")
     client = CassandraClient(settings.cassandra, app="countersink-serve")
-    writer = CassandraClient(admin_cassandra, app="countersink-serve-admin") if admin_cassandra else None
+    writer = CassandraClient(admin_cassandra, app="countersink-serve-admin", credentials=_ADMIN_CREDENTIALS
+                             ) if admin_cassandra else None
     started = time.monotonic()
     try:
         # A server (re)started while Cassandra is briefly away waits for it; a stop meanwhile ends the wait.
@@ -1028,9 +1217,15 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         try:
             await stop.wait()
         finally:
+            # Resets first: shielded from the request that asked, each is awaited (within the stop timeout,
+            # while new ones answer 503) before the server closes and cancels what it still handles.
+            await api.finish_resets(STOP_TIMEOUT_S)
             await runner.cleanup()
             log.info("serve_stopped")
     return 0
+
+
+_ADMIN_CREDENTIALS = "COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME and __ADMIN_CASSANDRA_PASSWORD"
 
 
 def _admin_cassandra(cassandra: CassandraSettings, serve_settings: ServeSettings) -> CassandraSettings | None:
@@ -1038,6 +1233,10 @@ def _admin_cassandra(cassandra: CassandraSettings, serve_settings: ServeSettings
     without ``allow_insecure``), or None when admin routes are not served."""
     if serve_settings.admin_cassandra_username is None:
         return None
+    if serve_settings.admin_cassandra_password is None:
+        # Connecting with an empty password would fail later, blaming the read role's settings.
+        raise ValueError("COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME is set without "
+                         "COUNTERSINK_SERVE__ADMIN_CASSANDRA_PASSWORD: set the admin role's password too")
     fields = {**dict(cassandra), "username": serve_settings.admin_cassandra_username,
               "password": serve_settings.admin_cassandra_password}
     try:

@@ -202,7 +202,8 @@ def create_tables(keyspace: str) -> list[str]:
             registered_by text,
             consumer_group text,
             dropped_us bigint,
-            dropped_by text
+            dropped_by text,
+            topic_formats text
         )""",
         # Resets (schemas/resets.py): one row per reset of a counter, by its epoch (a new epoch is claimed by
         # INSERT ... IF NOT EXISTS), recorded before its control records are published; never deleted while
@@ -215,6 +216,7 @@ def create_tables(keyspace: str) -> list[str]:
             partitions map<text, int>,
             requested_by text,
             requested_us bigint,
+            request_key text,
             PRIMARY KEY ((counter), epoch)
         )""",
         # Where each reset sits in a partition: the offset of its control record there, recorded by the reset
@@ -273,12 +275,16 @@ def create_tables(keyspace: str) -> list[str]:
 
 # Columns added to a table after it was first released, by table: a keyspace made before has the table without
 # them, and ensure_schema adds them (ALTER TABLE ... ADD IF NOT EXISTS, idempotent). The counter registry's
-# consumer group (one group per keyspace) and its drop marker (a dropped counter's name stays refused).
+# consumer group (one group per keyspace), its drop marker (a dropped counter's name stays refused) and the
+# formats of its topics as the consumer last started with them (what a trace without a definitions file decodes).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text")),
+    "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
+                 ("topic_formats", "text")),
     # The proposing mutator and its confirmation (consumer.handovers): a row without a proposer is confirmed;
     # a reprocess's plan (countersink.backfills.record_plan).
     "handovers": (("mutator", "uuid"), ("confirmed_us", "bigint"), ("reset_id", "text"), ("reprocess_from", "text")),
+    # A reset's idempotency key (POST /counters/{name}/reset's Idempotency-Key): a repeated request answers it.
+    "resets": (("request_key", "text"),),
 }
 
 

@@ -1,6 +1,10 @@
 """The counter registry's pure half: what of a definition is its meaning, its fingerprint, and what changed.
 
-A consumer records every counter it keeps (``counters`` table) before it counts anything. The fingerprint
+A consumer records every counter it keeps (``counters`` table) before it counts anything. Beside the definition
+the record holds the format of each of its topics (``topic_formats``: their ``[[topic]]`` tables, a JSON topic
+as ``{"format": "json"}``) as the consumer last started with them, so that a trace without the definitions
+file decodes records as the consumer does; a record made before formats were recorded has none, and a trace
+refuses such a topic rather than take its records for JSON. The fingerprint
 covers what stored state means: the kind, the key and value fields, ``where``, the bucket, the number mode
 and the sketch sizes, and the retention. ``topics``, ``event_id``, ``coerce``, ``required`` and ``top`` may
 change under the same name: they decide which events arrive, not what a stored state means.
@@ -20,6 +24,7 @@ import json
 from typing import Any
 
 from schemas.definitions import CounterDefinition, CounterSet
+from schemas.formats import TopicFormat
 
 REGISTRY_SOURCE = "the counter registry"
 _RETAIN_UNITS = (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60))
@@ -89,3 +94,25 @@ def refusal(registered: CounterDefinition, new: CounterDefinition, registered_by
 
 def registered_set(definitions: list[CounterDefinition]) -> CounterSet:
     return CounterSet(tuple(sorted(definitions, key=lambda d: d.name)), REGISTRY_SOURCE)
+
+
+def formats_record(counters: CounterSet, definition: CounterDefinition) -> str:
+    """The formats of ``definition``'s topics in ``counters``, as the registry stores them (canonical JSON)."""
+    formats = {topic: (counters.formats.get(topic) or TopicFormat(name=topic)).model_dump(
+        mode="json", by_alias=True, exclude_none=True) for topic in definition.topics}
+    return json.dumps(formats, sort_keys=True, separators=(",", ":"))
+
+
+def recorded_format(topic: str, records: list[str | None]) -> TopicFormat | str:
+    """The format of ``topic`` that the ``topic_formats`` records of its counters agree on, or why it is not
+    known: a record without formats (made before they were recorded), or records that disagree."""
+    found: dict[str, TopicFormat] = {}
+    for text in records:
+        table = None if text is None else json.loads(text).get(topic)
+        if table is None:
+            return (f"the counter registry does not say topic {topic!r}'s format (a counter on it was recorded "
+                    "before formats were; its consumer records them when it starts again)")
+        found[json.dumps(table, sort_keys=True)] = TopicFormat.model_validate(table)
+    if len(found) != 1:
+        return f"the counter registry holds {len(found)} different formats of topic {topic!r}"
+    return next(iter(found.values()))

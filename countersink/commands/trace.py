@@ -258,10 +258,7 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
     rows of ``group`` (default: for each counter, the group the registry records for it, else the consumer
     setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
     registry = CounterRegistry(client)
-    counters = counters if counters is not None else await registry.counters()
-    if counters is None or not counters.for_topic(query.topic):
-        where = counters.source if counters else "the counter registry is empty"
-        raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({where})")
+    counters = counters if counters is not None else await _registered(registry, query.topic)
     recorded = {} if group is not None else await registry.groups()
     group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id
                 for c in counters.for_topic(query.topic)}
@@ -300,6 +297,23 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         await kafka_source.stop()
         await loader.stop()
     return result
+
+
+async def _registered(registry: CounterRegistry, topic: str) -> CounterSet:
+    """The registry's counters, with ``topic``'s format as its consumers recorded it. Refused when the registry
+    does not say that format, or when its schemas are files on the consumer's host: records are decoded as the
+    consumer decodes them, or not traced (never taken for JSON)."""
+    counters = await registry.counters()
+    if counters is None or not counters.for_topic(topic):
+        where = counters.source if counters else "the counter registry is empty"
+        raise TraceRefusedError(f"no counter reads topic {topic!r} ({where})")
+    recorded = await registry.topic_format(topic)
+    if isinstance(recorded, str):
+        raise TraceRefusedError(f"pass --counters FILE: {recorded}")
+    if recorded.schema_file is not None or recorded.reader_schema_file is not None:
+        raise TraceRefusedError(f"pass --counters FILE: topic {topic!r} is read with schema files on the "
+                                "consumer's host, which the counter registry does not hold")
+    return CounterSet(counters.counters, counters.source, {topic: recorded})
 
 
 @dataclasses.dataclass(frozen=True)

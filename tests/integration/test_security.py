@@ -476,6 +476,33 @@ async def test_serve_resets_with_its_admin_role_which_writes_only_the_resets_tab
     assert admin_token not in serve.text()
     assert password not in serve.text()
 
+    # A Kafka user that may not write the topic (countersink's own, which only reads): the broker refuses the
+    # control record after the reset is recorded. No retry passes that: 500 without Retry-After, naming the
+    # grant to add and the epoch recorded.
+    port = free_port()
+    serve = await start("serve-admin-read-only-kafka", ["serve", "--counters", str(counters)], env_for(
+        secure_stack, "countersink_reader", granted_keyspace, kafka_user="countersink",
+        serve={"host": "127.0.0.1", "port": port, "tls_cert": secure_stack.certs.server_cert,
+               "tls_key": secure_stack.certs.server_key, "tokens": TOKENS[0], "admin_tokens": f"ops:{admin_token}",
+               "admin_cassandra_username": "countersink_serve_admin", "admin_cassandra_password": password}))
+    base = f"https://localhost:{port}"
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls(secure_stack))) as http:
+            await wait_ready(http, base, serve)
+            async with http.post(base + "/counters/trades_count/reset", json={"keys": ["X"]},
+                                 headers={"Authorization": f"Bearer {admin_token}", "Idempotency-Key": "k1"}
+                                 ) as answer:
+                assert answer.status == 500, await answer.text()
+                assert "Retry-After" not in answer.headers
+                problem = await answer.json()
+    finally:
+        assert await serve.stop() == 0, serve.text()
+    assert (problem["reset"]["stage"], problem["reset"]["epoch"], problem["reset"]["published"]) == (
+        "publishing", 2, 0), problem
+    assert "grant it WRITE" in problem["detail"]
+    assert f"epoch 2 (id {problem['reset']['id']})" in problem["detail"]
+    assert "TopicAuthorizationFailedError" in serve.text()  # the reset_failed line
+
 
 async def test_the_kafka_user_reads_events_and_cannot_write_them_or_make_topics(
         secure_stack: SecureStack, secure_topic: str) -> None:
