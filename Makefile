@@ -65,6 +65,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench: $(BENCH_STAMP)  ## countersink beside raw aiokafka, counter columns, Quix Streams and Kafka Streams; writes bench/results/REPORT.md
 	$(PY) -m bench.pipeline $(BENCH_ARGS)
+	$(PY) -m bench.backfill $(BENCH_BACKFILL_ARGS)
 
 bench-apply: $(STAMP)  ## apply throughput per kind and bytes per stored state (no servers)
 	$(PY) -m bench.apply
