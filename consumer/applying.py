@@ -358,6 +358,14 @@ class Applier:
             return None
         return reset
 
+    def kept_elsewhere(self, record: KafkaRecord) -> Reset | None:
+        """The recorded reset a control record names when these definitions do not keep its counter (the record
+        is FILTERED): None for any other record."""
+        reset_id = control_reset_id(record.headers) if record.headers else None
+        if not reset_id or self._reset_named(reset_id) is not None:
+            return None
+        return self.known.get(reset_id)
+
     def control_reset(self, record: KafkaRecord) -> Reset:
         """The reset of a record :meth:`classify` found CONTROL."""
         reset = self._reset_named(control_reset_id(record.headers) or "")
@@ -471,6 +479,17 @@ class Mutator:
         self.positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, self.applier.topic,
                                             self.applier.partition, offset))
 
+    def note_position(self, record: KafkaRecord) -> None:
+        """Where a control record of a counter these definitions do not keep sits: recorded all the same (by the
+        next flush, before its window opens). A successor whose definitions have the counter (a rolling deploy,
+        a counter added with a backfill) learns the instances' epochs at its start from the recorded positions
+        alone: without this one it would count the instances the reset covers into the epoch before it, which
+        no reader reads."""
+        reset = self.applier.kept_elsewhere(record)
+        if reset is not None and not any(p.reset_id == reset.reset_id for p in self.positions):
+            self.positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, self.applier.topic,
+                                                self.applier.partition, record.offset))
+
     def apply(self, record: KafkaRecord) -> tuple[Outcome, InvalidEventError | None]:
         """Apply one record of this partition, in offset order. Records at or below what is applied are
         ignored (a redelivery after a seek)."""
@@ -479,6 +498,8 @@ class Mutator:
         outcome, updates, error = self.applier.classify(record)
         if outcome is Outcome.CONTROL:
             self.reset(self.applier.control_reset(record), record.offset)
+        elif outcome is Outcome.FILTERED and record.headers:
+            self.note_position(record)
         if updates:
             self.state_bytes += apply_updates(self.states, updates, self.applier.counters, self.dirty)
         self.applied_through = record.offset

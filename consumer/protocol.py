@@ -415,6 +415,11 @@ async def _replay_window(
                     epochs.apply(reset)
                     positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, applier.topic,
                                                    applier.partition, record.offset))
+            elif outcome is Outcome.FILTERED and (elsewhere := applier.kept_elsewhere(record)) is not None:
+                # A reset of a counter these definitions lack: its position is recorded all the same
+                # (Mutator.note_position).
+                positions.append(ResetPosition(elsewhere.reset_id, elsewhere.counter, elsewhere.epoch,
+                                               applier.topic, applier.partition, record.offset))
             if outcome is Outcome.APPLIED:
                 placed = [(epochs.cell(u.counter, u.key) if epochs.applied else u.counter, u) for u in updates]
                 applied.append((record.offset, placed))

@@ -43,7 +43,7 @@ from countersink.backfills import Span, backfill_group, backfill_partition
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import state_from_bytes
-from schemas.resets import split_cell
+from schemas.resets import current_epochs, split_cell
 from tests.unit.memory_store import Fault, Instance, MemoryLog, MemoryStore, StoreTimeoutError, Task, run
 from tests.unit.test_protocol_model import (
     CONFIG,
@@ -54,10 +54,12 @@ from tests.unit.test_protocol_model import (
     OPS,
     PICK,
     PID,
+    RESETS,
     RETRY_WINDOW,
     TOPIC,
     TP,
     Actor,
+    Control,
     DeadLetterTopic,
     Event,
     KafkaPositions,
@@ -66,6 +68,7 @@ from tests.unit.test_protocol_model import (
     RetryEachStep,
     collect,
     counted,
+    reset_points,
     run_model,
 )
 
@@ -514,3 +517,33 @@ def test_the_race_loses_records_when_a_proposal_is_counted_from_at_once() -> Non
     the counter flushed after H are counted by nobody for shares."""
     with pytest.raises(ProtocolViolation):
         rolling_deploy_race(ConfirmedAtOnceModel)
+
+
+def test_a_reset_read_by_a_process_without_the_counter_is_placed_for_the_one_with_it() -> None:
+    """A reset of shares whose control record (offset 0) is applied and flushed by a process still without shares
+    (its command died before recording where it sits): the process records its position all the same, so the
+    first process with shares, starting past it (H = 1), counts IBM in the reset's epoch, where it is read. Without
+    that position it counted IBM into the epoch before the reset, which nobody reads: the events from H on were
+    lost for shares (found by the model with seed 57982584209550448250945462413003032383)."""
+    model = BackfillModel()
+    reset = next(r for r in RESETS if r.counter == BACKFILLED)
+    entries: list[Event | Control] = [Control(reset)] + [Event("IBM", 1 + i, f"e{i}") for i in range(6)]
+    offsets = list(range(len(entries)))
+    records = [e.to_record() if isinstance(e, Control) else (e.to_bytes(), []) for e in entries]
+    model.log = MemoryLog([value for value, _ in records], offsets, headers=[h for _, h in records])
+    model.contributions = counted(entries, offsets)
+    model.points = reset_points(entries, offsets)
+    model.resets.resets = {reset.reset_id: reset}
+    model.epochs = current_epochs([reset])
+    model.new_owner(0, 10**6, Fault.NONE)  # the deployment before shares
+    model.work(0, 1, 10**6, Fault.NONE)  # applies the control record and commits it
+    model.add_the_counter()
+    model.new_owner(0, 10**6, Fault.NONE)  # proposes and confirms H = 1
+    assert model.handover == 1
+    model.work(0, 6, 10**6, Fault.NONE)
+    model.begin_release(0, 10**6, Fault.NONE)  # commits its window: no replay puts IBM right afterwards
+    row = model.row()
+    assert row is not None
+    assert row.committed_offset == 6
+    model.readable_value_is_between_committed_and_intent()
+    model.teardown()
