@@ -475,11 +475,42 @@ def test_model_catches_a_handover_recorded_by_every_mutator() -> None:
 
 
 
-def test_model_catches_a_process_with_old_definitions_that_does_not_refuse() -> None:
-    """A rolling deploy without the claim's look at the hand-overs: a process without shares claims the
-    partition after H was recorded and counts on, and shares loses those records."""
+def rolling_deploy_after_a_handover(model_class: type[BackfillModel]) -> BackfillModel:
+    """A process with shares claims the partition and records H; then a process still without shares is
+    assigned it (a rolling deploy), counts four records and releases it; then the model's teardown (a last
+    process with shares, one backfill to the end) checks every value against the log."""
+    model = model_class()
+    entries = [Event("IBM", 1 + i % 5, f"e{i}") for i in range(12)]
+    model.log = MemoryLog([e.to_bytes() for e in entries])
+    model.contributions = counted(entries, list(range(len(entries))))
+    model.new_owner(0, 10**6, Fault.NONE)  # the deployment before shares
+    model.work(0, 3, 10**6, Fault.NONE)
+    model.add_the_counter()
+    model.new_owner(0, 10**6, Fault.NONE)  # proposes and confirms H = 3
+    model.work(0, 2, 10**6, Fault.NONE)
+    model.old_owner(0, 10**6, Fault.NONE)  # still without shares, assigned the partition after H
+    old = [i for i, actor in enumerate(model.live()) if actor.name in model.old]
+    if old:  # not refused: it counts on without shares, and releases the partition
+        model.work(old[0], 4, 10**6, Fault.NONE)
+        model.begin_release(old[0], 10**6, Fault.NONE)
+    model.teardown()
+    return model
+
+
+def test_a_process_without_the_counter_assigned_after_a_handover_loses_nothing() -> None:
+    """The rolling deploy step by step: the process without shares refuses the partition, and every value is
+    exact once a process with shares and the backfill have run."""
+    model = rolling_deploy_after_a_handover(BackfillModel)
+    assert model.handover == 3
+    assert model.refused == 1
+
+
+def test_the_rolling_deploy_loses_records_without_the_claims_look_at_the_handovers() -> None:
+    """The same rolling deploy with the mutant that does not look: the process without shares counts past H, and
+    shares loses those records. Played step by step: the random search found this mutant alone, but not always
+    after the rest of the unit suite had run in the same process."""
     with pytest.raises(ProtocolViolation):
-        run_model(UnguardedModel, MUST_FAIL_SETTINGS)
+        rolling_deploy_after_a_handover(UnguardedModel)
 
 
 def rolling_deploy_race(model_class: type[BackfillModel]) -> BackfillModel:
