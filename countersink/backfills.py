@@ -182,7 +182,8 @@ async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict
         "FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell],
         consistency=str(client.settings.serial_consistency)))
     # A live mutator's proposal not confirmed yet is no hand-over: it may still be superseded (consumer.handovers).
-    rows = [row for row in rows if _recorded(row).confirmed]
+    # A reprocess's plan (no proposer, its end perhaps not recorded yet) is kept: the command reads its offset.
+    rows = [row for row in rows if row.get("mutator") is None or row.get("confirmed_us") is not None]
     return {(row["topic"], int(row["partition"])): Handover(
         row["topic"], int(row["partition"]), None if row.get("offset") is None else int(row["offset"]),
         None if row.get("start_offset") is None else int(row["start_offset"]),
