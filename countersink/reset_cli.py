@@ -9,9 +9,7 @@ what comes after the point in each partition (``schemas.resets``, docs/operation
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -19,7 +17,14 @@ from countersink.cassandra import CassandraClient
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
-from countersink.resets import MAX_RESET_KEYS, ResetRefusedError, read_points, read_reset_rows, reset_counter
+from countersink.resets import (
+    MAX_RESET_KEYS,
+    ResetRefusedError,
+    command_requester,
+    read_points,
+    read_reset_rows,
+    reset_counter,
+)
 from countersink.settings import Settings
 
 log = get_logger(__name__)
@@ -73,14 +78,6 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
     return 0
 
 
-def _requester() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
 async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: bool = False) -> int:
     async with CassandraClient(settings.cassandra) as client:
         known, definition = await CounterRegistry(client).lookup(counter)
@@ -89,7 +86,7 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
             return EXIT_USAGE
         try:
-            done = await reset_counter(client, settings.kafka, definition, keys, _requester(),
+            done = await reset_counter(client, settings.kafka, definition, keys, command_requester(),
                                        settings.cassandra.write_consistency,
                                        settings.cassandra.replay_read_consistency)
         except ResetRefusedError as exc:

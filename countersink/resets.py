@@ -7,6 +7,8 @@ partition of the counter's topics, record where each landed.
 
 from __future__ import annotations
 
+import getpass
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,6 +157,15 @@ _INSERT = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_
 # Only a request with a key names the column (a keyspace not yet given it resets from the command line).
 _INSERT_KEYED = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us, request_key) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
+
+
+def command_requester() -> str:
+    """Who asks for a reset from the command line, as recorded in ``requested_by``: the user and the host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str], requested_by: str,

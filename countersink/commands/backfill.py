@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import getpass
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -55,7 +54,15 @@ from countersink.cli import (
 from countersink.kafka import make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
-from countersink.resets import CassandraResets, claim_epoch, next_epoch, publish_controls, read_points, read_resets
+from countersink.resets import (
+    CassandraResets,
+    claim_epoch,
+    command_requester,
+    next_epoch,
+    publish_controls,
+    read_points,
+    read_resets,
+)
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
 from countersink.settings import Settings
@@ -110,11 +117,8 @@ def _settings_of(args: argparse.Namespace, settings: Settings) -> Settings:
 
 def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
     settings = _settings_of(args, settings)
-    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
+    counters = _definitions_with(args.counter, settings)
     if counters is None:
-        return EXIT_USAGE
-    if args.counter not in counters:
-        log.error("usage_refused", error=f"no counter {args.counter!r} in {counters.source}")
         return EXIT_USAGE
     return run_async(Backfill(settings, counters, args.counter).backfill(args.wait_s))
 
@@ -126,21 +130,19 @@ def run_reprocess(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         log.error("usage_refused", error=str(exc))
         return EXIT_USAGE
-    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
+    counters = _definitions_with(args.counter, settings)
     if counters is None:
-        return EXIT_USAGE
-    if args.counter not in counters:
-        log.error("usage_refused", error=f"no counter {args.counter!r} in {counters.source}")
         return EXIT_USAGE
     return run_async(Backfill(settings, counters, args.counter).reprocess(args.since, args.wait_s))
 
 
-def _requester() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+def _definitions_with(counter: str, settings: Settings) -> CounterSet | None:
+    """The definitions file, None (refused, said) when it cannot be read or does not define ``counter``."""
+    counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
+    if counters is not None and counter not in counters:
+        log.error("usage_refused", error=f"no counter {counter!r} in {counters.source}")
+        return None
+    return counters
 
 
 class Backfill:
@@ -428,7 +430,7 @@ class Backfill:
             counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
                       for topic in self.counters[self.counter].topics}
             write_cl = self.settings.cassandra.write_consistency
-            requested_by = _requester()
+            requested_by = command_requester()
             epoch = await next_epoch(client, self.counter, write_cl)
             reset = Reset(new_reset_id(self.counter, epoch), self.counter, epoch, frozenset(),
                           tuple(sorted(counts.items())))
