@@ -19,6 +19,9 @@ Those flushes are written, in a keyspace ``keyrows_*`` of this machine's Cassand
 - ``slot clustered S``: the same partitions, a row per (key, birth, mutator): clustered by the key first, so
   that one instance is one clustering slice (``name = ?``); a flush writes one partition update per
   (bucket, slot), as one single-partition batch of its rows.
+- ``slot keyed S``: the same partitions, schema 3's rows in them: a row per (key, birth, mutator) holding a
+  ``states`` cell per counter (as many rows as ``rows``), a flush's rows of one slot one single-partition
+  batch (one mutation); an instance is one clustering slice (``key = ?``).
 - ``mutator rows``: a partition per (bucket, mutator), a row per key (``name``): a flush writes one
   partition update per bucket; an instance is read from every live mutator's partition (``mutator IN ?``).
 
@@ -26,7 +29,8 @@ Statements are grouped as the consumer groups rows (``write_batch_rows`` 10), an
 partition batch over 4 KiB (Cassandra's warning threshold is 5 KiB, its failure 50 KiB); a slot's rows
 are one single-partition batch (one mutation). Rounds write the same flushes under a new bucket prefix
 (new partitions), layouts in an order shuffled each round; Cassandra's CPU (``/proc``) is read around each
-layout's writes, and 2 s after.
+layout's writes, and 2 s after; this process's CPU (building the statements and sending them: what the
+consumer's flush pays beside encoding the states) around the writes.
 
 Reads (``--reads`` of each, interleaved in an order shuffled each round, beside a plain one-row read): one
 instance of each row key's shape from the last round (a page-hour's views, a country-hour's views, an
@@ -180,7 +184,7 @@ class Written:
     requests: int = 0  # requests sent (a batch is one)
     rows: int = 0  # CQL rows written
     mutations: int = 0  # partition updates (a single-partition batch is one)
-    bytes: int = 0  # keys, names and cells sent
+    bytes: int = 0  # partition keys, clustering keys, cell names and cells of every statement
 
 
 class Layout:
@@ -202,12 +206,16 @@ class Layout:
         if self.name.startswith("slot clustered"):
             return ("bucket text, slot int, name text, born_us bigint, mutator uuid, cell blob, "
                     "PRIMARY KEY ((bucket, slot), name, born_us, mutator)")
+        if self.name.startswith("slot keyed"):
+            return ("bucket text, slot int, key text, born_us bigint, mutator uuid, states map<text, blob>, "
+                    "PRIMARY KEY ((bucket, slot), key, born_us, mutator)")
         return "bucket text, mutator uuid, name text, cell blob, PRIMARY KEY ((bucket, mutator), name)"
 
     def write(self, flush: Flush, prefix: str, mutators: list[uuid.UUID], written: Written
               ) -> list[list[Statement]]:
         """The requests (each a list of statements: one, or a batch) of one flush."""
         t, mutator, born = self.table, mutators[flush.mutator], BORN_US + flush.mutator
+        requests: list[list[Statement]]
         if self.name == "rows":
             cql = (f"UPDATE {t} USING TIMESTAMP ? SET states = states + ? WHERE key = ? "  # noqa: S608
                    "AND born_us = ? AND mutator = ?")
@@ -220,6 +228,24 @@ class Layout:
                 written.mutations += 1
                 written.bytes += size
             return self._grouped(statements, written)
+        if self.name.startswith("slot keyed"):
+            cql = (f"UPDATE {t} USING TIMESTAMP ? SET states = states + ? WHERE bucket = ? AND slot = ? "  # noqa: S608
+                   "AND key = ? AND born_us = ? AND mutator = ?")
+            keyed: dict[tuple[str, int], list[Statement]] = {}
+            for (bucket, key), cells in flush.rows.items():
+                slot = slot_of(key, self.slots)
+                keyed.setdefault((prefix + bucket, slot), []).append(
+                    (cql, [flush.seq, cells, prefix + bucket, slot, key, born, mutator]))
+                written.bytes += len(prefix + bucket) + 4 + len(key) + sum(len(c) + len(v) for c, v in cells.items())
+            requests = []
+            for group in keyed.values():
+                written.rows += len(group)
+                for i in range(0, len(group), SLOT_BATCH_ROWS):
+                    requests.append(group[i:i + SLOT_BATCH_ROWS])
+                    written.mutations += 1
+                    written.statements += len(group[i:i + SLOT_BATCH_ROWS])
+                    written.requests += 1
+            return requests
         by_partition: dict[tuple[str, Any], dict[str, bytes]] = {}
         for (bucket, key), cells in flush.rows.items():
             part = (prefix + bucket, slot_of(key, self.slots) if self.slots else mutator)
@@ -237,7 +263,7 @@ class Layout:
                 written.mutations += 1
                 written.bytes += size
             return self._grouped(statements, written)
-        requests: list[list[Statement]] = []
+        requests = []
         for (bucket, part), cells in by_partition.items():
             if self.name.startswith("slot clustered"):
                 cql = (f"INSERT INTO {t} (bucket, slot, name, born_us, mutator, cell) VALUES (?, ?, ?, ?, ?, ?) "  # noqa: S608
@@ -247,7 +273,8 @@ class Layout:
             else:
                 cql = f"INSERT INTO {t} (bucket, mutator, name, cell) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"  # noqa: S608
                 rows = [(cql, [bucket, part, name, cell, flush.seq]) for name, cell in cells.items()]
-            written.bytes += len(bucket) + 16 + sum(len(n) + len(c) for n, c in cells.items())
+            # each statement carries its partition key
+            written.bytes += sum(len(bucket) + (4 if self.slots else 16) + len(n) + len(c) for n, c in cells.items())
             written.rows += len(rows)
             for i in range(0, len(rows), SLOT_BATCH_ROWS):
                 requests.append(rows[i:i + SLOT_BATCH_ROWS])
@@ -285,6 +312,9 @@ class Layout:
         elif self.name.startswith("slot map"):
             result = await client.execute(f"SELECT cells[?] FROM {t} WHERE bucket = ? AND slot = ?",  # noqa: S608
                                           [cell_name(counter, key), bucket, slot_of(key, self.slots)])
+        elif self.name.startswith("slot keyed"):
+            result = await client.execute(f"SELECT states[?] FROM {t} WHERE bucket = ? AND slot = ? AND key = ?",  # noqa: S608
+                                          [counter, bucket, slot_of(key, self.slots), key])
         elif self.name.startswith("slot clustered"):
             result = await client.execute(f"SELECT cell FROM {t} WHERE bucket = ? AND slot = ? AND name = ?",  # noqa: S608
                                           [bucket, slot_of(key, self.slots), cell_name(counter, key)])
@@ -297,7 +327,7 @@ class Layout:
 def layouts_for(slots: Iterable[int], names: Iterable[str]) -> list[Layout]:
     out: list[Layout] = []
     for name in names:
-        if name in ("slot map", "slot clustered"):
+        if name in ("slot map", "slot clustered", "slot keyed"):
             out += [Layout(f"{name} {s}", s) for s in slots]
         else:
             out.append(Layout(name))
@@ -401,6 +431,7 @@ async def run(args: argparse.Namespace) -> None:
     keyspace = f"keyrows_{uuid.uuid4().hex[:8]}"
     settings = CassandraSettings(contact_points=[host], port=int(port), keyspace=keyspace)
     cpu: dict[str, list[float]] = {layout.name: [] for layout in layouts}
+    own: dict[str, list[float]] = {layout.name: [] for layout in layouts}
     written: dict[str, Written] = {}
     try:
         async with CassandraClient(settings, use_keyspace=False) as client:
@@ -419,20 +450,23 @@ async def run(args: argparse.Namespace) -> None:
                 prefix = f"r{round_}/"
                 for layout in order:
                     mutators[layout.name] = [uuid.uuid4() for _ in range(MUTATORS)]
-                    before = cpu_s(pid)
+                    before, own_before = cpu_s(pid), time.process_time()
                     w = await write_stream(client, layout, stream, prefix, mutators[layout.name])
+                    own_spent = time.process_time() - own_before
                     await asyncio.sleep(2)
                     spent = cpu_s(pid) - before
                     written[layout.name] = w
                     print(f"round {round_}: {layout.name}: Cassandra {spent:.1f} CPU s, {w.rows:,} rows, "
-                          f"{w.mutations:,} mutations, {w.requests:,} requests", flush=True)
+                          f"{w.mutations:,} mutations, {w.requests:,} requests, this process {own_spent:.1f} CPU s",
+                          flush=True)
                     if round_:
                         cpu[layout.name].append(spent)
+                        own[layout.name].append(own_spent)
             per_m = 1_000_000 / args.events
             print(f"\n| layout | rows per event | mutations per event | statements per event | requests per event "
                   f"| bytes per event | Cassandra CPU s per million events (median; min-max of {args.rounds}) "
-                  "| × rows | Cassandra CPU µs per row | per mutation |\n"
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                  "| × rows | Cassandra CPU µs per row | per mutation | writer's CPU s per million events |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             base = statistics.median(cpu[layouts[0].name])
             for layout in layouts:
                 w, c = written[layout.name], cpu[layout.name]
@@ -440,7 +474,8 @@ async def run(args: argparse.Namespace) -> None:
                 print(f"| {layout.name} | {w.rows / args.events:.3f} | {w.mutations / args.events:.3f} | "
                       f"{w.statements / args.events:.3f} | {w.requests / args.events:.3f} | "
                       f"{w.bytes / args.events:.0f} | {med * per_m:.1f} ({min(c) * per_m:.1f}-{max(c) * per_m:.1f}) | "
-                      f"{med / base:.2f} | {1e6 * med / w.rows:.1f} | {1e6 * med / w.mutations:.1f} |")
+                      f"{med / base:.2f} | {1e6 * med / w.rows:.1f} | {1e6 * med / w.mutations:.1f} | "
+                      f"{statistics.median(own[layout.name]) * per_m:.1f} |")
             if args.reads:
                 # the last round's data (one prefix for all), each layout read with its own mutator ids
                 latencies = await measure_reads(client, layouts, stream, prefix, mutators, args.reads, args.seed)
@@ -464,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reads", type=int, default=200, help="reads of each instance (0: none)")
     parser.add_argument("--slots", default=[16, 256], type=lambda s: [int(x) for x in s.split(",")])
-    parser.add_argument("--layouts", default=["rows", "slot map", "slot clustered", "mutator rows"],
+    parser.add_argument("--layouts", default=["rows", "slot map", "slot clustered", "slot keyed", "mutator rows"],
                         type=lambda s: s.split(","))
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
