@@ -67,7 +67,7 @@ SEP = "\x00"
 NO_BUCKET = "-"
 BATCH_ROWS = 10  # the consumer's default write_batch_rows
 BATCH_BYTES = 4096  # a multi-partition batch stays under Cassandra's 5 KiB warning
-SLOT_BATCH_ROWS = 1000  # rows of one partition per single-partition batch (a mutation)
+SLOT_BATCH_ROWS = 250  # rows of one partition per single-partition batch (a mutation): 1,000 timed out once
 WORKERS = 64
 BORN_US = 1_795_000_000 * 1_000_000
 COMPACTION = "compaction = {'class': 'UnifiedCompactionStrategy', 'scaling_parameters': 'L4'}"
