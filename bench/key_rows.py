@@ -30,7 +30,8 @@ partition batch over 4 KiB (Cassandra's warning threshold is 5 KiB, its failure 
 are one single-partition batch (one mutation). Rounds write the same flushes under a new bucket prefix
 (new partitions), layouts in an order shuffled each round; Cassandra's CPU (``/proc``) is read around each
 layout's writes, and 2 s after; this process's CPU (building the statements and sending them: what the
-consumer's flush pays beside encoding the states) around the writes.
+consumer's flush pays beside encoding the states) around the writes. A request that times out is retried (up to
+3 times, counted), as a flush retries its batches.
 
 Reads (``--reads`` of each, interleaved in an order shuffled each round, beside a plain one-row read): one
 instance of each row key's shape from the last round (a page-hour's views, a country-hour's views, an
@@ -56,7 +57,7 @@ from typing import Any
 
 from bench import shapes
 from bench.wide_layouts import cassandra_pid, cpu_s, pct
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.settings import CassandraSettings
 from schemas.cql import shard_cell, shard_of_cell
 from schemas.definitions import parse_definitions
@@ -185,6 +186,7 @@ class Written:
     rows: int = 0  # CQL rows written
     mutations: int = 0  # partition updates (a single-partition batch is one)
     bytes: int = 0  # partition keys, clustering keys, cell names and cells of every statement
+    timeouts: int = 0  # requests retried after a timeout
 
 
 class Layout:
@@ -344,10 +346,26 @@ async def bounded(calls: list[Callable[[], Awaitable[object]]]) -> None:
     await asyncio.gather(*(worker() for _ in range(min(len(calls), WORKERS))))
 
 
-def request(client: CassandraClient, statements: list[Statement]) -> Callable[[], Awaitable[object]]:
-    if len(statements) == 1:
-        return functools.partial(client.execute, *statements[0])
-    return functools.partial(client.execute_batch, statements)
+RETRIES = 3
+
+
+def request(client: CassandraClient, statements: list[Statement], written: Written
+            ) -> Callable[[], Awaitable[object]]:
+    """One request, retried up to RETRIES times on a timeout as a flush retries its batches (the writes carry
+    their timestamps, so a retry writes the same cells); each retry is counted in ``written.timeouts``."""
+    call = (functools.partial(client.execute, *statements[0]) if len(statements) == 1
+            else functools.partial(client.execute_batch, statements))
+
+    async def attempt() -> object:
+        for tried in range(RETRIES + 1):
+            try:
+                return await call()
+            except CassandraUnavailableError:
+                if tried == RETRIES:
+                    raise
+                written.timeouts += 1
+        raise AssertionError("unreachable")
+    return attempt
 
 
 async def write_stream(client: CassandraClient, layout: Layout, stream: Stream, prefix: str,
@@ -361,7 +379,7 @@ async def write_stream(client: CassandraClient, layout: Layout, stream: Stream, 
 
     async def consumer(flushes: list[list[list[Statement]]]) -> None:
         for requests in flushes:
-            await bounded([request(client, r) for r in requests])
+            await bounded([request(client, r, written) for r in requests])
 
     await asyncio.gather(*(consumer(f) for f in by_mutator))
     return written
@@ -457,7 +475,8 @@ async def run(args: argparse.Namespace) -> None:
                     spent = cpu_s(pid) - before
                     written[layout.name] = w
                     print(f"round {round_}: {layout.name}: Cassandra {spent:.1f} CPU s, {w.rows:,} rows, "
-                          f"{w.mutations:,} mutations, {w.requests:,} requests, this process {own_spent:.1f} CPU s",
+                          f"{w.mutations:,} mutations, {w.requests:,} requests, {w.timeouts} retried after a timeout, "
+                          f"this process {own_spent:.1f} CPU s",
                           flush=True)
                     if round_:
                         cpu[layout.name].append(spent)
