@@ -51,9 +51,10 @@ from typing import Any
 import msgspec
 
 from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
-from schemas.errors import InvalidEventError
+from schemas.errors import CountersRefusedError, InvalidEventError, KeyTooLongError, UnstorableTimeError
 from schemas.events import (
     _MAX_EPOCH_SECONDS,
+    _MISSING,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_FUTURE_SKEW_S,
@@ -242,6 +243,22 @@ def _decimal_passes(d: Decimal) -> bool:
     return True
 
 
+def _key_parts(pairs: tuple[tuple[str, Any], ...]) -> None:
+    """Raise the router's refusal of the first key part (path, value) it refuses, if any."""
+    for path, v in pairs:
+        _key_text(path, v)
+
+
+def _unset_as_missing(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The router's converter of a field for a value read by the batch path: an absent field (msgspec's
+    ``UNSET``) is the router's missing one (``MissingFieldError``, not a wrongly typed value)."""
+
+    def converted(v: Any) -> Any:
+        return convert(_MISSING if v is _UNSET else v)
+
+    return converted
+
+
 def _itself(v: Any) -> Any:
     return v
 
@@ -265,6 +282,30 @@ def _skip(skipped: Skipped | None, entry: tuple[int, str, str | None]) -> Skippe
         return [entry]
     skipped.append(entry)
     return skipped
+
+
+Refused = list[tuple[int, InvalidEventError]]  # (the counter's place in the definitions, its refusal)
+
+
+def _refuse(refused: Refused | None, place: int, counter: str, error: InvalidEventError) -> Refused:
+    """Keep a counter's refusal of the event being read, as the router keeps it: its counter named, without
+    its traceback (whose frames would make a cycle per refused record)."""
+    error.counter = counter
+    entry = (place, error.with_traceback(None))
+    if refused is None:
+        return [entry]
+    refused.append(entry)
+    return refused
+
+
+def refusals(refused: Refused) -> CountersRefusedError:
+    """The dead letter's error of an event some counters refused (``apply_event``'s second item): each
+    counter's own error, in the definitions' order, as :meth:`~consumer.applying.Applier.classify` gives it."""
+    return CountersRefusedError(tuple(error for _, error in sorted(refused, key=_place)))
+
+
+def _place(entry: tuple[int, InvalidEventError]) -> int:
+    return entry[0]
 
 
 def _report(on_not_applicable: Callable[[str, str], None] | None, on_late: Callable[[str], None] | None,
@@ -326,17 +367,19 @@ class _Fields:
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
 # dropped as a publisher retry by all, or wanted by none (filtered out).
 APPLIED, DUPLICATE, FILTERED = 1, 2, 0
-# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or None for an event it
+# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or (one of the above,
+# refused) for an event some counters refused (a key part or a value of the wrong type or out of range: the
+# others decided for themselves; ``refusals(refused)`` is its dead letter's error), or None for an event it
 # leaves to the router (nothing changed). ``ts``, ``key``, ``headers``: the record's Kafka timestamp (ms, or
 # None), key and headers; ``fresh(counter, event_id)``
 # is the retry window's; ``touched`` collects the rows changed; ``create(row, index)`` makes (or finds) the
 # state of a row's counter.
 ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
-                       list["Row"], Callable[["Row", int], State]], "int | None"]
+                       list["Row"], Callable[["Row", int], State]], "int | tuple[int, Refused] | None"]
 # apply_fields(event, ts, key, headers, rows, fresh, touched, create): apply_event for fields already read
 # (``FastRoute.fields_of``: a decoded Avro, Protobuf or JSON Schema record).
 ApplyFields = Callable[[Any, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
-                        list["Row"], Callable[["Row", int], State]], "int | None"]
+                        list["Row"], Callable[["Row", int], State]], "int | tuple[int, Refused] | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -386,7 +429,8 @@ class FastRoute:
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
-            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
+            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip, "refuse": _refuse,
+            "InvalidEventError": InvalidEventError, "UnstorableTimeError": UnstorableTimeError, "key_parts": _key_parts,
             "report": functools.partial(_report, on_not_applicable, on_late), "header": _header,
             "text_of": _text_of,
             "PARTITION": _UNSET if partition is None else partition,
@@ -416,7 +460,9 @@ class FastRoute:
             bucket = definition.bucket
             when = None if bucket is None else (bucket.field, bucket.seconds, bucket.format, definition.retain_seconds)
             groups.setdefault((definition.key, when), []).append(definition)
-        self._groups = tuple((paths, tuple(d.name for d in members), when is not None)
+        # per group: its key paths, counters, whether bucketed, and the paths a key too long is refused for
+        self._groups = tuple((paths, tuple(d.name for d in members), when is not None,
+                              ",".join(paths) or (when[0] if when is not None else ""))
                              for (paths, when), members in groups.items())
 
         lines = [
@@ -437,6 +483,7 @@ class FastRoute:
             "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
             "    try:",
             "        skipped = None",
+            "        refused = None",
             "        # RECORD",
         ]
         id_locals: dict[str, str] = {}  # event-id path -> the local holding its text, read once per record
@@ -470,6 +517,16 @@ class FastRoute:
             exact = " and ".join(f"(type({k}) is str or type({k}) is int)" for k in keys)
             lookup = f"rows[{g}].get({cache_key})" + (f" if {exact} else None" if exact else "")
             bucket_lines: list[str] = []
+            key_pairs = "".join(f"({path!r}, {local}), " for path, local in zip(paths, keys, strict=True))
+
+            def refused_bucket(line: str, indent: str, key_pairs: str = key_pairs) -> list[str]:
+                """``line``, computing a bucket's time: a time the router refuses is the counter's refusal
+                (after a key part it refuses: the router reads the key first), but a bucket ending too late
+                is left to the router, which checks the event's time against its record's first."""
+                return [f"{indent}try:", f"{indent}    {line}",
+                        f"{indent}except UnstorableTimeError:", f"{indent}    return None",
+                        f"{indent}except InvalidEventError:", f"{indent}    key_parts(({key_pairs}))",
+                        f"{indent}    raise"]
             if when is not None:
                 first = members[0]
                 assert first.bucket is not None
@@ -495,10 +552,11 @@ class FastRoute:
                         f"    if type(bv{b}) is int and last[0] <= bv{b} < last[1]:",
                         f"        bt{b} = ({seconds}, last[2], last[3])",
                         "    else:",
-                        f"        bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))",
+                        *refused_bucket(f"bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))", "        "),
                     ]
                 else:
-                    bucket_lines.append(f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text")
+                    # seconds, bucket start, bucket text
+                    bucket_lines += refused_bucket(f"bt{b} = bucket_time{b}(bv{b})", "    ")
                 bucket_lines += [
                     "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
                     f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
@@ -542,42 +600,59 @@ class FastRoute:
                     # a late bucket's key is checked as the router checks it, and no row is kept for it
                     row_lines = [f"if late{b}:", f"    row{g} = new_row({g}, {{}}, ({values}))",
                                  "else:", *(f"    {line}" for line in row_lines)]
+                # In a try, the bucket, the row (a key part the router refuses raises), the value and the event
+                # id: the counter's own refusals, in the router's order (key, bucket, value, id), decided here
+                # (refused: each with its counter's place in the definitions), the other counters deciding for
+                # themselves.
                 lines += [f"{indent}want_{c} = True",
-                          f"{indent}if row{g} is None:",
-                          *(f"{indent}    {line}" for line in bucket_lines),
-                          *(f"{indent}    {line}" for line in row_lines),
+                          f"{indent}try:",
                           f"{indent}    if row{g} is None:",
-                          f"{indent}        return None"]
+                          *(f"{indent}        {line}" for line in bucket_lines),
+                          *(f"{indent}        {line}" for line in row_lines),
+                          f"{indent}        if row{g} is None:",
+                          f"{indent}            return None"]
+                inner = indent + "    "
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
                     quick = _float_passes(definition, f"value_{c}")
                     if quick is not None:
-                        lines += [f"{indent}if not ({quick}):",
-                                  f"{indent}    value_{c} = convert_{c}(value_{c})"]
+                        lines += [f"{inner}if not ({quick}):",
+                                  f"{inner}    value_{c} = convert_{c}(value_{c})"]
                     elif _exact(definition):
                         # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
-                        lines += [f"{indent}if type(value_{c}) is Decimal:",
-                                  f"{indent}    if not value_{c}:",
-                                  f"{indent}        value_{c} = value_{c}.copy_abs()",
-                                  f"{indent}else:",
-                                  *_converted(f"value_{c}", f"convert_{c}", namespace, indent + "    ")]
+                        lines += [f"{inner}if type(value_{c}) is Decimal:",
+                                  f"{inner}    if not value_{c}:",
+                                  f"{inner}        value_{c} = value_{c}.copy_abs()",
+                                  f"{inner}else:",
+                                  *_converted(f"value_{c}", f"convert_{c}", namespace, inner + "    ")]
                     else:
-                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, indent)
+                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, inner)
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
-                    # the router's own rule: a refused id raises, and the router decides the event
+                    # the router's own rule, after the value: a refused id is the counter's refusal. Read into
+                    # a local of its own, so that the next counter sharing the id reads and refuses it too.
                     event_id = id_locals[definition.event_id]
-                    namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
-                    lines += [f"{indent}if {event_id} is None:",
-                              f"{indent}    {event_id} = {attr(definition.event_id)}",
-                              *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                    check = f"check_{event_id}"
+                    namespace[check] = _event_id_converter(definition.event_id, max_key_bytes)
+                    converted = _converted("idv", check, namespace, inner + "    ")
+                    namespace[check] = _unset_as_missing(namespace[check])
+                    lines += [f"{inner}if {event_id} is None:",
+                              f"{inner}    idv = {attr(definition.event_id)}",
+                              *converted,
+                              f"{inner}    {event_id} = idv"]
+                elif definition.value is None:
+                    lines.append(f"{inner}pass")
+                lines += [f"{indent}except InvalidEventError as exc:",
+                          f"{indent}    want_{c} = False",
+                          f"{indent}    refused = refuse(refused, {order[definition.name]}, {definition.name!r}, exc)"]
                 if retained:
                     # after its checks, as the router's extractor: a late event that is also invalid is refused
                     late_entry = f"({order[definition.name]}, {definition.name!r}, None)"
-                    lines += [f"{indent}if late{b}:", f"{indent}    want_{c} = False",
-                              f"{indent}    skipped = skip(skipped, {late_entry})"]
+                    lines += [f"{indent}else:",
+                              f"{inner}if late{b}:", f"{inner}    want_{c} = False",
+                              f"{inner}    skipped = skip(skipped, {late_entry})"]
                 applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
@@ -595,7 +670,10 @@ class FastRoute:
                   *(f"    bits{g} = 0" for g in range(len(groups))), "    wanted = False",
                   *(f"    {local} = None" for local in fresh_locals.values()),
                   "    try:", *("    " + line for line in applying), *marking,
-                  f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
+                  f"    outcome = APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)",
+                  "    if refused is not None:",
+                  "        return outcome, refused  # some counters refused it: their errors, for its dead letter",
+                  "    return outcome"]
         at = lines.index("        # RECORD")
         lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
         # apply_fields: the same, from the fields already read (fields_of: a decoded Avro or Protobuf record)
@@ -697,9 +775,10 @@ class FastRoute:
     def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
         """The row of key ``values``, kept in ``rows`` when every value is a string or an integer (``True``
         and ``1`` are one dict key but two instance keys: the generated code looks a row up only by strings and
-        integers). ``None`` when a value is not a valid key part. A bucketed group's
+        integers). Raises the router's error for a value that is not a valid key part (the counters of the group
+        refuse the event), or a key too long, as the router's. A bucketed group's
         last value is its bucket's text, the key's last component."""
-        paths, names, bucketed = self._groups[group]
+        paths, names, bucketed, key_paths = self._groups[group]
         texts = []
         kept = True  # every value a string or an integer
         for path, v in zip(paths, values, strict=False):  # a bucketed group's values end with the bucket's
@@ -712,18 +791,15 @@ class FastRoute:
                 return None
             else:
                 kept = False
-                try:
-                    texts.append(_escape(_key_text(path, v)))
-                except InvalidEventError:
-                    return None
+                texts.append(_escape(_key_text(path, v)))  # raises the router's refusal of a key part
         if bucketed:
             texts.append(values[-1])
         key = "|".join(texts)
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
-            return None
+            raise KeyTooLongError(key_paths, f"instance key of {len(key)} bytes exceeds {self.max_key_bytes}")
         row = Row(key, names)
         if kept:
             rows[values[0] if len(values) == 1 else values] = row
         return row
 
-__all__ = ["FastRoute", "Row"]
+__all__ = ["FastRoute", "Row", "refusals"]
