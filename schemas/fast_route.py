@@ -22,13 +22,19 @@ updates with less work per event:
   (:meth:`fields_of`: floats and Decimals as the router reads them), so exact decimals take the batch path on
   those topics too (``schemas.formats.converter`` hands back the records the router refuses as a whole).
 
-It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
-escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
-of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
-40 characters on a topic with exact decimals, an event time too far ahead of its record —
-makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
-event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
-two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
+It decides a counter's refusal as the router does: a key part, a bucket time, a value or an event id present
+but of the wrong type or out of range, or a key too long, raises the router's own error (its converters and
+checks), in the router's order (key, bucket, value, event id); the counter refuses the event (its error, its
+name set, kept for the dead letter in the definitions' order: ``apply_event`` returns ``(outcome, refused)``)
+and the other counters decide for themselves. It never decides that an event is invalid as a whole, nor the
+refusals whose order it cannot keep cheaply. Any event it does not accept as it is — not ASCII, a ``\\u``
+escape, deeply bracketed, over the size limit, a long run of digits, an object where its decoder expects none
+or none where it expects one, a missing field of a ``required`` counter, a literal its decoder refuses, a
+number with an exponent or over 40 characters on a topic with exact decimals, an event time too far ahead of
+its record, a bucket ending after the last storable expiry — makes the generated ``apply_event`` return
+``None`` before it changes anything, and the caller routes that event through :class:`EventRouter`, which
+gives the documented error. A differential property test holds the two paths to the same states, dirty sets,
+outcomes, skips and errors (``tests/unit/test_fast_route.py``, mistyped fields among them).
 
 A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
 cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object

@@ -564,7 +564,8 @@ def test_the_fast_path_takes_fields_of_the_record_key(monkeypatch: pytest.Monkey
 def test_late_events_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """An event whose record was written after its bucket's retention (a replay of old records) is skipped by
     the retained counters on the batch path, told to ``on_late`` in the definitions' order among the skips, and
-    counted by the others, as the router does; a late event whose key the router refuses is handed back. A
+    counted by the others, as the router does; a late event whose key the router refuses is refused by the
+    retained counter as the router refuses it. A
     batch path that counted late events is caught."""
     counters = counter_set([BODIES[0], BODIES[17], 'kind = "count"\nkey = ["user"]', BODIES[21]])
     late_ms = (NOW_S + 3 * 86_400) * 1000
