@@ -6,7 +6,8 @@ updates with less work per event:
 
 - one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
   (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
-  with a counter keeping exact decimals, numbers with a fraction are decoded as Decimals directly;
+  with a counter keeping exact decimals, numbers with a fraction or an exponent are decoded as Decimals
+  directly (exact values checked by the router's converter when one is long or has an exponent);
 - counters that share key fields and time bucket share a *row* per key value and bucket, so the key is read,
   escaped and checked once per row and not once per event and counter (:class:`Row` holds the states of
   every counter of that key);
@@ -29,12 +30,12 @@ name set, kept for the dead letter in the definitions' order: ``apply_event`` re
 and the other counters decide for themselves. It never decides that an event is invalid as a whole, nor the
 refusals whose order it cannot keep cheaply. Any event it does not accept as it is — not ASCII, a ``\\u``
 escape, deeply bracketed, over the size limit, a long run of digits, an object where its decoder expects none
-or none where it expects one, a missing field of a ``required`` counter, a literal its decoder refuses, a
-number with an exponent or over 40 characters on a topic with exact decimals, an event time too far ahead of
-its record, a bucket ending after the last storable expiry — makes the generated ``apply_event`` return
-``None`` before it changes anything, and the caller routes that event through :class:`EventRouter`, which
-gives the documented error. A differential property test holds the two paths to the same states, dirty sets,
-outcomes, skips and errors (``tests/unit/test_fast_route.py``, mistyped fields among them).
+or none where it expects one, a missing field of a ``required`` counter, a literal its decoder refuses, an
+event time too far ahead of its record, a bucket ending after the last storable expiry — makes the generated
+``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
+:class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to the
+same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``, mistyped fields among
+them).
 
 A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
 cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object
@@ -85,16 +86,19 @@ _UNSET = msgspec.UNSET
 LONG_DIGITS = 4096
 _DIGIT_RUN = b"0" * LONG_DIGITS
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
-# The longest number text (with a fraction, no exponent) the batch path reads as a Decimal itself: any Decimal it
-# holds then has at most this many digits and an exponent of at most this size, well inside the router's bounds
-# (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign dropped. A longer number
-# or one with an exponent, in a field the topic's counters read, leaves the event to the router.
+# The longest number text (with a fraction, no exponent) the batch path takes as passing the router's decimal
+# checks: any Decimal made of one has at most this many digits and an exponent of at most this size, well inside
+# the router's bounds (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign
+# dropped. An event holding a longer number or one with an exponent, in a field the topic's counters read, has
+# its exact counters' values checked by the router's converter (which keeps or refuses them as the router does).
 SHORT_DECIMAL = 40
 
 
-def _short_decimal(text: str) -> Decimal:
+def _decimal_text(seen_long: list[bool], text: str) -> Decimal:
+    """msgspec's float_hook on a topic with exact decimals: the number's exact text as a Decimal, as the router's
+    parser reads it; ``seen_long[0]`` set when it is not a short one (read and cleared after each decode)."""
     if len(text) > SHORT_DECIMAL or "e" in text or "E" in text:
-        raise ValueError("left to the router")  # msgspec fails the decode: the router decides the event
+        seen_long[0] = True
     return Decimal(text)
 
 
@@ -484,6 +488,9 @@ class FastRoute:
             "    except DECODE_ERRORS:",
             "        return None",
         ]
+        if self.decimals:
+            # a number not short (SHORT_DECIMAL) in the event: exact values are checked by the router's converter
+            lines += ["    long_decimal = SEEN_LONG[0]", "    if long_decimal:", "        SEEN_LONG[0] = False"]
         lines += [
             "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet. A",
             "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
@@ -626,8 +633,8 @@ class FastRoute:
                         lines += [f"{inner}if not ({quick}):",
                                   f"{inner}    value_{c} = convert_{c}(value_{c})"]
                     elif _exact(definition):
-                        # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
-                        lines += [f"{inner}if type(value_{c}) is Decimal:",
+                        # a short Decimal (SHORT_DECIMAL) passes the router's checks; its zero's sign is dropped
+                        lines += [f"{inner}if type(value_{c}) is Decimal and not long_decimal:",
                                   f"{inner}    if not value_{c}:",
                                   f"{inner}        value_{c} = value_{c}.copy_abs()",
                                   f"{inner}else:",
@@ -685,16 +692,19 @@ class FastRoute:
         # apply_fields: the same, from the fields already read (fields_of: a decoded Avro or Protobuf record)
         body = lines[lines.index("    # 1. read and check every counter's key, filter, value and event id: nothing is "
                                  "changed yet. A"):]
-        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):", *body]
+        # (a decoded record's Decimals all pass the router's checks: fields_of hands back the others)
+        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):",
+                  *(["    long_decimal = False"] if self.decimals else []), *body]
         lines += ["", "", *self._fields_of_lines(fields)]
         self.source = "\n".join(lines) + "\n"
         topic_struct = fields.struct()
         # The top-level payload fields counters read: all a decoded record need be read for (fields_of).
         self.top_names = frozenset(fields.tree)
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
-        # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
-        namespace["decode"] = msgspec.json.Decoder(topic_struct,
-                                                   float_hook=_short_decimal if self.decimals else None).decode
+        # hands it to Decimal when a counter of the topic keeps decimals.
+        namespace["SEEN_LONG"] = seen_long = [False]
+        namespace["decode"] = msgspec.json.Decoder(
+            topic_struct, float_hook=functools.partial(_decimal_text, seen_long) if self.decimals else None).decode
         namespace.update(TopicFields=topic_struct, convert=msgspec.convert, decimal_passes=_decimal_passes,
                          CONVERT_ERRORS=(msgspec.ValidationError, TypeError, ValueError))
         namespace["Decimal"] = Decimal

@@ -666,14 +666,17 @@ REFUSING = counter_set([BODIES[0], BODIES[1], BODIES[8], BODIES[16], BODIES[22]]
 
 
 def test_mistyped_fields_are_decided_on_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A value of the wrong type or out of range, or a key part the router refuses, is refused by the counters
-    reading it on the batch path itself (the router is not asked), each with the router's error, while the
-    other counters count the record."""
+    """A value of the wrong type or out of range (an exact decimal with an exponent too large among them), or a
+    key part the router refuses, is refused by the counters reading it on the batch path itself (the router is
+    not asked), each with the router's error, while the other counters count the record."""
     records = [Record(0, b'{"sym": "IBM", "n": "ten", "x": 1.5, "user": "u1", "id": "e0", "ts": %d}' % NOW_S),
                Record(1, b'{"sym": "IBM", "n": 2, "x": 1.5, "user": [1], "id": "e1", "ts": %d}' % NOW_S),
                Record(2, b'{"sym": [1], "n": 1, "x": 1.5, "user": "u1", "id": "e2", "ts": %d}' % NOW_S),
                Record(3, b'{"sym": "IBM", "n": %d, "x": 1.5, "user": "u1", "id": "e3", "ts": %d}' % (2**70, NOW_S)),
-               Record(4, b'{"sym": "IBM", "n": 1, "x": 1.5, "user": "u1", "id": "e0", "ts": %d}' % NOW_S)]
+               Record(4, b'{"sym": "IBM", "n": 1, "x": 1.5, "user": "u1", "id": "e0", "ts": %d}' % NOW_S),
+               # exact decimals with an exponent: one the decimal sum keeps, one it refuses
+               Record(5, b'{"sym": "IBM", "n": 1, "x": 2.5e-3, "user": "u1", "id": "e5", "ts": %d}' % NOW_S),
+               Record(6, b'{"sym": "IBM", "n": 1, "x": 1E+400, "user": "u1", "id": "e6", "ts": %d}' % NOW_S)]
     reference, batched = mutator(REFUSING, 10), mutator(REFUSING, 10)
     expected = outcomes(reference, [Record(r.offset, r.value, NOW_S * 1000) for r in records])
 
@@ -689,9 +692,10 @@ def test_mistyped_fields_are_decided_on_the_batch_path(monkeypatch: pytest.Monke
                for r, e in got.invalid}
     assert refused == {0: [("c1", "WrongTypeError", "n")], 1: [("c2", "WrongTypeError", "user")],
                        2: [(c, "WrongTypeError", "sym") for c in ("c0", "c1", "c2", "c3", "c4")],
-                       3: [("c1", "ValueOutOfRangeError", "n")]}
+                       3: [("c1", "ValueOutOfRangeError", "n")], 6: [("c4", "ValueOutOfRangeError", "x")]}
     # 2 is refused by all (invalid), 4 a retry of 0's id, which c0 counted: a duplicate
-    assert (got.applied, got.duplicates) == (3, 1)
+    assert (got.applied, got.duplicates) == (5, 1)
+    assert str(batched.states[("c4", "IBM")].value()) == "4.5025"  # 1.5 three times (0, 1, 3), 0.0025 (5)
 
 
 def _planted(wrap: Callable[[Any], Any]) -> Any:
