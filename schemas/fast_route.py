@@ -94,12 +94,17 @@ _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 SHORT_DECIMAL = 40
 
 
-def _decimal_text(seen_long: list[bool], text: str) -> Decimal:
+def _decimal_text(seen_long: list[bool]) -> Callable[[str], Decimal]:
     """msgspec's float_hook on a topic with exact decimals: the number's exact text as a Decimal, as the router's
     parser reads it; ``seen_long[0]`` set when it is not a short one (read and cleared after each decode)."""
-    if len(text) > SHORT_DECIMAL or "e" in text or "E" in text:
-        seen_long[0] = True
-    return Decimal(text)
+    short = SHORT_DECIMAL
+
+    def decimal_text(text: str) -> Decimal:
+        if len(text) > short or "e" in text or "E" in text:
+            seen_long[0] = True
+        return Decimal(text)
+
+    return decimal_text
 
 
 # Field names msgspec cannot take (as a struct field's name): a topic reading one has no fast path.
@@ -704,7 +709,7 @@ class FastRoute:
         # hands it to Decimal when a counter of the topic keeps decimals.
         namespace["SEEN_LONG"] = seen_long = [False]
         namespace["decode"] = msgspec.json.Decoder(
-            topic_struct, float_hook=functools.partial(_decimal_text, seen_long) if self.decimals else None).decode
+            topic_struct, float_hook=_decimal_text(seen_long) if self.decimals else None).decode
         namespace.update(TopicFields=topic_struct, convert=msgspec.convert, decimal_passes=_decimal_passes,
                          CONVERT_ERRORS=(msgspec.ValidationError, TypeError, ValueError))
         namespace["Decimal"] = Decimal
