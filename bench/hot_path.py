@@ -24,7 +24,7 @@ decimal sum, the third counter of each kind, and a page-view stream of nine coun
 with its ratio to flat, its share of events the batch path decides itself, and its CPU per counter update.
 
 ``--refused`` measures instead the flat shape on that stream with none, 1 % and 10 % of its records holding
-``qty`` as a string: refused by the sum counter (a dead letter each), which the batch path hands to the router.
+``qty`` as a string: refused by the sum counter (a dead letter each) on the batch path, counted by the others.
 """
 
 from __future__ import annotations

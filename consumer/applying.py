@@ -21,7 +21,7 @@ from schemas import formats, timeseries
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.events import EventRouter, Update, apply_updates, restricted
-from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row
+from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row, refusals
 from schemas.kinds import KINDS, State, new_state
 from schemas.kinds.base import KindSpec
 from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
@@ -590,15 +590,23 @@ class Mutator:
                         raw = json_text
                     outcome = apply_event(raw, record.timestamp, record.key, record.headers, rows, fresh, touched,
                                           create)
-                if outcome is None:
-                    result.count(record, *self.apply(record))
-                    continue
-                advance()
-                self.applied_through = offset
                 if outcome == APPLIED:
                     applied += 1
+                elif outcome is None:
+                    result.count(record, *self.apply(record))
+                    continue
                 elif outcome == DUPLICATE:
                     duplicates += 1
+                elif type(outcome) is tuple:
+                    # some counters refused it (a field of the wrong type, out of range), the others decided
+                    outcome, refused = outcome
+                    result.invalid.append((record, refusals(refused)))
+                    if outcome == APPLIED:
+                        applied += 1
+                    elif outcome == DUPLICATE:
+                        duplicates += 1
+                advance()
+                self.applied_through = offset
         finally:
             result.applied += applied
             result.duplicates += duplicates

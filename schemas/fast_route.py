@@ -6,7 +6,8 @@ updates with less work per event:
 
 - one msgspec decoder per topic, reading exactly the fields the topic's counters use, nested ones
   (``user.id``) through nested structs (the rest of the event is skipped, not built into Python objects);
-  with a counter keeping exact decimals, numbers with a fraction are decoded as Decimals directly;
+  with a counter keeping exact decimals, numbers with a fraction or an exponent are decoded as Decimals
+  directly (exact values checked by the router's converter when one is long or has an exponent);
 - counters that share key fields and time bucket share a *row* per key value and bucket, so the key is read,
   escaped and checked once per row and not once per event and counter (:class:`Row` holds the states of
   every counter of that key);
@@ -22,13 +23,19 @@ updates with less work per event:
   (:meth:`fields_of`: floats and Decimals as the router reads them), so exact decimals take the batch path on
   those topics too (``schemas.formats.converter`` hands back the records the router refuses as a whole).
 
-It never decides that an event is invalid. Any event it does not accept as it is — not ASCII, a ``\\u``
-escape, deeply bracketed, over the size limit, a long run of digits, a wrongly typed field, a missing field
-of a ``required`` counter, a key too long, a literal its decoder refuses, a number with an exponent or over
-40 characters on a topic with exact decimals, an event time too far ahead of its record —
-makes the generated ``apply_event`` return ``None`` before it changes anything, and the caller routes that
-event through :class:`EventRouter`, which gives the documented error. A differential property test holds the
-two paths to the same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``).
+It decides a counter's refusal as the router does: a key part, a bucket time, a value or an event id present
+but of the wrong type or out of range, or a key too long, raises the router's own error (its converters and
+checks), in the router's order (key, bucket, value, event id); the counter refuses the event (its error, its
+name set, kept for the dead letter in the definitions' order: ``apply_event`` returns ``(outcome, refused)``)
+and the other counters decide for themselves. It never decides that an event is invalid as a whole, nor the
+refusals whose order it cannot keep cheaply. Any event it does not accept as it is — not ASCII, a ``\\u``
+escape, deeply bracketed, over the size limit, a long run of digits, an object where its decoder expects none
+or none where it expects one, a missing field of a ``required`` counter, a literal its decoder refuses, an
+event time too far ahead of its record, a bucket ending after the last storable expiry — makes the generated
+``apply_event`` return ``None`` before it changes anything, and the caller routes that event through
+:class:`EventRouter`, which gives the documented error. A differential property test holds the two paths to the
+same states, dirty sets, outcomes, skips and errors (``tests/unit/test_fast_route.py``, mistyped fields among
+them).
 
 A topic gets no fast path (``FastRoute.build`` returns ``None``) when a counter on it reads a field msgspec
 cannot name (a quote, a backslash or a control character in it), or one field both as a value and as an object
@@ -51,9 +58,10 @@ from typing import Any
 import msgspec
 
 from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
-from schemas.errors import InvalidEventError
+from schemas.errors import CountersRefusedError, InvalidEventError, KeyTooLongError, UnstorableTimeError
 from schemas.events import (
     _MAX_EPOCH_SECONDS,
+    _MISSING,
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_FUTURE_SKEW_S,
@@ -78,17 +86,25 @@ _UNSET = msgspec.UNSET
 LONG_DIGITS = 4096
 _DIGIT_RUN = b"0" * LONG_DIGITS
 _DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
-# The longest number text (with a fraction, no exponent) the batch path reads as a Decimal itself: any Decimal it
-# holds then has at most this many digits and an exponent of at most this size, well inside the router's bounds
-# (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign dropped. A longer number
-# or one with an exponent, in a field the topic's counters read, leaves the event to the router.
+# The longest number text (with a fraction, no exponent) the batch path takes as passing the router's decimal
+# checks: any Decimal made of one has at most this many digits and an exponent of at most this size, well inside
+# the router's bounds (events.MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT), so it needs only the zero's sign
+# dropped. An event holding a longer number or one with an exponent, in a field the topic's counters read, has
+# its exact counters' values checked by the router's converter (which keeps or refuses them as the router does).
 SHORT_DECIMAL = 40
 
 
-def _short_decimal(text: str) -> Decimal:
-    if len(text) > SHORT_DECIMAL or "e" in text or "E" in text:
-        raise ValueError("left to the router")  # msgspec fails the decode: the router decides the event
-    return Decimal(text)
+def _decimal_text(seen_long: list[bool]) -> Callable[[str], Decimal]:
+    """msgspec's float_hook on a topic with exact decimals: the number's exact text as a Decimal, as the router's
+    parser reads it; ``seen_long[0]`` set when it is not a short one (read and cleared after each decode)."""
+    short = SHORT_DECIMAL
+
+    def decimal_text(text: str) -> Decimal:
+        if len(text) > short or "e" in text or "E" in text:
+            seen_long[0] = True
+        return Decimal(text)
+
+    return decimal_text
 
 
 # Field names msgspec cannot take (as a struct field's name): a topic reading one has no fast path.
@@ -242,6 +258,22 @@ def _decimal_passes(d: Decimal) -> bool:
     return True
 
 
+def _key_parts(pairs: tuple[tuple[str, Any], ...]) -> None:
+    """Raise the router's refusal of the first key part (path, value) it refuses, if any."""
+    for path, v in pairs:
+        _key_text(path, v)
+
+
+def _unset_as_missing(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The router's converter of a field for a value read by the batch path: an absent field (msgspec's
+    ``UNSET``) is the router's missing one (``MissingFieldError``, not a wrongly typed value)."""
+
+    def converted(v: Any) -> Any:
+        return convert(_MISSING if v is _UNSET else v)
+
+    return converted
+
+
 def _itself(v: Any) -> Any:
     return v
 
@@ -265,6 +297,30 @@ def _skip(skipped: Skipped | None, entry: tuple[int, str, str | None]) -> Skippe
         return [entry]
     skipped.append(entry)
     return skipped
+
+
+Refused = list[tuple[int, InvalidEventError]]  # (the counter's place in the definitions, its refusal)
+
+
+def _refuse(refused: Refused | None, place: int, counter: str, error: InvalidEventError) -> Refused:
+    """Keep a counter's refusal of the event being read, as the router keeps it: its counter named, without
+    its traceback (whose frames would make a cycle per refused record)."""
+    error.counter = counter
+    entry = (place, error.with_traceback(None))
+    if refused is None:
+        return [entry]
+    refused.append(entry)
+    return refused
+
+
+def refusals(refused: Refused) -> CountersRefusedError:
+    """The dead letter's error of an event some counters refused (``apply_event``'s second item): each
+    counter's own error, in the definitions' order, as :meth:`~consumer.applying.Applier.classify` gives it."""
+    return CountersRefusedError(tuple(error for _, error in sorted(refused, key=_place)))
+
+
+def _place(entry: tuple[int, InvalidEventError]) -> int:
+    return entry[0]
 
 
 def _report(on_not_applicable: Callable[[str, str], None] | None, on_late: Callable[[str], None] | None,
@@ -326,17 +382,19 @@ class _Fields:
 # What apply_event says of an event it took: applied to a state at least once, wanted by a counter but
 # dropped as a publisher retry by all, or wanted by none (filtered out).
 APPLIED, DUPLICATE, FILTERED = 1, 2, 0
-# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or None for an event it
+# apply_event(raw, ts, key, headers, rows, fresh, touched, create): one of the above, or (one of the above,
+# refused) for an event some counters refused (a key part or a value of the wrong type or out of range: the
+# others decided for themselves; ``refusals(refused)`` is its dead letter's error), or None for an event it
 # leaves to the router (nothing changed). ``ts``, ``key``, ``headers``: the record's Kafka timestamp (ms, or
 # None), key and headers; ``fresh(counter, event_id)``
 # is the retry window's; ``touched`` collects the rows changed; ``create(row, index)`` makes (or finds) the
 # state of a row's counter.
 ApplyEvent = Callable[[bytes, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
-                       list["Row"], Callable[["Row", int], State]], "int | None"]
+                       list["Row"], Callable[["Row", int], State]], "int | tuple[int, Refused] | None"]
 # apply_fields(event, ts, key, headers, rows, fresh, touched, create): apply_event for fields already read
 # (``FastRoute.fields_of``: a decoded Avro, Protobuf or JSON Schema record).
 ApplyFields = Callable[[Any, "int | None", "bytes | None", Any, list[dict[Any, "Row"]], Callable[[str, str], bool],
-                        list["Row"], Callable[["Row", int], State]], "int | None"]
+                        list["Row"], Callable[["Row", int], State]], "int | tuple[int, Refused] | None"]
 
 
 def _converted(local: str, converter: str, namespace: dict[str, Any], indent: str) -> list[str]:
@@ -386,7 +444,8 @@ class FastRoute:
             "REFUSED": (InvalidEventError, ValueError, TypeError),
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
-            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip,
+            "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip, "refuse": _refuse,
+            "InvalidEventError": InvalidEventError, "UnstorableTimeError": UnstorableTimeError, "key_parts": _key_parts,
             "report": functools.partial(_report, on_not_applicable, on_late), "header": _header,
             "text_of": _text_of,
             "PARTITION": _UNSET if partition is None else partition,
@@ -416,7 +475,9 @@ class FastRoute:
             bucket = definition.bucket
             when = None if bucket is None else (bucket.field, bucket.seconds, bucket.format, definition.retain_seconds)
             groups.setdefault((definition.key, when), []).append(definition)
-        self._groups = tuple((paths, tuple(d.name for d in members), when is not None)
+        # per group: its key paths, counters, whether bucketed, and the paths a key too long is refused for
+        self._groups = tuple((paths, tuple(d.name for d in members), when is not None,
+                              ",".join(paths) or (when[0] if when is not None else ""))
                              for (paths, when), members in groups.items())
 
         lines = [
@@ -432,11 +493,15 @@ class FastRoute:
             "    except DECODE_ERRORS:",
             "        return None",
         ]
+        if self.decimals:
+            # a number not short (SHORT_DECIMAL) in the event: exact values are checked by the router's converter
+            lines += ["    long_decimal = SEEN_LONG[0]", "    if long_decimal:", "        SEEN_LONG[0] = False"]
         lines += [
             "    # 1. read and check every counter's key, filter, value and event id: nothing is changed yet. A",
             "    # counter the event lacks a key, value or bucket field of skips it (skipped, told once it is taken).",
             "    try:",
             "        skipped = None",
+            "        refused = None",
             "        # RECORD",
         ]
         id_locals: dict[str, str] = {}  # event-id path -> the local holding its text, read once per record
@@ -470,6 +535,16 @@ class FastRoute:
             exact = " and ".join(f"(type({k}) is str or type({k}) is int)" for k in keys)
             lookup = f"rows[{g}].get({cache_key})" + (f" if {exact} else None" if exact else "")
             bucket_lines: list[str] = []
+            key_pairs = "".join(f"({path!r}, {local}), " for path, local in zip(paths, keys, strict=True))
+
+            def refused_bucket(line: str, indent: str, key_pairs: str = key_pairs) -> list[str]:
+                """``line``, computing a bucket's time: a time the router refuses is the counter's refusal
+                (after a key part it refuses: the router reads the key first), but a bucket ending too late
+                is left to the router, which checks the event's time against its record's first."""
+                return [f"{indent}try:", f"{indent}    {line}",
+                        f"{indent}except UnstorableTimeError:", f"{indent}    return None",
+                        f"{indent}except InvalidEventError:", f"{indent}    key_parts(({key_pairs}))",
+                        f"{indent}    raise"]
             if when is not None:
                 first = members[0]
                 assert first.bucket is not None
@@ -495,10 +570,11 @@ class FastRoute:
                         f"    if type(bv{b}) is int and last[0] <= bv{b} < last[1]:",
                         f"        bt{b} = ({seconds}, last[2], last[3])",
                         "    else:",
-                        f"        bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))",
+                        *refused_bucket(f"bt{b} = last_bucket{b}(bv{b}, bucket_time{b}(bv{b}))", "        "),
                     ]
                 else:
-                    bucket_lines.append(f"    bt{b} = bucket_time{b}(bv{b})  # seconds, bucket start, bucket text")
+                    # seconds, bucket start, bucket text
+                    bucket_lines += refused_bucket(f"bt{b} = bucket_time{b}(bv{b})", "    ")
                 bucket_lines += [
                     "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
                     f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
@@ -542,42 +618,59 @@ class FastRoute:
                     # a late bucket's key is checked as the router checks it, and no row is kept for it
                     row_lines = [f"if late{b}:", f"    row{g} = new_row({g}, {{}}, ({values}))",
                                  "else:", *(f"    {line}" for line in row_lines)]
+                # In a try, the bucket, the row (a key part the router refuses raises), the value and the event
+                # id: the counter's own refusals, in the router's order (key, bucket, value, id), decided here
+                # (refused: each with its counter's place in the definitions), the other counters deciding for
+                # themselves.
                 lines += [f"{indent}want_{c} = True",
-                          f"{indent}if row{g} is None:",
-                          *(f"{indent}    {line}" for line in bucket_lines),
-                          *(f"{indent}    {line}" for line in row_lines),
+                          f"{indent}try:",
                           f"{indent}    if row{g} is None:",
-                          f"{indent}        return None"]
+                          *(f"{indent}        {line}" for line in bucket_lines),
+                          *(f"{indent}        {line}" for line in row_lines),
+                          f"{indent}        if row{g} is None:",
+                          f"{indent}            return None"]
+                inner = indent + "    "
                 value = "None"
                 if definition.value is not None:
                     namespace[f"convert_{c}"] = _value_converter(definition, max_key_bytes)
                     quick = _float_passes(definition, f"value_{c}")
                     if quick is not None:
-                        lines += [f"{indent}if not ({quick}):",
-                                  f"{indent}    value_{c} = convert_{c}(value_{c})"]
+                        lines += [f"{inner}if not ({quick}):",
+                                  f"{inner}    value_{c} = convert_{c}(value_{c})"]
                     elif _exact(definition):
-                        # a Decimal here is a short one (SHORT_DECIMAL): the router's checks all pass it
-                        lines += [f"{indent}if type(value_{c}) is Decimal:",
-                                  f"{indent}    if not value_{c}:",
-                                  f"{indent}        value_{c} = value_{c}.copy_abs()",
-                                  f"{indent}else:",
-                                  *_converted(f"value_{c}", f"convert_{c}", namespace, indent + "    ")]
+                        # a short Decimal (SHORT_DECIMAL) passes the router's checks; its zero's sign is dropped
+                        lines += [f"{inner}if type(value_{c}) is Decimal and not long_decimal:",
+                                  f"{inner}    if not value_{c}:",
+                                  f"{inner}        value_{c} = value_{c}.copy_abs()",
+                                  f"{inner}else:",
+                                  *_converted(f"value_{c}", f"convert_{c}", namespace, inner + "    ")]
                     else:
-                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, indent)
+                        lines += _converted(f"value_{c}", f"convert_{c}", namespace, inner)
                     value = f"value_{c}"
                 event_id = None
                 if definition.event_id is not None:
-                    # the router's own rule: a refused id raises, and the router decides the event
+                    # the router's own rule, after the value: a refused id is the counter's refusal. Read into
+                    # a local of its own, so that the next counter sharing the id reads and refuses it too.
                     event_id = id_locals[definition.event_id]
-                    namespace[f"check_{event_id}"] = _event_id_converter(definition.event_id, max_key_bytes)
-                    lines += [f"{indent}if {event_id} is None:",
-                              f"{indent}    {event_id} = {attr(definition.event_id)}",
-                              *_converted(event_id, f"check_{event_id}", namespace, indent + "    ")]
+                    check = f"check_{event_id}"
+                    namespace[check] = _event_id_converter(definition.event_id, max_key_bytes)
+                    converted = _converted("idv", check, namespace, inner + "    ")
+                    namespace[check] = _unset_as_missing(namespace[check])
+                    lines += [f"{inner}if {event_id} is None:",
+                              f"{inner}    idv = {attr(definition.event_id)}",
+                              *converted,
+                              f"{inner}    {event_id} = idv"]
+                elif definition.value is None:
+                    lines.append(f"{inner}pass")
+                lines += [f"{indent}except InvalidEventError as exc:",
+                          f"{indent}    want_{c} = False",
+                          f"{indent}    refused = refuse(refused, {order[definition.name]}, {definition.name!r}, exc)"]
                 if retained:
                     # after its checks, as the router's extractor: a late event that is also invalid is refused
                     late_entry = f"({order[definition.name]}, {definition.name!r}, None)"
-                    lines += [f"{indent}if late{b}:", f"{indent}    want_{c} = False",
-                              f"{indent}    skipped = skip(skipped, {late_entry})"]
+                    lines += [f"{indent}else:",
+                              f"{inner}if late{b}:", f"{inner}    want_{c} = False",
+                              f"{inner}    skipped = skip(skipped, {late_entry})"]
                 applying += self._apply_lines(definition, g, index, value, event_id, fresh_locals)
         # Each changed row is marked once per event, not once per counter; in a finally, so a state changed
         # before an apply that raised is marked all the same, as the router's path marks it.
@@ -595,22 +688,28 @@ class FastRoute:
                   *(f"    bits{g} = 0" for g in range(len(groups))), "    wanted = False",
                   *(f"    {local} = None" for local in fresh_locals.values()),
                   "    try:", *("    " + line for line in applying), *marking,
-                  f"    return APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)"]
+                  f"    outcome = APPLIED if {changed} else (DUPLICATE if wanted else FILTERED)",
+                  "    if refused is not None:",
+                  "        return outcome, refused  # some counters refused it: their errors, for its dead letter",
+                  "    return outcome"]
         at = lines.index("        # RECORD")
         lines[at:at + 1] = [f"        {line}" for line in record_lines.values()]
         # apply_fields: the same, from the fields already read (fields_of: a decoded Avro or Protobuf record)
         body = lines[lines.index("    # 1. read and check every counter's key, filter, value and event id: nothing is "
                                  "changed yet. A"):]
-        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):", *body]
+        # (a decoded record's Decimals all pass the router's checks: fields_of hands back the others)
+        lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):",
+                  *(["    long_decimal = False"] if self.decimals else []), *body]
         lines += ["", "", *self._fields_of_lines(fields)]
         self.source = "\n".join(lines) + "\n"
         topic_struct = fields.struct()
         # The top-level payload fields counters read: all a decoded record need be read for (fields_of).
         self.top_names = frozenset(fields.tree)
         # float_hook: the exact text of every number with a fraction or an exponent, as the router's parser
-        # hands it to Decimal when a counter of the topic keeps decimals (short ones: SHORT_DECIMAL).
-        namespace["decode"] = msgspec.json.Decoder(topic_struct,
-                                                   float_hook=_short_decimal if self.decimals else None).decode
+        # hands it to Decimal when a counter of the topic keeps decimals.
+        namespace["SEEN_LONG"] = seen_long = [False]
+        namespace["decode"] = msgspec.json.Decoder(
+            topic_struct, float_hook=_decimal_text(seen_long) if self.decimals else None).decode
         namespace.update(TopicFields=topic_struct, convert=msgspec.convert, decimal_passes=_decimal_passes,
                          CONVERT_ERRORS=(msgspec.ValidationError, TypeError, ValueError))
         namespace["Decimal"] = Decimal
@@ -697,9 +796,10 @@ class FastRoute:
     def _new_row(self, group: int, rows: dict[Any, Row], values: tuple[Any, ...]) -> Row | None:
         """The row of key ``values``, kept in ``rows`` when every value is a string or an integer (``True``
         and ``1`` are one dict key but two instance keys: the generated code looks a row up only by strings and
-        integers). ``None`` when a value is not a valid key part. A bucketed group's
+        integers). Raises the router's error for a value that is not a valid key part (the counters of the group
+        refuse the event), or a key too long, as the router's. A bucketed group's
         last value is its bucket's text, the key's last component."""
-        paths, names, bucketed = self._groups[group]
+        paths, names, bucketed, key_paths = self._groups[group]
         texts = []
         kept = True  # every value a string or an integer
         for path, v in zip(paths, values, strict=False):  # a bucketed group's values end with the bucket's
@@ -712,18 +812,15 @@ class FastRoute:
                 return None
             else:
                 kept = False
-                try:
-                    texts.append(_escape(_key_text(path, v)))
-                except InvalidEventError:
-                    return None
+                texts.append(_escape(_key_text(path, v)))  # raises the router's refusal of a key part
         if bucketed:
             texts.append(values[-1])
         key = "|".join(texts)
         if len(key) > self.max_key_bytes:  # ASCII: characters are bytes
-            return None
+            raise KeyTooLongError(key_paths, f"instance key of {len(key)} bytes exceeds {self.max_key_bytes}")
         row = Row(key, names)
         if kept:
             rows[values[0] if len(values) == 1 else values] = row
         return row
 
-__all__ = ["FastRoute", "Row"]
+__all__ = ["FastRoute", "Row", "refusals"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
@@ -562,7 +564,8 @@ def test_the_fast_path_takes_fields_of_the_record_key(monkeypatch: pytest.Monkey
 def test_late_events_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """An event whose record was written after its bucket's retention (a replay of old records) is skipped by
     the retained counters on the batch path, told to ``on_late`` in the definitions' order among the skips, and
-    counted by the others, as the router does; a late event whose key the router refuses is handed back. A
+    counted by the others, as the router does; a late event whose key the router refuses is refused by the
+    retained counter as the router refuses it. A
     batch path that counted late events is caught."""
     counters = counter_set([BODIES[0], BODIES[17], 'kind = "count"\nkey = ["user"]', BODIES[21]])
     late_ms = (NOW_S + 3 * 86_400) * 1000
@@ -592,3 +595,139 @@ def test_late_events_take_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 _skip = fast_route._skip
+
+
+# --- mistyped fields: present, of the wrong type or out of range, refused by some counters on the batch path -----
+
+# Per field, values some counters refuse: a string for a number, a list or an object where a key is expected, a
+# float or a boolean key, a number too large, an item that is not text, a decimal with an exponent, a time that
+# is not one, an event id of the wrong type.
+MISTYPED = {
+    "sym": ["ten", [1], {"a": 1}, 1.5, False, 2**70, "e" * (MAX_KEY_BYTES + 1)],
+    "n": ["ten", "7", [1], {"a": 1}, 2**70, -(2**64), 1.5, True, 1e300],
+    "x": ["x", "1.5", [1.5], {"a": 1}, True, 2**70, 1e300, "NaN"],
+    "user": [[1], {"a": 1}, 1.5, True, "e" * (MAX_KEY_BYTES + 1)],
+    "side": [[1], {"a": "buy"}, 1.5],
+    "flag": [[1], {"a": 1}, 2.5],
+    "ts": ["x", [1], 1.5e9, True],
+    "iso": [5.5, [1], "not a time"],
+    "id": [[1], {"a": 1}, 1.5, True],
+    "meta": [{"a": [1], "b": "buy"}, {"a": "u1", "b": [1]}, {"a": 1.5, "b": "buy"}],
+}
+# Written as text: exact decimals with an exponent, huge and negative zero, where a value is expected.
+MISTYPED_TEXT = {"x": ["1.5e3", "-0.0", "1E+400", "2.5e-3", "0." + "1" * 60]}
+
+
+@st.composite
+def mistyped_event(draw: st.DrawFn) -> bytes:
+    """A valid event (every field a counter reads) with one to three fields present but mistyped."""
+    event: dict[str, object] = {"sym": draw(st.sampled_from(["IBM", "MSFT", 7])), "n": draw(st.integers(-5, 5)),
+                                "x": draw(st.sampled_from([1.5, -2.25, 3])), "id": draw(st.sampled_from(["i1", "i2"])),
+                                "rid": "r1", "side": draw(st.sampled_from(["buy", "sell"])),
+                                "user": draw(st.sampled_from(["u1", "u2"])), "flag": True, "ts": NOW_S,
+                                "iso": "2025-11-26T07:00:00Z", "ms": NOW_S * 1000, "meta": {"a": "u1", "b": "buy"}}
+    texts: dict[str, str] = {}
+    for name in draw(st.lists(st.sampled_from(sorted(MISTYPED)), min_size=1, max_size=3, unique=True)):
+        if name in MISTYPED_TEXT and draw(st.booleans()):
+            texts[name] = draw(st.sampled_from(MISTYPED_TEXT[name]))
+            event[name] = "@"
+        else:
+            event[name] = draw(st.sampled_from(MISTYPED[name]))
+    text = json.dumps(event)
+    for name, literal in texts.items():
+        text = text.replace(f'"{name}": "@"', f'"{name}": {literal}')
+    return text.encode()
+
+
+mistyped_arguments = {"bodies": st.lists(st.sampled_from(BODIES), min_size=1, max_size=6),
+                      "events": st.lists(mistyped_event() | event_bytes(), max_size=30),
+                      "cuts": st.lists(st.integers(1, 8), max_size=6),
+                      "window": st.sampled_from([0, 3]),
+                      "stamps": st.lists(STAMPS, max_size=4)}
+
+
+def _mistyped_check(bodies: list[str], events: list[bytes], cuts: list[int], window: int,
+                    stamps: list[int | None]) -> None:
+    assert_paths_agree(bodies, events, cuts, window, 1, stamps=stamps or [NOW_S * 1000])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**mistyped_arguments)
+def test_batch_path_equals_record_at_a_time_on_mistyped_fields(bodies: list[str], events: list[bytes],
+                                                               cuts: list[int], window: int,
+                                                               stamps: list[int | None]) -> None:
+    """Events whose fields are present but mistyped for some counters (each shape of ``MISTYPED``): the batch
+    path gives each counter's refusal (its error, path and reason, in the definitions' order), the other
+    counters' updates and skips, and the outcomes of the router."""
+    _mistyped_check(bodies, events, cuts, window, stamps)
+
+
+REFUSING = counter_set([BODIES[0], BODIES[1], BODIES[8], BODIES[16], BODIES[22]])
+
+
+def test_mistyped_fields_are_decided_on_the_batch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value of the wrong type or out of range (an exact decimal with an exponent too large among them), or a
+    key part the router refuses, is refused by the counters reading it on the batch path itself (the router is
+    not asked), each with the router's error, while the other counters count the record."""
+    records = [Record(0, b'{"sym": "IBM", "n": "ten", "x": 1.5, "user": "u1", "id": "e0", "ts": %d}' % NOW_S),
+               Record(1, b'{"sym": "IBM", "n": 2, "x": 1.5, "user": [1], "id": "e1", "ts": %d}' % NOW_S),
+               Record(2, b'{"sym": [1], "n": 1, "x": 1.5, "user": "u1", "id": "e2", "ts": %d}' % NOW_S),
+               Record(3, b'{"sym": "IBM", "n": %d, "x": 1.5, "user": "u1", "id": "e3", "ts": %d}' % (2**70, NOW_S)),
+               Record(4, b'{"sym": "IBM", "n": 1, "x": 1.5, "user": "u1", "id": "e0", "ts": %d}' % NOW_S),
+               # exact decimals with an exponent: one the decimal sum keeps, one it refuses
+               Record(5, b'{"sym": "IBM", "n": 1, "x": 2.5e-3, "user": "u1", "id": "e5", "ts": %d}' % NOW_S),
+               Record(6, b'{"sym": "IBM", "n": 1, "x": 1E+400, "user": "u1", "id": "e6", "ts": %d}' % NOW_S)]
+    reference, batched = mutator(REFUSING, 10), mutator(REFUSING, 10)
+    expected = outcomes(reference, [Record(r.offset, r.value, NOW_S * 1000) for r in records])
+
+    def no_router(self: Mutator, record: Record) -> None:
+        raise AssertionError(f"record {record.offset} taken by the router")
+
+    monkeypatch.setattr(Mutator, "apply", no_router)
+    got = batched.apply_batch([Record(r.offset, r.value, NOW_S * 1000) for r in records])
+    assert described(got) == described(expected)
+    assert {k: s.to_bytes() for k, s in batched.states.items()} == {
+        k: s.to_bytes() for k, s in reference.states.items()}
+    refused = {r.offset: [(x.counter, type(x).__name__, x.path) for x in getattr(e, "refusals", ())]
+               for r, e in got.invalid}
+    assert refused == {0: [("c1", "WrongTypeError", "n")], 1: [("c2", "WrongTypeError", "user")],
+                       2: [(c, "WrongTypeError", "sym") for c in ("c0", "c1", "c2", "c3", "c4")],
+                       3: [("c1", "ValueOutOfRangeError", "n")], 6: [("c4", "ValueOutOfRangeError", "x")]}
+    # 2 is refused by all (invalid), 4 a retry of 0's id, which c0 counted: a duplicate
+    assert (got.applied, got.duplicates) == (5, 1)
+    assert str(batched.states[("c4", "IBM")].value()) == "4.5025"  # 1.5 three times (0, 1, 3), 0.0025 (5)
+
+
+def _planted(wrap: Callable[[Any], Any]) -> Any:
+    """FastRoute.build, its apply_event and apply_fields wrapped by ``wrap``."""
+    build = FastRoute.build.__func__  # type: ignore[attr-defined]
+
+    def planted_build(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fast = build(cls, *args, **kwargs)
+        if fast is not None:
+            fast.apply_event, fast.apply_fields = wrap(fast.apply_event), wrap(fast.apply_fields)
+        return fast
+
+    return classmethod(planted_build)
+
+
+def _counted_anyway(apply: Any) -> Any:
+    # a refused record counted as applied
+    return lambda *args: APPLIED if type(outcome := apply(*args)) is tuple else outcome
+
+
+def _last_refusal_lost(apply: Any) -> Any:
+    # a record refused by two counters or more dead-lettered with the first refusal alone
+    return lambda *args: (outcome[0], outcome[1][:1]) if type(outcome := apply(*args)) is tuple else outcome
+
+
+@pytest.mark.parametrize("wrap", [_counted_anyway, _last_refusal_lost])
+def test_the_differential_check_catches_a_planted_refusal_divergence(monkeypatch: pytest.MonkeyPatch,
+                                                                     wrap: Callable[[Any], Any]) -> None:
+    """A batch path that counted a record some counters refused, or lost a refusal of its dead letter, is told
+    apart from the router by the mistyped differential check."""
+    monkeypatch.setattr(FastRoute, "build", _planted(wrap))
+    planted = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True,
+                       suppress_health_check=[HealthCheck.too_slow])(given(**mistyped_arguments)(_mistyped_check))
+    with pytest.raises(AssertionError):
+        planted()
