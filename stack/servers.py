@@ -474,6 +474,15 @@ cas_contention_timeout: 1000ms
 request_timeout: 10000ms
 disk_failure_policy: stop
 commit_failure_policy: stop
+# Cassandra 5.0's own memtable configurations (its conf/cassandra.yaml): a table may choose memtable = 'trie'
+memtable:
+  configurations:
+    skiplist:
+      class_name: SkipListMemtable
+    trie:
+      class_name: TrieMemtable
+    default:
+      inherits: skiplist
 """
         path = self.root / "conf" / "cassandra.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
