@@ -43,7 +43,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_blobs_of, read_state
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
-from schemas.cql import shard_of_cell
+from schemas.cql import shard_of_cell, stamp_source
 from schemas.definitions import CounterDefinition, parse_definitions
 from schemas.kinds import KindSpec, State, merge_states, new_state, state_from_bytes
 from schemas.timeseries import bucket_key
@@ -142,7 +142,9 @@ class Shards:
 
     def _flush(self, i: int, writes: list[ShardWrite]) -> Callable[[], Awaitable[None]]:
         born = BORN_US + i
-        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes)
+        # Mutator i stands for partition i's: each a source of its own (schemas.cql: a stamp each).
+        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes,
+                                               source=stamp_source("bench", "wide", i))
 
     async def write(self) -> None:
         """Every wide instance and every range bucket, one row per mutator: what ``max(shards)`` mutators'

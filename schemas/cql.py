@@ -7,6 +7,18 @@ counter, what the GC has folded. The value of an
 instance (``shares_traded`` / ``IBM``) is ``merge(tallies[counter], states[counter] of every row)``, read with
 one single-partition query. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the
 state's bytes.
+
+The partition's ``stamps`` say when its states last changed, without their bytes: a row of their own at the
+end of the partition (:data:`STAMP_ROW`, after every mutator's: the GC's ranges end below it), a cell per source
+(:func:`stamp_source`: a consumer group's topic partition, whichever mutator owns it), written in the same
+batch as the states it stamps (one mutation per partition: a replica holding the states holds their stamp),
+with the same write timestamp, holding that timestamp. A mutator's timestamps grow with its flushes, and a
+mutator's birth is above every timestamp of the partition's earlier owners (``consumer.protocol.Claimant``),
+so the newest write of a source is its newest stamp, and any write that changes a state changes the
+partition's stamps. ``serve`` reads that one row to learn that the merge it kept is still the instance's
+(``countersink.state_cache``): a few hundred small cells instead of hundreds of rows of sketches. A read of
+the whole partition returns the stamps with the states (the same replicas' data), which is what the cache
+keeps beside its merge.
 The keyless instance (key ``""``) lives in partition ``\\`` (:func:`partition_key`): Cassandra refuses an empty
 partition key, and a lone escape is a key no event can produce.
 
@@ -27,6 +39,7 @@ import hashlib
 import json
 import re
 import struct
+import uuid
 from collections.abc import Sequence
 
 from schemas.errors import CorruptStateError, CountersinkError, MalformedInstanceKeyError
@@ -84,6 +97,19 @@ def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
     if len(cell) <= _OFFSET.size:
         raise CorruptStateError(f"a shard cell of {len(cell)} bytes holds no state")
     return cell[_OFFSET.size:], _OFFSET.unpack_from(cell)[0]
+
+
+# The row of a partition's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
+STAMP_ROW = (2**63 - 1, uuid.UUID(int=0))
+# The source of the stamps a drop's sweep writes (countersink.commands.drop): not 8 bytes, so no consumer's.
+DROP_STAMP_SOURCE = b"drop"
+
+
+def stamp_source(consumer_group: str, topic: str, partition: int) -> bytes:
+    """The name of a source's cell of ``shards.stamps``: 8 bytes of a digest of the group, topic and partition
+    (a partition's stamps hold one per source that wrote it, a few hundred at most)."""
+    body = f"{consumer_group}\0{topic}\0{partition:d}".encode()
+    return hashlib.blake2b(body, digest_size=8, person=b"cs-stamp").digest()
 
 
 def row_ttl(expires_at: int, now_s: int) -> int | None:
@@ -157,6 +183,7 @@ def create_tables(keyspace: str) -> list[str]:
             mutator uuid,
             tallies map<text, blob> STATIC,
             states map<text, blob>,
+            stamps map<blob, bigint>,
             PRIMARY KEY ((key), born_us, mutator)
         ) WITH {overwrite_heavy}""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.partitions (
@@ -278,6 +305,9 @@ def create_tables(keyspace: str) -> list[str]:
 # consumer group (one group per keyspace), its drop marker (a dropped counter's name stays refused) and the
 # formats of its topics as the consumer last started with them (what a trace without a definitions file decodes).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    # When each source last wrote the partition (stamp_source): serve's cache checks them instead of reading
+    # every shard.
+    "shards": (("stamps", "map<blob, bigint>"),),
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
                  ("topic_formats", "text")),
     # The proposing mutator and its confirmation (consumer.handovers): a row without a proposer is confirmed;
