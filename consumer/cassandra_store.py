@@ -13,6 +13,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.metrics import METRICS
 from schemas.cql import (
     STAMP_ROW,
+    STAMP_TTL_S,
     key_of_partition,
     partition_key,
     row_ttl,
@@ -139,9 +140,8 @@ class CassandraStore:
                      "WHERE key = ? AND born_us = ? AND mutator = ?")
         expiring_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? "
                         "WHERE key = ? AND born_us = ? AND mutator = ?")
-        stamp_cql = "UPDATE shards USING TIMESTAMP ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?"
-        expiring_stamp_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET stamps[?] = ? "
-                              "WHERE key = ? AND born_us = ? AND mutator = ?")
+        stamp_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET stamps[?] = ? "
+                     "WHERE key = ? AND born_us = ? AND mutator = ?")
         stamp_born, stamp_mutator = STAMP_ROW
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
@@ -171,13 +171,13 @@ class CassandraStore:
                 group, group_bytes, group_rows = [], 0, 0
             partition = partition_key(key)
             if expires_at is None:
+                stamp_ttl_s = STAMP_TTL_S
                 group.append((shard_cql, [timestamp_us, cells, partition, born_us, mutator]))
-                group.append((stamp_cql, [timestamp_us, source, timestamp_us, partition, stamp_born, stamp_mutator]))
             else:
-                ttl_s = ttls[expires_at]
+                stamp_ttl_s = ttl_s = ttls[expires_at]  # type: ignore[assignment]
                 group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition, born_us, mutator]))
-                group.append((expiring_stamp_cql, [timestamp_us, ttl_s, source, timestamp_us, partition, stamp_born,
-                                                   stamp_mutator]))
+            group.append((stamp_cql, [timestamp_us, stamp_ttl_s, source, timestamp_us, partition, stamp_born,
+                                      stamp_mutator]))
             group_bytes += row_bytes + _STAMP_BYTES
             group_rows += 1
         if group:

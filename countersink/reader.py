@@ -185,11 +185,13 @@ async def read_state(
     ``epochs``: the counter's, when the caller read them already (for several keys at once)."""
     if cache is None:
         return merge_blobs((await read_blobs_of(client, counter, [key], consistency, epochs))[key])
+    # The stamps do not depend on the epoch: both reads at once, a hit costs one round trip.
     if epochs is None:
-        epochs = await read_epochs(client, counter)
+        epochs, stamps = await asyncio.gather(read_epochs(client, counter), read_stamps(client, [key], consistency))
+    else:
+        stamps = await read_stamps(client, [key], consistency)
     cell = epochs.cell(counter, key)
-    kept = cache.checked(cell, key, (await read_stamps(client, [key], consistency))[key], time.monotonic(),
-                         time.time())
+    kept = cache.checked(cell, key, stamps[key], time.monotonic(), time.time())
     if kept is not None:
         return kept
     now = time.monotonic()

@@ -101,8 +101,15 @@ def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
 
 # The row of a partition's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
 STAMP_ROW = (2**63 - 1, uuid.UUID(int=0))
-# The source of the stamps a drop's sweep writes (countersink.commands.drop): not 8 bytes, so no consumer's.
+# The sources of the stamps a drop's sweep and a GC fold write: not 8 bytes, so no consumer's. A fold keeps every
+# value, but a merge of sketches depends on their grouping (KLL compacts at random, frequent items by order): a
+# kept merge of the shards before it is not what a read after it merges.
 DROP_STAMP_SOURCE = b"drop"
+GC_STAMP_SOURCE = b"gc"
+# How long a stamp lives unless its row expires sooner: each write renews it, and one that expires only makes
+# the stamps differ (a kept merge is read again), while sources that stopped writing (a backfill's group, a
+# dropped counter's) leave the row. Far above the longest a merge is kept (ServeSettings.state_cache_max_age_s).
+STAMP_TTL_S = 30 * 86_400
 
 
 def stamp_source(consumer_group: str, topic: str, partition: int) -> bytes:
@@ -168,6 +175,19 @@ def create_keyspace(keyspace: str, replication: str) -> str:
     )
 
 
+# A read returns only what it asks for (a stamps row alone, or one counter's cells): Cassandra's blocking read
+# repair would write that part alone to a lagging replica, which could then hold a write's stamp without the
+# states it stamps, and serve's cache would keep a merge missing that write under stamps that never change again.
+# Without read repair a replica only gets whole mutations (writes, hints, repair). What is given up: a quorum read
+# that saw a write still in flight may be followed by one that does not, until the write is acknowledged.
+SHARDS_READ_REPAIR = "read_repair = 'NONE'"
+
+
+def shards_options(keyspace: str) -> str:
+    """The statement setting the options of ``shards`` that a keyspace made before them lacks."""
+    return f"ALTER TABLE {check_identifier(keyspace)}.shards WITH {SHARDS_READ_REPAIR}"
+
+
 def create_tables(keyspace: str) -> list[str]:
     """The schema, idempotent (``IF NOT EXISTS``), in creation order."""
     ks = check_identifier(keyspace)
@@ -185,7 +205,7 @@ def create_tables(keyspace: str) -> list[str]:
             states map<text, blob>,
             stamps map<blob, bigint>,
             PRIMARY KEY ((key), born_us, mutator)
-        ) WITH {overwrite_heavy}""",
+        ) WITH {overwrite_heavy} AND {SHARDS_READ_REPAIR}""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.partitions (
             consumer_group text,
             topic text,
@@ -306,7 +326,7 @@ def create_tables(keyspace: str) -> list[str]:
 # formats of its topics as the consumer last started with them (what a trace without a definitions file decodes).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     # When each source last wrote the partition (stamp_source): serve's cache checks them instead of reading
-    # every shard.
+    # every shard. (Its read_repair is set by ensure_schema: SHARDS_OPTIONS.)
     "shards": (("stamps", "map<blob, bigint>"),),
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
                  ("topic_formats", "text")),

@@ -203,7 +203,7 @@ class MemoryStore:
             # The key's stamps must now differ from what they were before any write of another state: the
             # source's cell is this write's (another counter's write of the same flush may have put it there),
             # and no earlier write at this timestamp stamped other bytes of this cell.
-            if row.state is not None and row.state.value != state.value:
+            if row.state is None or row.state.value != state.value:  # a new shard, or new bytes of one
                 if self.stamps[(write.key, source)] != stamp:
                     self.stamp_misses.append(f"{write.counter}/{write.key}: {mutator} wrote at {timestamp_us}, "
                                              f"its source's stamp stayed at {self.stamps[(write.key, source)].ts}")
