@@ -13,7 +13,8 @@ sketch (k 200); 2,000 events over 300 items in a frequent-items sketch (map 256)
 that the machine's noise falls on all alike:
 
 - each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
-  keeps one (its default size): the bytes are unchanged between reads, so the cache reuses its merge;
+  keeps one (its default size): nothing is flushed between reads, so the partition's stamps are unchanged and
+  the cache answers after reading them alone (with the counter's resets, at once);
 - the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
 - 256-shard sketch instances that also have a tally (what the GC leaves), without and with the cache;
 - the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
