@@ -90,7 +90,7 @@ class StoredInstance:
 
 
 def _stamps(cells: dict[bytes, int] | None) -> Stamps | None:
-    return tuple(sorted(cells.items())) if cells else None
+    return cells or None
 
 
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
@@ -187,15 +187,15 @@ async def read_state(
         return merge_blobs((await read_blobs_of(client, counter, [key], consistency, epochs))[key])
     # The stamps do not depend on the epoch: both reads at once, a hit costs one round trip.
     if epochs is None:
-        epochs, stamps = await asyncio.gather(read_epochs(client, counter), read_stamps(client, [key], consistency))
+        known, stamps = await asyncio.gather(read_epochs(client, counter), read_stamps(client, [key], consistency))
     else:
-        stamps = await read_stamps(client, [key], consistency)
-    cell = epochs.cell(counter, key)
+        known, stamps = epochs, await read_stamps(client, [key], consistency)
+    cell = known.cell(counter, key)
     kept = cache.checked(cell, key, stamps[key], time.monotonic(), time.time())
     if kept is not None:
         return kept
     now = time.monotonic()
-    found = (await read_instances(client, counter, [key], consistency, epochs))[key]
+    found = (await read_instances(client, counter, [key], consistency, known))[key]
     return cache.merged(cell, key, found.blobs, stamps=found.stamps, now=now, hidden_at=found.hidden_at)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from schemas.kinds import State, count, merge_blobs, merge_states, quantiles, state_from_bytes, top_k
 from schemas.kinds import sum as sum_kind
 
-Stamps = tuple[tuple[bytes, int], ...]  # a partition's stamps, sorted: (source, write timestamp)
+Stamps = dict[bytes, int]  # a partition's stamps: source -> write timestamp (compared whole, never changed)
 
 
 @dataclass(slots=True)
