@@ -60,6 +60,7 @@ from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
+from schemas.cql import stamp_source
 from stack import servers
 from stack.loading import child_env, end_offsets, wait_until_flushed
 
@@ -488,7 +489,8 @@ async def read_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str,
                 state = new_state(KindSpec("sum"))
                 state.apply(i + 1)
                 await store.write_shards(record.id, record.born_us, record.born_us + 1,
-                                         [ShardWrite("readbench", f"shards-{shards}", state.to_bytes(), 1, True)])
+                                         [ShardWrite("readbench", f"shards-{shards}", state.to_bytes(), 1, True)],
+                                         source=stamp_source("bench-read", f"bench-read-{shards}", i))
         await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
         await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
         timings: dict[str, list[float]] = {"plain row": [], "1 shard": [], "5 shards": [], "20 shards": []}

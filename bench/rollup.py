@@ -21,6 +21,7 @@ import uuid
 from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings
+from schemas.cql import stamp_source
 from schemas.definitions import parse_definitions
 from schemas.timeseries import bucket_key
 
@@ -69,7 +70,8 @@ async def write_buckets(client: CassandraClient, hours: int) -> None:
                     state.apply(f"u{partition}-{hour}-{i}" if definition.kind == "distinct" else i)
                 writes.append(ShardWrite(definition.name, bucket_key(definition, "IBM", START + hour * HOUR),
                                          state.to_bytes(), 1, True))
-        await store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes)
+        await store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes,
+                                 source=stamp_source(entry.consumer_group, entry.topic, entry.partition))
 
 
 async def rollup_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:

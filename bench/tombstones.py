@@ -42,7 +42,7 @@ from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, Consistency
 from gc_worker.collector import Collector
 from gc_worker.store import CassandraGcStore
-from schemas.cql import partition_key
+from schemas.cql import partition_key, stamp_source
 from schemas.kinds import new_state
 from schemas.kinds.base import KindSpec
 
@@ -94,7 +94,8 @@ class Bench:
             state.apply(1)
             writes = [ShardWrite(counter, key, state.to_bytes(), rotation, True)
                       for counter in self.counters for key in KEYS.values()]
-            await self.store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes)
+            await self.store.write_shards(entry.id, entry.born_us, entry.born_us + 1, writes,
+                                          source=stamp_source(entry.consumer_group, entry.topic, entry.partition))
             self.live[partition] = entry
 
         await asyncio.gather(*(one(p) for p in range(self.args.partitions)))

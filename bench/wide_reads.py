@@ -13,7 +13,8 @@ sketch (k 200); 2,000 events over 300 items in a frequent-items sketch (map 256)
 that the machine's noise falls on all alike:
 
 - each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
-  keeps one (its default size): the bytes are unchanged between reads, so the cache reuses its merge;
+  keeps one (its default size): nothing is flushed between reads, so the partition's stamps are unchanged and
+  the cache answers after reading them alone (with the counter's resets, at once);
 - the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
 - 256-shard sketch instances that also have a tally (what the GC leaves), without and with the cache;
 - the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
@@ -43,7 +44,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_blobs_of, read_state
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
-from schemas.cql import shard_of_cell
+from schemas.cql import shard_of_cell, stamp_source
 from schemas.definitions import CounterDefinition, parse_definitions
 from schemas.kinds import KindSpec, State, merge_states, new_state, state_from_bytes
 from schemas.timeseries import bucket_key
@@ -142,7 +143,9 @@ class Shards:
 
     def _flush(self, i: int, writes: list[ShardWrite]) -> Callable[[], Awaitable[None]]:
         born = BORN_US + i
-        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes)
+        # Mutator i stands for partition i's: each a source of its own (schemas.cql: a stamp each).
+        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes,
+                                               source=stamp_source("bench", "wide", i))
 
     async def write(self) -> None:
         """Every wide instance and every range bucket, one row per mutator: what ``max(shards)`` mutators'

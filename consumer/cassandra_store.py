@@ -11,7 +11,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.metrics import METRICS
-from schemas.cql import key_of_partition, partition_key, row_ttl, shard_cell, shard_of_cell, work_chunk
+from schemas.cql import (
+    STAMP_ROW,
+    STAMP_TTL_S,
+    key_of_partition,
+    partition_key,
+    row_ttl,
+    shard_cell,
+    shard_of_cell,
+    work_chunk,
+)
 
 
 def _uuid(value: object) -> uuid.UUID | None:
@@ -24,6 +33,8 @@ _BATCH_BYTES = 4096
 # What a cell adds beyond its name and value bytes (cell header, and the row's mutator id and timestamp
 # shared out), roughly.
 _CELL_OVERHEAD_BYTES = 32
+# What a partition's stamp adds to a batch (schemas.cql: its row, a source and a timestamp).
+_STAMP_BYTES = 48
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
 _WORK_CHUNK_INSTANCES = 1000
@@ -120,13 +131,18 @@ class CassandraStore:
         )
 
     async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
-                           writes: Sequence[ShardWrite]) -> None:
+                           writes: Sequence[ShardWrite], *, source: bytes) -> None:
         # The counters of one key go to one row (one cell each, added to the map: no tombstone, and a counter
         # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
+        # The partition's stamp of this source goes in the same batch (one mutation per partition: a replica
+        # holding the states holds their stamp), at the same timestamp (schemas.cql).
         shard_cql = ("UPDATE shards USING TIMESTAMP ? SET states = states + ? "
                      "WHERE key = ? AND born_us = ? AND mutator = ?")
         expiring_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? "
                         "WHERE key = ? AND born_us = ? AND mutator = ?")
+        stamp_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET stamps[?] = ? "
+                     "WHERE key = ? AND born_us = ? AND mutator = ?")
+        stamp_born, stamp_mutator = STAMP_ROW
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
@@ -147,18 +163,23 @@ class CassandraStore:
         # across them is needed or assumed), and the batch stays under Cassandra's warning thresholds for size
         # and for partitions per unlogged batch.
         group: list[tuple[str, list[object]]] = []
-        group_bytes = 0
+        group_bytes = group_rows = 0
         for (key, expires_at), cells in rows.items():
             row_bytes = len(key.encode()) + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
-            if group and (len(group) >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
+            if group and (group_rows >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
                 calls.append(self._shard_call(group))
-                group, group_bytes = [], 0
+                group, group_bytes, group_rows = [], 0, 0
+            partition = partition_key(key)
             if expires_at is None:
-                group.append((shard_cql, [timestamp_us, cells, partition_key(key), born_us, mutator]))
+                stamp_ttl_s = STAMP_TTL_S
+                group.append((shard_cql, [timestamp_us, cells, partition, born_us, mutator]))
             else:
-                ttl_s = ttls[expires_at]
-                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition_key(key), born_us, mutator]))
-            group_bytes += row_bytes
+                stamp_ttl_s = ttl_s = ttls[expires_at]  # type: ignore[assignment]
+                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition, born_us, mutator]))
+            group.append((stamp_cql, [timestamp_us, stamp_ttl_s, source, timestamp_us, partition, stamp_born,
+                                      stamp_mutator]))
+            group_bytes += row_bytes + _STAMP_BYTES
+            group_rows += 1
         if group:
             calls.append(self._shard_call(group))
         # The GC's work list: the instances new to this mutator, a few thousand to a row. Their number follows

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, Store
+from schemas.cql import stamp_source
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import Update
 from schemas.kinds import State, new_state, state_from_bytes
@@ -55,6 +56,10 @@ class MutatorExpiredError(CountersinkError):
     Its successor (a takeover, in the same process or another) replays whatever window it left open and
     re-reads its unflushed records from Kafka.
     """
+
+
+def _stamp_source(pid: PartitionId) -> bytes:
+    return stamp_source(pid.consumer_group, pid.topic, pid.partition)
 
 
 async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
@@ -97,7 +102,8 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
             # learns its reset from here (the reset command may have died before recording it).
             await mutator.applier.resets.record_positions(positions)
         seq = await _open_window(store, mutator, intent)
-        await store.write_shards(mutator.id, mutator.entry.born_us, mutator.entry.born_us + seq, writes)
+        await store.write_shards(mutator.id, mutator.entry.born_us, mutator.entry.born_us + seq, writes,
+                                 source=_stamp_source(mutator.pid))
     except BaseException:
         # Not known written: the next attempt writes them again, as they are then (unless a reset applied
         # meanwhile dropped them).
@@ -250,6 +256,12 @@ class Claimant:
         """
         if self.spent is not None:
             await self._spend(store, type(self.spent)(*self.spent.args))
+        if not self._registered and not self._registering:
+            # Before the mutator is registered its birth may still move: above every write timestamp of the
+            # partition's earlier owners, whatever this machine's clock says (schemas.cql: stamps).
+            floor = _timestamp_floor(await store.read_partition(self.pid))
+            if self.new.born_us <= floor:
+                self.new = _born_at(self.new, floor + 1)
         new = self.new
         if not self._registered:
             again, self._registering = self._registering, True
@@ -272,6 +284,12 @@ class Claimant:
                 # Else the condition it was sent with still holds: it did not apply; claim as if refused.
             if self.from_owner is not None and (row is None or row.owner != self.from_owner):
                 await self._spend(store, self._not_rotating(row))
+            if new.born_us <= _timestamp_floor(row):
+                # The owner flushed on (or another claimed) since the birth was chosen, with a clock ahead of
+                # this one: a fresh mutator is born above them.
+                await self._spend(store, ClaimUnresolvedError(
+                    f"claim of {self.pid} by {new.id}: born at {new.born_us}, not after the partition's last "
+                    f"write timestamp {_timestamp_floor(row)}"))
             self._unanswered = (row,)
             if row is None:
                 applied = await store.create_partition(self.pid, new.id, new.born_us, self.initial_last_offset)
@@ -291,6 +309,19 @@ class Claimant:
         self.spent = error
         await _retire_unused(store, self.new)
         raise error
+
+
+def _timestamp_floor(row: PartitionRow | None) -> int:
+    """The latest write timestamp any earlier owner of the partition may have used: its window writer's birth
+    plus its flush number (a claimant that has not closed the window wrote only at the writer's timestamps)."""
+    if row is None or row.window_born_us is None:
+        return -1
+    return row.window_born_us + row.flush_seq
+
+
+def _born_at(entry: MutatorEntry, born_us: int) -> MutatorEntry:
+    """``entry`` born at ``born_us`` instead, its expiry moved as much."""
+    return dataclasses.replace(entry, born_us=born_us, expires_us=entry.expires_us + born_us - entry.born_us)
 
 
 def _same_claim(row: PartitionRow | None, sent_from: PartitionRow | None) -> bool:
@@ -348,7 +379,7 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
     replayed_records = replayed_instances = 0
     if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
         replayed_records, replayed_instances = await _replay_window(
-            store, source, applier_factory(), row.window_mutator, row.window_born_us, row.flush_seq,
+            store, source, applier_factory(), pid, row.window_mutator, row.window_born_us, row.flush_seq,
             row.committed_offset, row.intent_offset, on_invalid, accept_lost)
     # Retire before closing: once the close renames the window, no later claimant would know W any more.
     # Retiring first is safe: the replay above is acknowledged, retiring is set-once, and a repeated replay
@@ -373,6 +404,7 @@ async def _replay_window(
     store: Store,
     source: RecordSource,
     applier: Applier,
+    pid: PartitionId,
     writer: uuid.UUID,
     writer_born_us: int,
     seq: int,
@@ -444,7 +476,8 @@ async def _replay_window(
         await applier.resets.record_positions(positions)
     writes = [ShardWrite(c, k, state.to_bytes(), intent, True, applier.expires_at(counter_of[c], k))
               for (c, k), (state, _) in sorted(states.items())]
-    await store.write_shards(writer, writer_born_us, writer_born_us + seq, writes)
+    await store.write_shards(writer, writer_born_us, writer_born_us + seq, writes,
+                             source=_stamp_source(pid))
     return replayed, len(writes)
 
 

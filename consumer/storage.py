@@ -90,8 +90,10 @@ class Store(Protocol):
     async def close_window(self, pid: PartitionId, owner: uuid.UUID, born_us: int, offset: int) -> bool: ...
 
     async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
-                           writes: Sequence[ShardWrite]) -> None:
-        """Write ``mutator``'s shards (its rows are placed by its birth time, ``born_us``) at ``timestamp_us``."""
+                           writes: Sequence[ShardWrite], *, source: bytes) -> None:
+        """Write ``mutator``'s shards (its rows are placed by its birth time, ``born_us``) at ``timestamp_us``,
+        and stamp each partition written as changed by ``source`` (``schemas.cql.stamp_source`` of the
+        mutator's partition) at that time."""
         ...
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None: ...

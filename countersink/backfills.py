@@ -347,6 +347,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
                              host=host, born_us=born, expires_us=born + int(rotate_after_s * 2e6))
         claimed = await Claimant(entry, span.first - 1).claim(store)
+        entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
         applier = make_applier()
         await applier.warm_up(source, start)

@@ -299,6 +299,7 @@ class CassandraClient:
         # Tables made before a column was added keep their old shape under CREATE ... IF NOT EXISTS.
         for table in cql.ADDED_COLUMNS:
             await self.execute(cql.add_columns(self.keyspace, table), prepared=False, consistency=Consistency.ONE)
+        await self.execute(cql.shards_options(self.keyspace), prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
 
     async def schema_complete(self) -> bool:

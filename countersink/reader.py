@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -18,9 +19,9 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.resets import read_epochs
 from countersink.settings import Consistency
-from countersink.state_cache import StateCache
+from countersink.state_cache import Stamps, StateCache
 from schemas import timeseries
-from schemas.cql import key_of_partition, partition_key, shard_of_cell
+from schemas.cql import STAMP_ROW, key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
 from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
 from schemas.resets import Epochs, cell_name
@@ -74,7 +75,22 @@ async def read_states(
 _KEYS_PER_READ = 24
 # The columns of a read of several instances, by position: rows are read as tuples, not dicts (a wide
 # instance is hundreds of rows).
-_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL = range(5)
+_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS = range(6)
+
+
+@dataclasses.dataclass(slots=True)
+class StoredInstance:
+    """What one read found of an instance: its stored states (tally first, then its shards in the partition's
+    order; none when never counted or hidden), its partition's stamps as the same read returned them, and
+    when its retention hides it (epoch seconds), if it has one."""
+
+    blobs: list[bytes] = dataclasses.field(default_factory=list)
+    stamps: Stamps | None = None
+    hidden_at: float | None = None
+
+
+def _stamps(cells: dict[bytes, int] | None) -> Stamps | None:
+    return cells or None
 
 
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
@@ -84,6 +100,14 @@ async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[st
     first, then its shards in the partition's order. None (an empty list) for an instance never counted, or
     past its retention (:func:`read_states`). ``epochs``: the counter's, when the caller read them already
     (a range read reads them once for all its chunks)."""
+    found = await read_instances(client, counter, keys, consistency, epochs)
+    return {key: found[key].blobs for key in keys}
+
+
+async def read_instances(client: CassandraClient, counter: str, keys: Sequence[str],
+                         consistency: Consistency | None = None, epochs: Epochs | None = None
+                         ) -> dict[str, StoredInstance]:
+    """:func:`read_blobs_of`, with each partition's stamps and the time its retention hides it."""
     level = consistency or client.settings.read_consistency
     # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
     if epochs is None:
@@ -92,32 +116,56 @@ async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[st
     for key in keys:
         cells.setdefault(epochs.cell(counter, key), []).append(key)
     grace = client.settings.retention_grace_s
-    out: dict[str, list[bytes]] = {key: [] for key in keys}
+    out: dict[str, StoredInstance] = {key: StoredInstance() for key in keys}
     hidden: set[str] = set()
+    ttls: dict[str, int] = {}  # the least TTL of each partition's cells read
     for cell, of_cell in cells.items():
         marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
         result = await client.execute(
             "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-            f"ttl(states[?]) AS state_ttl FROM shards WHERE key IN ({marks})",
+            f"ttl(states[?]) AS state_ttl, stamps FROM shards WHERE key IN ({marks})",
             [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level)
         partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
-        blobs: list[bytes] = []
+        found = StoredInstance()
         for row in result:
             values = row.as_tuple()
             if values[_KEY] != partition:
                 # A partition's rows come together; the static tally is repeated on each of them: take it once.
                 partition = values[_KEY]
-                blobs = out.setdefault(key_of_partition(partition), [])
-                if values[_TALLY] is not None and not blobs:
-                    blobs.append(values[_TALLY])
-            if (values[_TALLY_TTL] is not None and values[_TALLY_TTL] <= grace) or (
-                    values[_STATE_TTL] is not None and values[_STATE_TTL] <= grace):
-                hidden.add(key_of_partition(partition))
+                found = out.setdefault(key_of_partition(partition), StoredInstance())
+                if values[_TALLY] is not None and not found.blobs:
+                    found.blobs.append(values[_TALLY])
+            for ttl in (values[_TALLY_TTL], values[_STATE_TTL]):
+                if ttl is not None:
+                    if ttl <= grace:
+                        hidden.add(key_of_partition(partition))
+                    ttls[partition] = min(ttl, ttls.get(partition, ttl))
             if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
-                blobs.append(shard_of_cell(values[_CELL])[0])
+                found.blobs.append(shard_of_cell(values[_CELL])[0])
+            elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
+                found.stamps = _stamps(values[_STAMPS])
+    if ttls:
+        wall = time.time()
+        for partition, ttl in ttls.items():
+            out[key_of_partition(partition)].hidden_at = wall + ttl - grace
     for key in hidden:
-        out[key] = []
+        out[key].blobs = []
     return {key: out[key] for key in keys}
+
+
+async def read_stamps(client: CassandraClient, keys: Sequence[str], consistency: Consistency | None = None
+                      ) -> dict[str, Stamps | None]:
+    """The stamps of several instances' partitions (schemas.cql), in one request: one small row each."""
+    marks = ", ".join("?" * len(keys))
+    result = await client.execute(
+        f"SELECT key, stamps FROM shards WHERE key IN ({marks}) AND born_us = ? AND mutator = ?",  # noqa: S608
+        [*(partition_key(key) for key in keys), *STAMP_ROW],
+        consistency=consistency or client.settings.read_consistency)
+    out: dict[str, Stamps | None] = dict.fromkeys(keys)
+    for row in result:
+        values = row.as_tuple()
+        out[key_of_partition(values[0])] = _stamps(values[1])
+    return out
 
 
 async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[str],
@@ -135,8 +183,20 @@ async def read_state(
     its retention: :func:`read_states`). Its stored states are decoded and merged as a batch
     (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when it merged the same bytes before.
     ``epochs``: the counter's, when the caller read them already (for several keys at once)."""
-    blobs = (await read_blobs_of(client, counter, [key], consistency, epochs))[key]
-    return merge_blobs(blobs) if cache is None else cache.merged(counter, key, blobs)
+    if cache is None:
+        return merge_blobs((await read_blobs_of(client, counter, [key], consistency, epochs))[key])
+    # The stamps do not depend on the epoch: both reads at once, a hit costs one round trip.
+    if epochs is None:
+        known, stamps = await asyncio.gather(read_epochs(client, counter), read_stamps(client, [key], consistency))
+    else:
+        known, stamps = epochs, await read_stamps(client, [key], consistency)
+    cell = known.cell(counter, key)
+    kept = cache.checked(cell, key, stamps[key], time.monotonic(), time.time())
+    if kept is not None:
+        return kept
+    now = time.monotonic()
+    found = (await read_instances(client, counter, [key], consistency, known))[key]
+    return cache.merged(cell, key, found.blobs, stamps=found.stamps, now=now, hidden_at=found.hidden_at)
 
 
 Instant = datetime | int | str
@@ -218,18 +278,33 @@ class CounterReader:
         names = list(keys)
         epochs = await read_epochs(self.client, definition.name)  # once for every chunk of the range
 
-        async def read(chunk: list[str]) -> dict[str, list[bytes]]:
-            async with self._reads:
-                return await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
+        cache = self.cache
 
-        # Each bucket merged on its own (from the cache when its bytes are unchanged), then the buckets of each
-        # step merged together: a merge of merges, which CRDT states allow.
+        async def read(chunk: list[str]) -> dict[str, State | None]:
+            async with self._reads:
+                if cache is None:
+                    found = await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
+                    return {name: merge_blobs(blobs) for name, blobs in found.items()}
+                # With a cache: the buckets whose stamps are unchanged since it merged them are not read again.
+                stamps = await read_stamps(self.client, chunk, self.consistency)
+                now, wall = time.monotonic(), time.time()
+                kept = {name: cache.checked(epochs.cell(definition.name, name), name, stamps[name], now, wall)
+                        for name in chunk}
+                unread = [name for name, state in kept.items() if state is None]
+                if unread:
+                    read_at = time.monotonic()
+                    stored = await read_instances(self.client, definition.name, unread, self.consistency, epochs)
+                    for name, one in stored.items():
+                        kept[name] = cache.merged(epochs.cell(definition.name, name), name, one.blobs, scan=True,
+                                                  stamps=one.stamps, now=read_at, hidden_at=one.hidden_at)
+                return kept
+
+        # Each bucket merged on its own (from the cache when its stamps or bytes are unchanged), then the buckets
+        # of each step merged together: a merge of merges, which CRDT states allow.
         states: dict[int, list[State]] = {}
         for found in await asyncio.gather(*(read(names[i:i + _KEYS_PER_READ])
                                             for i in range(0, len(names), _KEYS_PER_READ))):
-            for name, blobs in found.items():
-                merged = (merge_blobs(blobs) if self.cache is None
-                          else self.cache.merged(definition.name, name, blobs, scan=True))
+            for name, merged in found.items():
                 states[keys[name]] = [] if merged is None else [merged]
         return timeseries.roll_up(groups, states)
 

@@ -122,8 +122,9 @@ class ReadApi:
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
-        self.cache = StateCache(settings.state_cache_bytes) if settings.state_cache_bytes else None
-        self._cache_counted = {"hit": 0, "partial": 0, "miss": 0}
+        self.cache = (StateCache(settings.state_cache_bytes, settings.state_cache_max_age_s)
+                      if settings.state_cache_bytes else None)
+        self._cache_counted = {"checked": 0, "hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self.admin_tokens = resetting.tokens if resetting is not None else None
@@ -517,7 +518,8 @@ class ReadApi:
         """Copy the state cache's running counts into the process metrics (counters grow by what they grew)."""
         if self.cache is None:
             return
-        counts = {"hit": self.cache.hits, "partial": self.cache.partial, "miss": self.cache.misses}
+        counts = {"checked": self.cache.checked_hits, "hit": self.cache.hits - self.cache.checked_hits,
+                  "partial": self.cache.partial, "miss": self.cache.misses}
         for outcome, count in counts.items():
             grown = count - self._cache_counted[outcome]
             if grown > 0:

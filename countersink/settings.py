@@ -332,9 +332,13 @@ class ServeSettings(_Section):
     max_header_bytes: int = Field(default=8190, ge=1024, le=65_536)  # per header line; longer ones answer 400
     max_body_bytes: int = Field(default=1024, ge=0, le=1_048_576)  # the API reads no body; larger ones answer 413
     max_requests: int = Field(default=256, ge=1, le=65_536)  # handled at once; more answer 503 at once
-    # Merged states of instances read recently, reused while their stored bytes are unchanged (every read still
-    # reads them: countersink.state_cache); 0 turns the cache off.
+    # Merged states of instances read recently, answered while the partition's stamps are unchanged (each read
+    # reads those alone first; countersink.state_cache); 0 turns the cache off.
     state_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)
+    # How long a merge is answered from before its states are read again whatever the stamps say: a bound on
+    # what a lagging replica could keep at a consistency where reads need not see acknowledged writes. At most
+    # a day (a drop's stamps live a week: countersink.commands.drop).
+    state_cache_max_age_s: float = Field(default=60.0, gt=0, le=86_400)
     # Admin tokens (NAME:TOKEN, comma-separated, or one per line in the file), for the routes that change
     # something (POST /counters/{name}/reset). The name is what a reset records as who asked; the token never
     # leaves the server. They read too; a read token on an admin route answers 403.

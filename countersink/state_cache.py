@@ -1,21 +1,26 @@
-"""A bounded cache of merged instance states, keyed by what was read, so that it can never serve a stale value.
+"""A bounded cache of merged instance states, checked against what is stored, so that it never serves a value
+an uncached read would not.
 
-A wide instance (a shard from each of hundreds of partitions) costs a reader more to decode and merge than to
-fetch: a sketch's decode takes 5 to 25 µs, the merge of 256 of them about a millisecond. Yet its value changes
-at most once per flush interval, and between two flushes every read decodes the same bytes.
+A wide instance (a shard from each of hundreds of partitions) costs a reader more to fetch, decode and merge
+than a plain row: a sketch's decode takes 5 to 25 µs, the merge of 256 of them about a millisecond, and the
+request alone returns every shard's bytes. Yet its value changes at most once per flush interval.
 
-The cache does not decide whether a value is fresh: every read still fetches the instance's stored states
-from Cassandra, and the cache only answers "these exact bytes were merged before". An entry is reused
-when the bytes read equal the bytes it was made from (the tally and every shard, in the partition's order),
-so a read that follows an acknowledged flush sees it exactly as an uncached read would (read-your-flush), and
-no setting can make it stale. When only some shards changed (a few partitions flushed), the unchanged
-shards' decoded states are reused and only the changed ones are decoded, then all are merged again.
+Each entry keeps, beside the merge, the partition's stamps as the same read returned them with the states
+(``schemas.cql``: a cell per source, its last write timestamp, written in the same mutation as the states).
+A read first reads the stamps alone (one small row); when they equal the entry's, no shard changed since the
+entry's read, and the entry answers (a *hit*). Any flush acknowledged before the read stamped the partition
+anew, so the read sees it exactly as an uncached read would (read-your-flush). Otherwise the read reads the
+states as an uncached read does, and the entry is reused where the bytes read equal the bytes it was made
+from; when only some shards changed, the unchanged shards' decoded states are reused and only the changed
+ones are decoded, then all are merged again. An entry is not answered from once ``max_age_s`` old (the stamps
+then read with the states again: a bound on what a lagging replica at a weak consistency could pin) nor once
+the bucket it holds is past its retention (the hiding an uncached read applies).
 
 Entries are kept least recently used first and evicted beyond ``max_bytes`` (the stored bytes an entry holds
 plus what its decoded states take, as measured for each sketch kind); an instance larger than that is merged and
 not kept. States handed out are shared: callers read them (``value()``, or merge them into a new state), never
 change them.
-Pure and single-threaded: no I/O, no clock, no locks (one event loop calls it).
+Pure and single-threaded: no I/O, no locks (one event loop calls it); the caller gives the time.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from schemas.kinds import State, count, merge_blobs, merge_states, quantiles, state_from_bytes, top_k
 from schemas.kinds import sum as sum_kind
 
+Stamps = dict[bytes, int]  # a partition's stamps: source -> write timestamp (compared whole, never changed)
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -34,6 +41,9 @@ class _Entry:
     states: tuple[State, ...] | None  # each blob decoded, when the kind merges from states (the sketches)
     merged: State
     size: int
+    stamps: Stamps | None  # read with ``blobs``; None: no stamps (nothing to check against)
+    read_at: float  # monotonic seconds of the read that gave blobs and stamps
+    hidden_at: float | None  # wall-clock seconds from which the instance is hidden (retention), if ever
 
 
 # Kinds that merge stored bytes in one pass (count, integer sums): decoding them is the merge, so keeping each
@@ -57,11 +67,13 @@ def _decoded_bytes(state: State, blob: bytes) -> int:
 class StateCache:
     """Merged states of recently read instances, reused only for byte-identical reads (see the module)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_age_s: float = 60.0) -> None:
         self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._bytes = 0
-        self.hits = 0  # reads answered by a merged state kept whole
+        self.checked_hits = 0  # reads answered after reading the stamps alone
+        self.hits = 0  # reads answered by a merged state kept whole (the stamps or the bytes unchanged)
         self.partial = 0  # reads that decoded only the shards that changed
         self.misses = 0
 
@@ -73,19 +85,36 @@ class StateCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def merged(self, counter: str, key: str, blobs: Sequence[bytes], *, scan: bool = False) -> State | None:
-        """The merge of ``blobs`` (the instance's stored states as read, tally first): ``merge_blobs(blobs)``,
-        from the cache when it merged these same bytes before. ``scan``: one of many instances a range read
-        meets once; kept as the least recently read, so that a long range read evicts its own buckets before
-        the instances read again and again (a bucket read a second time is kept as any other)."""
-        if not blobs:
-            self._drop((counter, key))
+    def checked(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> State | None:
+        """The merge kept for ``cell`` (a counter's cell of the key's epoch) and ``key`` when ``stamps``, read
+        just now, equal those read with its states, it is younger than ``max_age_s`` (``now``: monotonic
+        seconds) and not hidden (``wall``: epoch seconds); else None: read the states."""
+        entry = self._entries.get((cell, key))
+        if (entry is None or not stamps or entry.stamps != stamps or now - entry.read_at >= self.max_age_s
+                or (entry.hidden_at is not None and wall >= entry.hidden_at)):
             return None
-        ident = (counter, key)
+        self._entries.move_to_end((cell, key))
+        self.hits += 1
+        self.checked_hits += 1
+        return entry.merged
+
+    def merged(self, cell: str, key: str, blobs: Sequence[bytes], *, scan: bool = False,
+               stamps: Stamps | None = None, now: float = 0.0, hidden_at: float | None = None) -> State | None:
+        """The merge of ``blobs`` (the instance's stored states as read, tally first): ``merge_blobs(blobs)``,
+        from the cache when it merged these same bytes before. ``stamps``: the partition's, read with
+        ``blobs`` (``now``: when, monotonic), kept for :meth:`checked`; ``hidden_at``: when the instance's
+        retention hides it. ``scan``: one of many instances a range read meets once; kept as the least
+        recently read, so that a long range read evicts its own buckets before the instances read again and
+        again (a bucket read a second time is kept as any other)."""
+        if not blobs:
+            self._drop((cell, key))
+            return None
+        ident = (cell, key)
         entry = self._entries.get(ident)
         read = tuple(blobs)
         if entry is not None and entry.blobs == read:
             self._entries.move_to_end(ident)
+            entry.stamps, entry.read_at, entry.hidden_at = stamps, now, hidden_at
             self.hits += 1
             return entry.merged
         states: tuple[State, ...] | None = None
@@ -107,7 +136,7 @@ class StateCache:
         if states is not None:
             size += sum(_decoded_bytes(state, blob) for state, blob in zip(states, read, strict=True))
         if size <= self.max_bytes:
-            self._entries[ident] = _Entry(read, states, merged, size)
+            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, hidden_at)
             if scan:
                 self._entries.move_to_end(ident, last=False)
             self._bytes += size
@@ -122,4 +151,4 @@ class StateCache:
             self._bytes -= entry.size
 
 
-__all__ = ["StateCache"]
+__all__ = ["Stamps", "StateCache"]

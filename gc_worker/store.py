@@ -9,7 +9,7 @@ from typing import Any
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
-from schemas.cql import instances_of_work, partition_key, shard_of_cell
+from schemas.cql import GC_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, instances_of_work, partition_key, shard_of_cell
 
 _PAGE = 1000
 _WORK_ROWS_PER_PAGE = 4
@@ -125,6 +125,11 @@ class CassandraGcStore:
             for after, before in ranges)
         statements.extend(("DELETE FROM shards WHERE key = ? AND born_us = ? AND mutator = ?", [key, born, mutator])
                           for born, mutator in rows)
+        # The partition's stamp of the GC (schemas.cql): a merge of sketches kept from before the fold is not the
+        # merge a read makes after it. Its row expires with the tallies, if they do.
+        ttls = [ttl_s for _, ttl_s in tallies.values() if ttl_s is not None]
+        statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?",
+                           [max(1, min(ttls, default=STAMP_TTL_S)), GC_STAMP_SOURCE, timestamp_us, key, *STAMP_ROW]))
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:

@@ -7,6 +7,18 @@ counter, what the GC has folded. The value of an
 instance (``shares_traded`` / ``IBM``) is ``merge(tallies[counter], states[counter] of every row)``, read with
 one single-partition query. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the
 state's bytes.
+
+The partition's ``stamps`` say when its states last changed, without their bytes: a row of their own at the
+end of the partition (:data:`STAMP_ROW`, after every mutator's: the GC's ranges end below it), a cell per source
+(:func:`stamp_source`: a consumer group's topic partition, whichever mutator owns it), written in the same
+batch as the states it stamps (one mutation per partition: a replica holding the states holds their stamp),
+with the same write timestamp, holding that timestamp. A mutator's timestamps grow with its flushes, and a
+mutator's birth is above every timestamp of the partition's earlier owners (``consumer.protocol.Claimant``),
+so the newest write of a source is its newest stamp, and any write that changes a state changes the
+partition's stamps. ``serve`` reads that one row to learn that the merge it kept is still the instance's
+(``countersink.state_cache``): a few hundred small cells instead of hundreds of rows of sketches. A read of
+the whole partition returns the stamps with the states (the same replicas' data), which is what the cache
+keeps beside its merge.
 The keyless instance (key ``""``) lives in partition ``\\`` (:func:`partition_key`): Cassandra refuses an empty
 partition key, and a lone escape is a key no event can produce.
 
@@ -27,6 +39,7 @@ import hashlib
 import json
 import re
 import struct
+import uuid
 from collections.abc import Sequence
 
 from schemas.errors import CorruptStateError, CountersinkError, MalformedInstanceKeyError
@@ -86,6 +99,26 @@ def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
     return cell[_OFFSET.size:], _OFFSET.unpack_from(cell)[0]
 
 
+# The row of a partition's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
+STAMP_ROW = (2**63 - 1, uuid.UUID(int=0))
+# The sources of the stamps a drop's sweep and a GC fold write: not 8 bytes, so no consumer's. A fold keeps every
+# value, but a merge of sketches depends on their grouping (KLL compacts at random, frequent items by order): a
+# kept merge of the shards before it is not what a read after it merges.
+DROP_STAMP_SOURCE = b"drop"
+GC_STAMP_SOURCE = b"gc"
+# How long a stamp lives unless its row expires sooner: each write renews it, and one that expires only makes
+# the stamps differ (a kept merge is read again), while sources that stopped writing (a backfill's group, a
+# dropped counter's) leave the row. Far above the longest a merge is kept (ServeSettings.state_cache_max_age_s).
+STAMP_TTL_S = 30 * 86_400
+
+
+def stamp_source(consumer_group: str, topic: str, partition: int) -> bytes:
+    """The name of a source's cell of ``shards.stamps``: 8 bytes of a digest of the group, topic and partition
+    (a partition's stamps hold one per source that wrote it, a few hundred at most)."""
+    body = f"{consumer_group}\0{topic}\0{partition:d}".encode()
+    return hashlib.blake2b(body, digest_size=8, person=b"cs-stamp").digest()
+
+
 def row_ttl(expires_at: int, now_s: int) -> int | None:
     """The TTL (seconds) of a row meant to expire at ``expires_at`` (epoch seconds), written at ``now_s``:
     ``None`` when it must not be written at all (its expiry has passed, or the storage can hold nothing past
@@ -142,6 +175,19 @@ def create_keyspace(keyspace: str, replication: str) -> str:
     )
 
 
+# A read returns only what it asks for (a stamps row alone, or one counter's cells): Cassandra's blocking read
+# repair would write that part alone to a lagging replica, which could then hold a write's stamp without the
+# states it stamps, and serve's cache would keep a merge missing that write under stamps that never change again.
+# Without read repair a replica only gets whole mutations (writes, hints, repair). What is given up: a quorum read
+# that saw a write still in flight may be followed by one that does not, until the write is acknowledged.
+SHARDS_READ_REPAIR = "read_repair = 'NONE'"
+
+
+def shards_options(keyspace: str) -> str:
+    """The statement setting the options of ``shards`` that a keyspace made before them lacks."""
+    return f"ALTER TABLE {check_identifier(keyspace)}.shards WITH {SHARDS_READ_REPAIR}"
+
+
 def create_tables(keyspace: str) -> list[str]:
     """The schema, idempotent (``IF NOT EXISTS``), in creation order."""
     ks = check_identifier(keyspace)
@@ -157,8 +203,9 @@ def create_tables(keyspace: str) -> list[str]:
             mutator uuid,
             tallies map<text, blob> STATIC,
             states map<text, blob>,
+            stamps map<blob, bigint>,
             PRIMARY KEY ((key), born_us, mutator)
-        ) WITH {overwrite_heavy}""",
+        ) WITH {overwrite_heavy} AND {SHARDS_READ_REPAIR}""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.partitions (
             consumer_group text,
             topic text,
@@ -278,6 +325,9 @@ def create_tables(keyspace: str) -> list[str]:
 # consumer group (one group per keyspace), its drop marker (a dropped counter's name stays refused) and the
 # formats of its topics as the consumer last started with them (what a trace without a definitions file decodes).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    # When each source last wrote the partition (stamp_source): serve's cache checks them instead of reading
+    # every shard. (Its read_repair is set by ensure_schema: SHARDS_OPTIONS.)
+    "shards": (("stamps", "map<blob, bigint>"),),
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
                  ("topic_formats", "text")),
     # The proposing mutator and its confirmation (consumer.handovers): a row without a proposer is confirmed;

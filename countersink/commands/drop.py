@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from countersink.backfills import backfill_group
 from countersink.cassandra import CassandraClient, as_dicts
@@ -36,14 +35,15 @@ from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, s
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry, DroppedCounter
 from countersink.settings import Settings
-from schemas.cql import key_of_partition
+from schemas.cql import DROP_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, key_of_partition
 from schemas.resets import split_cell
 
 log = get_logger(__name__)
 
 PROGRESS_EVERY_S = 5.0
-_CELL_DELETE = "DELETE states[?] FROM shards USING TIMESTAMP ? WHERE key = ? AND born_us = ? AND mutator = ?"
-_TALLY_DELETE = "DELETE tallies[?] FROM shards USING TIMESTAMP ? WHERE key = ?"
+_CELL_DELETE = "DELETE states[?] FROM shards WHERE key = ? AND born_us = ? AND mutator = ?"
+_TALLY_DELETE = "DELETE tallies[?] FROM shards WHERE key = ?"
+_STAMP = "UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,21 +160,23 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
         result = await client.execute(
             "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell FROM shards", [name, name],
             page_size=batch, page_state=page)
-        deletes: list[Callable[[], Awaitable[object]]] = []
+        # By partition: its deletes and its stamp in one single-partition batch, which Cassandra applies
+        # atomically: a serve that kept a merge of the counter reads the states again (schemas.cql), whatever
+        # point the sweep is stopped at.
+        deletes: dict[str, list[tuple[str, list[object]]]] = {}
         for row in as_dicts(result):
             progress.rows_scanned += 1
             key = row["key"]
             if row["tally"] is not None and key != tallied:
                 tallied = key
-                deletes.append(functools.partial(_delete, client, _TALLY_DELETE, [name, key]))
+                deletes.setdefault(key, []).append((_TALLY_DELETE, [name, key]))
                 progress.tallies_deleted += 1
                 progress.keys.add(key_of_partition(key))
             if row["cell"] is not None and row["born_us"] is not None:
-                deletes.append(functools.partial(_delete, client, _CELL_DELETE,
-                                                 [name, row["key"], row["born_us"], row["mutator"]]))
+                deletes.setdefault(key, []).append((_CELL_DELETE, [name, key, row["born_us"], row["mutator"]]))
                 progress.cells_deleted += 1
                 progress.keys.add(key_of_partition(key))
-        await asyncio.gather(*(delete() for delete in deletes))
+        await asyncio.gather(*(_delete(client, key, statements) for key, statements in deletes.items()))
         page = result.page_state() if result.has_more_pages() else None
         report(progress, page is None)
         if page is None:
@@ -196,9 +198,21 @@ def _progress_reporter(name: str) -> Callable[[DropProgress, bool], None]:
     return report
 
 
-async def _delete(client: CassandraClient, statement: str, params: list[object]) -> None:
-    """One delete, stamped with the time it is sent: later than any write of a mutator born before it."""
-    await client.execute(statement, [params[0], time.time_ns() // 1000, *params[1:]])
+# Deletes per batch: a partition's deletes go in batches of this many (Cassandra refuses a batch over 50 KiB).
+_DELETES_PER_BATCH = 100
+_last_stamp_us = 0
+
+
+async def _delete(client: CassandraClient, key: str, statements: list[tuple[str, list[object]]]) -> None:
+    """One partition's deletes, each batch of them with a stamp of its own, timestamped when it is sent: later
+    than any write of a mutator born before it."""
+    global _last_stamp_us
+    for start in range(0, len(statements), _DELETES_PER_BATCH):
+        # Each batch's stamp differs from the last (a serve that read between two batches reads again).
+        _last_stamp_us = now_us = max(time.time_ns() // 1000, _last_stamp_us + 1)
+        await client.execute_batch(
+            [*statements[start:start + _DELETES_PER_BATCH],
+             (_STAMP, [STAMP_TTL_S, DROP_STAMP_SOURCE, now_us, key, *STAMP_ROW])], timestamp_us=now_us)
 
 
 def _instant(epoch_us: int) -> str:

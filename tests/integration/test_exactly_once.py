@@ -280,7 +280,8 @@ class _WritesFail:
     def __init__(self, store: CassandraStore) -> None:
         self._store = store
 
-    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int, writes: list[ShardWrite]) -> None:
+    async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int, writes: list[ShardWrite],
+                           *, source: bytes) -> None:
         raise CassandraUnavailableError("the process died here")
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]

@@ -36,7 +36,7 @@ async def _two_shards(client: CassandraClient) -> tuple[uuid.UUID, uuid.UUID]:
         for amount in amounts:
             state.apply(Decimal(amount))
         write = ShardWrite("notional", "IBM", state.to_bytes(), 42, True)
-        await store.write_shards(record.id, record.born_us, record.born_us + 1, [write])
+        await store.write_shards(record.id, record.born_us, record.born_us + 1, [write], source=b"test")
         ids.append(record.id)
     return ids[0], ids[1]
 
@@ -67,9 +67,10 @@ async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings
         store = CassandraStore(client)
         for _ in range(3):
             await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite(counter, f"k{i:02d}", b"\x02\x01\x01", 0, True)
-                                                          for counter in ("likes", "views") for i in range(23)])
+                                                          for counter in ("likes", "views") for i in range(23)],
+                                     source=b"test")
         await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("views", f"v{i:02d}", b"\x02\x01\x01", 0, True)
-                                                      for i in range(9)])
+                                                      for i in range(9)], source=b"test")
         reader = CounterReader(client)
         seen: list[str] = []
         pages = 0

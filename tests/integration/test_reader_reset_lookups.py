@@ -50,7 +50,7 @@ async def _count(client: CassandraClient) -> None:
         state = new_state(KindSpec("sum", number="decimal"))
         state.apply(Decimal(i))
         writes.append(ShardWrite("notional", key, state.to_bytes(), 42, True))
-    await store.write_shards(record.id, record.born_us, record.born_us + 1, writes)
+    await store.write_shards(record.id, record.born_us, record.born_us + 1, writes, source=b"test")
 
 
 async def test_a_read_of_several_keys_looks_the_resets_up_once(cassandra_settings: CassandraSettings) -> None:

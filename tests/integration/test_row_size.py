@@ -115,7 +115,7 @@ async def test_the_largest_accepted_combination_flushes_as_one_row_and_reads_bac
         store = CassandraStore(client)
         mutator = uuid.uuid4()
         writes = [ShardWrite(name, "IBM", state.to_bytes(), 41, True) for name, state in states.items()]
-        await store.write_shards(mutator, 5, 7, writes)
+        await store.write_shards(mutator, 5, 7, writes, source=b"test")
         found = await store.read_shards(mutator, 5, [(name, "IBM") for name in states])
         assert found == {(w.counter, w.key): StoredShard(w.state, 41) for w in writes}
         for name, state in states.items():
@@ -138,4 +138,4 @@ async def test_cassandra_refuses_a_row_past_its_mutation_limit(cassandra_setting
     async with CassandraClient(cassandra_settings) as client:
         with pytest.raises(Exception, match=r"(?i)too big|too large|mutation"):
             await CassandraStore(client).write_shards(uuid.uuid4(), 5, 7, [
-                ShardWrite(name, "k1", blob, 3, True) for name, blob in blobs.items()])
+                ShardWrite(name, "k1", blob, 3, True) for name, blob in blobs.items()], source=b"test")

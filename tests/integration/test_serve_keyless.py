@@ -60,7 +60,7 @@ async def _write(client: CassandraClient, shards: list[tuple[str, str, str]]) ->
         state = new_state(KindSpec("sum", number="decimal"))
         state.apply(Decimal(amount))
         writes.append(ShardWrite(counter, key, state.to_bytes(), 42, True))
-    await store.write_shards(record.id, record.born_us, record.born_us + 1, writes)
+    await store.write_shards(record.id, record.born_us, record.born_us + 1, writes, source=b"test")
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ async def test_read_shards_returns_each_instance_of_one_mutator_and_none_for_the
         mine, other = uuid.uuid4(), uuid.uuid4()
         written = [ShardWrite(counter, f"k{i}", f"{counter}-{i}".encode(), 100 + i, True)
                    for counter in ("trades", "shares") for i in range(0, 130, 2)]
-        await store.write_shards(mine, 3, 5, written)
-        await store.write_shards(other, 3, 5, [ShardWrite("trades", "k1", b"theirs", 7, True)])
+        await store.write_shards(mine, 3, 5, written, source=b"test")
+        await store.write_shards(other, 3, 5, [ShardWrite("trades", "k1", b"theirs", 7, True)], source=b"test")
         wanted = [(counter, f"k{i}") for counter in ("trades", "shares") for i in range(130)]
         found = await store.read_shards(mine, 3, wanted)
     assert set(found) == set(wanted)
@@ -50,11 +50,14 @@ async def test_counters_sharing_a_key_keep_their_own_cells_through_flushes_and_f
         for state in states.values():
             state.apply(1)
         await store.write_shards(mutator, 5, 10, [ShardWrite(name, "IBM", state.to_bytes(), 5, True)
-                                                  for name, state in states.items()])
+                                                  for name, state in states.items()], source=b"test")
         states["likes"].apply(1)
-        await store.write_shards(mutator, 5, 12, [ShardWrite("likes", "IBM", states["likes"].to_bytes(), 9, False)])
-        await store.write_shards(mutator, 5, 9, [ShardWrite("views", "IBM", b"\x02\x01\x09", 7, False)])  # older
-        await store.write_shards(other, 8, 10, [ShardWrite("trades", "IBM", states["trades"].to_bytes(), 3, True)])
+        await store.write_shards(mutator, 5, 12, [ShardWrite("likes", "IBM", states["likes"].to_bytes(), 9, False)],
+                                 source=b"test")
+        await store.write_shards(mutator, 5, 9, [ShardWrite("views", "IBM", b"\x02\x01\x09", 7, False)],
+                                 source=b"test")  # older
+        await store.write_shards(other, 8, 10, [ShardWrite("trades", "IBM", states["trades"].to_bytes(), 3, True)],
+                                 source=b"test")
         assert await store.read_shard("likes", "IBM", mutator, 5) == StoredShard(states["likes"].to_bytes(), 9)
         assert await store.read_shard("views", "IBM", mutator, 5) == StoredShard(states["views"].to_bytes(), 5)
         assert await store.read_shard("views", "IBM", mutator, 6) is None  # the row is at its mutator's birth

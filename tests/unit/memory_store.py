@@ -124,6 +124,7 @@ class HeldWrite:
     born_us: int
     timestamp_us: int
     write: ShardWrite
+    source: bytes = b""
 
 
 def _bigint(value: int) -> bytes:
@@ -148,6 +149,12 @@ class MemoryStore:
         self.starts: dict[uuid.UUID, int] = {}
         # Every partitions row in the order the LWTs applied, for monotonicity checks.
         self.row_history: list[PartitionRow] = []
+        # Each key's stamps (schemas.cql): (key, source) -> its cell, written with each shard write. A shard
+        # write that changed a stored state without changing its key's stamps is recorded in stamp_misses: a
+        # serve that kept its merge would answer the old value.
+        self.stamps: dict[tuple[str, bytes], Cell] = {}
+        self.stamp_misses: list[str] = []
+        self.stamped: dict[tuple[str, bytes, int, str, uuid.UUID], bytes] = {}  # the bytes each stamp stamped
 
     # -------------------------------------------------------------------------------- helpers
 
@@ -184,19 +191,34 @@ class MemoryStore:
             return None
         return cell
 
-    def land(self, mutator: uuid.UUID, born_us: int, timestamp_us: int, write: ShardWrite) -> None:
-        """Apply one shard write (``UPDATE ... USING TIMESTAMP``) cell by cell."""
+    def land(self, mutator: uuid.UUID, born_us: int, timestamp_us: int, write: ShardWrite, source: bytes = b"") -> None:
+        """Apply one shard write (``UPDATE ... USING TIMESTAMP``) cell by cell, and its key's stamp."""
         row = self.shards.setdefault((write.counter, write.key), {}).setdefault(mutator, ShardRow(born_us))
         state = Cell(write.state, timestamp_us)
         through = Cell(_bigint(write.through_offset), timestamp_us)
+        stamp = Cell(_bigint(timestamp_us), timestamp_us)
+        if stamp.wins_over(self.stamps.get((write.key, source))):
+            self.stamps[(write.key, source)] = stamp
         if state.wins_over(row.state):
+            # The key's stamps must now differ from what they were before any write of another state: the
+            # source's cell is this write's (another counter's write of the same flush may have put it there),
+            # and no earlier write at this timestamp stamped other bytes of this cell.
+            if row.state is None or row.state.value != state.value:  # a new shard, or new bytes of one
+                if self.stamps[(write.key, source)] != stamp:
+                    self.stamp_misses.append(f"{write.counter}/{write.key}: {mutator} wrote at {timestamp_us}, "
+                                             f"its source's stamp stayed at {self.stamps[(write.key, source)].ts}")
+                elif self.stamped.get((write.key, source, timestamp_us, write.counter, mutator), state.value) \
+                        != state.value:
+                    self.stamp_misses.append(f"{write.counter}/{write.key}: {mutator} wrote other bytes at "
+                                             f"{timestamp_us}, stamped the same")
+            self.stamped[(write.key, source, timestamp_us, write.counter, mutator)] = state.value
             row.state = state
         if through.wins_over(row.through):
             row.through = through
 
     def deliver(self, index: int) -> HeldWrite:
         held = self.held.pop(index)
-        self.land(held.mutator, held.born_us, held.timestamp_us, held.write)
+        self.land(held.mutator, held.born_us, held.timestamp_us, held.write, held.source)
         return held
 
     def drop(self, index: int) -> HeldWrite:
@@ -268,16 +290,16 @@ class MemoryStore:
     # -------------------------------------------------------------------------------- shards
 
     async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
-                           writes: Sequence[ShardWrite]) -> None:
+                           writes: Sequence[ShardWrite], *, source: bytes) -> None:
         # The Cassandra store sends every statement at once and waits for all: each lands or not on its own,
         # and the call fails if any of them was not acknowledged.
         unacknowledged = 0
         for write in writes:
             fault = await _gate(Op("write_shard", (mutator, timestamp_us, write)))
             if fault in (Fault.NONE, Fault.LOST_ANSWER):
-                self.land(mutator, born_us, timestamp_us, write)
+                self.land(mutator, born_us, timestamp_us, write, source)
             elif fault is Fault.HOLD:
-                self.held.append(HeldWrite(mutator, born_us, timestamp_us, write))
+                self.held.append(HeldWrite(mutator, born_us, timestamp_us, write, source))
             unacknowledged += fault is not Fault.NONE
             if write.first_write:
                 fault = await _gate(Op("write_work_row", (mutator, write.counter, write.key)))

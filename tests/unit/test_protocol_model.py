@@ -39,6 +39,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from consumer import protocol
 from consumer.applying import Applier, Mutator, Record, RecordsLostError, RetryWindow
 from consumer.dead_letters import DeadLetters
 from consumer.flushing import Flushing
@@ -665,6 +666,13 @@ class ProtocolModel(RuleBasedStateMachine):
         self.checked_rows = len(history)
 
     @invariant()
+    def every_changed_state_changes_its_stamps(self) -> None:
+        # A mutator born below an earlier owner's last write timestamp (a clock behind) would write stamps
+        # that lose to that owner's: serve's cache would keep the old merge (schemas.cql, Claimant).
+        if self.store.stamp_misses:
+            raise self.violation(f"a state changed, its stamps did not: {self.store.stamp_misses[0]}")
+
+    @invariant()
     def every_shard_is_what_its_mutator_consumed(self) -> None:
         row = self.row()
         for counter, key in sorted(self.store.shards):
@@ -809,12 +817,12 @@ class LateSnapshotStore(MemoryStore):
         self.live: dict[uuid.UUID, Mutator] = {}
 
     async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
-                           writes: Sequence[ShardWrite]) -> None:
+                           writes: Sequence[ShardWrite], *, source: bytes) -> None:
         owner = self.live.get(mutator)
         if owner is not None:
             writes = [w._replace(state=owner.states[(split_cell(w.counter)[0], w.key)].to_bytes()) for w in writes
                       if (split_cell(w.counter)[0], w.key) in owner.states]
-        await super().write_shards(mutator, born_us, timestamp_us, writes)
+        await super().write_shards(mutator, born_us, timestamp_us, writes, source=source)
 
 
 class LateSnapshotModel(ProtocolModel):
@@ -899,6 +907,15 @@ def test_model_catches_a_retry_window_rebuilt_from_offsets() -> None:
         run_model(OffsetWindowModel, settings(MUST_FAIL_SETTINGS, max_examples=2_000))
 
 
+def test_model_catches_a_birth_below_the_last_writers_timestamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a claimant born at its own clock's time even when that is behind the partition's last write
+    timestamp, its stamps lose to its predecessor's: the model finds a state changed under unchanged stamps
+    (what serve's cache would answer stale)."""
+    monkeypatch.setattr(protocol, "_timestamp_floor", lambda row: -1)
+    with pytest.raises(ProtocolViolation, match="its stamps did not"):
+        run_model(ProtocolModel, MUST_FAIL_SETTINGS)
+
+
 def _owner(store: MemoryStore, log: MemoryLog, n: int, born_us: int) -> tuple[MutatorEntry, Task]:
     record = MutatorEntry(uuid.UUID(int=n), PID.consumer_group, TOPIC, PID.partition, f"owner{n}",
                            born_us=born_us, expires_us=born_us + 10**12)
@@ -931,6 +948,7 @@ def test_claim_from_a_stale_read_does_not_rewind_the_partition() -> None:
         b_task.step()
     # ... and C reads the row now, then pauses before its claim LWT.
     _, c_task = _owner(store, log, 3, EPOCH_US + 20)
+    c_task.step()  # read_partition: the birth's floor (above the partition's last write timestamp)
     c_task.step()  # register_mutator
     assert c_task.pending is not None
     assert c_task.pending.name == "read_partition"

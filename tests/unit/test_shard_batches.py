@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
-from schemas.cql import instances_of_work, key_of_partition, partition_key, shard_cell, shard_of_cell
+from schemas.cql import (
+    STAMP_ROW,
+    STAMP_TTL_S,
+    instances_of_work,
+    key_of_partition,
+    partition_key,
+    shard_cell,
+    shard_of_cell,
+)
 from schemas.errors import CorruptStateError, MalformedInstanceKeyError
 from schemas.events import encode_instance_key
 
@@ -35,11 +43,32 @@ class RecordingClient:
         self.requests.append(list(statements))
 
 
-def shard_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
+def all_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
     client = RecordingClient(batch_rows)
-    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes))  # type: ignore[arg-type]
-    return [[s for s in request if "UPDATE shards" in s[0]] for request in client.requests
-            if any("UPDATE shards" in s[0] for s in request)]
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes, source=b"src"))  # type: ignore[arg-type]
+    return client.requests
+
+
+def shard_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
+    """The requests holding shard rows, each with its states' statements alone."""
+    return [[s for s in request if "SET states" in s[0]] for request in all_requests(writes, batch_rows)
+            if any("SET states" in s[0] for s in request)]
+
+
+def test_each_partition_written_is_stamped_in_the_same_request() -> None:
+    """Beside each row of states, the same request stamps the partition (schemas.cql): its stamps row, the
+    source's cell, the same timestamp as the states, the timestamp as the value, the row's TTL when it has one."""
+    far = int(time.time()) + 86_400
+    writes = [*(write(i) for i in range(25)), ShardWrite("hourly", "S000001", b"h", 7, False, far)]
+    for request in all_requests(writes):
+        states = [params for cql, params in request if "SET states" in cql]
+        stamps = [params for cql, params in request if "SET stamps" in cql]
+        assert len(stamps) == len(states)
+        for stamp, state in zip(stamps, states, strict=True):
+            assert stamp[-3] == state[-3]  # the partition
+            assert (stamp[0], stamp[-5], stamp[-4]) == (1, b"src", 1)
+            assert tuple(stamp[-2:]) == STAMP_ROW
+            assert stamp[1] == (state[1] if len(state) == 6 else STAMP_TTL_S)  # the row's TTL, or a stamp's
 
 
 def key_of(params: Sequence[Any]) -> str:
@@ -108,7 +137,7 @@ def test_counters_of_one_key_with_different_expiries_get_their_own_ttls() -> Non
 
 def work_requests(writes: list[ShardWrite]) -> list[tuple[str, Sequence[Any]]]:
     client = RecordingClient(10)
-    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes))  # type: ignore[arg-type]
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes, source=b"test"))  # type: ignore[arg-type]
     return [s for request in client.requests for s in request if "mutator_work" in s[0]]
 
 

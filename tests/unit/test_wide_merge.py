@@ -182,3 +182,38 @@ def test_a_long_range_read_does_not_evict_the_instances_read_often() -> None:
     assert cache.hits == hits + 2
     cache.merged("t", "bucket-19", [blob(19), blob(20)], scan=True)  # later ones went first
     assert cache.hits == hits + 2
+
+
+def _sum_blob(value: int) -> bytes:
+    from schemas.kinds import KindSpec, new_state
+
+    state = new_state(KindSpec("sum"))
+    state.apply(value)
+    return state.to_bytes()
+
+
+def test_a_kept_merge_answers_only_for_the_stamps_read_with_it_while_young_and_not_hidden() -> None:
+    """checked() answers the merge kept for a cell and key only when the stamps given equal those read with its
+    states, it is younger than max_age_s, and its bucket is not past its retention; never without stamps, nor
+    for another cell of the key (another epoch)."""
+    cache = StateCache(1 << 20, max_age_s=60.0)
+    blobs = [_sum_blob(3), _sum_blob(4)]
+    stamps = {b"s1": 10, b"s2": 20}
+    merged = cache.merged("views", "home", blobs, stamps=stamps, now=100.0, hidden_at=5_000.0)
+    assert merged is not None
+    assert merged.value() == 7
+    assert cache.checked("views", "home", stamps, now=120.0, wall=1_000.0) is merged
+    assert cache.checked("views", "home", {b"s2": 20, b"s1": 10}, now=120.0, wall=1_000.0) is merged  # any order
+    assert cache.checked("views", "home", {b"s1": 10, b"s2": 21}, now=120.0, wall=1_000.0) is None  # flushed
+    assert cache.checked("views", "home", {b"s1": 10}, now=120.0, wall=1_000.0) is None  # a stamp expired
+    assert cache.checked("views@2", "home", stamps, now=120.0, wall=1_000.0) is None  # a reset's epoch
+    assert cache.checked("views", "home", None, now=120.0, wall=1_000.0) is None
+    assert cache.checked("views", "home", stamps, now=160.0, wall=1_000.0) is None  # too old
+    assert cache.checked("views", "home", stamps, now=120.0, wall=5_000.0) is None  # hidden
+    assert (cache.hits, cache.checked_hits) == (2, 2)
+    # Read again with the same bytes: the entry takes the new read's stamps and time.
+    assert cache.merged("views", "home", blobs, stamps={b"s1": 11}, now=200.0) is merged
+    assert cache.checked("views", "home", {b"s1": 11}, now=250.0, wall=9_000.0) is merged
+    unstamped = StateCache(1 << 20)
+    unstamped.merged("views", "home", blobs, now=0.0)
+    assert unstamped.checked("views", "home", None, now=1.0, wall=0.0) is None

@@ -1,0 +1,136 @@
+"""Serve's state cache answers from a kept merge only while the partition's stamps are unchanged (schemas.cql), on
+real Cassandra: a claimant whose clock is behind is born above its partition's last write, so its writes change
+the stamps; a bucket past its retention, a dropped counter's keys and a changed bucket of a range are read anew."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from consumer.cassandra_store import CassandraStore
+from consumer.protocol import Claimant
+from consumer.storage import MutatorEntry, PartitionId, ShardWrite
+from countersink.cassandra import CassandraClient
+from countersink.commands.drop import sweep
+from countersink.reader import CounterReader, read_stamps, read_state
+from countersink.settings import CassandraSettings
+from countersink.state_cache import StateCache
+from schemas.cql import stamp_source
+from schemas.definitions import parse_definitions
+from schemas.kinds import KindSpec, new_state
+from schemas.timeseries import bucket_key
+
+pytestmark = pytest.mark.integration
+HOUR = 3600
+
+
+def _sum(value: int) -> bytes:
+    state = new_state(KindSpec("sum"))
+    state.apply(value)
+    return state.to_bytes()
+
+
+async def test_a_claimant_behind_the_last_writers_clock_writes_stamps_that_change(
+        cassandra_settings: CassandraSettings) -> None:
+    """The partition's first owner's clock is 10 s ahead; the next claimant's is right. It is born above the
+    first's last write timestamp (not at its own clock's time, which is below), so its flush changes the
+    source's stamp and a cached read sees it."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        pid = PartitionId("g", f"t{uuid.uuid4().hex[:8]}", 0)
+        source = stamp_source(pid.consumer_group, pid.topic, pid.partition)
+        ahead = time.time_ns() // 1000 + 10_000_000
+        first = MutatorEntry(uuid.uuid4(), pid.consumer_group, pid.topic, 0, "ahead", ahead, ahead + 10**9)
+        claimed = await Claimant(first, -1).claim(store)
+        assert claimed.new == first
+        assert await store.open_window(pid, first.id, first.born_us, 1, -1, 4)
+        await store.write_shards(first.id, first.born_us, first.born_us + 1, [ShardWrite("hits", "home", _sum(5), 4,
+                                                                                         True)], source=source)
+        cache = StateCache(1 << 20)
+        assert (await read_state(client, "hits", "home", cache=cache)).value() == 5  # type: ignore[union-attr]
+
+        now = time.time_ns() // 1000
+        second = MutatorEntry(uuid.uuid4(), pid.consumer_group, pid.topic, 0, "right", now, now + 10**9)
+        taken = await Claimant(second, -1).claim(store)
+        assert taken.new.born_us == first.born_us + 2 > now  # the first's window (seq 1) plus one
+        assert taken.new.expires_us - taken.new.born_us == second.expires_us - second.born_us
+        born = taken.new.born_us
+        await store.write_shards(second.id, born, born + 1, [ShardWrite("hits", "home", _sum(7), 9, True)],
+                                 source=source)
+        assert (await read_stamps(client, ["home"]))["home"] == {source: born + 1}
+        assert (await read_state(client, "hits", "home", cache=cache)).value() == 12  # type: ignore[union-attr]
+        assert cache.checked_hits == 0
+
+
+async def test_a_bucket_past_its_retention_is_hidden_through_the_cache(cassandra_settings: CassandraSettings) -> None:
+    """A kept merge is not answered once its bucket's retention has passed, although no stamp changed."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        expires = int(time.time()) + 3
+        await store.write_shards(uuid.uuid4(), 1_000, 1_001, [ShardWrite("hourly", "home|h", _sum(3), 1, True,
+                                                                         expires)], source=b"src")
+        cache = StateCache(1 << 20)
+        for _ in range(2):
+            assert (await read_state(client, "hourly", "home|h", cache=cache)).value() == 3  # type: ignore[union-attr]
+        assert cache.checked_hits == 1
+        # Cassandra's TTLs count whole seconds of its own clock: a second more than the expiry is past it.
+        await asyncio.sleep(max(0.0, expires - time.time()) + 1.5)
+        assert await read_state(client, "hourly", "home|h", cache=cache) is None
+        assert await read_state(client, "hourly", "home|h") is None
+
+
+async def test_a_dropped_counters_keys_are_read_anew_through_the_cache(cassandra_settings: CassandraSettings) -> None:
+    """The drop's sweep stamps each key it deleted from: a kept merge of the dropped counter is not answered."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        for i in range(3):
+            await store.write_shards(uuid.uuid4(), 1_000 + i, 1_001 + i,
+                                     [ShardWrite("gone", "home", _sum(2), 1, True),
+                                      ShardWrite("kept", "home", _sum(1), 1, True)], source=bytes([i]) * 8)
+        cache = StateCache(1 << 20)
+        for _ in range(2):
+            assert (await read_state(client, "gone", "home", cache=cache)).value() == 6  # type: ignore[union-attr]
+        progress = await sweep(client, "gone", 100, asyncio.Event(), lambda *_: None)
+        assert progress.cells_deleted == 3
+        assert await read_state(client, "gone", "home", cache=cache) is None
+        assert (await read_state(client, "kept", "home", cache=cache)).value() == 3  # type: ignore[union-attr]
+
+
+async def test_a_series_through_the_cache_reads_only_the_buckets_that_changed(
+        cassandra_settings: CassandraSettings) -> None:
+    """24 hourly buckets of 5 shards each: a second series answers every bucket from the kept merges after
+    reading their stamps; after a flush of one bucket, that bucket alone is read again, with its new value."""
+    definition = parse_definitions("""
+[[counter]]
+name = "views"
+topics = ["pages"]
+kind = "sum"
+key = ["page"]
+value = "n"
+bucket = { field = "ts", size = "1h" }
+""")["views"]
+    start = 1_795_000_000 // 86400 * 86400
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        mutators = [uuid.uuid4() for _ in range(5)]
+        for i, mutator in enumerate(mutators):
+            await store.write_shards(mutator, 1_000 + i, 1_001 + i, [
+                ShardWrite("views", bucket_key(definition, "home", start + hour * HOUR), _sum(hour), 1, True)
+                for hour in range(24)], source=mutator.bytes[:8])
+        cache = StateCache(1 << 20)
+        reader = CounterReader(client, cache=cache)
+        expected = [5 * hour for hour in range(24)]
+        assert [p.value for p in await reader.series(definition, "home", start, start + 24 * HOUR)] == expected
+        assert cache.checked_hits == 0
+        assert [p.value for p in await reader.series(definition, "home", start, start + 24 * HOUR)] == expected
+        assert cache.checked_hits == 24
+        await store.write_shards(mutators[2], 1_002, 1_004, [
+            ShardWrite("views", bucket_key(definition, "home", start + 7 * HOUR), _sum(100), 2, False)],
+            source=mutators[2].bytes[:8])
+        expected[7] += 100 - 7
+        assert [p.value for p in await reader.series(definition, "home", start, start + 24 * HOUR)] == expected
+        assert cache.checked_hits == 24 + 23
+        assert (await reader.rollup(definition, "home", start, start + 24 * HOUR)).value == sum(expected)
