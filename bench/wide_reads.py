@@ -13,8 +13,9 @@ sketch (k 200); 2,000 events over 300 items in a frequent-items sketch (map 256)
 that the machine's noise falls on all alike:
 
 - each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
-  keeps one (its default size): nothing is flushed between reads, so the partition's stamps are unchanged and
-  the cache answers after reading them alone (with the counter's resets, at once);
+  keeps one (its default size), with each counter's resets kept as serve keeps them (``EpochsCache``): nothing
+  is flushed between reads, so the partition's stamps are unchanged and the cache answers after reading them
+  alone;
 - the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
 - 256-shard sketch instances that also have a tally (what the GC leaves), without and with the cache;
 - the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
@@ -42,6 +43,7 @@ from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_blobs_of, read_state
+from countersink.resets import EpochsCache
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
 from schemas.cql import shard_of_cell, stamp_source
@@ -239,7 +241,8 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
         await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
         await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
         cache = StateCache(ServeSettings().state_cache_bytes)
-        readers = {"": CounterReader(client), CACHED: CounterReader(client, cache=cache)}
+        epochs = EpochsCache(client)  # as serve keeps each counter's resets (countersink.resets)
+        readers = {"": CounterReader(client), CACHED: CounterReader(client, cache=cache, epochs=epochs)}
         level = client.settings.read_consistency
         widest = written.widest
         series, rollup = range_labels()[:2], range_labels()[2:]
@@ -252,8 +255,9 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
             states = n + 1 if which == "-tallied" else n  # a tally holds as many values as a shard
 
             async def read() -> None:
+                known = await epochs.get(f"wide_{kind}") if suffix == CACHED else None
                 _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level,
-                                                      readers[suffix].cache))
+                                                      readers[suffix].cache, known))
             return read
 
         def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
@@ -334,12 +338,14 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
     async with CassandraClient(cassandra) as client:
         await Shards(client, (shards,)).write()
         cache = StateCache(ServeSettings().state_cache_bytes) if cached else None
+        epochs = EpochsCache(client) if cached else None
         level = client.settings.read_consistency
         timings: list[float] = []
         until = time.monotonic() + seconds
         while time.monotonic() < until:
             started = time.perf_counter()
-            state = await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level, cache)
+            state = await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level, cache,
+                                     await epochs.get(f"wide_{kind}") if epochs is not None else None)
             timings.append(time.perf_counter() - started)
             _check(kind, shards, state)
     name = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"

@@ -17,7 +17,7 @@ from typing import Any, overload
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
-from countersink.resets import read_epochs
+from countersink.resets import EpochsCache, read_epochs
 from countersink.settings import Consistency
 from countersink.state_cache import Stamps, StateCache
 from schemas import timeseries
@@ -222,20 +222,27 @@ class CounterReader:
 
     def __init__(self, client: CassandraClient, consistency: Consistency | None = None, *,
                  max_range_buckets: int = 1000, concurrency: int = 32,
-                 reads: asyncio.Semaphore | None = None, cache: StateCache | None = None) -> None:
+                 reads: asyncio.Semaphore | None = None, cache: StateCache | None = None,
+                 epochs: EpochsCache | None = None) -> None:
         self.client = client
         self.cache = cache
+        self.epochs = epochs  # each counter's resets kept briefly (serve's), or read by every read
         self.consistency = consistency or client.settings.read_consistency
         self.max_range_buckets = max_range_buckets
         self._reads = reads or asyncio.Semaphore(concurrency)
 
     async def get(self, counter: str, key: str, epochs: Epochs | None = None) -> object:
         """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
+        if epochs is None and self.epochs is not None:
+            epochs = await self.epochs.get(counter)
         state = await read_state(self.client, counter, key, self.consistency, self.cache, epochs)
         return None if state is None else state.value()
 
+    async def _epochs(self, counter: str) -> Epochs:
+        return await (self.epochs.get(counter) if self.epochs is not None else read_epochs(self.client, counter))
+
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
-        epochs = await read_epochs(self.client, counter)  # once for every key
+        epochs = await self._epochs(counter)  # once for every key
         values = await asyncio.gather(*(self.get(counter, key, epochs) for key in keys))
         return dict(zip(keys, values, strict=True))
 
@@ -276,7 +283,7 @@ class CounterReader:
 
         keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
         names = list(keys)
-        epochs = await read_epochs(self.client, definition.name)  # once for every chunk of the range
+        epochs = await self._epochs(definition.name)  # once for every chunk of the range
 
         cache = self.cache
 

@@ -7,6 +7,7 @@ partition of the counter's topics, record where each landed.
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import socket
 import time
@@ -34,6 +35,12 @@ from schemas.resets import (
 )
 
 MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control record stay small
+# How long ``serve`` answers from a counter's epochs read before (EpochsCache), counted from when that read was
+# sent; a reset returns only RESET_SETTLE_S after it was recorded, so a read made once it has returned knows it
+# (twice the time: a margin for the machines' clocks ticking at slightly different rates).
+EPOCHS_KEPT_S = 0.5
+RESET_SETTLE_S = 2 * EPOCHS_KEPT_S
+_EPOCHS_KEPT_COUNTERS = 10_000  # counters whose epochs one cache keeps (beyond it, it starts over)
 
 
 def _reset_of(row: dict[str, Any]) -> Reset:
@@ -82,6 +89,41 @@ async def read_epochs(client: CassandraClient, counter: str) -> Epochs:
     (whatever serving reads at): it overlaps the reset's write, so a read made once ``countersink reset`` has
     returned knows the reset."""
     return current_epochs(await read_resets(client, counter, client.settings.replay_read_consistency))
+
+
+class EpochsCache:
+    """Each counter's epochs (:func:`read_epochs`) read at most once per ``kept_s``, measured from when the read
+    was sent: a read of an instance costs one request, not two. A reset is known within ``kept_s`` of being
+    recorded, and :func:`reset_counter` returns only :data:`RESET_SETTLE_S` after recording it, so a read made
+    once a reset has returned knows it, as one that reads the epochs every time does."""
+
+    def __init__(self, client: CassandraClient, kept_s: float = EPOCHS_KEPT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._kept_s = kept_s
+        self._clock = clock
+        self._known: dict[str, tuple[float, Epochs]] = {}
+
+    async def get(self, counter: str) -> Epochs:
+        sent = self._clock()
+        known = self._known.get(counter)
+        if known is not None and sent - known[0] < self._kept_s:
+            return known[1]
+        epochs = await read_epochs(self._client, counter)
+        if len(self._known) >= _EPOCHS_KEPT_COUNTERS:
+            self._known.clear()
+        latest = self._known.get(counter)
+        if latest is None or latest[0] < sent:  # a read sent earlier that ended later keeps nothing
+            self._known[counter] = (sent, epochs)
+        return epochs
+
+
+async def _settle(recorded_at: float) -> None:
+    """Wait until :data:`RESET_SETTLE_S` has passed since ``recorded_at`` (monotonic): every EpochsCache then
+    holds no epochs read before the reset was recorded."""
+    wait = recorded_at + RESET_SETTLE_S - time.monotonic()
+    if wait > 0:
+        await asyncio.sleep(wait)
 
 
 async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[str, Any]]:
@@ -310,6 +352,7 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         progress.stage = RECORDING
         recorded, at_us = await record_reset(client, definition.name, keys, requested_by, write_cl, counts,
                                              request_key=request_key)
+        recorded_at = time.monotonic()
         progress.reset, progress.stage, progress.partitions = recorded, PUBLISHING, len(partitions)
         progress.requested_us = at_us
         positions = await publish_controls(recorded, partitions, _sender(producer), progress.published)
@@ -317,6 +360,7 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         await producer.stop()
     progress.stage = POSITIONS
     await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
+    await _settle(recorded_at)
     progress.stage = DONE
     return ResetDone(recorded, tuple(keys), requested_by, at_us, tuple(positions))
 
@@ -352,6 +396,8 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
             await producer.stop()
         progress.stage = POSITIONS
         await CassandraResets(client, positions_read_cl, write_cl).record_positions(published)
+    # When the first attempt recorded it is known on another machine's clock: settled as if recorded now.
+    await _settle(time.monotonic())
     progress.stage = DONE
     positions = [ResetPosition(recorded.reset_id, recorded.counter, recorded.epoch, topic, p, offset)
                  for (topic, p), offset in points.items()] + published

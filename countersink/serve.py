@@ -71,10 +71,10 @@ from countersink.registry import CounterRegistry
 from countersink.resets import (
     MAX_RESET_KEYS,
     POSITIONS,
+    EpochsCache,
     ResetDone,
     ResetProgress,
     ResetRefusedError,
-    read_epochs,
     reset_counter,
 )
 from countersink.retry import StopRequested, wait_until_reachable
@@ -124,6 +124,8 @@ class ReadApi:
         self._reads = asyncio.Semaphore(settings.concurrency)
         self.cache = (StateCache(settings.state_cache_bytes, settings.state_cache_max_age_s)
                       if settings.state_cache_bytes else None)
+        # Each counter's resets read at most twice a second: a read costs one request (countersink.resets).
+        self.epochs = EpochsCache(self.client)
         self._cache_counted = {"checked": 0, "hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
@@ -246,7 +248,7 @@ class ReadApi:
             _checked_key(key)
         level = _consistency(request)
         async with self._cassandra_answers():
-            epochs = await read_epochs(self.client, name)  # once for every key
+            epochs = await self.epochs.get(name)  # once for every key
         results = await asyncio.gather(*(self._read(name, key, level, epochs) for key in keys))
         return web.json_response({
             "counter": name,
@@ -280,7 +282,7 @@ class ReadApi:
         if rollup not in ("true", "false"):
             raise _problem(web.HTTPBadRequest, "rollup is true or false")
         reader = CounterReader(self.client, level, max_range_buckets=self.read_settings.max_range_buckets,
-                               reads=self._reads, cache=self.cache)
+                               reads=self._reads, cache=self.cache, epochs=self.epochs)
         try:
             start, end = timeseries.parse_instant(query["from"]), timeseries.parse_instant(query["to"])
             step = timeseries.parse_duration(query["step"]) if "step" in query else None
@@ -303,7 +305,8 @@ class ReadApi:
     async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
                     ) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level, self.cache, epochs)
+            state = await read_state(self.client, name, key, level, self.cache,
+                                     epochs if epochs is not None else await self.epochs.get(name))
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None

@@ -16,7 +16,8 @@ from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.commands.drop import sweep
 from countersink.reader import CounterReader, read_stamps, read_state
-from countersink.settings import CassandraSettings
+from countersink.resets import RESET_SETTLE_S, EpochsCache, reset_counter
+from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 from countersink.state_cache import StateCache
 from schemas.cql import stamp_source
 from schemas.definitions import parse_definitions
@@ -134,3 +135,29 @@ bucket = { field = "ts", size = "1h" }
         assert [p.value for p in await reader.series(definition, "home", start, start + 24 * HOUR)] == expected
         assert cache.checked_hits == 24 + 23
         assert (await reader.rollup(definition, "home", start, start + 24 * HOUR)).value == sum(expected)
+
+
+async def test_a_read_made_once_a_reset_returned_knows_it_with_serves_kept_epochs(
+        cassandra_settings: CassandraSettings, kafka_settings: KafkaSettings, topic_factory) -> None:
+    """serve keeps each counter's resets for EPOCHS_KEPT_S; reset_counter returns RESET_SETTLE_S after recording
+    the reset at the earliest, so a read right after it returned reads the new epoch (nothing counted yet)."""
+    topic = await topic_factory(partitions=2)
+    definition = parse_definitions(f"""
+[[counter]]
+name = "hits"
+topics = ["{topic}"]
+kind = "sum"
+key = ["page"]
+value = "n"
+""")["hits"]
+    async with CassandraClient(cassandra_settings) as client:
+        await CassandraStore(client).write_shards(uuid.uuid4(), 1_000, 1_001, [ShardWrite("hits", "home", _sum(5), 1,
+                                                                                         True)], source=b"src")
+        reader = CounterReader(client, cache=StateCache(1 << 20), epochs=EpochsCache(client))
+        assert await reader.get("hits", "home") == 5
+        assert await reader.get("hits", "home") == 5  # its epochs and its merge kept
+        started = time.monotonic()
+        done = await reset_counter(client, kafka_settings, definition, [], "test", Consistency.ONE, Consistency.ONE)
+        assert time.monotonic() - started >= RESET_SETTLE_S
+        assert done.reset.epoch == 1
+        assert await reader.get("hits", "home") is None
