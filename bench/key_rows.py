@@ -56,7 +56,7 @@ from decimal import Decimal
 from typing import Any
 
 from bench import shapes
-from bench.wide_layouts import cassandra_pid, cpu_s, pct
+from bench.wide_layouts import cassandra_pid, cpu_s, interleaved
 from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.settings import CassandraSettings
 from schemas.cql import shard_cell, shard_of_cell
@@ -242,11 +242,7 @@ class Layout:
             requests = []
             for group in keyed.values():
                 written.rows += len(group)
-                for i in range(0, len(group), SLOT_BATCH_ROWS):
-                    requests.append(group[i:i + SLOT_BATCH_ROWS])
-                    written.mutations += 1
-                    written.statements += len(group[i:i + SLOT_BATCH_ROWS])
-                    written.requests += 1
+                requests.extend(_single_partition_batches(group, written))
             return requests
         by_partition: dict[tuple[str, Any], dict[str, bytes]] = {}
         for (bucket, key), cells in flush.rows.items():
@@ -278,11 +274,7 @@ class Layout:
             # each statement carries its partition key
             written.bytes += sum(len(bucket) + (4 if self.slots else 16) + len(n) + len(c) for n, c in cells.items())
             written.rows += len(rows)
-            for i in range(0, len(rows), SLOT_BATCH_ROWS):
-                requests.append(rows[i:i + SLOT_BATCH_ROWS])
-                written.mutations += 1
-                written.statements += len(rows[i:i + SLOT_BATCH_ROWS])
-                written.requests += 1
+            requests.extend(_single_partition_batches(rows, written))
         return requests
 
     @staticmethod
@@ -424,17 +416,7 @@ async def measure_reads(client: CassandraClient, layouts: list[Layout], stream: 
         shards = len(stream.last[(bucket, key)][counter])
         for layout in layouts:
             reads[f"{layout.name}: {label} ({shards} shards)"] = reader(layout, counter, bucket, key)
-    timings: dict[str, list[float]] = {name: [] for name in reads}
-    rng = random.Random(seed)
-    for measured in [False] + [True] * rounds:
-        order = list(reads.items())
-        rng.shuffle(order)
-        for name, read in order:
-            started = time.perf_counter()
-            await read()
-            if measured:
-                timings[name].append(time.perf_counter() - started)
-    return {name: (1000 * statistics.median(t), 1000 * pct(t, 99)) for name, t in timings.items()}
+    return await interleaved(reads, rounds, seed)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -506,6 +488,16 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         async with CassandraClient(settings, use_keyspace=False) as client:
             await client.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", prepared=False)
+
+
+
+def _single_partition_batches(rows: list[Statement], written: Written) -> list[list[Statement]]:
+    """One partition's statements in batches of at most SLOT_BATCH_ROWS, each a mutation and a request."""
+    batches = [rows[i:i + SLOT_BATCH_ROWS] for i in range(0, len(rows), SLOT_BATCH_ROWS)]
+    written.mutations += len(batches)
+    written.statements += len(rows)
+    written.requests += len(batches)
+    return batches
 
 
 def main(argv: list[str] | None = None) -> int:

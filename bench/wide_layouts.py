@@ -355,6 +355,13 @@ async def measure_reads(client: CassandraClient, layouts: dict[str, Layout], rou
             for n in WIDE:
                 for how in ("", CACHED, VALIDATED) + ((DIGESTS,) if name == STAMPED else ()):
                     reads[f"{name}: {kind}, {n:,} shards{how}"] = reader(name, kind, n, how)
+    return await interleaved(reads, rounds, seed)
+
+
+async def interleaved(reads: dict[str, Callable[[], Awaitable[None]]], rounds: int, seed: int
+                      ) -> dict[str, tuple[float, float]]:
+    """p50 and p99 (ms) of each read, made ``rounds`` times (after one unmeasured round), all of them in an
+    order shuffled each round, so that the machine's noise falls on all alike."""
     timings: dict[str, list[float]] = {name: [] for name in reads}
     order_rng = random.Random(seed)
     for measured in [False] + [True] * rounds:
