@@ -119,6 +119,8 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
     out: dict[str, StoredInstance] = {key: StoredInstance() for key in keys}
     hidden: set[str] = set()
     ttls: dict[str, int] = {}  # the least TTL of each partition's cells read
+    # Before the request: Cassandra's TTLs count down whole seconds, so the hiding time is taken a second early.
+    sent = time.time() - 1
     for cell, of_cell in cells.items():
         marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
         result = await client.execute(
@@ -144,10 +146,8 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
                 found.blobs.append(shard_of_cell(values[_CELL])[0])
             elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
                 found.stamps = _stamps(values[_STAMPS])
-    if ttls:
-        wall = time.time()
-        for partition, ttl in ttls.items():
-            out[key_of_partition(partition)].hidden_at = wall + ttl - grace
+    for partition, ttl in ttls.items():
+        out[key_of_partition(partition)].hidden_at = sent + ttl - grace
     for key in hidden:
         out[key].blobs = []
     return {key: out[key] for key in keys}

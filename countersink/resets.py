@@ -11,10 +11,10 @@ import asyncio
 import getpass
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.errors import UnknownTopicOrPartitionError
 
@@ -34,6 +34,7 @@ from schemas.resets import (
     row_of_reset_id,
 )
 
+T = TypeVar("T")
 MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control record stay small
 # How long ``serve`` answers from a counter's epochs read before (EpochsCache), counted from when that read was
 # sent; a reset returns only RESET_SETTLE_S after it was recorded, so a read made once it has returned knows it
@@ -116,6 +117,21 @@ class EpochsCache:
         if latest is None or latest[0] < sent:  # a read sent earlier that ended later keeps nothing
             self._known[counter] = (sent, epochs)
         return epochs
+
+
+async def recorded_then_settled(recording: Awaitable[T]) -> T:
+    """``recording`` (what records a reset: an LWT), then :data:`RESET_SETTLE_S` before anything else: whatever
+    the caller does next (publish, report, fail, exit), every read that follows knows the reset. Also when the
+    recording fails: its LWT may have applied with its answer lost. Not when cancelled (the process stops)."""
+    try:
+        done = await recording
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        await _settle(time.monotonic())
+        raise
+    await _settle(time.monotonic())
+    return done
 
 
 async def _settle(recorded_at: float) -> None:
@@ -350,9 +366,8 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
             # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
             raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
         progress.stage = RECORDING
-        recorded, at_us = await record_reset(client, definition.name, keys, requested_by, write_cl, counts,
-                                             request_key=request_key)
-        recorded_at = time.monotonic()
+        recorded, at_us = await recorded_then_settled(record_reset(
+            client, definition.name, keys, requested_by, write_cl, counts, request_key=request_key))
         progress.reset, progress.stage, progress.partitions = recorded, PUBLISHING, len(partitions)
         progress.requested_us = at_us
         positions = await publish_controls(recorded, partitions, _sender(producer), progress.published)
@@ -360,7 +375,6 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         await producer.stop()
     progress.stage = POSITIONS
     await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
-    await _settle(recorded_at)
     progress.stage = DONE
     return ResetDone(recorded, tuple(keys), requested_by, at_us, tuple(positions))
 
@@ -381,6 +395,8 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
     if recorded.keys != frozenset(keys):
         raise ResetRefusedError(f"Idempotency-Key {row.get('request_key')!r} was given to reset epoch "
                                 f"{recorded.epoch} of {recorded.counter} with other keys: a new reset needs a new key")
+    # When the first attempt recorded it is known on another machine's clock: settled as if recorded now.
+    await _settle(time.monotonic())
     progress.reset, progress.stage = recorded, PUBLISHING
     progress.requested_us = int(row.get("requested_us") or 0)
     points = await read_points(client, recorded.counter, recorded.epoch, dict(recorded.partitions))
@@ -396,8 +412,6 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
             await producer.stop()
         progress.stage = POSITIONS
         await CassandraResets(client, positions_read_cl, write_cl).record_positions(published)
-    # When the first attempt recorded it is known on another machine's clock: settled as if recorded now.
-    await _settle(time.monotonic())
     progress.stage = DONE
     positions = [ResetPosition(recorded.reset_id, recorded.counter, recorded.epoch, topic, p, offset)
                  for (topic, p), offset in points.items()] + published

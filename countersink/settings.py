@@ -337,7 +337,7 @@ class ServeSettings(_Section):
     state_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)
     # How long a merge is answered from before its states are read again whatever the stamps say: a bound on
     # what a lagging replica could keep at a consistency where reads need not see acknowledged writes. At most
-    # a day (a drop's stamps live a week: countersink.commands.drop).
+    # a day (a stamp lives 30 days unless written again: schemas.cql.STAMP_TTL_S).
     state_cache_max_age_s: float = Field(default=60.0, gt=0, le=86_400)
     # Admin tokens (NAME:TOKEN, comma-separated, or one per line in the file), for the routes that change
     # something (POST /counters/{name}/reset). The name is what a reset records as who asked; the token never

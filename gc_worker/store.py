@@ -127,9 +127,12 @@ class CassandraGcStore:
                           for born, mutator in rows)
         # The partition's stamp of the GC (schemas.cql): a merge of sketches kept from before the fold is not the
         # merge a read makes after it. Its row expires with the tallies, if they do.
-        ttls = [ttl_s for _, ttl_s in tallies.values() if ttl_s is not None]
+        # It outlives every tally it stamps (a stamp that expires before a tally it changed could bring the stamps
+        # back to what a kept merge was read with).
+        ttls = [ttl_s for _, ttl_s in tallies.values()]
+        stamp_ttl_s = STAMP_TTL_S if None in ttls or not ttls else max(1, *(t for t in ttls if t is not None))
         statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?",
-                           [max(1, min(ttls, default=STAMP_TTL_S)), GC_STAMP_SOURCE, timestamp_us, key, *STAMP_ROW]))
+                           [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, key, *STAMP_ROW]))
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:

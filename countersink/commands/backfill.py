@@ -62,6 +62,7 @@ from countersink.resets import (
     publish_controls,
     read_points,
     read_resets,
+    recorded_then_settled,
 )
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
@@ -439,7 +440,7 @@ class Backfill:
                 await record_plan(client, self.group, cell, topic, partition, starts[(topic, partition)],
                                   reset.reset_id, since, requested_by)
             self.on_step("planned")
-            if await claim_epoch(client, reset, requested_by, write_cl) is None:
+            if await recorded_then_settled(claim_epoch(client, reset, requested_by, write_cl)) is None:
                 log.error("reprocess_refused", counter=self.counter,
                           error=f"another reset of {self.counter} took epoch {epoch} meanwhile; nothing was reset: "
                           "run the reprocess again")
