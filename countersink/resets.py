@@ -20,6 +20,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_producer
+from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, KafkaSettings
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError
@@ -139,7 +140,7 @@ async def _settle(recorded_at: float) -> None:
     holds no epochs read before the reset was recorded."""
     wait = recorded_at + RESET_SETTLE_S - time.monotonic()
     if wait > 0:
-        await asyncio.sleep(wait)
+        await pause_unless_stopped(wait, None)
 
 
 async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[str, Any]]:
