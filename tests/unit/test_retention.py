@@ -115,9 +115,9 @@ def test_a_flush_marks_each_write_with_its_buckets_expiry_and_a_replay_does_too(
     written: list[tuple[str, int | None]] = []
     original = store.write_shards
 
-    async def spy(mutator: uuid.UUID, born_us: int, timestamp_us: int, writes: list) -> None:  # type: ignore[type-arg]
+    async def spy(mutator: uuid.UUID, born_us: int, timestamp_us: int, writes: list, *, source: bytes) -> None:  # type: ignore[type-arg]
         written.extend((w.counter, w.expires_at) for w in writes)
-        await original(mutator, born_us, timestamp_us, writes)
+        await original(mutator, born_us, timestamp_us, writes, source=source)
 
     store.write_shards = spy  # type: ignore[method-assign]
 
