@@ -89,10 +89,6 @@ class StoredInstance:
     hidden_at: float | None = None
 
 
-def _stamps(cells: dict[bytes, int] | None) -> Stamps | None:
-    return cells or None
-
-
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
                         consistency: Consistency | None = None, epochs: Epochs | None = None
                         ) -> dict[str, list[bytes]]:
@@ -145,7 +141,7 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
             if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
                 found.blobs.append(shard_of_cell(values[_CELL])[0])
             elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
-                found.stamps = _stamps(values[_STAMPS])
+                found.stamps = values[_STAMPS] or None
     for partition, ttl in ttls.items():
         out[key_of_partition(partition)].hidden_at = sent + ttl - grace
     for key in hidden:
@@ -164,7 +160,7 @@ async def read_stamps(client: CassandraClient, keys: Sequence[str], consistency:
     out: dict[str, Stamps | None] = dict.fromkeys(keys)
     for row in result:
         values = row.as_tuple()
-        out[key_of_partition(values[0])] = _stamps(values[1])
+        out[key_of_partition(values[0])] = values[1] or None
     return out
 
 
@@ -181,8 +177,9 @@ async def read_state(
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
     its retention: :func:`read_states`). Its stored states are decoded and merged as a batch
-    (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when it merged the same bytes before.
-    ``epochs``: the counter's, when the caller read them already (for several keys at once)."""
+    (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when the partition's stamps are those it read
+    with the states it merged (:mod:`countersink.state_cache`). ``epochs``: the counter's, when the caller read
+    them already (for several keys at once)."""
     if cache is None:
         return merge_blobs((await read_blobs_of(client, counter, [key], consistency, epochs))[key])
     # The stamps do not depend on the epoch: both reads at once, a hit costs one round trip.
@@ -190,13 +187,24 @@ async def read_state(
         known, stamps = await asyncio.gather(read_epochs(client, counter), read_stamps(client, [key], consistency))
     else:
         known, stamps = epochs, await read_stamps(client, [key], consistency)
-    cell = known.cell(counter, key)
-    kept = cache.checked(cell, key, stamps[key], time.monotonic(), time.time())
-    if kept is not None:
-        return kept
-    now = time.monotonic()
-    found = (await read_instances(client, counter, [key], consistency, known))[key]
-    return cache.merged(cell, key, found.blobs, stamps=found.stamps, now=now, hidden_at=found.hidden_at)
+    return (await _through_cache(client, cache, counter, [key], stamps, known, consistency))[key]
+
+
+async def _through_cache(client: CassandraClient, cache: StateCache, counter: str, keys: Sequence[str],
+                         stamps: dict[str, Stamps | None], epochs: Epochs, consistency: Consistency | None,
+                         *, scan: bool = False) -> dict[str, State | None]:
+    """The merged state of each of ``keys`` (instances of ``counter``) given their stamps just read: the merge
+    ``cache`` kept where the stamps are unchanged, the others read (one request) and merged, and kept with the
+    stamps read with them. ``scan``: see :meth:`StateCache.merged`."""
+    now, wall = time.monotonic(), time.time()
+    kept = {key: cache.checked(epochs.cell(counter, key), key, stamps[key], now, wall) for key in keys}
+    unread = [key for key, state in kept.items() if state is None]
+    if unread:
+        read_at = time.monotonic()
+        for key, found in (await read_instances(client, counter, unread, consistency, epochs)).items():
+            kept[key] = cache.merged(epochs.cell(counter, key), key, found.blobs, scan=scan, stamps=found.stamps,
+                                     now=read_at, hidden_at=found.hidden_at)
+    return kept
 
 
 Instant = datetime | int | str
@@ -294,17 +302,8 @@ class CounterReader:
                     return {name: merge_blobs(blobs) for name, blobs in found.items()}
                 # With a cache: the buckets whose stamps are unchanged since it merged them are not read again.
                 stamps = await read_stamps(self.client, chunk, self.consistency)
-                now, wall = time.monotonic(), time.time()
-                kept = {name: cache.checked(epochs.cell(definition.name, name), name, stamps[name], now, wall)
-                        for name in chunk}
-                unread = [name for name, state in kept.items() if state is None]
-                if unread:
-                    read_at = time.monotonic()
-                    stored = await read_instances(self.client, definition.name, unread, self.consistency, epochs)
-                    for name, one in stored.items():
-                        kept[name] = cache.merged(epochs.cell(definition.name, name), name, one.blobs, scan=True,
-                                                  stamps=one.stamps, now=read_at, hidden_at=one.hidden_at)
-                return kept
+                return await _through_cache(self.client, cache, definition.name, chunk, stamps, epochs,
+                                            self.consistency, scan=True)
 
         # Each bucket merged on its own (from the cache when its stamps or bytes are unchanged), then the buckets
         # of each step merged together: a merge of merges, which CRDT states allow.
