@@ -446,15 +446,23 @@ async def test_serve_resets_with_its_admin_role_which_writes_only_the_resets_tab
     counters = write_definitions(tmp_path, secure_topic)
     async with CassandraClient(secure_stack.cassandra_settings("countersink_consumer", granted_keyspace)) as client:
         await CounterRegistry(client).register(load_definitions(counters), "test", KEYSPACE_GROUP)
-    port, admin_token = free_port(), "admin-token-" + uuid.uuid4().hex
-    assert secure_stack.certs is not None
+    admin_token = "admin-token-" + uuid.uuid4().hex
+    certs = secure_stack.certs
+    assert certs is not None
     password = secure_stack.cassandra_roles["countersink_serve_admin"]
-    serve = await start("serve-admin", ["serve", "--counters", str(counters)], env_for(
-        secure_stack, "countersink_reader", granted_keyspace, kafka_user="loader",
-        serve={"host": "127.0.0.1", "port": port, "tls_cert": secure_stack.certs.server_cert,
-               "tls_key": secure_stack.certs.server_key, "tokens": TOKENS[0], "admin_tokens": f"ops:{admin_token}",
-               "admin_cassandra_username": "countersink_serve_admin", "admin_cassandra_password": password}))
-    base = f"https://localhost:{port}"
+
+    async def admin_serve(name: str, kafka_user: str) -> tuple[Running, str]:
+        """A serve over TLS with read and admin tokens, its resets written as countersink_serve_admin, its
+        control records published as ``kafka_user``; and its base URL."""
+        port = free_port()
+        started = await start(name, ["serve", "--counters", str(counters)], env_for(
+            secure_stack, "countersink_reader", granted_keyspace, kafka_user=kafka_user,
+            serve={"host": "127.0.0.1", "port": port, "tls_cert": certs.server_cert, "tls_key": certs.server_key,
+                   "tokens": TOKENS[0], "admin_tokens": f"ops:{admin_token}",
+                   "admin_cassandra_username": "countersink_serve_admin", "admin_cassandra_password": password}))
+        return started, f"https://localhost:{port}"
+
+    serve, base = await admin_serve("serve-admin", "loader")
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls(secure_stack))) as http:
             await wait_ready(http, base, serve)
@@ -479,13 +487,7 @@ async def test_serve_resets_with_its_admin_role_which_writes_only_the_resets_tab
     # A Kafka user that may not write the topic (countersink's own, which only reads): the broker refuses the
     # control record after the reset is recorded. No retry passes that: 500 without Retry-After, naming the
     # grant to add and the epoch recorded.
-    port = free_port()
-    serve = await start("serve-admin-read-only-kafka", ["serve", "--counters", str(counters)], env_for(
-        secure_stack, "countersink_reader", granted_keyspace, kafka_user="countersink",
-        serve={"host": "127.0.0.1", "port": port, "tls_cert": secure_stack.certs.server_cert,
-               "tls_key": secure_stack.certs.server_key, "tokens": TOKENS[0], "admin_tokens": f"ops:{admin_token}",
-               "admin_cassandra_username": "countersink_serve_admin", "admin_cassandra_password": password}))
-    base = f"https://localhost:{port}"
+    serve, base = await admin_serve("serve-admin-read-only-kafka", "countersink")
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_tls(secure_stack))) as http:
             await wait_ready(http, base, serve)
