@@ -475,10 +475,9 @@ def test_model_catches_a_handover_recorded_by_every_mutator() -> None:
 
 
 
-def rolling_deploy_after_a_handover(model_class: type[BackfillModel]) -> BackfillModel:
-    """A process with shares claims the partition and records H; then a process still without shares is
-    assigned it (a rolling deploy), counts four records and releases it; then the model's teardown (a last
-    process with shares, one backfill to the end) checks every value against the log."""
+def counting_before_shares(model_class: type[BackfillModel]) -> BackfillModel:
+    """Twelve records; a process of the deployment before shares claims the partition and counts three; then
+    shares is added to the definitions."""
     model = model_class()
     entries = [Event("IBM", 1 + i % 5, f"e{i}") for i in range(12)]
     model.log = MemoryLog([e.to_bytes() for e in entries])
@@ -486,6 +485,14 @@ def rolling_deploy_after_a_handover(model_class: type[BackfillModel]) -> Backfil
     model.new_owner(0, 10**6, Fault.NONE)  # the deployment before shares
     model.work(0, 3, 10**6, Fault.NONE)
     model.add_the_counter()
+    return model
+
+
+def rolling_deploy_after_a_handover(model_class: type[BackfillModel]) -> BackfillModel:
+    """A process with shares claims the partition and records H; then a process still without shares is
+    assigned it (a rolling deploy), counts four records and releases it; then the model's teardown (a last
+    process with shares, one backfill to the end) checks every value against the log."""
+    model = counting_before_shares(model_class)
     model.new_owner(0, 10**6, Fault.NONE)  # proposes and confirms H = 3
     model.work(0, 2, 10**6, Fault.NONE)
     model.old_owner(0, 10**6, Fault.NONE)  # still without shares, assigned the partition after H
@@ -518,13 +525,7 @@ def rolling_deploy_race(model_class: type[BackfillModel]) -> BackfillModel:
     without shares claims it from it, looks (nothing recorded yet) and finishes its takeover; the first then
     proposes its start as H; the second counts four records and releases the partition; then the model's
     teardown (a last process with shares, one backfill to the end) checks every value against the log."""
-    model = model_class()
-    entries = [Event("IBM", 1 + i % 5, f"e{i}") for i in range(12)]
-    model.log = MemoryLog([e.to_bytes() for e in entries])
-    model.contributions = counted(entries, list(range(len(entries))))
-    model.new_owner(0, 10**6, Fault.NONE)  # the deployment before shares
-    model.work(0, 3, 10**6, Fault.NONE)
-    model.add_the_counter()
+    model = counting_before_shares(model_class)
     model.new_owner_frozen_in_its_handover("read_handovers")
     model.old_owner(0, 10**6, Fault.NONE)
     model.advance(0, 10**6, Fault.NONE)  # the first one's proposal lands after the second one looked
