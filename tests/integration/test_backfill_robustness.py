@@ -168,7 +168,8 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     for them and refuses after --wait-s, resetting nothing. Then, with a live consumer running, a reprocess
     from a time T is stopped after each step of its setup in turn (plan recorded, reset recorded, control
     records published, their positions recorded, the first partition's end recorded): ``countersink
-    backfill`` resumes it where its plan and the reset's points are recorded, refuses (exit 2, one line
+    backfill`` resumes it where its plan and the reset's points are recorded (by the reprocess, or by the live
+    consumers that met its control records), refuses (exit 2, one line
     naming the reprocess to run again) where the reset is recorded but its points are not, nothing marked
     finished, and says so where nothing was reset; the reprocess run again then finishes. After every round
     the counter equals the sum of the events published after T, computed from the events alone, and explain
@@ -216,7 +217,9 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
         since = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         await asyncio.sleep(1.1)
         after = Truth()
-        resumed = {"positions", f"end {topic}/0"}
+        # Stopped once its control records are published, it is resumed: the live consumers record where they
+        # met them (waited for below, so the round does not race their next flush).
+        resumed = {"published", "positions", f"end {topic}/0"}
         for round_, step in enumerate(["planned", "reset", "published", "positions", f"end {topic}/0"], start=1):
             events, truth = batches[round_]
             await publish(kafka_settings, topic, events)
@@ -225,6 +228,8 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
             before = await _values(cassandra_settings, "shares_traded", symbols)
             with pytest.raises(Stop):
                 await command(_stop_at(step)).reprocess(since, 30)
+            if step == "published":
+                await flushed()
             if step == "planned":  # nothing was reset
                 assert await _values(cassandra_settings, "shares_traded", symbols) == before
             with capture_logs() as logs:
