@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
+from countersink.gc_runs import RUNS_PARTITION
 from countersink.metrics import METRICS
 from schemas.cql import (
     STAMP_ROW,
@@ -262,6 +263,12 @@ class CassandraStore:
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None:
         # Set once: a second retirement (by a later takeover) must not move the time the GC relies on.
         await self._lwt("UPDATE mutators SET retired_us = ? WHERE id = ? IF retired_us = null", [retired_us, mutator])
+
+    async def read_gc_cutoff(self) -> int:
+        # At the protocol's read level: it intersects the GC's write of the cutoff (countersink.consistency).
+        rows = as_dicts(await self.client.execute(
+            "SELECT cutoff_us FROM gc_runs WHERE name = ? LIMIT 1", [RUNS_PARTITION], consistency=self.read_cl))
+        return -1 if not rows or rows[0]["cutoff_us"] is None else int(rows[0]["cutoff_us"])
 
 
 __all__ = ["CassandraStore"]

@@ -237,6 +237,7 @@ class Claimant:
         self.pid = PartitionId(new.consumer_group, new.topic, new.partition)
         self._registering = False  # a register LWT was sent: finding the entry registered then means ours
         self._registered = False
+        self._above_cutoffs = False  # no GC run that missed the registration can have a cutoff at its birth
         # The row a claim (or, None, a create) LWT was last sent from, while its answer is unknown.
         self._unanswered: tuple[PartitionRow | None] | None = None
         # Why this mutator may claim no more (retired unused: the takeover goes on, if at all, with a fresh one).
@@ -258,8 +259,9 @@ class Claimant:
             await self._spend(store, type(self.spent)(*self.spent.args))
         if not self._registered and not self._registering:
             # Before the mutator is registered its birth may still move: above every write timestamp of the
-            # partition's earlier owners, whatever this machine's clock says (schemas.cql: stamps).
-            floor = _timestamp_floor(await store.read_partition(self.pid))
+            # partition's earlier owners, whatever this machine's clock says (schemas.cql: stamps), and above
+            # every GC run's cutoff so far.
+            floor = max(_timestamp_floor(await store.read_partition(self.pid)), await store.read_gc_cutoff())
             if self.new.born_us <= floor:
                 self.new = _born_at(self.new, floor + 1)
         new = self.new
@@ -268,6 +270,18 @@ class Claimant:
             if not await store.register_mutator(new) and not again:
                 raise StaleEntryError(f"mutator {new.id} was registered before: a takeover needs a fresh mutator")
             self._registered = True  # by this claimant: the id is fresh, and only its own claims could retire it
+        if not self._above_cutoffs:
+            # A GC run that read the registry before the registration landed took every birth up to its cutoff
+            # for a final mutator's (gc_worker.collector): its range tombstones would delete this mutator's
+            # rows, and its fold count them as final. Each run records its cutoff before it reads the registry,
+            # so a run that missed the registration recorded a cutoff this read sees (both at quorum), however
+            # long the registration took (a lost answer, a stalled process).
+            cutoff = await store.read_gc_cutoff()
+            if new.born_us <= cutoff:
+                await self._spend(store, ClaimUnresolvedError(
+                    f"claim of {self.pid} by {new.id}: born at {new.born_us}, not after the cutoff {cutoff} of a GC "
+                    "run that may have read the registry before it was registered"))
+            self._above_cutoffs = True
         for _ in range(max_attempts):
             row = await store.read_partition(self.pid)
             if self._unanswered is not None:

@@ -109,5 +109,10 @@ class Store(Protocol):
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
 
+    async def read_gc_cutoff(self) -> int:
+        """The highest cutoff a GC run recorded before it read the registry (-1 when none did): a mutator
+        registered now but born at or below it may have rows a run already takes for a final mutator's."""
+        ...
+
 
 __all__ = ["MutatorEntry", "PartitionId", "PartitionRow", "ShardWrite", "Store", "StoredShard"]

@@ -25,8 +25,10 @@ can only see more final mutators, which retired later, so its timestamp is highe
 earlier run's, and its tallies include everything the earlier run folded; repeating a batch writes the same
 cells at the same timestamp; a late write of a retired mutator carries ``born_us + flush_seq``, below its
 retire time, and stays under the deletion. The grace period must exceed the clock skew between machines, so
-that no mutator still to be retired can get a retire time below a cutoff that a run has already used, and
-no mutator still to be registered a birth time below it.
+that no mutator still to be retired can get a retire time below a cutoff that a run has already used. No
+mutator still to be registered keeps a birth time below one, however late its registration lands: a run records
+its cutoff before it reads the registry, and a claimant reads the cutoffs once registered (both at quorum: one
+of the two sees the other) and, born at or below one, retires unused (consumer.protocol.Claimant).
 
 All of this needs the fold to be built from one consistent view of the key: its tallies and its rows as
 they were at one moment. One request gives that (Cassandra answers a single-partition read in isolation from a
@@ -145,6 +147,12 @@ class GcStore(Protocol):
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None: ...
 
+    async def record_cutoff(self, cutoff_us: int) -> None:
+        """Record that a run takes births up to ``cutoff_us`` for final mutators' unless registered (never
+        lowering an earlier run's): a claimant reads it once registered, and one born at or below it retires
+        unused (consumer.protocol.Claimant)."""
+        ...
+
     async def forget(self, mutator: uuid.UUID) -> None:
         """Delete a long-collected mutator's registry row and work list."""
         ...
@@ -249,6 +257,9 @@ class Collector:
         report = GcReport(dry_run=self.dry_run)
         self._epochs = {}
         cutoff = now_us - self.grace_us
+        if not self.dry_run:
+            # Before the registry is read: a mutator whose registration this read misses then sees the cutoff.
+            await self.store.record_cutoff(cutoff)
         registry = await self.store.read_registry()
         # Every shard of a mutator in ``final`` is final: collected ones too (a late write of theirs may show).
         final = {e.id: e.retired_us for e in registry if e.retired_us is not None and e.retired_us < cutoff}

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from countersink.cassandra import CassandraClient, as_dicts
+from countersink.gc_runs import RUNS_PARTITION
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.cql import GC_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, instances_of_work, partition_key, shard_of_cell
@@ -134,6 +135,13 @@ class CassandraGcStore:
         statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?",
                            [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, key, *STAMP_ROW]))
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
+
+    async def record_cutoff(self, cutoff_us: int) -> None:
+        # Written at the cutoff as its timestamp: whichever run's is highest stays, in any order. TTL 0: gc_runs'
+        # rows expire, the cutoff must not. A static cell of the runs' partition: the GC's role may write it.
+        await self.client.execute(
+            "UPDATE gc_runs USING TIMESTAMP ? AND TTL 0 SET cutoff_us = ? WHERE name = ?",
+            [cutoff_us, cutoff_us, RUNS_PARTITION], consistency=self.write_cl)
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         await self.client.execute("UPDATE mutators SET collected_us = ? WHERE id = ?", [collected_us, mutator],

@@ -300,8 +300,10 @@ def create_tables(keyspace: str) -> list[str]:
             name text PRIMARY KEY,
             version int
         )""",
-        # One row per GC run, newest first, kept 30 days; the static column is the end of the last run that
-        # deferred nothing (written with TTL 0). Read by every process's /metrics (countersink.gc_runs).
+        # One row per GC run, newest first, kept 30 days; the static columns, written with TTL 0, are the end of
+        # the last run that deferred nothing (read by every process's /metrics, countersink.gc_runs) and the
+        # highest cutoff any run recorded before it read the registry (read by every claimant once registered:
+        # consumer.protocol.Claimant).
         f"""CREATE TABLE IF NOT EXISTS {ks}.gc_runs (
             name text,
             started_us bigint,
@@ -315,6 +317,7 @@ def create_tables(keyspace: str) -> list[str]:
             shards_deleted bigint,
             error text,
             last_complete_us bigint STATIC,
+            cutoff_us bigint STATIC,
             PRIMARY KEY ((name), started_us, run)
         ) WITH CLUSTERING ORDER BY (started_us DESC, run ASC) AND default_time_to_live = {GC_RUNS_TTL_S:d}""",
     ]
@@ -328,6 +331,8 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     # When each source last wrote the partition (stamp_source): serve's cache checks them instead of reading
     # every shard. (Its read_repair is set by ensure_schema: SHARDS_OPTIONS.)
     "shards": (("stamps", "map<blob, bigint>"),),
+    # The highest cutoff a GC run recorded before reading the registry (gc_worker.collector, Claimant).
+    "gc_runs": (("cutoff_us", "bigint static"),),
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),
                  ("topic_formats", "text")),
     # The proposing mutator and its confirmation (consumer.handovers): a row without a proposer is confirmed;

@@ -143,6 +143,7 @@ class MemoryStore:
         self.mutators: dict[uuid.UUID, MutatorEntry] = {}
         self.work: set[tuple[uuid.UUID, str, str]] = set()
         self.collected: dict[uuid.UUID, int] = {}
+        self.gc_cutoff = -1  # the highest cutoff a GC run recorded
         self.held: list[HeldWrite] = []
         # Where each mutator started consuming, recorded when its create or close LWT applied: the model
         # test uses it to say what each shard must contain.
@@ -415,6 +416,18 @@ class MemoryStore:
                                     for _, mutator in rows})
         if fault is not Fault.NONE:
             raise StoreTimeoutError("gc batch applied, answer lost")
+
+    async def record_cutoff(self, cutoff_us: int) -> None:
+        fault = await _gate(Op("record_cutoff", cutoff_us))
+        if fault is Fault.FAIL:
+            raise StoreTimeoutError("record_cutoff timed out before applying")
+        self.gc_cutoff = max(self.gc_cutoff, cutoff_us)  # USING TIMESTAMP cutoff: the highest stays
+        if fault is not Fault.NONE:
+            raise StoreTimeoutError("record_cutoff applied, answer lost")
+
+    async def read_gc_cutoff(self) -> int:
+        await self._read("read_gc_cutoff")
+        return self.gc_cutoff
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         fault = await _gate(Op("mark_collected", mutator))

@@ -47,6 +47,7 @@ from consumer.ownership import Ownership, PartitionRetry
 from consumer.protocol import (
     MIN_LIFETIME_US,
     Claim,
+    ClaimUnresolvedError,
     FencedError,
     StaleEntryError,
     Takeover,
@@ -949,7 +950,9 @@ def test_claim_from_a_stale_read_does_not_rewind_the_partition() -> None:
     # ... and C reads the row now, then pauses before its claim LWT.
     _, c_task = _owner(store, log, 3, EPOCH_US + 20)
     c_task.step()  # read_partition: the birth's floor (above the partition's last write timestamp)
+    c_task.step()  # read_gc_cutoff: and above every GC run's cutoff
     c_task.step()  # register_mutator
+    c_task.step()  # read_gc_cutoff: no GC run passed the birth meanwhile
     assert c_task.pending is not None
     assert c_task.pending.name == "read_partition"
     c_task.step()  # read_partition: owner B, window A, flush_seq 1, intent 2
@@ -963,6 +966,65 @@ def test_claim_from_a_stale_read_does_not_rewind_the_partition() -> None:
     assert c_task.error is not None or row_after.intent_offset >= row_before.intent_offset, (
         f"C claimed from a stale read and rewound the partition: {row_before} -> {row_after}; "
         f"C starts at {c_task.result.start_offset if c_task.result else None} although B's shards hold 3..5")
+
+
+def _ibm_value(store: MemoryStore) -> int:
+    """What a reader of trades/IBM sees: its tally merged with every visible shard."""
+    snapshot = store.snapshot("trades", "IBM")
+    state = state_from_bytes(snapshot.tally) if snapshot.tally else new_state(COUNTERS["trades"])
+    for shard in snapshot.shards:
+        state.merge(state_from_bytes(shard.state))
+    return cast(int, state.value())
+
+
+def _stalled_claimant_after_a_gc_run(store: MemoryStore, log: MemoryLog) -> tuple[MutatorEntry, Task]:
+    """B chooses its birth, then stalls before its registration lands (a lost answer, a paused process) while
+    the owner A counts on, releases the partition (retired after B's birth) and a GC run, its cutoff past
+    both, reads the registry without B: it folds A and deletes the rows born below its cutoff at A's retire
+    time, which B's writes, stamped from B's birth, would be under. B's claim is then finished."""
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    mutator = _consume_and_flush(store, log, a, a_task.finish().result, 1, EPOCH_US)
+    b, b_task = _owner(store, log, 2, EPOCH_US + 10)
+    while b_task.pending is not None and b_task.pending.name != "register_mutator":
+        b_task.step()
+    for record in log.records[2:4]:
+        mutator.apply(record)
+    run(flush(store, mutator, EPOCH_US + MIN_LIFETIME_US))
+    run(release(store, mutator, EPOCH_US + MIN_LIFETIME_US))
+    run(collect(store, EPOCH_US + MIN_LIFETIME_US + 10 * GRACE_US))
+    assert _ibm_value(store) == 4
+    b_task.finish()
+    return b, b_task
+
+
+def test_a_claimant_registered_after_a_gc_run_passed_its_birth_retires_unused() -> None:
+    """The stalled claimant B reads the cutoff the GC run recorded before it read the registry, once
+    registered: born below it, B retires unused (ClaimUnresolvedError: the consumer claims with a fresh
+    mutator), and a fresh claimant born above the cutoff counts every later record once."""
+    store, log = MemoryStore(), _ibm_log(6)
+    b, b_task = _stalled_claimant_after_a_gc_run(store, log)
+    assert isinstance(b_task.error, ClaimUnresolvedError), b_task.error
+    assert store.mutators[b.id].retired_us is not None
+    now = EPOCH_US + MIN_LIFETIME_US + 10 * GRACE_US
+    c, c_task = _owner(store, log, 3, now)
+    _consume_and_flush(store, log, c, c_task.finish().result, 5, now)
+    assert _ibm_value(store) == 6
+    run(collect(store, now + 10 * MIN_LIFETIME_US))
+    assert _ibm_value(store) == 6
+
+
+def test_without_the_gc_cutoff_a_stalled_claimant_loses_its_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scenario above loses counts when claimants know no GC cutoff (what the check is for): B claims,
+    counts records 4 and 5, and its rows lie under the GC run's deletion."""
+    async def no_cutoff(self: MemoryStore) -> int:
+        return -1
+
+    monkeypatch.setattr(MemoryStore, "read_gc_cutoff", no_cutoff)
+    store, log = MemoryStore(), _ibm_log(6)
+    b, b_task = _stalled_claimant_after_a_gc_run(store, log)
+    assert b_task.error is None, b_task.error
+    _consume_and_flush(store, log, b, b_task.result, 5, EPOCH_US + MIN_LIFETIME_US + 10 * GRACE_US)
+    assert _ibm_value(store) < 6
 
 
 def _ibm_log(n: int) -> MemoryLog:
