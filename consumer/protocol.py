@@ -14,6 +14,7 @@ are built on the hot path, ``consumer.applying``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,11 +22,14 @@ from typing import NoReturn
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, Store
+from countersink.logs import get_logger
 from schemas.cql import stamp_source
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import Update
 from schemas.kinds import State, new_state, state_from_bytes
 from schemas.resets import ResetPosition
+
+log = get_logger(__name__)
 
 # A mutator's shard writes carry the timestamp born_us + flush_seq; the GC deletes with retired_us. Retiring
 # at least this long after birth keeps every write timestamp below the retire time for any mutator that
@@ -253,8 +257,30 @@ class Claimant:
 
         Raises :class:`FencedError` when someone else owns the row (a rotation), or after ``max_attempts``
         refused claims; :class:`ClaimUnresolvedError` when the mutator is spent: claim with a fresh one.
-        Either is raised once the mutator is retired (again after an error retiring it).
+        Either is raised once the mutator is retired (again after an error retiring it). Cancelled (the
+        process stops), a registered mutator no claim of which may have applied retires unused on the way out:
+        it leaves no orphan for ``countersink retire-orphans``.
         """
+        try:
+            return await self._claim(store, max_attempts)
+        except asyncio.CancelledError:
+            await self._retire_if_unclaimed(store)
+            raise
+
+    async def _retire_if_unclaimed(self, store: Store) -> None:
+        """Retire the mutator when it is registered and can never own the partition: no claim or create of
+        it has an answer still unknown. One whose answer is unknown is left as a crash leaves it (if it applied,
+        the next claimant's takeover retires it; else ``retire-orphans`` does)."""
+        if not self._registered or self._unanswered is not None or self.spent is not None:
+            return
+        self.spent = ClaimUnresolvedError(f"claim of {self.pid} by {self.new.id}: given up")
+        try:
+            await _retire_unused(store, self.new)
+        except Exception as exc:  # stopping: the orphan is left for retire-orphans, and said
+            log.warning("unused_mutator_not_retired", mutator=str(self.new.id), topic=self.pid.topic,
+                        partition=self.pid.partition, error=str(exc))
+
+    async def _claim(self, store: Store, max_attempts: int) -> Claim:
         if self.spent is not None:
             await self._spend(store, type(self.spent)(*self.spent.args))
         if not self._registered and not self._registering:

@@ -529,12 +529,12 @@ class Task:
         else:
             self.pending = Op("start")
 
-    def _advance(self, fault: Fault | None) -> None:
+    def _advance(self, fault: Fault | None, thrown: BaseException | None = None) -> None:
         try:
-            yielded = self._coro.send(fault)
+            yielded = self._coro.send(fault) if thrown is None else self._coro.throw(thrown)
         except StopIteration as stop:
             self.done, self.pending, self.result = True, None, stop.value
-        except CountersinkError as exc:  # the protocol's own errors and storage timeouts
+        except (CountersinkError, asyncio.CancelledError) as exc:  # the protocol's own errors, timeouts, a stop
             self.done, self.pending, self.error = True, None, exc
         else:
             if not isinstance(yielded, Op):
@@ -555,6 +555,17 @@ class Task:
         while not self.done:
             self.step()
         return self
+
+    def cancel(self) -> None:
+        """The process stops (as :meth:`asyncio.Task.cancel`): CancelledError is raised where the coroutine waits,
+        and the storage operations of its handlers are stepped as any others; it ends with that error."""
+        if self.done:
+            return
+        if not self._started:
+            self.abandon()
+            self.error = asyncio.CancelledError()
+            return
+        self._advance(None, asyncio.CancelledError())
 
     def abandon(self) -> None:
         """The process running it dies: operations not yet at their gate never happen."""

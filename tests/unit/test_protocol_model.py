@@ -19,6 +19,7 @@ done, every instance reads exactly the truth of the log up to where the next own
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -623,6 +624,31 @@ class ProtocolModel(RuleBasedStateMachine):
             background.task.abandon()
         actor.task, actor.background, actor.gone = None, [], True
 
+    def claiming(self) -> list[Actor]:
+        return [a for a in self.live() if a.task is not None and a.task.label.endswith((".take", ".rotate"))]
+
+    @precondition(lambda self: bool(self.claiming()))
+    @rule(i=PICK, ops=OPS, fault=FAULTS)
+    def stop_while_taking(self, i: int, ops: int, fault: Fault) -> None:
+        """A process stops while it takes the partition (a claim, or a rotation's, cancelled where it waits):
+        what the cancelled task does on its way out (a registered mutator that can own nothing retires
+        unused) takes effect for up to ``ops`` operations, the last with ``fault``; then the process is gone."""
+        actor = self.pick(self.claiming(), i)
+        task, actor.task = actor.task, None
+        assert task is not None
+        task.cancel()
+        for n in range(ops):
+            if task.done:
+                break
+            task.step(fault if n == ops - 1 else Fault.NONE)
+        if not task.done:
+            task.abandon()
+        elif task.error is not None and not isinstance(task.error, asyncio.CancelledError):
+            raise task.error
+        for background in actor.background:
+            background.task.abandon()
+        actor.background, actor.gone = [], True
+
     @precondition(lambda self: bool(self.store.held))
     @rule(i=PICK)
     def deliver(self, i: int) -> None:
@@ -1025,6 +1051,40 @@ def test_without_the_gc_cutoff_a_stalled_claimant_loses_its_counts(monkeypatch: 
     assert b_task.error is None, b_task.error
     _consume_and_flush(store, log, b, b_task.result, 5, EPOCH_US + MIN_LIFETIME_US + 10 * GRACE_US)
     assert _ibm_value(store) < 6
+
+
+def test_a_claim_cancelled_with_no_claim_unanswered_retires_its_mutator_and_one_unanswered_is_left() -> None:
+    """A process stops while it claims. Its mutator registered, no claim sent: it retires unused on the way out
+    (no orphan is left for retire-orphans), and the partition's owner is untouched. A claim whose answer was
+    lost may have applied: that mutator is left as a crash leaves it, for the next takeover to retire."""
+    store, log = MemoryStore(), _ibm_log(2)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    a_task.finish()
+    b = MutatorEntry(uuid.UUID(int=2), PID.consumer_group, TOPIC, PID.partition, "owner2", born_us=EPOCH_US + 10,
+                     expires_us=EPOCH_US + 10**12)
+    b_task = Task("b.claim", protocol.Claimant(b, -1).claim(store))
+    while b_task.pending is not None and not (b.id in store.mutators and b_task.pending.name == "read_partition"):
+        b_task.step()  # up to its read of the row before the claim: registered, nothing claimed
+    assert store.mutators[b.id].retired_us is None
+    b_task.cancel()
+    b_task.finish()
+    assert isinstance(b_task.error, asyncio.CancelledError)
+    assert store.mutators[b.id].retired_us is not None
+    assert store.partitions[PID].owner == a.id
+
+    c = dataclasses.replace(b, id=uuid.UUID(int=3), host="owner3")
+    claimant = protocol.Claimant(c, -1)
+    first = Task("c.claim", claimant.claim(store))
+    while first.pending is not None and first.pending.name != "claim_partition":
+        first.step()
+    first.step(Fault.LOST_ANSWER)
+    assert isinstance(first.error, StoreTimeoutError)
+    again = Task("c.claim.again", claimant.claim(store))
+    again.cancel()
+    again.finish()
+    assert isinstance(again.error, asyncio.CancelledError)
+    assert store.partitions[PID].owner == c.id  # it applied: its successor's takeover retires it
+    assert store.mutators[c.id].retired_us is None
 
 
 def _ibm_log(n: int) -> MemoryLog:
