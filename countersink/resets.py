@@ -97,7 +97,9 @@ class EpochsCache:
     """Each counter's epochs (:func:`read_epochs`) read at most once per ``kept_s``, measured from when the read
     was sent: a read of an instance costs one request, not two. A reset is known within ``kept_s`` of being
     recorded, and :func:`reset_counter` returns only :data:`RESET_SETTLE_S` after recording it, so a read made
-    once a reset has returned knows it, as one that reads the epochs every time does."""
+    once a reset has returned knows it, as one that reads the epochs every time does. Callers that miss while a
+    read of the same counter is in flight, sent less than ``kept_s`` ago, wait for it instead of sending
+    another (what they get is as fresh as what they would have kept): expiry under load costs one read."""
 
     def __init__(self, client: CassandraClient, kept_s: float = EPOCHS_KEPT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -105,12 +107,29 @@ class EpochsCache:
         self._kept_s = kept_s
         self._clock = clock
         self._known: dict[str, tuple[float, Epochs]] = {}
+        self._in_flight: dict[str, tuple[float, asyncio.Future[Epochs]]] = {}
 
     async def get(self, counter: str) -> Epochs:
         sent = self._clock()
         known = self._known.get(counter)
         if known is not None and sent - known[0] < self._kept_s:
             return known[1]
+        flying = self._in_flight.get(counter)
+        if flying is not None and sent - flying[0] < self._kept_s:
+            # Shielded: a caller that gives up (a request cancelled) does not cancel the others' read.
+            return await asyncio.shield(flying[1])
+        read = asyncio.ensure_future(self._read(counter, sent))
+        self._in_flight[counter] = (sent, read)
+        read.add_done_callback(lambda done: self._forget(counter, done))
+        return await asyncio.shield(read)
+
+    def _forget(self, counter: str, read: asyncio.Future[Epochs]) -> None:
+        if self._in_flight.get(counter, (0.0, None))[1] is read:
+            del self._in_flight[counter]
+        if not read.cancelled():
+            read.exception()  # retrieved: a failed read nobody waits for any more is not reported as unhandled
+
+    async def _read(self, counter: str, sent: float) -> Epochs:
         epochs = await read_epochs(self._client, counter)
         if len(self._known) >= _EPOCHS_KEPT_COUNTERS:
             self._known.clear()

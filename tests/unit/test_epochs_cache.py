@@ -41,3 +41,65 @@ def test_epochs_are_read_again_once_kept_s_has_passed_since_the_read_was_sent(mo
 
 def test_a_reset_settles_longer_than_any_cache_keeps_its_epochs() -> None:
     assert RESET_SETTLE_S >= 2 * EPOCHS_KEPT_S
+
+
+async def _turns() -> None:
+    """Let every task that can run, run (a get, then the read it starts)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_callers_that_miss_while_a_read_is_in_flight_share_it_unless_it_was_sent_kept_s_ago(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten requests arriving at once after the entry expired send one read; one arriving when the read in
+    flight was sent kept_s ago or more sends its own (the shared one could predate a reset it must know); a
+    caller cancelled while it waits leaves the others their answer; a failed read fails every caller that
+    waited for it, and the next one reads again."""
+    now = [100.0]
+    reads: list[str] = []
+    gates: list[asyncio.Event] = []
+    failing = [False]
+
+    async def read_epochs(client: object, counter: str) -> Epochs:
+        reads.append(counter)
+        number = len(reads)
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        if failing[0]:
+            raise TimeoutError("resets unreadable")
+        return Epochs({counter: number})
+
+    monkeypatch.setattr(resets, "read_epochs", read_epochs)
+    cache = EpochsCache(object(), kept_s=0.5, clock=lambda: now[0])  # type: ignore[arg-type]
+
+    async def run() -> None:
+        waiting = [asyncio.ensure_future(cache.get("views")) for _ in range(10)]
+        await _turns()
+        assert reads == ["views"]
+        waiting[0].cancel()
+        now[0] += 0.5  # the read in flight was sent 0.5 s ago: a newcomer reads for itself
+        late = asyncio.ensure_future(cache.get("views"))
+        await _turns()
+        assert reads == ["views", "views"]
+        gates[0].set()
+        shared = await asyncio.gather(*waiting[1:])
+        assert {e.all_keys["views"] for e in shared} == {1}
+        gates[1].set()
+        assert (await late).all_keys["views"] == 2
+        now[0] += 0.6
+        failing[0] = True
+        failed = [asyncio.ensure_future(cache.get("views")) for _ in range(3)]
+        await _turns()
+        gates[2].set()
+        outcomes = await asyncio.gather(*failed, return_exceptions=True)
+        assert all(isinstance(o, TimeoutError) for o in outcomes), outcomes
+        failing[0] = False
+        again = asyncio.ensure_future(cache.get("views"))
+        await _turns()
+        gates[3].set()
+        assert (await again).all_keys["views"] == 4
+        assert waiting[0].cancelled()
+
+    asyncio.run(run())
+    assert reads == ["views"] * 4
