@@ -2,7 +2,7 @@
 mutators (a counter whose key is not the topic's message key has a shard from every partition), for a sum, a
 distinct, a quantiles and a top-k, beside a plain one-row read; and range reads of wide buckets.
 
-    python -m bench.wide_reads [--cassandra HOST:PORT] [--rounds N] [--shards 1,20,100,256,1000]
+    python -m bench.wide_reads [--cassandra HOST:PORT] [--rounds N] [--shards 1,20,100,256,1000] [--alone]
 
 Without ``--cassandra`` it starts a Cassandra of its own (the benchmark's ports). The shard rows are written
 with ``CassandraStore.write_shards``, as the mutators' flushes would leave them, in a keyspace of its own
@@ -26,7 +26,8 @@ that the machine's noise falls on all alike:
 
 Every value read is checked. Prints p50 and p99 in milliseconds and the ratio of each to the plain row's, then
 the targets (256 shards within 2× the plain row at p50 and 3× at p99); ``make bench`` puts the same rows in
-its report.
+its report. ``--alone`` makes only the cached reads of 1 and 256 shards and the query of the stamps,
+interleaved with the plain row and no heavier read: what the same reads cost off the mix.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.reader import CounterReader, read_blobs_of, read_state
+from countersink.reader import CounterReader, read_blobs_of, read_stamps, read_state
 from countersink.resets import EpochsCache
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
@@ -331,6 +332,57 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
             for name, t in timings.items()}
 
 
+STAMPS_ALONE = ", its stamps alone (the query)"
+
+
+async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int = 256, seed: int = 7
+                          ) -> dict[str, tuple[float, float]]:
+    """The cached reads of 1 and ``widest`` shards of every kind, and the query of the widest sum's stamps
+    alone, interleaved (shuffled each round) with the plain row and nothing else: what the cached read costs
+    where no heavier read shares the machine, beside what it costs in :func:`wide_latencies`' mix."""
+    async with CassandraClient(cassandra) as client:
+        await Shards(client, (1, widest), seed).write()
+        await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
+        await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
+        cache, epochs = StateCache(ServeSettings().state_cache_bytes), EpochsCache(client)
+        level = client.settings.read_consistency
+
+        async def plain() -> None:
+            await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
+
+        async def stamps() -> None:
+            if (await read_stamps(client, [f"sum-{widest}"], level))[f"sum-{widest}"] is None:
+                raise RuntimeError(f"no stamps for sum-{widest}")
+
+        def cached(kind: str, n: int) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                _check(kind, n, await read_state(client, f"wide_{kind}", f"{kind}-{n}", level, cache,
+                                                 await epochs.get(f"wide_{kind}")))
+            return read
+
+        reads = {PLAIN: plain, instance_label("sum", widest) + STAMPS_ALONE: stamps,
+                 **{instance_label(kind, n) + CACHED: cached(kind, n) for kind in KINDS for n in (1, widest)}}
+        return await _interleaved(reads, rounds, seed)
+
+
+async def _interleaved(reads: dict[str, Callable[[], Awaitable[None]]], rounds: int, seed: int
+                       ) -> dict[str, tuple[float, float]]:
+    """p50 and p99 (ms) of each read, made ``rounds`` times in an order shuffled each round (one round first,
+    unmeasured)."""
+    timings: dict[str, list[float]] = {name: [] for name in reads}
+    rng = random.Random(seed)
+    for measured in [False] + [True] * rounds:
+        order = list(reads.items())
+        rng.shuffle(order)
+        for name, read in order:
+            started = time.perf_counter()
+            await read()
+            if measured:
+                timings[name].append(time.perf_counter() - started)
+    return {name: (1000 * statistics.median(t), 1000 * statistics.quantiles(t, n=100)[98])
+            for name, t in timings.items()}
+
+
 async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, seconds: float, cached: bool
                     ) -> dict[str, tuple[float, float]]:
     """One instance read back to back for ``seconds``, after it is written, nothing else interleaved: what a
@@ -383,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=150, help="reads of each instance (default 150)")
     parser.add_argument("--shards", default=",".join(map(str, SHARDS)),
                         help="shard counts of the instances, comma-separated (default %(default)s)")
+    parser.add_argument("--alone", action="store_true",
+                        help="only the cached reads of 1 and 256 shards and the stamps query, interleaved with the "
+                             "plain row and nothing heavier")
     parser.add_argument("--loop", metavar="KIND:SHARDS:SECONDS[:cached]",
                         help="only read that instance over and over for that long (to sample with py-spy), "
                              "e.g. quantiles:256:10:cached")
@@ -398,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.loop:
                 kind, n, seconds, *cached = args.loop.split(":")
                 return await read_loop(settings, kind, int(n), float(seconds), bool(cached))
+            if args.alone:
+                return await alone_latencies(settings, args.rounds)
             return await wide_latencies(settings, args.rounds, shards)
         finally:
             async with CassandraClient(settings, use_keyspace=False) as client:
@@ -414,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
             latencies = asyncio.run(run("127.0.0.1", 29042))
     if args.loop:
         print("\n".join(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms" for name, (p50, p99) in latencies.items()))
+        return 0
+    if args.alone:
+        print("\n".join(table(latencies)))
         return 0
     print("\n".join(table(latencies)))
     print("\n".join(targets(latencies)))
