@@ -240,7 +240,13 @@ class Ownership:
                 claimant = None
                 raise
 
-        return await self.retry("takeover", tp, attempt)
+        try:
+            return await self.retry("takeover", tp, attempt)
+        except asyncio.CancelledError:
+            # Stopped while waiting to try again: the mutator of the last attempt leaves no orphan either.
+            if claimant is not None:
+                await claimant.abandon(self.store)
+            raise
 
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                      applier_factory: Callable[[], Applier], started: float) -> None:

@@ -264,13 +264,14 @@ class Claimant:
         try:
             return await self._claim(store, max_attempts)
         except asyncio.CancelledError:
-            await self._retire_if_unclaimed(store)
+            await self.abandon(store)
             raise
 
-    async def _retire_if_unclaimed(self, store: Store) -> None:
-        """Retire the mutator when it is registered and can never own the partition: no claim or create of
-        it has an answer still unknown. One whose answer is unknown is left as a crash leaves it (if it applied,
-        the next claimant's takeover retires it; else ``retire-orphans`` does)."""
+    async def abandon(self, store: Store) -> None:
+        """The claim is given up for good (the process stops; also between attempts): retire the mutator when it
+        is registered and can never own the partition, no claim or create of it having an answer still unknown.
+        One whose answer is unknown is left as a crash leaves it (if it applied, the next claimant's takeover
+        retires it; else ``retire-orphans`` does). Idempotent: a spent mutator is retired already."""
         if not self._registered or self._unanswered is not None or self.spent is not None:
             return
         self.spent = ClaimUnresolvedError(f"claim of {self.pid} by {self.new.id}: given up")

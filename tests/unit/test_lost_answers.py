@@ -223,3 +223,35 @@ def test_a_flush_whose_window_answer_was_lost_then_whose_next_window_failed_goes
     successor.run(successor.ownership.take([TP]))
     assert {(s.mutator, s.through_offset) for s in store.snapshot("trades", "IBM").shards} == {(mutator.id, 6)}
     assert state_from_bytes(store.snapshot("trades", "IBM").shards[0].state).value() == 7
+
+
+@pytest.mark.parametrize("stopped_at", ["read_partition", "retry_pause"])
+def test_a_process_stopped_while_it_claims_leaves_no_orphan(stopped_at: str) -> None:
+    """A fresh mutator is registered; the process stops before its claim is sent (at its read of the row, or
+    while it waits to try again after that read timed out): the cancelled takeover retires
+    the fresh mutator on the way out, so no registered mutator is left that nobody runs or retires (the old
+    one, released, is retired; the partition's owner is untouched)."""
+    store, log = MemoryStore(), _log(6)
+    process = _owned_and_flushed(store, log)
+    old = process.ownership.mutators[TP]
+    process.run(process.ownership.release_partition(TP))
+    process.now_us += 10**6
+    task = Task("take", process.ownership.take([TP]))
+    registered = False
+    while task.pending is not None:
+        registered = registered or len(store.mutators) > 1
+        if registered and task.pending.name == "read_partition" and stopped_at == "retry_pause":
+            task.step(Fault.FAIL)  # the row unreadable for now: tried again after a pause
+            continue
+        if registered and task.pending.name == stopped_at:
+            break
+        task.step()
+    assert task.pending is not None
+    assert task.pending.name == stopped_at, task.pending
+    fresh = [m.id for m in store.mutators.values() if m.id != old.id]
+    assert len(fresh) == 1
+    task.cancel()
+    task.finish()
+    assert store.mutators[fresh[0]].retired_us is not None
+    assert _unretired(store) == set()
+    assert store.partitions[PID].owner == old.id
