@@ -265,9 +265,11 @@ class CassandraStore:
         await self._lwt("UPDATE mutators SET retired_us = ? WHERE id = ? IF retired_us = null", [retired_us, mutator])
 
     async def read_gc_cutoff(self) -> int:
-        # At the protocol's read level: it intersects the GC's write of the cutoff (countersink.consistency).
+        # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the
+        # cutoff (at a quorum at least: gc_worker.store) as the GC's read of the registry meets the registration.
         rows = as_dicts(await self.client.execute(
-            "SELECT cutoff_us FROM gc_runs WHERE name = ? LIMIT 1", [RUNS_PARTITION], consistency=self.read_cl))
+            "SELECT cutoff_us FROM gc_runs WHERE name = ? LIMIT 1", [RUNS_PARTITION],
+            consistency=str(self.client.settings.serial_consistency)))
         return -1 if not rows or rows[0]["cutoff_us"] is None else int(rows[0]["cutoff_us"])
 
 

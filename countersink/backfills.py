@@ -27,7 +27,7 @@ from aiokafka import TopicPartition
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Record, RecordsLostError, RecordSource
 from consumer.handovers import Recorded
-from consumer.protocol import Claimant, finish_take_over, flush, release
+from consumer.protocol import Claimant, ClaimUnresolvedError, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from schemas import registry
@@ -37,6 +37,9 @@ from schemas.resets import cell_name, current_epochs, split_cell
 # A backfill's mutator rotates (releases and claims again with a fresh one) once this old, well within the
 # expiry it is registered with (twice this), after which it would write nothing more.
 ROTATE_AFTER_S = 600.0
+
+# Claims in a row whose mutator is spent (each retired unused, a fresh one then claiming) before the backfill fails.
+_UNRESOLVED_CLAIMS = 20
 
 
 def backfill_group(live_group: str, cell: str) -> str:
@@ -342,11 +345,19 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         if dead_letters is not None and isinstance(error, CountersRefusedError):
             await dead_letters.send(tp, record, error)
 
+    unresolved = 0
     while True:
         born = clock()
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
                              host=host, born_us=born, expires_us=born + int(rotate_after_s * 2e6))
-        claimed = await Claimant(entry, span.first - 1).claim(store)
+        try:
+            claimed = await Claimant(entry, span.first - 1).claim(store)
+        except ClaimUnresolvedError:
+            unresolved += 1
+            if unresolved >= _UNRESOLVED_CLAIMS:
+                raise
+            continue  # that mutator is retired unused: a fresh one claims (consumer.protocol.Claimant)
+        unresolved = 0
         entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
         applier = make_applier()

@@ -7,8 +7,9 @@ consumer, ``serve``, the GC loop) reads that value when scraped and exports its 
 ``countersink_gc_last_complete_age_seconds``: an alert on it tells an operator that GC has not completed for
 a day, whichever pod ran it, or whether any did.
 
-Writing the record never fails a run: a keyspace created before the table existed gets it from
-``countersink schema``, and meanwhile the GC logs a warning and goes on.
+Writing this record never fails a run: a keyspace created before the table existed gets it from
+``countersink schema``, and meanwhile the GC logs a warning and goes on. (The cutoff each run records in the
+same partition, ``cutoff_us``, is another matter: gc_worker.store; a run that cannot record it folds nothing.)
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, Settings
 from gc_worker.collector import Collector, GcReport
 from gc_worker.orphans import find_orphans
-from gc_worker.store import CassandraGcStore
+from gc_worker.store import CassandraGcStore, GcClockAheadError
 
 log = get_logger(__name__)
 
@@ -112,7 +112,7 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
         except ConsistencyError as exc:
             log.error("settings_refused", error=str(exc))
             return 2
-        except CassandraError as exc:
+        except (CassandraError, GcClockAheadError) as exc:
             log.error("gc_failed", error=str(exc))
             METRICS.gc_runs.labels(outcome="failed").inc()
             return 1
@@ -144,7 +144,7 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
              dry_run=args.dry_run)
     try:
         report = await collector.run(started_us)
-    except CassandraError as exc:
+    except (CassandraError, GcClockAheadError) as exc:
         if runs is not None:
             await runs.finished(run, started_us, now_us(), outcome="failed", error=str(exc))
         raise
@@ -318,7 +318,7 @@ async def _guarded_run(settings: Settings, client: CassandraClient, args: argpar
     try:
         await client.start()
         await _one_run(settings, client, args)
-    except CassandraError as exc:
+    except (CassandraError, GcClockAheadError) as exc:
         log.error("gc_failed", error=str(exc))
         METRICS.gc_runs.labels(outcome="failed").inc()
         await client.stop()  # connect afresh next time

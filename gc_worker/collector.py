@@ -27,8 +27,10 @@ cells at the same timestamp; a late write of a retired mutator carries ``born_us
 retire time, and stays under the deletion. The grace period must exceed the clock skew between machines, so
 that no mutator still to be retired can get a retire time below a cutoff that a run has already used. No
 mutator still to be registered keeps a birth time below one, however late its registration lands: a run records
-its cutoff before it reads the registry, and a claimant reads the cutoffs once registered (both at quorum: one
-of the two sees the other) and, born at or below one, retires unused (consumer.protocol.Claimant).
+its cutoff before it reads the registry, and a claimant reads the cutoffs once registered (a quorum write, a
+SERIAL read: one of the two sees the other, as the run's read of the registry and the registration do) and,
+born at or below one, retires unused (consumer.protocol.Claimant). A worker whose clock is ahead of Cassandra's
+by more than the grace records nothing and folds nothing (its cutoff would hold every birth ahead of time).
 
 All of this needs the fold to be built from one consistent view of the key: its tallies and its rows as
 they were at one moment. One request gives that (Cassandra answers a single-partition read in isolation from a

@@ -11,6 +11,7 @@ from countersink.gc_runs import RUNS_PARTITION
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.cql import GC_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, instances_of_work, partition_key, shard_of_cell
+from schemas.errors import CountersinkError
 
 _PAGE = 1000
 _WORK_ROWS_PER_PAGE = 4
@@ -19,6 +20,13 @@ _WORK_ROWS_PER_PAGE = 4
 def _uuid(value: object) -> uuid.UUID:
     return uuid.UUID(str(value))  # the driver returns uuid columns as text
 
+
+# Levels that reach a quorum (of the data centre, for LOCAL_QUORUM: claimants there read at LOCAL_SERIAL).
+_QUORUMS = frozenset({Consistency.QUORUM, Consistency.ALL, Consistency.EACH_QUORUM, Consistency.LOCAL_QUORUM})
+
+
+class GcClockAheadError(CountersinkError):
+    """This GC worker's clock is ahead of Cassandra's by more than the grace: the run folds nothing."""
 
 class CassandraGcStore:
     """Reads instances at ``gc_read_consistency`` (ALL unless configured), the registry and the work lists at
@@ -137,11 +145,22 @@ class CassandraGcStore:
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def record_cutoff(self, cutoff_us: int) -> None:
+        # A cutoff past Cassandra's own clock would stay (nothing lowers it) and hold every claimant's birth ahead
+        # of time until the clocks caught up: this worker's clock is then ahead by more than the grace.
+        rows = as_dicts(await self.client.execute(
+            "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local", [], consistency=Consistency.ONE))
+        server_us = int(rows[0]["now_ms"]) * 1000
+        if cutoff_us > server_us:
+            raise GcClockAheadError(
+                f"this GC worker's clock is {(cutoff_us - server_us) / 1e6:.1f} s ahead of Cassandra's by more than "
+                "the grace: nothing was folded (fix the clock: the GC's grace must exceed every clock skew)")
         # Written at the cutoff as its timestamp: whichever run's is highest stays, in any order. TTL 0: gc_runs'
-        # rows expire, the cutoff must not. A static cell of the runs' partition: the GC's role may write it.
+        # rows expire, the cutoff must not. A static cell of the runs' partition: the GC's role may write it. At a
+        # quorum at least, whatever the level configured: claimants read it at SERIAL (consumer.cassandra_store).
+        level = self.write_cl if self.write_cl in _QUORUMS else Consistency.QUORUM
         await self.client.execute(
             "UPDATE gc_runs USING TIMESTAMP ? AND TTL 0 SET cutoff_us = ? WHERE name = ?",
-            [cutoff_us, cutoff_us, RUNS_PARTITION], consistency=self.write_cl)
+            [cutoff_us, cutoff_us, RUNS_PARTITION], consistency=level)
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         await self.client.execute("UPDATE mutators SET collected_us = ? WHERE id = ?", [collected_us, mutator],

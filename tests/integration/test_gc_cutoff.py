@@ -5,6 +5,7 @@ a claimant whose registration lands after a run retired unused."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from consumer.storage import MutatorEntry, PartitionId
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.settings import CassandraSettings
 from gc_worker.collector import Collector
-from gc_worker.store import CassandraGcStore
+from gc_worker.store import CassandraGcStore, GcClockAheadError
 
 GRACE_US = 500_000
 
@@ -52,6 +53,11 @@ async def test_a_keyspace_from_before_the_cutoff_gets_its_column_and_runs_only_r
         assert await store.read_gc_cutoff() == now - GRACE_US
         await _run_gc(client, now - 10**6)  # a worker whose clock is behind
         assert await store.read_gc_cutoff() == now - GRACE_US
+        # One whose clock is ahead by more than the grace folds nothing and records nothing: nothing would lower
+        # its cutoff again, and every claimant would be born ahead of time.
+        with pytest.raises(GcClockAheadError, match="ahead of Cassandra's"):
+            await _run_gc(client, int(time.time() * 1e6) + 10 * 10**6)
+        assert await store.read_gc_cutoff() == now - GRACE_US
 
 
 async def test_a_claimant_is_born_above_the_cutoff_and_one_registered_after_a_run_passed_it_retires_unused(
@@ -68,12 +74,13 @@ async def test_a_claimant_is_born_above_the_cutoff_and_one_registered_after_a_ru
         assert claimed.new.born_us == cutoff + 1
 
         class RegisteredAfterARun(CassandraStore):
-            """A registration that lands only after a GC run (its clock 2 s on) has read the registry."""
+            """A registration that lands only after a GC run has read the registry."""
 
             async def register_mutator(self, record: MutatorEntry) -> bool:
-                await _run_gc(client, now + 2 * 10**6)
+                await _run_gc(client, int(time.time() * 1e6))
                 return await super().register_mutator(record)
 
+        await asyncio.sleep(1.1)  # the late claimant chose its birth 1 s before the run, past the first cutoff
         late = Claimant(_entry(now + 1, partition=1), -1)
         with pytest.raises(ClaimUnresolvedError, match="not after the cutoff"):
             await late.claim(RegisteredAfterARun(client))
