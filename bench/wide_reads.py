@@ -360,27 +360,11 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
                                                  await epochs.get(f"wide_{kind}")))
             return read
 
+        from bench.wide_layouts import interleaved  # (wide_layouts imports this module)
+
         reads = {PLAIN: plain, instance_label("sum", widest) + STAMPS_ALONE: stamps,
                  **{instance_label(kind, n) + CACHED: cached(kind, n) for kind in KINDS for n in (1, widest)}}
-        return await _interleaved(reads, rounds, seed)
-
-
-async def _interleaved(reads: dict[str, Callable[[], Awaitable[None]]], rounds: int, seed: int
-                       ) -> dict[str, tuple[float, float]]:
-    """p50 and p99 (ms) of each read, made ``rounds`` times in an order shuffled each round (one round first,
-    unmeasured)."""
-    timings: dict[str, list[float]] = {name: [] for name in reads}
-    rng = random.Random(seed)
-    for measured in [False] + [True] * rounds:
-        order = list(reads.items())
-        rng.shuffle(order)
-        for name, read in order:
-            started = time.perf_counter()
-            await read()
-            if measured:
-                timings[name].append(time.perf_counter() - started)
-    return {name: (1000 * statistics.median(t), 1000 * statistics.quantiles(t, n=100)[98])
-            for name, t in timings.items()}
+        return await interleaved(reads, rounds, seed)
 
 
 async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, seconds: float, cached: bool
