@@ -231,6 +231,17 @@ REWRITE_EVERY = 10
 REWRITTEN = f", cached, 1 in {REWRITE_EVERY} shards flushed since the last read"
 
 
+async def _plain_row(client: CassandraClient) -> Callable[[], Awaitable[None]]:
+    """The plain one-row read every figure is compared with, its table made and its row written."""
+    await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
+    await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
+    level = client.settings.read_consistency
+
+    async def plain() -> None:
+        await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
+    return plain
+
+
 async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tuple[int, ...] = SHARDS,
                          seed: int = 7) -> dict[str, tuple[float, float]]:
     """p50 and p99 (ms) of the plain row, every wide instance and every range read, ``rounds`` times,
@@ -239,8 +250,6 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
     async with CassandraClient(cassandra) as client:
         written = Shards(client, shards, seed)
         await written.write()
-        await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
-        await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
         cache = StateCache(ServeSettings().state_cache_bytes)
         epochs = EpochsCache(client)  # as serve keeps each counter's resets (countersink.resets)
         readers = {"": CounterReader(client), CACHED: CounterReader(client, cache=cache, epochs=epochs)}
@@ -248,9 +257,7 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
         widest = written.widest
         series, rollup = range_labels()[:2], range_labels()[2:]
         reads: dict[str, Callable[[], Awaitable[None]]] = {}
-
-        async def plain() -> None:
-            await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
+        plain = await _plain_row(client)
 
         def instance(kind: str, n: int, suffix: str, which: str = "") -> Callable[[], Awaitable[None]]:
             states = n + 1 if which == "-tallied" else n  # a tally holds as many values as a shard
@@ -342,13 +349,9 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
     where no heavier read shares the machine, beside what it costs in :func:`wide_latencies`' mix."""
     async with CassandraClient(cassandra) as client:
         await Shards(client, (1, widest), seed).write()
-        await client.execute("CREATE TABLE IF NOT EXISTS plain_values (k text PRIMARY KEY, v bigint)", prepared=False)
-        await client.execute("INSERT INTO plain_values (k, v) VALUES ('one', 1)", prepared=False)
+        plain = await _plain_row(client)
         cache, epochs = StateCache(ServeSettings().state_cache_bytes), EpochsCache(client)
         level = client.settings.read_consistency
-
-        async def plain() -> None:
-            await client.execute("SELECT v FROM plain_values WHERE k = ?", ["one"], consistency=level)
 
         async def stamps() -> None:
             if (await read_stamps(client, [f"sum-{widest}"], level))[f"sum-{widest}"] is None:
@@ -456,11 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.loop:
         print("\n".join(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms" for name, (p50, p99) in latencies.items()))
         return 0
-    if args.alone:
-        print("\n".join(table(latencies)))
-        return 0
     print("\n".join(table(latencies)))
-    print("\n".join(targets(latencies)))
+    if not args.alone:  # the targets name reads the --alone run does not make
+        print("\n".join(targets(latencies)))
     return 0
 
 

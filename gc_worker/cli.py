@@ -41,6 +41,9 @@ from gc_worker.orphans import find_orphans
 from gc_worker.store import CassandraGcStore, GcClockAheadError
 
 log = get_logger(__name__)
+# What fails one GC run (logged, counted, recorded in gc_runs) without ending the loop: Cassandra away, or this
+# worker's clock too far ahead to record its cutoff.
+RUN_FAILURES = (CassandraError, GcClockAheadError)
 
 EXIT_DEFERRED = 3
 
@@ -112,7 +115,7 @@ async def _gc_main(settings: Settings, args: argparse.Namespace) -> int:
         except ConsistencyError as exc:
             log.error("settings_refused", error=str(exc))
             return 2
-        except (CassandraError, GcClockAheadError) as exc:
+        except RUN_FAILURES as exc:
             log.error("gc_failed", error=str(exc))
             METRICS.gc_runs.labels(outcome="failed").inc()
             return 1
@@ -144,7 +147,7 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
              dry_run=args.dry_run)
     try:
         report = await collector.run(started_us)
-    except (CassandraError, GcClockAheadError) as exc:
+    except RUN_FAILURES as exc:
         if runs is not None:
             await runs.finished(run, started_us, now_us(), outcome="failed", error=str(exc))
         raise
@@ -318,7 +321,7 @@ async def _guarded_run(settings: Settings, client: CassandraClient, args: argpar
     try:
         await client.start()
         await _one_run(settings, client, args)
-    except (CassandraError, GcClockAheadError) as exc:
+    except RUN_FAILURES as exc:
         log.error("gc_failed", error=str(exc))
         METRICS.gc_runs.labels(outcome="failed").inc()
         await client.stop()  # connect afresh next time

@@ -148,15 +148,8 @@ class CassandraGcStore:
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def record_cutoff(self, cutoff_us: int) -> None:
-        # A cutoff past Cassandra's own clock would stay (nothing lowers it) and hold every claimant's birth ahead
-        # of time until the clocks caught up: this worker's clock is then ahead by more than the grace.
-        rows = [] if not self.clock_checked else as_dicts(await self.client.execute(
-            "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local", [], consistency=Consistency.ONE))
-        server_us = int(rows[0]["now_ms"]) * 1000 if rows else cutoff_us
-        if cutoff_us > server_us:
-            raise GcClockAheadError(
-                f"this GC worker's clock is {(cutoff_us - server_us) / 1e6:.1f} s ahead of Cassandra's by more than "
-                "the grace: nothing was folded (fix the clock: the GC's grace must exceed every clock skew)")
+        if self.clock_checked:
+            await self._refuse_a_cutoff_ahead(cutoff_us)
         # Written at the cutoff as its timestamp: whichever run's is highest stays, in any order. TTL 0: gc_runs'
         # rows expire, the cutoff must not. A static cell of the runs' partition: the GC's role may write it. At a
         # quorum at least, whatever the level configured: claimants read it at SERIAL (consumer.cassandra_store).
@@ -164,6 +157,18 @@ class CassandraGcStore:
         await self.client.execute(
             "UPDATE gc_runs USING TIMESTAMP ? AND TTL 0 SET cutoff_us = ? WHERE name = ?",
             [cutoff_us, cutoff_us, RUNS_PARTITION], consistency=level)
+
+    async def _refuse_a_cutoff_ahead(self, cutoff_us: int) -> None:
+        """Raise :class:`GcClockAheadError` when ``cutoff_us`` is past Cassandra's own clock: it would stay (nothing
+        lowers it) and hold every claimant's birth ahead of time until the clocks caught up; this worker's clock
+        is then ahead by more than the grace."""
+        rows = as_dicts(await self.client.execute(
+            "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local", [], consistency=Consistency.ONE))
+        server_us = int(rows[0]["now_ms"]) * 1000
+        if cutoff_us > server_us:
+            raise GcClockAheadError(
+                f"this GC worker's clock is {(cutoff_us - server_us) / 1e6:.1f} s ahead of Cassandra's by more than "
+                "the grace: nothing was folded (fix the clock: the GC's grace must exceed every clock skew)")
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         await self.client.execute("UPDATE mutators SET collected_us = ? WHERE id = ?", [collected_us, mutator],
