@@ -66,6 +66,8 @@ from stack.loading import child_env, end_offsets, wait_until_flushed
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = servers.STACK_DIR / "bench"
+# Quix Streams runs from a virtual environment of its own (its pydantic bounds exclude countersink's pins).
+QUIX_PYTHON = ROOT / ".venv-quix" / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
 TOPIC = "bench-trades"
 RECOVERY_TOPIC = "bench-recovery"
@@ -426,13 +428,14 @@ async def committed_total(kafka: KafkaSettings, group: str, partitions: int) -> 
         await consumer.stop()
 
 
-async def quix_rate(kafka: KafkaSettings, partitions: int, total: int, budget_s: float) -> tuple[float, int]:
+async def quix_rate(kafka: KafkaSettings, partitions: int, total: int, budget_s: float, python: Path
+                    ) -> tuple[float, int]:
     group = f"quix-{uuid.uuid4().hex[:8]}"
     state_dir = STACK / "quix-state"
     started = time.monotonic()
     with open(STACK / "quix.log", "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.quix_app", kafka.bootstrap_servers[0], TOPIC, group, str(state_dir)],
+            [str(python), "-m", "bench.quix_app", kafka.bootstrap_servers[0], TOPIC, group, str(state_dir)],
             cwd=ROOT, stdout=log, stderr=log)
     try:
         committed = 0
@@ -778,7 +781,7 @@ async def run(args: argparse.Namespace) -> Report:
         say(f"counter columns: {rate:,.0f} events/s over {done:,} events")
 
         say(f"4/5 Quix Streams, exactly-once ({args.quix_seconds:.0f}s at most)")
-        rate, done = await quix_rate(kafka, args.partitions, args.events, args.quix_seconds)
+        rate, done = await quix_rate(kafka, args.partitions, args.events, args.quix_seconds, args.quix_python)
         report.rates["Quix Streams (exactly-once)"] = rate
         report.notes["Quix Streams (exactly-once)"] = f"{done:,} events committed"
         say(f"quix streams: {rate:,.0f} events/s over {done:,} events")
@@ -906,6 +909,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--native-seconds", type=float, default=60.0,
                         help="time budget of the counter-column run (it is measured over what it got through)")
     parser.add_argument("--quix-seconds", type=float, default=240.0, help="time budget of the Quix Streams run")
+    parser.add_argument("--quix-python", type=Path, default=QUIX_PYTHON,
+                        help="the Python that runs Quix Streams (a virtual environment of its own: `make bench` makes "
+                             f"{QUIX_PYTHON.relative_to(ROOT)} from bench/quix-requirements.txt)")
     parser.add_argument("--kstreams-seconds", type=float, default=300.0,
                         help="time budget of the Kafka Streams run (its values are checked only if it finishes)")
     parser.add_argument("--kstreams-threads", type=int, default=1,
@@ -938,6 +944,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stream2_events is None:
         args.stream2_events = min(args.events, 1_000_000)
+    if not args.quix_python.exists():
+        parser.error(f"--quix-python {args.quix_python}: no such file (`make bench` makes .venv-quix; or "
+                     f"python -m venv .venv-quix && .venv-quix/bin/pip install -r bench/quix-requirements.txt)")
     configure_logging("WARNING", "console")
     command = "python -m bench.pipeline " + " ".join(argv if argv is not None else sys.argv[1:])
     try:

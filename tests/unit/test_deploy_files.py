@@ -394,3 +394,27 @@ def test_dashboard_uses_only_real_metrics() -> None:
     assert sorted(used - exposed_names()) == []
     assert {"countersink_gc_last_complete_age_seconds", "countersink_partition_flush_age_seconds"} <= used
     assert "countersink_events_applied" not in exposed_names()  # counters only exist with their suffix
+
+
+def test_every_extra_installs_at_the_pinned_versions() -> None:
+    """`make bench` installs the bench extra into .venv beside countersink: an extra whose requirements exclude a
+    version constraints.txt pins would replace it there (Quix Streams once brought older pydantic releases), and
+    every later target would run on versions no test chose. pip's resolver, asked for a dry run, must find every
+    extra compatible with the pins (PyPI, as `make venv` reaches it)."""
+    extras = ",".join(pyproject()["project"]["optional-dependencies"])
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--disable-pip-version-check",
+         "-c", "constraints.txt", f".[{extras}]"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_quix_streams_runs_from_an_environment_of_its_own() -> None:
+    """The bench's Quix Streams is pinned in bench/quix-requirements.txt and installed into .venv-quix, which the
+    bench's Quix run is pointed at; the bench extra holds none of it."""
+    makefile = (ROOT / "Makefile").read_text()
+    requirements = (ROOT / "bench" / "quix-requirements.txt").read_text()
+    assert re.search(r"^quixstreams==\d", requirements, re.M)
+    assert not any("quixstreams" in r for r in pyproject()["project"]["optional-dependencies"]["bench"])
+    assert "$(QUIX_VENV)/bin/python -m pip install --quiet -r bench/quix-requirements.txt" in makefile
+    assert re.search(r"^bench: .*\$\(QUIX_STAMP\)", makefile, re.M)
+    assert "--quix-python $(QUIX_VENV)/bin/python" in makefile
