@@ -150,6 +150,8 @@ class Report:
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
     rollup_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.rollup: (p50, p99)
     wide_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.wide_reads: (p50, p99)
+    # bench.wide_reads --alone: the cached reads and the stamps query, interleaved with the plain row only
+    wide_alone_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
     memory_bytes: dict[str, float] = field(default_factory=dict)
     recovery_s: dict[str, dict[str, float]] = field(default_factory=dict)
     profile: str = ""
@@ -524,6 +526,12 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str,
     return await wide_reads.wide_latencies(cassandra, rounds)
 
 
+async def wide_alone_latencies(cassandra: CassandraSettings, rounds: int) -> dict[str, tuple[float, float]]:
+    from bench import wide_reads
+
+    return await wide_reads.alone_latencies(cassandra, rounds)
+
+
 def memory_per_instance(instances: int) -> dict[str, float]:
     """Resident bytes per live instance of each kind, each measured in a fresh interpreter."""
     from bench.apply import COUNTERS
@@ -830,6 +838,8 @@ async def run(args: argparse.Namespace) -> Report:
         report.rollup_latency_ms = await rollup_latencies(cassandra, args.read_rounds)
         say("wide instances: 1 to 1,000 shards, and range reads of 100-shard buckets")
         report.wide_latency_ms = await wide_latencies(cassandra, args.wide_rounds)
+        say("wide instances: the cached reads beside the plain row alone")
+        report.wide_alone_latency_ms = await wide_alone_latencies(cassandra, 10 * args.wide_rounds)
         say("memory per live instance")
         report.memory_bytes = memory_per_instance(args.memory_instances)
 

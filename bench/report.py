@@ -128,6 +128,14 @@ def _wide_section(report: Report) -> list[str]:
         "",
         *[f"- {line}" for line in wide_reads.targets(report.wide_latency_ms)],
         "",
+        *([] if not report.wide_alone_latency_ms else [
+            "The same cached reads of 1 and 256 shards, and the stamps query a 256-shard hit sends, interleaved with "
+            "the plain row and nothing heavier (`python -m bench.wide_reads --alone`):",
+            "",
+            *wide_reads.table(report.wide_alone_latency_ms),
+            "",
+            *[f"- {line}" for line in wide_reads.targets(report.wide_alone_latency_ms)],
+            ""]),
     ]
 
 

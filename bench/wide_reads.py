@@ -202,8 +202,11 @@ async def previous_read_state(client: CassandraClient, counter: str, key: str) -
     return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
 
 
-def _check(kind: str, shards: int, state: State | None) -> None:
-    value = None if state is None else state.value()
+def _check(kind: str, shards: int, state: State | None, cached_as: tuple[StateCache, str, str] | None = None
+           ) -> None:
+    """Check the value of ``state`` read from the ``shards``-shard instance of ``kind``; ``cached_as``: the cache,
+    cell and key it was read through, whose kept value serve answers (``StateCache.value``)."""
+    value = None if state is None else state.value() if cached_as is None else cached_as[0].value(*cached_as[1:], state)
     if kind == "sum":
         ok = value == shards * (shards + 1) // 2
     elif kind == "distinct":
@@ -263,9 +266,13 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
             states = n + 1 if which == "-tallied" else n  # a tally holds as many values as a shard
 
             async def read() -> None:
-                known = await epochs.get(f"wide_{kind}") if suffix == CACHED else None
-                _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level,
-                                                      readers[suffix].cache, known))
+                name, key = f"wide_{kind}", f"{kind}-{n}{which}"
+                if suffix == CACHED:
+                    known = await epochs.get(name)
+                    _check(kind, states, await read_state(client, name, key, level, cache, known),
+                           (cache, known.cell(name, key), key))
+                else:
+                    _check(kind, states, await read_state(client, name, key, level))
             return read
 
         def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
@@ -359,8 +366,10 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
 
         def cached(kind: str, n: int) -> Callable[[], Awaitable[None]]:
             async def read() -> None:
-                _check(kind, n, await read_state(client, f"wide_{kind}", f"{kind}-{n}", level, cache,
-                                                 await epochs.get(f"wide_{kind}")))
+                name, key = f"wide_{kind}", f"{kind}-{n}"
+                known = await epochs.get(name)
+                _check(kind, n, await read_state(client, name, key, level, cache, known),
+                       (cache, known.cell(name, key), key))
             return read
 
         from bench.wide_layouts import interleaved  # (wide_layouts imports this module)
@@ -381,14 +390,18 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
         level = client.settings.read_consistency
         timings: list[float] = []
         until = time.monotonic() + seconds
+        name, key = f"wide_{kind}", f"{kind}-{shards}"
         while time.monotonic() < until:
             started = time.perf_counter()
-            state = await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level, cache,
-                                     await epochs.get(f"wide_{kind}") if epochs is not None else None)
+            if cache is not None and epochs is not None:
+                known = await epochs.get(name)
+                _check(kind, shards, await read_state(client, name, key, level, cache, known),
+                       (cache, known.cell(name, key), key))
+            else:
+                _check(kind, shards, await read_state(client, name, key, level))
             timings.append(time.perf_counter() - started)
-            _check(kind, shards, state)
-    name = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"
-    return {name: (1000 * statistics.median(timings), 1000 * statistics.quantiles(timings, n=100)[98])}
+    label = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"
+    return {label: (1000 * statistics.median(timings), 1000 * statistics.quantiles(timings, n=100)[98])}
 
 
 def table(latencies: dict[str, tuple[float, float]]) -> list[str]:

@@ -305,12 +305,14 @@ class ReadApi:
     async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
                     ) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            state = await read_state(self.client, name, key, level, self.cache,
-                                     epochs if epochs is not None else await self.epochs.get(name))
+            known = epochs if epochs is not None else await self.epochs.get(name)
+            state = await read_state(self.client, name, key, level, self.cache, known)
         if state is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
-        return state.kind, state.value()
+        if self.cache is None:
+            return state.kind, state.value()
+        return state.kind, self.cache.value(known.cell(name, key), key, state)
 
     async def _definition(self, name: str) -> CounterDefinition | None:
         definition = self.counters.get(name) if self.counters else None

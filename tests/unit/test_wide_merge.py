@@ -217,3 +217,35 @@ def test_a_kept_merge_answers_only_for_the_stamps_read_with_it_while_young_and_n
     unstamped = StateCache(1 << 20)
     unstamped.merged("views", "home", blobs, now=0.0)
     assert unstamped.checked("views", "home", None, now=1.0, wall=0.0) is None
+
+
+def test_a_kept_merge_computes_its_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """value() answers the value of the merge kept for a cell and key from the entry after the first read asked
+    for it (serve's hits then cost no estimate); a new merge of other bytes is computed again, and a state that
+    is not the kept merge (another cell's, one never kept) is computed as given."""
+    computed: list[int] = []
+    plain_value = sum_kind.IntegerSum.value
+
+    def counted(self: sum_kind.IntegerSum) -> int:
+        computed.append(1)
+        return plain_value(self)
+
+    monkeypatch.setattr(sum_kind.IntegerSum, "value", counted)
+    cache = StateCache(1 << 20)
+    stamps = {b"s1": 10}
+    merged = cache.merged("views", "home", [_sum_blob(3), _sum_blob(4)], stamps=stamps, now=1.0)
+    assert merged is not None
+    for _ in range(3):
+        hit = cache.checked("views", "home", stamps, now=2.0, wall=0.0)
+        assert hit is merged
+        assert cache.value("views", "home", hit) == 7
+    assert len(computed) == 1
+    assert cache.value("views@2", "home", merged) == 7  # another cell: not this entry's
+    assert len(computed) == 2
+    remerged = cache.merged("views", "home", [_sum_blob(3), _sum_blob(5)], stamps={b"s1": 11}, now=3.0)
+    assert remerged is not None
+    assert remerged is not merged
+    assert cache.value("views", "home", remerged) == 8
+    assert cache.value("views", "home", remerged) == 8
+    assert cache.value("views", "home", merged) == 7  # no longer the kept merge: computed as given
+    assert len(computed) == 4
