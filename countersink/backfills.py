@@ -17,6 +17,7 @@ refused, never taken for finished (``countersink.commands.backfill``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
@@ -30,6 +31,7 @@ from consumer.handovers import Recorded
 from consumer.protocol import Claimant, ClaimUnresolvedError, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
+from countersink.retry import Backoff
 from schemas import registry
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.resets import cell_name, current_epochs, split_cell
@@ -346,6 +348,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             await dead_letters.send(tp, record, error)
 
     unresolved = 0
+    pause = Backoff().pauses()
     while True:
         born = clock()
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
@@ -356,8 +359,13 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             unresolved += 1
             if unresolved >= _UNRESOLVED_CLAIMS:
                 raise
-            continue  # that mutator is retired unused: a fresh one claims (consumer.protocol.Claimant)
+            # That mutator is retired unused: a fresh one claims (consumer.protocol.Claimant), after a pause
+            # growing as the live consumer's retries do, since what made this one late (a registration slower
+            # than the GC's grace) may well make the next one late too.
+            await asyncio.sleep(pause())
+            continue
         unresolved = 0
+        pause = Backoff().pauses()
         entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
         applier = make_applier()

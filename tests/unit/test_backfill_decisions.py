@@ -4,6 +4,7 @@ between the live mutators and the backfill, in the batch path as in the record p
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 
@@ -180,3 +181,50 @@ def test_a_backfill_dead_letters_what_its_counter_refuses_below_the_handover() -
                            clock=lambda: 10**15, dead_letters=sink))
     assert sink.queued == [(1, ("shares",))]
     assert sink.delivered == 1
+
+
+def test_a_backfill_whose_claims_are_spent_pauses_longer_each_time_then_gives_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim whose mutator was registered too late for the GC's cutoff (spent, retired unused) is made again
+    by a fresh mutator after a pause that doubles each time (as the live consumer's retries do), and the
+    backfill fails after 20 in a row; a claim that then succeeds counts the span and starts the pauses over."""
+    from consumer.protocol import Claimant, ClaimUnresolvedError
+
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+
+    claim = Claimant.claim
+    spent_first = [2]
+
+    async def spent(self: Claimant, store: MemoryStore) -> object:
+        if spent_first[0] > 0:
+            spent_first[0] -= 1
+            raise ClaimUnresolvedError("born not after the cutoff")
+        return await claim(self, store)
+
+    monkeypatch.setattr("countersink.backfills.asyncio.sleep", sleep)
+    monkeypatch.setattr(Claimant, "claim", spent)
+
+    def applier() -> Applier:
+        return Applier(ROUTER, COUNTERS, "orders", 0, RetryWindow(100), only=frozenset({"shares"}))
+
+    def backfill(store: MemoryStore) -> int:
+        return run(backfill_partition(store, MemoryLog([r.value for r in RECORDS[:4]]), applier,
+                                      Span("orders", 0, 0, 4), "g.backfill.shares", "h", flush_interval_s=0.0,
+                                      flush_max_dirty=1, on_progress=lambda *_: None, clock=lambda: 10**15))
+
+    store = MemoryStore()
+    assert backfill(store) == 0
+    assert store.shards  # the span counted, by the third mutator
+    assert len(pauses) == 2
+    assert 0.08 <= pauses[0] <= 0.12
+    assert 0.16 <= pauses[1] <= 0.24
+    pauses.clear()
+    spent_first[0] = 10**6
+    with pytest.raises(ClaimUnresolvedError):
+        backfill(MemoryStore())
+    assert len(pauses) == 19
+    assert all(later > earlier for earlier, later in itertools.pairwise(pauses[:6]))
+    assert max(pauses) <= 6.0
