@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.reader import CounterReader, read_blobs_of, read_stamps, read_state
+from countersink.reader import CounterReader, read_blobs_of, read_stamps, read_state, read_value
 from countersink.resets import EpochsCache
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
@@ -202,11 +202,20 @@ async def previous_read_state(client: CassandraClient, counter: str, key: str) -
     return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
 
 
-def _check(kind: str, shards: int, state: State | None, cached_as: tuple[StateCache, str, str] | None = None
-           ) -> None:
-    """Check the value of ``state`` read from the ``shards``-shard instance of ``kind``; ``cached_as``: the cache,
-    cell and key it was read through, whose kept value serve answers (``StateCache.value``)."""
-    value = None if state is None else state.value() if cached_as is None else cached_as[0].value(*cached_as[1:], state)
+def _check(kind: str, shards: int, state: State | None) -> None:
+    _check_value(kind, shards, None if state is None else state.value())
+
+
+async def _cached(client: CassandraClient, cache: StateCache, epochs: EpochsCache, kind: str, shards: int,
+                  which: str = "") -> None:
+    """Read the ``shards``-shard instance of ``kind`` as serve does (``read_value``: through its cache, with its
+    kept resets) and check its value."""
+    level = client.settings.read_consistency
+    found = await read_value(client, f"wide_{kind}", f"{kind}-{shards}{which}", level, cache, epochs)
+    _check_value(kind, shards + 1 if which == "-tallied" else shards, None if found is None else found[1])
+
+
+def _check_value(kind: str, shards: int, value: object) -> None:
     if kind == "sum":
         ok = value == shards * (shards + 1) // 2
     elif kind == "distinct":
@@ -266,13 +275,10 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
             states = n + 1 if which == "-tallied" else n  # a tally holds as many values as a shard
 
             async def read() -> None:
-                name, key = f"wide_{kind}", f"{kind}-{n}{which}"
                 if suffix == CACHED:
-                    known = await epochs.get(name)
-                    _check(kind, states, await read_state(client, name, key, level, cache, known),
-                           (cache, known.cell(name, key), key))
+                    await _cached(client, cache, epochs, kind, n, which)
                 else:
-                    _check(kind, states, await read_state(client, name, key, level))
+                    _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level))
             return read
 
         def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
@@ -366,10 +372,7 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
 
         def cached(kind: str, n: int) -> Callable[[], Awaitable[None]]:
             async def read() -> None:
-                name, key = f"wide_{kind}", f"{kind}-{n}"
-                known = await epochs.get(name)
-                _check(kind, n, await read_state(client, name, key, level, cache, known),
-                       (cache, known.cell(name, key), key))
+                await _cached(client, cache, epochs, kind, n)
             return read
 
         from bench.wide_layouts import interleaved  # (wide_layouts imports this module)
@@ -390,15 +393,12 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
         level = client.settings.read_consistency
         timings: list[float] = []
         until = time.monotonic() + seconds
-        name, key = f"wide_{kind}", f"{kind}-{shards}"
         while time.monotonic() < until:
             started = time.perf_counter()
             if cache is not None and epochs is not None:
-                known = await epochs.get(name)
-                _check(kind, shards, await read_state(client, name, key, level, cache, known),
-                       (cache, known.cell(name, key), key))
+                await _cached(client, cache, epochs, kind, shards)
             else:
-                _check(kind, shards, await read_state(client, name, key, level))
+                _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level))
             timings.append(time.perf_counter() - started)
     label = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"
     return {label: (1000 * statistics.median(timings), 1000 * statistics.quantiles(timings, n=100)[98])}

@@ -17,7 +17,6 @@ refused, never taken for finished (``countersink.commands.backfill``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 import uuid
@@ -31,7 +30,7 @@ from consumer.handovers import Recorded
 from consumer.protocol import Claimant, ClaimUnresolvedError, finish_take_over, flush, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.retry import Backoff
+from countersink.retry import Backoff, pause_unless_stopped
 from schemas import registry
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
 from schemas.resets import cell_name, current_epochs, split_cell
@@ -325,12 +324,17 @@ async def _write_anything() -> None:
     """The default look before a backfill's write: nothing forbids it."""
 
 
+async def _pause(seconds: float) -> None:
+    await pause_unless_stopped(seconds, None)
+
+
 async def backfill_partition(store: Store, source: RecordSource, make_applier: Callable[[], Applier], span: Span,
                              group: str, host: str, *, flush_interval_s: float, flush_max_dirty: int,
                              on_progress: ProgressReport, clock: Callable[[], int] = lambda: time.time_ns() // 1000,
                              rotate_after_s: float = ROTATE_AFTER_S,
                              before_write: Callable[[], Awaitable[None]] = _write_anything,
-                             dead_letters: DeadLetterSink | None = None) -> int:
+                             dead_letters: DeadLetterSink | None = None,
+                             pause: Callable[[float], Awaitable[object]] = _pause) -> int:
     """Count ``span`` of one partition with mutators of ``group`` (the backfill's), by the live protocol, and
     return where this run started in it. A run after a kill -9 claims the partition, replays the window the
     dead mutator left open and goes on from there; a run once the partition is done writes nothing.
@@ -348,7 +352,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             await dead_letters.send(tp, record, error)
 
     unresolved = 0
-    pause = Backoff().pauses()
+    next_pause = Backoff().pauses()
     while True:
         born = clock()
         entry = MutatorEntry(id=uuid.uuid4(), consumer_group=group, topic=span.topic, partition=span.partition,
@@ -362,10 +366,10 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
             # That mutator is retired unused: a fresh one claims (consumer.protocol.Claimant), after a pause
             # growing as the live consumer's retries do, since what made this one late (a registration slower
             # than the GC's grace) may well make the next one late too.
-            await asyncio.sleep(pause())
+            await pause(next_pause())
             continue
         unresolved = 0
-        pause = Backoff().pauses()
+        next_pause = Backoff().pauses()
         entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
         applier = make_applier()

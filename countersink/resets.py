@@ -109,6 +109,11 @@ class EpochsCache:
         self._known: dict[str, tuple[float, Epochs]] = {}
         self._in_flight: dict[str, tuple[float, asyncio.Future[Epochs]]] = {}
 
+    def kept(self, counter: str) -> Epochs | None:
+        """The epochs of ``counter`` kept from a read sent less than ``kept_s`` ago, if any (no request)."""
+        known = self._known.get(counter)
+        return known[1] if known is not None and self._clock() - known[0] < self._kept_s else None
+
     async def get(self, counter: str) -> Epochs:
         sent = self._clock()
         known = self._known.get(counter)

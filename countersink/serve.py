@@ -66,7 +66,7 @@ from countersink.gc_runs import GcAgeSampler
 from countersink.health import QuietAppRunner, metrics_handler, problem_response
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.reader import CounterReader, read_state, to_jsonable
+from countersink.reader import CounterReader, read_value, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.resets import (
     MAX_RESET_KEYS,
@@ -305,14 +305,11 @@ class ReadApi:
     async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
                     ) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            known = epochs if epochs is not None else await self.epochs.get(name)
-            state = await read_state(self.client, name, key, level, self.cache, known)
-        if state is None:
+            found = await read_value(self.client, name, key, level, self.cache, self.epochs, epochs)
+        if found is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None
-        if self.cache is None:
-            return state.kind, state.value()
-        return state.kind, self.cache.value(known.cell(name, key), key, state)
+        return found
 
     async def _definition(self, name: str) -> CounterDefinition | None:
         definition = self.counters.get(name) if self.counters else None

@@ -192,7 +192,7 @@ def test_a_backfill_whose_claims_are_spent_pauses_longer_each_time_then_gives_up
 
     pauses: list[float] = []
 
-    async def sleep(seconds: float) -> None:
+    async def pause(seconds: float) -> None:
         pauses.append(seconds)
 
     claim = Claimant.claim
@@ -204,7 +204,6 @@ def test_a_backfill_whose_claims_are_spent_pauses_longer_each_time_then_gives_up
             raise ClaimUnresolvedError("born not after the cutoff")
         return await claim(self, store)
 
-    monkeypatch.setattr("countersink.backfills.asyncio.sleep", sleep)
     monkeypatch.setattr(Claimant, "claim", spent)
 
     def applier() -> Applier:
@@ -213,7 +212,8 @@ def test_a_backfill_whose_claims_are_spent_pauses_longer_each_time_then_gives_up
     def backfill(store: MemoryStore) -> int:
         return run(backfill_partition(store, MemoryLog([r.value for r in RECORDS[:4]]), applier,
                                       Span("orders", 0, 0, 4), "g.backfill.shares", "h", flush_interval_s=0.0,
-                                      flush_max_dirty=1, on_progress=lambda *_: None, clock=lambda: 10**15))
+                                      flush_max_dirty=1, on_progress=lambda *_: None, clock=lambda: 10**15,
+                                      pause=pause))
 
     store = MemoryStore()
     assert backfill(store) == 0

@@ -108,6 +108,11 @@ BACKFILL_GROUP = backfill_group(PID.consumer_group, BACKFILLED)
 BACKFILL_PID = PartitionId(BACKFILL_GROUP, TOPIC, PID.partition)
 
 
+async def _no_pause(seconds: float) -> None:
+    """The model steps every task's storage operations itself, with no event loop and a clock of its own: a
+    spent claim is made again at the next step (the pause between them is the scheduler's choice)."""
+
+
 class MemoryHandovers:
     """:class:`consumer.handovers.HandoverBook` over the model's store: each write an LWT behind the store's fault
     gate (it may fail, or apply with its answer lost), the partition's read a read behind it."""
@@ -213,7 +218,7 @@ class BackfillModel(ProtocolModel):
         span = Span(TOPIC, PID.partition, 0, handover + self.end_shift)
         return backfill_partition(self.store, self.log, applier, span, BACKFILL_GROUP, "backfill",
                                   flush_interval_s=0.0, flush_max_dirty=1,
-                                  on_progress=lambda *_: None, clock=lambda: self.now_us)
+                                  on_progress=lambda *_: None, clock=lambda: self.now_us, pause=_no_pause)
 
     def running(self) -> list[Task]:
         return super().running() + self.backfills

@@ -103,3 +103,71 @@ def test_callers_that_miss_while_a_read_is_in_flight_share_it_unless_it_was_sent
 
     asyncio.run(run())
     assert reads == ["views"] * 4
+
+
+def test_kept_answers_only_what_a_read_sent_less_than_kept_s_ago_gave(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+
+    async def read_epochs(client: object, counter: str) -> Epochs:
+        return Epochs()
+
+    monkeypatch.setattr(resets, "read_epochs", read_epochs)
+    cache = EpochsCache(object(), kept_s=0.5, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert cache.kept("views") is None
+    read = asyncio.run(cache.get("views"))
+    now[0] += 0.4
+    assert cache.kept("views") is read
+    assert cache.kept("likes") is None
+    now[0] += 0.1
+    assert cache.kept("views") is None
+
+
+def test_a_cached_read_sends_the_resets_not_kept_alongside_the_stamps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's read of an instance whose counter's resets are not kept (read less than twice a second) sends the
+    resets read and the stamps read at once: a hit costs one round trip, not two one after the other. With the
+    resets kept, the stamps alone; a second read of unchanged stamps answers the kept merge's value."""
+    from countersink import reader
+    from countersink.state_cache import StateCache
+    from schemas.kinds import KindSpec, new_state
+
+    started: list[str] = []
+    both_sent = asyncio.Event()
+
+    def sent(what: str) -> None:
+        started.append(what)
+        if {"resets", "stamps"} <= set(started):
+            both_sent.set()
+
+    async def read_epochs(client: object, counter: str) -> Epochs:
+        sent("resets")
+        await asyncio.wait_for(both_sent.wait(), 1.0)  # times out unless the stamps read is sent meanwhile
+        return Epochs()
+
+    async def read_stamps(client: object, keys: list[str], consistency: object = None) -> dict[str, object]:
+        sent("stamps")
+        if "resets" in started and not both_sent.is_set():
+            await asyncio.wait_for(both_sent.wait(), 1.0)
+        return {key: {b"source": 1} for key in keys}
+
+    state = new_state(KindSpec("sum"))
+    state.apply(5)
+
+    async def read_instances(client: object, counter: str, keys: list[str], consistency: object = None,
+                             epochs: object = None) -> dict[str, reader.StoredInstance]:
+        sent("states")
+        return {key: reader.StoredInstance([state.to_bytes()], {b"source": 1}) for key in keys}
+
+    monkeypatch.setattr(resets, "read_epochs", read_epochs)
+    monkeypatch.setattr(reader, "read_stamps", read_stamps)
+    monkeypatch.setattr(reader, "read_instances", read_instances)
+    epochs = EpochsCache(object())  # type: ignore[arg-type]
+    states = StateCache(1 << 20)
+
+    async def run() -> list[tuple[str, object] | None]:
+        first = await reader.read_value(object(), "views", "home", None, states, epochs)  # type: ignore[arg-type]
+        second = await reader.read_value(object(), "views", "home", None, states, epochs)  # type: ignore[arg-type]
+        return [first, second]
+
+    assert asyncio.run(run()) == [("sum", 5), ("sum", 5)]
+    assert sorted(started[:2]) == ["resets", "stamps"]  # at once (the resets read waits for the stamps read)
+    assert started[2:] == ["states", "stamps"]  # the second read: the resets kept, a hit
