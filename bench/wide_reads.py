@@ -206,13 +206,12 @@ def _check(kind: str, shards: int, state: State | None) -> None:
     _check_value(kind, shards, None if state is None else state.value())
 
 
-async def _cached(client: CassandraClient, cache: StateCache, epochs: EpochsCache, kind: str, shards: int,
-                  which: str = "") -> None:
-    """Read the ``shards``-shard instance of ``kind`` as serve does (``read_value``: through its cache, with its
-    kept resets) and check its value."""
-    level = client.settings.read_consistency
-    found = await read_value(client, f"wide_{kind}", f"{kind}-{shards}{which}", level, cache, epochs)
-    _check_value(kind, shards + 1 if which == "-tallied" else shards, None if found is None else found[1])
+async def _cached(client: CassandraClient, cache: StateCache, epochs: EpochsCache, kind: str, key: str,
+                  states: int) -> None:
+    """Read instance ``key`` of ``kind`` (``states`` stored states) as serve does (``read_value``: through its
+    cache, with its kept resets) and check its value."""
+    found = await read_value(client, f"wide_{kind}", key, client.settings.read_consistency, cache, epochs)
+    _check_value(kind, states, None if found is None else found[1])
 
 
 def _check_value(kind: str, shards: int, value: object) -> None:
@@ -276,7 +275,7 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
 
             async def read() -> None:
                 if suffix == CACHED:
-                    await _cached(client, cache, epochs, kind, n, which)
+                    await _cached(client, cache, epochs, kind, f"{kind}-{n}{which}", states)
                 else:
                     _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level))
             return read
@@ -372,7 +371,7 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
 
         def cached(kind: str, n: int) -> Callable[[], Awaitable[None]]:
             async def read() -> None:
-                await _cached(client, cache, epochs, kind, n)
+                await _cached(client, cache, epochs, kind, f"{kind}-{n}", n)
             return read
 
         from bench.wide_layouts import interleaved  # (wide_layouts imports this module)
@@ -396,7 +395,7 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
         while time.monotonic() < until:
             started = time.perf_counter()
             if cache is not None and epochs is not None:
-                await _cached(client, cache, epochs, kind, shards)
+                await _cached(client, cache, epochs, kind, f"{kind}-{shards}", shards)
             else:
                 _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level))
             timings.append(time.perf_counter() - started)

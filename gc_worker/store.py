@@ -28,6 +28,7 @@ _QUORUMS = frozenset({Consistency.QUORUM, Consistency.ALL, Consistency.EACH_QUOR
 class GcClockAheadError(CountersinkError):
     """This GC worker's clock is ahead of Cassandra's by more than the grace: the run folds nothing."""
 
+
 class CassandraGcStore:
     """Reads instances at ``gc_read_consistency`` (ALL unless configured), the registry and the work lists at
     ``gc_list_consistency``, and writes at ``write_consistency``: every read here decides what the GC writes or
@@ -167,8 +168,9 @@ class CassandraGcStore:
         server_us = int(rows[0]["now_ms"]) * 1000
         if cutoff_us > server_us:
             raise GcClockAheadError(
-                f"this GC worker's clock is {(cutoff_us - server_us) / 1e6:.1f} s ahead of Cassandra's by more than "
-                "the grace: nothing was folded (fix the clock: the GC's grace must exceed every clock skew)")
+                "this GC worker's clock is ahead of Cassandra's by more than the grace (its cutoff is "
+                f"{(cutoff_us - server_us) / 1e6:.1f} s past Cassandra's now): nothing was folded (fix the clock: the "
+                "GC's grace must exceed every clock skew)")
 
     async def mark_collected(self, mutator: uuid.UUID, collected_us: int) -> None:
         await self.client.execute("UPDATE mutators SET collected_us = ? WHERE id = ?", [collected_us, mutator],
