@@ -16,7 +16,8 @@ that the machine's noise falls on all alike:
   keeps one (its default size), with each counter's resets kept as serve keeps them (``EpochsCache``): nothing
   is flushed between reads, so the partition's stamps are unchanged and the cache answers after reading them
   alone;
-- the 256-shard instances through the cache with a tenth of their shards flushed again just before each read;
+- the 256-shard instances through the cache with a tenth of their shards flushed again just before each read
+  (the cache reads those rows alone, decodes them and merges all);
 - 256-shard sketch instances that also have a tally (what the GC leaves), without and with the cache;
 - the instances of 100 shards and more as ``read_state`` read them before (commit 9ef4b1a); those of 256 and
   more with their rows fetched and taken apart but neither decoded nor merged (the floor of any read of every
@@ -146,8 +147,10 @@ class Shards:
 
     def _flush(self, i: int, writes: list[ShardWrite]) -> Callable[[], Awaitable[None]]:
         born = BORN_US + i
-        # Mutator i stands for partition i's: each a source of its own (schemas.cql: a stamp each).
-        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites, writes,
+        # Mutator i stands for partition i's: each a source of its own (schemas.cql: a stamp each). Its write
+        # timestamps grow with its flushes and are no other mutator's, as consumers' clock readings are.
+        return lambda: self.store.write_shards(self.mutators[i], born, born + 1 + self.rewrites * len(self.mutators),
+                                               writes,
                                                source=stamp_source("bench", "wide", i))
 
     async def write(self) -> None:
@@ -237,7 +240,7 @@ FETCH_ONLY = ", rows fetched only"
 # The rows' mutator ids alone, no state: what any read that looks at every row costs at least (Cassandra reads
 # the rows whole), e.g. a cache checked against each shard's write time.
 IDS_ONLY = ", mutator ids only"
-# A tenth of the shards flushed again before each read: the cache decodes those and merges all.
+# A tenth of the shards flushed again before each read: the cache reads those rows, decodes them and merges all.
 REWRITE_EVERY = 10
 REWRITTEN = f", cached, 1 in {REWRITE_EVERY} shards flushed since the last read"
 

@@ -180,7 +180,8 @@ class Metrics:
         self.serve_state_cache_reads = Counter(
             "countersink_serve_state_cache_reads",
             "Reads of the read API through its state cache, by outcome: checked (the stamps alone read, merge "
-            "reused), hit (the states read, unchanged, merge reused), partial (only changed shards decoded), miss",
+            "reused), patched (the rows of the sources that flushed since alone read), hit (the states read, "
+            "unchanged, merge reused), partial (only changed shards decoded), miss",
             ["outcome"], registry=r)
         self.serve_state_cache_bytes = Gauge("countersink_serve_state_cache_bytes",
                                              "What the read API's state cache holds now", registry=r)

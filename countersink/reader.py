@@ -20,7 +20,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.resets import EpochsCache, read_epochs
 from countersink.settings import Consistency
-from countersink.state_cache import Stamps, StateCache
+from countersink.state_cache import Row, ShardRow, Stamps, StateCache
 from schemas import timeseries
 from schemas.cql import STAMP_ROW, key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
@@ -76,7 +76,7 @@ async def read_states(
 _KEYS_PER_READ = 24
 # The columns of a read of several instances, by position: rows are read as tuples, not dicts (a wide
 # instance is hundreds of rows).
-_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS = range(6)
+_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS, _BORN, _MUTATOR, _WRITTEN = range(9)
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,6 +88,7 @@ class StoredInstance:
     blobs: list[bytes] = dataclasses.field(default_factory=list)
     stamps: Stamps | None = None
     hidden_at: float | None = None
+    rows: list[ShardRow] | None = None  # each shard's row, when asked for: the last len(rows) of blobs
 
 
 async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[str],
@@ -102,9 +103,11 @@ async def read_blobs_of(client: CassandraClient, counter: str, keys: Sequence[st
 
 
 async def read_instances(client: CassandraClient, counter: str, keys: Sequence[str],
-                         consistency: Consistency | None = None, epochs: Epochs | None = None
-                         ) -> dict[str, StoredInstance]:
-    """:func:`read_blobs_of`, with each partition's stamps and the time its retention hides it."""
+                         consistency: Consistency | None = None, epochs: Epochs | None = None, *,
+                         rows: bool = False) -> dict[str, StoredInstance]:
+    """:func:`read_blobs_of`, with each partition's stamps and the time its retention hides it; ``rows``: and
+    each shard's row with its newest cell's write timestamp (what a cache needs to read only the rows that
+    change)."""
     level = consistency or client.settings.read_consistency
     # Only the cells of each instance's current epoch (schemas.resets): what a reset left behind is not read.
     if epochs is None:
@@ -120,9 +123,10 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
     sent = time.time() - 1
     for cell, of_cell in cells.items():
         marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
+        extra = ", born_us, mutator, maxwritetime(states)" if rows else ""
         result = await client.execute(
             "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-            f"ttl(states[?]) AS state_ttl, stamps FROM shards WHERE key IN ({marks})",
+            f"ttl(states[?]) AS state_ttl, stamps{extra} FROM shards WHERE key IN ({marks})",
             [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level)
         partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
         found = StoredInstance()
@@ -132,6 +136,8 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
                 # A partition's rows come together; the static tally is repeated on each of them: take it once.
                 partition = values[_KEY]
                 found = out.setdefault(key_of_partition(partition), StoredInstance())
+                if rows:
+                    found.rows = []
                 if values[_TALLY] is not None and not found.blobs:
                     found.blobs.append(values[_TALLY])
             for ttl in (values[_TALLY_TTL], values[_STATE_TTL]):
@@ -141,6 +147,8 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
                     ttls[partition] = min(ttl, ttls.get(partition, ttl))
             if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
                 found.blobs.append(shard_of_cell(values[_CELL])[0])
+                if found.rows is not None:
+                    found.rows.append(ShardRow((values[_BORN], values[_MUTATOR]), values[_WRITTEN]))
             elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
                 found.stamps = values[_STAMPS] or None
     for partition, ttl in ttls.items():
@@ -224,13 +232,56 @@ async def _through_cache(client: CassandraClient, cache: StateCache, counter: st
     stamps read with them. ``scan``: see :meth:`StateCache.merged`."""
     now, wall = time.monotonic(), time.time()
     kept = {key: cache.checked(epochs.cell(counter, key), key, stamps[key], now, wall) for key in keys}
+    # An instance some of whose sources flushed since its merge was kept: those rows alone, one request each.
+    rows = {key: of_key for key, state in kept.items() if state is None
+            and (of_key := cache.rows_to_read(epochs.cell(counter, key), key, stamps[key], now, wall))}
+    if rows:
+        patched = await asyncio.gather(*(_patch(client, cache, epochs.cell(counter, key), key, of_key, stamps[key],
+                                                consistency) for key, of_key in rows.items()))
+        kept.update((key, state) for key, state in zip(rows, patched, strict=True) if state is not None)
     unread = [key for key, state in kept.items() if state is None]
     if unread:
         read_at = time.monotonic()
-        for key, found in (await read_instances(client, counter, unread, consistency, epochs)).items():
+        for key, found in (await read_instances(client, counter, unread, consistency, epochs, rows=True)).items():
             kept[key] = cache.merged(epochs.cell(counter, key), key, found.blobs, scan=scan, stamps=found.stamps,
-                                     now=read_at, hidden_at=found.hidden_at)
+                                     now=read_at, hidden_at=found.hidden_at, rows=found.rows)
     return kept
+
+
+async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str, rows: Sequence[Row],
+                 stamps: Stamps | None, consistency: Consistency | None) -> State | None:
+    """The kept merge of ``cell`` and ``key`` with ``rows`` read again, for the partition's ``stamps`` read just
+    before (:meth:`StateCache.patched`: a row is taken only if its newest cell was written at its source's stamp,
+    so what is merged is what those stamps say, whichever replicas answer each request); None when
+    that does not account for what changed, or a row read is past its retention (the whole read then decides
+    what to hide)."""
+    marks = ", ".join(["(?, ?)"] * len(rows))  # bind markers only: the rows are bound values
+    sent = time.time() - 1  # TTLs count whole seconds down: the hiding time is taken a second early
+    result = await client.execute(
+        "SELECT born_us, mutator, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+        "ttl(states[?]) AS state_ttl, maxwritetime(states) AS written_us FROM shards "
+        f"WHERE key = ? AND (born_us, mutator) IN ({marks})",
+        [cell] * 4 + [partition_key(key)] + [value for row in rows for value in row],
+        consistency=consistency or client.settings.read_consistency)
+    grace = client.settings.retention_grace_s
+    tally: bytes | None = None
+    read: dict[Row, ShardRow] = {}
+    cells: dict[Row, bytes] = {}
+    least: int | None = None
+    for found in result:
+        born, mutator, row_tally, cell_bytes, tally_ttl, state_ttl, written = found.as_tuple()
+        tally = row_tally
+        for ttl in (tally_ttl, state_ttl):
+            if ttl is not None:
+                if ttl <= grace:
+                    return None
+                least = ttl if least is None else min(least, ttl)
+        if cell_bytes is not None:
+            read[(born, mutator)] = ShardRow((born, mutator), written)
+            cells[(born, mutator)] = shard_of_cell(cell_bytes)[0]
+    if not read:
+        return None  # the static tally comes only with a row: without one, nothing says what it is now
+    return cache.patched(cell, key, tally, read, cells, stamps, None if least is None else sent + least - grace)
 
 
 Instant = datetime | int | str

@@ -126,7 +126,7 @@ class ReadApi:
                       if settings.state_cache_bytes else None)
         # Each counter's resets read at most twice a second: a read costs one request (countersink.resets).
         self.epochs = EpochsCache(self.client)
-        self._cache_counted = {"checked": 0, "hit": 0, "partial": 0, "miss": 0}
+        self._cache_counted = {"checked": 0, "patched": 0, "hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self.admin_tokens = resetting.tokens if resetting is not None else None
@@ -520,8 +520,9 @@ class ReadApi:
         """Copy the state cache's running counts into the process metrics (counters grow by what they grew)."""
         if self.cache is None:
             return
-        counts = {"checked": self.cache.checked_hits, "hit": self.cache.hits - self.cache.checked_hits,
-                  "partial": self.cache.partial, "miss": self.cache.misses}
+        counts = {"checked": self.cache.checked_hits, "patched": self.cache.patched_reads,
+                  "hit": self.cache.hits - self.cache.checked_hits, "partial": self.cache.partial,
+                  "miss": self.cache.misses}
         for outcome, count in counts.items():
             grown = count - self._cache_counted[outcome]
             if grown > 0:

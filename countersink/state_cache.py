@@ -9,10 +9,14 @@ Each entry keeps, beside the merge, the partition's stamps as the same read retu
 (``schemas.cql``: a cell per source, its last write timestamp, written in the same mutation as the states).
 A read first reads the stamps alone (one small row); when they equal the entry's, no shard changed since the
 entry's read, and the entry answers (a *hit*). Any flush acknowledged before the read stamped the partition
-anew, so the read sees it exactly as an uncached read would (read-your-flush). Otherwise the read reads the
-states as an uncached read does, and the entry is reused where the bytes read equal the bytes it was made
-from; when only some shards changed, the unchanged shards' decoded states are reused and only the changed
-ones are decoded, then all are merged again. An entry is not answered from once ``max_age_s`` old (the stamps
+anew, so the read sees it exactly as an uncached read would (read-your-flush). Otherwise, when the stamps
+that changed are of sources whose row the entry knows (each shard's row is kept with the write timestamp of
+its newest cell, which is its source's stamp while that write is its source's last), only those rows are read
+again (:meth:`StateCache.rows_to_read`, :meth:`StateCache.patched`): a tenth of a hot instance's sources
+flushed since the last read costs a tenth of its rows, not all. Else the read reads the states as an uncached
+read does. Either way the entry is reused where the bytes read equal the bytes it was made from; when only
+some shards changed, the unchanged shards' decoded states are reused and only the changed ones are decoded,
+then all are merged again. An entry is not answered from once ``max_age_s`` old (the stamps
 then read with the states again: a bound on what a lagging replica at a weak consistency could pin) nor once
 the bucket it holds is past its retention (the hiding an uncached read applies).
 
@@ -25,14 +29,26 @@ Pure and single-threaded: no I/O, no locks (one event loop calls it); the caller
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from schemas.kinds import State, count, merge_blobs, merge_states, quantiles, state_from_bytes, top_k
 from schemas.kinds import sum as sum_kind
 
 Stamps = dict[bytes, int]  # a partition's stamps: source -> write timestamp (compared whole, never changed)
+Row = tuple[int, uuid.UUID | str]  # a shard's row in its partition: (born_us, mutator), as the driver returns it
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRow:
+    """Where a shard read was stored, and the write timestamp of its row's newest cell (any counter's): the
+    timestamp of the last flush that wrote the row, which is its source's stamp while that flush is its
+    source's last (a flush writes one row of a key, and its source's stamp, at one timestamp: schemas.cql)."""
+
+    row: Row
+    written_us: int | None
 
 
 @dataclass(slots=True)
@@ -46,6 +62,8 @@ class _Entry:
     hidden_at: float | None  # wall-clock seconds from which the instance is hidden (retention), if ever
     value: object = None  # ``merged.value()`` once a read asked for it (``computed``), answered again from here
     computed: bool = False
+    rows: tuple[ShardRow, ...] | None = None  # the last len(rows) blobs' rows, when the read gave them
+    sources: dict[bytes, int] | None = None  # source -> index in rows of the row its stamp's flush wrote
 
 
 # Kinds that merge stored bytes in one pass (count, integer sums): decoding them is the merge, so keeping each
@@ -77,6 +95,7 @@ class StateCache:
         self.checked_hits = 0  # reads answered after reading the stamps alone
         self.hits = 0  # reads answered by a merged state kept whole (the stamps or the bytes unchanged)
         self.partial = 0  # reads that decoded only the shards that changed
+        self.patched_reads = 0  # reads that read only the rows of the sources that flushed since (patched())
         self.misses = 0
 
     @property
@@ -113,13 +132,16 @@ class StateCache:
         return entry.value
 
     def merged(self, cell: str, key: str, blobs: Sequence[bytes], *, scan: bool = False,
-               stamps: Stamps | None = None, now: float = 0.0, hidden_at: float | None = None) -> State | None:
+               stamps: Stamps | None = None, now: float = 0.0, hidden_at: float | None = None,
+               rows: Sequence[ShardRow] | None = None, patching: bool = False) -> State | None:
         """The merge of ``blobs`` (the instance's stored states as read, tally first): ``merge_blobs(blobs)``,
         from the cache when it merged these same bytes before. ``stamps``: the partition's, read with
         ``blobs`` (``now``: when, monotonic), kept for :meth:`checked`; ``hidden_at``: when the instance's
-        retention hides it. ``scan``: one of many instances a range read meets once; kept as the least
-        recently read, so that a long range read evicts its own buckets before the instances read again and
-        again (a bucket read a second time is kept as any other)."""
+        retention hides it. ``rows``: each shard's row and the write timestamp of its cell as read (the last
+        ``len(rows)`` of ``blobs``), kept for :meth:`rows_to_read`. ``scan``: one of many instances a range read
+        meets once; kept as the least recently read, so that a long range read evicts its own buckets before the
+        instances read again and again (a bucket read a second time is kept as any other). ``patching``: called
+        by :meth:`patched`, which counts the read."""
         if not blobs:
             self._drop((cell, key))
             return None
@@ -129,19 +151,20 @@ class StateCache:
         if entry is not None and entry.blobs == read:
             self._entries.move_to_end(ident)
             entry.stamps, entry.read_at, entry.hidden_at = stamps, now, hidden_at
-            self.hits += 1
+            entry.rows, entry.sources = _rows_of(rows, len(read)), _sources(stamps, rows)
+            self.hits += not patching
             return entry.merged
         states: tuple[State, ...] | None = None
         if read[0][:1] in _BATCH_TAG_BYTES or self.max_bytes <= 0:
             merged = merge_blobs(read)
-            self.misses += 1
+            self.misses += not patching
         else:
             known = {} if entry is None or entry.states is None else dict(zip(entry.blobs, entry.states, strict=True))
             states = tuple(known.get(blob) or state_from_bytes(blob) for blob in read)
             if known:
-                self.partial += 1
+                self.partial += not patching
             else:
-                self.misses += 1
+                self.misses += not patching
             merged = merge_states(states)
         if merged is None:  # not reached: blobs is not empty
             return None
@@ -150,7 +173,8 @@ class StateCache:
         if states is not None:
             size += sum(_decoded_bytes(state, blob) for state, blob in zip(states, read, strict=True))
         if size <= self.max_bytes:
-            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, hidden_at)
+            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, hidden_at,
+                                          rows=_rows_of(rows, len(read)), sources=_sources(stamps, rows))
             if scan:
                 self._entries.move_to_end(ident, last=False)
             self._bytes += size
@@ -159,10 +183,86 @@ class StateCache:
                 self._bytes -= evicted.size
         return merged
 
+    def rows_to_read(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> list[Row] | None:
+        """The rows to read of the instance kept for ``cell`` and ``key`` when ``stamps``, read just now, differ
+        from those read with its states only in sources whose last flush then wrote a row it holds (the row's
+        newest cell carried the source's stamp): a read of those rows then shows what changed
+        (:meth:`patched`). None: read the instance whole (no such merge, too old, hidden, a source it cannot
+        place: new, expired, a fold's or a drop's, or more than half its rows to read)."""
+        entry = self._entries.get((cell, key))
+        if (entry is None or entry.sources is None or entry.rows is None or not stamps or not entry.stamps
+                or stamps.keys() != entry.stamps.keys() or now - entry.read_at >= self.max_age_s
+                or (entry.hidden_at is not None and wall >= entry.hidden_at)):
+            return None
+        rows = []
+        for source, stamp in stamps.items():
+            if entry.stamps[source] != stamp:
+                at = entry.sources.get(source)
+                if at is None:
+                    return None
+                rows.append(entry.rows[at].row)
+        # Past half the rows, reading them by name costs what reading the partition does.
+        return rows if rows and 2 * len(rows) <= len(entry.rows) else None
+
+    def patched(self, cell: str, key: str, tally: bytes | None, read: Mapping[Row, ShardRow],
+                cells: Mapping[Row, bytes], stamps: Stamps | None, hidden_at: float | None) -> State | None:
+        """The merge of the instance kept for ``cell`` and ``key`` with the rows of :meth:`rows_to_read` read
+        again (one request: ``tally``, and ``read``, each row found with this counter's cell, ``cells`` its
+        state's bytes), for ``stamps``, read just before. Taken only when those stamps' changes are accounted
+        for by the rows read: each changed source's row's newest cell was written at its new stamp, so that
+        flush, its source's last, wrote that row (a partition's later owner is born above every earlier write,
+        schemas.cql) and the row holds what it wrote, whatever replicas answered each request; and the tally is
+        the one kept (a fold changes it with a stamp of its own). Then the other rows are what they were, and
+        the merge is that of an uncached read at those stamps. None otherwise: read the instance whole."""
+        entry = self._entries.get((cell, key))
+        if (entry is None or entry.sources is None or entry.rows is None or not stamps or not entry.stamps
+                or stamps.keys() != entry.stamps.keys()):
+            return None
+        tallied = len(entry.blobs) - len(entry.rows)
+        if (tally if tally is None else bytes(tally)) != (entry.blobs[0] if tallied else None):
+            return None
+        blobs, rows = list(entry.blobs), list(entry.rows)
+        for source, stamp in stamps.items():
+            if entry.stamps[source] == stamp:
+                continue
+            at = entry.sources.get(source)
+            if at is None:
+                return None
+            row = entry.rows[at].row
+            found = read.get(row)
+            if found is None or found.written_us != stamp:
+                return None
+            blobs[tallied + at], rows[at] = cells[row], found
+        self.patched_reads += 1
+        hidden = [at for at in (entry.hidden_at, hidden_at) if at is not None]
+        # Aged from the whole read its unchanged rows came from: max_age_s still bounds what any row answered is.
+        return self.merged(cell, key, blobs, stamps=stamps, now=entry.read_at, hidden_at=min(hidden, default=None),
+                           rows=rows, patching=True)
+
     def _drop(self, ident: tuple[str, str]) -> None:
         entry = self._entries.pop(ident, None)
         if entry is not None:
             self._bytes -= entry.size
 
 
-__all__ = ["Stamps", "StateCache"]
+def _rows_of(rows: Sequence[ShardRow] | None, blobs: int) -> tuple[ShardRow, ...] | None:
+    return None if rows is None or len(rows) > blobs else tuple(rows)
+
+
+def _sources(stamps: Stamps | None, rows: Sequence[ShardRow] | None) -> dict[bytes, int] | None:
+    """Each source's row among ``rows``: the one whose newest cell was written at the source's stamp (a flush
+    writes a key's row and its source's stamp at one timestamp). Timestamps are a mutator's birth plus its
+    flush number, so two sources' stamps can be equal: such a timestamp places neither. A source whose stamp
+    no row carries (its last flush wrote a row with none of this counter's cells) is not placed either. A live
+    mutator's row carries its source's stamp, so any other row carrying the same timestamp is a retired
+    mutator's; a source placed on it is harmless: the row never changes again, so :meth:`StateCache.patched`
+    never finds it written at the source's next stamp (a fold's or a drop's stamp, placed so, changes rows
+    without writing them, and is never found either)."""
+    if not stamps or rows is None:
+        return None
+    at = {row.written_us: i for i, row in enumerate(rows) if row.written_us is not None}
+    shared = {stamp for stamp, n in Counter(stamps.values()).items() if n > 1}
+    return {source: at[stamp] for source, stamp in stamps.items() if stamp in at and stamp not in shared}
+
+
+__all__ = ["Row", "ShardRow", "Stamps", "StateCache"]

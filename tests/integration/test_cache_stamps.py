@@ -161,3 +161,50 @@ value = "n"
         assert time.monotonic() - started >= RESET_SETTLE_S
         assert done.reset.epoch == 1
         assert await reader.get("hits", "home") is None
+
+
+async def test_a_read_after_some_sources_flushed_reads_their_rows_alone(cassandra_settings: CassandraSettings) -> None:
+    """Twelve partitions' mutators hold shards of one instance; after two of them flush it again (one also
+    another counter of the key, a third only the other counter), a read through the cache asks for those rows by
+    name and answers what an uncached read does; a claimant's new row makes the next read a whole one."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        key = f"home-{uuid.uuid4().hex[:8]}"
+        mutators = [uuid.uuid4() for _ in range(12)]
+        sources = [stamp_source("g", "views", i) for i in range(12)]
+        for i, mutator in enumerate(mutators):
+            await store.write_shards(mutator, 1_000 + i, 2_000 + i, [ShardWrite("hits", key, _sum(i + 1), 1, True),
+                                                                     ShardWrite("pages", key, _sum(1), 1, True)],
+                                     source=sources[i])
+        cache = StateCache(1 << 20)
+        assert (await read_state(client, "hits", key, cache=cache)).value() == 78  # type: ignore[union-attr]
+        await store.write_shards(mutators[3], 1_003, 3_003, [ShardWrite("hits", key, _sum(40), 2, False),
+                                                             ShardWrite("pages", key, _sum(2), 2, False)],
+                                 source=sources[3])
+        await store.write_shards(mutators[8], 1_008, 3_008, [ShardWrite("hits", key, _sum(9 + 50), 2, False)],
+                                 source=sources[8])
+        await store.write_shards(mutators[5], 1_005, 3_005, [ShardWrite("pages", key, _sum(2), 2, False)],
+                                 source=sources[5])
+        asked: list[str] = []
+        execute = client.execute
+
+        async def spied(statement: str, *args: object, **kwargs: object) -> object:
+            asked.append(statement)
+            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
+
+        client.execute = spied  # type: ignore[method-assign]
+        assert (await read_state(client, "hits", key, cache=cache)).value() == 78 + 36 + 50  # type: ignore[union-attr]
+        assert cache.patched_reads == 1
+        by_name = [s for s in asked if "(born_us, mutator) IN" in s]
+        assert len(by_name) == 1
+        assert by_name[0].count("(?, ?)") == 3
+        assert [s for s in asked if "AS cell" in s] == by_name  # no whole read
+        client.execute = execute  # type: ignore[method-assign]
+        assert (await read_state(client, "hits", key)).value() == 164  # type: ignore[union-attr]
+
+        # Partition 3's next owner writes a row of its own: the old row does not carry the stamp, read whole.
+        claimant = uuid.uuid4()
+        await store.write_shards(claimant, 4_000, 4_001, [ShardWrite("hits", key, _sum(1), 3, True)],
+                                 source=sources[3])
+        assert (await read_state(client, "hits", key, cache=cache)).value() == 165  # type: ignore[union-attr]
+        assert cache.patched_reads == 1

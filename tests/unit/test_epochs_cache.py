@@ -153,7 +153,7 @@ def test_a_cached_read_sends_the_resets_not_kept_alongside_the_stamps(monkeypatc
     state.apply(5)
 
     async def read_instances(client: object, counter: str, keys: list[str], consistency: object = None,
-                             epochs: object = None) -> dict[str, reader.StoredInstance]:
+                             epochs: object = None, *, rows: bool = False) -> dict[str, reader.StoredInstance]:
         sent("states")
         return {key: reader.StoredInstance([state.to_bytes()], {b"source": 1}) for key in keys}
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from countersink.state_cache import StateCache
+from countersink.state_cache import ShardRow, StateCache
 from schemas.errors import CountersinkError
 from schemas.kinds import State, merge_blobs, merge_stored, state_from_bytes
 from schemas.kinds import sum as sum_kind
@@ -249,3 +249,151 @@ def test_a_kept_merge_computes_its_value_once(monkeypatch: pytest.MonkeyPatch) -
     assert cache.value("views", "home", remerged) == 8
     assert cache.value("views", "home", merged) == 7  # no longer the kept merge: computed as given
     assert len(computed) == 4
+
+
+class _Partition:
+    """One key's partition as the consumers leave it (schemas.cql): a row per mutator with a cell per counter
+    (each cell's write timestamp), each source's stamp, a tally. Timestamps are as the consumers make them, a
+    mutator's birth plus its flush number, so that two rows' or two sources' are often equal; a mutator is born
+    above every write of its partition's earlier owners."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, str], dict[str, tuple[bytes, int]]] = {}
+        self.owner: dict[bytes, tuple[int, str]] = {}  # source -> the row its mutator writes
+        self.flushes: dict[tuple[int, str], int] = {}
+        self.stamps: dict[bytes, int] = {}
+        self.tally: bytes | None = None
+        self.totals: dict[tuple[int, str], int] = {}
+        self.folds = 0
+
+    def flush(self, source: bytes, counters: list[str], add: int, born_after: int = 0) -> None:
+        if source not in self.owner:
+            self.hand_over(source, born_after)
+        row = self.owner[source]
+        self.flushes[row] += 1
+        at = row[0] + self.flushes[row]
+        cells = self.rows.setdefault(row, {})
+        self.totals[row] = self.totals.get(row, 0) + add
+        for counter in counters:
+            cells[counter] = (_sum_blob(self.totals[row]), at)
+        self.stamps[source] = at
+
+    def hand_over(self, source: bytes, born_after: int = 0) -> None:
+        """A new mutator of the source's partition, born ``born_after`` µs above its last write (the first
+        one of a source: above 1,000)."""
+        born = self.stamps.get(source, 1_000) + 1 + born_after
+        row = (born, f"m{len(self.flushes)}")
+        self.owner[source], self.flushes[row] = row, 0
+
+    def fold(self) -> None:
+        """The GC folds the rows of mutators no source writes any more into the tally, with a stamp of its own."""
+        retired = [row for row in self.rows if row not in self.owner.values()]
+        blobs = ([self.tally] if self.tally else []) + [self.rows[r]["c"][0] for r in retired if "c" in self.rows[r]]
+        merged = merge_blobs(blobs)
+        self.tally = None if merged is None else merged.to_bytes()
+        for row in retired:
+            del self.rows[row]
+        self.folds += 1
+        self.stamps[b"gc"] = 10**9 + self.folds
+
+    def whole(self) -> tuple[list[bytes], list[ShardRow]]:
+        """What a whole read of counter ``c`` returns: the tally, then each row with a cell of it, in order."""
+        rows = sorted(row for row, cells in self.rows.items() if "c" in cells)
+        newest = {row: max(at for _, at in self.rows[row].values()) for row in rows}
+        return ([self.tally] if self.tally else []) + [self.rows[r]["c"][0] for r in rows], \
+            [ShardRow(r, newest[r]) for r in rows]
+
+    def read(self, cache: StateCache) -> State | None:
+        """A read of ``c`` through the cache, as reader._through_cache makes it, with the rows read by name."""
+        stamps = dict(self.stamps)
+        kept = cache.checked("c", "k", stamps, now=0.0, wall=0.0)
+        if kept is not None:
+            return kept
+        rows = cache.rows_to_read("c", "k", stamps, now=0.0, wall=0.0)
+        if rows is not None:
+            found = {r: ShardRow(r, max(at for _, at in self.rows[r].values())) for r in rows
+                     if r in self.rows and "c" in self.rows[r]}
+            patched = cache.patched("c", "k", self.tally if found else None, found,
+                                    {r: self.rows[r]["c"][0] for r in found}, stamps, None)
+            if patched is not None:
+                return patched
+        blobs, shard_rows = self.whole()
+        return cache.merged("c", "k", blobs, stamps=stamps, now=0.0, rows=shard_rows)
+
+
+@WIDE
+@given(steps=st.lists(st.tuples(st.sampled_from(["flush", "other", "both", "hand over", "fold"]),
+                                st.integers(0, 5), st.integers(1, 9), st.integers(0, 3)), max_size=40),
+       reads=st.lists(st.booleans(), min_size=40, max_size=40))
+def test_reading_only_the_rows_whose_sources_flushed_answers_what_a_whole_read_answers(
+        steps: list[tuple[str, int, int, int]], reads: list[bool]) -> None:
+    """Six sources flush counter ``c``, another counter of the key, or both; hand their partition to a new
+    mutator; the GC folds retired rows: after any step, a read through the cache (the changed rows alone when
+    it can place them) answers what a whole uncached read answers, however the rows' and the sources'
+    timestamps collide."""
+    partition, cache = _Partition(), StateCache(1 << 20)
+    for (step, source_at, add, born_after), read in zip(steps, reads, strict=False):
+        source = bytes([source_at]) * 8
+        if step == "hand over":
+            partition.hand_over(source, born_after)
+        elif step == "fold":
+            partition.fold()
+        else:
+            partition.flush(source, {"flush": ["c"], "other": ["other"], "both": ["c", "other"]}[step], add,
+                            born_after)
+        if read:
+            got = partition.read(cache)
+            want = merge_blobs(partition.whole()[0])
+            assert (got is None) == (want is None)
+            assert got is None or want is None or got.value() == want.value()
+
+
+def test_a_read_after_some_sources_flushed_reads_only_their_rows() -> None:
+    """Ten sources, two flush again: the rows to read are theirs; read, the merge is the new value. A source
+    whose partition changed hands, a new source or a fold's stamp make the read a whole one."""
+    partition, cache = _Partition(), StateCache(1 << 20)
+    for i in range(10):
+        partition.flush(bytes([i]) * 8, ["c"], i + 1, born_after=100 * i)
+    assert partition.read(cache).value() == 55  # type: ignore[union-attr]
+    partition.flush(b"\x02" * 8, ["c"], 100)
+    partition.flush(b"\x07" * 8, ["c", "other"], 1000)
+    assert sorted(cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) or []) == sorted(
+        [partition.owner[b"\x02" * 8], partition.owner[b"\x07" * 8]])
+    assert partition.read(cache).value() == 1155  # type: ignore[union-attr]
+    assert cache.patched_reads == 1
+    partition.flush(b"\x03" * 8, ["other"], 0)  # another counter of the key only: c's cell unchanged
+    assert partition.read(cache).value() == 1155  # type: ignore[union-attr]
+    assert cache.patched_reads == 2
+    old_row = partition.owner[b"\x04" * 8]
+    partition.hand_over(b"\x04" * 8)
+    partition.flush(b"\x04" * 8, ["c"], 5)  # the new mutator's row: the old one does not carry the new stamp
+    assert cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) == [old_row]
+    assert partition.read(cache).value() == 1160  # type: ignore[union-attr]
+    assert cache.patched_reads == 2  # taken whole
+    partition.flush(b"\x0b" * 8, ["c"], 1)  # a new source
+    assert cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) is None
+    assert partition.read(cache).value() == 1161  # type: ignore[union-attr]
+    partition.fold()
+    assert cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) is None
+    assert partition.read(cache).value() == 1161  # type: ignore[union-attr]
+    assert cache.rows_to_read("c", "k", partition.stamps, now=61.0, wall=0.0) is None  # too old
+
+
+@pytest.mark.parametrize("first", [["c"], ["other"]], ids=["two rows carry it", "two sources have it"])
+def test_a_timestamp_two_sources_or_two_rows_share_places_neither(first: list[str]) -> None:
+    """Sources 0 and 1 are born at the same microsecond and flush once each: one timestamp is both sources'
+    stamp, carried by both rows (or by source 0's alone, source 1's first flush writing another counter). Both
+    flush counter c again, at one timestamp again: the read is whole, and counts both."""
+    partition, cache = _Partition(), StateCache(1 << 20)
+    for i in range(2, 6):
+        partition.flush(bytes([i]) * 8, ["c"], 1, born_after=100 * i)
+    partition.flush(b"\x00" * 8, ["c"], 10)
+    partition.flush(b"\x01" * 8, first, 20)
+    assert partition.stamps[b"\x00" * 8] == partition.stamps[b"\x01" * 8]
+    before = 4 + 10 + (20 if first == ["c"] else 0)
+    assert partition.read(cache).value() == before  # type: ignore[union-attr]
+    partition.flush(b"\x00" * 8, ["c"], 100)
+    partition.flush(b"\x01" * 8, ["c"], 1000)
+    assert cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) is None
+    assert partition.read(cache).value() == 4 + 110 + 1020  # type: ignore[union-attr]
+
