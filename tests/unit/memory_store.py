@@ -27,6 +27,7 @@ from typing import Any
 from consumer.applying import Record
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import KeyView, Range, RegistryEntry, Row, ShardView
+from schemas.cql import GC_STAMP_SOURCE
 from schemas.errors import CountersinkError
 from schemas.resets import Epochs, Reset, ResetPosition, epochs_at
 
@@ -123,7 +124,7 @@ class HeldWrite:
     mutator: uuid.UUID
     born_us: int
     timestamp_us: int
-    write: ShardWrite
+    writes: tuple[ShardWrite, ...]  # one key's: its row and its stamp are one mutation
     source: bytes = b""
 
 
@@ -154,7 +155,7 @@ class MemoryStore:
         # write that changed a stored state without changing its key's stamps is recorded in stamp_misses: a
         # serve that kept its merge would answer the old value.
         self.stamps: dict[tuple[str, bytes], Cell] = {}
-        self.stamp_misses: list[str] = []
+        self.stamp_misses: list[tuple[Instance, str]] = []  # the cell written, and what happened
         self.stamped: dict[tuple[str, bytes, int, str, uuid.UUID], bytes] = {}  # the bytes each stamp stamped
 
     # -------------------------------------------------------------------------------- helpers
@@ -206,12 +207,13 @@ class MemoryStore:
             # and no earlier write at this timestamp stamped other bytes of this cell.
             if row.state is None or row.state.value != state.value:  # a new shard, or new bytes of one
                 if self.stamps[(write.key, source)] != stamp:
-                    self.stamp_misses.append(f"{write.counter}/{write.key}: {mutator} wrote at {timestamp_us}, "
-                                             f"its source's stamp stayed at {self.stamps[(write.key, source)].ts}")
+                    self.stamp_misses.append(((write.counter, write.key), f"{write.counter}/{write.key}: {mutator} "
+                                              f"wrote at {timestamp_us}, its source's stamp stayed at "
+                                              f"{self.stamps[(write.key, source)].ts}"))
                 elif self.stamped.get((write.key, source, timestamp_us, write.counter, mutator), state.value) \
                         != state.value:
-                    self.stamp_misses.append(f"{write.counter}/{write.key}: {mutator} wrote other bytes at "
-                                             f"{timestamp_us}, stamped the same")
+                    self.stamp_misses.append(((write.counter, write.key), f"{write.counter}/{write.key}: {mutator} "
+                                              f"wrote other bytes at {timestamp_us}, stamped the same"))
             self.stamped[(write.key, source, timestamp_us, write.counter, mutator)] = state.value
             row.state = state
         if through.wins_over(row.through):
@@ -219,7 +221,8 @@ class MemoryStore:
 
     def deliver(self, index: int) -> HeldWrite:
         held = self.held.pop(index)
-        self.land(held.mutator, held.born_us, held.timestamp_us, held.write, held.source)
+        for write in held.writes:
+            self.land(held.mutator, held.born_us, held.timestamp_us, write, held.source)
         return held
 
     def drop(self, index: int) -> HeldWrite:
@@ -292,22 +295,28 @@ class MemoryStore:
 
     async def write_shards(self, mutator: uuid.UUID, born_us: int, timestamp_us: int,
                            writes: Sequence[ShardWrite], *, source: bytes) -> None:
-        # The Cassandra store sends every statement at once and waits for all: each lands or not on its own,
-        # and the call fails if any of them was not acknowledged.
+        # The Cassandra store sends every statement at once and waits for all: each key's lands or not on its
+        # own (its row, a cell per counter, and its stamp are one mutation: they land together), and the call
+        # fails if any of them was not acknowledged.
         unacknowledged = 0
+        by_key: dict[str, list[ShardWrite]] = {}
         for write in writes:
-            fault = await _gate(Op("write_shard", (mutator, timestamp_us, write)))
+            by_key.setdefault(write.key, []).append(write)
+        for of_key in by_key.values():
+            fault = await _gate(Op("write_shard", (mutator, timestamp_us, tuple(of_key))))
             if fault in (Fault.NONE, Fault.LOST_ANSWER):
-                self.land(mutator, born_us, timestamp_us, write, source)
+                for write in of_key:
+                    self.land(mutator, born_us, timestamp_us, write, source)
             elif fault is Fault.HOLD:
-                self.held.append(HeldWrite(mutator, born_us, timestamp_us, write, source))
+                self.held.append(HeldWrite(mutator, born_us, timestamp_us, tuple(of_key), source))
             unacknowledged += fault is not Fault.NONE
-            if write.first_write:
-                fault = await _gate(Op("write_work_row", (mutator, write.counter, write.key)))
-                if fault is not Fault.FAIL:
-                    # A held work-list insert has no timestamp of interest: landing now or later is the same.
-                    self.work.add((mutator, write.counter, write.key))
-                unacknowledged += fault is not Fault.NONE
+            for write in of_key:
+                if write.first_write:
+                    fault = await _gate(Op("write_work_row", (mutator, write.counter, write.key)))
+                    if fault is not Fault.FAIL:
+                        # A held work-list insert has no timestamp of interest: landing now or later is the same.
+                        self.work.add((mutator, write.counter, write.key))
+                    unacknowledged += fault is not Fault.NONE
         if unacknowledged:
             raise StoreTimeoutError(f"{unacknowledged} shard writes not acknowledged")
 
@@ -388,6 +397,29 @@ class MemoryStore:
         view = self.key_view(key)
         return view.tallies, view.tally_write_us
 
+    def stamps_of(self, key: str) -> dict[bytes, int]:
+        """The key's stamps as a read of its stamps row returns them: source -> write timestamp."""
+        return {source: cell.ts for (k, source), cell in self.stamps.items() if k == key}
+
+    def stored_rows(self, counter: str, key: str) -> list[tuple[tuple[int, uuid.UUID], bytes, int]]:
+        """The instance's visible shards as a read of the partition returns them, in clustering order: each
+        row, its state, and the write timestamp of the row's newest visible cell of any counter
+        (``maxwritetime(states)``)."""
+        newest: dict[uuid.UUID, int] = {}
+        for (_, k), by_mutator in self.shards.items():
+            if k != key:
+                continue
+            for mutator, row in by_mutator.items():
+                for cell in (self.visible(key, mutator, row, row.state), self.visible(key, mutator, row, row.through)):
+                    if cell is not None:
+                        newest[mutator] = max(cell.ts, newest.get(mutator, cell.ts))
+        found = []
+        for mutator, row in self.shards.get((counter, key), {}).items():
+            state, through = self.visible(key, mutator, row, row.state), self.visible(key, mutator, row, row.through)
+            if state is not None and through is not None:
+                found.append(((row.born_us, mutator), state.value, newest[mutator]))
+        return sorted(found, key=lambda shard: shard[0])
+
     def snapshot(self, counter: str, key: str) -> InstanceSnapshot:
         """What a reader of one instance sees now."""
         shards = []
@@ -414,6 +446,10 @@ class MemoryStore:
         # A row tombstone is the range of that one birth time, for that one mutator.
         self.row_tombstones.update({(key, mutator): max(ts, self.row_tombstones.get((key, mutator), ts))
                                     for _, mutator in rows})
+        # The fold's stamp (schemas.cql): a merge kept from before it is not read again as it was.
+        stamp = Cell(_bigint(ts), ts)
+        if stamp.wins_over(self.stamps.get((key, GC_STAMP_SOURCE))):
+            self.stamps[(key, GC_STAMP_SOURCE)] = stamp
         if fault is not Fault.NONE:
             raise StoreTimeoutError("gc batch applied, answer lost")
 
