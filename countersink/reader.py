@@ -231,20 +231,21 @@ async def _through_cache(client: CassandraClient, cache: StateCache, counter: st
     ``cache`` kept where the stamps are unchanged, the others read (one request) and merged, and kept with the
     stamps read with them. ``scan``: see :meth:`StateCache.merged`."""
     now, wall = time.monotonic(), time.time()
-    kept = {key: cache.checked(epochs.cell(counter, key), key, stamps[key], now, wall) for key in keys}
+    cells = {key: epochs.cell(counter, key) for key in keys}
+    kept = {key: cache.checked(cells[key], key, stamps[key], now, wall) for key in keys}
     # An instance some of whose sources flushed since its merge was kept: those rows alone, one request each.
-    rows = {key: of_key for key, state in kept.items() if state is None
-            and (of_key := cache.rows_to_read(epochs.cell(counter, key), key, stamps[key], now, wall))}
+    rows = {key: of_key for key, state in kept.items()
+            if state is None and (of_key := cache.rows_to_read(cells[key], key, stamps[key], now, wall))}
     if rows:
-        patched = await asyncio.gather(*(_patch(client, cache, epochs.cell(counter, key), key, of_key, stamps[key],
-                                                consistency) for key, of_key in rows.items()))
+        patched = await asyncio.gather(*(_patch(client, cache, cells[key], key, of_key, stamps[key], consistency)
+                                         for key, of_key in rows.items()))
         kept.update((key, state) for key, state in zip(rows, patched, strict=True) if state is not None)
     unread = [key for key, state in kept.items() if state is None]
     if unread:
         read_at = time.monotonic()
         for key, found in (await read_instances(client, counter, unread, consistency, epochs, rows=True)).items():
-            kept[key] = cache.merged(epochs.cell(counter, key), key, found.blobs, scan=scan, stamps=found.stamps,
-                                     now=read_at, hidden_at=found.hidden_at, rows=found.rows)
+            kept[key] = cache.merged(cells[key], key, found.blobs, scan=scan, stamps=found.stamps, now=read_at,
+                                     hidden_at=found.hidden_at, rows=found.rows)
     return kept
 
 

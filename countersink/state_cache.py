@@ -190,19 +190,15 @@ class StateCache:
         (:meth:`patched`). None: read the instance whole (no such merge, too old, hidden, a source it cannot
         place: new, expired, a fold's or a drop's, or more than half its rows to read)."""
         entry = self._entries.get((cell, key))
-        if (entry is None or entry.sources is None or entry.rows is None or not stamps or not entry.stamps
-                or stamps.keys() != entry.stamps.keys() or now - entry.read_at >= self.max_age_s
+        if (entry is None or now - entry.read_at >= self.max_age_s
                 or (entry.hidden_at is not None and wall >= entry.hidden_at)):
             return None
-        rows = []
-        for source, stamp in stamps.items():
-            if entry.stamps[source] != stamp:
-                at = entry.sources.get(source)
-                if at is None:
-                    return None
-                rows.append(entry.rows[at].row)
+        placed = _changed_rows(entry, stamps)
+        if placed is None:
+            return None
+        rows, changed = placed
         # Past half the rows, reading them by name costs what reading the partition does.
-        return rows if rows and 2 * len(rows) <= len(entry.rows) else None
+        return [rows[at].row for at, _ in changed] if changed and 2 * len(changed) <= len(rows) else None
 
     def patched(self, cell: str, key: str, tally: bytes | None, read: Mapping[Row, ShardRow],
                 cells: Mapping[Row, bytes], stamps: Stamps | None, hidden_at: float | None) -> State | None:
@@ -215,20 +211,16 @@ class StateCache:
         the one kept (a fold changes it with a stamp of its own). Then the other rows are what they were, and
         the merge is that of an uncached read at those stamps. None otherwise: read the instance whole."""
         entry = self._entries.get((cell, key))
-        if (entry is None or entry.sources is None or entry.rows is None or not stamps or not entry.stamps
-                or stamps.keys() != entry.stamps.keys()):
+        placed = None if entry is None else _changed_rows(entry, stamps)
+        if entry is None or placed is None:
             return None
-        tallied = len(entry.blobs) - len(entry.rows)
-        if (tally if tally is None else bytes(tally)) != (entry.blobs[0] if tallied else None):
+        kept_rows, changed = placed
+        tallied = len(entry.blobs) - len(kept_rows)
+        if tally != (entry.blobs[0] if tallied else None):
             return None
-        blobs, rows = list(entry.blobs), list(entry.rows)
-        for source, stamp in stamps.items():
-            if entry.stamps[source] == stamp:
-                continue
-            at = entry.sources.get(source)
-            if at is None:
-                return None
-            row = entry.rows[at].row
+        blobs, rows = list(entry.blobs), list(kept_rows)
+        for at, stamp in changed:
+            row = kept_rows[at].row
             found = read.get(row)
             if found is None or found.written_us != stamp:
                 return None
@@ -243,6 +235,24 @@ class StateCache:
         entry = self._entries.pop(ident, None)
         if entry is not None:
             self._bytes -= entry.size
+
+
+def _changed_rows(entry: _Entry, stamps: Stamps | None
+                  ) -> tuple[tuple[ShardRow, ...], list[tuple[int, int]]] | None:
+    """The entry's rows, and for each source whose stamp in ``stamps`` differs from the entry's, the index of its
+    row and its new stamp; None when the entry kept no rows or stamps, a source came or went, or a changed
+    source has no row placed."""
+    if entry.rows is None or entry.sources is None or not stamps or not entry.stamps \
+            or stamps.keys() != entry.stamps.keys():
+        return None
+    changed = []
+    for source, stamp in stamps.items():
+        if entry.stamps[source] != stamp:
+            at = entry.sources.get(source)
+            if at is None:
+                return None
+            changed.append((at, stamp))
+    return entry.rows, changed
 
 
 def _rows_of(rows: Sequence[ShardRow] | None, blobs: int) -> tuple[ShardRow, ...] | None:
