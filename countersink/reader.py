@@ -80,6 +80,28 @@ _KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS, _BORN, _MUTATOR, _WRITTEN 
 
 
 @dataclasses.dataclass(slots=True)
+class _Retention:
+    """What one read's TTLs say of one partition's retention: hidden at once when a TTL is at or under the grace
+    (a bucket's rows expire at its expiry plus the grace, and readers hide it from its expiry on), else from when
+    the request was sent plus the least TTL less the grace."""
+
+    grace: int
+    sent: float  # taken before the request, a second early: Cassandra's TTLs count whole seconds down
+    least: int | None = None
+    hidden: bool = False
+
+    def see(self, *ttls: int | None) -> None:
+        for ttl in ttls:
+            if ttl is not None:
+                self.hidden = self.hidden or ttl <= self.grace
+                self.least = ttl if self.least is None else min(self.least, ttl)
+
+    @property
+    def hidden_at(self) -> float | None:
+        return None if self.least is None else self.sent + self.least - self.grace
+
+
+@dataclasses.dataclass(slots=True)
 class StoredInstance:
     """What one read found of an instance: its stored states (tally first, then its shards in the partition's
     order; none when never counted or hidden), its partition's stamps as the same read returned them, and
@@ -115,12 +137,9 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
     cells: dict[str, list[str]] = {}
     for key in keys:
         cells.setdefault(epochs.cell(counter, key), []).append(key)
-    grace = client.settings.retention_grace_s
+    grace, sent = client.settings.retention_grace_s, time.time() - 1
     out: dict[str, StoredInstance] = {key: StoredInstance() for key in keys}
-    hidden: set[str] = set()
-    ttls: dict[str, int] = {}  # the least TTL of each partition's cells read
-    # Before the request: Cassandra's TTLs count down whole seconds, so the hiding time is taken a second early.
-    sent = time.time() - 1
+    retention: dict[str, _Retention] = {}  # of each partition read
     for cell, of_cell in cells.items():
         marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
         extra = ", born_us, mutator, maxwritetime(states)" if rows else ""
@@ -129,32 +148,30 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
             f"ttl(states[?]) AS state_ttl, stamps{extra} FROM shards WHERE key IN ({marks})",
             [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level)
         partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
-        found = StoredInstance()
+        found, kept = StoredInstance(), _Retention(grace, sent)
         for row in result:
             values = row.as_tuple()
             if values[_KEY] != partition:
                 # A partition's rows come together; the static tally is repeated on each of them: take it once.
                 partition = values[_KEY]
                 found = out.setdefault(key_of_partition(partition), StoredInstance())
+                kept = retention[partition] = _Retention(grace, sent)
                 if rows:
                     found.rows = []
                 if values[_TALLY] is not None and not found.blobs:
                     found.blobs.append(values[_TALLY])
-            for ttl in (values[_TALLY_TTL], values[_STATE_TTL]):
-                if ttl is not None:
-                    if ttl <= grace:
-                        hidden.add(key_of_partition(partition))
-                    ttls[partition] = min(ttl, ttls.get(partition, ttl))
+            kept.see(values[_TALLY_TTL], values[_STATE_TTL])
             if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
                 found.blobs.append(shard_of_cell(values[_CELL])[0])
                 if found.rows is not None:
                     found.rows.append(ShardRow((values[_BORN], values[_MUTATOR]), values[_WRITTEN]))
             elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
                 found.stamps = values[_STAMPS] or None
-    for partition, ttl in ttls.items():
-        out[key_of_partition(partition)].hidden_at = sent + ttl - grace
-    for key in hidden:
-        out[key].blobs = []
+    for partition, seen in retention.items():
+        found = out[key_of_partition(partition)]
+        found.hidden_at = seen.hidden_at
+        if seen.hidden:
+            found.blobs = []
     return {key: out[key] for key in keys}
 
 
@@ -257,32 +274,28 @@ async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str
     that does not account for what changed, or a row read is past its retention (the whole read then decides
     what to hide)."""
     marks = ", ".join(["(?, ?)"] * len(rows))  # bind markers only: the rows are bound values
-    sent = time.time() - 1  # TTLs count whole seconds down: the hiding time is taken a second early
+    retention = _Retention(client.settings.retention_grace_s, time.time() - 1)
     result = await client.execute(
         "SELECT born_us, mutator, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
         "ttl(states[?]) AS state_ttl, maxwritetime(states) AS written_us FROM shards "
         f"WHERE key = ? AND (born_us, mutator) IN ({marks})",
         [cell] * 4 + [partition_key(key)] + [value for row in rows for value in row],
         consistency=consistency or client.settings.read_consistency)
-    grace = client.settings.retention_grace_s
     tally: bytes | None = None
     read: dict[Row, ShardRow] = {}
     cells: dict[Row, bytes] = {}
-    least: int | None = None
     for found in result:
         born, mutator, row_tally, cell_bytes, tally_ttl, state_ttl, written = found.as_tuple()
         tally = row_tally
-        for ttl in (tally_ttl, state_ttl):
-            if ttl is not None:
-                if ttl <= grace:
-                    return None
-                least = ttl if least is None else min(least, ttl)
+        retention.see(tally_ttl, state_ttl)
+        if retention.hidden:
+            return None
         if cell_bytes is not None:
             read[(born, mutator)] = ShardRow((born, mutator), written)
             cells[(born, mutator)] = shard_of_cell(cell_bytes)[0]
     if not read:
         return None  # the static tally comes only with a row: without one, nothing says what it is now
-    return cache.patched(cell, key, tally, read, cells, stamps, None if least is None else sent + least - grace)
+    return cache.patched(cell, key, tally, read, cells, stamps, retention.hidden_at)
 
 
 Instant = datetime | int | str
