@@ -11,6 +11,7 @@ quantiles, top-k endpoints, an error count under a filter).
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 
 TOPIC = "bench-trades"
 # The events' times: 2025-11-26 00:00 UTC on, 20 events a second (each hour holds 72,000 of them).
@@ -60,19 +61,31 @@ KINDS = {
     "top_k": 'kind = "top_k"\nvalue = "endpoint"',
 }
 
-PAGE_VIEWS = "".join([
-    _counter("views", f'kind = "count"\nkey = ["page"]\n{HOURLY}event_id = "id"'),
-    _counter("views_by_country", f'kind = "count"\nkey = ["user.country"]\n{HOURLY}event_id = "id"'),
-    _counter("revenue", 'kind = "sum"\nkey = ["user.country"]\nvalue = "amount"\nnumber = "decimal"\n'
-                        f'{HOURLY}where = {{ type = ["purchase"] }}\nevent_id = "id"'),
-    _counter("latency", f'kind = "quantiles"\nkey = ["endpoint"]\nvalue = "latency_ms"\n{HOURLY}'),
-    _counter("top_endpoints", 'kind = "top_k"\nkey = ["user.country"]\nvalue = "endpoint"'),
-    _counter("visitors", 'kind = "distinct"\nkey = ["page"]\nvalue = "user.id"\n'
-                         'bucket = { field = "ts", size = "1d", format = "epoch_seconds" }'),
-    _counter("slowest", 'kind = "max"\nkey = ["endpoint"]\nvalue = "latency_ms"\nnumber = "float"'),
-    _counter("bytes", 'kind = "mean"\nkey = ["endpoint", "status"]\nvalue = "bytes"'),
-    _counter("errors", f'kind = "count"\nkey = ["endpoint"]\n{HOURLY}where = {{ status = [500, 503] }}'),
-])
+# The page views' counters, by name: nine counters over seven keys.
+PAGE_VIEW_COUNTERS: dict[str, str] = {
+    "views": f'kind = "count"\nkey = ["page"]\n{HOURLY}event_id = "id"',
+    "views_by_country": f'kind = "count"\nkey = ["user.country"]\n{HOURLY}event_id = "id"',
+    "revenue": 'kind = "sum"\nkey = ["user.country"]\nvalue = "amount"\nnumber = "decimal"\n'
+               f'{HOURLY}where = {{ type = ["purchase"] }}\nevent_id = "id"',
+    "latency": f'kind = "quantiles"\nkey = ["endpoint"]\nvalue = "latency_ms"\n{HOURLY}',
+    "top_endpoints": 'kind = "top_k"\nkey = ["user.country"]\nvalue = "endpoint"',
+    "visitors": 'kind = "distinct"\nkey = ["page"]\nvalue = "user.id"\n'
+                'bucket = { field = "ts", size = "1d", format = "epoch_seconds" }',
+    "slowest": 'kind = "max"\nkey = ["endpoint"]\nvalue = "latency_ms"\nnumber = "float"',
+    "bytes": 'kind = "mean"\nkey = ["endpoint", "status"]\nvalue = "bytes"',
+    "errors": f'kind = "count"\nkey = ["endpoint"]\n{HOURLY}where = {{ status = [500, 503] }}',
+}
+
+
+def page_views(only: Collection[str] | None = None) -> str:
+    """The page views' counters, or those named in ``only``, as a definitions file."""
+    unknown = set(only or ()) - PAGE_VIEW_COUNTERS.keys()
+    if unknown:
+        raise ValueError(f"no page-view counter {sorted(unknown)}")
+    return "".join(_counter(name, body) for name, body in PAGE_VIEW_COUNTERS.items() if only is None or name in only)
+
+
+PAGE_VIEWS = page_views()
 
 SHAPES: dict[str, str] = {
     "flat (the bench's)": _three(),

@@ -12,6 +12,8 @@ different keys. The stream is loaded into a topic of its own (keyed by ``user.id
   Cassandra CPU per row (what its nine counters over seven keys cost the store);
 - by the same consumer with other settings (``--variant consumer.flush_spacing=30``: one run each), measured
   in the same run: rows per event and Cassandra CPU per row, the same values;
+- by a countersink consumer keeping only the two counters Kafka Streams keeps the equivalents of (views per
+  page and per country, per hour), both systems then counting the same thing, its values checked;
 - by Kafka Streams (``HourlyCounts``, exactly-once v2), keeping the windowed equivalents it can of two of the
   nine counters in one application (views per page and per country, per hour), its every count checked.
 """
@@ -27,7 +29,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -48,11 +50,14 @@ WIDER_GROUP = "bench-countersink-pageviews-variant"  # and -0, -1, … a variant
 COUNTERS = 9
 # Kafka Streams: an hourly count of each, in one application (key paths, comma-separated)
 KSTREAMS_KEYS = ("page", "user.country")
+# countersink's counters of those two hourly counts, counted alone in a run of their own (like for like)
+KSTREAMS_COUNTERS = ("views", "views_by_country")
+LIKE_GROUP = "bench-countersink-pageviews-like-kstreams"
 
 
-def definitions(topic: str = TOPIC) -> str:
-    """The nine page-view counters of ``bench.shapes`` on ``topic``."""
-    return shapes.PAGE_VIEWS.replace(f'topics = ["{shapes.TOPIC}"]', f'topics = ["{topic}"]')
+def definitions(topic: str = TOPIC, only: Collection[str] | None = None) -> str:
+    """The nine page-view counters of ``bench.shapes`` (or those named in ``only``) on ``topic``."""
+    return shapes.page_views(only).replace(f'topics = ["{shapes.TOPIC}"]', f'topics = ["{topic}"]')
 
 
 def renamed(group: str) -> str:
@@ -125,9 +130,10 @@ def maker(pages: int, seed: int, truth: Truth) -> Any:
 
 
 async def check_values(cassandra: CassandraSettings, truth: Truth, counter_prefix: str = "",
-                       sample: int = 1_000) -> list[str]:
+                       sample: int = 1_000, counters: Collection[str] | None = None) -> list[str]:
     """The countersink run's values against the truth: views of ``sample`` page-hours (sorted), and every
-    views-per-country, revenue (exact decimal), error count and slowest latency."""
+    views-per-country, revenue (exact decimal), error count and slowest latency; only those of ``counters``
+    when given (a run keeping some of the nine)."""
     expected: list[tuple[str, str, object]] = [
         *[("views", key, truth.views[key]) for key in sorted(truth.views)[:sample]],
         *[("views_by_country", key, n) for key, n in sorted(truth.by_country.items())],
@@ -135,6 +141,8 @@ async def check_values(cassandra: CassandraSettings, truth: Truth, counter_prefi
         *[("errors", key, n) for key, n in sorted(truth.errors.items())],
         *[("slowest", key, latency) for key, latency in sorted(truth.slowest.items())],
     ]
+    if counters is not None:
+        expected = [(counter, key, want) for counter, key, want in expected if counter in counters]
     problems = []
     async with CassandraClient(cassandra) as client:
         for counter, key, want in expected:
@@ -145,14 +153,15 @@ async def check_values(cassandra: CassandraSettings, truth: Truth, counter_prefi
     return problems
 
 
-def figures(run: ConsumerRun, truth: Truth) -> dict[str, float]:
-    """A countersink run's columns, as the trades' are reported."""
+def figures(run: ConsumerRun, truth: Truth, updates: int | None = None) -> dict[str, float]:
+    """A countersink run's columns, as the trades' are reported; ``updates``: the counter updates its counters
+    made, when not the nine's."""
     per_million = 1e6 / truth.events
     cassandra = run.server_cpu_s.get("Cassandra", 0.0)
     return {
         "events_per_s": run.rate,
         "consumer_cpu_s_per_million": run.cpu_s * per_million,
-        "consumer_cpu_us_per_update": run.cpu_s * 1e6 / truth.updates,
+        "consumer_cpu_us_per_update": run.cpu_s * 1e6 / (updates or truth.updates),
         "cassandra_cpu_s_per_million": cassandra * per_million,
         "kafka_cpu_s_per_million": run.server_cpu_s.get("Kafka", 0.0) * per_million,
         "shards_per_event": run.rows / truth.events,
@@ -180,8 +189,9 @@ async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, even
                      partitions: int, seed: int, variants: Sequence[Variant], kstreams_budget_s: float,
                      servers_by_name: dict[str, int], workdir: Path, classpath: str, kstreams_threads: int = 1,
                      kstreams_commit_ms: int = 100, profile_to: Path | None = None) -> dict[str, Any]:
-    """Load the page views and count them three ways (see the module's docstring). Returns every figure and
-    the mismatches found (``checks``, ``variant_checks``, ``kstreams_checks``: empty when all is exact).
+    """Load the page views and count them four ways (see the module's docstring). Returns every figure and
+    the mismatches found (``checks``, ``variant_checks``, ``like_kstreams_checks``, ``kstreams_checks``: empty
+    when all is exact).
     ``profile_to``: py-spy samples the first countersink run's stacks into that file (``out["profile"]``)."""
     await ensure_topics(kafka, {TOPIC: partitions})
     truth = Truth(partitions=partitions)
@@ -216,6 +226,16 @@ async def bench_step(kafka: KafkaSettings, cassandra: CassandraSettings, *, even
         out["variant_checks"] += [f"{label}: {problem}" for problem in problems]
         say(f"page views, {label}: {run.rate:,.0f} events/s, {out['variants'][label]['rows_per_event']:.2f} rows "
             f"per event, {len(problems)} values mismatched")
+
+    # the two counters Kafka Streams keeps, alone: both systems counting the same thing (every page view has
+    # a page, a country and a time: two updates each)
+    run = await countersink_rate(kafka, cassandra, partitions, events, LIKE_GROUP, servers_by_name, topic=TOPIC,
+                                 counters_text=definitions(only=KSTREAMS_COUNTERS))
+    out["like_kstreams"] = figures(run, truth, updates=len(KSTREAMS_COUNTERS) * events)
+    out["like_kstreams_checks"] = await check_values(cassandra, truth, renamed(LIKE_GROUP),
+                                                     counters=KSTREAMS_COUNTERS)
+    say(f"page views, countersink with Kafka Streams' two counters: {run.rate:,.0f} events/s, "
+        f"{len(out['like_kstreams_checks'])} values mismatched")
 
     ks = await kstreams_run(kafka, partitions, events, kstreams_budget_s, servers_by_name, workdir, classpath,
                             threads=kstreams_threads, commit_ms=kstreams_commit_ms)

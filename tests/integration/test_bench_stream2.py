@@ -26,8 +26,9 @@ PARTITIONS = 3
 async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_truth(
         kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bench's step as it runs it (one countersink run, then HourlyCounts over page and country), on a
-    topic of its own; then the same checks against a truth with one value changed in each counter checked."""
+    """The bench's step as it runs it (a countersink run of the nine counters, one of the two Kafka Streams keeps,
+    then HourlyCounts over page and country), on a topic of its own; then the same checks against a truth with
+    one value changed in each counter checked."""
     monkeypatch.setattr(pipeline, "STACK", tmp_path)  # the consumer's definitions and log
     topic = f"bench-pageviews-{uuid.uuid4().hex[:10]}"
     group = "bench-countersink-pageviews-test"
@@ -42,6 +43,14 @@ async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_tru
         async with CassandraClient(cassandra_settings) as client:  # the daily bucket's key, as the floor names it
             page = sorted(truth.views)[0].split("|")[0]
             visitors = await read_state(client, f"{prefix}visitors", f"{page}|2025-11-26T00:00Z")
+        # the two counters Kafka Streams keeps, counted alone (the bench's like-for-like run)
+        like_group = "bench-countersink-pageviews-like-test"
+        like_run = await pipeline.countersink_rate(
+            kafka_settings, cassandra_settings, PARTITIONS, EVENTS, like_group, {}, topic=topic,
+            counters_text=stream2.definitions(topic, only=stream2.KSTREAMS_COUNTERS))
+        like_prefix = stream2.renamed(like_group)
+        like_problems = await stream2.check_values(cassandra_settings, truth, like_prefix,
+                                                   counters=stream2.KSTREAMS_COUNTERS)
         classpath = kstreams.build()
         ks_run = await stream2.kstreams_run(kafka_settings, PARTITIONS, EVENTS, 180, {}, tmp_path, classpath,
                                             commit_ms=200, topic=topic)
@@ -57,9 +66,13 @@ async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_tru
         truth.errors[error_key] += 1
         truth.slowest[slow_key] += 0.01
         off = await stream2.check_values(cassandra_settings, truth, prefix)
+        like_off = await stream2.check_values(cassandra_settings, truth, like_prefix,
+                                              counters=stream2.KSTREAMS_COUNTERS)
     finally:
         await delete_topics(kafka_settings, topic)
     assert problems == []
+    assert like_problems == []
+    assert 0 < like_run.cassandra_rows < run.cassandra_rows  # two counters over two keys: fewer rows than nine
     assert truth.events == EVENTS
     assert 7 < truth.updates / EVENTS < 9  # nine counters, two of them under a filter
     assert len(truth.views) == PAGES  # one hour (72,000 events an hour): every page in it
@@ -75,6 +88,7 @@ async def test_page_views_counted_by_countersink_and_kafka_streams_equal_the_tru
     assert [p.split(": ")[0] for p in off] == [f"views/{views_key}", f"views_by_country/{country_key}",
                                                f"revenue/{revenue_key}", f"errors/{error_key}",
                                                f"slowest/{slow_key}"]
+    assert [p.split(": ")[0] for p in like_off] == [f"views/{views_key}", f"views_by_country/{country_key}"]
     assert ks_run.committed == EVENTS, (tmp_path / "kstreams.log").read_text()[-3000:]
     assert ks["counts_checked"] == len(truth.views) + len(truth.by_country)
     assert ks_problems == []

@@ -70,6 +70,16 @@ def test_the_definitions_are_the_nine_page_view_counters_on_the_stream_topic() -
     assert shapes.TOPIC not in text
 
 
+def test_the_run_like_kafka_streams_keeps_its_two_counters_alone() -> None:
+    text = stream2.definitions("views-topic", only=stream2.KSTREAMS_COUNTERS)
+    assert text.count("[[counter]]") == 2
+    assert 'name = "views"' in text
+    assert 'name = "views_by_country"' in text
+    assert text.count('size = "1h"') == 2  # hourly, as HourlyCounts' windows
+    with pytest.raises(ValueError, match="no page-view counter"):
+        stream2.definitions(only=["view"])
+
+
 def _figures(rate: float, consumer: float, per_update: float, rows: float) -> dict[str, float]:
     return {"events_per_s": rate, "consumer_cpu_s_per_million": consumer, "consumer_cpu_us_per_update": per_update,
             "cassandra_cpu_s_per_million": 20.0, "kafka_cpu_s_per_million": 3.0, "shards_per_event": 8.0,
@@ -102,6 +112,15 @@ def test_the_section_sets_the_second_stream_beside_the_trades_with_the_ratios() 
     assert "1.25 rows per event on this stream" in text
     assert "400,000 hourly counts" in text
     assert "0 mismatched" in text
+    assert "same two counters" not in text  # a report without the run (made before it) has no such line
+    report.stream2["like_kstreams"] = {**_figures(25_000.0, 20.0, 10.0, 1.0), "cassandra_cpu_s_per_million": 15.0}
+    report.stream2["like_kstreams_checks"] = []
+    text = "\n".join(stream2_section(report))
+    assert "| page views, Kafka Streams' two counters alone | 2 (views per page and per country, hourly) | 25,000 |" \
+           in text
+    assert "| countersink ÷ Kafka Streams EOS, events/s, page views, the same two counters | 2.50× |" in text
+    assert "| whole pipeline CPU per event ÷ Kafka Streams', page views, the same two counters | 0.60× |" in text
+    assert "keeping Kafka Streams' two counters alone, every views and views per country checked: 0" in text
     report.stream2["checks"] = ["views/x|h: 2 != 3"]
     report.stream2["countersink"]["consumer_cpu_us_per_update"] = 6.0
     text = "\n".join(stream2_section(report))
