@@ -324,8 +324,12 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
                         for name, value in (cassandra_options or {}).items()})
             running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log"))
         sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
-        await wait_until_flushed(cassandra, group, ends, 1800,
-                                 lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"))
+        try:
+            await wait_until_flushed(cassandra, group, ends, 1800,
+                                     lambda behind: say(f"countersink: {total - behind:,}/{total:,} flushed"),
+                                     consumers=running)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {STACK / group}*.log") from None
         # The ownership rows show the last window's intent before its shards are written: the figures are read
         # once every window is recorded complete (its writes acknowledged), or a large last flush is left out.
         await wait_until_windows_committed(cassandra, group, topic, partitions)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
@@ -81,12 +82,17 @@ async def unflushed(client: CassandraClient, group: str, ends: dict[TopicPartiti
 
 
 async def wait_until_flushed(cassandra: CassandraSettings, group: str, ends: dict[TopicPartition, int],
-                             within_s: float = 120.0, progress: Callable[[int], None] | None = None) -> None:
+                             within_s: float = 120.0, progress: Callable[[int], None] | None = None,
+                             consumers: Sequence[Any] = ()) -> None:
     """Until every partition's ownership row shows a flush through its last record; ``progress`` hears the
-    number of records still behind every 3 seconds."""
+    number of records still behind every 3 seconds. Raises at once when one of ``consumers`` (processes, as
+    ``subprocess.Popen``) has exited: nothing would flush what is left (a definition refused, a crash)."""
     started = last_report = time.monotonic()
     async with CassandraClient(cassandra) as client:
         while (behind := await unflushed(client, group, ends)) > 0:
+            if exited := [process for process in consumers if process.poll() is not None]:
+                raise RuntimeError(f"a consumer (pid {exited[0].pid}) exited {exited[0].returncode} with {behind} "
+                                   "records not flushed")
             if time.monotonic() - started > within_s:
                 raise TimeoutError(f"{behind} records still not flushed after {within_s:.0f}s")
             if progress is not None and time.monotonic() - last_report >= 3:
