@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import uuid
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -18,12 +20,15 @@ from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key,
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import (
+    IDEMPOTENCY_KEY,
     MAX_RESET_KEYS,
+    ResetProgress,
     ResetRefusedError,
     command_requester,
     read_points,
     read_reset_rows,
     reset_counter,
+    took_effect,
 )
 from countersink.settings import Settings
 
@@ -37,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--list", action="store_true",
                         help="reset nothing: print the counter's recorded resets and where each sits")
+    parser.add_argument("--idempotency-key", type=idempotency_key, metavar="KEY",
+                        help="the same on every attempt of one reset: a reset of the counter recorded with this key "
+                        "is completed and printed, not made again (default: a new key, printed if the reset fails "
+                        "after recording)")
+
+
+def idempotency_key(text: str) -> str:
+    if not IDEMPOTENCY_KEY.fullmatch(text):
+        raise argparse.ArgumentTypeError("1 to 128 of A-Z a-z 0-9 . _ : - (a UUID fits)")
+    return text
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -48,7 +63,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             log.error("usage_refused", error="--list takes no KEY")
             return EXIT_USAGE
         return run_async(list_resets(settings, args.counter, as_json=args.json))
-    return run_async(reset(settings, args.counter, list(dict.fromkeys(args.keys)), as_json=args.json))
+    return run_async(reset(settings, args.counter, list(dict.fromkeys(args.keys)), as_json=args.json,
+                           request_key=args.idempotency_key or uuid.uuid4().hex))
 
 
 async def list_resets(settings: Settings, counter: str, *, as_json: bool = False) -> int:
@@ -78,23 +94,41 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
     return 0
 
 
-async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: bool = False) -> int:
+async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: bool = False,
+                request_key: str | None = None) -> int:
+    """Reset ``counter`` (``keys``, or every key) and print it. A failure after the reset was recorded says so,
+    and how to complete that reset (the same command with its idempotency key); one while recording where the
+    control records landed, every control record out, is a reset done: printed, with a warning."""
+    progress = ResetProgress()
+    requested_by = command_requester()
     async with CassandraClient(settings.cassandra) as client:
         known, definition = await CounterRegistry(client).lookup(counter)
         if not known or definition is None:
             log.error("unknown_counter", counter=counter,
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
             return EXIT_USAGE
+        warning = None
         try:
-            done = await reset_counter(client, settings.kafka, definition, keys, command_requester(),
+            done = await reset_counter(client, settings.kafka, definition, keys, requested_by,
                                        settings.cassandra.write_consistency,
-                                       settings.cassandra.replay_read_consistency)
+                                       settings.cassandra.replay_read_consistency, request_key=request_key,
+                                       progress=progress)
         except ResetRefusedError as exc:
             log.error("reset_refused", counter=counter, error=str(exc))
             return EXIT_FAILED
+        except Exception as exc:  # every failure says what was recorded, and what to do
+            took = took_effect(progress, keys, requested_by)
+            if took is None:
+                _failed(counter, keys, progress, request_key, exc)
+                return EXIT_FAILED
+            done = took
+            warning = (f"the reset took effect (its control record is in every partition), but recording its "
+                       f"positions failed ({type(exc).__name__}): the consumers record them as they apply it")
+            log.warning("reset_positions_not_recorded", counter=counter, epoch=done.reset.epoch,
+                        id=done.reset.reset_id, error=type(exc).__name__)
     answer = done.as_json()
     if as_json:
-        print(json.dumps(answer))
+        print(json.dumps(answer if warning is None else {**answer, "warning": warning}))
         return 0
     what = f"keys {', '.join(sorted(keys))} of {counter}" if keys else f"every key of {counter}"
     print(f"reset {what}: epoch {answer['epoch']}, id {answer['id']}, by {answer['requested_by']} at "
@@ -102,3 +136,19 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
     for p in done.positions:
         print(f"  {p.topic}/{p.partition}: counts from offset {p.offset + 1} on (control record at {p.offset})")
     return 0
+
+
+def _failed(counter: str, keys: list[str], progress: ResetProgress, request_key: str | None,
+            exc: Exception) -> None:
+    """Log a reset that did not complete: what was recorded, and the command that completes it."""
+    message = (str(exc).strip().splitlines() or [""])[0][:300]
+    recorded = progress.reset
+    if recorded is None:
+        log.error("reset_failed", counter=counter, error=type(exc).__name__, message=message,
+                  next_step="nothing was recorded: reset again", **progress.as_json())
+        return
+    again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+    log.error("reset_failed", counter=counter, error=type(exc).__name__, message=message,
+              next_step=f"epoch {recorded.epoch} (id {recorded.reset_id}) was recorded and its control record "
+              f"published to {len(progress.published)} of {progress.partitions} partitions: complete it with "
+              f"`{again}` (a reset without that key would be a new one)", **progress.as_json())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -326,6 +327,10 @@ class ResetProgress:
                 "published": len(self.published), "partitions": self.partitions}
 
 
+# An idempotency key of a reset (POST's Idempotency-Key, reset's --idempotency-key): a UUID fits.
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
 @dataclass(frozen=True)
 class ResetDone:
     """A reset recorded and published: who asked, when (microseconds since the epoch), and its points.
@@ -345,6 +350,14 @@ class ResetDone:
                 "requested_at": datetime.fromtimestamp(self.requested_us / 1e6, UTC).isoformat(timespec="milliseconds"),
                 "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
                               for p in self.positions]}
+
+
+def took_effect(progress: ResetProgress, keys: Sequence[str], requested_by: str) -> ResetDone | None:
+    """A reset that failed only while recording where its control records landed, as done: every control record
+    is out, so it took effect, and the mutators applying it record its positions. None for any other failure."""
+    if progress.stage != POSITIONS or progress.reset is None:
+        return None
+    return ResetDone(progress.reset, tuple(keys), requested_by, progress.requested_us, tuple(progress.published))
 
 
 async def recorded_request(client: CassandraClient, counter: str, request_key: str, read_cl: Consistency

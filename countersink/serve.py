@@ -69,13 +69,14 @@ from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_value, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.resets import (
+    IDEMPOTENCY_KEY,
     MAX_RESET_KEYS,
-    POSITIONS,
     EpochsCache,
     ResetDone,
     ResetProgress,
     ResetRefusedError,
     reset_counter,
+    took_effect,
 )
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.schema_registry import SchemaRegistryUnavailableError
@@ -438,9 +439,7 @@ class ReadApi:
                 f"to {len(progress.published)} of {progress.partitions} partitions")
         log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__,
                   message=_first_line(exc), **progress.as_json())
-        if progress.stage == POSITIONS and recorded is not None:
-            # Every control record is out: the reset took effect. The mutators applying it record its positions.
-            done = ResetDone(recorded, tuple(keys), requested_by, progress.requested_us, tuple(progress.published))
+        if (done := took_effect(progress, keys, requested_by)) is not None:
             return web.json_response({**done.as_json(), "warning": (
                 "the reset took effect (its control record is in every partition), but recording its positions "
                 f"failed ({type(exc).__name__}): the consumers record them as they apply it")})
@@ -596,15 +595,12 @@ def _reset_problem(status: HTTPStatus, detail: str, progress: ResetProgress, ret
         {"title": status.phrase, "status": int(status), "detail": detail, "reset": progress.as_json()}))
 
 
-_IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
 def _idempotency_key(request: web.Request) -> str | None:
     """The request's ``Idempotency-Key`` (1 to 128 of A-Z a-z 0-9 . _ : -), None without one; 400 otherwise."""
     given = request.headers.getall("Idempotency-Key", [])
     if not given:
         return None
-    if len(given) > 1 or not _IDEMPOTENCY_KEY.fullmatch(given[0]):
+    if len(given) > 1 or not IDEMPOTENCY_KEY.fullmatch(given[0]):
         raise _problem(web.HTTPBadRequest, "Idempotency-Key is one header of 1 to 128 of A-Z a-z 0-9 . _ : - "
                        "(a UUID fits)")
     return given[0]
@@ -1095,7 +1091,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                            "Needs an admin token: a read token answers 403.",
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
                            {"name": "Idempotency-Key", "in": "header", "required": False,
-                            "schema": {"type": "string", "pattern": _IDEMPOTENCY_KEY.pattern},
+                            "schema": {"type": "string", "pattern": IDEMPOTENCY_KEY.pattern},
                             "description": "the same on every attempt of one reset: a request whose key was "
                                            "recorded with a reset of the counter answers that reset (completing "
                                            "it) instead of making a second. Clients that retry must send one."}],

@@ -291,3 +291,57 @@ async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_noth
     assert f"Kafka knows no partition of {gone}: nothing was reset".encode() in done.stderr
     async with CassandraClient(cassandra_settings) as client:
         assert as_dicts(await client.execute("SELECT * FROM resets")) == []
+
+
+async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_it(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``countersink reset`` cut short after recording the reset (its control record out to one partition of
+    two) exits 1 naming the epoch and the command that completes it; that command (its idempotency key)
+    publishes the rest and prints the same reset. One that fails only while recording where its control
+    records landed took effect: printed, exit 0, with a warning."""
+    from countersink import reset_cli, resets
+    from countersink.cassandra import CassandraUnavailableError
+    from countersink.registry import CounterRegistry
+    from countersink.settings import Settings
+    from schemas.definitions import parse_definitions
+
+    topic = await topic_factory(partitions=PARTITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings)
+    publish = resets.publish_controls
+
+    async def one_then_away(reset: object, partitions: list[tuple[str, int]], *args: object) -> object:
+        await publish(reset, partitions[:1], *args)  # type: ignore[arg-type]
+        raise OSError("the broker went away")
+
+    monkeypatch.setattr(resets, "publish_controls", one_then_away)
+    cut = await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="cut-1")
+    said = capsys.readouterr()
+    monkeypatch.setattr(resets, "publish_controls", publish)
+    completed = await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="cut-1")
+    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    async def positions_lost(*_: object) -> None:
+        raise CassandraUnavailableError("no host answered")
+
+    monkeypatch.setattr(resets.CassandraResets, "record_positions", positions_lost)
+    took = await reset_cli.reset(settings, "trades", [], as_json=True, request_key="whole-1")
+    warned = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert cut == 1
+    log = said.out + said.err
+    assert "countersink reset shares S1 --idempotency-key cut-1" in log, log
+    assert "published to 1 of 2 partitions" in log
+    assert completed == 0
+    assert (done["epoch"], done["keys"]) == (1, ["S1"])  # the reset recorded by the attempt cut short
+    assert sorted(p["partition"] for p in done["positions"]) == [0, 1]
+    async with CassandraClient(cassandra_settings) as client:
+        assert len(as_dicts(await client.execute("SELECT * FROM resets WHERE counter = 'shares'"))) == 1
+    assert took == 0
+    assert warned["epoch"] == 1
+    assert sorted(p["partition"] for p in warned["positions"]) == [0, 1]
+    assert "the reset took effect" in warned["warning"]
