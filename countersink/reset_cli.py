@@ -25,6 +25,8 @@ from countersink.resets import (
     ResetProgress,
     ResetRefusedError,
     command_requester,
+    first_line,
+    positions_not_recorded,
     read_points,
     read_reset_rows,
     reset_counter,
@@ -121,9 +123,7 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             if took is None:
                 _failed(counter, keys, progress, request_key, exc)
                 return EXIT_FAILED
-            done = took
-            warning = (f"the reset took effect (its control record is in every partition), but recording its "
-                       f"positions failed ({type(exc).__name__}): the consumers record them as they apply it")
+            done, warning = took, positions_not_recorded(exc)
             log.warning("reset_positions_not_recorded", counter=counter, epoch=done.reset.epoch,
                         id=done.reset.reset_id, error=type(exc).__name__)
     answer = done.as_json()
@@ -141,14 +141,9 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
 def _failed(counter: str, keys: list[str], progress: ResetProgress, request_key: str | None,
             exc: Exception) -> None:
     """Log a reset that did not complete: what was recorded, and the command that completes it."""
-    message = (str(exc).strip().splitlines() or [""])[0][:300]
-    recorded = progress.reset
-    if recorded is None:
-        log.error("reset_failed", counter=counter, error=type(exc).__name__, message=message,
-                  next_step="nothing was recorded: reset again", **progress.as_json())
-        return
-    again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
-    log.error("reset_failed", counter=counter, error=type(exc).__name__, message=message,
-              next_step=f"epoch {recorded.epoch} (id {recorded.reset_id}) was recorded and its control record "
-              f"published to {len(progress.published)} of {progress.partitions} partitions: complete it with "
-              f"`{again}` (a reset without that key would be a new one)", **progress.as_json())
+    next_step = "reset again"
+    if progress.reset is not None:
+        again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+        next_step = f"complete it with `{again}` (a reset without that key would be a new one)"
+    log.error("reset_failed", counter=counter, error=type(exc).__name__, message=first_line(exc),
+              next_step=f"{progress.recorded()}: {next_step}", **progress.as_json())

@@ -319,6 +319,13 @@ class ResetProgress:
     requested_us: int = 0  # when the reset was recorded
     request_key: str | None = None  # the request's idempotency key
 
+    def recorded(self) -> str:
+        """What a reset that did not complete left, in words: nothing, or its epoch and how far it was published."""
+        if self.reset is None:
+            return "nothing was recorded"
+        return (f"epoch {self.reset.epoch} (id {self.reset.reset_id}) was recorded and its control record "
+                f"published to {len(self.published)} of {self.partitions} partitions")
+
     def as_json(self) -> dict[str, Any]:
         """The members a problem document carries about a reset that did not complete."""
         if self.reset is None:
@@ -350,6 +357,17 @@ class ResetDone:
                 "requested_at": datetime.fromtimestamp(self.requested_us / 1e6, UTC).isoformat(timespec="milliseconds"),
                 "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
                               for p in self.positions]}
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's message, first line, bounded (driver messages may be long)."""
+    return (str(exc).splitlines() or [""])[0][:300]
+
+
+def positions_not_recorded(exc: BaseException) -> str:
+    """The warning given with a reset that :func:`took_effect` though recording its positions failed."""
+    return ("the reset took effect (its control record is in every partition), but recording its positions "
+            f"failed ({type(exc).__name__}): the consumers record them as they apply it")
 
 
 def took_effect(progress: ResetProgress, keys: Sequence[str], requested_by: str) -> ResetDone | None:

@@ -75,6 +75,8 @@ from countersink.resets import (
     ResetDone,
     ResetProgress,
     ResetRefusedError,
+    first_line,
+    positions_not_recorded,
     reset_counter,
     took_effect,
 )
@@ -433,16 +435,11 @@ class ReadApi:
     def _reset_failed(self, name: str, keys: list[str], requested_by: str, progress: ResetProgress,
                       exc: Exception) -> web.Response:
         """The answer to a reset that failed, saying what was recorded (epoch and id) and whether to retry."""
-        recorded = progress.reset
-        what = ("nothing was recorded" if recorded is None else
-                f"epoch {recorded.epoch} (id {recorded.reset_id}) was recorded and its control record published "
-                f"to {len(progress.published)} of {progress.partitions} partitions")
+        recorded, what = progress.reset, progress.recorded()
         log.error("reset_failed", counter=name, requested_by=requested_by, error=type(exc).__name__,
-                  message=_first_line(exc), **progress.as_json())
+                  message=first_line(exc), **progress.as_json())
         if (done := took_effect(progress, keys, requested_by)) is not None:
-            return web.json_response({**done.as_json(), "warning": (
-                "the reset took effect (its control record is in every partition), but recording its positions "
-                f"failed ({type(exc).__name__}): the consumers record them as they apply it")})
+            return web.json_response({**done.as_json(), "warning": positions_not_recorded(exc)})
         again = ("nothing to complete: reset again" if recorded is None else
                  "POST again with the same Idempotency-Key to complete this reset (without one, a retry is a new "
                  "reset)" if progress.request_key else
@@ -574,16 +571,11 @@ def _what_to_fix(exc: Exception) -> str:
         return "a topic of the counter no longer exists in Kafka"
     if isinstance(exc, CassandraError):
         return (f"Cassandra refused the reset's request as the admin role (COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME)"
-                f": {_first_line(exc)} (docs/security.md: the grants it needs; on a keyspace made by an earlier "
+                f": {first_line(exc)} (docs/security.md: the grants it needs; on a keyspace made by an earlier "
                 "version, run countersink schema)")
     if isinstance(exc, errors.KafkaError):
         return f"Kafka refused the control record: {type(exc).__name__}"
     return f"{type(exc).__name__} (reset_failed in serve's log)"
-
-
-def _first_line(exc: BaseException) -> str:
-    """An error's message, first line, bounded (driver messages may be long)."""
-    return (str(exc).splitlines() or [""])[0][:300]
 
 
 def _reset_problem(status: HTTPStatus, detail: str, progress: ResetProgress, retry_after: int | None = None
