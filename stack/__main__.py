@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--schema-registry-port", type=int, default=_env_int("SCHEMA_REGISTRY_PORT", 8085))
     up.add_argument("--only", choices=("kafka", "cassandra", "schema-registry"), help="start just one of them")
     up.add_argument("--secure", action="store_true",
-                    help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 39192, SSL with client certificates on "
-                         "39193) and Cassandra (TLS with client certificates, password roles, on 39142; JMX with a "
+                    help="instead: TLS-only Kafka (SASL_SSL SCRAM-SHA-512 on 22192, SSL with client certificates on "
+                         "22193) and Cassandra (TLS with client certificates, password roles, on 22142; JMX with a "
                          "login), with fresh certificates and passwords")
     sub.add_parser("down", help="stop what `up` started")
     sub.add_parser("status", help="show what `up` started and whether it still runs")

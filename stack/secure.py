@@ -223,9 +223,9 @@ class SecureKafkaServer(KafkaServer):
     required client certificates on ``ssl_port``, SASL_SSL on ``elsewhere_host:elsewhere_port`` (an address
     the certificate does not name), and the controller on ``controller_port`` (TLS with client certificates)."""
 
-    ssl_port: int = 39093
+    ssl_port: int = 22193
     elsewhere_host: str = "127.0.0.2"
-    elsewhere_port: int = 39095
+    elsewhere_port: int = 22195
     heap: str = "384m"
     certs: Certificates | None = None
     users: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -346,13 +346,13 @@ class SecureStack:
     """One secured Kafka and one secured Cassandra, their certificates, users and roles under ``root``."""
 
     root: Path = STACK_DIR / "secure"
-    kafka_port: int = 39192
-    kafka_ssl_port: int = 39193
-    kafka_controller_port: int = 39194
-    kafka_elsewhere_port: int = 39195
-    cassandra_port: int = 39142
-    cassandra_storage_port: int = 37100
-    cassandra_jmx_port: int = 37299
+    kafka_port: int = 22192
+    kafka_ssl_port: int = 22193
+    kafka_controller_port: int = 22194
+    kafka_elsewhere_port: int = 22195
+    cassandra_port: int = 22142
+    cassandra_storage_port: int = 22100
+    cassandra_jmx_port: int = 22299
     kafka: SecureKafkaServer | None = None
     cassandra: SecureCassandraNode | None = None
     certs: Certificates | None = None

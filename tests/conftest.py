@@ -286,21 +286,21 @@ def private_schema_registry() -> Iterator[servers.SchemaRegistryServer]:
 
 @pytest.fixture(scope="session")
 def secure_stack() -> Iterator[SecureStack]:
-    """One TLS-only Kafka (SASL_SSL 39092, SSL 39093) and one TLS-only Cassandra with password roles (39042),
+    """One TLS-only Kafka (SASL_SSL 21092, SSL 21093) and one TLS-only Cassandra with password roles (21042),
     with fresh certificates, users and roles; started on first use, whatever servers the other tests use
     (or the running one whose stack.json ``COUNTERSINK_TEST_SECURE_STACK`` names)."""
     running = os.environ.get("COUNTERSINK_TEST_SECURE_STACK")  # stack.json of `python -m stack up --secure`
     if running:
         yield SecureStack.attach(Path(running))
         return
-    stack = SecureStack(root=TEST_STACK_DIR / "secure", kafka_port=39092, kafka_ssl_port=39093,
-                        kafka_controller_port=39094, kafka_elsewhere_port=39095, cassandra_port=39042,
-                        cassandra_storage_port=37000, cassandra_jmx_port=37199)
+    stack = SecureStack(root=TEST_STACK_DIR / "secure", kafka_port=21092, kafka_ssl_port=21093,
+                        kafka_controller_port=21094, kafka_elsewhere_port=21095, cassandra_port=21042,
+                        cassandra_storage_port=21000, cassandra_jmx_port=21199)
     started = time.monotonic()
     try:
         # From this, the main thread: a server tied to its parent dies with the thread that started it.
         stack.start(tied_to_parent=True)
-        _announce(f"secured kafka and cassandra ready on 127.0.0.1:39092/39093 and :39042 "
+        _announce(f"secured kafka and cassandra ready on 127.0.0.1:21092/21093 and :21042 "
                   f"in {time.monotonic() - started:.1f}s")
         yield stack
     finally:

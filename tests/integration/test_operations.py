@@ -176,7 +176,7 @@ def test_a_start_up_timeout_is_json_and_leaves_no_client_open(kafka_settings: Ka
                                                               tmp_path: Path) -> None:
     """A consumer whose Cassandra never answers gives up after startup_timeout_s with exit 1, writing only
     JSON lines (the driver's complaints included) and no 'Unclosed AIOKafkaProducer'."""
-    unreachable = CassandraSettings(contact_points=["127.0.0.1"], port=39_042)  # nothing listens there
+    unreachable = CassandraSettings(contact_points=["127.0.0.1"], port=2)  # nothing listens there
     counters = write_definitions(tmp_path, "never-read")
     env = child_env(kafka_settings, unreachable,
                     consumer={"counters_file": counters, "startup_timeout_s": 2, "health_port": 0})

@@ -26,8 +26,8 @@ from stack.servers import STACK_DIR, StackError
 
 pytestmark = pytest.mark.integration
 
-CQL_PORT = 38142
-JMX_PORT = 38199
+CQL_PORT = 23142
+JMX_PORT = 23199
 
 
 # ------------------------------------------------------------------------------------------ the watchers
@@ -156,9 +156,9 @@ class Watched:
 def watched() -> Iterator[Watched]:
     """A secured stack started while its command lines are read and the default superuser is tried; both
     watchers keep going until the module ends (the tests below start nodetool too)."""
-    stack = WatchedStack(root=STACK_DIR / "test" / "secure-start", kafka_port=38192, kafka_ssl_port=38193,
-                         kafka_controller_port=38194, kafka_elsewhere_port=38195, cassandra_port=CQL_PORT,
-                         cassandra_storage_port=38100, cassandra_jmx_port=JMX_PORT)
+    stack = WatchedStack(root=STACK_DIR / "test" / "secure-start", kafka_port=23192, kafka_ssl_port=23193,
+                         kafka_controller_port=23194, kafka_elsewhere_port=23195, cassandra_port=CQL_PORT,
+                         cassandra_storage_port=23100, cassandra_jmx_port=JMX_PORT)
     command_lines, attacker = CommandLines(), DefaultSuperuser(CQL_PORT)
     command_lines.start()
     attacker.start()

@@ -25,8 +25,8 @@ from schemas.errors import DefinitionError
 
 REPO = Path(__file__).resolve().parents[2]
 # Nothing listens on these ports (they are in the range kept for this kind of check).
-CASSANDRA_DOWN = {"COUNTERSINK_CASSANDRA__PORT": "39991", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
-KAFKA_DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:39992"}
+CASSANDRA_DOWN = {"COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
+KAFKA_DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"}
 
 
 def countersink(*args: str, env: dict[str, str] | None = None,
@@ -57,7 +57,7 @@ def test_an_unreachable_cassandra_is_one_line_naming_the_address_and_exit_1(comm
     assert len(lines) == 1, done.stderr
     failure = json.loads(lines[0])
     assert failure["event"] == "command_failed"
-    assert "127.0.0.1:39991" in failure["error"]
+    assert "127.0.0.1:2" in failure["error"]
 
 
 @pytest.mark.parametrize("command", [["topics", "create", "trades"], ["publish", "trades", "-"]])
@@ -67,7 +67,7 @@ def test_an_unreachable_kafka_is_one_line_naming_the_address_and_exit_1(command:
     assert done.returncode == 1, done.stderr
     lines = error_lines(done)
     assert len(lines) == 1, done.stderr
-    assert "127.0.0.1:39992" in json.loads(lines[0])["error"]
+    assert "127.0.0.1:1" in json.loads(lines[0])["error"]
 
 
 @pytest.mark.parametrize(("variable", "value"), [("COUNTERSINK_CASSANDRA__PORT", "abc"),

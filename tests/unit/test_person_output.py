@@ -53,8 +53,8 @@ def test_a_person_sees_warnings_and_errors_as_plain_lines() -> None:
 
 
 @pytest.mark.parametrize(("env", "expected"), [
-    ({"COUNTERSINK_CASSANDRA__PORT": "39991", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"},
-     (1, "error: cannot connect to Cassandra at 127.0.0.1:39991: ")),
+    ({"COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"},
+     (1, "error: cannot connect to Cassandra at 127.0.0.1:2: ")),
     ({"COUNTERSINK_" + "GC_GRACE_S": "1"},
      (2, "error: COUNTERSINK_" "GC_GRACE_S: not a setting; did you mean COUNTERSINK_GC__GRACE_S?")),
 ])
