@@ -39,7 +39,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -310,7 +309,7 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
     ``cassandra_options``: Cassandra settings of the consumers (``{"write_batch_rows": 20}``)."""
     counters = STACK / "counters.toml"
     counters.write_text(named_for(counters_text if counters_text is not None else definitions(topic), group))
-    ports = [free_port() for _ in range(processes)]
+    ports = [servers.free_port() for _ in range(processes)]
     ends = await end_offsets(kafka, {topic: partitions})
     servers_before = {name: proc_cpu_s(pid) for name, pid in servers_by_name.items()}
     started = time.monotonic()
@@ -549,12 +548,6 @@ def memory_per_instance(instances: int) -> dict[str, float]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def applied_events(port: int) -> float | None:
     progress = consumer_progress(port)
     return None if progress is None else progress[0]
@@ -585,7 +578,7 @@ async def recovery(kafka: KafkaSettings, cassandra: CassandraSettings, instances
     topic = f"{RECOVERY_TOPIC}-{topic_group.removeprefix('recovery-')}"
     counters.write_text(named_for(RECOVERY_DEFINITIONS.replace(RECOVERY_TOPIC, topic), topic_group))
     await ensure_topics(kafka, {topic: 1})
-    port_a, port_b = free_port(), free_port()
+    port_a, port_b = servers.free_port(), servers.free_port()
 
     def env(port: int, level: str = "WARNING") -> dict[str, str]:
         e = child_env(kafka, cassandra, consumer={

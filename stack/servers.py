@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -72,6 +73,32 @@ def check_port_free(host: str, port: int, what: str) -> None:
         sock.settimeout(0.5)
         if sock.connect_ex((host, port)) == 0:
             raise StackError(f"port {host}:{port} for {what} is already taken; stop what uses it or pick another port")
+
+
+# Where free_port looks: below Linux's ephemeral range (32768-60999), above every port the stack, the tests and
+# the benchmarks fix.
+FREE_PORTS = range(30000, 32767)
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing holds now, for a server to be started next, never the same twice in one process. Below
+    the ephemeral range, so no client is given it as its own local port: a readiness probe sent before the
+    server listens cannot connect to itself, and no outgoing connection takes it meanwhile (a port from
+    ``bind(0)`` is in that range)."""
+    start = secrets.randbelow(len(FREE_PORTS))
+    for i in range(len(FREE_PORTS)):
+        port = FREE_PORTS[(start + i) % len(FREE_PORTS)]
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise StackError(f"no free port on {host} in {FREE_PORTS.start}-{FREE_PORTS.stop - 1}")
 
 
 def resolve_jars(server: str, version: str, extra: Sequence[str] = ()) -> Path:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -15,6 +14,7 @@ import aiohttp
 import pytest
 
 from countersink.settings import CassandraSettings
+from stack.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,9 +25,7 @@ async def running_serve(cassandra: CassandraSettings, counters: Path, ready_with
     """Start ``serve`` over ``counters`` on a free loopback port, wait for ``/readyz``, yield its base URL; on
     the way out, SIGTERM must end it with exit code 0. ``env``: more settings; ``output``: a file that gets
     what it prints (its log)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra.contact_points[0],
            "COUNTERSINK_CASSANDRA__PORT": str(cassandra.port), "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra.keyspace,
            "COUNTERSINK_SERVE__HOST": "127.0.0.1", "COUNTERSINK_SERVE__PORT": str(port), "PYTHONPATH": str(REPO),

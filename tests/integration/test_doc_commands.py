@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from countersink.cassandra import CassandraClient
 from countersink.kafka import make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
+from stack.servers import free_port
 from tests.docblocks import REPO, doc_block
 
 pytestmark = pytest.mark.integration
@@ -86,12 +86,6 @@ def matches(expected: list[str], printed: list[str]) -> bool:
     patterns = ["".join(".+" if part.startswith("<") else re.escape(part) for part in re.split(r"(<[^>]+>)", line))
                 for line in expected]
     return all(re.fullmatch(pattern, line) for pattern, line in zip(patterns, printed, strict=True))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def answers(url: str) -> bool:

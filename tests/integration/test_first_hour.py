@@ -7,7 +7,6 @@ import asyncio
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from countersink.kafka import make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
+from stack.servers import free_port
 from tests.docblocks import doc_block
 
 pytestmark = pytest.mark.integration
@@ -40,12 +40,6 @@ def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
     """A background process writing to ``log``."""
     with log.open("ab") as out:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def readyz(port: int) -> tuple[int, str]:

@@ -15,7 +15,6 @@ import base64
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from countersink.kafka import KafkaSecurityError, ensure_topics, make_consumer, 
 from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.settings import KafkaSecurity, KafkaSettings
 from stack.secure import Certificates, make_certificates
-from stack.servers import KafkaServer
+from stack.servers import KafkaServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +42,6 @@ CLIENT_ID = "countersink-oauth"
 SECRET = "s3cret-" + uuid.uuid4().hex  # a test IdP's client secret
 SCOPE = "kafka"
 LIFETIME_S = 4.0  # short: a test of a few seconds sees several tokens
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _b64(data: dict[str, object]) -> str:
@@ -120,7 +113,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 
 @pytest.fixture(scope="module")
 def oauth_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthKafkaServer]:
-    broker = OAuthKafkaServer(port=_free_port(), controller_port=_free_port(), oauth_port=_free_port(),
+    broker = OAuthKafkaServer(port=free_port(), controller_port=free_port(), oauth_port=free_port(),
                               root=tmp_path_factory.mktemp("oauth-kafka"))
     try:
         broker.start(timeout=180)
@@ -140,7 +133,7 @@ async def idp(certs: Certificates) -> AsyncIterator[tuple[IdentityProvider, str]
     await runner.setup()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(certs.server_cert), str(certs.server_key))
-    port = _free_port()
+    port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=context)
     await site.start()
     try:
@@ -233,7 +226,7 @@ async def test_a_token_endpoint_that_goes_away_leaves_the_live_token_in_use_unti
     await runner.setup()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(str(certs.server_cert), str(certs.server_key))
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
     url = f"https://127.0.0.1:{port}/oauth2/token"
     tokens = ClientCredentialsTokens(_settings(oauth_broker, url, certs))

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from countersink.metrics import METRICS
 from countersink.serve import ReadApi
 from countersink.settings import CassandraSettings, KafkaSettings, ServeSettings
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
+from stack.servers import free_port
 from tests.integration.consumer_support import REPO, make_events, start_consumer, wait_until_started, write_definitions
 
 pytestmark = pytest.mark.integration
@@ -52,13 +52,6 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             pytest.fail(f"line {number} is not JSON: {line!r}")
     return parsed
-
-
-def _free_port() -> int:
-    """A port nothing listens on now (health_port 0 turns the server off rather than picking one)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def _scrape(port: int) -> Samples:
@@ -112,7 +105,7 @@ async def test_a_consumer_run_logs_json_and_exports_its_metrics(
     settings = {"group_id": group, "counters_file": counters, "dead_letter_topic": dead_letters,
                 "dead_letter_partitions": 2, "flush_interval_s": 0.5}
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
-    port = _free_port()
+    port = free_port()
     first = start_consumer(kafka_settings, cassandra_settings, logs[0], **settings, health_port=port)
     second = None
     try:
@@ -144,7 +137,7 @@ async def test_a_consumer_run_logs_json_and_exports_its_metrics(
             v >= 0 for _, v in samples["countersink_cassandra_driver_timeouts_total"])
         assert not [name for name in samples if name.endswith("_created")]
 
-        second = start_consumer(kafka_settings, cassandra_settings, logs[1], **settings, health_port=_free_port())
+        second = start_consumer(kafka_settings, cassandra_settings, logs[1], **settings, health_port=free_port())
         await wait_until_started(logs[1], second)
 
         async def one_partition_left() -> bool:

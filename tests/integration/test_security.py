@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import ssl
 import sys
 import time
@@ -35,6 +34,7 @@ from countersink.settings import Settings
 from schemas.definitions import load_definitions
 from stack.loading import end_offsets, publish, wait_until_flushed
 from stack.secure import ADMIN_ROLE, GROUP_PREFIX, SecureStack
+from stack.servers import free_port
 from tests.integration.consumer_support import expected_values, make_events, read_values, write_definitions
 
 pytestmark = pytest.mark.integration
@@ -158,12 +158,6 @@ async def wait_for_line(running: Running, event: str, within_s: float = 90) -> N
             pytest.fail(f"exited with {running.process.returncode} before {event}:\n{running.text()}")
         await asyncio.sleep(0.2)
     pytest.fail(f"no {event} within {within_s}s:\n{running.text()}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # The consumer group of every consumer on the module's keyspace: one group per keyspace (the counter registry

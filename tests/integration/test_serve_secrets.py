@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import ssl
 import sys
 import time
@@ -26,6 +25,7 @@ import pytest
 
 from countersink.settings import CassandraSettings
 from stack.secure import make_certificates
+from stack.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -65,15 +65,9 @@ class Serve:
         return await asyncio.wait_for(self.process.wait(), 60)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def start_serve(cassandra: CassandraSettings, tmp_path: Path, tls: bool, **serve: object) -> Serve:
     """``countersink serve`` in a process of its own, JSON logs to a file."""
-    port = _free_port()
+    port = free_port()
     counters = tmp_path / "counters.toml"
     counters.write_text(COUNTERS)
     env = {k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 import time
 import uuid
@@ -18,15 +17,10 @@ from countersink.kafka import make_consumer, make_producer
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 from schemas.cql import SchemaVersionError
+from stack.servers import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_kafka_round_trip_through_a_consumer_group(kafka_settings: KafkaSettings, topic_factory) -> None:
@@ -75,7 +69,7 @@ async def test_cassandra_schema_rows_at_quorum_and_lwt(cassandra_settings: Cassa
 
 async def test_cassandra_down_is_a_named_retriable_error(base_cassandra_settings: CassandraSettings) -> None:
     """Connecting where no Cassandra listens fails fast with CassandraUnavailableError, not a hang."""
-    settings = base_cassandra_settings.model_copy(update={"port": _free_port(), "connect_timeout_s": 1.0})
+    settings = base_cassandra_settings.model_copy(update={"port": free_port(), "connect_timeout_s": 1.0})
     started = time.monotonic()
     with pytest.raises(CassandraUnavailableError, match="cannot connect to Cassandra") as caught:
         await CassandraClient(settings).start()
@@ -85,7 +79,7 @@ async def test_cassandra_down_is_a_named_retriable_error(base_cassandra_settings
 
 async def test_kafka_down_is_a_connection_error(kafka_settings: KafkaSettings) -> None:
     """A producer pointed where no broker listens fails to start with KafkaConnectionError."""
-    settings = kafka_settings.model_copy(update={"bootstrap_servers": [f"127.0.0.1:{_free_port()}"],
+    settings = kafka_settings.model_copy(update={"bootstrap_servers": [f"127.0.0.1:{free_port()}"],
                                                   "request_timeout_ms": 2000})
     producer = make_producer(settings)
     with pytest.raises(KafkaConnectionError):

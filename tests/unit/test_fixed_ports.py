@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import ast
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from stack import servers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("stack", "bench", "tests", "countersink")
@@ -85,3 +90,19 @@ def test_the_scan_finds_a_port_in_the_ephemeral_range() -> None:
               "DOWN = {'COUNTERSINK_CASSANDRA__PORT': '39991', 'BOOTSTRAP': '127.0.0.1:39992'}\n")
     found = sorted(value for _, _, value in _fixed_ports(ast.parse(source)))
     assert found == [38142, 39042, 39093, 39991, 39992, 40000]
+
+
+def test_a_free_port_is_below_the_ephemeral_range_bindable_and_never_handed_out_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ports = [servers.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert not [port for port in ports if port in EPHEMERAL or port < 1024]
+    for port in ports[:3]:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))
+    with socket.socket() as held:  # a port something holds is passed over
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(servers, "FREE_PORTS", range(taken, taken + 1))
+        with pytest.raises(servers.StackError, match="no free port"):
+            servers.free_port()

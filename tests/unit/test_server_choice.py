@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stack.servers import free_port
 from tests.server_choice import ServerChoiceError, Servers, choose_servers, docker_engine_answers
 
 EXTERNAL = {"COUNTERSINK_TEST_KAFKA": "127.0.0.1:9092", "COUNTERSINK_TEST_CASSANDRA": "127.0.0.1:9042"}
@@ -87,9 +88,7 @@ def test_an_engine_that_answers_its_ping_is_found(fake_engine: tuple[str, list[b
 
 def test_no_engine_means_no_containers(tmp_path: Path) -> None:
     """A missing socket, a closed TCP port or an unsupported scheme is no engine (as on these machines)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+    closed_port = free_port()
     assert not docker_engine_answers({"DOCKER_HOST": f"unix://{tmp_path / 'none.sock'}"})
     assert not docker_engine_answers({"DOCKER_HOST": f"tcp://127.0.0.1:{closed_port}"})
     assert not docker_engine_answers({"DOCKER_HOST": "ssh://user@host"})
