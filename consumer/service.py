@@ -261,7 +261,14 @@ class ConsumerService:
             return f"topics refused: {', '.join(sorted({tp.topic for tp in self.refused}))} (compacted)"
         if self.schema_wait is not None:
             return f"waiting for the schema registry: {self.schema_wait}"
-        return f"waiting for topics: {', '.join(self.waiting_for_topics)}" if self.waiting_for_topics else ""
+        if self.waiting_for_topics:
+            return f"waiting for topics: {', '.join(self.waiting_for_topics)}"
+        if self.ownership.stopped:
+            stopped = sorted(f"{tp.topic}-{tp.partition}" for tp in self.ownership.stopped)
+            return f"partitions stopped for lost records: {', '.join(stopped)}"
+        if not self._started:
+            return "starting"
+        return "joining the consumer group" if not self.ready else ""
 
     async def _prepare_cassandra(self) -> None:
         await self.cassandra.start()

@@ -35,7 +35,7 @@ class GcRun:
     run: uuid.UUID
     started_us: int
     ended_us: int | None
-    outcome: str  # running, complete, deferred, failed
+    outcome: str  # running, complete, deferred, failed, stopped
     host: str
     instances_folded: int
     instances_deferred: int

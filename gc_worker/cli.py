@@ -46,6 +46,8 @@ log = get_logger(__name__)
 RUN_FAILURES = (CassandraError, GcClockAheadError)
 
 EXIT_DEFERRED = 3
+# How long a run stopped by the loop's SIGTERM may take to record that it stopped.
+_STOPPED_RECORD_TIMEOUT_S = 5.0
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -150,6 +152,15 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
     except RUN_FAILURES as exc:
         if runs is not None:
             await runs.finished(run, started_us, now_us(), outcome="failed", error=str(exc))
+        raise
+    except asyncio.CancelledError:
+        # The loop stops a run where it is (SIGTERM): say so, or its record would read "running" for good.
+        # Bounded: a Cassandra that does not answer must not hold the stop up.
+        if runs is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(runs.finished(run, started_us, now_us(), outcome="stopped"),
+                                       _STOPPED_RECORD_TIMEOUT_S)
+        log.info("gc_stopped", run=str(run))
         raise
     finally:
         progress.close()

@@ -408,6 +408,7 @@ async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reporte
             await asyncio.sleep(0.2)
         assert METRICS.partitions_stopped._value.get() == 1
         assert not stopped.is_ready
+        assert stopped._why_not_ready() == f"partitions stopped for lost records: {topic}-0"
         await asyncio.sleep(1.0)
     assert METRICS.records_lost.labels(topic, "0")._value.get() == lost_before + 5
     assert await _values(cassandra_settings, ["S0"]) == _expected(first)

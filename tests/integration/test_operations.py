@@ -4,6 +4,7 @@ in Cassandra, and the dead-letter topic is created as the settings (or the broke
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -28,7 +29,8 @@ from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.kafka import broker_topic_defaults, ensure_topics, make_admin
 from countersink.metrics import METRICS
 from countersink.serve import ReadApi
-from countersink.settings import CassandraSettings, KafkaSettings, ServeSettings
+from countersink.settings import CassandraSettings, GcSettings, KafkaSettings, ServeSettings, Settings
+from gc_worker import cli as gc_cli
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from stack.servers import free_port
 from tests.integration.consumer_support import REPO, make_events, start_consumer, wait_until_started, write_definitions
@@ -228,6 +230,36 @@ async def test_gc_runs_are_recorded_and_their_age_exported(
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith("last complete run: ")
     assert "error: " + "x" * 1000 in text.stdout
+
+
+async def test_a_loop_run_stopped_by_sigterm_is_recorded_as_stopped(
+        cassandra_settings: CassandraSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM (the loop's stop) in the middle of a run ends the loop with 0 and leaves the run recorded as
+    `stopped`, not `running` for good. The run is held in the middle by a collector that never finishes."""
+    midway = asyncio.Event()
+
+    class EndlessCollector:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        async def run(self, started_us: int) -> None:
+            midway.set()
+            await asyncio.Event().wait()
+
+    monkeypatch.setattr(gc_cli, "Collector", EndlessCollector)
+    settings = Settings(cassandra=cassandra_settings, gc=GcSettings(every_s=60, health_port=0))
+    parser = argparse.ArgumentParser()
+    gc_cli.add_gc_arguments(parser)
+    stop = asyncio.Event()
+    loop = asyncio.ensure_future(gc_cli._loop_until(stop, settings, parser.parse_args(["--every", "60s"])))
+    await asyncio.wait_for(midway.wait(), 60)
+    stop.set()
+    assert await asyncio.wait_for(loop, 30) == 0
+    async with CassandraClient(cassandra_settings) as client:
+        (run,) = await GcRunLog(client).recent()
+    assert run.outcome == "stopped"
+    assert run.ended_us is not None
+    assert run.ended_us >= run.started_us
 
 
 def _gc_age() -> float:
