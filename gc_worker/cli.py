@@ -143,11 +143,11 @@ async def _one_run(settings: Settings, client: CassandraClient, args: argparse.N
     started = time.perf_counter()
     run, started_us = uuid.uuid4(), now_us()
     runs = None if args.dry_run else GcRunLog(client)
-    if runs is not None:
-        await runs.started(run, started_us, f"{socket.gethostname()}:{os.getpid()}")
-    log.info("gc_started", run=str(run), grace_s=settings.gc.grace_s, consistency=str(store.instance_cl),
-             dry_run=args.dry_run)
     try:
+        if runs is not None:
+            await runs.started(run, started_us, f"{socket.gethostname()}:{os.getpid()}")
+        log.info("gc_started", run=str(run), grace_s=settings.gc.grace_s, consistency=str(store.instance_cl),
+                 dry_run=args.dry_run)
         report = await collector.run(started_us)
     except RUN_FAILURES as exc:
         if runs is not None:
