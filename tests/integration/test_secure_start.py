@@ -1,6 +1,6 @@
 """The secured stack's own start, watched from outside as a local attacker would: every command line of the
 machine read while it starts (no secret may be in one), and a loop logging in to Cassandra as the default
-superuser from the moment the node starts (it must never get in). Its own stack, on ports 38xxx.
+superuser from the moment the node starts (it must never get in). Its own stack, on ports 23xxx.
 """
 
 from __future__ import annotations
