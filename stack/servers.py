@@ -67,8 +67,23 @@ def check_java() -> str:
     return java
 
 
+def ephemeral_ports() -> range:
+    """This machine's range of local ports given to clients (Linux's default when it cannot be read)."""
+    try:
+        low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def check_port_free(host: str, port: int, what: str) -> None:
-    """Raise a one-line error when something already listens on host:port."""
+    """Raise a one-line error when something already listens on host:port; warn of a port any client may be
+    given as its own (the server may then find it taken, or this very check connect to itself)."""
+    clients = ephemeral_ports()
+    if port in clients:
+        say(f"warning: port {port} for {what} is in this machine's range of client ports "
+            f"({clients.start}-{clients.stop - 1}): a client may hold it when the server starts; pick one below "
+            f"{clients.start}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         if sock.connect_ex((host, port)) == 0:

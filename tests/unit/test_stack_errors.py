@@ -20,6 +20,22 @@ def test_taken_port_is_named() -> None:
             servers.check_port_free("127.0.0.1", port, "Kafka")
 
 
+def test_a_port_in_the_client_range_is_warned_of(capfd: pytest.CaptureFixture[str]) -> None:
+    """A server port among the ports clients are given locally is started with a warning naming the range; a
+    port below it is not."""
+    clients = servers.ephemeral_ports()
+    servers.check_port_free("127.0.0.1", servers.free_port(), "Kafka")
+    assert "warning" not in capfd.readouterr().err
+    with socket.socket() as held:  # a free port inside the range: bound by this test, not listening
+        held.bind(("127.0.0.1", 0))
+        inside = held.getsockname()[1]
+        assert inside in clients
+        servers.check_port_free("127.0.0.1", inside, "Kafka")
+    err = capfd.readouterr().err
+    assert f"warning: port {inside} for Kafka is in this machine's range of client ports " \
+           f"({clients.start}-{clients.stop - 1})" in err
+
+
 def test_missing_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Without a java executable the error says Java 17 is required."""
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
