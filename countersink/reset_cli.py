@@ -21,6 +21,7 @@ from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import (
     IDEMPOTENCY_KEY,
+    IDEMPOTENCY_KEY_RULE,
     MAX_RESET_KEYS,
     ResetProgress,
     ResetRefusedError,
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def idempotency_key(text: str) -> str:
     if not IDEMPOTENCY_KEY.fullmatch(text):
-        raise argparse.ArgumentTypeError("1 to 128 of A-Z a-z 0-9 . _ : - (a UUID fits)")
+        raise argparse.ArgumentTypeError(IDEMPOTENCY_KEY_RULE)
     return text
 
 

@@ -334,8 +334,9 @@ class ResetProgress:
                 "published": len(self.published), "partitions": self.partitions}
 
 
-# An idempotency key of a reset (POST's Idempotency-Key, reset's --idempotency-key): a UUID fits.
+# An idempotency key of a reset (POST's Idempotency-Key, reset's --idempotency-key), and the rule in words.
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+IDEMPOTENCY_KEY_RULE = "1 to 128 of A-Z a-z 0-9 . _ : - (a UUID fits)"
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ from countersink.reader import CounterReader, read_value, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.resets import (
     IDEMPOTENCY_KEY,
+    IDEMPOTENCY_KEY_RULE,
     MAX_RESET_KEYS,
     EpochsCache,
     ResetDone,
@@ -588,13 +589,12 @@ def _reset_problem(status: HTTPStatus, detail: str, progress: ResetProgress, ret
 
 
 def _idempotency_key(request: web.Request) -> str | None:
-    """The request's ``Idempotency-Key`` (1 to 128 of A-Z a-z 0-9 . _ : -), None without one; 400 otherwise."""
+    """The request's ``Idempotency-Key`` (``IDEMPOTENCY_KEY_RULE``), None without one; 400 otherwise."""
     given = request.headers.getall("Idempotency-Key", [])
     if not given:
         return None
     if len(given) > 1 or not IDEMPOTENCY_KEY.fullmatch(given[0]):
-        raise _problem(web.HTTPBadRequest, "Idempotency-Key is one header of 1 to 128 of A-Z a-z 0-9 . _ : - "
-                       "(a UUID fits)")
+        raise _problem(web.HTTPBadRequest, f"Idempotency-Key is one header of {IDEMPOTENCY_KEY_RULE}")
     return given[0]
 
 

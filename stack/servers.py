@@ -67,12 +67,16 @@ def check_java() -> str:
     return java
 
 
+# Linux's default net.ipv4.ip_local_port_range: where the kernel picks clients' own local ports.
+LINUX_EPHEMERAL_RANGE = range(32768, 61000)
+
+
 def ephemeral_ports() -> range:
     """This machine's range of local ports given to clients (Linux's default when it cannot be read)."""
     try:
         low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
-        low, high = 32768, 60999
+        return LINUX_EPHEMERAL_RANGE
     return range(low, high + 1)
 
 
@@ -90,9 +94,9 @@ def check_port_free(host: str, port: int, what: str) -> None:
             raise StackError(f"port {host}:{port} for {what} is already taken; stop what uses it or pick another port")
 
 
-# Where free_port looks: below Linux's ephemeral range (32768-60999), above every port the stack, the tests and
-# the benchmarks fix.
-FREE_PORTS = range(30000, 32767)
+# Where free_port looks: below Linux's ephemeral range, above every port the stack, the tests and the benchmarks
+# fix.
+FREE_PORTS = range(30000, LINUX_EPHEMERAL_RANGE.start)
 _handed_out: set[int] = set()
 
 

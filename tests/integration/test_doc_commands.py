@@ -321,9 +321,10 @@ async def test_the_gc_blocks_run_as_written(
         rows = [row.as_dict() for row in await client.execute(query.strip().rstrip(";"))]
     assert len(rows) >= complete, rows  # and the loop's run, when it got that far before its SIGTERM
     # Every --once run complete; the loop's, if recorded, complete or stopped by the SIGTERM midway.
-    assert sorted(row["outcome"] for row in rows)[:complete] == ["complete"] * complete, rows
-    assert {row["outcome"] for row in rows} <= {"complete", "stopped"}, rows
-    assert sum(row["outcome"] == "stopped" for row in rows) <= 1, rows
+    outcomes = [row["outcome"] for row in rows]
+    assert outcomes.count("complete") >= complete, rows
+    assert set(outcomes) <= {"complete", "stopped"}, rows
+    assert outcomes.count("stopped") <= 1, rows
     assert [row["started_us"] for row in rows] == sorted((row["started_us"] for row in rows), reverse=True)
     assert rows[0]["last_complete_us"] is not None
 

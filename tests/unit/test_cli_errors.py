@@ -24,7 +24,7 @@ from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
 
 REPO = Path(__file__).resolve().parents[2]
-# Nothing listens on these ports (they are in the range kept for this kind of check).
+# Nothing listens on these ports (below 1024, and never a client's own port).
 CASSANDRA_DOWN = {"COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
 KAFKA_DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"}
 

@@ -18,8 +18,8 @@ from stack import servers
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("stack", "bench", "tests", "countersink")
-# Linux's default net.ipv4.ip_local_port_range; the widest a distribution ships by default.
-EPHEMERAL = range(32768, 61000)
+# Linux's default, not this machine's: the ports must hold wherever the tests run.
+EPHEMERAL = servers.LINUX_EPHEMERAL_RANGE
 
 
 # A local address with its port, in a bootstrap string or a URL.
