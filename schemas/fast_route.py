@@ -121,10 +121,12 @@ class Row:
 
     __slots__ = ("idents", "key", "names", "states", "touched")
 
-    def __init__(self, key: str, names: tuple[str, ...]) -> None:
+    def __init__(self, key: str, names: tuple[str, ...],
+                 idents: tuple[tuple[str, str], ...] | None = None) -> None:
         self.key = key
         self.names = names
-        self.idents = tuple([(name, key) for name in names])
+        # the generated row makers pass them written out (a tuple display, no comprehension per row)
+        self.idents = tuple([(name, key) for name in names]) if idents is None else idents
         self.states: list[State | None] = [None] * len(names)
         self.touched = 0
 
@@ -613,10 +615,10 @@ class FastRoute:
                 lines.append(f"{indent}else:")
                 indent += "    "
                 retained = when is not None and when[3] is not None
-                row_lines = [f"row{g} = ({lookup}) or new_row({g}, rows[{g}], ({values}))"]
+                row_lines = [f"row{g} = ({lookup}) or new_row{g}(rows[{g}], ({values}))"]
                 if retained:
                     # a late bucket's key is checked as the router checks it, and no row is kept for it
-                    row_lines = [f"if late{b}:", f"    row{g} = new_row({g}, {{}}, ({values}))",
+                    row_lines = [f"if late{b}:", f"    row{g} = new_row{g}({{}}, ({values}))",
                                  "else:", *(f"    {line}" for line in row_lines)]
                 # In a try, the bucket, the row (a key part the router refuses raises), the value and the event
                 # id: the counter's own refusals, in the router's order (key, bucket, value, id), decided here
@@ -701,6 +703,9 @@ class FastRoute:
         lines += ["", "", "def apply_fields(event, ts, key, headers, rows, fresh, touched, create):",
                   *(["    long_decimal = False"] if self.decimals else []), *body]
         lines += ["", "", *self._fields_of_lines(fields)]
+        for g, (paths, names, bucketed, _) in enumerate(self._groups):
+            lines += ["", "", *self._row_maker_lines(g, len(paths), names, bucketed)]
+        namespace.update(Row=Row, escape=_escape, MAX_KEY_BYTES=max_key_bytes)
         self.source = "\n".join(lines) + "\n"
         topic_struct = fields.struct()
         # The top-level payload fields counters read: all a decoded record need be read for (fields_of).
@@ -724,6 +729,9 @@ class FastRoute:
         self.apply_event: ApplyEvent = namespace["apply_event"]
         self.apply_fields: ApplyFields = namespace["apply_fields"]
         self.fields_of: Callable[[dict[str, Any]], Any] = namespace["fields_of"]
+        # per key group, its row maker (the generated ``new_row{g}``), for a reader or a test
+        self.row_makers: tuple[Callable[[dict[Any, Row], tuple[Any, ...]], Row | None], ...] = tuple(
+            namespace[f"new_row{g}"] for g in range(len(self._groups)))
 
     @staticmethod
     def _fields_of_lines(fields: _Fields) -> list[str]:
@@ -746,6 +754,32 @@ class FastRoute:
                       "            return None", "    elif type(v) is Decimal and not decimal_passes(v):",
                       "        return None"]
         lines.append("    return event")
+        return lines
+
+    @staticmethod
+    def _row_maker_lines(group: int, paths: int, names: tuple[str, ...], bucketed: bool) -> list[str]:
+        """``new_row{group}(rows, values)``: :meth:`_new_row` for the group, written out for its common case,
+        every key value a string or an integer and the key short enough (a new instance each hour of a
+        bucketed counter makes one: the time a bucket adds). Anything else it hands to :meth:`_new_row`."""
+        keys = [f"v{i}" for i in range(paths)]
+        unpacked = keys + (["bucket"] if bucketed else [])
+        lines = [f"def new_row{group}(rows, values):"]
+        if unpacked:
+            lines.append(f"    {', '.join(unpacked)}, = values")
+        for k in keys:
+            lines += [f"    if type({k}) is str:",
+                      f"        if '|' in {k} or '\\\\' in {k}:",
+                      f"            {k} = escape({k})",
+                      f"    elif type({k}) is int:",
+                      f"        {k} = str({k})",
+                      "    else:",
+                      f"        return new_row({group}, rows, values)"]
+        lines.append(f"    key = {'f' + repr('|'.join('{' + k + '}' for k in unpacked)) if unpacked else repr('')}")
+        lines += ["    if len(key) > MAX_KEY_BYTES:",
+                  f"        return new_row({group}, rows, values)  # its error, as the router's"]
+        idents = "".join(f"({name!r}, key), " for name in names)
+        lines.append(f"    row = Row(key, {names!r}, ({idents}))")
+        lines += [f"    rows[{'values[0]' if len(unpacked) == 1 else 'values'}] = row", "    return row"]
         return lines
 
     def _apply_lines(self, definition: CounterDefinition, group: int, index: int, value: str,

@@ -731,3 +731,40 @@ def test_the_differential_check_catches_a_planted_refusal_divergence(monkeypatch
                        suppress_health_check=[HealthCheck.too_slow])(given(**mistyped_arguments)(_mistyped_check))
     with pytest.raises(AssertionError):
         planted()
+
+
+ROW_GROUPS = [  # (key paths, bucketed) of each group of ROW_MAKER_COUNTERS
+    ((), False), (("sym",), False), (("sym", "side"), False), ((), True), (("sym",), True), (("sym", "side"), True)]
+ROW_MAKER_COUNTERS = [
+    'kind = "count"', 'kind = "count"\nkey = ["sym"]', 'kind = "count"\nkey = ["sym", "side"]',
+    *(f'{body}\nbucket = {{ field = "ts", size = "1h", format = "epoch_seconds" }}' for body in
+      ('kind = "count"', 'kind = "count"\nkey = ["sym"]', 'kind = "count"\nkey = ["sym", "side"]'))]
+KEY_VALUES = (st.text(alphabet="ab|\\\\x", max_size=30) | st.integers(-(2**70), 2**70) | st.booleans()
+              | st.floats(allow_nan=False) | st.none() | st.just(fast_route._UNSET)
+              | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(group=st.integers(0, len(ROW_GROUPS) - 1), values=st.lists(KEY_VALUES, min_size=2, max_size=2),
+       bucket=st.sampled_from(["2025-11-26T07:00Z", "x|y", ""]))
+def test_the_row_makers_make_the_rows_the_general_maker_makes(group: int, values: list[Any], bucket: str) -> None:
+    """Each key group's generated row maker (its common case written out) and the general one give the same
+    row (key, counters, identities), keep it under the same look-up key, and refuse the same values with the
+    same error: strings holding the separator or the escape, integers beyond 64 bits, booleans, floats,
+    missing and null values, arrays and objects, keys longer than the limit (MAX_KEY_BYTES is small)."""
+    counters = counter_set(ROW_MAKER_COUNTERS)
+    fast = FastRoute.build(counters, TOPIC, max_key_bytes=MAX_KEY_BYTES)
+    assert fast is not None
+    paths, bucketed = ROW_GROUPS[group]
+    args = (*values[:len(paths)], *([bucket] if bucketed else []))
+    made: list[tuple[object, dict[Any, Any]]] = []
+    for make in (fast.row_makers[group], lambda rows, values: fast._new_row(group, rows, values)):
+        rows: dict[Any, Any] = {}
+        try:
+            row = make(rows, args)
+        except Exception as exc:  # compared, whatever it is
+            made.append(((type(exc), str(exc)), rows))
+            continue
+        made.append((None if row is None else (row.key, row.names, row.idents, row.states, row.touched),
+                     {k: v.key for k, v in rows.items()}))
+    assert made[0] == made[1]
