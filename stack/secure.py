@@ -50,6 +50,7 @@ from stack.servers import (
     check_java,
     kafka_answers,
     resolve_jars,
+    stop_together,
 )
 
 # Cassandra roles, one per countersink process, and the permissions each one needs: (permission, table),
@@ -461,9 +462,7 @@ class SecureStack:
         _run_helper("verify-roles", self.description_file, timeout=60.0)
 
     def stop(self) -> None:
-        for server in (self.kafka, self.cassandra):
-            if server is not None:
-                server.stop()
+        stop_together((self.kafka, self.cassandra))
 
     def kafka_settings(self, user: str = "loader", **changes: Any) -> Any:
         """:class:`~countersink.settings.KafkaSettings` for ``user`` on the SASL_SSL listener."""

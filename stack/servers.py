@@ -23,9 +23,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 KAFKA_VERSION = "4.3.1"
 CASSANDRA_VERSION = "5.0.9"
@@ -222,6 +222,12 @@ class JvmProcess:
                 self._popen.wait(timeout=1)
         self.pid = None
 
+    def request_stop(self) -> None:
+        """SIGTERM without waiting: :meth:`stop` then waits (see :func:`stop_together`)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+
     def kill(self) -> None:
         """SIGKILL at once (a crash), for failure tests."""
         if self.pid is not None:
@@ -260,6 +266,23 @@ def _terminate(pid: int, timeout: float) -> None:
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+class _Stoppable(Protocol):
+    process: JvmProcess | None
+
+    def stop(self) -> None: ...
+
+
+def stop_together(servers: Iterable[_Stoppable | None]) -> None:
+    """Stop servers side by side: every one is sent SIGTERM before any is waited for (a Cassandra node takes
+    about 5 s to drain here; one after another, a test session's eight servers took 30 s to stop)."""
+    present = [server for server in servers if server is not None]
+    for server in present:
+        if server.process is not None:
+            server.process.request_stop()
+    for server in present:
+        server.stop()
 
 
 def _wait_ready(proc: JvmProcess, probe: Callable[[], bool], timeout: float, what: str) -> float:
@@ -697,8 +720,7 @@ class CassandraCluster:
         return time.monotonic() - started
 
     def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
+        stop_together(self.nodes)
 
 
 # ------------------------------------------------------------------------------------- schema registry

@@ -136,9 +136,8 @@ def _local_servers(which: str) -> Iterator[object]:
 def _stop_local_servers() -> Iterator[None]:
     """Whatever the session started, it stops, however the tests ended."""
     yield
-    for name, server in _started.items():
-        server.stop()  # type: ignore[attr-defined]
-        _announce(f"{name} stopped")
+    servers.stop_together(_started.values())  # type: ignore[arg-type]
+    _announce(f"{' and '.join(_started)} stopped")
     _started.clear()
     _container_endpoints_found.clear()
 

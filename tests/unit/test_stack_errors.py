@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,36 @@ def test_kraft_cluster_ids_never_look_like_options() -> None:
     parse as an option (about one random id in 64 would)."""
     ids = [servers.kraft_cluster_id() for _ in range(2000)]
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_servers_stopped_together_are_all_told_before_any_is_waited_for(tmp_path: Path) -> None:
+    """``stop_together`` sends every server its SIGTERM before waiting for the first to exit, so servers that
+    take a while to drain drain side by side: each of these writes when it is told and when it exits, half a
+    second later, and every 'told' comes before any 'exited'. Each is gone afterwards."""
+    journal = tmp_path / "journal"
+    script = (f'trap \'echo told $0 >> {journal}; sleep 0.5; echo exited $0 >> {journal}; exit 0\' TERM; '
+              f'echo up $0 >> {journal}; while :; do sleep 0.05; done')
+
+    class Server:
+        def __init__(self, name: str) -> None:
+            self.process: servers.JvmProcess | None = servers.JvmProcess(
+                name, ["sh", "-c", script, name], tmp_path, tmp_path / f"{name}.log")
+
+        def stop(self) -> None:
+            assert self.process is not None
+            self.process.stop(timeout=10)
+
+    started = [Server(name) for name in ("a", "b", "c")]
+    for server in started:
+        assert server.process is not None
+        server.process.start(tied_to_parent=True)
+    deadline = time.monotonic() + 10
+    while not (journal.exists() and journal.read_text().count("up ") == 3):
+        assert time.monotonic() < deadline, "the stand-in servers did not start"
+        time.sleep(0.05)
+    pids = [server.process.pid for server in started if server.process is not None]
+    servers.stop_together([*started, None])
+    events = [line.split()[0] for line in journal.read_text().splitlines() if not line.startswith("up")]
+    assert events == ["told"] * 3 + ["exited"] * 3
+    assert all(server.process is not None and server.process.pid is None for server in started)
+    assert not any(servers._pid_alive(pid) for pid in pids if pid is not None)
