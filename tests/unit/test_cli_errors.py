@@ -22,11 +22,10 @@ from countersink.publish_cli import BadLineError, LineFormat, parse_line, parse_
 from countersink.settings import Settings
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
+from tests.servers_down import CASSANDRA_DOWN, KAFKA_DOWN
 
 REPO = Path(__file__).resolve().parents[2]
 # Nothing listens on these ports (below 1024, and never a client's own port).
-CASSANDRA_DOWN = {"COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
-KAFKA_DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"}
 
 
 def countersink(*args: str, env: dict[str, str] | None = None,

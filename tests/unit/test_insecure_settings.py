@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from countersink.cli import warn_insecure
 from countersink.settings import CassandraSettings, KafkaSettings, Settings
+from tests.servers_down import CASSANDRA_DOWN
 
 REPO = Path(__file__).resolve().parents[2]
 SASL = {"sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "app", "sasl_password": "pw-of-app"}
@@ -88,7 +89,7 @@ def test_a_command_refuses_to_start_or_warns_at_start() -> None:
     """``countersink get`` with a Cassandra password and no TLS exits 2 before connecting, naming the setting;
     with allow_insecure it logs the warning first and goes on (to a Cassandra where nothing listens)."""
     env = {"COUNTERSINK_CASSANDRA__USERNAME": "app", "COUNTERSINK_CASSANDRA__PASSWORD": "pw-of-cassandra",
-           "COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"}
+           **CASSANDRA_DOWN}
     refused = _countersink("get", "shares", "IBM", env=env)
     assert refused.returncode == 2, refused.stderr
     (line,) = [json.loads(text) for text in refused.stderr.splitlines() if text.strip()]

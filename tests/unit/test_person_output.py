@@ -11,6 +11,7 @@ import pytest
 
 from countersink.cli import PERSON_COMMANDS
 from countersink.logs import configure_logging, get_logger, log_style
+from tests.servers_down import CASSANDRA_DOWN
 from tests.terminal import TextTerminal, run_on_terminal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_a_person_sees_warnings_and_errors_as_plain_lines() -> None:
 
 
 @pytest.mark.parametrize(("env", "expected"), [
-    ({"COUNTERSINK_CASSANDRA__PORT": "2", "COUNTERSINK_CASSANDRA__CONNECT_TIMEOUT_S": "2"},
+    (CASSANDRA_DOWN,
      (1, "error: cannot connect to Cassandra at 127.0.0.1:2: ")),
     ({"COUNTERSINK_" + "GC_GRACE_S": "1"},
      (2, "error: COUNTERSINK_" "GC_GRACE_S: not a setting; did you mean COUNTERSINK_GC__GRACE_S?")),

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.servers_down import CASSANDRA_DOWN_PORT, KAFKA_DOWN
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The signal is sent after the early handler is in place and before the command's own handlers exist:
@@ -68,7 +70,7 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
         consumer.cli.ConsumerService = SignalledWhileBuilt
         sys.exit(main(["consume", "--counters", sys.argv[1]]))
     """)
-    env = {"PATH": "/usr/bin:/bin", "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    env = {"PATH": "/usr/bin:/bin", **KAFKA_DOWN,
            "COUNTERSINK_CASSANDRA__CONTACT_POINTS": '["127.0.0.1"]', "COUNTERSINK_CASSANDRA__PORT": "1",
            "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
     done = subprocess.run([sys.executable, "-c", script, str(counters)], cwd=REPO, env=env,
@@ -81,8 +83,8 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
 # The `countersink` command, as its console script runs it.
 RUN_CLI = "import sys; from countersink.cli import main; sys.argv[0] = 'countersink'; sys.exit(main())"
 
-# Servers that do not answer: nothing listens on these ports.
-DOWN = {"COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1", "COUNTERSINK_CASSANDRA__PORT": "2",
+# Servers that do not answer (tests.servers_down), the health ports any free one, logs in JSON.
+DOWN = {**KAFKA_DOWN, "COUNTERSINK_CASSANDRA__PORT": CASSANDRA_DOWN_PORT,
         "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_GC__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
 
 
