@@ -437,12 +437,27 @@ class SecureStack:
 
     def start(self, *, tied_to_parent: bool = False) -> None:
         """Start both (together), wait for both, then create the Cassandra roles."""
+        self.spawn(tied_to_parent=tied_to_parent)
+        self.finish_start()
+
+    def spawn(self, *, tied_to_parent: bool = False) -> None:
+        """Prepare and start both, without waiting for them: :meth:`finish_start` does the rest. Until it has,
+        Cassandra's default superuser exists, and only a holder of the stack's client key can try it."""
         self.prepare()
         assert self.kafka is not None
         assert self.cassandra is not None
         try:
             self.kafka.start(tied_to_parent=tied_to_parent, wait=False)
             self.cassandra.start(tied_to_parent=tied_to_parent, wait=False)
+        except BaseException:
+            self.stop()
+            raise
+
+    def finish_start(self) -> None:
+        """Wait for both servers :meth:`spawn` started, then grant Kafka's ACLs and create the Cassandra roles."""
+        assert self.kafka is not None
+        assert self.cassandra is not None
+        try:
             self.kafka.wait_ready()
             self.kafka.grant_acls()
             self.cassandra.wait_ready()
@@ -460,6 +475,12 @@ class SecureStack:
     def verify_roles(self) -> None:
         """Raise :class:`StackError` when Cassandra holds a role the stack did not make."""
         _run_helper("verify-roles", self.description_file, timeout=60.0)
+
+    def request_stop(self) -> None:
+        """SIGTERM to both servers, without waiting: :meth:`stop` then waits."""
+        for server in (self.kafka, self.cassandra):
+            if server is not None and server.process is not None:
+                server.process.request_stop()
 
     def stop(self) -> None:
         stop_together((self.kafka, self.cassandra))

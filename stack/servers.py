@@ -88,10 +88,15 @@ def check_port_free(host: str, port: int, what: str) -> None:
         say(f"warning: port {port} for {what} is in this machine's range of client ports "
             f"({clients.start}-{clients.stop - 1}): a client may hold it when the server starts; pick one below "
             f"{clients.start}")
+    if listens(host, port):
+        raise StackError(f"port {host}:{port} for {what} is already taken; stop what uses it or pick another port")
+
+
+def listens(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts connections on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        if sock.connect_ex((host, port)) == 0:
-            raise StackError(f"port {host}:{port} for {what} is already taken; stop what uses it or pick another port")
+        sock.settimeout(timeout)
+        return sock.connect_ex((host, port)) == 0
 
 
 # Where free_port looks: below Linux's ephemeral range, above every port the stack, the tests and the benchmarks
@@ -706,18 +711,46 @@ class CassandraCluster:
     def contact_points(self) -> list[str]:
         return [node.address for node in self.nodes]
 
+    def spawn_seed(self, *, tied_to_parent: bool = False) -> None:
+        """Start the seed node without waiting for it: :meth:`start` then waits for it and starts the others."""
+        self.nodes[0].start(tied_to_parent=tied_to_parent, wait=False)
+
+    def spawn_others_once_the_seed_listens(self, *, tied_to_parent: bool = False) -> bool:
+        """After :meth:`spawn_seed`: start the other nodes, without waiting, once the seed accepts CQL
+        connections (a node joins through its seed); whether they are started."""
+        seed, others = self.nodes[0], self.nodes[1:]
+        if all(node.process is not None for node in others):
+            return True
+        if seed.process is None or not listens(seed.address, seed.native_port, timeout=0.05):
+            return False
+        for node in others:
+            if node.process is None:
+                node.start(tied_to_parent=tied_to_parent, wait=False)
+        return True
+
     def start(self, *, tied_to_parent: bool = False, timeout: float = 360.0) -> float:
-        """Start the seed first, then the others together; ready when every node sees its peers."""
+        """Start the seed first, then the others together (unless :meth:`spawn_seed` and
+        :meth:`spawn_others_once_the_seed_listens` did); ready when every node sees its peers."""
         started = time.monotonic()
-        self.nodes[0].start(tied_to_parent=tied_to_parent, timeout=timeout)
+        seed = self.nodes[0]
+        if seed.process is None:
+            seed.start(tied_to_parent=tied_to_parent, wait=False)
+        seed.wait_ready(timeout)
         for node in self.nodes[1:]:
-            node.start(tied_to_parent=tied_to_parent, wait=False)
+            if node.process is None:
+                node.start(tied_to_parent=tied_to_parent, wait=False)
         for node in self.nodes:
             node.wait_ready(timeout)
             assert node.process is not None
             _wait_ready(node.process, lambda n=node: n.answers(peers=self.size - 1),
                         timeout, f"Cassandra {node.address} seeing {self.size - 1} peers")
         return time.monotonic() - started
+
+    def request_stop(self) -> None:
+        """SIGTERM to every node, without waiting: :meth:`stop` then waits."""
+        for node in self.nodes:
+            if node.process is not None:
+                node.process.request_stop()
 
     def stop(self) -> None:
         stop_together(self.nodes)

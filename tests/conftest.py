@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,36 +100,109 @@ def local_cassandra() -> Iterator[servers.CassandraNode | None]:
 
 
 _started: dict[str, object] = {}
+_started_at: list[float] = []  # when they were started (monotonic)
+_ready: list[bool] = []  # both answered once
+
+
+def _spawn_local_servers() -> None:
+    """Start the session's Kafka and Cassandra (once), without waiting for them to answer. They are spawned from
+    this, the main thread, because a server tied to its parent dies with the thread that started it."""
+    if _started:
+        return
+    kafka = servers.KafkaServer(port=19092, controller_port=19093, root=TEST_STACK_DIR / "kafka")
+    cassandra = servers.CassandraNode(
+        native_port=19042, storage_port=17000, jmx_port=17199, seeds="127.0.0.1:17000",
+        cluster_name="countersink-test", root=TEST_STACK_DIR / "cassandra",
+    )
+    _started.update(kafka=kafka, cassandra=cassandra)
+    _started_at.append(time.monotonic())
+    try:
+        kafka.start(tied_to_parent=True, wait=False)
+        cassandra.start(tied_to_parent=True, wait=False)
+    except BaseException:
+        servers.stop_together((kafka, cassandra))
+        _started.clear()
+        _started_at.clear()
+        raise
+
+
+# Servers of session fixtures started when collection ends, not waited for: fixture name -> (what was started,
+# when). The fixture finishes the start on first use; pytest_sessionfinish stops any never used.
+_early: dict[str, tuple[Any, float]] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The servers the session's tests need boot while the unit tests (collected first: ``testpaths``) run:
+    each Cassandra takes tens of seconds to answer, and the first test needing one then waits only for what is
+    left of that. From this, the main thread: a server tied to its parent dies with the thread that started it.
+    A server that fails to start here is started again by its fixture, which fails only the tests needing it."""
+    if session.config.option.collectonly:
+        return
+    needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+    if {"local_kafka", "local_cassandra"} & needed and _servers().servers is Servers.LOCAL_STACK:
+        _spawn_local_servers()
+        _announce("kafka and cassandra starting while the tests that need no server run")
+    if "secure_stack" in needed and not os.environ.get("COUNTERSINK_TEST_SECURE_STACK"):
+        stack = _new_secure_stack()
+        _spawn_early("secure_stack", stack, stack.spawn, "secured kafka and cassandra")
+    if "cassandra_cluster" in needed:
+        cluster = _new_cluster()
+        _spawn_early("cassandra_cluster", cluster, cluster.spawn_seed, "the 3-node cluster's seed")
+
+
+_next_look: list[float] = [0.0]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The early cluster's other nodes start once its seed listens: looked at before a test, once a second at
+    most, until they are started."""
+    early = _early.get("cassandra_cluster")
+    if early is None or time.monotonic() < _next_look[0]:
+        return
+    _next_look[0] = time.monotonic() + 1.0
+    cluster = early[0]
+    try:
+        if cluster.spawn_others_once_the_seed_listens(tied_to_parent=True):
+            _next_look[0] = float("inf")
+    except Exception as exc:  # the fixture starts what is missing, and its tests fail with the error
+        _next_look[0] = float("inf")
+        _announce(f"the 3-node cluster's other nodes did not start early: {exc}")
+
+
+def _spawn_early(fixture: str, server: Any, spawn: Callable[..., None], what: str) -> None:
+    started = time.monotonic()
+    try:
+        spawn(tied_to_parent=True)
+    except Exception as exc:  # the fixture starts it again, and its tests fail with the error
+        server.stop()
+        _announce(f"{what} did not start early: {exc}")
+        return
+    _early[fixture] = (server, started)
+    _announce(f"{what} starting")
 
 
 def _local_servers(which: str) -> Iterator[object]:
-    """Start both local servers together the first time either is asked for; stop them at session end."""
+    """The session's local server ``which``, both started and answering (started now if they were not yet);
+    stopped at session end."""
     if _servers().servers is not Servers.LOCAL_STACK:
         yield None
         return
-    if not _started:
-        kafka = servers.KafkaServer(port=19092, controller_port=19093, root=TEST_STACK_DIR / "kafka")
-        cassandra = servers.CassandraNode(
-            native_port=19042, storage_port=17000, jmx_port=17199, seeds="127.0.0.1:17000",
-            cluster_name="countersink-test", root=TEST_STACK_DIR / "cassandra",
-        )
-        _started.update(kafka=kafka, cassandra=cassandra)
-        # Both boot at once (Cassandra takes tens of seconds, Kafka a few). They are spawned from this, the
-        # main thread, because a server tied to its parent dies with the thread that started it.
-        started = time.monotonic()
+    if not _ready:
+        _spawn_local_servers()
+        kafka, cassandra = _started["kafka"], _started["cassandra"]
+        assert isinstance(kafka, servers.KafkaServer)
+        assert isinstance(cassandra, servers.CassandraNode)
         try:
-            kafka.start(tied_to_parent=True, wait=False)
-            cassandra.start(tied_to_parent=True, wait=False)
             kafka.wait_ready()
-            seconds = time.monotonic() - started
-            _announce(f"kafka {servers.KAFKA_VERSION} ready on {kafka.bootstrap} in {seconds:.1f}s")
+            seconds = time.monotonic() - _started_at[0]
+            _announce(f"kafka {servers.KAFKA_VERSION} ready on {kafka.bootstrap} {seconds:.1f}s after its start")
             cassandra.wait_ready()
             _announce(f"cassandra {servers.CASSANDRA_VERSION} ready on 127.0.0.1:{cassandra.native_port} "
-                        f"in {time.monotonic() - started:.1f}s")
+                      f"{time.monotonic() - _started_at[0]:.1f}s after its start")
         except BaseException:
-            kafka.stop()
-            cassandra.stop()
+            _stop_started()
             raise
+        _ready.append(True)
     yield _started[which]
 
 
@@ -136,10 +210,46 @@ def _local_servers(which: str) -> Iterator[object]:
 def _stop_local_servers() -> Iterator[None]:
     """Whatever the session started, it stops, however the tests ended."""
     yield
-    servers.stop_together(_started.values())  # type: ignore[arg-type]
-    _announce(f"{' and '.join(_started)} stopped")
-    _started.clear()
+    _stop_started()
     _container_endpoints_found.clear()
+
+
+# Servers whose session fixtures have ended, told to stop (SIGTERM) and waited for when the session finishes: they
+# drain side by side (a Cassandra node takes about 5 s) instead of one fixture after another.
+_stopping: list[tuple[Any, str]] = []
+
+
+def _stop_at_session_end(server: Any, request_stop: Callable[[], None] | None, what: str) -> None:
+    """``request_stop`` now (SIGTERM), ``server.stop()`` when the session finishes. None: the server's own process's
+    request_stop, if it has one by then."""
+    if request_stop is not None:
+        request_stop()
+    elif server.process is not None:
+        server.process.request_stop()
+    _stopping.append((server, what))
+
+
+def pytest_sessionfinish() -> None:
+    """The servers of the session's fixtures stopped, and those spawned for tests that never ran (the session
+    stopped before them)."""
+    _stop_started()
+    for server, what in _early.values():
+        _stop_at_session_end(server, server.request_stop, what)
+    _early.clear()
+    for server, what in _stopping:
+        server.stop()
+        _announce(f"{what} stopped")
+    _stopping.clear()
+
+
+def _stop_started() -> None:
+    if not _started:
+        return
+    for name, server in _started.items():
+        _stop_at_session_end(server, None, name)
+    _started.clear()
+    _ready.clear()
+    _started_at.clear()
 
 
 @pytest.fixture(scope="session")
@@ -235,19 +345,25 @@ async def topic_factory(kafka_settings: KafkaSettings) -> AsyncIterator[Callable
             await admin.close()
 
 
-@pytest.fixture(scope="session")
-def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
-    """Three Cassandra nodes on 127.0.0.1-3 (CQL port 19142), for replication tests; started on first use."""
+def _new_cluster() -> servers.CassandraCluster:
     cluster = servers.CassandraCluster(native_port=19142, storage_port=17100, root=TEST_STACK_DIR / "cluster")
     for i, node in enumerate(cluster.nodes):
         node.jmx_port = 17300 + i
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def cassandra_cluster() -> Iterator[servers.CassandraCluster]:
+    """Three Cassandra nodes on 127.0.0.1-3 (CQL port 19142), for replication tests; started when collection
+    ends (the seed, then the others once it listens) and ready on first use."""
+    cluster, started = _early.pop("cassandra_cluster", None) or (_new_cluster(), time.monotonic())
     try:
-        seconds = cluster.start(tied_to_parent=True)
-        _announce(f"3-node cassandra cluster ready on 127.0.0.1-3:{cluster.native_port} in {seconds:.1f}s")
+        cluster.start(tied_to_parent=True)
+        _announce(f"3-node cassandra cluster ready on 127.0.0.1-3:{cluster.native_port} "
+                  f"{time.monotonic() - started:.1f}s after its start")
         yield cluster
     finally:
-        cluster.stop()
-        _announce("3-node cassandra cluster stopped")
+        _stop_at_session_end(cluster, cluster.request_stop, "3-node cassandra cluster")
 
 
 @pytest.fixture(scope="session")
@@ -268,8 +384,7 @@ def schema_registry_url() -> Iterator[str]:
                   f"in {seconds:.1f}s")
         yield registry.url
     finally:
-        registry.stop()
-        _announce("schema registry stopped")
+        _stop_at_session_end(registry, None, "schema registry")
 
 
 @pytest.fixture
@@ -283,28 +398,35 @@ def private_schema_registry() -> Iterator[servers.SchemaRegistryServer]:
         registry.stop()
 
 
+def _new_secure_stack() -> SecureStack:
+    return SecureStack(root=TEST_STACK_DIR / "secure", kafka_port=21092, kafka_ssl_port=21093,
+                       kafka_controller_port=21094, kafka_elsewhere_port=21095, cassandra_port=21042,
+                       cassandra_storage_port=21000, cassandra_jmx_port=21199)
+
+
 @pytest.fixture(scope="session")
 def secure_stack() -> Iterator[SecureStack]:
     """One TLS-only Kafka (SASL_SSL 21092, SSL 21093) and one TLS-only Cassandra with password roles (21042),
-    with fresh certificates, users and roles; started on first use, whatever servers the other tests use
+    with fresh certificates, users and roles; started when collection ends and ready (ACLs, roles) on first
+    use, whatever servers the other tests use
     (or the running one whose stack.json ``COUNTERSINK_TEST_SECURE_STACK`` names)."""
     running = os.environ.get("COUNTERSINK_TEST_SECURE_STACK")  # stack.json of `python -m stack up --secure`
     if running:
         yield SecureStack.attach(Path(running))
         return
-    stack = SecureStack(root=TEST_STACK_DIR / "secure", kafka_port=21092, kafka_ssl_port=21093,
-                        kafka_controller_port=21094, kafka_elsewhere_port=21095, cassandra_port=21042,
-                        cassandra_storage_port=21000, cassandra_jmx_port=21199)
-    started = time.monotonic()
+    early = _early.pop("secure_stack", None)
+    stack, started = early or (_new_secure_stack(), time.monotonic())
     try:
-        # From this, the main thread: a server tied to its parent dies with the thread that started it.
-        stack.start(tied_to_parent=True)
+        if early:
+            stack.finish_start()
+        else:
+            # From this, the main thread: a server tied to its parent dies with the thread that started it.
+            stack.start(tied_to_parent=True)
         _announce(f"secured kafka and cassandra ready on 127.0.0.1:21092/21093 and :21042 "
-                  f"in {time.monotonic() - started:.1f}s")
+                  f"{time.monotonic() - started:.1f}s after their start")
         yield stack
     finally:
-        stack.stop()
-        _announce("secured kafka and cassandra stopped")
+        _stop_at_session_end(stack, stack.request_stop, "secured kafka and cassandra")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
