@@ -1,0 +1,159 @@
+"""What a flush's requests cost, beside its rows: the client's CPU (its event loop's thread and the Cassandra
+driver's threads apart) and Cassandra's, for the same flushes sent in batches of different sizes.
+
+    python -m bench.flush_requests [--cassandra HOST:PORT] [--keys N] [--rounds N] [--batch-rows 1,10,30]
+
+Each round writes, through ``CassandraStore.write_shards`` (the consumer's flush: each key's row of states and
+its partition's stamp, several keys to an unlogged batch), one flush of ``--keys`` keys with the page views'
+state sizes (a count, a decimal sum and a distinct of a few values: 12, 20 and 40 bytes), once per
+``cassandra.write_batch_rows`` value, each into a keyspace of its own, in an order shuffled each round (one
+unmeasured round first). The client's CPU is read per thread from ``/proc/self/task`` around each flush (the
+thread running the event loop, where rows are encoded and statements bound, and the driver's I/O threads);
+Cassandra's from ``/proc`` (it must run on this machine, found by its port). The collector is set as the
+consumer sets it. Prints, per batch size, the medians per row and per request.
+
+The default of ``write_batch_rows`` is 10: above 10 partitions an unlogged batch makes Cassandra log a warning
+(once a minute) and send one with every answer, and on a cluster a larger batch's coordinator forwards more of
+it (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import statistics
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from bench.wide_layouts import cassandra_pid, cpu_s
+from consumer.cassandra_store import CassandraStore
+from consumer.cli import GC_THRESHOLDS
+from consumer.storage import ShardWrite
+from countersink.cassandra import CassandraClient
+from countersink.settings import CassandraSettings
+
+_TICK = os.sysconf("SC_CLK_TCK")
+# The page views' states of one key: a count, an exact decimal sum, a distinct of a few values (bytes).
+STATE_BYTES = {"views": 12, "revenue": 20, "visitors": 40}
+
+
+def thread_cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process's main thread (the event loop's) and of its other threads (the driver's)."""
+    main = other = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a thread that ended
+        used = (int(fields[11]) + int(fields[12])) / _TICK
+        if int(tid) == os.getpid():
+            main += used
+        else:
+            other += used
+    return main, other
+
+
+def flush_writes(keys: int, seq: int) -> list[ShardWrite]:
+    return [ShardWrite(counter, f"/p/{k}|2025-11-26T07:00Z", seq.to_bytes(4, "big") * (size // 4), seq, seq == 1)
+            for k in range(keys) for counter, size in STATE_BYTES.items()]
+
+
+def settings_for(host: str, port: int, keyspace: str, batch_rows: int) -> CassandraSettings:
+    return CassandraSettings(contact_points=[host], port=port, keyspace=keyspace, write_batch_rows=batch_rows,
+                             replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
+
+
+class _CountingStore(CassandraStore):
+    """The consumer's flush, counting the requests it sends."""
+
+    requests = 0
+
+    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
+        self.requests += 1
+        return super()._shard_call(group)
+
+
+async def run(host: str, port: int, keys: int, sizes: Sequence[int], rounds: int, seed: int
+              ) -> dict[int, dict[str, list[float]]]:
+    pid = cassandra_pid(port)
+    names = {size: f"flushreq_{uuid.uuid4().hex[:8]}" for size in sizes}
+    clients: dict[int, CassandraClient] = {}
+    figures: dict[int, dict[str, list[float]]] = {size: {"loop": [], "driver": [], "cassandra": [], "requests": []}
+                                                  for size in sizes}
+    thresholds = gc.get_threshold()
+    try:
+        for size, keyspace in names.items():
+            async with CassandraClient(settings_for(host, port, keyspace, size), use_keyspace=False) as admin:
+                await admin.ensure_schema()
+            clients[size] = CassandraClient(settings_for(host, port, keyspace, size))
+            await clients[size].__aenter__()
+        stores = {size: _CountingStore(client) for size, client in clients.items()}
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
+        mutator, rng = uuid.uuid4(), random.Random(seed)
+        for seq in range(1, rounds + 2):
+            order = list(stores)
+            rng.shuffle(order)
+            for size in order:
+                store = stores[size]
+                writes = flush_writes(keys, seq)
+                store.requests = 0
+                (loop_before, driver_before), cassandra_before = thread_cpu_s(), cpu_s(pid)
+                await store.write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushreq")
+                (loop_after, driver_after), cassandra_after = thread_cpu_s(), cpu_s(pid)
+                if seq > 1:  # the first round warms every keyspace up, unmeasured
+                    measured = figures[size]
+                    measured["loop"].append(loop_after - loop_before)
+                    measured["driver"].append(driver_after - driver_before)
+                    measured["cassandra"].append(cassandra_after - cassandra_before)
+                    measured["requests"].append(store.requests)
+        return figures
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        for client in clients.values():
+            await client.__aexit__(None, None, None)
+        for size, keyspace in names.items():
+            async with CassandraClient(settings_for(host, port, keyspace, size), use_keyspace=False) as admin:
+                await admin.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", prepared=False)
+
+
+def report(figures: dict[int, dict[str, list[float]]], keys: int) -> str:
+    lines = ["| rows per batch | requests per flush | client CPU µs per row: event loop | driver | "
+             "Cassandra CPU µs per row | client CPU µs per request | × 10 rows: client per row | Cassandra per row |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    medians = {size: {name: statistics.median(values) for name, values in measured.items()}
+               for size, measured in figures.items()}
+    reference = medians.get(10)
+    for size, m in medians.items():
+        client = m["loop"] + m["driver"]
+        against = (f"{client / (reference['loop'] + reference['driver']):.2f}× | "
+                   f"{m['cassandra'] / reference['cassandra']:.2f}×") if reference else "– | –"
+        per_row = {name: m[name] / keys * 1e6 for name in ("loop", "driver", "cassandra")}
+        lines.append(f"| {size} | {m['requests']:.0f} | {per_row['loop']:.1f} | {per_row['driver']:.1f} | "
+                     f"{per_row['cassandra']:.1f} | {client / m['requests'] * 1e6:.0f} | {against} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.flush_requests", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cassandra", default="127.0.0.1:9042", help="HOST:PORT of a Cassandra on this machine")
+    parser.add_argument("--keys", type=int, default=20_000, help="keys (rows) per flush")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--batch-rows", default="1,10,30", help="write_batch_rows values, comma-separated")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    host, port = args.cassandra.rsplit(":", 1)
+    sizes = [int(size) for size in args.batch_rows.split(",")]
+    figures = asyncio.run(run(host, int(port), args.keys, sizes, args.rounds, args.seed))
+    print(f"{args.keys} rows a flush, median of {args.rounds} rounds\n")
+    print(report(figures, args.keys))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
