@@ -200,7 +200,10 @@ def _local_servers(which: str) -> Iterator[object]:
             _announce(f"cassandra {servers.CASSANDRA_VERSION} ready on 127.0.0.1:{cassandra.native_port} "
                       f"{time.monotonic() - _started_at[0]:.1f}s after its start")
         except BaseException:
-            _stop_started()
+            # stopped and waited for: a later test starts them again on the same ports
+            servers.stop_together((kafka, cassandra))
+            _started.clear()
+            _started_at.clear()
             raise
         _ready.append(True)
     yield _started[which]
