@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,10 +84,10 @@ async def unflushed(client: CassandraClient, group: str, ends: dict[TopicPartiti
 
 async def wait_until_flushed(cassandra: CassandraSettings, group: str, ends: dict[TopicPartition, int],
                              within_s: float = 120.0, progress: Callable[[int], None] | None = None,
-                             consumers: Sequence[Any] = ()) -> None:
+                             consumers: Sequence[subprocess.Popen[Any]] = ()) -> None:
     """Until every partition's ownership row shows a flush through its last record; ``progress`` hears the
-    number of records still behind every 3 seconds. Raises at once when one of ``consumers`` (processes, as
-    ``subprocess.Popen``) has exited: nothing would flush what is left (a definition refused, a crash)."""
+    number of records still behind every 3 seconds. Raises at once when one of ``consumers`` has exited:
+    nothing would flush what is left (a definition refused, a crash)."""
     started = last_report = time.monotonic()
     async with CassandraClient(cassandra) as client:
         while (behind := await unflushed(client, group, ends)) > 0:
