@@ -49,6 +49,7 @@ from stack.servers import (
     StackError,
     check_java,
     kafka_answers,
+    request_stop_all,
     resolve_jars,
     stop_together,
 )
@@ -478,9 +479,7 @@ class SecureStack:
 
     def request_stop(self) -> None:
         """SIGTERM to both servers, without waiting: :meth:`stop` then waits."""
-        for server in (self.kafka, self.cassandra):
-            if server is not None and server.process is not None:
-                server.process.request_stop()
+        request_stop_all((self.kafka, self.cassandra))
 
     def stop(self) -> None:
         stop_together((self.kafka, self.cassandra))

@@ -279,13 +279,18 @@ class _Stoppable(Protocol):
     def stop(self) -> None: ...
 
 
+def request_stop_all(servers: Iterable[_Stoppable | None]) -> None:
+    """SIGTERM to each server's process, without waiting: its ``stop()`` then waits."""
+    for server in servers:
+        if server is not None and server.process is not None:
+            server.process.request_stop()
+
+
 def stop_together(servers: Iterable[_Stoppable | None]) -> None:
     """Stop servers side by side: every one is sent SIGTERM before any is waited for (a Cassandra node takes
     about 5 s to drain here; one after another, a test session's eight servers took 30 s to stop)."""
     present = [server for server in servers if server is not None]
-    for server in present:
-        if server.process is not None:
-            server.process.request_stop()
+    request_stop_all(present)
     for server in present:
         server.stop()
 
@@ -718,15 +723,19 @@ class CassandraCluster:
     def spawn_others_once_the_seed_listens(self, *, tied_to_parent: bool = False) -> bool:
         """After :meth:`spawn_seed`: start the other nodes, without waiting, once the seed accepts CQL
         connections (a node joins through its seed); whether they are started."""
-        seed, others = self.nodes[0], self.nodes[1:]
-        if all(node.process is not None for node in others):
+        seed = self.nodes[0]
+        if all(node.process is not None for node in self.nodes[1:]):
             return True
         if seed.process is None or not listens(seed.address, seed.native_port, timeout=0.05):
             return False
-        for node in others:
+        self._spawn_others(tied_to_parent=tied_to_parent)
+        return True
+
+    def _spawn_others(self, *, tied_to_parent: bool) -> None:
+        """Start the nodes other than the seed that are not started yet, without waiting for them."""
+        for node in self.nodes[1:]:
             if node.process is None:
                 node.start(tied_to_parent=tied_to_parent, wait=False)
-        return True
 
     def start(self, *, tied_to_parent: bool = False, timeout: float = 360.0) -> float:
         """Start the seed first, then the others together (unless :meth:`spawn_seed` and
@@ -736,9 +745,7 @@ class CassandraCluster:
         if seed.process is None:
             seed.start(tied_to_parent=tied_to_parent, wait=False)
         seed.wait_ready(timeout)
-        for node in self.nodes[1:]:
-            if node.process is None:
-                node.start(tied_to_parent=tied_to_parent, wait=False)
+        self._spawn_others(tied_to_parent=tied_to_parent)
         for node in self.nodes:
             node.wait_ready(timeout)
             assert node.process is not None
@@ -748,9 +755,7 @@ class CassandraCluster:
 
     def request_stop(self) -> None:
         """SIGTERM to every node, without waiting: :meth:`stop` then waits."""
-        for node in self.nodes:
-            if node.process is not None:
-                node.process.request_stop()
+        request_stop_all(self.nodes)
 
     def stop(self) -> None:
         stop_together(self.nodes)

@@ -223,12 +223,12 @@ _stopping: list[tuple[Any, str]] = []
 
 
 def _stop_at_session_end(server: Any, request_stop: Callable[[], None] | None, what: str) -> None:
-    """``request_stop`` now (SIGTERM), ``server.stop()`` when the session finishes. None: the server's own process's
-    request_stop, if it has one by then."""
+    """``request_stop`` now (SIGTERM), ``server.stop()`` when the session finishes. None: the SIGTERM goes to the
+    server's own process, if it has one by then."""
     if request_stop is not None:
         request_stop()
-    elif server.process is not None:
-        server.process.request_stop()
+    else:
+        servers.request_stop_all([server])
     _stopping.append((server, what))
 
 
