@@ -29,14 +29,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from bench.wide_layouts import cassandra_pid, cpu_s
+from bench.stamp_cost import settings_for as stamp_cost_settings
+from bench.wide_layouts import cassandra_pid, cpu_s, stat_cpu_s
 from consumer.cassandra_store import CassandraStore
 from consumer.cli import GC_THRESHOLDS
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.settings import CassandraSettings
 
-_TICK = os.sysconf("SC_CLK_TCK")
 # The page views' states of one key: a count, an exact decimal sum, a distinct of a few values (bytes).
 STATE_BYTES = {"views": 12, "revenue": 20, "visitors": 40}
 
@@ -46,10 +46,9 @@ def thread_cpu_s() -> tuple[float, float]:
     main = other = 0.0
     for tid in os.listdir("/proc/self/task"):
         try:
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            used = stat_cpu_s(Path(f"/proc/self/task/{tid}/stat"))
         except OSError:
             continue  # a thread that ended
-        used = (int(fields[11]) + int(fields[12])) / _TICK
         if int(tid) == os.getpid():
             main += used
         else:
@@ -63,8 +62,7 @@ def flush_writes(keys: int, seq: int) -> list[ShardWrite]:
 
 
 def settings_for(host: str, port: int, keyspace: str, batch_rows: int) -> CassandraSettings:
-    return CassandraSettings(contact_points=[host], port=port, keyspace=keyspace, write_batch_rows=batch_rows,
-                             replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
+    return stamp_cost_settings(host, port, keyspace).model_copy(update={"write_batch_rows": batch_rows})
 
 
 class _CountingStore(CassandraStore):

@@ -163,13 +163,18 @@ class _Trade(msgspec.Struct):
     buyer: str
 
 
+def _chosen_shapes(only: list[str] | None) -> dict[str, str]:
+    """The shapes whose names hold one of ``only`` (every shape without it), and flat always."""
+    return {name: text for name, text in shapes.SHAPES.items()
+            if name == shapes.FLAT or not only or any(part in name for part in only)}
+
+
 def measure_shapes(events: int, symbols: int, rounds: int, seed: int = 7, only: list[str] | None = None
                    ) -> dict[str, dict[str, float]]:
     """Per shape: best µs/event of the batch path and of the router, the share of events the batch path
     decides itself, and counter updates per event. ``only``: the shapes whose names hold one of these (and
     flat)."""
-    chosen = {name: text for name, text in shapes.SHAPES.items()
-              if name == shapes.FLAT or not only or any(part in name for part in only)}
+    chosen = _chosen_shapes(only)
     rng = random.Random(seed)
     offset = 0
 
@@ -221,8 +226,7 @@ def measure_second_pass(events: int, symbols: int, rounds: int, only: list[str] 
     round again with the mutator's retry window emptied (so every record is applied a second time, to rows and
     states the first pass made). With rounds of an hour of the stream, what separates the two passes of an hourly
     bucket is the hour's new rows and states."""
-    chosen = {name: text for name, text in shapes.SHAPES.items()
-              if name == shapes.FLAT or not only or any(part in name for part in only)}
+    chosen = _chosen_shapes(only)
     rng = random.Random(seed)
     records = [Record(i, shapes.event(i, rng, symbols), (shapes.START_S + i // shapes.PER_SECOND) * 1000)
                for i in range(events * (rounds + 1))]

@@ -296,7 +296,12 @@ def cassandra_pid(port: int) -> int:
 
 
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_s(stat: Path) -> float:
+    """User plus system CPU seconds from a process's or a thread's ``stat`` file under /proc."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
