@@ -70,9 +70,10 @@ class _CountingStore(CassandraStore):
 
     requests = 0
 
-    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
+    def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
+                    ) -> Callable[[], Awaitable[object]]:
         self.requests += 1
-        return super()._shard_call(group)
+        return super()._shard_call(group, timestamp_us)
 
 
 async def run(host: str, port: int, keys: int, sizes: Sequence[int], rounds: int, seed: int

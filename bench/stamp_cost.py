@@ -37,12 +37,14 @@ from countersink.settings import CassandraSettings
 class UnstampedStore(CassandraStore):
     """The consumer's flush with the stamps' statements taken out of its batches (the flush before them)."""
 
-    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
-        return super()._shard_call([statement for statement in group if "SET stamps" not in statement[0]])
+    def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
+                    ) -> Callable[[], Awaitable[object]]:
+        return super()._shard_call([statement for statement in group if "SET stamps" not in statement[0]],
+                                   timestamp_us)
 
 
 STATIC_STAMPS = "static_stamps"
-STATIC_STAMPED_CQL = ("UPDATE shards USING TIMESTAMP ? SET states = states + ?, static_stamps[?] = ? "
+STATIC_STAMPED_CQL = ("UPDATE shards SET states = states + ?, static_stamps[?] = ? "
                       "WHERE key = ? AND born_us = ? AND mutator = ?")
 
 
@@ -50,15 +52,16 @@ class StaticStampsStore(CassandraStore):
     """The consumer's flush with each row's stamp set by the row's own statement, in a static map (a prototype:
     rows without retention only)."""
 
-    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
+    def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
+                    ) -> Callable[[], Awaitable[object]]:
         merged = []
         for (states_cql, states), (stamp_cql, stamp) in zip(group[::2], group[1::2], strict=True):
             if "SET stamps" not in stamp_cql or "TTL" in states_cql:
                 raise ValueError("the static-stamps prototype writes rows without retention only")
-            timestamp_us, cells, partition, born_us, mutator = states
-            source, stamp = stamp[2], stamp[3]
-            merged.append((STATIC_STAMPED_CQL, [timestamp_us, cells, source, stamp, partition, born_us, mutator]))
-        return super()._shard_call(merged)
+            cells, partition, born_us, mutator = states
+            source, stamp = stamp[0], stamp[1]
+            merged.append((STATIC_STAMPED_CQL, [cells, source, stamp, partition, born_us, mutator]))
+        return super()._shard_call(merged, timestamp_us)
 
 
 STORES: dict[str, type[CassandraStore]] = {"with stamps": CassandraStore, "without stamps": UnstampedStore,

@@ -2,6 +2,7 @@
 
     python -m bench.versions formats --against COMMIT [--events N] [--symbols N] [--rounds N]
     python -m bench.versions shapes --against COMMIT [--events N] [--symbols N] [--rounds N] [--only TEXT]
+    python -m bench.versions flushes --against COMMIT [--cassandra HOST:PORT] [--keys N] [--rounds N]
 
 On a shared machine two runs a minute apart differ by more than most changes measured; the same run does not.
 The commit's packages are written out with ``git archive`` into a temporary folder and imported beside the
@@ -10,14 +11,21 @@ modules). ``formats`` runs :func:`bench.formats.measure` one round at a time for
 ``shapes`` runs the batch path of each shape of :mod:`bench.shapes` on the same records for each version, the
 versions and shapes in turn, a round holding ``--events`` records (72,000, the default, is one hour of the
 stream: every round of an hourly bucket then makes one hour's new instances). Printed: each version's best
-round, µs of CPU per event, and its ratio to JSON or to flat.
+round, µs of CPU per event, and its ratio to JSON or to flat. ``flushes`` sends one flush of ``--keys`` page-view
+rows (:mod:`bench.flush_requests`) through each version's own ``CassandraStore.write_shards`` and
+``CassandraClient``, each into a keyspace of its own on a Cassandra running on this machine, the versions in an
+order shuffled each round (one unmeasured round first): printed, the medians of the client's and Cassandra's CPU
+per row.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
 import importlib
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -97,25 +105,89 @@ def shapes(versions: dict[str, list[ModuleType]], events: int, symbols: int, rou
     return "\n".join(lines)
 
 
+async def _flushes(versions: dict[str, list[ModuleType]], host: str, port: int, keys: int, rounds: int
+                   ) -> dict[str, dict[str, list[float]]]:
+    newest = versions[list(versions)[-1]][0]
+    pid = newest.cassandra_pid(port)
+    keyspaces = {version: f"flushver_{i}_{random.getrandbits(32):08x}" for i, version in enumerate(versions)}
+    stores: dict[str, Any] = {}
+    figures: dict[str, dict[str, list[float]]] = {v: {"loop": [], "driver": [], "cassandra": []} for v in versions}
+    thresholds = gc.get_threshold()
+    try:
+        for version, (flush_requests, store_module, client_module) in versions.items():
+            settings = flush_requests.settings_for(host, port, keyspaces[version], 10)
+            async with client_module.CassandraClient(settings, use_keyspace=False) as admin:
+                await admin.ensure_schema()
+            client = client_module.CassandraClient(settings)
+            await client.__aenter__()
+            stores[version] = store_module.CassandraStore(client)
+        gc.freeze()
+        gc.set_threshold(*newest.GC_THRESHOLDS)  # as the consumer sets its collector
+        mutator, rng = newest.uuid.uuid4(), random.Random(7)
+        for seq in range(1, rounds + 2):
+            order = list(stores)
+            rng.shuffle(order)
+            for version in order:
+                writes = versions[version][0].flush_writes(keys, seq)
+                (loop_before, driver_before), cassandra_before = newest.thread_cpu_s(), newest.cpu_s(pid)
+                await stores[version].write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushver")
+                (loop_after, driver_after), cassandra_after = newest.thread_cpu_s(), newest.cpu_s(pid)
+                if seq > 1:  # the first round warms every keyspace up, unmeasured
+                    figures[version]["loop"].append(loop_after - loop_before)
+                    figures[version]["driver"].append(driver_after - driver_before)
+                    figures[version]["cassandra"].append(cassandra_after - cassandra_before)
+        return figures
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        for version, store in stores.items():
+            await store.client.__aexit__(None, None, None)
+            flush_requests, _, client_module = versions[version]
+            settings = flush_requests.settings_for(host, port, keyspaces[version], 10)
+            async with client_module.CassandraClient(settings, use_keyspace=False) as admin:
+                await admin.execute(f"DROP KEYSPACE IF EXISTS {keyspaces[version]}", prepared=False)
+
+
+def flushes(versions: dict[str, list[ModuleType]], cassandra: str, keys: int, rounds: int) -> str:
+    host, port = cassandra.rsplit(":", 1)
+    figures = asyncio.run(_flushes(versions, host, int(port), keys, rounds))
+    medians = {v: {name: statistics.median(values) / keys * 1e6 for name, values in measured.items()}
+               for v, measured in figures.items()}
+    first = next(iter(medians.values()))
+    lines = [f"{keys} page-view rows a flush, write_batch_rows 10, median of {rounds} rounds", "",
+             "| version | client CPU µs per row: event loop | driver | × first: client | "
+             "Cassandra CPU µs per row | × first |", "|---|---:|---:|---:|---:|---:|"]
+    for version, m in medians.items():
+        client = (m["loop"] + m["driver"]) / (first["loop"] + first["driver"])
+        lines.append(f"| {version} | {m['loop']:.1f} | {m['driver']:.1f} | {client:.2f}× | {m['cassandra']:.1f} | "
+                     f"{m['cassandra'] / first['cassandra']:.2f}× |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.versions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["formats", "shapes"])
+    parser.add_argument("what", choices=["formats", "shapes", "flushes"])
     parser.add_argument("--against", required=True, help="the commit measured beside the working tree")
     parser.add_argument("--events", type=int)
     parser.add_argument("--symbols", type=int)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--only", action="append", default=[], help="shapes: those whose names hold this (and flat)")
+    parser.add_argument("--cassandra", default="127.0.0.1:9042",
+                        help="flushes: HOST:PORT of a Cassandra on this machine")
+    parser.add_argument("--keys", type=int, default=20_000, help="flushes: rows per flush")
     args = parser.parse_args(argv)
     if args.against.startswith("-"):
         parser.error("--against names a commit")
-    modules = (("bench.formats",) if args.what == "formats" else
-               ("bench.hot_path", "bench.shapes", "consumer.applying"))
+    modules = {"formats": ("bench.formats",), "shapes": ("bench.hot_path", "bench.shapes", "consumer.applying"),
+               "flushes": ("bench.flush_requests", "consumer.cassandra_store", "countersink.cassandra")}[args.what]
     with tempfile.TemporaryDirectory(prefix="countersink-versions-") as folder:
         _archive(args.against, Path(folder))
         versions = {args.against: _load(Path(folder), modules), "working tree": _load(ROOT, modules)}
     if args.what == "formats":
         print(formats(versions, args.events or 40_000, args.symbols or 500, args.rounds))
+    elif args.what == "flushes":
+        print(flushes(versions, args.cassandra, args.keys, args.rounds))
     else:
         print(shapes(versions, args.events or 72_000, args.symbols or 10_000, args.rounds, args.only))
     return 0

@@ -58,11 +58,11 @@ class CassandraStore:
         # (flushes and replays alike), so a consumer still holding the old definitions never writes them back.
         self.refused: set[str] = set()
 
-    def _shard_call(self, group: list[tuple[str, list[object]]]) -> Callable[[], Awaitable[object]]:
-        if len(group) == 1:
-            cql_text, params = group[0]
-            return functools.partial(self.client.execute, cql_text, params, consistency=self.write_cl)
-        return functools.partial(self.client.execute_batch, group, consistency=self.write_cl)
+    def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
+                    ) -> Callable[[], Awaitable[object]]:
+        # Every statement of a flush is written at the flush's timestamp: the batch's, not a bound value each.
+        return functools.partial(self.client.execute_batch, group, consistency=self.write_cl,
+                                 timestamp_us=timestamp_us)
 
     async def _lwt(self, cql_text: str, params: list[object]) -> bool:
         # A conditional update is not idempotent from the driver's point of view: never retried blindly.
@@ -137,13 +137,16 @@ class CassandraStore:
         # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
         # The partition's stamp of this source goes in the same batch (one mutation per partition: a replica
         # holding the states holds their stamp), at the same timestamp (schemas.cql).
-        shard_cql = ("UPDATE shards USING TIMESTAMP ? SET states = states + ? "
-                     "WHERE key = ? AND born_us = ? AND mutator = ?")
-        expiring_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET states = states + ? "
-                        "WHERE key = ? AND born_us = ? AND mutator = ?")
-        stamp_cql = ("UPDATE shards USING TIMESTAMP ? AND TTL ? SET stamps[?] = ? "
-                     "WHERE key = ? AND born_us = ? AND mutator = ?")
+        # Each row is a row statement and a stamp statement, both bound for every row of every flush: what
+        # is the same for all of them (the flush's timestamp, the stamps row, a stamp's TTL without
+        # retention) is in the batch or the text, not bound each time (python -m bench.versions flushes).
+        shard_cql = "UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
+        expiring_cql = "UPDATE shards USING TTL ? SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
         stamp_born, stamp_mutator = STAMP_ROW
+        stamp_row = f"WHERE key = ? AND born_us = {stamp_born:d} AND mutator = {stamp_mutator}"  # constants
+        stamp_cql = f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {stamp_row}"  # noqa: S608
+        expiring_stamp_cql = f"UPDATE shards USING TTL ? SET stamps[?] = ? {stamp_row}"  # noqa: S608
+        mutator_text = str(mutator)  # the driver takes a uuid column's text; a UUID object costs more to bind
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
@@ -168,21 +171,20 @@ class CassandraStore:
         for (key, expires_at), cells in rows.items():
             row_bytes = len(key.encode()) + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
             if group and (group_rows >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
-                calls.append(self._shard_call(group))
+                calls.append(self._shard_call(group, timestamp_us))
                 group, group_bytes, group_rows = [], 0, 0
             partition = partition_key(key)
             if expires_at is None:
-                stamp_ttl_s = STAMP_TTL_S
-                group.append((shard_cql, [timestamp_us, cells, partition, born_us, mutator]))
+                group.append((shard_cql, [cells, partition, born_us, mutator_text]))
+                group.append((stamp_cql, [source, timestamp_us, partition]))
             else:
-                stamp_ttl_s = ttl_s = ttls[expires_at]  # type: ignore[assignment]
-                group.append((expiring_cql, [timestamp_us, ttl_s, cells, partition, born_us, mutator]))
-            group.append((stamp_cql, [timestamp_us, stamp_ttl_s, source, timestamp_us, partition, stamp_born,
-                                      stamp_mutator]))
+                ttl_s = ttls[expires_at]
+                group.append((expiring_cql, [ttl_s, cells, partition, born_us, mutator_text]))
+                group.append((expiring_stamp_cql, [ttl_s, source, timestamp_us, partition]))
             group_bytes += row_bytes + _STAMP_BYTES
             group_rows += 1
         if group:
-            calls.append(self._shard_call(group))
+            calls.append(self._shard_call(group, timestamp_us))
         # The GC's work list: the instances new to this mutator, a few thousand to a row. Their number follows
         # the keys, not the events, and a row per instance cost Cassandra as much as a shard row.
         new = [(write.counter, write.key) for write in writes if write.first_write]

@@ -3,16 +3,18 @@ cells of counters sharing a key."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
 
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite, StoredShard
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings
 from gc_worker.store import CassandraGcStore
+from schemas.cql import STAMP_ROW, STAMP_TTL_S
 from schemas.kinds import KindSpec, new_state
 
 pytestmark = pytest.mark.integration
@@ -77,3 +79,36 @@ async def test_counters_sharing_a_key_keep_their_own_cells_through_flushes_and_f
             "trades": 2, "likes": 2, "views": 1}
         listed = [instance async for page in gc.read_work(mutator) for instance in page]
         assert sorted(listed) == [("likes", "IBM"), ("trades", "IBM"), ("views", "IBM")]
+
+
+async def test_a_flush_writes_states_and_stamps_at_its_timestamp_with_their_ttls(
+    cassandra_settings: CassandraSettings,
+) -> None:
+    """Every cell of a flush carries the flush's timestamp (the batch's, not one bound per statement): the
+    states and the source's stamp, whose value is that timestamp too; a bucket with retention expires its row
+    and stamp together, a row without keeps its states and gives its stamp STAMP_TTL_S."""
+    far = int(time.time()) + 7 * 86_400
+    async with CassandraClient(cassandra_settings) as client:
+        store, mutator = CassandraStore(client), uuid.uuid4()
+        await store.write_shards(mutator, 40, 1_234_567, [ShardWrite("kept", "AAPL", b"k", 3, True),
+                                                          ShardWrite("hourly", "MSFT", b"h", 3, True, far)],
+                                 source=b"src-1")
+        source = STAMP_ROW
+        rows = {}
+        for key in ("AAPL", "MSFT"):
+            states = as_dicts(await client.execute(
+                "SELECT maxwritetime(states) AS ts, ttl(states) AS ttls FROM shards "
+                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, 40, mutator]))
+            stamps = as_dicts(await client.execute(
+                "SELECT stamps, maxwritetime(stamps) AS ts, ttl(stamps) AS ttls FROM shards "
+                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, *source]))
+            rows[key] = (states[0], stamps[0])
+    for key, (states, stamps) in rows.items():
+        assert states["ts"] == stamps["ts"] == 1_234_567, key
+        assert stamps["stamps"] == {b"src-1": 1_234_567}, key
+    (kept, kept_stamp), (hourly, hourly_stamp) = rows["AAPL"], rows["MSFT"]
+    assert kept["ttls"] in ([None], None)  # no retention: the states never expire
+    assert STAMP_TTL_S - 60 < kept_stamp["ttls"][0] <= STAMP_TTL_S
+    expected_ttl = far + client.settings.retention_grace_s - int(time.time())
+    assert abs(hourly["ttls"][0] - expected_ttl) <= 60
+    assert abs(hourly_stamp["ttls"][0] - expected_ttl) <= 60

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings, ConsumerSettings
-from schemas.cql import CASSANDRA_EXPIRY_LIMIT_S, EXPIRY_MARGIN_S, LAST_EXPIRY_S, MAX_TTL_S, STAMP_TTL_S, row_ttl
+from schemas.cql import (
+    CASSANDRA_EXPIRY_LIMIT_S,
+    EXPIRY_MARGIN_S,
+    LAST_EXPIRY_S,
+    MAX_TTL_S,
+    STAMP_ROW,
+    STAMP_TTL_S,
+    row_ttl,
+)
 from schemas.definitions import parse_definitions
 from schemas.errors import FutureEventTimeError, UnstorableTimeError, ValueOutOfRangeError
 from schemas.events import DEFAULT_MAX_FUTURE_SKEW_S, EventRouter
@@ -82,12 +90,12 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.settings = CassandraSettings(retention_grace_s=3600)
-        self.params: list[Sequence[Any]] = []
+        self.statements: list[tuple[str, Sequence[Any]]] = []
         self.stamps = 0
 
     async def execute(self, cql_text: str, params: Sequence[Any], **_: object) -> None:
         if "UPDATE shards" in cql_text:
-            self.params.append(params)
+            self.statements.append((cql_text, params))
             self.stamps += "SET stamps" in cql_text
 
     async def execute_batch(self, statements: Sequence[tuple[str, Sequence[Any]]], **_: object) -> None:
@@ -107,10 +115,12 @@ def test_a_flush_never_asks_for_an_expiry_past_what_cassandra_stores(monkeypatch
     born_us = in_2028 * 1_000_000
     asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), born_us, 1, writes, source=b"test"))  # type: ignore[arg-type]
     # Each row of states and its partition's stamp (the same TTL, or a stamp's own for the row without one).
-    ttls = sorted(params[1] for params in client.params if len(params) in (6, 7) and isinstance(params[1], int))
-    assert ttls == sorted([30 * DAY + 3600, 30 * DAY + 3600, LAST_EXPIRY_S - in_2028, LAST_EXPIRY_S - in_2028,
-                           STAMP_TTL_S])
-    assert sum(len(params) == 5 for params in client.params) == 1
+    ttls = sorted(params[0] for cql, params in client.statements if "USING TTL ?" in cql)
+    assert ttls == sorted([30 * DAY + 3600, 30 * DAY + 3600, LAST_EXPIRY_S - in_2028, LAST_EXPIRY_S - in_2028])
+    assert [cql for cql, _ in client.statements if "USING TTL ?" not in cql and "SET stamps" in cql] == [
+        f"UPDATE shards USING TTL {STAMP_TTL_S} SET stamps[?] = ? WHERE key = ? AND born_us = {STAMP_ROW[0]} "
+        f"AND mutator = {STAMP_ROW[1]}"]
+    assert sum("USING TTL" not in cql for cql, _ in client.statements) == 1  # the states kept forever
     assert client.stamps == 3
 
 

@@ -35,12 +35,16 @@ class RecordingClient:
     def __init__(self, batch_rows: int) -> None:
         self.settings = CassandraSettings(write_batch_rows=batch_rows)
         self.requests: list[list[tuple[str, Sequence[Any]]]] = []
+        self.timestamps: list[int | None] = []  # each request's timestamp (a batch's, for its statements)
 
     async def execute(self, cql_text: str, params: Sequence[Any], **_: object) -> None:
         self.requests.append([(cql_text, params)])
+        self.timestamps.append(None)
 
-    async def execute_batch(self, statements: Sequence[tuple[str, Sequence[Any]]], **_: object) -> None:
+    async def execute_batch(self, statements: Sequence[tuple[str, Sequence[Any]]], *,
+                            timestamp_us: int | None = None, **_: object) -> None:
         self.requests.append(list(statements))
+        self.timestamps.append(timestamp_us)
 
 
 def all_requests(writes: list[ShardWrite], batch_rows: int = 10) -> list[list[tuple[str, Sequence[Any]]]]:
@@ -60,15 +64,26 @@ def test_each_partition_written_is_stamped_in_the_same_request() -> None:
     source's cell, the same timestamp as the states, the timestamp as the value, the row's TTL when it has one."""
     far = int(time.time()) + 86_400
     writes = [*(write(i) for i in range(25)), ShardWrite("hourly", "S000001", b"h", 7, False, far)]
-    for request in all_requests(writes):
-        states = [params for cql, params in request if "SET states" in cql]
-        stamps = [params for cql, params in request if "SET stamps" in cql]
+    client = RecordingClient(10)
+    asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), 0, 1, writes, source=b"src"))  # type: ignore[arg-type]
+    shard_batches = [(request, at) for request, at in zip(client.requests, client.timestamps, strict=True)
+                     if any("SET states" in cql for cql, _ in request)]
+    assert len(shard_batches) == 3
+    stamp_row = f"born_us = {STAMP_ROW[0]} AND mutator = {STAMP_ROW[1]}"
+    for request, at in shard_batches:
+        assert at == 1  # the flush's timestamp, for every statement of the batch
+        assert all("USING TIMESTAMP" not in cql for cql, _ in request)
+        states = [(cql, params) for cql, params in request if "SET states" in cql]
+        stamps = [(cql, params) for cql, params in request if "SET stamps" in cql]
         assert len(stamps) == len(states)
-        for stamp, state in zip(stamps, states, strict=True):
-            assert stamp[-3] == state[-3]  # the partition
-            assert (stamp[0], stamp[-5], stamp[-4]) == (1, b"src", 1)
-            assert tuple(stamp[-2:]) == STAMP_ROW
-            assert stamp[1] == (state[1] if len(state) == 6 else STAMP_TTL_S)  # the row's TTL, or a stamp's
+        for (stamp_cql, stamp), (state_cql, state) in zip(stamps, states, strict=True):
+            assert stamp_row in stamp_cql
+            assert stamp[-3:] == [b"src", 1, state[-3]]  # the source's cell, the timestamp, the partition
+            if "TTL ?" in state_cql:
+                assert ("TTL ?" in stamp_cql, stamp[0]) == (True, state[0])  # the row's TTL
+            else:
+                assert f"TTL {STAMP_TTL_S} " in stamp_cql  # a stamp's own
+                assert len(stamp) == 3
 
 
 def key_of(params: Sequence[Any]) -> str:
@@ -130,7 +145,7 @@ def test_counters_of_one_key_with_different_expiries_get_their_own_ttls() -> Non
     assert len(statements) == 3
     plain = [params for cql, params in statements if "TTL" not in cql]
     assert [set(cells_of(p)) for p in plain] == [{"kept"}]
-    ttls = {next(iter(cells_of(p))): p[1] for cql, p in statements if "TTL" in cql}
+    ttls = {next(iter(cells_of(p))): p[0] for cql, p in statements if "TTL" in cql}
     assert set(ttls) == {"hourly", "daily"}
     assert ttls["daily"] - ttls["hourly"] == 3600
 
