@@ -10,6 +10,7 @@ driver).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -60,6 +61,8 @@ _RETRIABLE = (
 
 
 _DEADLINE_MARGIN_S = 5.0
+# How often the watchdog looks for requests past their deadline: a lost answer is noticed this much late at most.
+_WATCHDOG_TICK_S = 0.5
 
 
 def _consistency(level: Consistency | str) -> acsylla.Consistency:
@@ -86,6 +89,13 @@ class CassandraClient:
         self._prepared: dict[str, Any] = {}
         self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._in_flight = 0
+        # The requests awaited, by number: their deadline and the task awaiting; the numbers of those the
+        # watchdog cancelled for being past it (see _run).
+        self._awaited: dict[int, tuple[float, asyncio.Task[Any]]] = {}
+        self._expired: set[int] = set()
+        self._numbers = itertools.count()
+        self._watchdog: asyncio.TimerHandle | None = None  # its next look, while requests are awaited
+        self._watchdog_loop: asyncio.AbstractEventLoop | None = None
         self._timeouts_counted = {"connection": 0, "request": 0}  # the session's running counts, as last added
 
     async def __aenter__(self) -> CassandraClient:
@@ -173,6 +183,9 @@ class CassandraClient:
     async def stop(self) -> None:
         session, self._session = self._session, None
         self._prepared.clear()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         if session is not None:
             await session.close()
 
@@ -207,12 +220,23 @@ class CassandraClient:
         self._in_flight += 1
         METRICS.cassandra_in_flight.set(self._in_flight)
         started = time.perf_counter()
+        # The driver times requests out itself; a deadline is a net under it, so that an answer lost anywhere
+        # becomes a retriable error instead of a task that waits forever. One watchdog keeps every
+        # request's deadline, not a timer per request: a flush sends thousands of requests, and a timer each
+        # (asyncio.timeout) cost about 5 µs a request, as much as binding five rows (python -m bench.versions
+        # flushes).
+        task, number, cancelling = asyncio.current_task(), next(self._numbers), 0
+        if task is not None:
+            self._awaited[number] = (started + self.settings.request_timeout_s + _DEADLINE_MARGIN_S, task)
+            loop = asyncio.get_running_loop()
+            if self._watchdog is None or self._watchdog_loop is not loop:
+                self._watchdog, self._watchdog_loop = loop.call_later(_WATCHDOG_TICK_S, self._watch), loop
+            cancelling = task.cancelling()
         try:
-            # The driver times requests out itself; this deadline is a net under it, so that an answer lost
-            # anywhere becomes a retriable error instead of a task that waits forever.
-            async with asyncio.timeout(self.settings.request_timeout_s + _DEADLINE_MARGIN_S):
-                return await awaitable
-        except TimeoutError:
+            return await awaitable
+        except asyncio.CancelledError:
+            if number not in self._expired or task is None or task.uncancel() > cancelling:
+                raise  # cancelled by its caller (too), not for its deadline
             METRICS.cassandra_errors.labels(kind="no_answer").inc()
             raise CassandraUnavailableError(f"no answer within {self.settings.request_timeout_s}s "
                                             f"[{_short(what)}]") from None
@@ -223,10 +247,25 @@ class CassandraClient:
             METRICS.cassandra_errors.labels(kind="fatal").inc()
             raise CassandraError(f"{type(exc).__name__}: {exc} [{_short(what)}]") from exc
         finally:
+            self._awaited.pop(number, None)
+            self._expired.discard(number)
             self._in_flight -= 1
             METRICS.cassandra_in_flight.set(self._in_flight)
             METRICS.cassandra_request_seconds.observe(time.perf_counter() - started)
             self._slots.release()
+
+    def _watch(self) -> None:
+        """Cancel each request still awaited past its deadline (``_run`` turns that into a retriable error), and
+        look again later while any is awaited: an idle client has no timer."""
+        self._cancel_overdue(time.perf_counter())
+        self._watchdog = (asyncio.get_running_loop().call_later(_WATCHDOG_TICK_S, self._watch)
+                          if self._awaited else None)
+
+    def _cancel_overdue(self, now: float) -> None:
+        for number, (deadline, task) in list(self._awaited.items()):
+            if deadline <= now and number not in self._expired:
+                self._expired.add(number)
+                task.cancel()
 
     async def execute(
         self,
