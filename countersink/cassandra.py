@@ -183,9 +183,9 @@ class CassandraClient:
     async def stop(self) -> None:
         session, self._session = self._session, None
         self._prepared.clear()
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:
-            watchdog.cancel()
+        if not self._awaited and self._watchdog is not None:  # requests still awaited keep their deadlines
+            self._watchdog.cancel()
+            self._watchdog = None
         if session is not None:
             await session.close()
 
@@ -257,13 +257,18 @@ class CassandraClient:
     def _watch(self) -> None:
         """Cancel each request still awaited past its deadline (``_run`` turns that into a retriable error), and
         look again later while any is awaited: an idle client has no timer."""
-        self._cancel_overdue(time.perf_counter())
-        self._watchdog = (asyncio.get_running_loop().call_later(_WATCHDOG_TICK_S, self._watch)
-                          if self._awaited else None)
+        loop = asyncio.get_running_loop()
+        try:
+            self._cancel_overdue(time.perf_counter(), loop)
+        finally:  # whatever happened, requests still awaited keep a watchdog
+            self._watchdog = loop.call_later(_WATCHDOG_TICK_S, self._watch) if self._awaited else None
 
-    def _cancel_overdue(self, now: float) -> None:
+    def _cancel_overdue(self, now: float, loop: asyncio.AbstractEventLoop) -> None:
         for number, (deadline, task) in list(self._awaited.items()):
-            if deadline <= now and number not in self._expired:
+            if task.done() or task.get_loop() is not loop:
+                # Ended without leaving _run (its event loop closed under it): nothing is waiting any more.
+                del self._awaited[number]
+            elif deadline <= now and number not in self._expired:
                 self._expired.add(number)
                 task.cancel()
 

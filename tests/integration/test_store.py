@@ -93,7 +93,6 @@ async def test_a_flush_writes_states_and_stamps_at_its_timestamp_with_their_ttls
         await store.write_shards(mutator, 40, 1_234_567, [ShardWrite("kept", "AAPL", b"k", 3, True),
                                                           ShardWrite("hourly", "MSFT", b"h", 3, True, far)],
                                  source=b"src-1")
-        source = STAMP_ROW
         rows = {}
         for key in ("AAPL", "MSFT"):
             states = as_dicts(await client.execute(
@@ -101,7 +100,7 @@ async def test_a_flush_writes_states_and_stamps_at_its_timestamp_with_their_ttls
                 "WHERE key = ? AND born_us = ? AND mutator = ?", [key, 40, mutator]))
             stamps = as_dicts(await client.execute(
                 "SELECT stamps, maxwritetime(stamps) AS ts, ttl(stamps) AS ttls FROM shards "
-                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, *source]))
+                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, *STAMP_ROW]))
             rows[key] = (states[0], stamps[0])
     for key, (states, stamps) in rows.items():
         assert states["ts"] == stamps["ts"] == 1_234_567, key

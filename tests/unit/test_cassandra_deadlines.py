@@ -43,14 +43,15 @@ def test_a_lost_answer_is_a_retriable_error_at_its_deadline(client: CassandraCli
         lost: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         answered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_later(0.1, answered.set_result, "rows")
+        other = asyncio.create_task(client._run(answered, "SELECT answered"))
         started = time.monotonic()
         with pytest.raises(CassandraUnavailableError, match=r"no answer within 0.3s \[SELECT lost\]") as caught:
             async with asyncio.timeout(5):  # without the net, this test ends here instead of hanging
-                await asyncio.gather(client._run(lost, "SELECT lost"), client._run(answered, "SELECT answered"))
+                await client._run(lost, "SELECT lost")
         took = time.monotonic() - started
         assert caught.value.retriable
-        assert answered.result() == "rows"  # the other request, answered in time, was left alone
-        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        assert await other == "rows"  # the other request, answered in time, was left alone
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]  # the watchdog's cancel undone
         assert client.in_flight == 0
         assert not client._awaited
         assert not client._expired
@@ -78,7 +79,8 @@ def test_a_callers_cancellation_is_not_turned_into_an_error(client: CassandraCli
         late: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         request = asyncio.create_task(client._run(late, "SELECT late"))
         await asyncio.sleep(0.05)
-        client._cancel_overdue(float("inf"))  # the watchdog's look, and the caller's cancel before the task runs
+        # The watchdog's look, then the caller's cancel, before the task runs again.
+        client._cancel_overdue(float("inf"), asyncio.get_running_loop())
         assert client._expired
         request.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -97,3 +99,34 @@ def test_the_watchdog_starts_again_in_a_new_event_loop(client: CassandraClient) 
 
     asyncio.run(lost_answer())
     asyncio.run(lost_answer())
+
+
+def test_a_request_awaited_through_a_stop_keeps_its_deadline(client: CassandraClient) -> None:
+    async def scenario() -> None:
+        request = asyncio.create_task(client._run(asyncio.get_running_loop().create_future(), "SELECT lost"))
+        await asyncio.sleep(0.05)
+        await client.stop()  # another task stops the client while the request is awaited
+        with pytest.raises(CassandraUnavailableError):
+            async with asyncio.timeout(5):
+                await request
+
+    asyncio.run(scenario())
+
+
+def test_a_request_left_in_a_closed_event_loop_does_not_stop_the_watchdog(client: CassandraClient) -> None:
+    """A request whose event loop was closed under it (its task never cancelled) is forgotten, not cancelled
+    from another loop: the watchdog goes on keeping the deadlines of the requests after it."""
+    closed = asyncio.new_event_loop()
+    left = closed.create_task(client._run(closed.create_future(), "SELECT left"))
+    closed.run_until_complete(asyncio.sleep(0.01))
+    closed.close()
+
+    async def lost_answer() -> None:
+        await asyncio.sleep(0.35)  # past the left request's deadline before this one starts
+        with pytest.raises(CassandraUnavailableError):
+            async with asyncio.timeout(5):
+                await client._run(asyncio.get_running_loop().create_future(), "SELECT lost")
+
+    asyncio.run(lost_answer())
+    assert not left.done()
+    assert not client._awaited
