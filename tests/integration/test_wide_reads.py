@@ -150,3 +150,17 @@ async def test_serve_reads_a_flush_acknowledged_after_it_cached(cassandra_settin
             assert 'countersink_serve_state_cache_reads_total{outcome="checked"} 1.0' in text
             assert 'countersink_serve_state_cache_reads_total{outcome="patched"} 1.0' in text  # one shard flushed
             assert 'countersink_serve_state_cache_reads_total{outcome="miss"} 1.0' in text
+
+
+async def test_the_benchs_instances_written_again_are_the_same_rows(cassandra_settings: CassandraSettings) -> None:
+    """make bench writes its wide instances for the mix of reads, then again for the cached reads alone, in one
+    keyspace: the second write rewrites the first's rows (mutators drawn from the seed), so each instance still
+    holds as many shards as it is named for."""
+    from bench.wide_reads import KINDS, Shards, _check
+
+    async with CassandraClient(cassandra_settings) as client:
+        await Shards(client, (1, 4)).write()
+        await Shards(client, (1, 3)).write()
+        for kind in KINDS:
+            for shards in (1, 4):
+                _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}"))
