@@ -26,8 +26,9 @@ import os
 import random
 import statistics
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bench.stamp_cost import settings_for as stamp_cost_settings
 from bench.wide_layouts import cassandra_pid, cpu_s, stat_cpu_s
@@ -37,6 +38,7 @@ from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.settings import CassandraSettings
 
+K = TypeVar("K")
 # The page views' states of one key: a count, an exact decimal sum, a distinct of a few values (bytes).
 STATE_BYTES = {"views": 12, "revenue": 20, "visitors": 40}
 
@@ -66,59 +68,95 @@ def settings_for(host: str, port: int, keyspace: str, batch_rows: int) -> Cassan
 
 
 class _CountingStore(CassandraStore):
-    """The consumer's flush, counting the requests it sends."""
+    """The consumer's flush, counting the requests each flush sends."""
 
     requests = 0
+
+    def __init__(self, client: CassandraClient) -> None:
+        super().__init__(client)
+        self.per_flush: list[int] = []
 
     def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
                     ) -> Callable[[], Awaitable[object]]:
         self.requests += 1
         return super()._shard_call(group, timestamp_us)
 
+    async def write_shards(self, *args: Any, **kwargs: Any) -> None:
+        self.requests = 0
+        await super().write_shards(*args, **kwargs)
+        self.per_flush.append(self.requests)
 
-async def run(host: str, port: int, keys: int, sizes: Sequence[int], rounds: int, seed: int
-              ) -> dict[int, dict[str, list[float]]]:
-    pid = cassandra_pid(port)
-    names = {size: f"flushreq_{uuid.uuid4().hex[:8]}" for size in sizes}
-    clients: dict[int, CassandraClient] = {}
-    figures: dict[int, dict[str, list[float]]] = {size: {"loop": [], "driver": [], "cassandra": [], "requests": []}
-                                                  for size in sizes}
-    thresholds = gc.get_threshold()
+
+async def open_store(settings: CassandraSettings, client_type: type[Any] = CassandraClient,
+                     store_type: type[Any] = CassandraStore) -> Any:
+    """A store on a keyspace of its own (``settings.keyspace``), made now: :func:`close_store` drops it."""
+    async with client_type(settings, use_keyspace=False) as admin:
+        await admin.ensure_schema()
+    client = client_type(settings)
     try:
-        for size, keyspace in names.items():
-            async with CassandraClient(settings_for(host, port, keyspace, size), use_keyspace=False) as admin:
-                await admin.ensure_schema()
-            clients[size] = CassandraClient(settings_for(host, port, keyspace, size))
-            await clients[size].__aenter__()
-        stores = {size: _CountingStore(client) for size, client in clients.items()}
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
+        await client.__aenter__()
+    except BaseException:
+        await _drop_keyspace(client_type, settings)
+        raise
+    return store_type(client)
+
+
+async def close_store(store: Any) -> None:
+    """Stop the store's client and drop its keyspace."""
+    await store.client.__aexit__(None, None, None)
+    await _drop_keyspace(type(store.client), store.client.settings)
+
+
+async def _drop_keyspace(client_type: type[Any], settings: CassandraSettings) -> None:
+    async with client_type(settings, use_keyspace=False) as admin:
+        await admin.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", prepared=False)
+
+
+async def measure(stores: Mapping[K, Any], keys: int, rounds: int, seed: int, pid: int
+                  ) -> dict[K, dict[str, list[float]]]:
+    """One flush of ``keys`` rows (:func:`flush_writes`) through each store's ``write_shards`` per round, the
+    stores in an order shuffled each round, the first round unmeasured (it warms every keyspace up). Per store,
+    the CPU seconds of each measured flush: the event loop's thread, the driver's threads, Cassandra's (process
+    ``pid``). The collector is set as the consumer sets it meanwhile."""
+    figures: dict[K, dict[str, list[float]]] = {name: {"loop": [], "driver": [], "cassandra": []} for name in stores}
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
         mutator, rng = uuid.uuid4(), random.Random(seed)
         for seq in range(1, rounds + 2):
             order = list(stores)
             rng.shuffle(order)
-            for size in order:
-                store = stores[size]
+            for name in order:
                 writes = flush_writes(keys, seq)
-                store.requests = 0
                 (loop_before, driver_before), cassandra_before = thread_cpu_s(), cpu_s(pid)
-                await store.write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushreq")
+                await stores[name].write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushreq")
                 (loop_after, driver_after), cassandra_after = thread_cpu_s(), cpu_s(pid)
-                if seq > 1:  # the first round warms every keyspace up, unmeasured
-                    measured = figures[size]
+                if seq > 1:
+                    measured = figures[name]
                     measured["loop"].append(loop_after - loop_before)
                     measured["driver"].append(driver_after - driver_before)
                     measured["cassandra"].append(cassandra_after - cassandra_before)
-                    measured["requests"].append(store.requests)
         return figures
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-        for client in clients.values():
-            await client.__aexit__(None, None, None)
-        for size, keyspace in names.items():
-            async with CassandraClient(settings_for(host, port, keyspace, size), use_keyspace=False) as admin:
-                await admin.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", prepared=False)
+
+
+async def run(host: str, port: int, keys: int, sizes: Sequence[int], rounds: int, seed: int
+              ) -> dict[int, dict[str, list[float]]]:
+    stores: dict[int, _CountingStore] = {}
+    try:
+        for size in sizes:
+            settings = settings_for(host, port, f"flushreq_{uuid.uuid4().hex[:8]}", size)
+            stores[size] = await open_store(settings, store_type=_CountingStore)
+        figures = await measure(stores, keys, rounds, seed, cassandra_pid(port))
+        for size, store in stores.items():
+            figures[size]["requests"] = [float(n) for n in store.per_flush[1:]]  # the measured flushes'
+        return figures
+    finally:
+        for store in stores.values():
+            await close_store(store)
 
 
 def report(figures: dict[int, dict[str, list[float]]], keys: int) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import importlib
 import random
 import statistics
@@ -108,44 +107,16 @@ def shapes(versions: dict[str, list[ModuleType]], events: int, symbols: int, rou
 async def _flushes(versions: dict[str, list[ModuleType]], host: str, port: int, keys: int, rounds: int
                    ) -> dict[str, dict[str, list[float]]]:
     newest = versions[list(versions)[-1]][0]
-    pid = newest.cassandra_pid(port)
-    keyspaces = {version: f"flushver_{i}_{random.getrandbits(32):08x}" for i, version in enumerate(versions)}
     stores: dict[str, Any] = {}
-    figures: dict[str, dict[str, list[float]]] = {v: {"loop": [], "driver": [], "cassandra": []} for v in versions}
-    thresholds = gc.get_threshold()
     try:
-        for version, (flush_requests, store_module, client_module) in versions.items():
-            settings = flush_requests.settings_for(host, port, keyspaces[version], 10)
-            async with client_module.CassandraClient(settings, use_keyspace=False) as admin:
-                await admin.ensure_schema()
-            client = client_module.CassandraClient(settings)
-            await client.__aenter__()
-            stores[version] = store_module.CassandraStore(client)
-        gc.freeze()
-        gc.set_threshold(*newest.GC_THRESHOLDS)  # as the consumer sets its collector
-        mutator, rng = newest.uuid.uuid4(), random.Random(7)
-        for seq in range(1, rounds + 2):
-            order = list(stores)
-            rng.shuffle(order)
-            for version in order:
-                writes = versions[version][0].flush_writes(keys, seq)
-                (loop_before, driver_before), cassandra_before = newest.thread_cpu_s(), newest.cpu_s(pid)
-                await stores[version].write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushver")
-                (loop_after, driver_after), cassandra_after = newest.thread_cpu_s(), newest.cpu_s(pid)
-                if seq > 1:  # the first round warms every keyspace up, unmeasured
-                    figures[version]["loop"].append(loop_after - loop_before)
-                    figures[version]["driver"].append(driver_after - driver_before)
-                    figures[version]["cassandra"].append(cassandra_after - cassandra_before)
-        return figures
+        for i, (version, (flush_requests, store_module, client_module)) in enumerate(versions.items()):
+            settings = flush_requests.settings_for(host, port, f"flushver_{i}_{random.getrandbits(32):08x}", 10)
+            stores[version] = await newest.open_store(settings, client_module.CassandraClient,
+                                                      store_module.CassandraStore)
+        return await newest.measure(stores, keys, rounds, 7, newest.cassandra_pid(port))
     finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-        for version, store in stores.items():
-            await store.client.__aexit__(None, None, None)
-            flush_requests, _, client_module = versions[version]
-            settings = flush_requests.settings_for(host, port, keyspaces[version], 10)
-            async with client_module.CassandraClient(settings, use_keyspace=False) as admin:
-                await admin.execute(f"DROP KEYSPACE IF EXISTS {keyspaces[version]}", prepared=False)
+        for store in stores.values():
+            await newest.close_store(store)
 
 
 def flushes(versions: dict[str, list[ModuleType]], cassandra: str, keys: int, rounds: int) -> str:

@@ -39,6 +39,14 @@ _STAMP_BYTES = 48
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
 _WORK_CHUNK_INSTANCES = 1000
+# A flushed row's statements, bound for every row of every flush: what is the same for all of them (the
+# flush's timestamp, the stamps row, a stamp's TTL without retention) is in the batch or the text, not bound
+# each time (python -m bench.versions flushes).
+_SHARD_CQL = "UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
+_EXPIRING_SHARD_CQL = "UPDATE shards USING TTL ? SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
+_STAMP_ROW_WHERE = f"WHERE key = ? AND born_us = {STAMP_ROW[0]:d} AND mutator = {STAMP_ROW[1]}"  # constants
+_STAMP_CQL = f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {_STAMP_ROW_WHERE}"  # noqa: S608
+_EXPIRING_STAMP_CQL = f"UPDATE shards USING TTL ? SET stamps[?] = ? {_STAMP_ROW_WHERE}"  # noqa: S608
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
 # client pays for one request. Far below the IN-list limits Cassandra warns about.
 _READ_KEYS_PER_REQUEST = 50
@@ -137,15 +145,6 @@ class CassandraStore:
         # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
         # The partition's stamp of this source goes in the same batch (one mutation per partition: a replica
         # holding the states holds their stamp), at the same timestamp (schemas.cql).
-        # Each row is a row statement and a stamp statement, both bound for every row of every flush: what
-        # is the same for all of them (the flush's timestamp, the stamps row, a stamp's TTL without
-        # retention) is in the batch or the text, not bound each time (python -m bench.versions flushes).
-        shard_cql = "UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
-        expiring_cql = "UPDATE shards USING TTL ? SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
-        stamp_born, stamp_mutator = STAMP_ROW
-        stamp_row = f"WHERE key = ? AND born_us = {stamp_born:d} AND mutator = {stamp_mutator}"  # constants
-        stamp_cql = f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {stamp_row}"  # noqa: S608
-        expiring_stamp_cql = f"UPDATE shards USING TTL ? SET stamps[?] = ? {stamp_row}"  # noqa: S608
         mutator_text = str(mutator)  # the driver takes a uuid column's text; a UUID object costs more to bind
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
@@ -175,12 +174,12 @@ class CassandraStore:
                 group, group_bytes, group_rows = [], 0, 0
             partition = partition_key(key)
             if expires_at is None:
-                group.append((shard_cql, [cells, partition, born_us, mutator_text]))
-                group.append((stamp_cql, [source, timestamp_us, partition]))
+                group.append((_SHARD_CQL, [cells, partition, born_us, mutator_text]))
+                group.append((_STAMP_CQL, [source, timestamp_us, partition]))
             else:
                 ttl_s = ttls[expires_at]
-                group.append((expiring_cql, [ttl_s, cells, partition, born_us, mutator_text]))
-                group.append((expiring_stamp_cql, [ttl_s, source, timestamp_us, partition]))
+                group.append((_EXPIRING_SHARD_CQL, [ttl_s, cells, partition, born_us, mutator_text]))
+                group.append((_EXPIRING_STAMP_CQL, [ttl_s, source, timestamp_us, partition]))
             group_bytes += row_bytes + _STAMP_BYTES
             group_rows += 1
         if group:
