@@ -280,6 +280,14 @@ def _scratch(mutator: Mutator) -> Callable[[Row, int], State]:
     return lambda row, index: new_state(counters[row.names[index]])
 
 
+def slowest_shape(results: dict[str, dict[str, float]]) -> tuple[str, float]:
+    """The shape of :data:`bench.shapes.FLAT_VARIANTS` whose batch path costs the most per event, and that cost ÷
+    flat's (the shapes measured by :func:`measure_shapes`)."""
+    flat = results[shapes.FLAT]["batch"]
+    name = max((name for name in shapes.FLAT_VARIANTS if name in results), key=lambda n: results[n]["batch"])
+    return name, results[name]["batch"] / flat
+
+
 def shapes_table(results: dict[str, dict[str, float]]) -> str:
     flat = results[shapes.FLAT]
     lines = ["| shape | batch path, µs/event | × flat | router, µs/event | × flat | decided by the batch path | "

@@ -54,6 +54,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from bench.shapes import PER_SECOND
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
@@ -146,6 +147,9 @@ class Report:
     rows_per_event: float = 0.0  # shards the countersink run wrote per event (three to a Cassandra row)
     apply_only: float = 0.0  # events/s of decode + route + apply in process, no I/O (the batch path)
     hot_path_us: dict[str, dict[str, float]] = field(default_factory=dict)  # bench.hot_path: path -> regime -> µs
+    # bench.hot_path --shapes: shape of definition -> batch path and router µs/event, share taken, updates per event
+    hot_path_shapes: dict[str, dict[str, float]] = field(default_factory=dict)
+    hot_path_shape_events: int = 0  # events per round of that measurement
     gc: dict[str, float] = field(default_factory=dict)
     read_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (p50, p99)
     rollup_latency_ms: dict[str, tuple[float, float]] = field(default_factory=dict)  # bench.rollup: (p50, p99)
@@ -825,6 +829,15 @@ async def run(args: argparse.Namespace) -> Report:
         report.apply_only = 1e6 / report.hot_path_us["batch, collector tuned"]["keys repeating"]
         say("decode + route + apply alone, in process: " + ", ".join(
             f"{name} {figures['keys repeating']:.2f} µs/event" for name, figures in report.hot_path_us.items()))
+        # Each shape of definition on one stream (bench.shapes), rounds of one hour of it: a bucketed counter pays
+        # for its new instances each hour, which a shorter round may not meet.
+        from bench.hot_path import measure_shapes, slowest_shape
+
+        report.hot_path_shape_events = args.shape_events
+        say(f"decode + route + apply by shape of definition ({args.shape_events:,} events a round, best of three)")
+        report.hot_path_shapes = measure_shapes(args.shape_events, 10_000, 3, args.seed)
+        name, ratio = slowest_shape(report.hot_path_shapes)
+        say(f"the slowest shape of the bench's three counters: {name}, {ratio:.2f}× flat")
 
         say("GC of the countersink run's shards")
         report.gc = await gc_throughput(kafka, cassandra)
@@ -944,12 +957,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream2-variant", type=stream2_variant, action="append", default=[],
                         metavar="SECTION.NAME=VALUE,…", help="the second stream counted again by countersink with "
                         "these settings (repeatable; consumer.flush_spacing=30, cassandra.write_batch_rows=20)")
+    parser.add_argument("--shape-events", type=int, default=PER_SECOND * 3600,
+                        help="events per round of the hot path by shape of definition (default: an hour of the "
+                        "stream, so that each round makes its hour's new bucketed instances)")
     parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     if "--quick" in (argv if argv is not None else sys.argv[1:]):  # smaller defaults; explicit options still win
         parser.set_defaults(events=200_000, symbols=10_000, native_seconds=15.0, quix_seconds=60.0, read_rounds=300,
                             wide_rounds=30, kstreams_seconds=90.0, memory_instances=20_000,
-                            recovery_instances=[10_000, 100_000], pages=5_000)
+                            recovery_instances=[10_000, 100_000], pages=5_000, shape_events=7_200)
     args = parser.parse_args(argv)
     if args.stream2_events is None:
         args.stream2_events = min(args.events, 1_000_000)
