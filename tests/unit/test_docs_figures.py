@@ -49,8 +49,10 @@ def test_a_page_edited_by_hand_is_found_and_rewritten(tmp_path: Path, capsys: py
         shutil.copy(page, root / page.relative_to(docs_figures.REPO))
     assert stale(root) == []
     page = root / "docs" / "benchmarks.md"
-    page.write_text(page.read_text().replace("| 93,506 | 1.00× |", "| 99,999 | 1.00× |"))
+    cell = f"| {load()['report']['rates']['countersink']:,.0f} | 1.00× |"  # countersink's rate, as the page shows it
+    assert cell in page.read_text()
+    page.write_text(page.read_text().replace(cell, "| 1 | 1.00× |"))
     assert stale(root) == [page]
     page.write_text(render(page.read_text(), load(root / "bench" / "results" / "results.json")))
     assert stale(root) == []
-    assert "| 93,506 | 1.00× |" in page.read_text()
+    assert cell in page.read_text()
