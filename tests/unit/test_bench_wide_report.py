@@ -19,11 +19,14 @@ def test_the_cached_reads_alone_are_reported_with_their_verdicts() -> None:
                     wide_alone_latency_ms=_alone(0.51))
     lines = _wide_section(report)
     alone = lines[lines.index(next(line for line in lines if "--alone" in line)):]
-    assert "- sum, 256 shards, cached: 2.5× at p50 (≤ 2), 2.0× at p99 (≤ 3): missed" in lines  # the mix
+    assert "- sum, 256 shards, cached: 2.50× at p50 (≤ 2), 2.00× at p99 (≤ 3): missed" in lines  # the mix
     for kind in KINDS:
-        assert f"- {kind}, 256 shards, cached: 1.7× at p50 (≤ 2), 1.5× at p99 (≤ 3): met" in alone
+        assert f"- {kind}, 256 shards, cached: 1.70× at p50 (≤ 2), 1.50× at p99 (≤ 3): met" in alone
     slower = _wide_section(Report(wide_latency_ms=report.wide_latency_ms, wide_alone_latency_ms=_alone(0.66)))
-    assert "- top_k, 256 shards, cached: 2.2× at p50 (≤ 2), 1.5× at p99 (≤ 3): missed" in slower
+    assert "- top_k, 256 shards, cached: 2.20× at p50 (≤ 2), 1.50× at p99 (≤ 3): missed" in slower
+    # Just over the target reads as over it, not as a missed "2.0×".
+    edge = _wide_section(Report(wide_latency_ms=report.wide_latency_ms, wide_alone_latency_ms=_alone(0.603)))
+    assert "- quantiles, 256 shards, cached: 2.01× at p50 (≤ 2), 1.50× at p99 (≤ 3): missed" in edge
 
 
 def test_a_run_without_the_reads_alone_reports_the_mix_only() -> None:
