@@ -54,7 +54,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from bench.shapes import PER_SECOND
+from bench.shapes import EVENTS_PER_HOUR
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import ensure_topics, make_consumer, make_producer
 from countersink.logs import configure_logging
@@ -957,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream2-variant", type=stream2_variant, action="append", default=[],
                         metavar="SECTION.NAME=VALUE,…", help="the second stream counted again by countersink with "
                         "these settings (repeatable; consumer.flush_spacing=30, cassandra.write_batch_rows=20)")
-    parser.add_argument("--shape-events", type=int, default=PER_SECOND * 3600,
+    parser.add_argument("--shape-events", type=int, default=EVENTS_PER_HOUR,
                         help="events per round of the hot path by shape of definition (default: an hour of the "
                         "stream, so that each round makes its hour's new bucketed instances)")
     parser.add_argument("--quick", action="store_true", help="a small run to try the machinery (200k events)")

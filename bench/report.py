@@ -115,7 +115,7 @@ def _cost_table(report: Report, cs: float, raw: float, native: float, quix: floa
 
 
 def _stream_time(events: int) -> str:
-    hours = events / (shapes.PER_SECOND * 3600)
+    hours = events / shapes.EVENTS_PER_HOUR
     return "an hour" if hours == 1 else f"{hours:g} hours"
 
 
@@ -135,8 +135,8 @@ def shapes_section(report: Report) -> list[str]:
         f"{events} --rounds 3`): one stream of events holding every field (`bench/shapes.py`), "
         "counted by the bench's three counters (count, sum, distinct, with event ids) read as flat fields, from a "
         "nested key, in hourly buckets, or with an exact decimal sum; by the same counters with the third of each "
-        f"kind; and by the page views' nine. Rounds of {report.hot_path_shape_events:,} events ({_stream_time(events)} "
-        "of the stream at its 20 events a second), the best of three, every shape and path "
+        f"kind; and by the page views' nine. Rounds of {events:,} events ({_stream_time(events)} of the stream at its "
+        f"{shapes.PER_SECOND} events a second), the best of three, every shape and path "
         "in one process, each round starting at another shape; CPU time, the collector tuned as the consumer's. "
         "The batch path is what the consumer runs; the router, what it falls back on for a record the batch "
         "path does not decide, and the reference the tests hold it equal to.",

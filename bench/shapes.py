@@ -17,6 +17,7 @@ TOPIC = "bench-trades"
 # The events' times: 2025-11-26 00:00 UTC on, 20 events a second (each hour holds 72,000 of them).
 START_S = 1_764_115_200
 PER_SECOND = 20
+EVENTS_PER_HOUR = PER_SECOND * 3600  # an hour of the stream: a round that makes each hour's new instances
 ENDPOINTS = [f"{verb} /api/{name}" for verb in ("GET", "POST") for name in
              ("users", "orders", "items", "cart", "search", "login", "stats", "health")]
 COUNTRIES = ["FR", "DE", "US", "GB", "JP", "BR", "IN", "ES", "IT", "NL"]
