@@ -219,8 +219,21 @@ async def read_state(
         known, stamps = await asyncio.gather((epochs_reader or functools.partial(read_epochs, client))(counter),
                                              read_stamps(client, [key], consistency))
     else:
-        known, stamps = epochs, await read_stamps(client, [key], consistency)
+        known, stamps = epochs, await _stamps_of_held(client, cache, counter, [key], epochs, consistency)
     return (await _through_cache(client, cache, counter, [key], stamps, known, consistency))[key]
+
+
+async def _stamps_of_held(client: CassandraClient, cache: StateCache, counter: str, keys: Sequence[str],
+                          epochs: Epochs, consistency: Consistency | None) -> dict[str, Stamps | None]:
+    """The stamps of those of ``keys`` whose merge ``cache`` keeps (one request, none when it keeps none of
+    them); None for the others, which the read of their states gives with them: a first read, or one after its
+    merge was evicted or aged, costs one round trip, as an uncached read does."""
+    now = time.monotonic()
+    held = [key for key in keys if cache.holds(epochs.cell(counter, key), key, now)]
+    stamps: dict[str, Stamps | None] = dict.fromkeys(keys)
+    if held:
+        stamps.update(await read_stamps(client, held, consistency))
+    return stamps
 
 
 async def read_value(client: CassandraClient, counter: str, key: str, consistency: Consistency | None,
@@ -392,8 +405,9 @@ class CounterReader:
                 if cache is None:
                     found = await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
                     return {name: merge_blobs(blobs) for name, blobs in found.items()}
-                # With a cache: the buckets whose stamps are unchanged since it merged them are not read again.
-                stamps = await read_stamps(self.client, chunk, self.consistency)
+                # With a cache: the buckets whose stamps are unchanged since it merged them are not read again
+                # (and the stamps of buckets it keeps no merge of are not read apart from their states).
+                stamps = await _stamps_of_held(self.client, cache, definition.name, chunk, epochs, self.consistency)
                 return await _through_cache(self.client, cache, definition.name, chunk, stamps, epochs,
                                             self.consistency, scan=True)
 

@@ -7,9 +7,11 @@ request alone returns every shard's bytes. Yet its value changes at most once pe
 
 Each entry keeps, beside the merge, the partition's stamps as the same read returned them with the states
 (``schemas.cql``: a cell per source, its last write timestamp, written in the same mutation as the states).
-A read first reads the stamps alone (one small row); when they equal the entry's, no shard changed since the
-entry's read, and the entry answers (a *hit*). Any flush acknowledged before the read stamped the partition
-anew, so the read sees it exactly as an uncached read would (read-your-flush). Otherwise, when the stamps
+A read of an instance the cache keeps a merge of first reads the stamps alone (one small row); when they equal
+the entry's, no shard changed since the entry's read, and the entry answers (a *hit*). Any flush acknowledged
+before the read stamped the partition anew, so the read sees it exactly as an uncached read would
+(read-your-flush). An instance it keeps no merge of is read as an uncached read is, in one request
+(:meth:`StateCache.holds`). Otherwise, when the stamps
 that changed are of sources whose row the entry knows (each shard's row is kept with the write timestamp of
 its newest cell, which is its source's stamp while that write is its source's last), only those rows are read
 again (:meth:`StateCache.rows_to_read`, :meth:`StateCache.patched`): a tenth of a hot instance's sources
@@ -105,6 +107,13 @@ class StateCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def holds(self, cell: str, key: str, now: float) -> bool:
+        """Whether a merge is kept for ``cell`` and ``key`` young enough to be answered from (``now``: monotonic
+        seconds): without one, reading the stamps before the states only adds a round trip, since the read of
+        the states returns them too."""
+        entry = self._entries.get((cell, key))
+        return entry is not None and now - entry.read_at < self.max_age_s
 
     def checked(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> State | None:
         """The merge kept for ``cell`` (a counter's cell of the key's epoch) and ``key`` when ``stamps``, read

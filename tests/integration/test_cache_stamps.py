@@ -208,3 +208,76 @@ async def test_a_read_after_some_sources_flushed_reads_their_rows_alone(cassandr
                                  source=sources[3])
         assert (await read_state(client, "hits", key, cache=cache)).value() == 165  # type: ignore[union-attr]
         assert cache.patched_reads == 1
+
+
+async def test_a_read_of_what_the_cache_does_not_keep_is_one_request(cassandra_settings: CassandraSettings) -> None:
+    """The stamps are read before the states only for instances whose merge the cache keeps: a first read of an
+    instance, or of the buckets of a range, is the states' read alone (it returns the stamps too); a second read
+    of each is the stamps' alone (a hit); and a range too large for the cache to keep is the states' read alone
+    every time, not the stamps' and then the states'."""
+    definition = parse_definitions("""
+[[counter]]
+name = "views"
+topics = ["pages"]
+kind = "sum"
+key = ["page"]
+value = "n"
+bucket = { field = "ts", size = "1h" }
+""")["views"]
+    start = 1_795_000_000 // 86400 * 86400
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        key = f"home-{uuid.uuid4().hex[:8]}"
+        for i in range(3):
+            mutator = uuid.uuid4()
+            await store.write_shards(mutator, 1_000 + i, 2_000 + i, [
+                ShardWrite("hits", key, _sum(i + 1), 1, True),
+                *(ShardWrite("views", bucket_key(definition, key, start + hour * HOUR), _sum(hour), 1, True)
+                  for hour in range(24))], source=mutator.bytes[:8])
+        asked: list[str] = []
+        execute = client.execute
+
+        async def spied(statement: str, *args: object, **kwargs: object) -> object:
+            asked.append(statement)
+            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
+
+        def stamps_reads() -> int:
+            return sum(statement.startswith("SELECT key, stamps FROM shards") for statement in asked)
+
+        client.execute = spied  # type: ignore[method-assign]
+        epochs = EpochsCache(client)
+        reader = CounterReader(client, cache=StateCache(1 << 20), epochs=epochs)
+        assert await reader.get("hits", key) == 6  # the counter's resets read, not yet kept: sent with the stamps
+        asked.clear()
+        reader = CounterReader(client, cache=StateCache(1 << 20), epochs=epochs)  # a cache keeping nothing yet
+        assert await reader.get("hits", key) == 6
+        assert len(asked) == 1
+        assert stamps_reads() == 0
+        assert await reader.get("hits", key) == 6
+        assert len(asked) == 2
+        assert stamps_reads() == 1
+        assert reader.cache is not None
+        assert reader.cache.checked_hits == 1
+
+        expected = [3 * hour for hour in range(24)]
+        asked.clear()
+        assert [p.value for p in await reader.series(definition, key, start, start + 24 * HOUR)] == expected
+        assert stamps_reads() == 0
+        assert [p.value for p in await reader.series(definition, key, start, start + 24 * HOUR)] == expected
+        assert stamps_reads() == 1
+        assert reader.cache.checked_hits == 1 + 24
+
+        small = StateCache(300)  # room for the merges of a few buckets, not a day of them
+        reader = CounterReader(client, cache=small, epochs=epochs)
+        asked.clear()
+        assert [p.value for p in await reader.series(definition, key, start, start + 24 * HOUR)] == expected
+        assert stamps_reads() == 0
+        held = len(small)
+        assert 0 < held < 24
+        asked.clear()
+        assert [p.value for p in await reader.series(definition, key, start, start + 24 * HOUR)] == expected
+        # the stamps of the buckets kept alone, in one request, and those buckets answered from the cache
+        assert stamps_reads() == 1
+        assert small.checked_hits == held
+        assert sum(statement.count("?") for statement in asked if statement.startswith("SELECT key, stamps")) \
+            == held + 2  # the keys' markers and the stamps row's two
