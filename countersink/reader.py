@@ -200,14 +200,19 @@ async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[s
 async def read_state(
     client: CassandraClient, counter: str, key: str, consistency: Consistency | None = None,
     cache: StateCache | None = None, epochs: Epochs | None = None,
-    epochs_reader: Callable[[str], Awaitable[Epochs]] | None = None,
+    epochs_reader: Callable[[str], Awaitable[Epochs]] | None = None, guess: Epochs | None = None,
 ) -> State | None:
     """The merged state of one instance, or None when nothing was ever counted for it (or it is a bucket past
     its retention: :func:`read_states`). Its stored states are decoded and merged as a batch
     (:func:`schemas.kinds.merge_blobs`), or taken from ``cache`` when the partition's stamps are those it read
     with the states it merged (:mod:`countersink.state_cache`). ``epochs``: the counter's, when the caller read
     them already (for several keys at once); else read by ``epochs_reader`` (serve's ``EpochsCache.get``), or
-    :func:`read_epochs`."""
+    :func:`read_epochs`. ``guess``: the counter's epochs as last read (serve's ``EpochsCache.last``), when
+    ``epochs`` are not given: the states of the instance's cell in them are read at the same time as the epochs,
+    and read again only when the epochs read says the instance's cell is another (a reset since)."""
+    if epochs is None and guess is not None and epochs_reader is not None and (
+            cache is None or not cache.holds(guess.cell(counter, key), key, time.monotonic())):
+        return await _read_guessing(client, counter, key, consistency, cache, epochs_reader, guess)
     if cache is None:
         if epochs is None and epochs_reader is not None:
             epochs = await epochs_reader(counter)
@@ -221,6 +226,35 @@ async def read_state(
     else:
         known, stamps = epochs, await _stamps_of_held(client, cache, counter, [key], epochs, consistency)
     return (await _through_cache(client, cache, counter, [key], stamps, known, consistency))[key]
+
+
+async def _read_guessing(client: CassandraClient, counter: str, key: str, consistency: Consistency | None,
+                         cache: StateCache | None, epochs_reader: Callable[[str], Awaitable[Epochs]],
+                         guess: Epochs) -> State | None:
+    """:func:`read_state` of an instance whose merge ``cache`` does not keep, with the counter's epochs not kept
+    but ``guess``-ed: the epochs and the instance's states in its cell of ``guess`` read at once (one round trip;
+    both requests sent when the read starts, so the states read sees every flush acknowledged before it, and the
+    epochs read every reset that has returned). The states are taken when the epochs read puts the instance in
+    that same cell, else read again in the cell it names."""
+    cell = guess.cell(counter, key)
+    read_at = time.monotonic()
+    known, found = await asyncio.gather(epochs_reader(counter),
+                                        read_instances(client, counter, [key], consistency, guess, rows=True))
+    if known.cell(counter, key) != cell:
+        if cache is None:
+            return merge_blobs((await read_blobs_of(client, counter, [key], consistency, known))[key])
+        return (await _through_cache(client, cache, counter, [key], {key: None}, known, consistency))[key]
+    if cache is None:
+        return merge_blobs(found[key].blobs)
+    return _keep(cache, cell, key, found[key], read_at)
+
+
+def _keep(cache: StateCache, cell: str, key: str, found: StoredInstance, read_at: float, *,
+          scan: bool = False) -> State | None:
+    """The merge of an instance's states as read (at ``read_at``, monotonic), kept by ``cache`` with the stamps,
+    retention and rows that read returned."""
+    return cache.merged(cell, key, found.blobs, scan=scan, stamps=found.stamps, now=read_at,
+                        hidden_at=found.hidden_at, rows=found.rows)
 
 
 async def _stamps_of_held(client: CassandraClient, cache: StateCache, counter: str, keys: Sequence[str],
@@ -244,7 +278,8 @@ async def read_value(client: CassandraClient, counter: str, key: str, consistenc
     alongside the stamps; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`)."""
     if known is None:
         known = epochs.kept(counter)
-    state = await read_state(client, counter, key, consistency, cache, known, epochs.get)
+    state = await read_state(client, counter, key, consistency, cache, known, epochs.get,
+                             None if known is not None else epochs.last(counter))
     if state is None:
         return None
     if known is None:
@@ -274,8 +309,7 @@ async def _through_cache(client: CassandraClient, cache: StateCache, counter: st
     if unread:
         read_at = time.monotonic()
         for key, found in (await read_instances(client, counter, unread, consistency, epochs, rows=True)).items():
-            kept[key] = cache.merged(cells[key], key, found.blobs, scan=scan, stamps=found.stamps, now=read_at,
-                                     hidden_at=found.hidden_at, rows=found.rows)
+            kept[key] = _keep(cache, cells[key], key, found, read_at, scan=scan)
     return kept
 
 

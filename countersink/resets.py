@@ -115,6 +115,12 @@ class EpochsCache:
         known = self._known.get(counter)
         return known[1] if known is not None and self._clock() - known[0] < self._kept_s else None
 
+    def last(self, counter: str) -> Epochs | None:
+        """The epochs of ``counter`` from the last read of them, however old (no request): a guess at them, for a
+        read that checks it against the epochs it reads meanwhile (``countersink.reader.read_state``)."""
+        known = self._known.get(counter)
+        return None if known is None else known[1]
+
     async def get(self, counter: str) -> Epochs:
         sent = self._clock()
         known = self._known.get(counter)

@@ -137,10 +137,14 @@ bucket = { field = "ts", size = "1h" }
         assert (await reader.rollup(definition, "home", start, start + 24 * HOUR)).value == sum(expected)
 
 
+@pytest.mark.parametrize(("kept_s", "cached"), [(None, True), (0.001, True), (0.001, False)])
 async def test_a_read_made_once_a_reset_returned_knows_it_with_serves_kept_epochs(
-        cassandra_settings: CassandraSettings, kafka_settings: KafkaSettings, topic_factory) -> None:
+        cassandra_settings: CassandraSettings, kafka_settings: KafkaSettings, topic_factory, kept_s: float | None,
+        cached: bool) -> None:
     """serve keeps each counter's resets for EPOCHS_KEPT_S; reset_counter returns RESET_SETTLE_S after recording
-    the reset at the earliest, so a read right after it returned reads the new epoch (nothing counted yet)."""
+    the reset at the earliest, so a read right after it returned reads the new epoch (nothing counted yet). With
+    the resets never kept (every read guesses them from the last read, and reads them alongside the states), the
+    same, with the state cache or without."""
     topic = await topic_factory(partitions=2)
     definition = parse_definitions(f"""
 [[counter]]
@@ -153,9 +157,10 @@ value = "n"
     async with CassandraClient(cassandra_settings) as client:
         await CassandraStore(client).write_shards(uuid.uuid4(), 1_000, 1_001, [ShardWrite("hits", "home", _sum(5), 1,
                                                                                          True)], source=b"src")
-        reader = CounterReader(client, cache=StateCache(1 << 20), epochs=EpochsCache(client))
+        epochs = EpochsCache(client) if kept_s is None else EpochsCache(client, kept_s=kept_s)
+        reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
         assert await reader.get("hits", "home") == 5
-        assert await reader.get("hits", "home") == 5  # its epochs and its merge kept
+        assert await reader.get("hits", "home") == 5  # its epochs and its merge kept (or guessed)
         started = time.monotonic()
         done = await reset_counter(client, kafka_settings, definition, [], "test", Consistency.ONE, Consistency.ONE)
         assert time.monotonic() - started >= RESET_SETTLE_S

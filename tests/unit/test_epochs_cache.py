@@ -171,3 +171,73 @@ def test_a_cached_read_sends_the_resets_not_kept_alongside_the_stamps(monkeypatc
     assert asyncio.run(run()) == [("sum", 5), ("sum", 5)]
     assert sorted(started[:2]) == ["resets", "stamps"]  # at once (the resets read waits for the stamps read)
     assert started[2:] == ["states", "stamps"]  # the second read: the resets kept, a hit
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_cold_read_with_the_resets_no_longer_kept_reads_them_and_the_states_at_once(
+        monkeypatch: pytest.MonkeyPatch, cached: bool) -> None:
+    """serve's read of an instance it keeps no merge of, its counter's resets read before but no longer kept,
+    sends the resets read and the states read of the instance's cell in the resets last read at once (one round
+    trip), and no stamps read; when the resets read names another cell (a reset since), the states of that cell
+    are read and answered, never those of the guessed one. With the state cache on or off."""
+    from countersink import reader
+    from countersink.state_cache import StateCache
+    from schemas.kinds import KindSpec, new_state
+
+    now = [100.0]
+    current = [Epochs()]
+    started: list[str] = []
+    states_sent = asyncio.Event()
+
+    def state(value: int) -> bytes:
+        made = new_state(KindSpec("sum"))
+        made.apply(value)
+        return made.to_bytes()
+
+    async def read_epochs(client: object, counter: str) -> Epochs:
+        started.append("resets")
+        if len(started) > 1:  # not the first read (the guess), with nothing else sent
+            await asyncio.wait_for(states_sent.wait(), 1.0)  # times out unless the states read is sent meanwhile
+        return current[0]
+
+    async def read_stamps(client: object, keys: list[str], consistency: object = None) -> dict[str, object]:
+        started.append("stamps")
+        return dict.fromkeys(keys)
+
+    async def read_instances(client: object, counter: str, keys: list[str], consistency: object = None,
+                             epochs: Epochs | None = None, *, rows: bool = False) -> dict[str, reader.StoredInstance]:
+        assert epochs is not None
+        cell = epochs.cell(counter, keys[0])
+        started.append(f"states of {cell}")
+        states_sent.set()
+        return {key: reader.StoredInstance([state(7 if cell == counter else 2)], {b"source": 1}) for key in keys}
+
+    async def read_blobs_of(client: object, counter: str, keys: list[str], consistency: object = None,
+                            epochs: Epochs | None = None) -> dict[str, list[bytes]]:
+        found = await read_instances(client, counter, keys, consistency, epochs)
+        return {key: found[key].blobs for key in keys}
+
+    monkeypatch.setattr(resets, "read_epochs", read_epochs)
+    monkeypatch.setattr(reader, "read_stamps", read_stamps)
+    monkeypatch.setattr(reader, "read_instances", read_instances)
+    monkeypatch.setattr(reader, "read_blobs_of", read_blobs_of)
+    epochs = EpochsCache(object(), kept_s=0.5, clock=lambda: now[0])  # type: ignore[arg-type]
+
+    async def cold_read() -> tuple[str, object] | None:
+        now[0] += 1.0  # the resets read before are no longer kept
+        started.clear()
+        started.append("cold read")
+        states_sent.clear()
+        return await reader.read_value(object(), "views", "home", None,  # type: ignore[arg-type]
+                                       StateCache(1 << 20) if cached else None, epochs)
+
+    async def run() -> None:
+        await epochs.get("views")  # read once: serve has a guess
+        assert await cold_read() == ("sum", 7)
+        assert sorted(started) == ["cold read", "resets", "states of views"]  # at once, in any order
+        current[0] = Epochs(all_keys={"views": 1})  # the counter reset since
+        assert await cold_read() == ("sum", 2)
+        assert sorted(started[:3]) == ["cold read", "resets", "states of views"]
+        assert started[3:] == ["states of views@1"]
+
+    asyncio.run(run())
