@@ -430,11 +430,9 @@ class CounterReader:
 
         keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
         names = list(keys)
-        epochs = await self._epochs(definition.name)  # once for every chunk of the range
-
         cache = self.cache
 
-        async def read(chunk: list[str]) -> dict[str, State | None]:
+        async def read(chunk: list[str], epochs: Epochs) -> dict[str, State | None]:
             async with self._reads:
                 if cache is None:
                     found = await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
@@ -445,12 +443,28 @@ class CounterReader:
                 return await _through_cache(self.client, cache, definition.name, chunk, stamps, epochs,
                                             self.consistency, scan=True)
 
+        async def read_all(of: list[str], epochs: Epochs) -> list[dict[str, State | None]]:
+            return await asyncio.gather(*(read(of[i:i + _KEYS_PER_READ], epochs)
+                                          for i in range(0, len(of), _KEYS_PER_READ)))
+
+        # The counter's resets, once for every chunk of the range. When serve no longer keeps them but read them
+        # before, the buckets are read in their cells of the resets last read while the resets are read again,
+        # and the buckets the resets read puts in other cells (a reset since) are read again in those.
+        guess = None
+        if self.epochs is not None and self.epochs.kept(definition.name) is None:
+            guess = self.epochs.last(definition.name)
+        if guess is None:
+            found = await read_all(names, await self._epochs(definition.name))
+        else:
+            epochs, found = await asyncio.gather(self._epochs(definition.name), read_all(names, guess))
+            moved = [name for name in names if epochs.cell(definition.name, name) != guess.cell(definition.name, name)]
+            if moved:
+                found += await read_all(moved, epochs)
         # Each bucket merged on its own (from the cache when its stamps or bytes are unchanged), then the buckets
         # of each step merged together: a merge of merges, which CRDT states allow.
         states: dict[int, list[State]] = {}
-        for found in await asyncio.gather(*(read(names[i:i + _KEYS_PER_READ])
-                                            for i in range(0, len(names), _KEYS_PER_READ))):
-            for name, merged in found.items():
+        for chunk in found:
+            for name, merged in chunk.items():
                 states[keys[name]] = [] if merged is None else [merged]
         return timeseries.roll_up(groups, states)
 

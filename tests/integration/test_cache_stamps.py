@@ -286,3 +286,35 @@ bucket = { field = "ts", size = "1h" }
         assert small.checked_hits == held
         assert sum(statement.count("?") for statement in asked if statement.startswith("SELECT key, stamps")) \
             == held + 2  # the keys' markers and the stamps row's two
+
+
+@pytest.mark.parametrize("cached", [True, False])
+async def test_a_series_read_while_its_resets_are_guessed_knows_a_reset(
+        cassandra_settings: CassandraSettings, kafka_settings: KafkaSettings, topic_factory, cached: bool) -> None:
+    """serve's range read of a counter whose resets it no longer keeps reads its buckets in their cells of the
+    resets it read last while it reads the resets again: after a reset, every bucket is read in the new epoch
+    (nothing counted there yet), none answered from the guessed cells; before it, the buckets' values."""
+    topic = await topic_factory(partitions=1)
+    definition = parse_definitions(f"""
+[[counter]]
+name = "visits"
+topics = ["{topic}"]
+kind = "sum"
+key = ["page"]
+value = "n"
+bucket = {{ field = "ts", size = "1h" }}
+""")["visits"]
+    start = 1_795_000_000 // 86400 * 86400
+    async with CassandraClient(cassandra_settings) as client:
+        await CassandraStore(client).write_shards(uuid.uuid4(), 1_000, 1_001, [
+            ShardWrite("visits", bucket_key(definition, "home", start + hour * HOUR), _sum(hour + 1), 1, True)
+            for hour in range(6)], source=b"src")
+        epochs = EpochsCache(client, kept_s=0.001)  # never kept: each read guesses them from the last
+        reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
+        for _ in range(2):
+            points = await reader.series(definition, "home", start, start + 6 * HOUR)
+            assert [p.value for p in points] == [1, 2, 3, 4, 5, 6]
+        await reset_counter(client, kafka_settings, definition, [], "test", Consistency.ONE, Consistency.ONE)
+        points = await reader.series(definition, "home", start, start + 6 * HOUR)
+        assert [p.value for p in points] == [None] * 6
+        assert (await reader.rollup(definition, "home", start, start + 6 * HOUR)).value is None
