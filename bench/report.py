@@ -161,7 +161,8 @@ def _wide_section(report: Report) -> list[str]:
 
     return [
         "Wide instances (`python -m bench.wide_reads`): one instance with a shard from each of 1 to 1,000 "
-        "mutators, for each sketch kind and a sum, read by `read_state` without and with serve's state cache, "
+        "mutators, for each sketch kind and a sum, read by `read_state` without and with serve's state cache "
+        "(each counter's resets known, as serve keeps them), "
         "beside a plain one-row read, every read interleaved in an order shuffled each round; and ranges of "
         "100-shard hourly buckets. Target: 256 shards within 2× the plain row at p50 and 3× at p99.",
         "",

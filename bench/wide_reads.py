@@ -12,7 +12,8 @@ sketch (k 200); 2,000 events over 300 items in a frequent-items sketch (map 256)
 ``--rounds`` times, all of them interleaved in an order shuffled each round (one round unmeasured first), so
 that the machine's noise falls on all alike:
 
-- each instance through ``read_state`` (what ``get`` reads), and again through a ``StateCache`` as ``serve``
+- each instance through ``read_state`` with its counter's resets known (read once, as ``serve`` keeps them: a
+  read is the instance's request alone, as the plain row's is), and again through a ``StateCache`` as ``serve``
   keeps one (its default size), with each counter's resets kept as serve keeps them (``EpochsCache``): nothing
   is flushed between reads, so the partition's stamps are unchanged and the cache answers after reading them
   alone;
@@ -45,7 +46,7 @@ from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_blobs_of, read_stamps, read_state, read_value
-from countersink.resets import EpochsCache
+from countersink.resets import EpochsCache, read_epochs
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
 from schemas.cql import shard_of_cell, stamp_source
@@ -269,6 +270,9 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
         cache = StateCache(ServeSettings().state_cache_bytes)
         epochs = EpochsCache(client)  # as serve keeps each counter's resets (countersink.resets)
         readers = {"": CounterReader(client), CACHED: CounterReader(client, cache=cache, epochs=epochs)}
+        # Each counter's resets, read once: serve keeps them (and reads them alongside the states when it no longer
+        # does), so a read of a wide instance is its own request, compared with the plain row's.
+        known = {f"wide_{kind}": await read_epochs(client, f"wide_{kind}") for kind in KINDS}
         level = client.settings.read_consistency
         widest = written.widest
         series, rollup = range_labels()[:2], range_labels()[2:]
@@ -282,7 +286,8 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
                 if suffix == CACHED:
                     await _cached(client, cache, epochs, kind, f"{kind}-{n}{which}", states)
                 else:
-                    _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level))
+                    _check(kind, states, await read_state(client, f"wide_{kind}", f"{kind}-{n}{which}", level,
+                                                          epochs=known[f"wide_{kind}"]))
             return read
 
         def ranged(definition: CounterDefinition, name: str, suffix: str) -> Callable[[], Awaitable[None]]:
@@ -304,7 +309,7 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
 
         def fetch_only(kind: str, n: int) -> Callable[[], Awaitable[None]]:
             async def read() -> None:
-                if not await read_blobs_of(client, f"wide_{kind}", [f"{kind}-{n}"], level):
+                if not await read_blobs_of(client, f"wide_{kind}", [f"{kind}-{n}"], level, known[f"wide_{kind}"]):
                     raise RuntimeError(f"nothing read of {kind}-{n}")
             return read
 
@@ -394,6 +399,7 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
         await Shards(client, (shards,)).write()
         cache = StateCache(ServeSettings().state_cache_bytes) if cached else None
         epochs = EpochsCache(client) if cached else None
+        known = await read_epochs(client, f"wide_{kind}")  # as serve keeps them
         level = client.settings.read_consistency
         timings: list[float] = []
         until = time.monotonic() + seconds
@@ -402,7 +408,8 @@ async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, second
             if cache is not None and epochs is not None:
                 await _cached(client, cache, epochs, kind, f"{kind}-{shards}", shards)
             else:
-                _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level))
+                _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}", level,
+                                                      epochs=known))
             timings.append(time.perf_counter() - started)
     label = instance_label(kind, shards) + (CACHED if cached else "") + f" ({len(timings)} reads back to back)"
     return {label: (1000 * statistics.median(timings), 1000 * statistics.quantiles(timings, n=100)[98])}
