@@ -221,25 +221,40 @@ async def read_state(
     # bench.wide_reads' mix, where each counter's kept resets expire between its reads: a 256-shard hit at
     # 2.0-2.4x a plain row with the two reads one after the other, 1.5-1.9x with them kept fresh).
     if epochs is None:
-        known, stamps = await asyncio.gather((epochs_reader or functools.partial(read_epochs, client))(counter),
-                                             read_stamps(client, [key], consistency))
+        known, stamps = await _together((epochs_reader or functools.partial(read_epochs, client))(counter),
+                                        read_stamps(client, [key], consistency))
     else:
         known, stamps = epochs, await _stamps_of_held(client, cache, counter, [key], epochs, consistency)
     return (await _through_cache(client, cache, counter, [key], stamps, known, consistency))[key]
+
+
+async def _together(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any]:
+    """Both results, the two awaited at once; when one fails, the other is cancelled (and awaited) before the
+    failure is raised: a failed look-up of the resets leaves no read of a wide partition running unaccounted."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    try:
+        done = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return done[0], done[1]
 
 
 async def _read_guessing(client: CassandraClient, counter: str, key: str, consistency: Consistency | None,
                          cache: StateCache | None, epochs_reader: Callable[[str], Awaitable[Epochs]],
                          guess: Epochs) -> State | None:
     """:func:`read_state` of an instance whose merge ``cache`` does not keep, with the counter's epochs not kept
-    but ``guess``-ed: the epochs and the instance's states in its cell of ``guess`` read at once (one round trip;
-    both requests sent when the read starts, so the states read sees every flush acknowledged before it, and the
-    epochs read every reset that has returned). The states are taken when the epochs read puts the instance in
-    that same cell, else read again in the cell it names."""
+    but ``guess``-ed: the epochs and the instance's states in its cell of ``guess`` read at once (one round trip:
+    the states read is sent when the read starts, so it sees every flush acknowledged before; the epochs are
+    those of a read sent then, or of one in flight sent at most ``kept_s`` earlier, as any read's are, so they
+    know every reset that has returned). The states are taken when the epochs read puts the instance in that
+    same cell, else read again in the cell it names."""
     cell = guess.cell(counter, key)
     read_at = time.monotonic()
-    known, found = await asyncio.gather(epochs_reader(counter),
-                                        read_instances(client, counter, [key], consistency, guess, rows=True))
+    known, found = await _together(epochs_reader(counter),
+                                   read_instances(client, counter, [key], consistency, guess, rows=cache is not None))
     if known.cell(counter, key) != cell:
         if cache is None:
             return merge_blobs((await read_blobs_of(client, counter, [key], consistency, known))[key])
@@ -389,7 +404,9 @@ class CounterReader:
         return await (self.epochs.get(counter) if self.epochs is not None else read_epochs(self.client, counter))
 
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
-        epochs = await self._epochs(counter)  # once for every key
+        # Once for every key: kept by serve's EpochsCache, or read once alongside the keys' first requests (each
+        # key's read waits for the one in flight), or read before them.
+        epochs = self.epochs.kept(counter) if self.epochs is not None else await self._epochs(counter)
         values = await asyncio.gather(*(self.get(counter, key, epochs) for key in keys))
         return dict(zip(keys, values, strict=True))
 
@@ -456,7 +473,7 @@ class CounterReader:
         if guess is None:
             found = await read_all(names, await self._epochs(definition.name))
         else:
-            epochs, found = await asyncio.gather(self._epochs(definition.name), read_all(names, guess))
+            epochs, found = await _together(self._epochs(definition.name), read_all(names, guess))
             moved = [name for name in names if epochs.cell(definition.name, name) != guess.cell(definition.name, name)]
             if moved:
                 found += await read_all(moved, epochs)

@@ -251,8 +251,9 @@ class ReadApi:
         for key in keys:
             _checked_key(key)
         level = _consistency(request)
-        async with self._cassandra_answers():
-            epochs = await self.epochs.get(name)  # once for every key
+        # The counter's resets once for every key: kept, or read once alongside the keys' first requests (each
+        # key's read waits for the one in flight: EpochsCache).
+        epochs = self.epochs.kept(name)
         results = await asyncio.gather(*(self._read(name, key, level, epochs) for key in keys))
         return web.json_response({
             "counter": name,

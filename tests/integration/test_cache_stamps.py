@@ -26,6 +26,17 @@ from schemas.timeseries import bucket_key
 
 pytestmark = pytest.mark.integration
 HOUR = 3600
+DAY_START = 1_795_000_000 // 86400 * 86400  # a UTC midnight
+# An hourly sum, written here by the tests' own flushes (no consumer reads its topic).
+HOURLY_VIEWS = parse_definitions("""
+[[counter]]
+name = "views"
+topics = ["pages"]
+kind = "sum"
+key = ["page"]
+value = "n"
+bucket = { field = "ts", size = "1h" }
+""")["views"]
 
 
 def _sum(value: int) -> bytes:
@@ -104,16 +115,7 @@ async def test_a_series_through_the_cache_reads_only_the_buckets_that_changed(
         cassandra_settings: CassandraSettings) -> None:
     """24 hourly buckets of 5 shards each: a second series answers every bucket from the kept merges after
     reading their stamps; after a flush of one bucket, that bucket alone is read again, with its new value."""
-    definition = parse_definitions("""
-[[counter]]
-name = "views"
-topics = ["pages"]
-kind = "sum"
-key = ["page"]
-value = "n"
-bucket = { field = "ts", size = "1h" }
-""")["views"]
-    start = 1_795_000_000 // 86400 * 86400
+    definition, start = HOURLY_VIEWS, DAY_START
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
         mutators = [uuid.uuid4() for _ in range(5)]
@@ -165,6 +167,8 @@ value = "n"
         done = await reset_counter(client, kafka_settings, definition, [], "test", Consistency.ONE, Consistency.ONE)
         assert time.monotonic() - started >= RESET_SETTLE_S
         assert done.reset.epoch == 1
+        if kept_s is not None:  # with nothing cached, so that the read guesses the cell it reads the states of
+            reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
         assert await reader.get("hits", "home") is None
 
 
@@ -220,16 +224,7 @@ async def test_a_read_of_what_the_cache_does_not_keep_is_one_request(cassandra_s
     instance, or of the buckets of a range, is the states' read alone (it returns the stamps too); a second read
     of each is the stamps' alone (a hit); and a range too large for the cache to keep is the states' read alone
     every time, not the stamps' and then the states'."""
-    definition = parse_definitions("""
-[[counter]]
-name = "views"
-topics = ["pages"]
-kind = "sum"
-key = ["page"]
-value = "n"
-bucket = { field = "ts", size = "1h" }
-""")["views"]
-    start = 1_795_000_000 // 86400 * 86400
+    definition, start = HOURLY_VIEWS, DAY_START
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
         key = f"home-{uuid.uuid4().hex[:8]}"
@@ -250,7 +245,7 @@ bucket = { field = "ts", size = "1h" }
             return sum(statement.startswith("SELECT key, stamps FROM shards") for statement in asked)
 
         client.execute = spied  # type: ignore[method-assign]
-        epochs = EpochsCache(client)
+        epochs = EpochsCache(client, kept_s=600)  # kept throughout: each read is the requests counted below
         reader = CounterReader(client, cache=StateCache(1 << 20), epochs=epochs)
         assert await reader.get("hits", key) == 6  # the counter's resets read, not yet kept: sent with the stamps
         asked.clear()
@@ -304,16 +299,37 @@ key = ["page"]
 value = "n"
 bucket = {{ field = "ts", size = "1h" }}
 """)["visits"]
-    start = 1_795_000_000 // 86400 * 86400
+    start = DAY_START
     async with CassandraClient(cassandra_settings) as client:
         await CassandraStore(client).write_shards(uuid.uuid4(), 1_000, 1_001, [
             ShardWrite("visits", bucket_key(definition, "home", start + hour * HOUR), _sum(hour + 1), 1, True)
             for hour in range(6)], source=b"src")
+        events: list[str] = []
+        execute = client.execute
+
+        async def spied(statement: str, *args: object, **kwargs: object) -> object:
+            what = "resets" if "FROM resets" in statement else "shards" if "FROM shards" in statement else "other"
+            events.append(f"{what} sent")
+            try:
+                return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
+            finally:
+                events.append(f"{what} answered")
+
+        client.execute = spied  # type: ignore[method-assign]
         epochs = EpochsCache(client, kept_s=0.001)  # never kept: each read guesses them from the last
         reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
         for _ in range(2):
+            events.clear()
             points = await reader.series(definition, "home", start, start + 6 * HOUR)
             assert [p.value for p in points] == [1, 2, 3, 4, 5, 6]
+        # the second series: the buckets' requests sent with the resets read, not after it answered
+        assert events.index("shards sent") < events.index("resets answered"), events
+        # two of the six buckets reset, then the whole counter
+        hours = [bucket_key(definition, "home", start + hour * HOUR) for hour in (1, 4)]
+        await reset_counter(client, kafka_settings, definition, hours, "test", Consistency.ONE, Consistency.ONE)
+        reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
+        points = await reader.series(definition, "home", start, start + 6 * HOUR)
+        assert [p.value for p in points] == [1, None, 3, 4, None, 6]
         await reset_counter(client, kafka_settings, definition, [], "test", Consistency.ONE, Consistency.ONE)
         points = await reader.series(definition, "home", start, start + 6 * HOUR)
         assert [p.value for p in points] == [None] * 6

@@ -84,3 +84,77 @@ async def test_a_keyspace_without_the_resets_table_is_not_asked_on_every_read(
         await asyncio.sleep(NO_TABLE_RECHECK_S)
         assert await reader.get_many("notional", ["K1", "K2"]) == {"K1": Decimal(1), "K2": Decimal(2)}
         assert (client.asked["tables"], client.asked["resets"]) == (2, 1), client.asked
+
+
+class OrderedClient(CountingClient):
+    """A counting client that also notes when each request of the resets and of the shards starts and ends."""
+
+    def __init__(self, settings: CassandraSettings) -> None:
+        super().__init__(settings)
+        self.events: list[str] = []
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        what = "resets" if "FROM resets" in query else "shards" if "FROM shards" in query else "other"
+        self.events.append(f"{what} sent")
+        try:
+            return await super().execute(query, *args, **kwargs)
+        finally:
+            self.events.append(f"{what} answered")
+
+
+@pytest.mark.parametrize("cached", [False, True])
+async def test_a_read_of_several_keys_with_the_resets_no_longer_kept_sends_them_with_the_states(
+        cassandra_settings: CassandraSettings, cached: bool) -> None:
+    """serve's read of 12 keys of a counter whose resets it read before but keeps no longer (past 0.5 s) reads
+    them once, sent with the keys' states rather than before them; the right values."""
+    from countersink.resets import EpochsCache
+    from countersink.state_cache import StateCache
+
+    client = OrderedClient(cassandra_settings)
+    async with client:
+        await _count(client)
+        epochs = EpochsCache(client, kept_s=0.05)  # the keys' reads start within it of each other
+        await epochs.get("notional")  # read once: a guess from here on
+        await asyncio.sleep(0.1)
+        client.asked.clear()
+        client.events.clear()
+        reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
+        values = await reader.get_many("notional", KEYS)
+    assert values == {key: Decimal(i) for i, key in enumerate(KEYS)}
+    assert client.asked["resets"] == 1, client.asked
+    assert client.asked["shards"] == len(KEYS), client.asked
+    assert client.events.index("shards sent") < client.events.index("resets answered"), client.events
+
+
+async def test_serves_read_of_several_keys_with_the_resets_no_longer_kept_sends_them_with_the_states(
+        cassandra_settings: CassandraSettings) -> None:
+    """``GET /counters/{name}?key=...`` of 12 keys, the counter's resets read before but no longer kept: the
+    resets read once, sent with the keys' states rather than before them; the right values."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from pydantic import SecretStr
+
+    from countersink.serve import ReadApi
+    from countersink.settings import ServeSettings
+    from schemas.definitions import parse_definitions
+
+    counters = parse_definitions('[[counter]]\nname = "notional"\nkind = "sum"\ntopics = ["trades"]\n'
+                                 'key = ["sym"]\nvalue = "n"\nnumber = "decimal"\n')
+    token = "r3ad-token-of-the-test-0123456789"  # noqa: S105 (a test's read token)
+    client = OrderedClient(cassandra_settings)
+    async with client:
+        await _count(client)
+        api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), counters)
+        await api.epochs.get("notional")  # read once: a guess from here on
+        await asyncio.sleep(0.6)  # past the 0.5 s serve keeps them
+        client.asked.clear()
+        client.events.clear()
+        async with TestClient(TestServer(api.app())) as http:
+            answer = await http.get("/counters/notional", params=[("key", key) for key in KEYS],
+                                    headers={"Authorization": f"Bearer {token}"})
+            assert answer.status == 200, await answer.text()
+            body = await answer.json()
+    assert {key: Decimal(str(found["value"])) for key, found in body["values"].items()} == {
+        key: Decimal(i) for i, key in enumerate(KEYS)}
+    assert client.asked["resets"] == 1, client.asked
+    assert client.asked["shards"] == len(KEYS), client.asked
+    assert client.events.index("shards sent") < client.events.index("resets answered"), client.events

@@ -241,3 +241,29 @@ def test_a_cold_read_with_the_resets_no_longer_kept_reads_them_and_the_states_at
         assert started[3:] == ["states of views@1"]
 
     asyncio.run(run())
+
+
+def test_when_one_of_two_reads_sent_at_once_fails_the_other_is_cancelled() -> None:
+    """A failed look-up of the resets sent with a read of the states raises its own error (the one serve answers
+    for) once the states read is cancelled, not while that read runs on."""
+    from countersink import reader
+
+    ended: list[str] = []
+
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise TimeoutError("the resets' look-up")
+
+    async def long_read() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async def run() -> None:
+        with pytest.raises(TimeoutError, match="the resets' look-up"):
+            await reader._together(failing(), long_read())
+        assert ended == ["cancelled"]
+
+    asyncio.run(asyncio.wait_for(run(), 5))
