@@ -2,7 +2,7 @@
 mutators (a counter whose key is not the topic's message key has a shard from every partition), for a sum, a
 distinct, a quantiles and a top-k, beside a plain one-row read; and range reads of wide buckets.
 
-    python -m bench.wide_reads [--cassandra HOST:PORT] [--rounds N] [--shards 1,20,100,256,1000] [--alone]
+    python -m bench.wide_reads [--cassandra HOST:PORT] [--rounds N] [--shards 1,20,100,256,1000] [--alone | --cold]
 
 Without ``--cassandra`` it starts a Cassandra of its own (the benchmark's ports). The shard rows are written
 with ``CassandraStore.write_shards``, as the mutators' flushes would leave them, in a keyspace of its own
@@ -29,7 +29,9 @@ that the machine's noise falls on all alike:
 Every value read is checked. Prints p50 and p99 in milliseconds and the ratio of each to the plain row's, then
 the targets (256 shards within 2× the plain row at p50 and 3× at p99); ``make bench`` puts the same rows in
 its report. ``--alone`` makes only the cached reads of 1 and 256 shards and the query of the stamps,
-interleaved with the plain row and no heavier read: what the same reads cost off the mix.
+interleaved with the plain row and no heavier read: what the same reads cost off the mix. ``--cold`` makes only
+first reads through serve's cache (nothing kept yet) of 1 and 100 shards, each counter's resets kept and no
+longer kept (read alongside the states), interleaved with the plain row.
 """
 
 from __future__ import annotations
@@ -391,6 +393,42 @@ async def alone_latencies(cassandra: CassandraSettings, rounds: int, widest: int
         return await interleaved(reads, rounds, seed)
 
 
+COLD_KEPT = ", first read through the cache, resets kept"
+COLD_GUESSED = ", first read through the cache, resets read alongside"
+
+
+async def cold_latencies(cassandra: CassandraSettings, rounds: int, shards: tuple[int, ...] = (1, 100), seed: int = 7
+                         ) -> dict[str, tuple[float, float]]:
+    """Instances read as ``serve`` reads one its state cache keeps no merge of (``read_value`` through an empty
+    cache of the default size), each counter's resets kept (read once before), and no longer kept but read before
+    (so read alongside the states), interleaved (shuffled each round) with the plain row."""
+    async with CassandraClient(cassandra) as client:
+        await Shards(client, shards, seed).write()
+        plain = await _plain_row(client)
+        level = client.settings.read_consistency
+        kept = EpochsCache(client, kept_s=86_400.0)
+        guessed = EpochsCache(client, kept_s=1e-6)  # expired at once: each read has only the last read's
+        for kind in KINDS:
+            await kept.get(f"wide_{kind}")
+            await guessed.get(f"wide_{kind}")
+
+        def cold(kind: str, n: int, epochs: EpochsCache) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                found = await read_value(client, f"wide_{kind}", f"{kind}-{n}", level,
+                                         StateCache(ServeSettings().state_cache_bytes), epochs)
+                _check_value(kind, n, None if found is None else found[1])
+            return read
+
+        from bench.wide_layouts import interleaved  # (wide_layouts imports this module)
+
+        reads = {PLAIN: plain}
+        for kind in KINDS:
+            for n in shards:
+                reads[instance_label(kind, n) + COLD_KEPT] = cold(kind, n, kept)
+                reads[instance_label(kind, n) + COLD_GUESSED] = cold(kind, n, guessed)
+        return await interleaved(reads, rounds, seed)
+
+
 async def read_loop(cassandra: CassandraSettings, kind: str, shards: int, seconds: float, cached: bool
                     ) -> dict[str, tuple[float, float]]:
     """One instance read back to back for ``seconds``, after it is written, nothing else interleaved: what a
@@ -450,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", action="store_true",
                         help="only the cached reads of 1 and 256 shards and the stamps query, interleaved with the "
                              "plain row and nothing heavier")
+    parser.add_argument("--cold", action="store_true",
+                        help="only first reads through serve's cache (nothing kept) of 1 and 100 shards, the resets "
+                             "kept and read alongside, interleaved with the plain row")
     parser.add_argument("--loop", metavar="KIND:SHARDS:SECONDS[:cached]",
                         help="only read that instance over and over for that long (to sample with py-spy), "
                              "e.g. quantiles:256:10:cached")
@@ -467,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
                 return await read_loop(settings, kind, int(n), float(seconds), bool(cached))
             if args.alone:
                 return await alone_latencies(settings, args.rounds)
+            if args.cold:
+                return await cold_latencies(settings, args.rounds)
             return await wide_latencies(settings, args.rounds, shards)
         finally:
             async with CassandraClient(settings, use_keyspace=False) as client:
@@ -485,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"{name}: p50 {p50:.2f} ms, p99 {p99:.2f} ms" for name, (p50, p99) in latencies.items()))
         return 0
     print("\n".join(table(latencies)))
-    if not args.alone:  # the targets name reads the --alone run does not make
+    if not (args.alone or args.cold):  # the targets name reads these runs do not make
         print("\n".join(targets(latencies)))
     return 0
 

@@ -164,3 +164,15 @@ async def test_the_benchs_instances_written_again_are_the_same_rows(cassandra_se
         for kind in KINDS:
             for shards in (1, 4):
                 _check(kind, shards, await read_state(client, f"wide_{kind}", f"{kind}-{shards}"))
+
+
+async def test_the_first_reads_through_the_cache_are_measured_and_checked(cassandra_settings: CassandraSettings
+                                                                           ) -> None:
+    """``bench.wide_reads --cold`` reads every kind's instances through an empty cache, the resets kept and read
+    alongside, each value checked against what was written, beside the plain row."""
+    from bench.wide_reads import COLD_GUESSED, COLD_KEPT, KINDS, PLAIN, cold_latencies, instance_label
+
+    latencies = await cold_latencies(cassandra_settings, 3, (1, 3))
+    assert set(latencies) == {PLAIN} | {instance_label(kind, n) + which for kind in KINDS for n in (1, 3)
+                                        for which in (COLD_KEPT, COLD_GUESSED)}
+    assert all(p50 > 0 for p50, _ in latencies.values())
