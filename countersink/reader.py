@@ -290,7 +290,8 @@ async def read_value(client: CassandraClient, counter: str, key: str, consistenc
                      ) -> tuple[str, object] | None:
     """What ``serve`` answers for one instance: its merged state's kind and value, None when nothing was counted
     (:func:`read_state`). The counter's resets come from ``known``, or those ``epochs`` keeps, or are read
-    alongside the stamps; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`)."""
+    alongside the stamps (a merge ``cache`` keeps) or the states in the instance's cell of the resets ``epochs``
+    read last; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`)."""
     if known is None:
         known = epochs.kept(counter)
     state = await read_state(client, counter, key, consistency, cache, known, epochs.get,
