@@ -211,7 +211,7 @@ async def read_state(
     ``epochs`` are not given: the states of the instance's cell in them are read at the same time as the epochs,
     and read again only when the epochs read says the instance's cell is another (a reset since)."""
     if epochs is None and guess is not None and epochs_reader is not None and (
-            cache is None or not cache.holds(guess.cell(counter, key), key, time.monotonic())):
+            cache is None or not cache.holds(guess.cell(counter, key), key, time.monotonic(), time.time())):
         return await _read_guessing(client, counter, key, consistency, cache, epochs_reader, guess)
     if cache is None:
         if epochs is None and epochs_reader is not None:
@@ -256,9 +256,7 @@ async def _read_guessing(client: CassandraClient, counter: str, key: str, consis
     known, found = await _together(epochs_reader(counter),
                                    read_instances(client, counter, [key], consistency, guess, rows=cache is not None))
     if known.cell(counter, key) != cell:
-        if cache is None:
-            return merge_blobs((await read_blobs_of(client, counter, [key], consistency, known))[key])
-        return (await _through_cache(client, cache, counter, [key], {key: None}, known, consistency))[key]
+        return await read_state(client, counter, key, consistency, cache, known)  # in the cell named now
     if cache is None:
         return merge_blobs(found[key].blobs)
     return _keep(cache, cell, key, found[key], read_at)
@@ -277,8 +275,8 @@ async def _stamps_of_held(client: CassandraClient, cache: StateCache, counter: s
     """The stamps of those of ``keys`` whose merge ``cache`` keeps (one request, none when it keeps none of
     them); None for the others, which the read of their states gives with them: a first read, or one after its
     merge was evicted or aged, costs one round trip, as an uncached read does."""
-    now = time.monotonic()
-    held = [key for key in keys if cache.holds(epochs.cell(counter, key), key, now)]
+    now, wall = time.monotonic(), time.time()
+    held = [key for key in keys if cache.holds(epochs.cell(counter, key), key, now, wall)]
     stamps: dict[str, Stamps | None] = dict.fromkeys(keys)
     if held:
         stamps.update(await read_stamps(client, held, consistency))
@@ -405,9 +403,9 @@ class CounterReader:
         return await (self.epochs.get(counter) if self.epochs is not None else read_epochs(self.client, counter))
 
     async def get_many(self, counter: str, keys: Sequence[str]) -> dict[str, object]:
-        # Once for every key: kept by serve's EpochsCache, or read once alongside the keys' first requests (each
-        # key's read waits for the one in flight), or read before them.
-        epochs = self.epochs.kept(counter) if self.epochs is not None else await self._epochs(counter)
+        # Once for every key: with serve's EpochsCache, kept or read once alongside the keys' first requests (each
+        # key's read takes them from it: read_value); else read before them.
+        epochs = None if self.epochs is not None else await self._epochs(counter)
         values = await asyncio.gather(*(self.get(counter, key, epochs) for key in keys))
         return dict(zip(keys, values, strict=True))
 

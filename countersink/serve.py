@@ -97,7 +97,6 @@ from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
 from schemas.errors import MalformedInstanceKeyError
 from schemas.events import DEFAULT_MAX_KEY_BYTES
-from schemas.resets import Epochs
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 log = get_logger(__name__)
@@ -252,9 +251,8 @@ class ReadApi:
             _checked_key(key)
         level = _consistency(request)
         # The counter's resets once for every key: kept, or read once alongside the keys' first requests (each
-        # key's read waits for the one in flight: EpochsCache).
-        epochs = self.epochs.kept(name)
-        results = await asyncio.gather(*(self._read(name, key, level, epochs) for key in keys))
+        # key's read takes them from EpochsCache, waiting for the read in flight: read_value).
+        results = await asyncio.gather(*(self._read(name, key, level) for key in keys))
         return web.json_response({
             "counter": name,
             "values": {key: {"kind": kind, "value": to_jsonable(value)} for key, (kind, value) in
@@ -307,10 +305,9 @@ class ReadApi:
                                   "from": timeseries.iso(start), "to": timeseries.iso(end), "step": step,
                                   "points": to_jsonable(points)})
 
-    async def _read(self, name: str, key: str, level: Consistency, epochs: Epochs | None = None
-                    ) -> tuple[str | None, object]:
+    async def _read(self, name: str, key: str, level: Consistency) -> tuple[str | None, object]:
         async with self._cassandra_answers(), self._reads:
-            found = await read_value(self.client, name, key, level, self.cache, self.epochs, epochs)
+            found = await read_value(self.client, name, key, level, self.cache, self.epochs)
         if found is None:
             definition = await self._definition(name)
             return (definition.kind if definition else None), None

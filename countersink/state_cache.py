@@ -108,20 +108,27 @@ class StateCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def holds(self, cell: str, key: str, now: float) -> bool:
-        """Whether a merge is kept for ``cell`` and ``key`` young enough to be answered from (``now``: monotonic
-        seconds): without one, reading the stamps before the states only adds a round trip, since the read of
-        the states returns them too."""
+    def holds(self, cell: str, key: str, now: float, wall: float) -> bool:
+        """Whether a merge is kept for ``cell`` and ``key`` that may still answer (:meth:`_answerable`): without
+        one, reading the stamps before the states only adds a round trip, since the read of the states returns
+        them too."""
+        return self._answerable(cell, key, now, wall) is not None
+
+    def _answerable(self, cell: str, key: str, now: float, wall: float) -> _Entry | None:
+        """The entry kept for ``cell`` and ``key`` if it is younger than ``max_age_s`` (``now``: monotonic
+        seconds) and not hidden (``wall``: epoch seconds); else None."""
         entry = self._entries.get((cell, key))
-        return entry is not None and now - entry.read_at < self.max_age_s
+        if (entry is None or now - entry.read_at >= self.max_age_s
+                or (entry.hidden_at is not None and wall >= entry.hidden_at)):
+            return None
+        return entry
 
     def checked(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> State | None:
         """The merge kept for ``cell`` (a counter's cell of the key's epoch) and ``key`` when ``stamps``, read
         just now, equal those read with its states, it is younger than ``max_age_s`` (``now``: monotonic
         seconds) and not hidden (``wall``: epoch seconds); else None: read the states."""
-        entry = self._entries.get((cell, key))
-        if (entry is None or not stamps or entry.stamps != stamps or now - entry.read_at >= self.max_age_s
-                or (entry.hidden_at is not None and wall >= entry.hidden_at)):
+        entry = self._answerable(cell, key, now, wall)
+        if entry is None or not stamps or entry.stamps != stamps:
             return None
         self._entries.move_to_end((cell, key))
         self.hits += 1
@@ -198,9 +205,8 @@ class StateCache:
         newest cell carried the source's stamp): a read of those rows then shows what changed
         (:meth:`patched`). None: read the instance whole (no such merge, too old, hidden, a source it cannot
         place: new, expired, a fold's or a drop's, or more than half its rows to read)."""
-        entry = self._entries.get((cell, key))
-        if (entry is None or now - entry.read_at >= self.max_age_s
-                or (entry.hidden_at is not None and wall >= entry.hidden_at)):
+        entry = self._answerable(cell, key, now, wall)
+        if entry is None:
             return None
         placed = _changed_rows(entry, stamps)
         if placed is None:
