@@ -17,6 +17,7 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 
@@ -276,6 +277,24 @@ def raise_topic_errors(response: Any) -> None:
         if code and code != TopicAlreadyExistsError.errno:
             error = for_code(code)
             raise error(f"cannot create topic {topic}: {message[0] if message else error.description}")
+
+
+async def topic_partitions(settings: KafkaSettings, producer: AIOKafkaProducer, topics: Iterable[str]
+                           ) -> list[tuple[str, int]]:
+    """Every partition Kafka knows of ``topics``, as (topic, partition) in order; none of a topic that does not
+    exist. The topics are listed first: the producer's own look-up of a topic that does not exist asks the
+    brokers again and again for its whole request timeout (30 s by default) before saying so."""
+    wanted = list(dict.fromkeys(topics))
+    missing = set(await missing_topics(settings, wanted))
+    found: list[tuple[str, int]] = []
+    for topic in wanted:
+        if topic not in missing:
+            try:
+                numbers = await producer.partitions_for(topic)
+            except UnknownTopicOrPartitionError:  # deleted since it was listed
+                numbers = set()
+            found.extend((topic, p) for p in sorted(numbers or ()))
+    return found
 
 
 async def missing_topics(settings: KafkaSettings, topics: Iterable[str]) -> list[str]:

@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from aiokafka.errors import UnknownTopicOrPartitionError
-
 from countersink.cassandra import CassandraClient, as_dicts
-from countersink.kafka import make_producer
+from countersink.kafka import make_producer, topic_partitions
 from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, KafkaSettings
 from schemas.definitions import CounterDefinition
@@ -416,13 +414,7 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
     try:
         # The partitions first: the reset records how many each topic has, and one added later holds only
         # what comes after the reset.
-        partitions: list[tuple[str, int]] = []
-        for topic in definition.topics:
-            try:
-                found = await producer.partitions_for(topic)
-            except UnknownTopicOrPartitionError:
-                found = set()
-            partitions.extend((topic, p) for p in sorted(found or ()))
+        partitions = await topic_partitions(kafka, producer, definition.topics)
         counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1) for topic in definition.topics}
         missing = sorted(topic for topic, count in counts.items() if count == 0)
         if missing:

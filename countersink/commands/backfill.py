@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from aiokafka import TopicPartition
-from aiokafka.errors import UnknownTopicOrPartitionError
 
 from consumer.applying import Applier, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
@@ -51,7 +50,7 @@ from countersink.cli import (
     run_async,
     setting_default,
 )
-from countersink.kafka import make_consumer, make_producer
+from countersink.kafka import make_consumer, make_producer, topic_partitions
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import (
@@ -200,14 +199,7 @@ class Backfill:
         producer = make_producer(self.settings.kafka)
         await producer.start()
         try:
-            found: list[tuple[str, int]] = []
-            for topic in self.counters[self.counter].topics:
-                try:
-                    numbers = await producer.partitions_for(topic)
-                except UnknownTopicOrPartitionError:
-                    numbers = set()
-                found.extend((topic, p) for p in sorted(numbers or ()))
-            return found
+            return await topic_partitions(self.settings.kafka, producer, self.counters[self.counter].topics)
         finally:
             await producer.stop()
 

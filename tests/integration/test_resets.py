@@ -277,7 +277,8 @@ async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_noth
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
 ) -> None:
     """A reset whose control records could not reach a topic would hide what that topic's partitions count:
-    the command refuses (exit 1, one line) before recording anything."""
+    the command refuses (exit 1, one line) before recording anything, without waiting out Kafka's request
+    timeout (set here beyond the command's allowed run)."""
     from countersink.registry import CounterRegistry
     from schemas.definitions import parse_definitions
 
@@ -286,7 +287,8 @@ async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_noth
         await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", gone)), "test")
     done = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "trades"], cwd=REPO, capture_output=True,
-        env=child_env(kafka_settings, cassandra_settings), timeout=120, check=False)
+        env={**child_env(kafka_settings, cassandra_settings), "COUNTERSINK_KAFKA__REQUEST_TIMEOUT_MS": "300000"},
+        timeout=120, check=False)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"Kafka knows no partition of {gone}: nothing was reset".encode() in done.stderr
     async with CassandraClient(cassandra_settings) as client:
