@@ -41,7 +41,7 @@ tools: $(STAMP)  ## build the tools the deployment tests run (kustomize, kubecon
 	$(PY) -m tests.gotools
 
 test: lint tools  ## everything: lint, unit, property and integration tests (starts and stops the servers itself)
-	$(PY) -m pytest
+	$(PY) -m tests.suite
 
 unit: $(STAMP)  ## unit and property tests only (no servers)
 	$(PY) -m pytest tests/unit

@@ -1,0 +1,78 @@
+"""Every test, as ``make test`` runs them: the integration tests in the foreground, the unit and property tests
+beside them in a second pytest session whose report is printed when the first ends.
+
+Why two sessions at once: the unit tests are CPU-bound and need no server (about four minutes of one core), the
+integration tests mostly wait on the servers and on the processes they start (about half of the machine's two
+cores idle while they run). One after the other, the unit tests' minutes were spent before the first
+integration test could start.
+
+    python -m tests.suite [PYTEST ARGS...]     # the arguments go to both sessions
+
+Exits with the integration session's status when it failed, else the unit session's (0 when one session had no
+test to run, the arguments selecting tests of the other alone). A signal that stops this
+stops both sessions (each stops the servers it started, or they die with it).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from stack.servers import _die_with_parent
+
+REPO = Path(__file__).resolve().parent.parent
+NO_TESTS = 5  # pytest's status when no test was collected or selected
+
+
+def _session(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """A pytest session in its own process group, so a terminal's Ctrl-C reaches it once (forwarded by
+    :func:`main`), not twice; and told to stop when this process dies."""
+    return subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=REPO, start_new_session=True,
+                            preexec_fn=_die_with_parent, **options)
+
+
+def _rule(title: str) -> str:
+    return f"\n{'=' * 30} {title} {'=' * 30}\n"
+
+
+def main(argv: list[str]) -> int:
+    with tempfile.TemporaryFile(mode="w+", prefix="unit-tests-") as log:
+        # Its own cache off: two sessions writing .pytest_cache at once could leave it torn.
+        unit = _session(["tests/unit", "-p", "no:cacheprovider", *argv], stdout=log, stderr=subprocess.STDOUT)
+        integration: subprocess.Popen[bytes] | None = None
+
+        def forward(signum: int, _frame: FrameType | None) -> None:
+            for child in (unit, integration):
+                if child is not None and child.poll() is None:
+                    child.send_signal(signum)
+
+        previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            print(f"tests: the unit and property tests run beside the integration tests (pid {unit.pid}); "
+                  "their report follows the integration tests'", flush=True)
+            integration = _session(["tests/integration", *argv])
+            integration_status = integration.wait()
+            unit_status = unit.wait()
+        finally:
+            for child in (unit, integration):
+                if child is not None and child.poll() is None:
+                    child.terminate()
+                    child.wait()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        log.seek(0)
+        print(_rule("unit and property tests (run beside the integration tests)"), flush=True)
+        sys.stdout.write(log.read())
+    print(f"tests: integration exited {integration_status}, unit and property exited {unit_status}", flush=True)
+    if {integration_status, unit_status} == {NO_TESTS, 0}:  # arguments that select tests of one session alone
+        return 0
+    return integration_status or unit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
