@@ -131,17 +131,6 @@ def _spawn_local_servers() -> None:
 _early: dict[str, tuple[Any, float]] = {}
 
 
-# The session fixtures whose servers boot when collection ends (below): a test needing none of them waits for none.
-_BOOTED_AT_COLLECTION = frozenset({"local_kafka", "local_cassandra", "secure_stack", "cassandra_cluster"})
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests needing none of the servers booted when collection ends (those starting servers of their own, such
-    as the secured stack's start watched from outside, or none) run first, in their order: what they start
-    boots, or what they check runs, while the session's servers boot, instead of after."""
-    items.sort(key=lambda item: bool(_BOOTED_AT_COLLECTION & set(getattr(item, "fixturenames", ()))))
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The servers the session's tests need boot while the tests needing none run (in a session of both, the unit
     tests, collected first: ``testpaths``; ``make test`` runs those in a session of their own beside this one,
