@@ -72,6 +72,30 @@ def _external_endpoints() -> Endpoints | None:
 _terminal: list[object] = []
 
 
+# The session's shared servers: tests needing none of them start servers of their own, or need none.
+_SHARED_SERVERS = frozenset({"local_kafka", "local_cassandra", "cassandra_cluster"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--part", choices=("shared", "rest"), default=None,
+        help="run only the tests needing the session's shared servers (Kafka and Cassandra, or the 3-node "
+             "cluster), or only the rest: make test runs the two parts in sessions side by side (tests/suite.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = config.getoption("--part")
+    if part is None:
+        return
+    kept, dropped = [], []
+    for item in items:
+        shared = bool(_SHARED_SERVERS & set(getattr(item, "fixturenames", ())))
+        (kept if shared == (part == "shared") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _terminal.append(config)
 

@@ -1,16 +1,18 @@
-"""Every test, as ``make test`` runs them: the integration tests in the foreground, the unit and property tests
-beside them in a second pytest session whose report is printed when the first ends.
+"""Every test, as ``make test`` runs them: in two pytest sessions side by side. In the foreground, the tests
+needing the session's shared servers (Kafka and Cassandra, or the three-node cluster); beside them, the rest (the
+unit and property tests, and the integration tests that start servers of their own, such as the secured stack),
+whose report is printed when the first session ends.
 
-Why two sessions at once: the unit tests are CPU-bound and need no server (about four minutes of one core), the
-integration tests mostly wait on the servers and on the processes they start (about half of the machine's two
-cores idle while they run). One after the other, the unit tests' minutes were spent before the first
-integration test could start.
+Why two sessions at once: the unit tests are CPU-bound and need no server (about four minutes of one core), and
+the tests on servers of their own spend minutes booting them, while the tests on the shared servers mostly wait on
+those servers and on the processes they start (about half of the machine's two cores idle while they run). One
+after the other, those minutes were spent before or between the tests on the shared servers.
 
     python -m tests.suite [PYTEST ARGS...]     # the arguments go to both sessions
 
-Exits with the integration session's status when it failed, else the unit session's (0 when one session had no
-test to run, the arguments selecting tests of the other alone). A signal that stops this
-stops both sessions (each stops the servers it started, or they die with it).
+Exits with the shared servers' session's status when it failed, else the other's (0 when one session had no test
+to run, the arguments selecting tests of the other alone). A signal that stops this stops both sessions (each stops
+the servers it started, or they die with it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _rule(title: str) -> str:
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryFile(mode="w+", prefix="unit-tests-") as log:
         # Its own cache off: two sessions writing .pytest_cache at once could leave it torn.
-        unit = _session(["tests/unit", "-p", "no:cacheprovider", *argv], stdout=log, stderr=subprocess.STDOUT)
+        unit = _session(["tests/unit", "tests/integration", "--part=rest", "-p", "no:cacheprovider", *argv],
+                        stdout=log, stderr=subprocess.STDOUT)
         integration: subprocess.Popen[bytes] | None = None
 
         def forward(signum: int, _frame: FrameType | None) -> None:
@@ -53,9 +56,9 @@ def main(argv: list[str]) -> int:
 
         previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
         try:
-            print(f"tests: the unit and property tests run beside the integration tests (pid {unit.pid}); "
-                  "their report follows the integration tests'", flush=True)
-            integration = _session(["tests/integration", *argv])
+            print(f"tests: the unit and property tests, and the integration tests on servers of their own, run "
+                  f"beside these (pid {unit.pid}); their report follows", flush=True)
+            integration = _session(["tests/integration", "--part=shared", *argv])
             integration_status = integration.wait()
             unit_status = unit.wait()
         finally:
@@ -66,9 +69,9 @@ def main(argv: list[str]) -> int:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         log.seek(0)
-        print(_rule("unit and property tests (run beside the integration tests)"), flush=True)
+        print(_rule("unit and property tests, integration tests on servers of their own (run beside)"), flush=True)
         sys.stdout.write(log.read())
-    print(f"tests: integration exited {integration_status}, unit and property exited {unit_status}", flush=True)
+    print(f"tests: those on the shared servers exited {integration_status}, the rest {unit_status}", flush=True)
     if {integration_status, unit_status} == {NO_TESTS, 0}:  # arguments that select tests of one session alone
         return 0
     return integration_status or unit_status
