@@ -156,8 +156,8 @@ _early: dict[str, tuple[Any, float]] = {}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The servers the session's tests need boot while the tests needing none run (in a session of both, the unit
-    tests, collected first: ``testpaths``; ``make test`` runs those in a session of their own beside this one,
+    """The servers the session's tests need boot while the tests needing none of them run (in a session of every
+    test, the unit tests, collected first: ``testpaths``; ``make test`` runs the two ``--part``s side by side,
     ``tests/suite.py``): each Cassandra takes tens of seconds to answer, and the first test needing one then
     waits only for what is left of that. From this, the main thread: a server tied to its parent dies with the
     thread that started it. A server that fails to start here is started again by its fixture, which fails only
