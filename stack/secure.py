@@ -282,15 +282,21 @@ class SecureKafkaServer(KafkaServer):
                 "--command-config", str(client)]
         commands = [[*tool, *args] for args in kafka_acls(["User:countersink", CLIENT_CERT_PRINCIPAL])]
         running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for command in commands]
-        for process in running:
-            try:
-                output, _ = process.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise StackError(f"kafka-acls did not finish within {timeout:.0f}s") from None
-            if process.returncode != 0:
-                raise StackError(f"kafka-acls failed: {output.decode(errors='replace')[-800:]}")
+        try:
+            for process in running:
+                try:
+                    output, _ = process.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    raise StackError(f"kafka-acls did not finish within {timeout:.0f}s") from None
+                if process.returncode != 0:
+                    raise StackError(f"kafka-acls failed: {output.decode(errors='replace')[-800:]}")
+        finally:
+            # On a failure, a timeout or an interrupt, the tools still running would retry a broker about to be
+            # stopped for minutes, orphaned.
+            for process in running:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
 
     def _format_options(self) -> list[str]:
         # The storage tool writes the SCRAM credentials into the first metadata snapshot: the users exist

@@ -101,3 +101,39 @@ def test_servers_stopped_together_are_all_told_before_any_is_waited_for(tmp_path
     assert events == ["told"] * 3 + ["exited"] * 3
     assert all(server.process is not None and server.process.pid is None for server in started)
     assert not any(servers._pid_alive(pid) for pid in pids if pid is not None)
+
+
+@pytest.mark.parametrize("first_exits", [None, 1])
+def test_acl_tools_still_running_are_stopped_when_one_fails_or_times_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_exits: int | None
+) -> None:
+    """The broker's ACL tool runs once per ACL, all at once: when the first fails (exit 1) or does not finish in
+    time, the others (here still sleeping) are stopped before the error is raised, not left running orphaned."""
+    import subprocess
+
+    from stack import secure
+
+    tool = tmp_path / "java"
+    # The first call exits at once (or sleeps, for the timeout); every other one sleeps a minute.
+    marker = tmp_path / "first"
+    tool.write_text(f"#!/bin/sh\nif mkdir {marker} 2>/dev/null; then "
+                    + ("sleep 60" if first_exits is None else f"exit {first_exits}") + "; fi\nsleep 60\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(secure, "check_java", lambda: str(tool))
+    monkeypatch.setattr(secure, "resolve_jars", lambda *args, **kwargs: tmp_path)
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        process = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(process)
+        return process  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(secure.subprocess, "Popen", recording)
+    broker = secure.SecureKafkaServer(root=tmp_path / "kafka", certs=secure.make_certificates(tmp_path / "certs"))
+    broker.root.mkdir(parents=True)
+    message = "did not finish within" if first_exits is None else "kafka-acls failed"
+    with pytest.raises(servers.StackError, match=message):
+        broker.grant_acls(timeout=1.0)
+    assert len(started) > 1
+    assert all(process.poll() is not None for process in started)
