@@ -43,38 +43,39 @@ def _rule(title: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    with tempfile.TemporaryFile(mode="w+", prefix="unit-tests-") as log:
+    with tempfile.TemporaryFile(mode="w+", prefix="rest-of-the-tests-") as log:
         # Its own cache off: two sessions writing .pytest_cache at once could leave it torn.
-        unit = _session(["tests/unit", "tests/integration", "--part=rest", "-p", "no:cacheprovider", *argv],
+        rest = _session(["tests/unit", "tests/integration", "--part=rest", "-p", "no:cacheprovider", *argv],
                         stdout=log, stderr=subprocess.STDOUT)
-        integration: subprocess.Popen[bytes] | None = None
+        shared: subprocess.Popen[bytes] | None = None
+
+        def running() -> list[subprocess.Popen[bytes]]:
+            return [child for child in (rest, shared) if child is not None and child.poll() is None]
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            for child in (unit, integration):
-                if child is not None and child.poll() is None:
-                    child.send_signal(signum)
+            for child in running():
+                child.send_signal(signum)
 
         previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGINT)}
         try:
             print(f"tests: the unit and property tests, and the integration tests on servers of their own, run "
-                  f"beside these (pid {unit.pid}); their report follows", flush=True)
-            integration = _session(["tests/integration", "--part=shared", *argv])
-            integration_status = integration.wait()
-            unit_status = unit.wait()
+                  f"beside these (pid {rest.pid}); their report follows", flush=True)
+            shared = _session(["tests/integration", "--part=shared", *argv])
+            shared_status = shared.wait()
+            rest_status = rest.wait()
         finally:
-            for child in (unit, integration):
-                if child is not None and child.poll() is None:
-                    child.terminate()
-                    child.wait()
+            for child in running():
+                child.terminate()
+                child.wait()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         log.seek(0)
         print(_rule("unit and property tests, integration tests on servers of their own (run beside)"), flush=True)
         sys.stdout.write(log.read())
-    print(f"tests: those on the shared servers exited {integration_status}, the rest {unit_status}", flush=True)
-    if {integration_status, unit_status} == {NO_TESTS, 0}:  # arguments that select tests of one session alone
+    print(f"tests: those on the shared servers exited {shared_status}, the rest {rest_status}", flush=True)
+    if {shared_status, rest_status} == {NO_TESTS, 0}:  # arguments that select tests of one session alone
         return 0
-    return integration_status or unit_status
+    return shared_status or rest_status
 
 
 if __name__ == "__main__":
