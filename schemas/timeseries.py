@@ -29,6 +29,10 @@ _DURATION = re.compile(r"([1-9][0-9]{0,6})([smhdw])")
 _RELATIVE = re.compile(r"(?:now)?(?:([+-])([1-9][0-9]{0,6})([smhdw]))?")
 # The last instant a bucket key can name (9999-12-31T23:59Z), as the router refuses later event times.
 _LAST_SECOND = 253_402_300_799
+# The first instant a time given to a reader can name (0001-01-01T00:00Z): Python's datetimes hold no earlier one.
+_FIRST_SECOND = -62_135_596_800
+# The Gregorian calendar repeats every 400 years, to the day: a bucket's end past 9999 is named 400 years back.
+_GREGORIAN_CYCLE_S = 146_097 * 86_400
 BUCKET_FORMAT = "%Y-%m-%dT%H:%MZ"
 
 
@@ -63,7 +67,7 @@ def parse_instant(text: str, now: float | None = None) -> int:
         if relative.group(1):
             delta = int(relative.group(2)) * _UNITS[relative.group(3)]
             seconds += delta if relative.group(1) == "+" else -delta
-        return math.floor(seconds)
+        return _readable(text, math.floor(seconds))
     try:
         when = datetime.fromisoformat(given.replace("z", "Z"))
     except ValueError:
@@ -73,7 +77,16 @@ def parse_instant(text: str, now: float | None = None) -> int:
         if len(given) > 10:
             raise TimeRangeError(f"{text!r} has no UTC offset: add Z or +hh:mm")
         when = when.replace(tzinfo=UTC)
-    return math.floor(when.timestamp())
+    return _readable(text, math.floor(when.timestamp()))
+
+
+def _readable(text: str, seconds: int) -> int:
+    """``seconds`` when it falls in the years 1 to 9999 in UTC (every time an event can be counted at lies
+    in 1970..9999), else a :class:`TimeRangeError`: ranges are echoed and bucket ends named as UTC times."""
+    if not _FIRST_SECOND <= seconds <= _LAST_SECOND:
+        raise TimeRangeError(f"{text!r} is outside the times a range can name (0001-01-01T00:00Z to "
+                             "9999-12-31T23:59:59Z, in UTC)")
+    return seconds
 
 
 def bucket_seconds(definition: CounterDefinition) -> int:
@@ -134,8 +147,8 @@ def roll_up(groups: list[Step], states: Mapping[int, Sequence[State]]) -> list[S
         counted = [start for start in group.buckets if states.get(start)]
         every = [state for start in counted for state in states[start]]
         merged = merge_states(every)
-        points.append(SeriesPoint(datetime.fromtimestamp(group.start, UTC), datetime.fromtimestamp(group.end, UTC),
-                                  None if merged is None else merged.value(), len(counted)))
+        points.append(SeriesPoint(_utc(group.start), _utc(group.end), None if merged is None else merged.value(),
+                                  len(counted)))
     return points
 
 
@@ -155,8 +168,24 @@ def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
     return start + definition.bucket.seconds + definition.retain_seconds
 
 
+def _utc(seconds: int) -> datetime:
+    """A point's start or end; the end of a bucket reaching past 9999 (no ``datetime`` holds it) is the last
+    one held, 9999-12-31T23:59:59.999999Z."""
+    return datetime.fromtimestamp(seconds, UTC) if seconds <= _LAST_SECOND else datetime.max.replace(tzinfo=UTC)
+
+
+def utc_text(seconds: int, *, with_seconds: bool = False) -> str:
+    """``seconds`` since 1970 as a UTC time, its year in four digits (``0001``) and past 9999 too: the end
+    of a bucket that starts in 9999 (``10000-01-01T00:00Z``)."""
+    shift = 0
+    while seconds > _LAST_SECOND:
+        seconds, shift = seconds - _GREGORIAN_CYCLE_S, shift + 400
+    when = datetime.fromtimestamp(seconds, UTC)
+    return f"{when.year + shift:04d}-{when:%m-%dT%H:%M}{f':{when:%S}' if with_seconds else ''}Z"
+
+
 def _text(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime(BUCKET_FORMAT)
+    return utc_text(seconds)
 
 
 def _span(seconds: int) -> str:
@@ -164,5 +193,5 @@ def _span(seconds: int) -> str:
 
 
 def iso(seconds: int) -> str:
-    """A point's start or end for people and JSON: ``2026-11-22T10:00:00Z``."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A range's start or end for people and JSON: ``2026-11-22T10:00:00Z``."""
+    return utc_text(seconds, with_seconds=True)

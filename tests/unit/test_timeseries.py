@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter, apply_updates
-from schemas.kinds import State
+from schemas.kinds import State, new_state
 from schemas.kinds.distinct import relative_standard_error
 from schemas.kinds.quantiles import normalized_rank_error
 from schemas.timeseries import (
@@ -21,10 +21,12 @@ from schemas.timeseries import (
     TimeRangeError,
     bucket_key,
     bucket_starts,
+    iso,
     parse_duration,
     parse_instant,
     roll_up,
     steps,
+    utc_text,
 )
 
 HOUR, DAY = 3600, 86400
@@ -51,6 +53,7 @@ def definitions(bucketed: bool) -> str:
 
 
 BUCKETED = parse_definitions(definitions(True))
+DAILY = parse_definitions(definitions(True).replace('size = "1h"', 'size = "1d"'))
 WHOLE = parse_definitions(definitions(False))
 
 
@@ -118,6 +121,41 @@ def test_instants_that_cannot_be_read_are_refused(text: str) -> None:
     """A time without an offset, a relative time without a unit, or words: refused with what to give."""
     with pytest.raises(TimeRangeError):
         parse_instant(text, now=1_000_000)
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:00+01:00", "9999-12-31T23:59-01:00", "now-1000000d",
+                                  "now+9999999d"])
+def test_instants_outside_the_years_1_to_9999_are_refused_with_the_range_named(text: str) -> None:
+    """A time no UTC datetime holds (an offset or a relative time past either end) is a clear refusal, not a
+    ValueError from the calendar."""
+    with pytest.raises(TimeRangeError, match=r"outside the times a range can name \(0001-01-01T00:00Z to "):
+        parse_instant(text, now=1_795_000_000)
+
+
+def test_the_first_and_last_times_read_as_written() -> None:
+    """Both ends of the readable years parse, and are named back with four-digit years."""
+    first, last = parse_instant("0001-01-01"), parse_instant("9999-12-31T23:59:59Z")
+    assert (iso(first), iso(last)) == ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z")
+    with pytest.raises(TimeRangeError, match=r"\(0001-01-01T00:00Z\) before it starts \(0001-01-01T00:00Z\)"):
+        bucket_starts(BUCKETED["count"], first, first, 10)
+
+
+@pytest.mark.parametrize("size", [HOUR, DAY])
+def test_a_range_through_the_last_bucket_of_9999_is_read(size: int) -> None:
+    """The last bucket starts in 9999 and ends in 10000: a series and a roll-up of it (and a refusal naming
+    the range) are answered; the point's end is the latest time a UTC datetime holds."""
+    definition = (BUCKETED if size == HOUR else DAILY)["count"]
+    start, end = parse_instant("9999-12-31T00:00Z"), parse_instant("9999-12-31T23:59:59Z")
+    starts = bucket_starts(definition, start, end, 100)
+    assert (len(starts), starts[-1]) == (DAY // size, end + 1 - size)
+    state = new_state(definition)
+    state.apply(1)
+    points = roll_up(steps(definition, starts, start, end, None), {starts[-1]: [state]})
+    assert (points[-1].value, points[-1].end) == (1, datetime.max.replace(tzinfo=UTC))
+    assert roll_up(steps(definition, starts, start, end, DAY), {starts[-1]: [state]})[-1].value == 1
+    with pytest.raises(TimeRangeError, match="9999-12-31T00:00Z to 9999-12-31T23:59Z holds"):
+        bucket_starts(definition, start, end, 0)
+    assert utc_text(starts[-1] + size) == "10000-01-01T00:00Z"
 
 
 def test_durations() -> None:
