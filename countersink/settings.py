@@ -383,7 +383,8 @@ class SchemaRegistrySettings(_Section):
 
     # The API's base URL, e.g. http://127.0.0.1:8085/apis/ccompat/v7 (the stack's Apicurio) or http://host:8081
     # (Confluent, Karapace). None: only JSON topics and topics with inline schemas (schema_file) can be read.
-    url: str | None = Field(default=None, pattern=r"^https?://")
+    # Credentials go in username and password, never in the URL: it is logged and shown by /readyz.
+    url: str | None = Field(default=None, pattern=r"^https?://\S+$", max_length=2000)
     # A CA bundle to trust for an https URL. When it is set, the URL must be https: a registry's answer
     # decides how every record is read, so with TLS configured it is trusted only over TLS.
     ca_file: Path | None = None
@@ -396,6 +397,14 @@ class SchemaRegistrySettings(_Section):
     retry_max_s: float = Field(default=10.0, gt=0, le=600)
     # A user name and password over http are refused unless this is true: they would cross in the clear.
     allow_insecure: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, v: str | None) -> str | None:
+        if v is not None and "@" in v.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]:
+            raise ValueError("the url holds a user name or password (user:password@host), which would be logged "
+                             "with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD")
+        return v
 
     @model_validator(mode="after")
     def _tls_when_asked(self) -> SchemaRegistrySettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from countersink.cli import settings_problems
 from countersink.settings import Consistency, Settings
 
 
@@ -63,3 +64,18 @@ def test_sasl_without_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("COUNTERSINK_KAFKA__SECURITY_PROTOCOL", "SASL_PLAINTEXT")
     with pytest.raises(ValidationError, match="SASL needs"):
         Settings()
+
+
+@pytest.mark.parametrize("url", ["http://reg:hunter2-reg@127.0.0.1:8081", "https://hunter2-reg@registry/apis?x=1",
+                                 "https://reg:hunter2-reg@registry"])
+def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """The registry's URL is logged and shown by serve's /readyz: a user name or password in it is refused,
+    and the refusal does not repeat them; an @ past the host (a path or query) is the URL's own business."""
+    monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", url)
+    with pytest.raises(ValidationError, match="holds a user name or password") as refused:
+        Settings()
+    lines = settings_problems(refused.value)
+    assert lines == ["COUNTERSINK_SCHEMA_REGISTRY__URL: the url holds a user name or password (user:password@host), "
+                     "which would be logged with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD"]
+    monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", "https://registry/apis/@v7?by=a@b")
+    assert Settings().schema_registry.url == "https://registry/apis/@v7?by=a@b"
