@@ -12,6 +12,7 @@ import asyncio
 import gc
 from pathlib import Path
 
+from consumer.dead_letters import DeadLetterLoopError
 from consumer.handovers import HandoverRefusedError
 from consumer.service import ConsumerService, RebalanceFailedError
 from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def consume(settings: Settings, counters: object) -> int:
     try:
         service = ConsumerService(settings, counters)  # type: ignore[arg-type]
-    except SchemaRegistryNotConfiguredError as exc:
+    except (SchemaRegistryNotConfiguredError, DeadLetterLoopError) as exc:
         log.error("settings_refused", error=str(exc))
         return 2
     with stop_on_signals(service.request_stop):

@@ -14,13 +14,29 @@ from consumer.applying import KafkaRecord
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import ConsumerSettings
-from schemas.errors import CountersRefusedError, InvalidEventError, NotRepublishableError
+from schemas.definitions import CounterSet
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError, NotRepublishableError
 from schemas.events import APPLY_TO_HEADER
 
 log = get_logger(__name__)
 
 # What a dead letter refused whole is cut to last: far below any broker's smallest message limit.
 LAST_RESORT_BYTES = 1024
+
+
+class DeadLetterLoopError(CountersinkError):
+    """A counter reads the dead-letter topic its consumer writes to: every record it refuses would come back."""
+
+
+def refuse_dead_letter_loop(counters: CounterSet, dead_letter_topic: str) -> None:
+    """Raise :class:`DeadLetterLoopError` when a counter reads ``dead_letter_topic``: a record one of them
+    refused would be written there, read again, refused again and written again, without end."""
+    readers = sorted(c.name for c in counters if dead_letter_topic in c.topics)
+    if readers:
+        raise DeadLetterLoopError(
+            f"{', '.join(readers)} {'reads' if len(readers) == 1 else 'read'} {dead_letter_topic}, the consumer's "
+            "dead-letter topic (COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC): each record refused there would be "
+            "written back to it and read again without end; count another topic, or set another dead-letter topic")
 
 
 # Headers countersink sets on a dead letter (and a record's own headers it does not copy to one).

@@ -25,7 +25,7 @@ from consumer import schedule
 from consumer.applying import KafkaRecord, Mutator, RecordSource
 from consumer.cassandra_store import CassandraStore
 from consumer.cleanup_policies import check_policies, deduplicating
-from consumer.dead_letters import DeadLetters
+from consumer.dead_letters import DeadLetters, refuse_dead_letter_loop
 from consumer.flushing import Flushing
 from consumer.handovers import NO_HANDOVERS, HandoverBook
 from consumer.kafka_source import KafkaRecordSource
@@ -103,6 +103,7 @@ class ConsumerService:
         self.settings = settings
         self.config = settings.consumer
         self.counters = counters
+        refuse_dead_letter_loop(counters, self.config.dead_letter_topic)
         # Avro, Protobuf and JSON Schema topics: writer schemas by id, loaded before any record naming them is
         # routed (a registry away is a wait, unready; schemas.formats, countersink.schema_registry).
         self.schema_cache = SchemaCache()

@@ -216,6 +216,26 @@ def test_counters_whose_shared_row_could_outgrow_the_limit_are_refused_before_an
     assert "definitions_refused" not in raised.stderr
 
 
+def test_a_counter_reading_the_dead_letter_topic_is_refused_before_any_connection(tmp_path: Path) -> None:
+    """A counter over the dead-letter topic would read back every record refused into it and refuse it again,
+    without end: ``consume`` exits 2 naming the counter, the topic and the setting, reaching no server; with
+    another dead-letter topic the same file gets past the check."""
+    looping = tmp_path / "counters.toml"
+    looping.write_text('[[counter]]\nname = "refusals"\ntopics = ["orders", "rejects"]\nkind = "count"\n'
+                       'key = "k"\n')
+    env = {**CASSANDRA_DOWN, **KAFKA_DOWN, "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": "rejects"}
+    done = countersink("consume", "--counters", str(looping), env=env)
+    assert done.returncode == 2, done.stderr
+    (line,) = [json.loads(line) for line in error_lines(done)]
+    assert line["event"] == "settings_refused"
+    assert line["error"].startswith("refusals reads rejects, the consumer's dead-letter topic "
+                                    "(COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC)")
+    elsewhere = countersink("consume", "--counters", str(looping),
+                            env={**env, "COUNTERSINK_CONSUMER__DEAD_LETTER_TOPIC": "orders-dead",
+                                 "COUNTERSINK_CONSUMER__STARTUP_TIMEOUT_S": "1"})
+    assert "settings_refused" not in elsewhere.stderr
+
+
 def test_definition_error_carries_every_problem() -> None:
     """``DefinitionError.problems`` holds one entry per problem; the error itself is the first."""
     with pytest.raises(DefinitionError) as info:
