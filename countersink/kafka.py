@@ -24,6 +24,7 @@ from aiokafka.errors import (
 from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.logs import get_logger
 from countersink.settings import KafkaSecurity, KafkaSettings
+from countersink.tls import load_key_pair
 from schemas.errors import CountersinkError
 
 
@@ -45,8 +46,7 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
     context.check_hostname = settings.ssl_check_hostname
     if settings.ssl_certfile:
         try:
-            context.load_cert_chain(str(settings.ssl_certfile),
-                                    str(settings.ssl_keyfile) if settings.ssl_keyfile else None)
+            load_key_pair(context, settings.ssl_certfile, settings.ssl_keyfile)
         except (OSError, ssl.SSLError) as exc:
             raise KafkaSecurityError(f"COUNTERSINK_KAFKA__SSL_CERTFILE/__SSL_KEYFILE: cannot use "
                                      f"{settings.ssl_certfile}: {_reason(exc)}") from None

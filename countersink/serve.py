@@ -92,6 +92,7 @@ from countersink.settings import (
     Settings,
 )
 from countersink.state_cache import StateCache
+from countersink.tls import load_key_pair
 from schemas import timeseries
 from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
@@ -892,7 +893,7 @@ def server_tls(settings: ServeSettings) -> ssl.SSLContext | None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(str(settings.tls_cert), str(settings.tls_key))
+        load_key_pair(context, settings.tls_cert, settings.tls_key)
     except (OSError, ssl.SSLError) as exc:
         raise TokenError(f"COUNTERSINK_SERVE__TLS_CERT/__TLS_KEY: cannot use {settings.tls_cert}: "
                          f"{getattr(exc, 'reason', None) or getattr(exc, 'strerror', None) or exc}") from None
