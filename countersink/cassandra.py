@@ -23,6 +23,7 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency
 from schemas import cql
+from schemas.bounded import read_text_at_most
 from schemas.errors import CountersinkError
 
 log = get_logger(__name__)
@@ -434,10 +435,13 @@ def _tls_reason(exc: BaseException) -> str:
     return str(exc).rsplit(": ", 1)[-1] or type(exc).__name__
 
 
+MAX_PEM_BYTES = 1024 * 1024  # a certificate chain or key, read whole
+
+
 def _read_pem(path: Path, setting: str) -> str:
     """A PEM file named by a setting; a missing or unreadable one is a configuration error, not a retry."""
     try:
-        text = path.read_text()
+        text = read_text_at_most(path, MAX_PEM_BYTES)
     except (OSError, UnicodeDecodeError) as exc:
         raise CassandraError(f"COUNTERSINK_CASSANDRA__{setting.upper()}: cannot read {path}: "
                              f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None

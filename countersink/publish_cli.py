@@ -33,6 +33,7 @@ from countersink.logs import get_logger
 from countersink.schema_registry import SchemaRegistryClient
 from countersink.settings import Settings
 from countersink.topics_cli import _topic_name
+from schemas.bounded import read_text_at_most
 from schemas.errors import CountersinkError
 from schemas.formats import (
     FORMATS,
@@ -166,8 +167,8 @@ class Encoding:
 async def register(settings: Settings, topic: str, choice: SchemaChoice) -> Encoding:
     """Register the schema (its subject: ``TOPIC-value`` unless given) and return the encoding of lines."""
     format_, message, subject = choice.format, choice.message, choice.subject
-    text = choice.schema.read_text(encoding="utf-8")
     max_bytes = settings.schema_registry.max_schema_bytes
+    text = read_text_at_most(choice.schema, max_bytes)
     indexes = None
     if format_ == "avro":
         encode = avro_encoder(text, max_bytes=max_bytes)

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from schemas.bounded import read_text_at_most
 from schemas.errors import DefinitionError
 from schemas.formats import TopicFormat, parse_topic_tables
 from schemas.kinds.base import KindSpec, NumberMode
@@ -43,6 +44,8 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PATH_SEGMENTS = 32
 MAX_PATH_LENGTH = 256
+# A definitions file is read whole: more than this is refused before any of it is parsed.
+MAX_DEFINITIONS_BYTES = 16 * 1024 * 1024
 
 _NUMERIC_KINDS = frozenset({"sum", "min", "max", "mean", "variance"})
 _DEFAULT_NUMBER: dict[str, NumberMode] = {
@@ -472,7 +475,7 @@ def load_definitions(path: str | Path, *, max_row_bytes: int | None = None) -> C
     (:func:`parse_definitions` says what ``max_row_bytes`` is)."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text_at_most(path, MAX_DEFINITIONS_BYTES)
     except (OSError, UnicodeDecodeError) as exc:
         raise DefinitionError(source, "", "", f"cannot read the file: {exc}") from exc
     return parse_definitions(text, source, max_row_bytes=max_row_bytes, base=Path(path).resolve().parent)

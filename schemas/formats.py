@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.bounded import read_text_at_most
 from schemas.errors import CountersinkError, InvalidEventError, UnparseableEventError
 
 Format = Literal["json", "avro", "protobuf", "json-schema"]
@@ -159,9 +160,7 @@ def parse_topic_tables(entries: object, base: Path | None) -> tuple[dict[str, To
 def _read_schema_file(name: str, base: Path | None, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> str:
     path = Path(name) if base is None or Path(name).is_absolute() else base / name
     try:
-        if path.stat().st_size > max_bytes:
-            raise SchemaError(f"{path}: larger than {max_bytes} bytes")
-        return path.read_text(encoding="utf-8")
+        return read_text_at_most(path, max_bytes)
     except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"cannot read schema file {path}: {exc}") from exc
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.bounded import FileTooLargeError, read_text_at_most
 from schemas.definitions import load_definitions, parse_definitions
 from schemas.errors import DefinitionError
 
@@ -182,3 +183,21 @@ def test_definitions_are_frozen() -> None:
     c = parse_definitions(GOOD)["shares_traded"]
     with pytest.raises(ValueError, match="frozen"):
         c.value = "other"  # type: ignore[misc]
+
+
+def test_a_definitions_or_schema_file_without_end_is_refused_after_its_bound(tmp_path: Path) -> None:
+    """A device or a pipe reports size 0 and may never end (/dev/zero): the definitions file and a topic's
+    schema file are read up to their bound and refused past it, instead of filling the memory."""
+    with pytest.raises(DefinitionError, match=r"cannot read the file: /dev/zero holds more than 16,777,216 bytes"):
+        load_definitions("/dev/zero")
+    path = tmp_path / "counters.toml"
+    path.write_text('[[topic]]\nname = "t"\nformat = "avro"\nschema_file = "/dev/zero"\n'
+                    '[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n')
+    with pytest.raises(DefinitionError, match=r"cannot read schema file /dev/zero: /dev/zero holds more than "
+                                              r"262,144 bytes"):
+        load_definitions(path)
+    limit = tmp_path / "limit.txt"
+    limit.write_bytes(b"x" * 10)
+    assert read_text_at_most(limit, 10) == "x" * 10
+    with pytest.raises(FileTooLargeError, match="holds more than 9 bytes"):
+        read_text_at_most(limit, 9)
