@@ -120,6 +120,7 @@ class ReadApi:
         # The Kafka and consumer settings that ``/trace/{topic}`` reads records with; None: no such route.
         self.tracing = tracing
         self._traces = asyncio.Semaphore(1)  # one trace at a time: each reads Kafka with a client of its own
+        self._traces_waiting = 0
         self.registry = registry
         self.settings = settings
         self.read_settings = read_settings or ReadSettings()
@@ -356,9 +357,22 @@ class ReadApi:
         if self.tracing is None:
             raise _problem(web.HTTPNotFound, "tracing is not served here")
         query = _trace_query(request)
+        if self._traces.locked() and self._traces_waiting >= MAX_TRACES_WAITING:
+            raise _problem(web.HTTPServiceUnavailable, f"{MAX_TRACES_WAITING} traces are waiting for the one "
+                           "running: ask again later", retry_after=5)
         try:
-            async with self._traces, asyncio.timeout(TRACE_TIMEOUT_S):
-                result = await trace_records(self.client, self.tracing, query, self.counters)
+            # The wait for the running trace counts in the time allowed: a client is answered within it, and
+            # a trace its client gave up on is not run long after.
+            async with asyncio.timeout(TRACE_TIMEOUT_S):
+                self._traces_waiting += 1
+                try:
+                    await self._traces.acquire()
+                finally:
+                    self._traces_waiting -= 1
+                try:
+                    result = await trace_records(self.client, self.tracing, query, self.counters)
+                finally:
+                    self._traces.release()
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
         except SchemaRegistryUnavailableError as exc:
@@ -618,7 +632,8 @@ def _checked_key(key: str) -> str:
 
 # What one HTTP trace may search at most, back from the end of each partition (the command line has no bound).
 MAX_TRACE_SCAN = 100_000
-TRACE_TIMEOUT_S = 60  # the longest a trace (Kafka reads, then Cassandra) may take before it answers 504
+TRACE_TIMEOUT_S = 60  # the longest a trace (its wait, Kafka reads, then Cassandra) may take before it answers 504
+MAX_TRACES_WAITING = 4  # traces waiting for the running one; another is answered 503 at once
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 

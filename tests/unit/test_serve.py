@@ -344,3 +344,38 @@ def test_serving_without_tokens_beyond_loopback_warns(host: str | None, warned: 
     if warned:
         assert warnings[0]["log_level"] == "warning"
         assert "COUNTERSINK_SERVE__TOKENS_FILE" in warnings[0]["why"]
+
+
+async def test_a_trace_waits_within_its_time_and_a_queue_past_its_bound_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One trace runs at a time: those waiting for it are answered 504 once the time allowed (the wait
+    included) is up, rather than whenever their turn comes; past MAX_TRACES_WAITING, 503 at once."""
+    from countersink import serve as serve_module
+
+    started: list[str] = []
+
+    async def slow_trace(client: object, settings: object, query: object, counters: object) -> object:
+        started.append(str(query))
+        await asyncio.sleep(30)
+        raise AssertionError("the trace outlived its time")
+
+    monkeypatch.setattr(serve_module, "trace_records", slow_trace)
+    monkeypatch.setattr(serve_module, "TRACE_TIMEOUT_S", 1)
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), COUNTERS, tracing=Settings())
+    async with TestClient(TestServer(api.app())) as client:
+        asked = asyncio.get_running_loop().time()
+        running = asyncio.ensure_future(client.get("/trace/likes?offset=0:1"))
+        while not started:
+            await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(client.get(f"/trace/likes?offset=0:{n}"))
+                   for n in range(2, 2 + serve_module.MAX_TRACES_WAITING)]
+        while api._traces_waiting < serve_module.MAX_TRACES_WAITING:
+            await asyncio.sleep(0.01)
+        refused = await client.get("/trace/likes?offset=0:99")
+        assert refused.status == 503
+        assert refused.headers["Retry-After"] == "5"
+        assert "4 traces are waiting" in (await refused.json(content_type=None))["detail"]
+        answers = await asyncio.wait_for(asyncio.gather(running, *waiting), timeout=10)
+        assert [a.status for a in answers] == [504] * (1 + serve_module.MAX_TRACES_WAITING)
+        # Each within its own second, the wait included; one after the other would take five.
+        assert asyncio.get_running_loop().time() - asked < 3
