@@ -353,9 +353,11 @@ async def test_a_trace_waits_within_its_time_and_a_queue_past_its_bound_is_refus
     from countersink import serve as serve_module
 
     started: list[str] = []
+    first_started = asyncio.Event()
 
     async def slow_trace(client: object, settings: object, query: object, counters: object) -> object:
         started.append(str(query))
+        first_started.set()
         await asyncio.sleep(30)
         raise AssertionError("the trace outlived its time")
 
@@ -365,11 +367,12 @@ async def test_a_trace_waits_within_its_time_and_a_queue_past_its_bound_is_refus
     async with TestClient(TestServer(api.app())) as client:
         asked = asyncio.get_running_loop().time()
         running = asyncio.ensure_future(client.get("/trace/likes?offset=0:1"))
-        while not started:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(first_started.wait(), timeout=10)
         waiting = [asyncio.ensure_future(client.get(f"/trace/likes?offset=0:{n}"))
                    for n in range(2, 2 + serve_module.MAX_TRACES_WAITING)]
-        while api._traces_waiting < serve_module.MAX_TRACES_WAITING:
+        for _ in range(1000):  # until every one waits
+            if api._traces_waiting == serve_module.MAX_TRACES_WAITING:
+                break
             await asyncio.sleep(0.01)
         refused = await client.get("/trace/likes?offset=0:99")
         assert refused.status == 503
