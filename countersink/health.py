@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -146,6 +147,40 @@ def _unquoted_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.St
 
     return handle
 
+
+
+# What asyncio says when accept() finds no descriptor left: once per waiting connection and retry, so a
+# flood of connections made it thousands of lines a second, each with its stack.
+_OUT_OF_DESCRIPTORS = "socket.accept() out of system resource"
+OUT_OF_DESCRIPTORS_LOG_EVERY_S = 10.0
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop, clock: Callable[[], float] = time.monotonic) -> None:
+    """Make ``loop`` log accept()'s running out of descriptors as one ``connections_refused`` line at most
+    every :data:`OUT_OF_DESCRIPTORS_LOG_EVERY_S`, counting those it left out; anything else goes to the
+    handler it had."""
+    previous = loop.get_exception_handler()
+    last = [float("-inf")]
+    left_out = [0]
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith(_OUT_OF_DESCRIPTORS):
+            if previous is None:
+                loop.default_exception_handler(context)
+            else:
+                previous(loop, context)
+            return
+        now = clock()
+        if now - last[0] < OUT_OF_DESCRIPTORS_LOG_EVERY_S:
+            left_out[0] += 1
+            return
+        exc = context.get("exception")
+        log.error("connections_refused", error=f"no file descriptor left to accept a connection "
+                  f"({getattr(exc, 'strerror', None) or exc}): as many connections are open as the process may "
+                  "hold; they are accepted again once some close", same_since_last=left_out[0])
+        last[0], left_out[0] = now, 0
+
+    loop.set_exception_handler(handler)
 
 class QuietAppRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` whose connections are each a :class:`QuietRequestHandler`;

@@ -63,7 +63,7 @@ from countersink.cli import load_definitions_or_refuse, port_number, run_async, 
 from countersink.commands.trace import TraceQuery, TraceRefusedError
 from countersink.commands.trace import trace as trace_records
 from countersink.gc_runs import GcAgeSampler
-from countersink.health import QuietAppRunner, metrics_handler, problem_response
+from countersink.health import QuietAppRunner, metrics_handler, problem_response, quiet_accept_errors
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_value, to_jsonable
@@ -948,7 +948,8 @@ def api_runner(api: ReadApi, *, shutdown_timeout: float = STOP_TIMEOUT_S) -> web
 
     return QuietAppRunner(api.app(), access_log=None, shutdown_timeout=shutdown_timeout, on_refused=refused,
                           max_line_size=api.settings.max_url_bytes + 64,
-                          max_field_size=api.settings.max_header_bytes)
+                          max_field_size=api.settings.max_header_bytes,
+                          keepalive_timeout=api.settings.idle_timeout_s)
 
 
 def openapi_document(settings: ServeSettings, counters: CounterSet | None = None, *,
@@ -1168,6 +1169,7 @@ async def serve(settings: Settings, serve_settings: ServeSettings, counters: Cou
 
 async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: ServeSettings,
                        counters: CounterSet | None, consistency: Consistency | None) -> int:
+    quiet_accept_errors(asyncio.get_running_loop())
     # Settings first: a refused one stops the start at once, before any wait for Cassandra.
     try:
         tls = server_tls(serve_settings)

@@ -332,6 +332,9 @@ class ServeSettings(_Section):
     max_header_bytes: int = Field(default=8190, ge=1024, le=65_536)  # per header line; longer ones answer 400
     max_body_bytes: int = Field(default=1024, ge=0, le=1_048_576)  # the API reads no body; larger ones answer 413
     max_requests: int = Field(default=256, ge=1, le=65_536)  # handled at once; more answer 503 at once
+    # A connection that sends no complete request for this long is closed: one silent from its start, one
+    # stopped inside its headers, one idle between requests (each open connection holds a file descriptor).
+    idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     # Merged states of instances read recently, answered while the partition's stamps are unchanged (each read
     # reads those alone first; countersink.state_cache); 0 turns the cache off.
     state_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=64 * 1024**3)

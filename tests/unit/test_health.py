@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from countersink.health import HealthServer
+from countersink.health import OUT_OF_DESCRIPTORS_LOG_EVERY_S, HealthServer, quiet_accept_errors
 from countersink.settings import Settings
 
 
@@ -169,3 +169,30 @@ async def test_a_failing_handler_is_logged_with_its_type_and_place_not_its_messa
     assert [(e["log_level"], e["event"], e["error"]) for e in logs] == failed
     assert any("broken" in frame for frame in logs[0]["where"])
     assert "7f3a" not in repr(logs)
+
+
+async def test_running_out_of_descriptors_is_one_line_every_few_seconds_not_one_per_connection() -> None:
+    """asyncio reports accept()'s EMFILE once per waiting connection and retry (a flood of half-open
+    connections made it 5,700 lines a second): one ``connections_refused`` line per interval, counting those
+    left out; whatever else the loop reports still reaches the handler it had."""
+    loop = asyncio.get_running_loop()
+    before = loop.get_exception_handler()
+    elsewhere: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: elsewhere.append(context["message"]))
+    now = [1000.0]
+    try:
+        quiet_accept_errors(loop, clock=lambda: now[0])
+        flood = {"message": "socket.accept() out of system resource",
+                 "exception": OSError(24, "Too many open files")}
+        with capture_logs() as logs:
+            for _ in range(5000):
+                loop.call_exception_handler(flood)
+            now[0] += OUT_OF_DESCRIPTORS_LOG_EVERY_S
+            loop.call_exception_handler(flood)
+            loop.call_exception_handler({"message": "Task exception was never retrieved"})
+        refused = [line for line in logs if line["event"] == "connections_refused"]
+        assert [line["same_since_last"] for line in refused] == [0, 4999]
+        assert "Too many open files" in refused[0]["error"]
+        assert elsewhere == ["Task exception was never retrieved"]
+    finally:
+        loop.set_exception_handler(before)

@@ -382,3 +382,27 @@ async def test_a_trace_waits_within_its_time_and_a_queue_past_its_bound_is_refus
         assert [a.status for a in answers] == [504] * (1 + serve_module.MAX_TRACES_WAITING)
         # Each within its own second, the wait included; one after the other would take five.
         assert asyncio.get_running_loop().time() - asked < 3
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"GET /heal"])
+async def test_a_connection_that_sends_no_whole_request_is_closed_after_the_idle_time(sent: bytes) -> None:
+    """Each open connection holds a descriptor: one silent from its start or stopped inside its request is
+    closed after IDLE_TIMEOUT_S, while a whole request on another connection is answered meanwhile."""
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(idle_timeout_s=1), COUNTERS)
+    runner = api_runner(api)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(sent)
+        await writer.drain()
+        started = asyncio.get_running_loop().time()
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/healthz") as answer:
+            assert answer.status == 200
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""  # closed by the server, nothing answered
+        assert 0.9 < asyncio.get_running_loop().time() - started < 5
+        writer.close()
+    finally:
+        await runner.cleanup()
