@@ -250,7 +250,8 @@ class ReadApi:
         if len(keys) > self.settings.max_keys:
             raise _problem(web.HTTPBadRequest, f"at most {self.settings.max_keys} keys per request")
         for key in keys:
-            _checked_key(key)
+            if key:  # an empty ?key= reads the instance of events whose one key field is the empty text
+                _checked_key(key)
         level = _consistency(request)
         # The counter's resets once for every key: kept, or read once alongside the keys' first requests (each
         # key's read takes them from EpochsCache, waiting for the read in flight: read_value).
@@ -1029,10 +1030,12 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "operationId": "getCounters",
                 "description": "With key parameters, their values (Instances). Without any, the value of the one "
                                "instance of a counter with no key fields (Instance, its key empty); a counter "
-                               "with key fields answers 400.",
+                               "with key fields answers 400. An empty key (?key=) reads the instance whose key "
+                               "is empty: events whose one key field is the empty text.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
                                {"name": "key", "in": "query", "required": False, "style": "form", "explode": True,
-                                "schema": {"type": "array", "items": key_schema, "maxItems": settings.max_keys}},
+                                "schema": {"type": "array", "items": {"oneOf": [key_schema, {"const": ""}]},
+                                           "maxItems": settings.max_keys}},
                                consistency],
                 "responses": {"200": {"description": "the values by key, or the keyless instance's value",
                                       "content": {"application/json": {"schema": {"oneOf": [

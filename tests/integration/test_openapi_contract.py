@@ -113,8 +113,10 @@ def _parameter_values(parameter: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
         yield (KEYS, True)
         if "maxItems" in schema:
             yield ([f"k{i}" for i in range(schema["maxItems"] + 1)], False)
-        yield ([""], False)  # below minLength
-        yield (["x" * (items["maxLength"] + 1)], False)
+        alternatives = items.get("oneOf", [items])
+        # The empty key: allowed where the document lists it beside the keys (an instance whose key is "").
+        yield ([""], any(alternative.get("const") == "" for alternative in alternatives))
+        yield (["x" * (alternatives[0]["maxLength"] + 1)], False)
     elif schema.get("type") == "boolean":
         yield from ((value, True) for value in ("true", "false"))
         yield ("maybe", False)

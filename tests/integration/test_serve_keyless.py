@@ -71,7 +71,8 @@ async def served(cassandra_settings: CassandraSettings, tmp_path: Path) -> Async
     hourly = load_definitions(counters)["hourly"]
     async with CassandraClient(cassandra_settings) as client:
         await _write(client, [("total", "", "7.5"), ("hourly", bucket_key(hourly, "", HOUR), "2.25"),
-                              ("hourly", bucket_key(hourly, "", HOUR + 3600), "1"), ("notional", "series", "3")])
+                              ("hourly", bucket_key(hourly, "", HOUR + 3600), "1"), ("notional", "series", "3"),
+                              ("notional", "", "4")])
     async with running_serve(cassandra_settings, counters) as base:
         yield base
 
@@ -111,10 +112,19 @@ async def test_a_keyed_counter_keeps_its_instance_named_series(served: str) -> N
     assert "give at least one ?key=" in problem["detail"]
 
 
+async def test_the_instance_of_an_empty_key_is_read_with_an_empty_key_parameter(served: str) -> None:
+    """Events whose one key field is the empty text are counted in the instance whose key is empty: the path
+    cannot name it, ``?key=`` reads it, beside other keys."""
+    assert await _get(served, "/counters/notional?key=&key=series") == (200, "application/json", {
+        "counter": "notional", "values": {"": {"kind": "sum", "value": "4"}, "series": {"kind": "sum", "value": "3"}}})
+
+
 @pytest.mark.parametrize("path", ["/counters/notional/%5C", "/counters/notional?key=%5C",
-                                  "/counters/hourly/%5C/series?from=now-1h&to=now", "/counters/notional?key="])
+                                  "/counters/hourly/%5C/series?from=now-1h&to=now",
+                                  "/counters/notional?key=" + "k" * 1025])
 async def test_a_malformed_key_is_a_400_problem(served: str, path: str) -> None:
-    """A key that is no instance key (a lone backslash, the empty text) answers 400 with a problem document."""
+    """A key that is no instance key (a lone backslash, more bytes than an event's key may have) answers 400
+    with a problem document."""
     status, media, problem = await _get(served, path)
     assert (status, media) == (400, "application/problem+json"), problem
     assert isinstance(problem, dict)
