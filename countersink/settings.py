@@ -60,7 +60,8 @@ class SerialConsistency(_AnyCase):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf and nan are no duration or size: refused with the variable named, not an OverflowError later.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class KafkaSecurity(_AnyCase):
@@ -73,7 +74,8 @@ class KafkaSecurity(_AnyCase):
 class KafkaSettings(_Section):
     """How to reach Kafka. TLS and SASL are off by default and on with ``security_protocol``."""
 
-    bootstrap_servers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:9092"])
+    bootstrap_servers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:9092"],
+                                                              min_length=1)
     client_id: str = "countersink"
     security_protocol: KafkaSecurity = KafkaSecurity.PLAINTEXT
     ssl_cafile: Path | None = None
@@ -91,13 +93,25 @@ class KafkaSettings(_Section):
     sasl_oauth_scope: str | None = None
     # the authorities that sign the token endpoint's certificate (PEM); unset: the system's trust store
     sasl_oauth_cafile: Path | None = None
-    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    request_timeout_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
     # SASL over a connection without TLS (SASL_PLAINTEXT) is refused unless this is true: the user name, and
     # with PLAIN the password, cross the network in the clear (SCRAM's exchange can be replayed to a guesser;
     # an OAUTHBEARER token is a password until it expires). So is a token endpoint reached over plain http.
     allow_insecure: bool = False
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_and_port(cls, servers: list[str]) -> list[str]:
+        for server in servers:
+            host, colon, port = server.rpartition(":")
+            if not colon:
+                host, port = server, "9092"
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"server {servers.index(server) + 1} of {len(servers)} is not HOST:PORT with a port "
+                                 "of 1 to 65535")
+        return servers
 
     @property
     def oauth(self) -> bool:
@@ -144,7 +158,7 @@ class KafkaSettings(_Section):
 class CassandraSettings(_Section):
     """How to reach Cassandra, and at which consistency countersink reads and writes."""
 
-    contact_points: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1"])
+    contact_points: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1"], min_length=1)
     port: int = Field(default=9042, ge=1, le=65535)
     keyspace: str = "countersink"
     local_dc: str | None = None
@@ -172,11 +186,11 @@ class CassandraSettings(_Section):
     # never folded, or a live one taken for gone. Like the two above, these reads must overlap the writes,
     # whatever read_consistency serving uses.
     gc_list_consistency: Consistency = Consistency.QUORUM
-    connect_timeout_s: float = Field(default=5.0, gt=0)
-    request_timeout_s: float = Field(default=12.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    request_timeout_s: float = Field(default=12.0, gt=0, le=3600)
     # Bounded in-flight requests per process, with a bounded wait for a slot (seed 003's pending queue).
     max_in_flight: int = Field(default=256, ge=1, le=32_768)
-    queue_timeout_s: float = Field(default=10.0, gt=0)
+    queue_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     # Shard rows of different instances sent in one request (an unlogged batch, at most 4 KiB). Above 10,
     # Cassandra warns (unlogged_batch_across_partitions_warn_threshold): a log line a minute, and a warning
     # sent back with every such batch.
@@ -246,13 +260,13 @@ class ConsumerSettings(_Section):
     # flush_spacing times the last one's duration apart: fewer, larger flushes (more events in each row).
     flush_spacing: float = Field(default=10.0, ge=1, le=100)
     # also bounds what a takeover replays after a crash: the open window's instances are read and rewritten
-    flush_max_dirty: int = Field(default=50_000, ge=1)
+    flush_max_dirty: int = Field(default=50_000, ge=1, le=100_000_000)
     # A mutator rotates (clean retire, fresh mutator) at this age, so the GC can fold its shards.
-    mutator_max_age_s: float = Field(default=3600.0, ge=1)
+    mutator_max_age_s: float = Field(default=3600.0, ge=1, le=30 * 86_400)
     # Rotating frees a mutator's in-memory state; the budget bounds memory under any key cardinality.
-    mutator_memory_budget_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    mutator_memory_budget_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=1024**4)
     # All mutators of the process together: past it, the largest rotate first.
-    memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
+    memory_budget_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024, le=1024**4)
     retry_window_records: int = Field(default=10_000, ge=0, le=10_000_000)
     dead_letter_topic: str = Field(default="countersink-dead-letter", pattern=r"^[A-Za-z0-9._-]{1,249}$")
     # Partitions and replication factor of the dead-letter topic when the consumer creates it; unset, the
@@ -267,17 +281,18 @@ class ConsumerSettings(_Section):
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
     # A bucketed event whose time is further ahead of its record's Kafka timestamp is dead-lettered. Like
     # max_event_bytes, it decides what counts: every consumer of a group must use the same value.
-    max_future_skew_s: int = Field(default=86_400, ge=0)
-    max_poll_records: int = Field(default=2_000, ge=1)
-    shutdown_timeout_s: float = Field(default=30.0, gt=0)
-    startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting consumer waits for the servers
-    flush_retry_max_s: float = Field(default=5.0, gt=0)
+    max_future_skew_s: int = Field(default=86_400, ge=0, le=100 * 365 * 86_400)
+    max_poll_records: int = Field(default=2_000, ge=1, le=1_000_000)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # How long a starting consumer waits for the servers.
+    startup_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+    flush_retry_max_s: float = Field(default=5.0, gt=0, le=600)
     # How often a running consumer reads the counter registry for counters dropped since it started: it writes
     # none of theirs from then on. `countersink drop` waits twice this before it deletes a counter's rows.
     registry_check_s: float = Field(default=10.0, gt=0, le=3600)
     # How long a crashed member's partitions wait before the group moves them: the floor of recovery time.
     # 6 s is the broker's default group.min.session.timeout.ms; heartbeats go every quarter of it.
-    session_timeout_ms: int = Field(default=6_000, ge=1_000)
+    session_timeout_ms: int = Field(default=6_000, ge=1_000, le=3_600_000)
     health_port: int = Field(default=8080, ge=0, le=65535)  # 0 disables the health and metrics server
     # Where the health server listens: this host only by default; the image sets 0.0.0.0 (probes, Prometheus).
     health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
@@ -298,13 +313,20 @@ class GcSettings(_Section):
 
     # A mutator is final once retired for this long. It must exceed the clock skew between any two machines
     # that run consumers or GC workers (see docs/running.md, "Running the GC").
-    grace_s: float = Field(default=300.0, ge=0)
+    grace_s: float = Field(default=300.0, ge=0, le=30 * 86_400)
     # 0 runs once and exits (for cron); a positive interval runs in a loop.
-    every_s: float = Field(default=0.0, ge=0)
+    every_s: float = Field(default=0.0, ge=0, le=30 * 86_400)
+
+    @field_validator("every_s")
+    @classmethod
+    def _whole_pauses(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("a loop's interval is at least 1 s (0 runs once)")
+        return v
     concurrency: int = Field(default=16, ge=1, le=1024)
     # Registry rows of collected mutators are deleted after this long; `explain` shows them until then.
-    forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0)
-    progress_interval_s: float = Field(default=10.0, gt=0)  # how often a non-interactive run logs progress
+    forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=10 * 365 * 86_400)
+    progress_interval_s: float = Field(default=10.0, gt=0, le=86_400)  # how often a non-interactive run logs progress
     health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
     health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)  # as the consumer's
 
@@ -317,7 +339,7 @@ class ServeSettings(_Section):
     max_keys: int = Field(default=100, ge=1, le=10_000)  # keys one multi-get may ask for
     concurrency: int = Field(default=64, ge=1, le=4096)  # Cassandra reads in flight across all requests
     request_timeout_s: float = Field(default=5.0, gt=0, le=300)
-    startup_timeout_s: float = Field(default=120.0, gt=0)  # how long a starting server waits for Cassandra
+    startup_timeout_s: float = Field(default=120.0, gt=0, le=86_400)  # how long a starting server waits for Cassandra
     # HTTPS: both or neither (PEM files; the key unencrypted, readable by the server's user only).
     tls_cert: Path | None = None
     tls_key: Path | None = None

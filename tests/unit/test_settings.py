@@ -79,3 +79,31 @@ def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: py
                      "which would be logged with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD"]
     monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", "https://registry/apis/@v7?by=a@b")
     assert Settings().schema_registry.url == "https://registry/apis/@v7?by=a@b"
+
+
+@pytest.mark.parametrize(("variable", "value", "reason"), [
+    ("COUNTERSINK_GC__GRACE_S", "inf", "finite number"),
+    ("COUNTERSINK_CONSUMER__MUTATOR_MAX_AGE_S", "inf", "finite number"),
+    ("COUNTERSINK_CASSANDRA__REQUEST_TIMEOUT_S", "1e300", "less than or equal to 3600"),
+    ("COUNTERSINK_CONSUMER__SESSION_TIMEOUT_MS", "99999999999999999999", "less than or equal to 3600000"),
+    ("COUNTERSINK_GC__EVERY_S", "1e-9", "at least 1 s (0 runs once)"),
+    ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", " , ", "at least 1 item"),
+    ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "a:9092,127.0.0.1:99999", "server 2 of 2 is not HOST:PORT"),
+    ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", ":9092", "server 1 of 1 is not HOST:PORT"),
+    ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "", "at least 1 item"),
+])
+def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
+        monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str) -> None:
+    """What would fail later (an OverflowError, a struct error, an IndexError, a GC loop without pause) is a
+    refusal naming the variable at start."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    (line,) = settings_problems(refused.value)
+    assert line.startswith(f"{variable}: ")
+    assert reason in line
+
+
+def test_a_kafka_server_without_a_port_is_kafkas_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "kafka-1,kafka-2:19092")
+    assert Settings().kafka.bootstrap_servers == ["kafka-1", "kafka-2:19092"]
