@@ -119,6 +119,25 @@ class KafkaSettings(_Section):
         return self.sasl_mechanism == "OAUTHBEARER" and self.security_protocol.startswith("SASL")
 
     @model_validator(mode="after")
+    def _nothing_set_in_vain(self) -> KafkaSettings:
+        # A certificate or a password the protocol never sends is a configuration that believes itself
+        # safer than it is (TLS files with PLAINTEXT connect in the clear, without a word).
+        tls = self.security_protocol in (KafkaSecurity.SSL, KafkaSecurity.SASL_SSL)
+        unused = [name for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, name) and not tls]
+        if not self.security_protocol.startswith("SASL"):
+            unused += [name for name in ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_oauth_token_url",
+                                         "sasl_oauth_client_id", "sasl_oauth_client_secret", "sasl_oauth_scope",
+                                         "sasl_oauth_cafile") if getattr(self, name)]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but security_protocol "
+                             f"is {self.security_protocol.value}, which does not use "
+                             f"{'it' if len(unused) == 1 else 'them'}: choose the protocol that does (SSL, "
+                             "SASL_SSL), or unset them")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile is set without ssl_certfile, the certificate it is the key of")
+        return self
+
+    @model_validator(mode="after")
     def _sasl_complete(self) -> KafkaSettings:
         if self.oauth:
             if not (self.sasl_oauth_token_url and self.sasl_oauth_client_id and self.sasl_oauth_client_secret):
@@ -210,6 +229,20 @@ class CassandraSettings(_Section):
     allow_insecure: bool = False
 
     _split = field_validator("contact_points", mode="before")(_split_csv)
+
+    @model_validator(mode="after")
+    def _nothing_set_in_vain(self) -> CassandraSettings:
+        unused = [name for name in ("ssl_trusted_cert", "ssl_cert", "ssl_private_key") if getattr(self, name)]
+        if unused and not self.ssl_enabled:
+            raise ValueError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} set but ssl_enabled is "
+                             "false, so Cassandra is reached without TLS: set COUNTERSINK_CASSANDRA__SSL_ENABLED=true, "
+                             "or unset them")
+        if bool(self.username) != bool(self.password):
+            raise ValueError(f"{'username' if self.username else 'password'} is set without "
+                             f"{'password' if self.username else 'username'}: a login needs both")
+        if bool(self.ssl_cert) != bool(self.ssl_private_key):
+            raise ValueError("ssl_cert and ssl_private_key (the client certificate and its key) go together")
+        return self
 
     @model_validator(mode="after")
     def _credentials_over_tls(self) -> CassandraSettings:

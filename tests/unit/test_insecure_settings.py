@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +36,39 @@ def test_sasl_over_plain_text_with_allow_insecure_is_a_warning() -> None:
                                             {"user": "app", "mechanism": "SCRAM-SHA-512"})]
 
 
-@pytest.mark.parametrize("credentials", [{"username": "app", "password": "pw"}, {"username": "app"},
-                                         {"password": "pw"}])
-def test_a_cassandra_password_without_tls_is_refused_without_allow_insecure(credentials: dict[str, str]) -> None:
-    """A user name or password with ssl_enabled false is a settings error; with TLS it is accepted quietly."""
+def test_a_cassandra_password_without_tls_is_refused_without_allow_insecure() -> None:
+    """A user name and password with ssl_enabled false is a settings error; with TLS it is accepted quietly."""
+    credentials = {"username": "app", "password": "pw"}
     with pytest.raises(ValidationError, match="without TLS cross the network in the clear"):
         CassandraSettings(**credentials)  # type: ignore[arg-type]
     assert CassandraSettings(ssl_enabled=True, **credentials).insecure_choices() == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({"username": "app", "ssl_enabled": True}, "username is set without password: a login needs both"),
+    ({"password": "pw", "ssl_enabled": True}, "password is set without username: a login needs both"),
+    ({"ssl_trusted_cert": "ca.pem"}, "ssl_trusted_cert is set but ssl_enabled is false"),
+    ({"ssl_cert": "c.pem", "ssl_private_key": "k.pem"}, "ssl_cert, ssl_private_key are set but ssl_enabled"),
+    ({"ssl_enabled": True, "ssl_cert": "c.pem"}, "ssl_cert and ssl_private_key (the client certificate and"),
+])
+def test_cassandra_settings_nothing_would_use_are_refused(settings: dict[str, object], refusal: str) -> None:
+    """Half a login, or TLS files while TLS is off (the driver then connects in the clear without a word):
+    refused, saying what to set."""
+    with pytest.raises(ValidationError, match=re.escape(refusal)):
+        CassandraSettings(**settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({"ssl_cafile": "ca.pem"}, "ssl_cafile is set but security_protocol is PLAINTEXT, which does not use it"),
+    ({"security_protocol": "SASL_SSL", **SASL, "ssl_keyfile": "k.pem"}, "ssl_keyfile is set without ssl_certfile"),
+    ({"sasl_username": "app", "sasl_password": "pw"}, "sasl_username, sasl_password are set but security_protocol "
+                                                      "is PLAINTEXT"),
+    ({"security_protocol": "SSL", "sasl_mechanism": "PLAIN"}, "sasl_mechanism is set but security_protocol is SSL"),
+])
+def test_kafka_settings_the_protocol_would_not_use_are_refused(settings: dict[str, object], refusal: str) -> None:
+    """TLS files with PLAINTEXT or SASL settings without SASL were left unused, silently: refused."""
+    with pytest.raises(ValidationError, match=re.escape(refusal)):
+        KafkaSettings(**settings)  # type: ignore[arg-type]
 
 
 def test_a_cassandra_password_without_tls_with_allow_insecure_is_a_warning() -> None:

@@ -87,8 +87,8 @@ def test_a_token_is_due_at_80_percent_of_its_lifetime() -> None:
     assert token.expired(1100)
 
 
-def test_oauthbearer_without_sasl_asks_for_nothing() -> None:
-    """The mechanism alone, on a connection without SASL, needs no token endpoint and makes no token provider."""
-    settings = KafkaSettings(security_protocol="SSL", sasl_mechanism="OAUTHBEARER")  # type: ignore[arg-type]
-    assert not settings.oauth
-    assert "sasl_oauth_token_provider" not in connection_options(settings)
+def test_oauthbearer_without_sasl_is_refused_as_unused() -> None:
+    """The mechanism on a connection without SASL would never be used (no token asked for, no login made):
+    refused rather than left to look like a login."""
+    with pytest.raises(ValidationError, match="sasl_mechanism is set but security_protocol is SSL"):
+        KafkaSettings(security_protocol="SSL", sasl_mechanism="OAUTHBEARER")  # type: ignore[arg-type]
