@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -462,8 +463,13 @@ async def _close_when_created(creating: asyncio.Future[Any]) -> None:
         await creating.result().close()
 
 
+# A password written into CQL text (CREATE ROLE ... WITH PASSWORD = '...', which takes no bound value there)
+_PASSWORD_LITERAL = re.compile(r"(?i)(password\s*=\s*)'(?:[^']|'')*'")
+
+
 def _short(cql_text: str) -> str:
-    return " ".join(cql_text.split())[:120]
+    """The statement as an error names it: its first 120 characters, any password literal masked."""
+    return " ".join(_PASSWORD_LITERAL.sub(r"\1'***'", cql_text).split())[:120]
 
 
 def as_dicts(result: Any) -> list[dict[str, Any]]:

@@ -147,10 +147,24 @@ class InvalidIdentifierError(CountersinkError):
     """Raised when a keyspace or table name is not a plain lower-case CQL identifier."""
 
 
+# CQL's reserved keywords (Cassandra 3.11 to 5.0, with those newer grammars added): unquoted, CQL text refuses
+# them as names, so a keyspace called ``select`` could be created by no statement countersink writes.
+RESERVED_WORDS = frozenset({
+    "add", "allow", "alter", "and", "apply", "asc", "authorize", "batch", "begin", "by", "columnfamily",
+    "create", "default", "delete", "desc", "describe", "drop", "entries", "execute", "for", "from", "full",
+    "grant", "if", "in", "index", "infinity", "insert", "into", "is", "keyspace", "keyspaces", "limit",
+    "materialized", "mbean", "mbeans", "modify", "nan", "norecursive", "not", "null", "of", "on", "or", "order",
+    "primary", "rename", "replace", "revoke", "schema", "select", "set", "table", "to", "token", "truncate",
+    "unlogged", "unset", "update", "use", "using", "view", "where", "with",
+})
+
+
 def check_identifier(name: str) -> str:
     """Return ``name`` if it is safe to place in CQL text (it cannot be a bound parameter), else raise."""
     if not _IDENTIFIER.fullmatch(name):
         raise InvalidIdentifierError(f"{name!r} is not a valid identifier: use [a-z][a-z0-9_]{{0,47}}")
+    if name in RESERVED_WORDS:
+        raise InvalidIdentifierError(f"{name!r} is a reserved word of CQL: choose another name")
     return name
 
 

@@ -28,7 +28,7 @@ def test_defaults_point_at_loopback() -> None:
     assert settings.cassandra.gc_read_consistency is Consistency.ALL
 
 
-@pytest.mark.parametrize("keyspace", ["Bad", "1abc", "a;DROP KEYSPACE x", "a" * 49, ""])
+@pytest.mark.parametrize("keyspace", ["Bad", "1abc", "a;DROP KEYSPACE x", "a" * 49, "", "select", "table"])
 def test_keyspace_must_be_a_plain_identifier(monkeypatch: pytest.MonkeyPatch, keyspace: str) -> None:
     """A keyspace name that is not [a-z][a-z0-9_]{0,47} is refused before it reaches CQL text."""
     monkeypatch.setenv("COUNTERSINK_CASSANDRA__KEYSPACE", keyspace)
