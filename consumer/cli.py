@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import gc
 from pathlib import Path
+from typing import Any
 
 from consumer.dead_letters import DeadLetterLoopError
 from consumer.handovers import HandoverRefusedError
@@ -20,7 +21,7 @@ from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.schema_registry import SchemaRegistryNotConfiguredError
-from countersink.settings import Settings
+from countersink.settings import Settings, with_options
 from schemas.errors import CompactedTopicError, CounterDroppedError, DefinitionChangedError, GroupMismatchError
 
 log = get_logger(__name__)
@@ -49,15 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    updates = {}
-    if args.counters:
-        updates["counters_file"] = args.counters
-    if args.group:
-        updates["group_id"] = args.group
+    options: dict[str, tuple[str, Any]] = {}
+    if args.counters is not None:
+        options["counters_file"] = ("--counters", args.counters)
+    if args.group is not None:
+        options["group_id"] = ("--group", args.group)
     if args.create_topics:
-        updates["create_topics"] = True
-    if updates:
-        settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=updates)})
+        options["create_topics"] = ("--create-topics", True)
+    if options:
+        settings = settings.model_copy(update={"consumer": with_options(settings.consumer, options)})
     counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)
     if counters is None:
         return 2

@@ -241,10 +241,11 @@ def describe_failure(exc: BaseException, settings: Settings) -> tuple[int, str]:
     """The exit code and the one line an error ends a command with."""
     from countersink.cassandra import CassandraError
     from countersink.consistency import ConsistencyError
+    from countersink.settings import OptionRefusedError
     from schemas.errors import DefinitionError
     from schemas.timeseries import TimeRangeError
 
-    if isinstance(exc, DefinitionError | ConsistencyError | TimeRangeError):
+    if isinstance(exc, DefinitionError | ConsistencyError | TimeRangeError | OptionRefusedError):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, CassandraError):
         return EXIT_FAILED, str(exc)

@@ -90,6 +90,7 @@ from countersink.settings import (
     ReadSettings,
     ServeSettings,
     Settings,
+    with_options,
 )
 from countersink.state_cache import StateCache
 from countersink.tls import load_key_pair
@@ -1152,8 +1153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    serve_settings = settings.serve.model_copy(update={
-        k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    given = (("host", "--host", args.host), ("port", "--port", args.port))
+    serve_settings = with_options(settings.serve, {
+        field: (option, value) for field, option, value in given if value is not None})
     counters = None
     if args.counters:
         counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)

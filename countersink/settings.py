@@ -12,13 +12,14 @@ import os
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas import cql
+from schemas.errors import CountersinkError
 
 
 def _split_csv(value: Any) -> Any:
@@ -474,6 +475,25 @@ class SchemaRegistrySettings(_Section):
                              "url (or COUNTERSINK_SCHEMA_REGISTRY__ALLOW_INSECURE=true to accept that)")
         return self
 
+
+
+class OptionRefusedError(CountersinkError):
+    """A command-line option whose value its setting refuses (the line names the option)."""
+
+
+_SectionT = TypeVar("_SectionT", bound=_Section)
+
+
+def with_options(section: _SectionT, options: dict[str, tuple[str, Any]]) -> _SectionT:
+    """``section`` with the values options give (``{field: (option, value)}``), each checked as its variable
+    would be: a value the setting refuses raises :class:`OptionRefusedError` naming the option, never echoed."""
+    try:
+        return type(section).model_validate({**dict(section), **{f: v for f, (_, v) in options.items()}})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = str(problem["loc"][0]) if problem["loc"] else ""
+        option = options[field][0] if field in options else field
+        raise OptionRefusedError(f"{option}: {problem['msg'].removeprefix('Value error, ')}") from None
 
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""
