@@ -7,6 +7,7 @@ partition, so a read sees the state before it or after it, never a mix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import time
@@ -376,20 +377,23 @@ class CounterReader:
     """Typed counter values: ints or Decimals for sums, floats for means, estimates with bounds for sketches.
 
     Range reads of bucketed counters (:meth:`series`, :meth:`rollup`) read at most ``max_range_buckets``
-    buckets, ``concurrency`` at a time (or within ``reads``, a limit shared with other readers). With a
+    buckets, ``concurrency`` at a time (or within ``reads``, a limit shared with other readers, and within
+    ``range_reads`` too when given: the share of ``reads`` that ranges may hold, so that single reads sharing
+    ``reads`` never queue behind more than that many chunks of ranges). With a
     ``cache`` (:class:`StateCache`), instances and buckets whose stored bytes are unchanged since it merged
     them are not decoded and merged again (every read still reads them)."""
 
     def __init__(self, client: CassandraClient, consistency: Consistency | None = None, *,
                  max_range_buckets: int = 1000, concurrency: int = 32,
                  reads: asyncio.Semaphore | None = None, cache: StateCache | None = None,
-                 epochs: EpochsCache | None = None) -> None:
+                 epochs: EpochsCache | None = None, range_reads: asyncio.Semaphore | None = None) -> None:
         self.client = client
         self.cache = cache
         self.epochs = epochs  # each counter's resets kept briefly (serve's), or read by every read
         self.consistency = consistency or client.settings.read_consistency
         self.max_range_buckets = max_range_buckets
         self._reads = reads or asyncio.Semaphore(concurrency)
+        self._range_reads = range_reads
 
     async def get(self, counter: str, key: str, epochs: Epochs | None = None) -> object:
         """The value of one instance; None when nothing was counted (or, for min/max, nothing yet)."""
@@ -449,7 +453,7 @@ class CounterReader:
         cache = self.cache
 
         async def read(chunk: list[str], epochs: Epochs) -> dict[str, State | None]:
-            async with self._reads:
+            async with self._range_reads or contextlib.nullcontext(), self._reads:
                 if cache is None:
                     found = await read_blobs_of(self.client, definition.name, chunk, self.consistency, epochs)
                     return {name: merge_blobs(blobs) for name, blobs in found.items()}

@@ -128,6 +128,9 @@ class ReadApi:
         self.counters = counters
         self.consistency = consistency or client.settings.read_consistency
         self._reads = asyncio.Semaphore(settings.concurrency)
+        # What range reads may hold of those: a single read waits behind at most this many chunks of ranges
+        # (a 1,000-bucket series is 42 chunks; 100 such series had single reads wait 4.4 s behind them).
+        self._range_reads = asyncio.Semaphore(max(1, settings.concurrency // 4))
         self.cache = (StateCache(settings.state_cache_bytes, settings.state_cache_max_age_s)
                       if settings.state_cache_bytes else None)
         # Each counter's resets read at most twice a second: a read costs one request (countersink.resets).
@@ -289,7 +292,8 @@ class ReadApi:
         if rollup not in ("true", "false"):
             raise _problem(web.HTTPBadRequest, "rollup is true or false")
         reader = CounterReader(self.client, level, max_range_buckets=self.read_settings.max_range_buckets,
-                               reads=self._reads, cache=self.cache, epochs=self.epochs)
+                               reads=self._reads, cache=self.cache, epochs=self.epochs,
+                               range_reads=self._range_reads)
         try:
             start, end = timeseries.parse_instant(query["from"]), timeseries.parse_instant(query["to"])
             step = timeseries.parse_duration(query["step"]) if "step" in query else None
