@@ -162,9 +162,9 @@ RESERVED_WORDS = frozenset({
 def check_identifier(name: str) -> str:
     """Return ``name`` if it is safe to place in CQL text (it cannot be a bound parameter), else raise."""
     if not _IDENTIFIER.fullmatch(name):
-        raise InvalidIdentifierError(f"{name!r} is not a valid identifier: use [a-z][a-z0-9_]{{0,47}}")
+        raise InvalidIdentifierError("not a valid identifier: use [a-z][a-z0-9_]{0,47}")
     if name in RESERVED_WORDS:
-        raise InvalidIdentifierError(f"{name!r} is a reserved word of CQL: choose another name")
+        raise InvalidIdentifierError("a reserved word of CQL: choose another name")
     return name
 
 
@@ -176,9 +176,13 @@ def check_replication(replication: str) -> str:
     """Return ``replication`` if it is a plain CQL map literal (it is placed in CQL text), else raise."""
     if not _REPLICATION.fullmatch(replication):
         raise InvalidIdentifierError(
-            f"replication {replication!r} is not a plain CQL map "
-            "like {'class': 'SimpleStrategy', 'replication_factor': 3}"
-        )
+            "the replication is not a plain CQL map like {'class': 'SimpleStrategy', 'replication_factor': 3}")
+    factors = [value.strip("'") for name, value in re.findall(r"'([^']+)'\s*:\s*('?[A-Za-z0-9_.]+'?)", replication)
+               if name != "class"]
+    if not any(factor.isdigit() and int(factor) > 0 for factor in factors):
+        # Cassandra creates such a keyspace, then fails every request with "No hosts available".
+        raise InvalidIdentifierError("the replication places no replica: give replication_factor (or a data "
+                                     "center's factor) of at least 1")
     return replication
 
 

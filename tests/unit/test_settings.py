@@ -43,6 +43,20 @@ def test_replication_must_be_a_plain_map(monkeypatch: pytest.MonkeyPatch) -> Non
         Settings()
 
 
+@pytest.mark.parametrize("replication", ["{'class': 'SimpleStrategy', 'replication_factor': 0}",
+                                         "{'class': 'NetworkTopologyStrategy', 'dc1': '0', 'dc2': 0}"])
+def test_a_replication_that_places_no_replica_is_refused(monkeypatch: pytest.MonkeyPatch, replication: str) -> None:
+    """Cassandra creates a keyspace whose factors are all 0, then answers every request "No hosts available"."""
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__REPLICATION", replication)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    assert settings_problems(refused.value) == [
+        "COUNTERSINK_CASSANDRA__REPLICATION: the replication places no replica: give replication_factor (or a data "
+        "center's factor) of at least 1"]
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__REPLICATION", "{'class': 'NetworkTopologyStrategy', 'dc1': 0, 'dc2': 3}")
+    assert Settings().cassandra.replication.endswith("'dc2': 3}")
+
+
 def test_secrets_never_appear_in_repr_or_dump(monkeypatch: pytest.MonkeyPatch) -> None:
     """Passwords are SecretStr: repr, str and a JSON dump hide them."""
     monkeypatch.setenv("COUNTERSINK_CASSANDRA__USERNAME", "app")
