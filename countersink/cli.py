@@ -133,11 +133,17 @@ def counter_name(text: str) -> str:
 
 
 def instance_key(text: str) -> str:
-    """An argparse type: an instance key of at most 1 KiB of UTF-8."""
+    """An argparse type: an instance key of at most 1 KiB of UTF-8, escaped as instance keys are."""
+    from schemas.cql import partition_key
+    from schemas.errors import MalformedInstanceKeyError
     from schemas.events import DEFAULT_MAX_KEY_BYTES
 
     if len(text.encode("utf-8", "surrogatepass")) > DEFAULT_MAX_KEY_BYTES:
         raise argparse.ArgumentTypeError(f"an instance key is at most {DEFAULT_MAX_KEY_BYTES} bytes of UTF-8")
+    try:
+        partition_key(text)
+    except MalformedInstanceKeyError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a \\ in a key is written \\\\, a | inside a field \\|)") from None
     return text
 
 
@@ -192,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser, runners = build_parser()
     args = parser.parse_args(argv)
+    for given in sys.argv[1:] if argv is None else argv:
+        try:
+            given.encode()
+        except UnicodeEncodeError:  # bytes that are no UTF-8, kept by Python as lone surrogates
+            parser.error("an argument is not UTF-8 text: counter names, keys and paths are read as UTF-8")
     debug = args.debug or os.environ.get("COUNTERSINK_LOG_LEVEL", "").upper() == "DEBUG"
     try:
         settings = Settings()
@@ -208,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     warn_insecure(settings)
     try:
         return runners[args.command](args, settings)
+    except BrokenPipeError:
+        # The reader of the output went away (| head): as a command killed by SIGPIPE, without a word.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         if debug:
             raise
@@ -241,11 +257,13 @@ def describe_failure(exc: BaseException, settings: Settings) -> tuple[int, str]:
     """The exit code and the one line an error ends a command with."""
     from countersink.cassandra import CassandraError
     from countersink.consistency import ConsistencyError
+    from countersink.reader import PageTokenError
     from countersink.settings import OptionRefusedError
-    from schemas.errors import DefinitionError
+    from schemas.errors import DefinitionError, MalformedInstanceKeyError
     from schemas.timeseries import TimeRangeError
 
-    if isinstance(exc, DefinitionError | ConsistencyError | TimeRangeError | OptionRefusedError):
+    if isinstance(exc, DefinitionError | ConsistencyError | TimeRangeError | OptionRefusedError | PageTokenError
+                  | MalformedInstanceKeyError):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, CassandraError):
         return EXIT_FAILED, str(exc)

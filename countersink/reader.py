@@ -25,6 +25,7 @@ from countersink.state_cache import Row, ShardRow, Stamps, StateCache
 from schemas import timeseries
 from schemas.cql import STAMP_ROW, key_of_partition, partition_key, shard_of_cell
 from schemas.definitions import CounterDefinition
+from schemas.errors import CountersinkError
 from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
 from schemas.resets import Epochs, cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
@@ -579,11 +580,18 @@ def _join_token(last: str | None, page: bytes) -> bytes:
     return len(key).to_bytes(4, "big") + (b"\x01" if last is not None else b"\x00") + key + page
 
 
+class PageTokenError(CountersinkError, ValueError):
+    """A page token no listing printed (a usage error: exit 2)."""
+
+
 def _split_token(token: bytes) -> tuple[str | None, bytes]:
     size = int.from_bytes(token[:4], "big")
-    if len(token) < 5 + size:
-        raise ValueError("not a page token of this listing")
-    key = token[5:5 + size].decode()
+    try:
+        if len(token) < 5 + size:
+            raise ValueError
+        key = token[5:5 + size].decode()
+    except ValueError:
+        raise PageTokenError("not a page token of this listing: give one countersink list printed") from None
     return (key if token[4:5] == b"\x01" else None), token[5 + size:]
 
 

@@ -294,3 +294,45 @@ def test_publish_refuses_a_key_separator_beside_key_fields() -> None:
         done = countersink("publish", "t", "-", *extra, env=KAFKA_DOWN, stdin='a:{"b": 1}\n')
         assert done.returncode == 2, done.stderr
         assert "takes the place of --key" in done.stderr
+
+
+@pytest.mark.parametrize(("command", "complaint"), [
+    (["get", "shares", "\\"], "bad escape in instance key"),
+    (["get", "shares", "caf\udce9"], "an argument is not UTF-8 text"),
+])
+def test_keys_no_event_can_have_are_usage_errors(command: list[str], complaint: str) -> None:
+    """A lone backslash (no instance key) and bytes that are no UTF-8 are refused as arguments, exit 2,
+    before anything connects, where they ended the command as a failure (exit 1) after connecting."""
+    done = subprocess.run([sys.executable, "-m", "countersink.cli", *command], cwd=REPO, capture_output=True,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")},
+                               **CASSANDRA_DOWN, **KAFKA_DOWN}, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert complaint in done.stderr.decode(errors="replace")
+
+
+def test_a_page_token_no_listing_printed_is_a_usage_error() -> None:
+    """A well-formed base64 token that holds no listing's position is refused as a usage error (exit 2)."""
+    from countersink.cli import describe_failure
+    from countersink.reader import PageTokenError, _split_token
+
+    with pytest.raises(PageTokenError) as refused:
+        _split_token(b"\x00\x00\x00")
+    assert describe_failure(refused.value, Settings())[0] == 2
+    with pytest.raises(PageTokenError):
+        _split_token(b"\x00\x00\x00\x02\x01\xff\xfe")
+
+
+def test_a_reader_gone_from_the_output_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Output piped into `head` that stops reading: exit 141 (as SIGPIPE would), no command_failed line."""
+    import countersink.cli as cli
+
+    parser, runners = build_parser()
+
+    def reader_gone(args: argparse.Namespace, settings: Settings) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: (parser, {**runners, "get": reader_gone}))
+    monkeypatch.setattr(cli.os, "dup2", lambda *args: None)  # the test's own stdout stays
+    assert cli.main(["get", "shares", "IBM"]) == 141
+    assert "command_failed" not in capsys.readouterr().err
