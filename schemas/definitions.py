@@ -42,6 +42,10 @@ WhereScalar = str | int | bool
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 # Kafka's own rule for topic names.
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# Kafka's own topics, which hold no one's events; "." and ".." match the pattern and Kafka refuses them.
+KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__cluster_metadata",
+                                   "__share_group_state"})
+NOT_COUNTABLE_TOPICS = KAFKA_INTERNAL_TOPICS | {".", ".."}
 MAX_PATH_SEGMENTS = 32
 MAX_PATH_LENGTH = 256
 # A definitions file is read whole: more than this is refused before any of it is parsed.
@@ -255,8 +259,9 @@ class CounterDefinition(BaseModel):
     @classmethod
     def _topics_are_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for t in v:
-            if not TOPIC_PATTERN.fullmatch(t):
-                raise ValueError(f"{t!r} is not a Kafka topic name")
+            if not TOPIC_PATTERN.fullmatch(t) or t in NOT_COUNTABLE_TOPICS:
+                raise ValueError(f"{t!r} is not a Kafka topic name" if t not in KAFKA_INTERNAL_TOPICS
+                                 else f"{t!r} is one of Kafka's own topics")
         if len(set(v)) != len(v):
             raise ValueError("a topic is listed twice")
         return v
@@ -443,7 +448,7 @@ def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int
     problems = [DefinitionError(source, "", top, "unknown top-level table (expected [[counter]] or [[topic]])")
                 for top in doc if top not in ("counter", "topic")]
     formats, format_problems = parse_topic_tables(doc.get("topic", []), base)
-    problems += [DefinitionError(source, label, "topic", reason) for label, reason in format_problems]
+    problems += [DefinitionError(source, label, field, reason) for label, field, reason in format_problems]
     entries = doc.get("counter", [])
     if not isinstance(entries, list) or not entries:
         problems.append(DefinitionError(source, "", "counter", "the file defines no [[counter]] tables"))

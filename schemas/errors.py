@@ -26,7 +26,9 @@ class DefinitionError(CountersinkError):
         self.field = field
         self.reason = reason
         self.problems: tuple[DefinitionError, ...] = (self, *more)
-        where = f"{source}: counter {counter}" if counter else source
+        # A [[topic]] table's problems name the table, a [[counter]]'s the counter.
+        where = (f"{source}: {counter}" if counter.startswith("[[") else f"{source}: counter {counter}") if counter \
+            else source
         if field:
             where += f", field {field!r}"
         self.line = f"{where}: {reason}"

@@ -20,6 +20,7 @@ what it can cost. Schema texts are bounded in size and nesting before anything p
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import functools
 import io
 import json
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from schemas.bounded import read_text_at_most
 from schemas.errors import CountersinkError, InvalidEventError, UnparseableEventError
@@ -111,7 +112,7 @@ class TopicFormat(BaseModel):
     @field_validator("name")
     @classmethod
     def _topic_name(cls, v: str) -> str:
-        if not (v.isascii() and all(c.isalnum() or c in "._-" for c in v)):
+        if not (v.isascii() and all(c.isalnum() or c in "._-" for c in v)) or v in (".", ".."):
             raise ValueError(f"{v!r} is not a Kafka topic name")
         return v
 
@@ -121,41 +122,54 @@ class TopicFormat(BaseModel):
         return self.format != "json" and self.schema_file is None
 
 
-def parse_topic_tables(entries: object, base: Path | None) -> tuple[dict[str, TopicFormat], list[tuple[str, str]]]:
-    """The ``[[topic]]`` tables, by topic, and the problems found as (label, reason); schema files are read
-    and checked here, relative to ``base``."""
+def parse_topic_tables(entries: object, base: Path | None
+                       ) -> tuple[dict[str, TopicFormat], list[tuple[str, str, str]]]:
+    """The ``[[topic]]`` tables, by topic, and the problems found as (table, field, reason); schema files are
+    read and checked here, relative to ``base``."""
     formats: dict[str, TopicFormat] = {}
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str, str]] = []
     if not isinstance(entries, list):
-        return formats, [("topic", "must be an array of tables ([[topic]])")]
+        return formats, [("", "topic", "must be an array of tables ([[topic]])")]
     for i, entry in enumerate(entries):
-        label = f"[[topic]] #{i + 1}"
+        name = entry.get("name") if isinstance(entry, dict) else None
+        label = f"[[topic]] {name!r} (#{i + 1})" if isinstance(name, str) else f"[[topic]] #{i + 1}"
         try:
             topic = TopicFormat.model_validate(entry)
-        except ValueError as exc:
-            problems.append((label, str(exc).replace("\n", " ")))
+        except ValidationError as exc:
+            problems += [(label, *_topic_problem(error)) for error in exc.errors()]
             continue
-        label = f"[[topic]] {topic.name!r}"
         if topic.name in formats:
-            problems.append((label, "the topic has two [[topic]] tables"))
+            problems.append((label, "name", "the topic has two [[topic]] tables"))
             continue
         if topic.format == "json" and (topic.schema_file or topic.reader_schema_file or topic.message):
-            problems.append((label, "a json topic takes no schema_file, reader_schema_file or message"))
+            problems.append((label, "format", "a json topic takes no schema_file, reader_schema_file or message"))
             continue
         if topic.reader_schema_file is not None and topic.format != "avro":
-            problems.append((label, "reader_schema_file is for avro topics"))
+            problems.append((label, "reader_schema_file", "reader_schema_file is for avro topics"))
             continue
         if topic.format == "protobuf" and topic.schema_file is not None and not topic.message:
-            problems.append((label, "an inline protobuf topic names its message (message = \"pkg.Name\")"))
+            problems.append((label, "message", "an inline protobuf topic names its message (message = \"pkg.Name\")"))
             continue
         try:
             inline_decoder(topic, base, _json_loads)
         except SchemaError as exc:
-            problems.append((label, str(exc)))
+            problems.append((label, "schema_file", str(exc)))
             continue
         formats[topic.name] = topic
     return formats, problems
 
+
+
+def _topic_problem(error: Any) -> tuple[str, str]:
+    """A [[topic]] field and what is wrong with it, from one pydantic error: an unknown field with the fields
+    there are (and the nearest), a wrong value with pydantic's own words, never its raw dump."""
+    field = ".".join(str(part) for part in error["loc"]) or "topic"
+    if error["type"] == "extra_forbidden":
+        known = sorted(f.alias or name for name, f in TopicFormat.model_fields.items())
+        near = difflib.get_close_matches(field, known, n=1)
+        return field, (f"not a field of [[topic]]{f' (did you mean {near[0]}?)' if near else ''}; its fields are "
+                       f"{', '.join(known)}")
+    return field, str(error["msg"]).removeprefix("Value error, ")
 
 def _read_schema_file(name: str, base: Path | None, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> str:
     path = Path(name) if base is None or Path(name).is_absolute() else base / name

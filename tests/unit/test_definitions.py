@@ -201,3 +201,24 @@ def test_a_definitions_or_schema_file_without_end_is_refused_after_its_bound(tmp
     assert read_text_at_most(limit, 10) == "x" * 10
     with pytest.raises(FileTooLargeError, match="holds more than 9 bytes"):
         read_text_at_most(limit, 9)
+
+
+def test_a_topic_table_s_problems_name_the_table_and_the_field() -> None:
+    """A misspelt [[topic]] field names itself and the nearest field, a wrong value pydantic's words for it,
+    one line each, never a raw validation dump; topic names Kafka refuses or keeps for itself are refused."""
+    text = ('[[topic]]\nname = "t"\nformat = "avro"\nshcema_file = "x.avsc"\n'
+            '[[topic]]\nname = "u"\nformat = "xml"\n'
+            '[[topic]]\nname = ".."\n'
+            '[[counter]]\nname = "c"\ntopics = ["t", "__consumer_offsets"]\nkind = "count"\nkey = ["k"]\n')
+    with pytest.raises(DefinitionError) as refused:
+        parse_definitions(text, "c.toml")
+    lines = [problem.line for problem in refused.value.problems]
+    assert lines[0] == ("c.toml: [[topic]] 't' (#1), field 'shcema_file': not a field of [[topic]] (did you mean "
+                        "schema_file?); its fields are format, message, name, reader_schema_file, schema_file, "
+                        "validate")
+    assert lines[1] == ("c.toml: [[topic]] 'u' (#2), field 'format': Input should be 'json', 'avro', 'protobuf' or "
+                        "'json-schema'")
+    assert lines[2] == "c.toml: [[topic]] '..' (#3), field 'name': '..' is not a Kafka topic name"
+    assert lines[3] == "c.toml: counter 'c' (#1), field 'topics': '__consumer_offsets' is one of Kafka's own topics"
+    assert len(lines) == 4
+    assert not any("errors.pydantic.dev" in line for line in lines)
