@@ -101,15 +101,31 @@ def setting_default(dotted: str) -> str:
     return f"(default: {shown}, from {variable})"
 
 
+# The largest count an option takes: Kafka's and Cassandra's counts and offsets in requests are 32-bit.
+MAX_OPTION_INT = 2**31 - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
+    """An argparse type: an integer of at least 1 and at most :data:`MAX_OPTION_INT`."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    if value > MAX_OPTION_INT:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_OPTION_INT:,}")
     return value
+
+
+def consistency_level(text: str) -> Any:
+    """An argparse type: a Cassandra consistency level, in any case; a wrong one lists them."""
+    from countersink.settings import Consistency
+
+    try:
+        return Consistency(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a consistency level: {', '.join(Consistency)}") from None
 
 
 def port_number(text: str) -> int:

@@ -16,12 +16,22 @@ from pathlib import Path
 
 from aiokafka import TopicPartition
 
-from countersink.cli import EXIT_USAGE, HelpFormatter, run_async
+from countersink.cli import EXIT_USAGE, MAX_OPTION_INT, HelpFormatter, run_async
 from countersink.kafka import make_consumer, make_producer
 from countersink.logs import get_logger
 from countersink.settings import Settings
 
 log = get_logger(__name__)
+
+
+def _partition(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a partition number") from None
+    if not 0 <= value <= MAX_OPTION_INT:
+        raise argparse.ArgumentTypeError(f"{text} is not a partition number (0 or more)")
+    return value
 
 
 def _offset(text: str) -> int:
@@ -42,7 +52,7 @@ def add_dead_letters_arguments(parser: argparse.ArgumentParser) -> None:
         "partition it came from, with its key, timestamp and headers. When counters refused it, it is\n"
         "applied by those counters alone (countersink.apply-to), so the counters that counted it do not\n"
         "count it again. Prints the record sent.", formatter_class=HelpFormatter)
-    republish.add_argument("--partition", type=_offset, required=True, help="the dead letter's partition")
+    republish.add_argument("--partition", type=_partition, required=True, help="the dead letter's partition")
     republish.add_argument("--offset", type=_offset, required=True, help="the dead letter's offset")
     republish.add_argument("--payload", metavar="FILE",
                            help="send this event instead of the dead letter's own value (the event fixed; - "

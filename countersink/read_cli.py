@@ -9,7 +9,15 @@ import json
 from datetime import UTC, datetime
 
 from countersink.cassandra import CassandraClient
-from countersink.cli import EXIT_USAGE, counter_name, instance_key, positive_int, run_async, setting_default
+from countersink.cli import (
+    EXIT_USAGE,
+    consistency_level,
+    counter_name,
+    instance_key,
+    positive_int,
+    run_async,
+    setting_default,
+)
 from countersink.logs import get_logger
 from countersink.reader import CounterReader, Explanation, to_jsonable
 from countersink.registry import CounterRegistry
@@ -35,7 +43,7 @@ def _page_token(text: str) -> bytes:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+    parser.add_argument("--consistency", type=consistency_level, metavar="LEVEL",
                         help="read consistency, any case: " + ", ".join(Consistency) + " "
                         + setting_default("cassandra.read_consistency"))
 

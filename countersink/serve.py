@@ -59,7 +59,14 @@ from countersink.cassandra import (
     CassandraOverloadedError,
     CassandraUnavailableError,
 )
-from countersink.cli import load_definitions_or_refuse, port_number, run_async, setting_default, stop_on_signals
+from countersink.cli import (
+    consistency_level,
+    load_definitions_or_refuse,
+    port_number,
+    run_async,
+    setting_default,
+    stop_on_signals,
+)
 from countersink.commands.trace import TraceQuery, TraceRefusedError
 from countersink.commands.trace import trace as trace_records
 from countersink.gc_runs import GcAgeSampler
@@ -1151,7 +1158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the consumers keep in Cassandra)")
     parser.add_argument("--host", help="listen address " + setting_default("serve.host"))
     parser.add_argument("--port", type=port_number, help="listen port " + setting_default("serve.port"))
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+    parser.add_argument("--consistency", type=consistency_level, metavar="LEVEL",
                         help="default read consistency, any case: " + ", ".join(Consistency) + " "
                         + setting_default("cassandra.read_consistency"))
 

@@ -26,11 +26,21 @@ from countersink.cli import (
 )
 from countersink.kafka import broker_topic_defaults, cleanup_policies, raise_topic_errors, start_admin
 from countersink.logs import get_logger
-from countersink.settings import Settings
+from countersink.settings import ConsumerSettings, Settings
 from schemas.definitions import TOPIC_PATTERN, CounterSet
 from schemas.errors import CompactedTopicError
 
 log = get_logger(__name__)
+
+
+def _partition_count(text: str) -> int:
+    """An argparse type: partitions of a new topic, bounded as COUNTERSINK_CONSUMER__TOPIC_PARTITIONS is."""
+    value = positive_int(text)
+    most = ConsumerSettings.model_fields["topic_partitions"].metadata
+    limit = next(m.le for m in most if getattr(m, "le", None) is not None)
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"{text} is more than {limit:,} partitions")
+    return value
 
 
 def _topic_name(text: str) -> str:
@@ -50,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="topic names (besides those of --counters)")
     create.add_argument("--counters", type=Path, metavar="FILE",
                         help="create every topic this definitions file names")
-    create.add_argument("--partitions", type=positive_int, default=None, metavar="N",
+    create.add_argument("--partitions", type=_partition_count, default=None, metavar="N",
                         help="partitions of each new topic " + setting_default("consumer.topic_partitions"))
     create.add_argument("--replication-factor", type=positive_int, default=None, metavar="N",
                         help="replicas of each new topic, at most the number of brokers (default: the broker's "

@@ -26,7 +26,7 @@ from typing import Any
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import PartitionId, PartitionRow
 from countersink.cassandra import CassandraClient, CassandraError
-from countersink.cli import positive_int, run_async, setting_default, stop_on_signals
+from countersink.cli import consistency_level, positive_int, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError, check_deciding_reads
 from countersink.gc_runs import GcAgeSampler, GcRunLog
 from countersink.health import HealthServer
@@ -79,7 +79,7 @@ def add_gc_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="show what would be folded; write nothing")
     parser.add_argument("--grace", type=parse_duration, metavar="DURATION",
                         help="fold only mutators retired this long ago, e.g. 5m " + setting_default("gc.grace_s"))
-    parser.add_argument("--consistency", type=Consistency, choices=list(Consistency), metavar="LEVEL",
+    parser.add_argument("--consistency", type=consistency_level, metavar="LEVEL",
                         help="consistency of the instance reads, any case: " + ", ".join(Consistency) + " "
                         + setting_default("cassandra.gc_read_consistency"))
     parser.add_argument("--concurrency", type=positive_int,
