@@ -195,6 +195,11 @@ def run_get(args: argparse.Namespace, settings: Settings) -> int:
             definition = await _known_or_refuse(client, args)
             if definition is False:
                 return EXIT_USAGE
+            if isinstance(definition, CounterDefinition):
+                unbucketed = [why for why in (timeseries.missing_bucket(definition, key) for key in args.keys) if why]
+                if unbucketed:
+                    log.error("usage_refused", error=unbucketed[0])
+                    return EXIT_USAGE
             values = await CounterReader(client, args.consistency).get_many(args.counter, args.keys)
         if args.json:
             kind = {"kind": definition.kind} if isinstance(definition, CounterDefinition) else {}

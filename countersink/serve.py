@@ -325,6 +325,10 @@ class ReadApi:
             found = await read_value(self.client, name, key, level, self.cache, self.epochs)
         if found is None:
             definition = await self._definition(name)
+            # Nothing read: a key that names no bucket of a bucketed counter never holds anything, so say why.
+            why = None if definition is None else timeseries.missing_bucket(definition, key)
+            if why is not None:
+                raise _problem(web.HTTPBadRequest, why)
             return (definition.kind if definition else None), None
         return found
 

@@ -159,6 +159,32 @@ def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> st
     return key + "|" + text if definition.key else text
 
 
+
+def missing_bucket(definition: CounterDefinition, key: str) -> str | None:
+    """Why ``key`` can hold nothing of a bucketed counter, or None when it names a bucket (or the counter has
+    none): its last field must be a bucket's start as :func:`bucket_key` writes it (``IBM|2026-11-22T10:00Z``;
+    the key alone for a counter without key fields), at a multiple of the bucket size."""
+    if definition.bucket is None:
+        return None
+    last = key
+    for at in range(len(key) - 1, -1, -1):  # the last | that no backslash escapes
+        if key[at] == "|":
+            escapes = len(key[:at]) - len(key[:at].rstrip("\\"))
+            if escapes % 2 == 0:
+                last = key[at + 1:] if definition.key else key
+                break
+    try:
+        start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
+    except ValueError:
+        start = None
+    if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last and (
+            (definition.key and last != key) or not definition.key) and start % definition.bucket.seconds == 0:
+        return None
+    example = bucket_key(definition, key if definition.key else "", 1_795_672_800 // definition.bucket.seconds
+                         * definition.bucket.seconds)
+    return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket: read "
+            f"{example!r} (the bucket's start, UTC) or a range (--from and --to; serve: .../series?from=&to=)")
+
 def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
     """When the bucket an instance key names reaches the end of its retention (epoch seconds): the bucket's
     end plus ``retain``. ``None`` for a counter kept forever."""

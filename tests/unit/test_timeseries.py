@@ -22,6 +22,7 @@ from schemas.timeseries import (
     bucket_key,
     bucket_starts,
     iso,
+    missing_bucket,
     parse_duration,
     parse_instant,
     roll_up,
@@ -220,3 +221,19 @@ def test_any_split_into_buckets_merges_back_into_the_whole_stream(events: list[t
                 assert item.lower_bound <= frequency[item.item] <= item.upper_bound
         else:
             assert got == expected
+
+
+def test_a_key_naming_no_bucket_of_a_bucketed_counter_is_told_what_to_read() -> None:
+    """A key without a bucket (or with one not at a bucket's start) can hold nothing of a bucketed counter:
+    the reason names the form to read and the ranges; bucket keys as the router writes them pass."""
+    hourly, daily = BUCKETED["count"], DAILY["count"]
+    no_key = parse_definitions('[[counter]]\nname = "all"\ntopics = ["t"]\nkind = "count"\n'
+                               'bucket = { field = "ts", size = "1d", format = "epoch_seconds" }\n')["all"]
+    for definition, key in ((hourly, bucket_key(hourly, "a\\|b", T0 + 5 * HOUR)), (daily, bucket_key(daily, "p", T0)),
+                            (no_key, bucket_key(no_key, "", T0)), (WHOLE["count"], "home")):
+        assert missing_bucket(definition, key) is None, key
+    for definition, key in ((hourly, "home"), (hourly, "home|2026-11-22T10:30Z"), (hourly, "a\\|2026-11-22T10:00Z"),
+                            (hourly, "2026-11-22T10:00Z"), (daily, "p|2026-11-22T06:00Z"), (no_key, "x")):
+        why = missing_bucket(definition, key)
+        assert why is not None, key
+        assert f"keeps an instance per {definition.bucket.size} bucket: read " in why  # type: ignore[union-attr]
