@@ -316,7 +316,18 @@ def _quiet_getter(path: str) -> Callable[[dict[str, Any]], Any]:
 def _check_int(path: str, v: int) -> int:
     if -MAX_INTEGER < v < MAX_INTEGER:
         return v
-    raise ValueOutOfRangeError(path, f"integer {v} is outside ±2**64")
+    raise ValueOutOfRangeError(path, f"integer {_int_text(v)} is outside ±2**64")
+
+
+def _int_text(v: int) -> str:
+    # Python refuses to write an integer of more than 4,300 digits (and takes quadratic time before): a
+    # reason names a long one by its size.
+    return str(v) if v.bit_length() <= 256 else f"{'-' if v < 0 else ''}<{int(v.bit_length() * 0.30103) + 1} digits>"
+
+
+# An integral value past this many digits is outside ±2**64 (20 digits) whatever they are: refused before
+# int() converts it, which for 1e1000000 takes minutes and for 1e999999999999999999 all the memory.
+_MAX_INTEGER_DIGITS = 21
 
 
 class Passes(NamedTuple):
@@ -372,10 +383,14 @@ def _integer_converter(path: str, coerce: bool) -> Callable[[Any], int]:
             return _check_int(path, v)
         if coerce:
             if t is str and _INT_TEXT.fullmatch(v):
+                if len(v.lstrip("-")) > _MAX_INTEGER_DIGITS:
+                    raise ValueOutOfRangeError(path, f"an integer of {len(v.lstrip('-'))} digits is outside ±2**64")
                 return _check_int(path, int(v))
             if t is float and v.is_integer():
                 return _check_int(path, int(v))
             if t is Decimal and v.is_finite() and v == v.to_integral_value():
+                if v.adjusted() >= _MAX_INTEGER_DIGITS:
+                    raise ValueOutOfRangeError(path, f"an integer of {v.adjusted() + 1} digits is outside ±2**64")
                 return _check_int(path, int(v))
         raise _wrong(path, v, "an integer")
 
@@ -768,7 +783,20 @@ def _nonfinite(literal: str) -> float:
     return float(literal)
 
 
-_DECIMAL = json.JSONDecoder(parse_constant=_nonfinite, parse_float=Decimal)
+_NOT_A_DECIMAL = Decimal("NaN")
+
+
+def exact_decimal(text: str) -> Decimal:
+    """A JSON number's exact text as a Decimal, as both of the consumer's parsers read numbers on a topic with
+    exact decimals; an exponent past what Decimal holds (1e9999999999999999999) is NaN, refused as "not a
+    finite number" by a counter that reads it and ignored by the others, as any value they do not read."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return _NOT_A_DECIMAL
+
+
+_DECIMAL = json.JSONDecoder(parse_constant=_nonfinite, parse_float=exact_decimal)
 Parser = Callable[[bytes], Any]
 
 
@@ -945,7 +973,8 @@ class EventRouter:
             raise OversizedEventError("", f"event of {len(raw)} bytes exceeds {self.max_event_bytes}")
         try:
             event = parse(raw if type(raw) is bytes else bytes(raw))
-        except (ValueError, RecursionError) as exc:  # JSON and UTF-8 decoding errors are ValueErrors
+        # JSON and UTF-8 decoding errors are ValueErrors; a number no hook could read an ArithmeticError
+        except (ValueError, RecursionError, ArithmeticError) as exc:
             raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
         if type(event) is not dict:
             raise UnparseableEventError("", f"event is a JSON {_json_type(event)}, not an object")

@@ -74,6 +74,7 @@ from schemas.events import (
     _value_converter,
     _where_check,
     bucket_time,
+    exact_decimal,
     passes_of,
 )
 from schemas.kinds import State
@@ -102,7 +103,7 @@ def _decimal_text(seen_long: list[bool]) -> Callable[[str], Decimal]:
     def decimal_text(text: str) -> Decimal:
         if len(text) > short or "e" in text or "E" in text:
             seen_long[0] = True
-        return Decimal(text)
+        return exact_decimal(text)
 
     return decimal_text
 
