@@ -315,7 +315,7 @@ class ConsumerSettings(_Section):
     max_event_bytes: int = Field(default=1_048_576, ge=64, le=64 * 1_048_576)
     # A bucketed event whose time is further ahead of its record's Kafka timestamp is dead-lettered. Like
     # max_event_bytes, it decides what counts: every consumer of a group must use the same value.
-    max_future_skew_s: int = Field(default=86_400, ge=0, le=100 * 365 * 86_400)
+    max_future_skew_s: int = Field(default=86_400, ge=0, le=10**12)  # 10**12: never refused for it
     max_poll_records: int = Field(default=2_000, ge=1, le=1_000_000)
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     # How long a starting consumer waits for the servers.

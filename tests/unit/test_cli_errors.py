@@ -326,17 +326,17 @@ def test_a_page_token_no_listing_printed_is_a_usage_error() -> None:
         _split_token(b"\x00\x00\x00\x02\x01\xff\xfe")
 
 
-def test_a_reader_gone_from_the_output_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """Output piped into `head` that stops reading: exit 141 (as SIGPIPE would), no command_failed line."""
-    import countersink.cli as cli
-
-    parser, runners = build_parser()
-
-    def reader_gone(args: argparse.Namespace, settings: Settings) -> int:
-        raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(cli, "build_parser", lambda: (parser, {**runners, "get": reader_gone}))
-    monkeypatch.setattr(cli.os, "dup2", lambda *args: None)  # the test's own stdout stays
-    assert cli.main(["get", "shares", "IBM"]) == 141
-    assert "command_failed" not in capsys.readouterr().err
+def test_a_reader_gone_from_the_output_ends_the_command_quietly() -> None:
+    """Output piped into `head` that stops reading: exit 141 (as SIGPIPE would), no command_failed line. (In
+    a child process: the command configures logging for its own streams.)"""
+    script = ("import countersink.cli as cli\n"
+              "parser, runners = cli.build_parser()\n"
+              "def reader_gone(args, settings):\n"
+              "    raise BrokenPipeError(32, 'Broken pipe')\n"
+              "cli.build_parser = lambda: (parser, {**runners, 'get': reader_gone})\n"
+              "raise SystemExit(cli.main(['get', 'shares', 'IBM']))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("COUNTERSINK_")},
+                               "COUNTERSINK_LOG_FORMAT": "json"})
+    assert done.returncode == 141, done.stderr
+    assert "command_failed" not in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -114,9 +115,9 @@ def test_acl_tools_still_running_are_stopped_when_one_fails_or_times_out(
     from stack import secure
 
     tool = tmp_path / "java"
-    # The first call exits at once (or sleeps, for the timeout); every other one sleeps a minute.
-    marker = tmp_path / "first"
-    tool.write_text(f"#!/bin/sh\nif mkdir {marker} 2>/dev/null; then "
+    # The first call started exits at once (or sleeps, for the timeout); every other one sleeps a minute. (Told
+    # by its environment: which of the processes started together runs first is the scheduler's choice.)
+    tool.write_text('#!/bin/sh\nif [ "$FIRST_STARTED" = 1 ]; then '
                     + ("sleep 60" if first_exits is None else f"exit {first_exits}") + "; fi\nsleep 60\n")
     tool.chmod(0o755)
     monkeypatch.setattr(secure, "check_java", lambda: str(tool))
@@ -125,6 +126,8 @@ def test_acl_tools_still_running_are_stopped_when_one_fails_or_times_out(
     real_popen = subprocess.Popen
 
     def recording(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        environment = dict(kwargs.get("env") or os.environ)  # type: ignore[call-overload]
+        kwargs["env"] = {**environment, "FIRST_STARTED": "1" if not started else "0"}
         process = real_popen(*args, **kwargs)  # type: ignore[call-overload]
         started.append(process)
         return process  # type: ignore[no-any-return]
