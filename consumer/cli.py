@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import gc
 from pathlib import Path
-from typing import Any
 
 from consumer.dead_letters import DeadLetterLoopError
 from consumer.handovers import HandoverRefusedError
@@ -21,7 +20,7 @@ from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
 from countersink.schema_registry import SchemaRegistryNotConfiguredError
-from countersink.settings import Settings, with_options
+from countersink.settings import Settings, given_options, with_options
 from schemas.errors import CompactedTopicError, CounterDroppedError, DefinitionChangedError, GroupMismatchError
 
 log = get_logger(__name__)
@@ -50,13 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    options: dict[str, tuple[str, Any]] = {}
-    if args.counters is not None:
-        options["counters_file"] = ("--counters", args.counters)
-    if args.group is not None:
-        options["group_id"] = ("--group", args.group)
-    if args.create_topics:
-        options["create_topics"] = ("--create-topics", True)
+    options = given_options(args, ("counters_file", "--counters", "counters"), ("group_id", "--group", "group"),
+                            ("create_topics", "--create-topics", "create_topics"))
     if options:
         settings = settings.model_copy(update={"consumer": with_options(settings.consumer, options)})
     counters = load_definitions_or_refuse(settings.consumer.counters_file, settings.cassandra.max_row_bytes)

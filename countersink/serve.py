@@ -97,6 +97,7 @@ from countersink.settings import (
     ReadSettings,
     ServeSettings,
     Settings,
+    given_options,
     with_options,
 )
 from countersink.state_cache import StateCache
@@ -1168,9 +1169,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    given = (("host", "--host", args.host), ("port", "--port", args.port))
-    serve_settings = with_options(settings.serve, {
-        field: (option, value) for field, option, value in given if value is not None})
+    serve_settings = with_options(settings.serve, given_options(args, ("host", "--host", "host"),
+                                                                ("port", "--port", "port")))
     counters = None
     if args.counters:
         counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)

@@ -484,6 +484,13 @@ class OptionRefusedError(CountersinkError):
 _SectionT = TypeVar("_SectionT", bound=_Section)
 
 
+def given_options(args: Any, *options: tuple[str, str, str]) -> dict[str, tuple[str, Any]]:
+    """``{field: (option, value)}`` for each ``(field, option, attribute of args)`` the command line gave (not
+    None, and not False for a flag): what :func:`with_options` takes."""
+    given = ((field, option, getattr(args, attribute)) for field, option, attribute in options)
+    return {field: (option, value) for field, option, value in given if value is not None and value is not False}
+
+
 def with_options(section: _SectionT, options: dict[str, tuple[str, Any]]) -> _SectionT:
     """``section`` with the values options give (``{field: (option, value)}``), each checked as its variable
     would be: a value the setting refuses raises :class:`OptionRefusedError` naming the option, never echoed."""

@@ -35,7 +35,7 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.resets import read_epochs
 from countersink.retry import pause_unless_stopped
-from countersink.settings import Consistency, Settings, with_options
+from countersink.settings import Consistency, Settings, given_options, with_options
 from gc_worker.collector import Collector, GcReport
 from gc_worker.orphans import find_orphans
 from gc_worker.store import CassandraGcStore, GcClockAheadError
@@ -94,15 +94,10 @@ def run_gc(args: argparse.Namespace, settings: Settings) -> int:
             print("countersink gc: --runs takes 1 to 1000", file=sys.stderr)
             return 2
         return run_async(_show_runs(settings, args.runs, as_json=args.json))
-    options: dict[str, tuple[str, Any]] = {}
-    if args.every is not None:
-        options["every_s"] = ("--every", args.every)
+    options = given_options(args, ("every_s", "--every", "every"), ("grace_s", "--grace", "grace"),
+                            ("concurrency", "--concurrency", "concurrency"))
     if args.once:
         options["every_s"] = ("--once", 0.0)
-    if args.grace is not None:
-        options["grace_s"] = ("--grace", args.grace)
-    if args.concurrency is not None:
-        options["concurrency"] = ("--concurrency", args.concurrency)
     if options:
         settings = settings.model_copy(update={"gc": with_options(settings.gc, options)})
     # A one-shot run keeps SIGTERM's default action: every step is idempotent and the next run finishes it.

@@ -19,7 +19,6 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from aiokafka import TopicPartition
 
@@ -66,7 +65,7 @@ from countersink.resets import (
 )
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
-from countersink.settings import Settings, with_options
+from countersink.settings import Settings, given_options, with_options
 from schemas import formats, registry
 from schemas.definitions import CounterSet, since_ms
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
@@ -106,11 +105,7 @@ def add_reprocess_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings_of(args: argparse.Namespace, settings: Settings) -> Settings:
-    options: dict[str, tuple[str, Any]] = {}
-    if args.counters is not None:
-        options["counters_file"] = ("--counters", args.counters)
-    if args.group is not None:
-        options["group_id"] = ("--group", args.group)
+    options = given_options(args, ("counters_file", "--counters", "counters"), ("group_id", "--group", "group"))
     if options:
         settings = settings.model_copy(update={"consumer": with_options(settings.consumer, options)})
     return settings
