@@ -106,7 +106,7 @@ from schemas import timeseries
 from schemas.cql import partition_key
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
 from schemas.errors import MalformedInstanceKeyError
-from schemas.events import DEFAULT_MAX_KEY_BYTES
+from schemas.events import DEFAULT_MAX_KEY_BYTES, decode_instance_key
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 log = get_logger(__name__)
@@ -645,6 +645,12 @@ def _checked_key(key: str) -> str:
         partition_key(key)
     except MalformedInstanceKeyError:
         raise _problem(web.HTTPBadRequest, "a lone backslash is not an instance key") from None
+    try:
+        decode_instance_key(key)
+    except MalformedInstanceKeyError:
+        # Instance keys escape \ and | (docs/counters.md): any other backslash names an instance none can be.
+        raise _problem(web.HTTPBadRequest, "a backslash in a key escapes \\ or | only: write \\ as \\\\ "
+                       "and a | inside a field as \\|") from None
     return key
 
 
@@ -976,7 +982,9 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
     name_schema: dict[str, Any] = {"type": "string", "pattern": NAME_PATTERN.pattern}
     if counters is not None:
         name_schema["enum"] = sorted(c.name for c in counters.counters)
-    key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES, "not": {"const": "\\"}}
+    # A backslash escapes \ or | only (instance keys, docs/counters.md); the lone backslash names no instance.
+    key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES,
+                  "pattern": r"^(?:[^\\]|\\[\\|])*$", "not": {"const": "\\"}}
     consistency = {"name": "consistency", "in": "query", "required": False,
                    "schema": {"type": "string", "enum": list(Consistency)},
                    "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}

@@ -302,6 +302,7 @@ def test_publish_refuses_a_key_separator_beside_key_fields() -> None:
 
 @pytest.mark.parametrize(("command", "complaint"), [
     (["get", "shares", "\\"], "bad escape in instance key"),
+    (["get", "shares", "a\\"], "bad escape in instance key 'a\\\\' (a \\ in a key is written \\\\"),
     (["get", "shares", "caf\udce9"], "an argument is not UTF-8 text"),
 ])
 def test_keys_no_event_can_have_are_usage_errors(command: list[str], complaint: str) -> None:

@@ -50,6 +50,8 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes?key=a&key=b&key=c&key=d", 400, "at most 3 keys"),
     ("/counters/likes?key=a&key=" + "k" * 1025, 400, "a key is 1 to 1024 bytes"),
     ("/counters/likes/%5C", 400, "a lone backslash is not an instance key"),
+    ("/counters/likes/a%5C", 400, "a backslash in a key escapes \\ or | only"),
+    ("/counters/likes?key=C:%5Cpath", 400, "a backslash in a key escapes \\ or | only"),
     ("/counters/likes?key=%5C", 400, "a lone backslash is not an instance key"),
     ("/counters/likes/%5C/series?from=now-1h&to=now", 400, "a lone backslash is not an instance key"),
     ("/counters/likes/p1/series?from=now-1000000d&to=now", 400, "'now-1000000d' is outside the times a range"),
