@@ -42,6 +42,7 @@ import json
 import re
 import ssl
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -178,6 +179,7 @@ class ReadApi:
         if len(request.raw_path) > self.settings.max_url_bytes:
             raise _problem(web.HTTPRequestURITooLong,
                            f"request targets are at most {self.settings.max_url_bytes} bytes")
+        _refuse_loose_escapes(request.raw_path)
         await self._refuse_large_body(request)
         resource = request.match_info.route.resource
         if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
@@ -631,6 +633,22 @@ def _idempotency_key(request: web.Request) -> str | None:
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+
+
+_LOOSE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _refuse_loose_escapes(target: str) -> None:
+    """400 for a request target whose escapes name no text: a % not followed by two hex digits, or escaped
+    bytes that are no UTF-8. Left as they were, they read as their own characters (``%C3`` as the key ``%C3``,
+    the same key as ``%25C3``) or as U+FFFD, another key than the one asked."""
+    if _LOOSE_PERCENT.search(target):
+        raise _problem(web.HTTPBadRequest, "a % in the URL starts an escape of two hex digits (%25 is a % itself)")
+    if "%" in target:
+        try:
+            urllib.parse.unquote_to_bytes(target).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _problem(web.HTTPBadRequest, "the URL's escapes are not UTF-8 text") from None
 
 def _checked_key(key: str) -> str:
     """A key a request gives: 1 to the bytes an event's key may have, and an instance key at all. (The empty

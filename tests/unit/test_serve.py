@@ -51,6 +51,9 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes?key=a&key=" + "k" * 1025, 400, "a key is 1 to 1024 bytes"),
     ("/counters/likes/%5C", 400, "a lone backslash is not an instance key"),
     ("/counters/likes/a%5C", 400, "a backslash in a key escapes \\ or | only"),
+    ("/counters/likes/%C3", 400, "the URL's escapes are not UTF-8 text"),
+    ("/counters/likes?key=%FF", 400, "the URL's escapes are not UTF-8 text"),
+    ("/counters/likes?key=%ED%A0%80", 400, "the URL's escapes are not UTF-8 text"),
     ("/counters/likes?key=C:%5Cpath", 400, "a backslash in a key escapes \\ or | only"),
     ("/counters/likes?key=%5C", 400, "a lone backslash is not an instance key"),
     ("/counters/likes/%5C/series?from=now-1h&to=now", 400, "a lone backslash is not an instance key"),
@@ -408,3 +411,15 @@ async def test_a_connection_that_sends_no_whole_request_is_closed_after_the_idle
         writer.close()
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("target", ["/counters/likes/%zz", "/counters/likes/50%", "/counters/likes?key=%A"])
+def test_a_percent_that_starts_no_escape_is_refused(target: str) -> None:
+    """Sent as written (a client library would escape the % itself): read as its own text, it named another
+    key than %25zz's; refused."""
+    from countersink.serve import _refuse_loose_escapes
+
+    with pytest.raises(web.HTTPBadRequest) as refused:
+        _refuse_loose_escapes(target)
+    assert "a % in the URL starts an escape of two hex digits" in refused.value.text  # type: ignore[operator]
+    _refuse_loose_escapes("/counters/likes/50%25?key=%C3%A9")
