@@ -480,7 +480,8 @@ def load_definitions(path: str | Path, *, max_row_bytes: int | None = None) -> C
     (:func:`parse_definitions` says what ``max_row_bytes`` is)."""
     source = str(path)
     try:
-        text = read_text_at_most(path, MAX_DEFINITIONS_BYTES)
+        # A byte-order mark (as some Windows editors save UTF-8) is no TOML: read past it.
+        text = read_text_at_most(path, MAX_DEFINITIONS_BYTES).removeprefix("\ufeff")
     except (OSError, UnicodeDecodeError) as exc:
         raise DefinitionError(source, "", "", f"cannot read the file: {exc}") from exc
     return parse_definitions(text, source, max_row_bytes=max_row_bytes, base=Path(path).resolve().parent)

@@ -222,3 +222,10 @@ def test_a_topic_table_s_problems_name_the_table_and_the_field() -> None:
     assert lines[3] == "c.toml: counter 'c' (#1), field 'topics': '__consumer_offsets' is one of Kafka's own topics"
     assert len(lines) == 4
     assert not any("errors.pydantic.dev" in line for line in lines)
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Some editors save UTF-8 with a byte-order mark, which TOML does not allow: it is read past."""
+    path = tmp_path / "counters.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n')
+    assert [c.name for c in load_definitions(path)] == ["c"]
