@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -24,24 +25,23 @@ from countersink.settings import Settings
 log = get_logger(__name__)
 
 
-def _partition(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a partition number") from None
-    if not 0 <= value <= MAX_OPTION_INT:
-        raise argparse.ArgumentTypeError(f"{text} is not a partition number (0 or more)")
-    return value
+def _non_negative(noun: str, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of 0 or more (and at most ``most``), refused as not ``noun``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if value < 0 or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"{text} is not {noun} (0 or more)")
+        return value
+
+    return parse
 
 
-def _offset(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an offset") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not an offset (0 or more)")
-    return value
+_partition = _non_negative("a partition number", MAX_OPTION_INT)
+_offset = _non_negative("an offset")
 
 
 def add_dead_letters_arguments(parser: argparse.ArgumentParser) -> None:

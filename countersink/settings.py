@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -58,6 +59,9 @@ class SerialConsistency(_AnyCase):
 
     SERIAL = "SERIAL"
     LOCAL_SERIAL = "LOCAL_SERIAL"
+
+
+MAX_TOPIC_PARTITIONS = 100_000  # of a topic countersink creates (the setting, and topics create --partitions)
 
 
 class _Section(BaseModel):
@@ -332,7 +336,8 @@ class ConsumerSettings(_Section):
     health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     # Topics the definitions name that do not exist: created at start (True), or waited for, unready (False).
     create_topics: bool = False
-    topic_partitions: int = Field(default=3, ge=1, le=100_000)  # partitions of a topic the consumer creates
+    # partitions of a topic the consumer creates
+    topic_partitions: int = Field(default=3, ge=1, le=MAX_TOPIC_PARTITIONS)
     # Replicas of a topic the consumer or `topics create` creates; unset, the broker's default.replication.factor.
     topic_replication_factor: int | None = Field(default=None, ge=1, le=32_767)
 
@@ -460,7 +465,7 @@ class SchemaRegistrySettings(_Section):
     @field_validator("url")
     @classmethod
     def _no_credentials_in_url(cls, v: str | None) -> str | None:
-        if v is not None and "@" in v.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]:
+        if v is not None and "@" in urllib.parse.urlsplit(v).netloc:
             raise ValueError("the url holds a user name or password (user:password@host), which would be logged "
                              "with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD")
         return v

@@ -26,7 +26,7 @@ from countersink.cli import (
 )
 from countersink.kafka import broker_topic_defaults, cleanup_policies, raise_topic_errors, start_admin
 from countersink.logs import get_logger
-from countersink.settings import ConsumerSettings, Settings
+from countersink.settings import MAX_TOPIC_PARTITIONS, Settings
 from schemas.definitions import TOPIC_PATTERN, CounterSet
 from schemas.errors import CompactedTopicError
 
@@ -36,10 +36,8 @@ log = get_logger(__name__)
 def _partition_count(text: str) -> int:
     """An argparse type: partitions of a new topic, bounded as COUNTERSINK_CONSUMER__TOPIC_PARTITIONS is."""
     value = positive_int(text)
-    most = ConsumerSettings.model_fields["topic_partitions"].metadata
-    limit = next(m.le for m in most if getattr(m, "le", None) is not None)
-    if value > limit:
-        raise argparse.ArgumentTypeError(f"{text} is more than {limit:,} partitions")
+    if value > MAX_TOPIC_PARTITIONS:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_TOPIC_PARTITIONS:,} partitions")
     return value
 
 

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from schemas.definitions import CounterDefinition
-from schemas.errors import CountersinkError
+from schemas.errors import CountersinkError, MalformedInstanceKeyError
+from schemas.events import decode_instance_key
 from schemas.kinds import State, merge_states
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -99,12 +100,12 @@ def bucket_starts(definition: CounterDefinition, start: int, end: int, max_bucke
     """The starts of the buckets of ``[start, end)``; refuses an empty range and more than ``max_buckets``."""
     size = bucket_seconds(definition)
     if end <= start:
-        raise TimeRangeError(f"the range ends ({_text(end)}) before it starts ({_text(start)})")
+        raise TimeRangeError(f"the range ends ({utc_text(end)}) before it starts ({utc_text(start)})")
     first = -(-max(start, 0) // size) * size
     last = min(end, _LAST_SECOND + 1)
     count = max(0, -(-(last - first) // size))
     if count > max_buckets:
-        raise TimeRangeError(f"{_text(start)} to {_text(end)} holds {count} buckets of {definition.bucket.size}"  # type: ignore[union-attr]
+        raise TimeRangeError(f"{utc_text(start)} to {utc_text(end)} holds {count} buckets of {definition.bucket.size}"  # type: ignore[union-attr]
                              f"; at most {max_buckets} are read at once (COUNTERSINK_READ__MAX_RANGE_BUCKETS)")
     return [first + i * size for i in range(count)]
 
@@ -166,22 +167,21 @@ def missing_bucket(definition: CounterDefinition, key: str) -> str | None:
     the key alone for a counter without key fields), at a multiple of the bucket size."""
     if definition.bucket is None:
         return None
-    last = key
-    for at in range(len(key) - 1, -1, -1):  # the last | that no backslash escapes
-        if key[at] == "|":
-            escapes = len(key[:at]) - len(key[:at].rstrip("\\"))
-            if escapes % 2 == 0:
-                last = key[at + 1:] if definition.key else key
-                break
     try:
-        start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
+        fields = decode_instance_key(key)
+    except MalformedInstanceKeyError:
+        fields = ()
+    # The bucket's start is the last field, after the key's (a counter without key fields: the only one).
+    last = fields[-1] if (len(fields) >= 2 if definition.key else len(fields) == 1) else None
+    try:
+        start = None if last is None else calendar.timegm(time.strptime(last, BUCKET_FORMAT))
     except ValueError:
         start = None
-    if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last and (
-            (definition.key and last != key) or not definition.key) and start % definition.bucket.seconds == 0:
+    if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last \
+            and start % definition.bucket.seconds == 0:
         return None
-    example = bucket_key(definition, key if definition.key else "", 1_795_672_800 // definition.bucket.seconds
-                         * definition.bucket.seconds)
+    size = definition.bucket.seconds
+    example = bucket_key(definition, key if definition.key else "", int(time.time()) // size * size)
     return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket: read "
             f"{example!r} (the bucket's start, UTC) or a range (--from and --to; serve: .../series?from=&to=)")
 
@@ -208,10 +208,6 @@ def utc_text(seconds: int, *, with_seconds: bool = False) -> str:
         seconds, shift = seconds - _GREGORIAN_CYCLE_S, shift + 400
     when = datetime.fromtimestamp(seconds, UTC)
     return f"{when.year + shift:04d}-{when:%m-%dT%H:%M}{f':{when:%S}' if with_seconds else ''}Z"
-
-
-def _text(seconds: int) -> str:
-    return utc_text(seconds)
 
 
 def _span(seconds: int) -> str:
