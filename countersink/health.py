@@ -148,7 +148,6 @@ def _unquoted_expectations(handler: Callable[[web.BaseRequest], Awaitable[web.St
     return handle
 
 
-
 # What asyncio says when accept() finds no descriptor left: once per waiting connection and retry, so a
 # flood of connections made it thousands of lines a second, each with its stack.
 _OUT_OF_DESCRIPTORS = "socket.accept() out of system resource"
@@ -181,6 +180,7 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, clock: Callable[[], flo
         last[0], left_out[0] = now, 0
 
     loop.set_exception_handler(handler)
+
 
 class QuietAppRunner(web.AppRunner):
     """An :class:`aiohttp.web.AppRunner` whose connections are each a :class:`QuietRequestHandler`;

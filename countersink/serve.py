@@ -631,9 +631,6 @@ def _idempotency_key(request: web.Request) -> str | None:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-
 _LOOSE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
@@ -648,6 +645,7 @@ def _refuse_loose_escapes(target: str) -> None:
             urllib.parse.unquote_to_bytes(target).decode("utf-8")
         except UnicodeDecodeError:
             raise _problem(web.HTTPBadRequest, "the URL's escapes are not UTF-8 text") from None
+
 
 def _checked_key(key: str) -> str:
     """A key a request gives: 1 to the bytes an event's key may have, and an instance key at all. (The empty

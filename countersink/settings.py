@@ -355,6 +355,12 @@ class GcSettings(_Section):
     grace_s: float = Field(default=300.0, ge=0, le=30 * 86_400)
     # 0 runs once and exits (for cron); a positive interval runs in a loop.
     every_s: float = Field(default=0.0, ge=0, le=30 * 86_400)
+    concurrency: int = Field(default=16, ge=1, le=1024)
+    # Registry rows of collected mutators are deleted after this long; `explain` shows them until then.
+    forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=10 * 365 * 86_400)
+    progress_interval_s: float = Field(default=10.0, gt=0, le=86_400)  # how often a non-interactive run logs progress
+    health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
+    health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)  # as the consumer's
 
     @field_validator("every_s")
     @classmethod
@@ -362,12 +368,6 @@ class GcSettings(_Section):
         if 0 < v < 1:
             raise ValueError("a loop's interval is at least 1 s (0 runs once)")
         return v
-    concurrency: int = Field(default=16, ge=1, le=1024)
-    # Registry rows of collected mutators are deleted after this long; `explain` shows them until then.
-    forget_after_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=10 * 365 * 86_400)
-    progress_interval_s: float = Field(default=10.0, gt=0, le=86_400)  # how often a non-interactive run logs progress
-    health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
-    health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)  # as the consumer's
 
 
 class ServeSettings(_Section):
@@ -481,7 +481,6 @@ class SchemaRegistrySettings(_Section):
         return self
 
 
-
 class OptionRefusedError(CountersinkError):
     """A command-line option whose value its setting refuses (the line names the option)."""
 
@@ -506,6 +505,7 @@ def with_options(section: _SectionT, options: dict[str, tuple[str, Any]]) -> _Se
         field = str(problem["loc"][0]) if problem["loc"] else ""
         option = options[field][0] if field in options else field
         raise OptionRefusedError(f"{option}: {problem['msg'].removeprefix('Value error, ')}") from None
+
 
 class Settings(BaseSettings):
     """Settings shared by every countersink process."""

@@ -26,9 +26,10 @@ class DefinitionError(CountersinkError):
         self.field = field
         self.reason = reason
         self.problems: tuple[DefinitionError, ...] = (self, *more)
-        # A [[topic]] table's problems name the table, a [[counter]]'s the counter.
-        where = (f"{source}: {counter}" if counter.startswith("[[") else f"{source}: counter {counter}") if counter \
-            else source
+        # A [[topic]] table's problems name the table ("[[topic]] 't' (#1)"), a [[counter]]'s the counter.
+        where = source
+        if counter:
+            where += f": {counter}" if counter.startswith("[[") else f": counter {counter}"
         if field:
             where += f", field {field!r}"
         self.line = f"{where}: {reason}"
