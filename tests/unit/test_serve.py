@@ -357,11 +357,9 @@ async def test_a_trace_waits_within_its_time_and_a_queue_past_its_bound_is_refus
     included) is up, rather than whenever their turn comes; past MAX_TRACES_WAITING, 503 at once."""
     from countersink import serve as serve_module
 
-    started: list[str] = []
     first_started = asyncio.Event()
 
     async def slow_trace(client: object, settings: object, query: object, counters: object) -> object:
-        started.append(str(query))
         first_started.set()
         await asyncio.sleep(30)
         raise AssertionError("the trace outlived its time")
