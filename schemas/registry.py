@@ -23,17 +23,35 @@ import hashlib
 import json
 from typing import Any
 
-from schemas.definitions import CounterDefinition, CounterSet
+from schemas.definitions import Bucket, CounterDefinition, CounterSet
 from schemas.formats import TopicFormat
 
 REGISTRY_SOURCE = "the counter registry"
 _RETAIN_UNITS = (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60))
+_BUCKET_UNITS = _RETAIN_UNITS[1:]
+
+
+def _in_largest_unit(seconds: int, units: tuple[tuple[str, int], ...]) -> str:
+    unit, size = next((unit, size) for unit, size in units if seconds % size == 0)
+    return f"{seconds // size}{unit}"
 
 
 def _retention(seconds: int) -> str:
     """A retention in its largest whole unit (``14d`` and ``2w`` are one retention: ``2w``)."""
-    unit, size = next((unit, size) for unit, size in _RETAIN_UNITS if seconds % size == 0)
-    return f"{seconds // size}{unit}"
+    return _in_largest_unit(seconds, _RETAIN_UNITS)
+
+
+def _bucket(bucket: Bucket) -> dict[str, Any]:
+    """A bucket with its size in its largest whole unit: buckets are cut by their width in seconds alone, so
+    ``24h`` and ``1d`` (or ``60m`` and ``1h``) make the same buckets under the same keys."""
+    return {**bucket.model_dump(mode="json"), "size": _in_largest_unit(bucket.seconds, _BUCKET_UNITS)}
+
+
+def _allowed(values: tuple[Any, ...]) -> list[Any]:
+    """A ``where`` list as the set it is (an event passes when its value is any of them): ordered by its JSON
+    text, each value once. ``true`` and ``1`` stay two values, as matching keeps them."""
+    unique = {json.dumps(value): value for value in values}
+    return [unique[text] for text in sorted(unique)]
 
 
 def meaning(definition: CounterDefinition) -> dict[str, Any]:
@@ -43,8 +61,8 @@ def meaning(definition: CounterDefinition) -> dict[str, Any]:
         "kind": definition.kind,
         "key": list(definition.key),
         "value": definition.value,
-        "where": {path: list(values) for path, values in sorted(definition.where.items())},
-        "bucket": definition.bucket.model_dump(mode="json") if definition.bucket else None,
+        "where": {path: _allowed(values) for path, values in sorted(definition.where.items())},
+        "bucket": _bucket(definition.bucket) if definition.bucket else None,
         "number": definition.number_mode,
         "lg_k": spec.lg_k if definition.kind == "distinct" else None,
         "k": spec.k if definition.kind == "quantiles" else None,
@@ -72,8 +90,9 @@ def changes(registered: CounterDefinition, new: CounterDefinition) -> list[str]:
     """What differs in meaning between two definitions of one name, as ``field: old -> new``."""
     old_meaning, new_meaning = meaning(registered), meaning(new)
     fields = list(old_meaning) + [field for field in new_meaning if field not in old_meaning]
-    return [f"{field}: {json.dumps(old_meaning.get(field))} -> {json.dumps(new_meaning.get(field))}"
-            for field in fields if old_meaning.get(field) != new_meaning.get(field)]
+    # Compared as JSON text, as fingerprinted: Python holds ``True == 1``, which a where list must not.
+    texts = [(field, json.dumps(old_meaning.get(field)), json.dumps(new_meaning.get(field))) for field in fields]
+    return [f"{field}: {old} -> {new}" for field, old, new in texts if old != new]
 
 
 def refusal(registered: CounterDefinition, new: CounterDefinition, registered_by: object) -> str | None:

@@ -58,6 +58,47 @@ def test_fingerprints_without_retention_are_the_ones_recorded_before_it_counted(
     assert registry.refusal(retained, retained, "host-a") is None
 
 
+SAME = 'where = { side = ["buy", "sell"] }\nbucket = { field = "ts", size = "1h" }\n'
+
+
+@pytest.mark.parametrize("written", [
+    'where = { side = ["sell", "buy"] }\nbucket = { field = "ts", size = "60m" }\n',
+    'where = { side = ["buy", "sell", "buy"] }\nbucket = { field = "ts", size = "1h" }\n',
+    'bucket = { field = "ts", size = "1h" }\nwhere = { side = ["sell", "buy"] }\n',
+])
+def test_one_meaning_written_another_way_is_no_change(written: str) -> None:
+    """A where list is a set and a bucket is its width: ``60m`` for ``1h``, a list reordered or with a value
+    repeated, is the definition recorded (accepted at start), whichever of the two was recorded first."""
+    recorded = _one(BASE + SAME)
+    assert registry.refusal(recorded, _one(BASE + written), "host-a") is None
+    assert registry.refusal(_one(BASE + written), recorded, "host-a") is None
+    assert registry.fingerprint(_one(BASE + written)) == registry.fingerprint(recorded)
+
+
+def test_a_day_bucket_written_in_hours_is_no_change_and_other_widths_are() -> None:
+    """``24h`` is ``1d``; ``2d``, ``25h`` and ``1440m`` keep what they mean (the last is ``1d`` too)."""
+    day = _one(BASE + 'bucket = { field = "ts", size = "1d" }\n')
+    for size, same in (("24h", True), ("1440m", True), ("2d", False), ("12h", False)):
+        other = _one(BASE + f'bucket = {{ field = "ts", size = "{size}" }}\n')
+        assert (registry.refusal(day, other, "host-a") is None) is same, size
+
+
+def test_where_values_of_other_types_stay_apart() -> None:
+    """``true`` and ``1`` (and ``"1"``) are different values to match: a list of one is not a list of another."""
+    lists = ("[true]", "[1]", '["1"]')
+    for old in lists:
+        for new in lists:
+            recorded, asked = _one(BASE + f"where = {{ flag = {old} }}\n"), _one(BASE + f"where = {{ flag = {new} }}\n")
+            assert (registry.refusal(recorded, asked, "host-a") is None) is (old == new), (old, new)
+
+
+def test_canonical_definitions_keep_the_fingerprints_recorded_before() -> None:
+    """Written in its canonical form (sorted where lists, a bucket in its largest unit), a definition's fingerprint
+    is the one recorded before buckets and where lists were normalized: nothing recorded is read again."""
+    fingerprint = registry.fingerprint(_one(BASE + SAME))
+    assert fingerprint == "d3eb0847a8f978dcbde73f0c0eb10d6d9ee6eea23247f38f03c131fb21be8396"
+
+
 def test_a_record_round_trips() -> None:
     """The stored JSON gives back the same definition."""
     definition = _one(BASE + 'where = { side = ["buy", "sell"] }\nbucket = { field = "ts", size = "1h" }\n')
