@@ -179,7 +179,8 @@ class Metrics:
             "missing, unreadable, invalid", ["reason"], registry=r)
         self.serve_state_cache_reads = Counter(
             "countersink_serve_state_cache_reads",
-            "Reads of the read API through its state cache, by outcome: checked (the stamps alone read, merge "
+            "Reads of the read API through its state cache, by outcome: recent (no request: the stamps found "
+            "unchanged less than serve.max_staleness_s ago), checked (the stamps alone read, merge "
             "reused), patched (the rows of the sources that flushed since alone read), hit (the states read, "
             "unchanged, merge reused), partial (only changed shards decoded), miss",
             ["outcome"], registry=r)

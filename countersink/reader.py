@@ -222,12 +222,13 @@ async def read_state(
     # The stamps do not depend on the epoch: both reads at once, a hit costs one round trip (measured in
     # bench.wide_reads' mix, where each counter's kept resets expire between its reads: a 256-shard hit at
     # 2.0-2.4x a plain row with the two reads one after the other, 1.5-1.9x with them kept fresh).
+    sent = time.monotonic()
     if epochs is None:
         known, stamps = await _together((epochs_reader or functools.partial(read_epochs, client))(counter),
                                         read_stamps(client, [key], consistency))
     else:
         known, stamps = epochs, await _stamps_of_held(client, cache, counter, [key], epochs, consistency)
-    return (await _through_cache(client, cache, counter, [key], stamps, known, consistency))[key]
+    return (await _through_cache(client, cache, counter, [key], stamps, known, consistency, sent=sent))[key]
 
 
 async def _together(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any]:
@@ -291,7 +292,16 @@ async def read_value(client: CassandraClient, counter: str, key: str, consistenc
     """What ``serve`` answers for one instance: its merged state's kind and value, None when nothing was counted
     (:func:`read_state`). The counter's resets come from ``known``, or those ``epochs`` keeps, or are read
     alongside the stamps (a merge ``cache`` keeps) or the states in the instance's cell of the resets ``epochs``
-    read last; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`)."""
+    read last; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`). With the cache's
+    ``max_staleness_s``, a merge whose stamps were found unchanged less than that long ago answers without a
+    request, when the counter's resets were read as recently (:meth:`StateCache.recent`)."""
+    if cache is not None and cache.max_staleness_s > 0:
+        recent = known if known is not None else epochs.kept(counter, within_s=cache.max_staleness_s)
+        if recent is not None:
+            cell = recent.cell(counter, key)
+            state = cache.recent(cell, key, time.monotonic(), time.time())
+            if state is not None:
+                return state.kind, cache.value(cell, key, state)
     if known is None:
         known = epochs.kept(counter)
     state = await read_state(client, counter, key, consistency, cache, known, epochs.get,
@@ -307,18 +317,20 @@ async def read_value(client: CassandraClient, counter: str, key: str, consistenc
 
 async def _through_cache(client: CassandraClient, cache: StateCache, counter: str, keys: Sequence[str],
                          stamps: dict[str, Stamps | None], epochs: Epochs, consistency: Consistency | None,
-                         *, scan: bool = False) -> dict[str, State | None]:
-    """The merged state of each of ``keys`` (instances of ``counter``) given their stamps just read: the merge
-    ``cache`` kept where the stamps are unchanged, the others read (one request) and merged, and kept with the
-    stamps read with them. ``scan``: see :meth:`StateCache.merged`."""
+                         *, scan: bool = False, sent: float | None = None) -> dict[str, State | None]:
+    """The merged state of each of ``keys`` (instances of ``counter``) given their stamps just read (the read
+    sent at ``sent``, monotonic seconds): the merge ``cache`` kept where the stamps are unchanged, the others
+    read (one request) and merged, and kept with the stamps read with them. ``scan``: see
+    :meth:`StateCache.merged`."""
     now, wall = time.monotonic(), time.time()
     cells = {key: epochs.cell(counter, key) for key in keys}
-    kept = {key: cache.checked(cells[key], key, stamps[key], now, wall) for key in keys}
+    kept = {key: cache.checked(cells[key], key, stamps[key], now, wall, sent) for key in keys}
     # An instance some of whose sources flushed since its merge was kept: those rows alone, one request each.
     rows = {key: of_key for key, state in kept.items()
             if state is None and (of_key := cache.rows_to_read(cells[key], key, stamps[key], now, wall))}
     if rows:
-        patched = await asyncio.gather(*(_patch(client, cache, cells[key], key, of_key, stamps[key], consistency)
+        patched = await asyncio.gather(*(_patch(client, cache, cells[key], key, of_key, stamps[key], consistency,
+                                                sent)
                                          for key, of_key in rows.items()))
         kept.update((key, state) for key, state in zip(rows, patched, strict=True) if state is not None)
     unread = [key for key, state in kept.items() if state is None]
@@ -330,7 +342,7 @@ async def _through_cache(client: CassandraClient, cache: StateCache, counter: st
 
 
 async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str, rows: Sequence[Row],
-                 stamps: Stamps | None, consistency: Consistency | None) -> State | None:
+                 stamps: Stamps | None, consistency: Consistency | None, sent: float | None = None) -> State | None:
     """The kept merge of ``cell`` and ``key`` with ``rows`` read again, for the partition's ``stamps`` read just
     before (:meth:`StateCache.patched`: a row is taken only if its newest cell was written at its source's stamp,
     so what is merged is what those stamps say, whichever replicas answer each request); None when
@@ -358,7 +370,7 @@ async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str
             cells[(born, mutator)] = shard_of_cell(cell_bytes)[0]
     if not read:
         return None  # the static tally comes only with a row: without one, nothing says what it is now
-    return cache.patched(cell, key, tally, read, cells, stamps, retention.hidden_at)
+    return cache.patched(cell, key, tally, read, cells, stamps, retention.hidden_at, sent)
 
 
 Instant = datetime | int | str
@@ -460,9 +472,10 @@ class CounterReader:
                     return {name: merge_blobs(blobs) for name, blobs in found.items()}
                 # With a cache: the buckets whose stamps are unchanged since it merged them are not read again
                 # (and the stamps of buckets it keeps no merge of are not read apart from their states).
+                sent = time.monotonic()
                 stamps = await _stamps_of_held(self.client, cache, definition.name, chunk, epochs, self.consistency)
                 return await _through_cache(self.client, cache, definition.name, chunk, stamps, epochs,
-                                            self.consistency, scan=True)
+                                            self.consistency, scan=True, sent=sent)
 
         async def read_all(of: list[str], epochs: Epochs) -> list[dict[str, State | None]]:
             return await asyncio.gather(*(read(of[i:i + _KEYS_PER_READ], epochs)

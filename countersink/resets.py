@@ -108,10 +108,11 @@ class EpochsCache:
         self._known: dict[str, tuple[float, Epochs]] = {}
         self._in_flight: dict[str, tuple[float, asyncio.Future[Epochs]]] = {}
 
-    def kept(self, counter: str) -> Epochs | None:
-        """The epochs of ``counter`` kept from a read sent less than ``kept_s`` ago, if any (no request)."""
+    def kept(self, counter: str, within_s: float = 0.0) -> Epochs | None:
+        """The epochs of ``counter`` kept from a read sent less than ``kept_s`` (or ``within_s``, when longer)
+        ago, if any (no request)."""
         known = self._known.get(counter)
-        return known[1] if known is not None and self._clock() - known[0] < self._kept_s else None
+        return known[1] if known is not None and self._clock() - known[0] < max(self._kept_s, within_s) else None
 
     def last(self, counter: str) -> Epochs | None:
         """The epochs of ``counter`` from the last read of them, however old (no request): a guess at them, for a

@@ -139,11 +139,11 @@ class ReadApi:
         # What range reads may hold of those: a single read waits behind at most this many chunks of ranges
         # (a 1,000-bucket series is 42 chunks; 100 such series had single reads wait 4.4 s behind them).
         self._range_reads = asyncio.Semaphore(max(1, settings.concurrency // 4))
-        self.cache = (StateCache(settings.state_cache_bytes, settings.state_cache_max_age_s)
+        self.cache = (StateCache(settings.state_cache_bytes, settings.state_cache_max_age_s, settings.max_staleness_s)
                       if settings.state_cache_bytes else None)
         # Each counter's resets read at most twice a second: a read costs one request (countersink.resets).
         self.epochs = EpochsCache(self.client)
-        self._cache_counted = {"checked": 0, "patched": 0, "hit": 0, "partial": 0, "miss": 0}
+        self._cache_counted = {"recent": 0, "checked": 0, "patched": 0, "hit": 0, "partial": 0, "miss": 0}
         self._gc_age = GcAgeSampler(client)
         self.tokens = tokens or Tokens(settings)
         self.admin_tokens = resetting.tokens if resetting is not None else None
@@ -549,8 +549,10 @@ class ReadApi:
         """Copy the state cache's running counts into the process metrics (counters grow by what they grew)."""
         if self.cache is None:
             return
-        counts = {"checked": self.cache.checked_hits, "patched": self.cache.patched_reads,
-                  "hit": self.cache.hits - self.cache.checked_hits, "partial": self.cache.partial,
+        counts = {"recent": self.cache.recent_hits, "checked": self.cache.checked_hits,
+                  "patched": self.cache.patched_reads,
+                  "hit": self.cache.hits - self.cache.checked_hits - self.cache.recent_hits,
+                  "partial": self.cache.partial,
                   "miss": self.cache.misses}
         for outcome, count in counts.items():
             grown = count - self._cache_counted[outcome]

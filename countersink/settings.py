@@ -403,6 +403,12 @@ class ServeSettings(_Section):
     # what a lagging replica could keep at a consistency where reads need not see acknowledged writes. At most
     # a day (a stamp lives 30 days unless written again: schemas.cql.STAMP_TTL_S).
     state_cache_max_age_s: float = Field(default=60.0, gt=0, le=86_400)
+    # How stale an answer may be: a merge whose stamps a read found unchanged less than this long ago answers
+    # again without reading Cassandra (a hot instance polled many times a second costs a read per this long).
+    # 0, the default, checks the stamps on every read, so a read sees every flush acknowledged before it; above
+    # 0 it may miss those of the last max_staleness_s seconds (and a reset of that long ago). get, explain,
+    # ranges and /trace never answer stale. Keep it at or under the consumers' flush_interval_s.
+    max_staleness_s: float = Field(default=0.0, ge=0, le=60)
     # Admin tokens (NAME:TOKEN, comma-separated, or one per line in the file), for the routes that change
     # something (POST /counters/{name}/reset). The name is what a reset records as who asked; the token never
     # leaves the server. They read too; a read token on an admin route answers 403.

@@ -22,6 +22,10 @@ then all are merged again. An entry is not answered from once ``max_age_s`` old 
 then read with the states again: a bound on what a lagging replica at a weak consistency could pin) nor once
 the bucket it holds is past its retention (the hiding an uncached read applies).
 
+With ``max_staleness_s`` above 0 (``serve.max_staleness_s``, off by default) a merge whose stamps were read at
+most that long ago answers again without any request (:meth:`recent`): the read-your-flush above is then given
+up for that long, which a dashboard polling a hot instance may choose; ``get`` and ``explain`` never do.
+
 Entries are kept least recently used first and evicted beyond ``max_bytes`` (the stored bytes an entry holds
 plus what its decoded states take, as measured for each sketch kind); an instance larger than that is merged and
 not kept. States handed out are shared: callers read them (``value()``, or merge them into a new state), never
@@ -61,6 +65,7 @@ class _Entry:
     size: int
     stamps: Stamps | None  # read with ``blobs``; None: no stamps (nothing to check against)
     read_at: float  # monotonic seconds of the read that gave blobs and stamps
+    checked_at: float  # monotonic seconds of the last read of the stamps that found them those of ``merged``
     hidden_at: float | None  # wall-clock seconds from which the instance is hidden (retention), if ever
     value: object = None  # ``merged.value()`` once a read asked for it (``computed``), answered again from here
     computed: bool = False
@@ -89,15 +94,17 @@ def _decoded_bytes(state: State, blob: bytes) -> int:
 class StateCache:
     """Merged states of recently read instances, reused only for byte-identical reads (see the module)."""
 
-    def __init__(self, max_bytes: int, max_age_s: float = 60.0) -> None:
+    def __init__(self, max_bytes: int, max_age_s: float = 60.0, max_staleness_s: float = 0.0) -> None:
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
+        self.max_staleness_s = max_staleness_s
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._bytes = 0
         self.checked_hits = 0  # reads answered after reading the stamps alone
         self.hits = 0  # reads answered by a merged state kept whole (the stamps or the bytes unchanged)
         self.partial = 0  # reads that decoded only the shards that changed
         self.patched_reads = 0  # reads that read only the rows of the sources that flushed since (patched())
+        self.recent_hits = 0  # reads answered without a request, the stamps read less than max_staleness_s ago
         self.misses = 0
 
     @property
@@ -123,14 +130,31 @@ class StateCache:
             return None
         return entry
 
-    def checked(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> State | None:
+    def recent(self, cell: str, key: str, now: float, wall: float) -> State | None:
+        """The merge kept for ``cell`` and ``key`` when its stamps were last found unchanged less than
+        ``max_staleness_s`` before ``now`` (monotonic seconds; never when it is 0), it is younger than
+        ``max_age_s`` and not hidden: an answer at most that stale, without a request. Else None."""
+        if self.max_staleness_s <= 0:
+            return None
+        entry = self._answerable(cell, key, now, wall)
+        if entry is None or now - entry.checked_at >= self.max_staleness_s:
+            return None
+        self._entries.move_to_end((cell, key))
+        self.hits += 1
+        self.recent_hits += 1
+        return entry.merged
+
+    def checked(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float,
+                sent: float | None = None) -> State | None:
         """The merge kept for ``cell`` (a counter's cell of the key's epoch) and ``key`` when ``stamps``, read
-        just now, equal those read with its states, it is younger than ``max_age_s`` (``now``: monotonic
-        seconds) and not hidden (``wall``: epoch seconds); else None: read the states."""
+        just now (the read sent at ``sent``, monotonic seconds: :meth:`recent` counts from then), equal those
+        read with its states, it is younger than ``max_age_s`` (``now``: monotonic seconds) and not hidden
+        (``wall``: epoch seconds); else None: read the states."""
         entry = self._answerable(cell, key, now, wall)
         if entry is None or not stamps or entry.stamps != stamps:
             return None
         self._entries.move_to_end((cell, key))
+        entry.checked_at = max(entry.checked_at, now if sent is None else sent)
         self.hits += 1
         self.checked_hits += 1
         return entry.merged
@@ -149,7 +173,8 @@ class StateCache:
 
     def merged(self, cell: str, key: str, blobs: Sequence[bytes], *, scan: bool = False,
                stamps: Stamps | None = None, now: float = 0.0, hidden_at: float | None = None,
-               rows: Sequence[ShardRow] | None = None, patching: bool = False) -> State | None:
+               rows: Sequence[ShardRow] | None = None, patching: bool = False,
+               checked_at: float | None = None) -> State | None:
         """The merge of ``blobs`` (the instance's stored states as read, tally first): ``merge_blobs(blobs)``,
         from the cache when it merged these same bytes before. ``stamps``: the partition's, read with
         ``blobs`` (``now``: when, monotonic), kept for :meth:`checked`; ``hidden_at``: when the instance's
@@ -157,7 +182,9 @@ class StateCache:
         ``len(rows)`` of ``blobs``), kept for :meth:`rows_to_read`. ``scan``: one of many instances a range read
         meets once; kept as the least recently read, so that a long range read evicts its own buckets before the
         instances read again and again (a bucket read a second time is kept as any other). ``patching``: called
-        by :meth:`patched`, which counts the read."""
+        by :meth:`patched`, which counts the read. ``checked_at``: when ``stamps`` were read (monotonic), if
+        not with ``blobs`` at ``now``."""
+        checked_at = now if checked_at is None else checked_at
         if not blobs:
             self._drop((cell, key))
             return None
@@ -166,7 +193,7 @@ class StateCache:
         read = tuple(blobs)
         if entry is not None and entry.blobs == read:
             self._entries.move_to_end(ident)
-            entry.stamps, entry.read_at, entry.hidden_at = stamps, now, hidden_at
+            entry.stamps, entry.read_at, entry.hidden_at, entry.checked_at = stamps, now, hidden_at, checked_at
             entry.rows, entry.sources = _rows_of(rows, len(read)), _sources(stamps, rows)
             self.hits += not patching
             return entry.merged
@@ -189,7 +216,7 @@ class StateCache:
         if states is not None:
             size += sum(_decoded_bytes(state, blob) for state, blob in zip(states, read, strict=True))
         if size <= self.max_bytes:
-            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, hidden_at,
+            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, checked_at, hidden_at,
                                           rows=_rows_of(rows, len(read)), sources=_sources(stamps, rows))
             if scan:
                 self._entries.move_to_end(ident, last=False)
@@ -216,7 +243,8 @@ class StateCache:
         return [rows[at].row for at, _ in changed] if changed and 2 * len(changed) <= len(rows) else None
 
     def patched(self, cell: str, key: str, tally: bytes | None, read: Mapping[Row, ShardRow],
-                cells: Mapping[Row, bytes], stamps: Stamps | None, hidden_at: float | None) -> State | None:
+                cells: Mapping[Row, bytes], stamps: Stamps | None, hidden_at: float | None,
+                checked_at: float | None = None) -> State | None:
         """The merge of the instance kept for ``cell`` and ``key`` with the rows of :meth:`rows_to_read` read
         again (one request: ``tally``, and ``read``, each row found with this counter's cell, ``cells`` its
         state's bytes), for ``stamps``, read just before. Taken only when those stamps' changes are accounted
@@ -224,7 +252,8 @@ class StateCache:
         flush, its source's last, wrote that row (a partition's later owner is born above every earlier write,
         schemas.cql) and the row holds what it wrote, whatever replicas answered each request; and the tally is
         the one kept (a fold changes it with a stamp of its own). Then the other rows are what they were, and
-        the merge is that of an uncached read at those stamps. None otherwise: read the instance whole."""
+        the merge is that of an uncached read at those stamps (read at ``checked_at``, monotonic, when given).
+        None otherwise: read the instance whole."""
         entry = self._entries.get((cell, key))
         placed = None if entry is None else _changed_rows(entry, stamps)
         if entry is None or placed is None:
@@ -244,7 +273,7 @@ class StateCache:
         hidden = [at for at in (entry.hidden_at, hidden_at) if at is not None]
         # Aged from the whole read its unchanged rows came from: max_age_s still bounds what any row answered is.
         return self.merged(cell, key, blobs, stamps=stamps, now=entry.read_at, hidden_at=min(hidden, default=None),
-                           rows=rows, patching=True)
+                           rows=rows, patching=True, checked_at=checked_at)
 
     def _drop(self, ident: tuple[str, str]) -> None:
         entry = self._entries.pop(ident, None)

@@ -334,3 +334,47 @@ bucket = {{ field = "ts", size = "1h" }}
         points = await reader.series(definition, "home", start, start + 6 * HOUR)
         assert [p.value for p in points] == [None] * 6
         assert (await reader.rollup(definition, "home", start, start + 6 * HOUR)).value is None
+
+
+async def test_with_max_staleness_a_kept_merge_answers_without_a_request_until_the_bound(
+        cassandra_settings: CassandraSettings) -> None:
+    """serve's reads with max_staleness_s 3: the read after a flush answers the kept merge without any request,
+    missing that flush, until 3 s after the read that last found the stamps unchanged; then the flush is read
+    (rows by name) and answered without a request again. With the default 0, the same flush is read at once."""
+    staleness = 3.0
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        key = f"home-{uuid.uuid4().hex[:8]}"
+        mutators = [uuid.uuid4() for _ in range(4)]
+        sources = [stamp_source("g", "views", i) for i in range(4)]
+        for i, mutator in enumerate(mutators):
+            await store.write_shards(mutator, 1_000 + i, 2_000 + i, [ShardWrite("hits", key, _sum(i + 1), 1, True)],
+                                     source=sources[i])
+        stale = CounterReader(client, cache=StateCache(1 << 20, max_staleness_s=staleness), epochs=EpochsCache(client))
+        strict = CounterReader(client, cache=StateCache(1 << 20), epochs=EpochsCache(client))
+        assert await strict.get("hits", key) == 10
+        read_at = time.monotonic()
+        assert await stale.get("hits", key) == 10
+        await store.write_shards(mutators[2], 1_002, 3_002, [ShardWrite("hits", key, _sum(30), 2, False)],
+                                 source=sources[2])
+        asked: list[str] = []
+        execute = client.execute
+
+        async def spied(statement: str, *args: object, **kwargs: object) -> object:
+            asked.append(statement)
+            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
+
+        client.execute = spied  # type: ignore[method-assign]
+        assert await stale.get_many("hits", [key]) == {key: 10}  # the flush missed, within the bound
+        assert time.monotonic() - read_at < staleness  # (else the read above was not within it)
+        assert asked == []
+        assert stale.cache.recent_hits == 1  # type: ignore[union-attr]
+        assert await strict.get("hits", key) == 37  # the default reads the stamps: sees it at once
+        asked.clear()
+        await asyncio.sleep(staleness - (time.monotonic() - read_at) + 0.05)
+        assert await stale.get("hits", key) == 37
+        assert any("(born_us, mutator) IN" in s for s in asked)  # only the flushed row read again
+        asked.clear()
+        assert await stale.get("hits", key) == 37
+        assert asked == []
+        client.execute = execute  # type: ignore[method-assign]

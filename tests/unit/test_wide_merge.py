@@ -219,6 +219,34 @@ def test_a_kept_merge_answers_only_for_the_stamps_read_with_it_while_young_and_n
     assert unstamped.checked("views", "home", None, now=1.0, wall=0.0) is None
 
 
+def test_a_kept_merge_answers_without_stamps_only_within_max_staleness_s_of_its_last_check() -> None:
+    """recent() answers a kept merge with no stamps given while its stamps were read (with its states, or found
+    unchanged by checked(), counted from when that read was sent) less than max_staleness_s ago, the entry
+    younger than max_age_s and not hidden; never with max_staleness_s 0 (the default), nor for another cell."""
+    blobs = [_sum_blob(3), _sum_blob(4)]
+    stamps = {b"s1": 10}
+    assert StateCache(1 << 20).max_staleness_s == 0.0
+    strict = StateCache(1 << 20)
+    strict.merged("views", "home", blobs, stamps=stamps, now=100.0)
+    assert strict.recent("views", "home", now=100.0, wall=0.0) is None
+    cache = StateCache(1 << 20, max_age_s=60.0, max_staleness_s=1.0)
+    merged = cache.merged("views", "home", blobs, stamps=stamps, now=100.0, hidden_at=5_000.0)
+    assert cache.recent("views", "home", now=100.9, wall=0.0) is merged
+    assert cache.recent("views@2", "home", now=100.9, wall=0.0) is None  # a reset's epoch
+    assert cache.recent("views", "home", now=101.0, wall=0.0) is None  # stale
+    assert cache.checked("views", "home", stamps, now=130.2, wall=0.0, sent=130.0) is merged  # read at 130.0
+    assert cache.recent("views", "home", now=130.9, wall=0.0) is merged
+    assert cache.recent("views", "home", now=131.0, wall=0.0) is None
+    assert cache.checked("views", "home", {b"s1": 11}, now=140.2, wall=0.0, sent=140.0) is None  # flushed: no check
+    assert cache.recent("views", "home", now=140.5, wall=0.0) is None
+    assert cache.recent("views", "home", now=130.5, wall=5_000.0) is None  # hidden
+    assert (cache.recent_hits, cache.checked_hits) == (2, 1)
+    aged = StateCache(1 << 20, max_age_s=10.0, max_staleness_s=60.0)
+    aged.merged("views", "home", blobs, stamps=stamps, now=0.0)
+    assert aged.recent("views", "home", now=9.0, wall=0.0) is not None
+    assert aged.recent("views", "home", now=10.0, wall=0.0) is None  # past max_age_s whatever the staleness
+
+
 def test_a_kept_merge_computes_its_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """value() answers the value of the merge kept for a cell and key from the entry after the first read asked
     for it (serve's hits then cost no estimate); a new merge of other bytes is computed again, and a state that
