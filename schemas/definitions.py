@@ -27,7 +27,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from schemas.bounded import read_text_at_most
 from schemas.errors import DefinitionError
@@ -74,6 +74,10 @@ _KIND_OPTIONS: dict[str, frozenset[str]] = {
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,6})?([Zz]|[+-]\d\d:\d\d)")
 _ALL_OPTIONS = frozenset().union(*_KIND_OPTIONS.values())
 _BUCKET_UNITS = {"m": 60, "h": 3600, "d": 86400}
+_DEFAULT_MAX_MAP_SIZE = 256
+# Validation context of a definition read back from the counter registry: checks added since it was recorded are
+# the file's to pass, not the record's (its consumer refuses the file at its next start instead).
+RECORDED = "recorded"
 _BUCKET_SIZE = re.compile(r"^([1-9][0-9]{0,4})([mhd])$")
 _RETAIN = re.compile(r"([1-9][0-9]{0,6})([mhdw])")
 _RETAIN_UNITS = {**_BUCKET_UNITS, "w": 7 * 86400}
@@ -217,14 +221,16 @@ class CounterDefinition(BaseModel):
     # that reaches it later is late (docs/counters.md, Retention and late events).
     retain: str | None = None
     number: NumberMode | None = None
-    coerce: bool | None = None
+    # Options are taken as written, strictly: ``coerce = "no"`` or ``lg_k = "12"`` is a mistake to show, not a
+    # value to guess (pydantic's lax mode took "no" for false and "12" for 12).
+    coerce: bool | None = Field(default=None, strict=True)
     # A missing or null key, value or bucket field makes the event invalid for this counter (dead-lettered)
     # rather than not for it (skipped): docs/counters.md, One topic, several kinds of event.
-    required: bool | None = None
-    lg_k: int | None = Field(default=None, ge=4, le=21)
-    k: int | None = Field(default=None, ge=8, le=65535)
-    max_map_size: int | None = Field(default=None, ge=8, le=65536)
-    top: int | None = Field(default=None, ge=1, le=1000)
+    required: bool | None = Field(default=None, strict=True)
+    lg_k: int | None = Field(default=None, ge=4, le=21, strict=True)
+    k: int | None = Field(default=None, ge=8, le=65535, strict=True)
+    max_map_size: int | None = Field(default=None, ge=8, le=65536, strict=True)
+    top: int | None = Field(default=None, ge=1, le=1000, strict=True)
     # Where a counter added to a running deployment starts: "earliest" (the log start) or an RFC 3339 time with
     # an offset; unset, from the group's position. Set, the live consumers count it from a hand-over offset
     # in each partition and ``countersink backfill`` counts what comes before (docs/operations.md, Adding a
@@ -305,7 +311,7 @@ class CounterDefinition(BaseModel):
         return out
 
     @model_validator(mode="after")
-    def _kind_fits_options(self) -> CounterDefinition:
+    def _kind_fits_options(self, info: ValidationInfo) -> CounterDefinition:
         allowed = _KIND_OPTIONS[self.kind]
         for option in sorted(_ALL_OPTIONS - allowed):
             if getattr(self, option) is not None:
@@ -317,6 +323,15 @@ class CounterDefinition(BaseModel):
             raise _FieldProblem("value", f"kind {self.kind} needs a value field")
         if self.max_map_size is not None and self.max_map_size & (self.max_map_size - 1):
             raise _FieldProblem("max_map_size", f"{self.max_map_size} is not a power of two")
+        # A definition recorded before this check was written keeps being read (RECORDED: schemas.registry).
+        if self.kind == "top_k" and self.top is not None and not (info.context or {}).get(RECORDED):
+            # A frequent-items sketch tracks at most 3/4 of its map: a read could never report more.
+            size = self.max_map_size or _DEFAULT_MAX_MAP_SIZE
+            if self.top > size * 3 // 4:
+                wide = 1 << (self.top * 4 // 3 - 1).bit_length()
+                raise _FieldProblem("top", f"top {self.top} is more than the {size * 3 // 4} items a max_map_size of "
+                                    f"{size} tracks (3/4 of it): lower top, or give a new counter a max_map_size of "
+                                    f"at least {wide}")
         if self.retain is not None:
             if self.bucket is None:
                 raise _FieldProblem("retain", "retain applies to bucketed counters only (a bucket = { ... })")
@@ -342,7 +357,7 @@ class CounterDefinition(BaseModel):
             number=self.number or _DEFAULT_NUMBER.get(self.kind, "integer"),
             lg_k=self.lg_k or 12,
             k=self.k or 200,
-            lg_max_map_size=(self.max_map_size or 256).bit_length() - 1,
+            lg_max_map_size=(self.max_map_size or _DEFAULT_MAX_MAP_SIZE).bit_length() - 1,
             top=self.top or 10,
         )
 

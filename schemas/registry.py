@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Any
 
-from schemas.definitions import Bucket, CounterDefinition, CounterSet
+from schemas.definitions import RECORDED, Bucket, CounterDefinition, CounterSet
 from schemas.formats import TopicFormat
 
 REGISTRY_SOURCE = "the counter registry"
@@ -83,7 +83,7 @@ def to_record(definition: CounterDefinition) -> str:
 
 
 def from_record(text: str) -> CounterDefinition:
-    return CounterDefinition.model_validate_json(text)
+    return CounterDefinition.model_validate_json(text, context={RECORDED: True})
 
 
 def changes(registered: CounterDefinition, new: CounterDefinition) -> list[str]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import registry
 from schemas.bounded import FileTooLargeError, read_text_at_most
 from schemas.definitions import load_definitions, parse_definitions
 from schemas.errors import DefinitionError
@@ -111,6 +112,15 @@ def test_key_may_be_a_single_string_and_topics_a_single_topic() -> None:
         ('kind = "count"\nbucket = { field = "ts", size = "1w" }', "bucket.size", "like 1m"),
         ('kind = "count"\nbucket = { field = "ts", size = "1h", format = "rfc" }', "bucket.format", "Input"),
         ('kind = "count"\ncolour = "red"', "colour", "Extra inputs are not permitted"),
+        # Options as written: no guessing that "12" is 12 or "no" is false.
+        ('kind = "distinct"\nvalue = "x"\nlg_k = "12"', "lg_k", "valid integer"),
+        ('kind = "quantiles"\nvalue = "x"\nk = 200.0', "k", "valid integer"),
+        ('kind = "top_k"\nvalue = "x"\ntop = true', "top", "valid integer"),
+        ('kind = "sum"\nvalue = "x"\ncoerce = "no"', "coerce", "valid boolean"),
+        ('kind = "sum"\nvalue = "x"\nrequired = 1', "required", "valid boolean"),
+        # A frequent-items sketch tracks 3/4 of its map: more could never be reported.
+        ('kind = "top_k"\nvalue = "x"\ntop = 193', "top", "192 items a max_map_size of 256 tracks"),
+        ('kind = "top_k"\nvalue = "x"\ntop = 1000\nmax_map_size = 1024', "top", "at least 2048"),
     ],
 )
 def test_bad_counter_names_file_counter_and_field(body: str, field: str, reason: str) -> None:
@@ -229,3 +239,13 @@ def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
     path = tmp_path / "counters.toml"
     path.write_bytes(b"\xef\xbb\xbf" + b'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n')
     assert [c.name for c in load_definitions(path)] == ["c"]
+
+
+def test_top_within_what_the_map_tracks_is_read_and_a_recorded_definition_is_read_whatever_its_top() -> None:
+    """top up to 3/4 of max_map_size is taken; a definition the counter registry recorded before that check is
+    read back from its record (its consumer refuses the file instead), and its top kept."""
+    body = 'kind = "top_k"\nvalue = "x"\n'
+    assert parse_definitions(_counter(body + "top = 192"), source="f")["c"].top == 192
+    assert parse_definitions(_counter(body + "top = 1000\nmax_map_size = 2048"), source="f")["c"].top == 1000
+    recorded = '{"name":"c","topics":["t"],"kind":"top_k","key":["s"],"value":"x","top":1000}'
+    assert registry.from_record(recorded).top == 1000
