@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from datetime import datetime
+from datetime import date, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -237,10 +237,22 @@ class CounterDefinition(BaseModel):
     # counter with a backfill). Not part of the meaning: it decides where counting starts, not what a state is.
     since: str | None = None
 
+    @field_validator("since", mode="before")
+    @classmethod
+    def _since_written_as_a_toml_time(cls, v: object) -> object:
+        # TOML has times of its own (unquoted): one with an offset is the RFC 3339 time it writes.
+        if isinstance(v, datetime):
+            if v.tzinfo is None:
+                raise ValueError(f"{v.isoformat()} has no offset: write one, like {v.isoformat()}Z")
+            return v.isoformat().replace("+00:00", "Z")
+        if isinstance(v, date):
+            raise ValueError(f"{v.isoformat()} is a date: write a time with its offset, like {v.isoformat()}T00:00:00Z")
+        return v
+
     @field_validator("since")
     @classmethod
-    def _since_is_a_start(cls, v: str | None) -> str | None:
-        if v is not None:
+    def _since_is_a_start(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not (info.context or {}).get(RECORDED):
             since_ms(v)
         return v
 
@@ -375,7 +387,16 @@ def since_ms(text: str) -> int | None:
     if len(text) > 40 or not _RFC3339.fullmatch(text):
         raise ValueError(f"{text[:40]!r} is neither \"earliest\" nor an RFC 3339 time with an offset, like "
                          "2026-11-01T00:00:00Z")
-    return int(datetime.fromisoformat(text).timestamp() * 1000)
+    try:
+        at = int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:  # a month 13, an offset of 25 hours: Python's own words name its internals
+        raise ValueError(f"{text!r} is not a time: its date, time or offset is out of range") from None
+    if at < 0:
+        # Kafka looks a time up as a number of milliseconds that may not be negative (-1 and -2 name the log's
+        # end and start), and no record is older.
+        raise ValueError(f"{text!r} is before 1970-01-01T00:00:00Z, where Kafka's record times start: use "
+                         "\"earliest\"")
+    return at
 
 
 class CounterSet:

@@ -119,6 +119,15 @@ def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
     return run_async(Backfill(settings, counters, args.counter).backfill(args.wait_s))
 
 
+def _instant(since: str) -> int | str | None:
+    """A ``since`` as the instant it names (None for ``earliest``); its text when it names none (a record made
+    before times before 1970 were refused)."""
+    try:
+        return since_ms(since)
+    except ValueError:
+        return since
+
+
 def run_reprocess(args: argparse.Namespace, settings: Settings) -> int:
     settings = _settings_of(args, settings)
     try:
@@ -174,7 +183,8 @@ class Backfill:
                       f"{self.counter} --from TIME)")
             return False
         since = self.counters[self.counter].since
-        if recorded_since is not None and since is not None and since != recorded_since:
+        # One instant however written (2026-11-01T01:00:00+01:00 is 2026-11-01T00:00:00Z, a TOML time is its text).
+        if recorded_since is not None and since is not None and _instant(since) != _instant(recorded_since):
             log.error("backfill_refused", counter=self.counter,
                       error=f"{self.counter!r} has since = {since!r} in {self.counters.source}, but it was first "
                       f"counted with since = {recorded_since!r}, which is fixed then: put it back (to count again "

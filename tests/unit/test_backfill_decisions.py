@@ -15,6 +15,7 @@ from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.dead_letters import refused_by
 from consumer.storage import MutatorEntry, PartitionId
 from countersink.backfills import CounterDroppedDuringBackfillError, Span, backfill_partition
+from countersink.commands.backfill import _instant
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError, InvalidEventError
 from schemas.events import EventRouter
@@ -61,6 +62,30 @@ def test_since_is_earliest_or_a_time_with_its_offset() -> None:
         text = f'[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\nsince = "{bad}"\n'
         with pytest.raises(DefinitionError, match="since"):
             parse_definitions(text)
+
+
+@pytest.mark.parametrize(("written", "reason"), [
+    ('"2026-11-01T00:00:00+25:00"', "out of range"),  # Python's message named timedelta's bounds
+    ('"2026-13-01T00:00:00Z"', "out of range"),
+    ('"1969-12-31T23:59:59.999Z"', "before 1970"),  # -1 ms: Kafka's look-up refuses it (and -1 names the log end)
+    ('"0001-01-01T00:00:00+01:00"', "before 1970"),
+    ("2026-11-01T00:00:00", "has no offset"),  # TOML's own times, unquoted
+    ("2026-11-01", "is a date"),
+])
+def test_since_outside_what_kafka_looks_up_is_refused_saying_why(written: str, reason: str) -> None:
+    """A time Kafka cannot look up, or one without its offset, is refused naming ``since`` and why."""
+    text = f'[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\nsince = {written}\n'
+    with pytest.raises(DefinitionError, match="since") as info:
+        parse_definitions(text)
+    assert reason in str(info.value)
+
+
+def test_since_written_as_a_toml_time_is_its_rfc_3339_text() -> None:
+    """An unquoted TOML time with its offset is the time it writes (UTC as Z), the same instant as the text."""
+    for written, text in (("2026-11-01T00:00:00Z", "2026-11-01T00:00:00Z"),
+                          ("2026-11-01T01:00:00+01:00", "2026-11-01T01:00:00+01:00")):
+        definition = parse_definitions(f'[[counter]]\nname = "a"\ntopics = ["t"]\nkind = "count"\nsince = {written}\n')
+        assert (definition["a"].since, definition["a"].since_ms) == (text, 1_793_491_200_000)
 
 
 @pytest.mark.parametrize("batch", [True, False])
@@ -228,3 +253,12 @@ def test_a_backfill_whose_claims_are_spent_pauses_longer_each_time_then_gives_up
     assert len(pauses) == 19
     assert all(later > earlier for earlier, later in itertools.pairwise(pauses[:6]))
     assert max(pauses) <= 6.0
+
+
+def test_a_backfill_compares_since_as_the_instant_it_names() -> None:
+    """The file's since and the recorded one agree when they name one instant, however written; a record made
+    before times before 1970 were refused is compared by its text."""
+    assert _instant("2026-11-01T01:00:00+01:00") == _instant("2026-11-01T00:00:00Z")
+    assert _instant("2026-11-01T00:00:00Z") != _instant("2026-11-01T00:00:01Z")
+    assert _instant("earliest") is None
+    assert _instant("1960-01-01T00:00:00Z") == "1960-01-01T00:00:00Z"
