@@ -20,6 +20,7 @@ what it can cost. Schema texts are bounded in size and nesting before anything p
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import difflib
 import functools
 import io
@@ -356,6 +357,98 @@ def _records(doc: object) -> bool:
     return record(doc) or (isinstance(doc, list) and bool(doc) and all(record(branch) for branch in doc))
 
 
+_AVRO_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+_AVRO_NAMED = ("record", "error", "enum", "fixed")
+
+
+def _short(name: object) -> str:
+    return str(name).rsplit(".", 1)[-1]
+
+
+def _avro_shape_problem(doc: object, max_depth: int) -> str | None:
+    """Why records of the Avro schema ``doc`` could cost the reader without bound, or None. fastavro's compiled
+    reader recurses in C once per level (a record a few thousand levels deep overflows the thread's stack: a
+    crash no ``except`` sees), and it builds a list of as many items as an array's blocks claim, which bytes
+    bound only when an item takes at least one. So: no record type that holds itself (at any distance), no
+    nesting of records, arrays and maps deeper than ``max_depth`` (the depth a JSON event may have), and no
+    array whose items can take no bytes. Named types are matched by their short name, which refuses more than
+    it must only when two namespaces use one name inside each other."""
+    named: dict[str, dict[str, Any]] = {}
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") in _AVRO_NAMED and isinstance(node.get("name"), str):
+                named[_short(node["name"])] = node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+    depths: dict[str, int] = {}
+
+    def depth(node: object, level: int, holding: frozenset[str]) -> int:
+        if level > max_depth:
+            raise ValueError(f"its records nest deeper than {max_depth} levels")
+        if isinstance(node, str):
+            target = None if node in _AVRO_PRIMITIVES else named.get(_short(node))
+            return 0 if target is None else depth(target, level, holding)
+        if isinstance(node, list):
+            return max((depth(branch, level, holding) for branch in node), default=0)
+        if not isinstance(node, dict):
+            return 0
+        kind = node.get("type")
+        if kind in ("record", "error"):
+            name = _short(node.get("name"))
+            if name in holding:
+                raise ValueError(f"record {name} holds itself, so its records could nest without end")
+            if name not in depths:
+                fields = node.get("fields")
+                fields = fields if isinstance(fields, list) else []
+                depths[name] = 1 + max((depth(f.get("type"), level + 1, holding | {name}) for f in fields
+                                        if isinstance(f, dict)), default=0)
+            return depths[name]
+        if kind == "array":
+            return 1 + depth(node.get("items"), level + 1, holding)
+        if kind == "map":
+            return 1 + depth(node.get("values"), level + 1, holding)
+        if kind in ("enum", "fixed"):
+            return 0
+        return depth(kind, level, holding)
+
+    def empty(node: object) -> bool:
+        """Whether a value of this type can take no bytes (no cycles: depth() refused them)."""
+        if isinstance(node, str):
+            target = named.get(_short(node)) if node not in _AVRO_PRIMITIVES else None
+            return node == "null" or (target is not None and empty(target))
+        if not isinstance(node, dict):
+            return False  # a union writes its branch's index: at least a byte
+        kind = node.get("type")
+        if kind in ("record", "error"):
+            return all(empty(f.get("type")) for f in node.get("fields") or [] if isinstance(f, dict))
+        if kind == "fixed":
+            return node.get("size") == 0
+        if kind in ("enum", "array", "map"):
+            return False
+        return empty(kind)
+
+    try:
+        # The level bounds the walk; the depth, which named types already measured carry, bounds the records.
+        if depth(doc, 1, frozenset()) > max_depth:
+            raise ValueError(f"its records nest deeper than {max_depth} levels")
+    except ValueError as exc:
+        return str(exc)
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "array" and empty(node.get("items")):
+                return "an array's items can take no bytes, so a record of a few bytes could claim any number of them"
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
 def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
                  max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> Decoder:
     """A decoder of Avro payloads written with schema ``text``, read as ``reader_text`` when given (fields the
@@ -372,6 +465,11 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     if not _records(doc):
         raise SchemaError("the Avro schema of a topic's records must be a record, or a union of records (one a type "
                           "of event)")
+    for schema in (doc, reader_doc):
+        problem = None if schema is None else _avro_shape_problem(schema, max_depth)
+        if problem is not None:
+            raise SchemaError(f"not read: {problem}")
+    _read_logical_types_as_json_would()
     needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
     read = fastavro.schemaless_reader
     bytes_io = io.BytesIO
@@ -381,11 +479,88 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             value = read(bytes_io(payload), writer, reader)
         except RecursionError as exc:
             raise UnparseableEventError("", "the Avro record is nested too deeply") from exc
+        except MemoryError:
+            raise  # the process's, not the record's: a record is bounded by its schema's shape
         except Exception as exc:  # EOFError, SchemaResolutionError, UnicodeDecodeError, ValueError...
             raise UnparseableEventError("", f"not an Avro record of its writer schema: {exc}") from exc
         return plain(value) if needs_plain else value
 
     return decode
+
+
+# An Avro decimal of more bytes than this holds more than 150 digits, past what any counter takes (the router
+# refuses numbers of over 100 digits): read as NaN, refused by a counter that reads it and ignored by the others,
+# without converting it (int to Decimal is quadratic in the digits: 5 s for 256 KiB).
+_MAX_DECIMAL_BYTES = 64
+_DAYS_TO_1970 = dt.date(1970, 1, 1).toordinal()
+_DAY_MS = 86_400_000
+
+
+_DECIMAL_NAN = decimal.Decimal("NaN")
+# Room for every digit a decimal of _MAX_DECIMAL_BYTES holds: nothing is rounded.
+_EXACT = decimal.Context(prec=2 * 8 * _MAX_DECIMAL_BYTES)
+
+
+def _avro_decimal(data: bytes, writer_schema: Any = None, reader_schema: Any = None) -> Any:
+    """The exact value written, whatever its declared precision (fastavro rounded 123.45 to 123.4 under a
+    precision of 4, where the JSON form of the event holds 123.45)."""
+    if len(data) > _MAX_DECIMAL_BYTES:
+        return _DECIMAL_NAN
+    unscaled = int.from_bytes(data, byteorder="big", signed=True)
+    try:
+        return _EXACT.scaleb(_EXACT.create_decimal(unscaled), -int((writer_schema or {}).get("scale", 0)))
+    except (ArithmeticError, ValueError, TypeError):  # a scale past what Decimal holds
+        return _DECIMAL_NAN
+
+
+def _avro_date(days: int, writer_schema: Any = None, reader_schema: Any = None) -> Any:
+    """A date as ISO text; its day number when no date holds it (years 1 to 9999): a counter that reads it refuses
+    a number where it wants a date, and the others count the event."""
+    try:
+        return dt.date.fromordinal(days + _DAYS_TO_1970).isoformat()
+    except (ValueError, OverflowError):
+        return days
+
+
+def _avro_time(scale: int) -> Callable[..., Any]:
+    def read(value: int, writer_schema: Any = None, reader_schema: Any = None) -> Any:
+        """A time of day as ISO text; the number when it is not one (negative, or a day or more)."""
+        if not 0 <= value < _DAY_MS * scale:
+            return value
+        micros = value * (1000 // scale)
+        return dt.time(micros // 3_600_000_000, micros // 60_000_000 % 60, micros // 1_000_000 % 60,
+                       micros % 1_000_000).isoformat()
+    return read
+
+
+def _avro_instant(per_ms: int) -> Callable[..., Any]:
+    def read(value: int, writer_schema: Any = None, reader_schema: Any = None) -> int:
+        """Milliseconds since 1970 (floored), as plain() made of the datetime fastavro built: any long is one,
+        where a datetime past the year 9999 failed the whole record."""
+        return value // per_ms
+    return read
+
+
+def _avro_uuid(text: str, writer_schema: Any = None, reader_schema: Any = None) -> str:
+    """The text written: a uuid's case and form are the writer's, as in the JSON form of the event."""
+    return text
+
+
+@functools.cache
+def _read_logical_types_as_json_would() -> None:
+    """Replace fastavro's readers of logical types (its documented extension point, ``LOGICAL_READERS``, one
+    table for the process) by readers that never fail a record and read what the JSON form of the event holds:
+    a value no logical type holds stays the number or text written, so only a counter that reads it refuses it
+    (fastavro failed the whole record, losing it for every counter), and decimals are exact."""
+    from fastavro.read import LOGICAL_READERS
+
+    LOGICAL_READERS.update({
+        "long-timestamp-millis": _avro_instant(1), "long-local-timestamp-millis": _avro_instant(1),
+        "long-timestamp-micros": _avro_instant(1000), "long-local-timestamp-micros": _avro_instant(1000),
+        "long-timestamp-nanos": _avro_instant(1_000_000), "long-local-timestamp-nanos": _avro_instant(1_000_000),
+        "int-date": _avro_date, "int-time-millis": _avro_time(1), "long-time-micros": _avro_time(1000),
+        "bytes-decimal": _avro_decimal, "fixed-decimal": _avro_decimal, "string-uuid": _avro_uuid,
+    })
 
 
 def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:
@@ -423,7 +598,10 @@ def compile_proto(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
     includes = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory(prefix="countersink-proto-") as folder:
         source = Path(folder) / "schema.proto"
-        source.write_text(text, encoding="utf-8")
+        try:
+            source.write_text(text, encoding="utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no .proto file holds one
+            raise SchemaError(f"the schema text is not UTF-8: {exc.reason} at {exc.start}") from None
         out = Path(folder) / "set.pb"
         command = [sys.executable, "-m", "grpc_tools.protoc", f"-I{folder}", f"-I{includes}", "--include_imports",
                    f"--descriptor_set_out={out}", "schema.proto"]
@@ -591,7 +769,8 @@ def _message_plan(descriptor: Any, readers: dict[str, Callable[[Any], Any]], onl
     plan: list[tuple[str, bool, Callable[[Any], Any] | None, bool, bool]] = []
 
     def value_reader(field: Any) -> Callable[[Any], Any] | None:
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
+        # A proto2 group (or an editions DELIMITED field) is a message on the wire of another encoding.
+        if field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
             name = field.message_type.full_name
             if name == _TIMESTAMP:
                 return lambda m: m.seconds * 1000 + m.nanos // 1_000_000
@@ -624,18 +803,11 @@ def _message_plan(descriptor: Any, readers: dict[str, Callable[[Any], Any]], onl
 
 def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
                         max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH) -> Decoder:
-    """A decoder of JSON payloads of a JSON Schema topic (checked against the schema when ``validate``)."""
-    doc = _json_schema_doc(text, max_bytes, max_depth)
-    validator = None
-    if validate:
-        import jsonschema
-
-        try:
-            cls = jsonschema.validators.validator_for(doc)
-            cls.check_schema(doc)
-            validator = cls(doc)
-        except jsonschema.SchemaError as exc:
-            raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
+    """A decoder of JSON payloads of a JSON Schema topic (checked against the schema when ``validate``). The
+    schema's numbers are read by ``parse``, as the events' are: on a topic with exact decimals a ``multipleOf``
+    of 0.01 is a Decimal, which a Decimal value divides (a float raised TypeError on every such value)."""
+    _json_schema_doc(text, max_bytes, max_depth)  # bounded before jsonschema sees it
+    validator = _json_schema_validator(text, parse) if validate else None
 
     def decode(payload: bytes) -> Any:
         try:
@@ -643,13 +815,42 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
         except (ValueError, RecursionError) as exc:
             raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
         if validator is not None:
-            error = next(iter(validator.iter_errors(event)), None)
+            try:
+                error = next(iter(validator.iter_errors(event)), None)
+            except MemoryError:
+                raise
+            except Exception as exc:  # a $ref that resolves nowhere, NaN % 0.01, 1e999999 % 3...
+                raise InvalidEventError("", f"its JSON Schema cannot check it: {type(exc).__name__}: "
+                                            f"{str(exc)[:200]}") from exc
             if error is not None:
                 path = ".".join(str(p) for p in error.absolute_path)
                 raise InvalidEventError(path, f"does not match its JSON Schema: {error.message[:300]}")
         return event
 
     return decode
+
+
+def _json_schema_validator(text: str, parse: JsonParser) -> Any:
+    """A validator of the JSON Schema ``text`` (already bounded and parsed once), or SchemaError for a text that
+    is not one: jsonschema raised TypeError or AttributeError for a schema of ``5`` or a ``$schema`` of ``[]``."""
+    import jsonschema
+
+    try:
+        doc = parse(text.encode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"the schema is not JSON: {exc}") from exc
+    if not isinstance(doc, dict | bool) or (isinstance(doc, dict) and not isinstance(doc.get("$schema", ""), str)):
+        raise SchemaError("not a valid JSON Schema: a schema is an object (or true or false) whose $schema is text")
+    try:
+        cls = jsonschema.validators.validator_for(doc)
+        cls.check_schema(doc)
+        return cls(doc)
+    except jsonschema.SchemaError as exc:
+        raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # whatever else jsonschema raises on a text it does not expect
+        raise SchemaError(f"not a valid JSON Schema: {type(exc).__name__}: {str(exc)[:200]}") from exc
 
 
 def json_schema_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Callable[[Any], bytes]:

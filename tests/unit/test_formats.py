@@ -706,3 +706,133 @@ def _proto_class() -> Any:
     if not _PROTO_CLASSES:  # protoc runs once
         _PROTO_CLASSES.append(ProtoSchema(DIFFERENTIAL_PROTO).message_class((2,)))
     return _PROTO_CLASSES[0]
+
+
+# --- records any producer can write: bounded, and read as their JSON form -------------------------------------
+
+
+def _record(*fields: dict[str, Any], name: str = "E") -> dict[str, Any]:
+    return {"type": "record", "name": name, "fields": [{"name": "sym", "type": "string"}, *fields]}
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    # fastavro's compiled reader recursed in C once per level: 8,000 levels (16 KB) crashed the process.
+    ([{"name": "next", "type": ["null", "E"], "default": None}], "E holds itself"),
+    ([{"name": "a", "type": {"type": "record", "name": "A", "fields": [
+        {"name": "b", "type": {"type": "array", "items": {"type": "record", "name": "B", "fields": [
+            {"name": "back", "type": ["null", "A"]}]}}}]}}], "A holds itself"),
+    # It built as many items as an array's blocks claimed: 2^62 items of no bytes in a record of 20 bytes.
+    ([{"name": "marks", "type": {"type": "array", "items": "null"}}], "items can take no bytes"),
+    ([{"name": "marks", "type": {"type": "array", "items": {"type": "fixed", "name": "Z", "size": 0}}}],
+     "items can take no bytes"),
+    ([{"name": "marks", "type": {"type": "array", "items": {"type": "record", "name": "Nothing", "fields": [
+        {"name": "n", "type": "null"}]}}}], "items can take no bytes"),
+])
+def test_avro_schemas_whose_records_are_unbounded_are_refused(fields: list[dict[str, Any]], problem: str) -> None:
+    """A schema whose records could nest without end or hold any number of items in a few bytes is not read:
+    a SchemaError, so each of its records is a dead letter (BadSchemaEventError) instead of a crash or an
+    exhausted memory, looping on the same record."""
+    with pytest.raises(SchemaError, match=problem):
+        compile_avro(json.dumps(_record(*fields)))
+
+
+def test_avro_nesting_past_32_levels_is_refused_even_through_named_types() -> None:
+    """Each record type refers to the previous one by name: the schema text is flat, its records 40 deep."""
+    types: list[dict[str, Any]] = [{"type": "record", "name": "L0", "fields": [{"name": "v", "type": "long"}]}]
+    for level in range(1, 40):
+        types.append({"type": "record", "name": f"L{level}", "fields": [{"name": "down", "type": f"L{level - 1}"}]})
+    holder = {"type": "record", "name": "Holder", "fields": [
+        {"name": f"t{i}", "type": t if i == 0 else {"type": "array", "items": t}} for i, t in enumerate(types)]}
+    with pytest.raises(SchemaError, match="deeper than 32"):
+        compile_avro(json.dumps(holder))
+    shallow = {"type": "record", "name": "Holder", "fields": [
+        {"name": "t0", "type": types[0]}, {"name": "t1", "type": types[1]}, {"name": "again", "type": "L1"},
+        {"name": "tags", "type": {"type": "array", "items": ["null", "string"]}}]}
+    compile_avro(json.dumps(shallow))  # a named type used twice, and items of a union (a byte each): read
+
+
+def test_avro_logical_values_no_type_holds_stay_what_was_written() -> None:
+    """An instant past the year 9999, a date or time out of range, a uuid that is none or in capitals: fastavro
+    failed the whole record (lost for every counter, where the JSON form of the event is counted); they are now
+    the number or text written, refused only by a counter that reads them. Decimals are exact, whatever the
+    declared precision (123.45 under precision 4 was 123.4); one of more than 64 bytes is NaN, at once."""
+    schema = _record(
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "at_ns", "type": {"type": "long", "logicalType": "timestamp-nanos"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "t", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2}})
+    plain_schema = json.loads(json.dumps(schema))
+    for field in plain_schema["fields"][1:]:
+        field["type"] = field["type"]["type"]  # the same bytes, written without logical types
+    decode = compile_avro(json.dumps(schema))
+
+    def read(**values: Any) -> dict[str, Any]:
+        record = {"sym": "IBM", "at": 0, "at_us": 0, "at_ns": 0, "day": 0, "t": 0, "id": "x", "price": b"\x00",
+                  **values}
+        return decode(avro_bytes(plain_schema, record))  # type: ignore[no-any-return]
+
+    assert read(at=253_402_300_800_000)["at"] == 253_402_300_800_000  # the year 10000
+    assert read(at_us=-1)["at_us"] == -1  # floored to the millisecond, as before
+    assert read(at_ns=1_700_000_000_123_456_789)["at_ns"] == 1_700_000_000_123  # milliseconds, as the others
+    assert read(day=20_418)["day"] == "2025-11-26"
+    assert read(day=3_000_000)["day"] == 3_000_000  # past 9999
+    assert read(t=45_296_789)["t"] == "12:34:56.789000"
+    assert read(t=-1)["t"] == -1  # was read as 00:00:00.999
+    assert read(t=86_400_000)["t"] == 86_400_000
+    assert read(id="order-17")["id"] == "order-17"
+    assert read(id="A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A13")["id"] == "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A13"
+    assert read(price=(12345).to_bytes(2, "big", signed=True))["price"] == Decimal("123.45")
+    assert read(price=(-123456789).to_bytes(4, "big", signed=True))["price"] == Decimal("-1234567.89")
+    huge = read(price=b"\x7f" + b"\xff" * (1 << 20))["price"]  # 1 MiB: took minutes to convert
+    assert isinstance(huge, Decimal)
+    assert huge.is_nan()
+
+
+def test_json_schema_checks_that_cannot_decide_refuse_the_record_not_the_process() -> None:
+    """A $ref that resolves nowhere, NaN against multipleOf, 1e999999 % 3: the check raised out of the decoder
+    (a crash loop, or the batch path crashing where the router refused); each is now the record's dead letter.
+    On a topic with exact decimals the schema's numbers are Decimals as the events' are, so a value of 1.5
+    against multipleOf 0.01 is checked (Decimal / float raised TypeError)."""
+    from schemas.events import _parse_decimal
+
+    dangling = json.dumps({"type": "object", "properties": {"x": {"$ref": "#/definitions/Amount"}},
+                           "$defs": {"Amount": {"type": "integer"}}})
+    with pytest.raises(InvalidEventError, match="cannot check it"):
+        compile_json_schema(dangling, json.loads, True)(b'{"x": 5}')
+    cents = json.dumps({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.01}}})
+    checked = compile_json_schema(cents, json.loads, True)
+    assert checked(b'{"x": 2.5}') == {"x": 2.5}
+    for value in (b"NaN", b"Infinity", b"1" + b"0" * 400):
+        with pytest.raises(InvalidEventError, match="cannot check it"):
+            checked(b'{"x": ' + value + b"}")
+    exact = compile_json_schema(cents, _parse_decimal, True)
+    assert exact(b'{"x": 1.5}') == {"x": Decimal("1.5")}
+    with pytest.raises(InvalidEventError, match="does not match"):
+        exact(b'{"x": 1.505}')
+    thirds = compile_json_schema(json.dumps({"properties": {"x": {"multipleOf": 3}}}), _parse_decimal, True)
+    with pytest.raises(InvalidEventError, match="cannot check it"):
+        thirds(b'{"x": 1e999999}')
+
+
+@pytest.mark.parametrize("text", ["5", "null", '{"$schema": []}', '{"$schema": 5}', "[1]"])
+def test_a_json_schema_that_is_none_is_a_schema_error(text: str) -> None:
+    """jsonschema raised TypeError or AttributeError for these (out of the schema loader, or a bare traceback for
+    a schema file); each is a SchemaError, the records of its id dead letters."""
+    with pytest.raises(SchemaError, match="not a valid JSON Schema"):
+        compile_json_schema(text, json.loads, True)
+
+
+def test_protobuf_groups_decode_to_dicts_and_a_lone_surrogate_is_a_schema_error() -> None:
+    """A proto2 group (and an editions DELIMITED field) is read as a nested message is: a dict (it was the
+    message object itself, which a where list could not hash: a crash); a schema text holding a lone surrogate
+    is a SchemaError, not a UnicodeEncodeError out of the loader."""
+    proto = ProtoSchema('syntax = "proto2";\nmessage Event { optional string sym = 1; '
+                        "optional group Info = 2 { optional int32 level = 3; } }")
+    decode = proto.decoder((0,))
+    assert decode is not None
+    assert decode(bytes.fromhex("0a0349424d13180314")) == {"sym": "IBM", "info": {"level": 3}}
+    with pytest.raises(SchemaError, match="not UTF-8"):
+        ProtoSchema('syntax = "proto3";\n// note \ud800\nmessage E { string sym = 1; }')
