@@ -39,6 +39,23 @@ bucket = { field = "ts", size = "1h" }
 """)["views"]
 
 
+def _spied(client: CassandraClient) -> list[str]:
+    """The statements ``client`` executes from now on, in the order sent (until ``_unspied``)."""
+    asked: list[str] = []
+    execute = client.execute
+
+    async def spied(statement: str, *args: object, **kwargs: object) -> object:
+        asked.append(statement)
+        return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
+
+    client.execute = spied  # type: ignore[method-assign]
+    return asked
+
+
+def _unspied(client: CassandraClient) -> None:
+    del client.execute  # the instance's spy: the class's method again
+
+
 def _sum(value: int) -> bytes:
     state = new_state(KindSpec("sum"))
     state.apply(value)
@@ -194,21 +211,14 @@ async def test_a_read_after_some_sources_flushed_reads_their_rows_alone(cassandr
                                  source=sources[8])
         await store.write_shards(mutators[5], 1_005, 3_005, [ShardWrite("pages", key, _sum(2), 2, False)],
                                  source=sources[5])
-        asked: list[str] = []
-        execute = client.execute
-
-        async def spied(statement: str, *args: object, **kwargs: object) -> object:
-            asked.append(statement)
-            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
-
-        client.execute = spied  # type: ignore[method-assign]
+        asked = _spied(client)
         assert (await read_state(client, "hits", key, cache=cache)).value() == 78 + 36 + 50  # type: ignore[union-attr]
         assert cache.patched_reads == 1
         by_name = [s for s in asked if "(born_us, mutator) IN" in s]
         assert len(by_name) == 1
         assert by_name[0].count("(?, ?)") == 3
         assert [s for s in asked if "AS cell" in s] == by_name  # no whole read
-        client.execute = execute  # type: ignore[method-assign]
+        _unspied(client)
         assert (await read_state(client, "hits", key)).value() == 164  # type: ignore[union-attr]
 
         # Partition 3's next owner writes a row of its own: the old row does not carry the stamp, read whole.
@@ -234,17 +244,10 @@ async def test_a_read_of_what_the_cache_does_not_keep_is_one_request(cassandra_s
                 ShardWrite("hits", key, _sum(i + 1), 1, True),
                 *(ShardWrite("views", bucket_key(definition, key, start + hour * HOUR), _sum(hour), 1, True)
                   for hour in range(24))], source=mutator.bytes[:8])
-        asked: list[str] = []
-        execute = client.execute
-
-        async def spied(statement: str, *args: object, **kwargs: object) -> object:
-            asked.append(statement)
-            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
-
+        asked = _spied(client)
         def stamps_reads() -> int:
             return sum(statement.startswith("SELECT key, stamps FROM shards") for statement in asked)
 
-        client.execute = spied  # type: ignore[method-assign]
         epochs = EpochsCache(client, kept_s=600)  # kept throughout: each read is the requests counted below
         reader = CounterReader(client, cache=StateCache(1 << 20), epochs=epochs)
         assert await reader.get("hits", key) == 6  # the counter's resets read, not yet kept: sent with the stamps
@@ -357,14 +360,7 @@ async def test_with_max_staleness_a_kept_merge_answers_without_a_request_until_t
         assert await stale.get("hits", key) == 10
         await store.write_shards(mutators[2], 1_002, 3_002, [ShardWrite("hits", key, _sum(30), 2, False)],
                                  source=sources[2])
-        asked: list[str] = []
-        execute = client.execute
-
-        async def spied(statement: str, *args: object, **kwargs: object) -> object:
-            asked.append(statement)
-            return await execute(statement, *args, **kwargs)  # type: ignore[arg-type]
-
-        client.execute = spied  # type: ignore[method-assign]
+        asked = _spied(client)
         assert await stale.get_many("hits", [key]) == {key: 10}  # the flush missed, within the bound
         assert time.monotonic() - read_at < staleness  # (else the read above was not within it)
         assert asked == []
@@ -377,4 +373,4 @@ async def test_with_max_staleness_a_kept_merge_answers_without_a_request_until_t
         asked.clear()
         assert await stale.get("hits", key) == 37
         assert asked == []
-        client.execute = execute  # type: ignore[method-assign]
+        _unspied(client)
