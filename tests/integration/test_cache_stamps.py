@@ -39,6 +39,20 @@ bucket = { field = "ts", size = "1h" }
 """)["views"]
 
 
+async def _flushed_by_each(store: CassandraStore, partitions: int, *also: str
+                           ) -> tuple[str, list[uuid.UUID], list[bytes]]:
+    """A new instance of ``hits`` that the mutator of each of ``partitions`` flushed once (its shard holds i + 1),
+    with a shard of each counter of ``also`` (1) in the same rows: its key, the mutators and their sources."""
+    key = f"home-{uuid.uuid4().hex[:8]}"
+    mutators = [uuid.uuid4() for _ in range(partitions)]
+    sources = [stamp_source("g", "views", i) for i in range(partitions)]
+    for i, mutator in enumerate(mutators):
+        await store.write_shards(mutator, 1_000 + i, 2_000 + i, [
+            ShardWrite("hits", key, _sum(i + 1), 1, True), *(ShardWrite(c, key, _sum(1), 1, True) for c in also)],
+                                 source=sources[i])
+    return key, mutators, sources
+
+
 def _spied(client: CassandraClient) -> list[str]:
     """The statements ``client`` executes from now on, in the order sent (until ``_unspied``)."""
     asked: list[str] = []
@@ -195,13 +209,7 @@ async def test_a_read_after_some_sources_flushed_reads_their_rows_alone(cassandr
     name and answers what an uncached read does; a claimant's new row makes the next read a whole one."""
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
-        key = f"home-{uuid.uuid4().hex[:8]}"
-        mutators = [uuid.uuid4() for _ in range(12)]
-        sources = [stamp_source("g", "views", i) for i in range(12)]
-        for i, mutator in enumerate(mutators):
-            await store.write_shards(mutator, 1_000 + i, 2_000 + i, [ShardWrite("hits", key, _sum(i + 1), 1, True),
-                                                                     ShardWrite("pages", key, _sum(1), 1, True)],
-                                     source=sources[i])
+        key, mutators, sources = await _flushed_by_each(store, 12, "pages")
         cache = StateCache(1 << 20)
         assert (await read_state(client, "hits", key, cache=cache)).value() == 78  # type: ignore[union-attr]
         await store.write_shards(mutators[3], 1_003, 3_003, [ShardWrite("hits", key, _sum(40), 2, False),
@@ -347,12 +355,7 @@ async def test_with_max_staleness_a_kept_merge_answers_without_a_request_until_t
     staleness = 3.0
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
-        key = f"home-{uuid.uuid4().hex[:8]}"
-        mutators = [uuid.uuid4() for _ in range(4)]
-        sources = [stamp_source("g", "views", i) for i in range(4)]
-        for i, mutator in enumerate(mutators):
-            await store.write_shards(mutator, 1_000 + i, 2_000 + i, [ShardWrite("hits", key, _sum(i + 1), 1, True)],
-                                     source=sources[i])
+        key, mutators, sources = await _flushed_by_each(store, 4)
         stale = CounterReader(client, cache=StateCache(1 << 20, max_staleness_s=staleness), epochs=EpochsCache(client))
         strict = CounterReader(client, cache=StateCache(1 << 20), epochs=EpochsCache(client))
         assert await strict.get("hits", key) == 10
