@@ -62,6 +62,12 @@ def cell_name(counter: str, epoch: int) -> str:
     return counter if epoch == 0 else f"{counter}{_EPOCH_MARK}{epoch:d}"
 
 
+def later_cells(counter: str) -> tuple[str, str]:
+    """Bounds of a map slice holding every :func:`cell_name` of ``counter`` after epoch 0 and no other name: the
+    epoch mark is no character of a counter's name, so only this counter's cells start with it after the name."""
+    return f"{counter}{_EPOCH_MARK}", f"{counter}{_EPOCH_MARK}\U0010ffff"
+
+
 def split_cell(cell: str) -> tuple[str, int]:
     """The counter and epoch of a :func:`cell_name`."""
     counter, mark, epoch = cell.partition(_EPOCH_MARK)

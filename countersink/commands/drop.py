@@ -14,9 +14,10 @@ The order is what keeps a running consumer from writing it back:
    is hidden too, and one built after reads nothing of the counter.
 
 The name stays refused after the drop: a consumer holding the old definitions must never count it again.
-``--forget`` (a deliberate act, once no consumer runs the old definitions) walks the rows once more, deletes
-the counter's hand-overs and its backfills' ownership rows, and removes the registry entry, so a new
-definition may take the name (and be backfilled anew).
+The sweep deletes the cells of every epoch of the counter (its resets' cells too). ``--forget`` (a deliberate
+act, once no consumer runs the old definitions) walks the rows once more, deletes the counter's hand-overs, its
+backfills' ownership rows and its resets, and removes the registry entry, so a new definition may take the name
+(and be backfilled anew) and starts with nothing of the old one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from countersink.logs import get_logger
 from countersink.registry import CounterRegistry, DroppedCounter
 from countersink.settings import Settings
 from schemas.cql import DROP_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, key_of_partition
-from schemas.resets import split_cell
+from schemas.resets import later_cells, split_cell
 
 log = get_logger(__name__)
 
@@ -134,11 +135,30 @@ async def forget_backfills(client: CassandraClient, name: str) -> int:
     return deleted
 
 
+async def forget_resets(client: CassandraClient, name: str) -> int:
+    """Delete ``name``'s resets and where they sit in each partition: a new definition under the name starts at
+    epoch 0 with none (the old ones put its instances in the old epochs' cells, read back as the old values),
+    and a control record of an old reset still in a topic names a reset no longer recorded, which consumers
+    take for a forged one and skip. Returns how many resets were deleted. ``reset_positions`` is read whole."""
+    resets = len(as_dicts(await client.execute("SELECT epoch FROM resets WHERE counter = ?", [name])))
+    positions = {(row["topic"], row["partition"]) for row in as_dicts(await client.execute(
+        "SELECT topic, partition, counter FROM reset_positions")) if row["counter"] == name}
+    for topic, partition in sorted(positions):
+        await client.execute("DELETE FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ?",
+                             [topic, partition, name])
+    await client.execute("DELETE FROM resets WHERE counter = ?", [name])
+    return resets
+
+
 async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Callable[[str], object]) -> int:
-    # Before the name is released: a consumer with a new definition of it must find none of the old hand-overs.
+    # Before the name is released: a consumer with a new definition of it must find none of the old hand-overs,
+    # nor the old resets.
     handovers = await forget_backfills(registry.client, dropped.name)
     if handovers:
         say(f"{dropped.name}: deleted {handovers} hand-over rows and the ownership rows of its backfills")
+    resets = await forget_resets(registry.client, dropped.name)
+    if resets:
+        say(f"{dropped.name}: deleted its {resets} resets and where they sit in each partition")
     if not await registry.forget(dropped):
         log.error("forget_refused", counter=dropped.name,
                   error=f"the registry entry of {dropped.name!r} is no longer the drop of "
@@ -150,15 +170,18 @@ async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Calla
 
 async def sweep(client: CassandraClient, name: str, batch: int, stopping: asyncio.Event,
                 report: Callable[[DropProgress, bool], object]) -> DropProgress:
-    """Delete ``name``'s cell of every shard row and its tally of every key: every row of the table is read
-    once, a page of ``batch`` rows at a time, with at most ``batch`` deletes in flight. ``report`` hears the
-    progress after each page, and whether it was the last."""
+    """Delete ``name``'s cells of every shard row and its tallies of every key, in every epoch (a reset's
+    cells too: a name released and defined anew would read them back): every row of the table is read once, a
+    page of ``batch`` rows at a time, with at most ``batch`` deletes in flight. ``report`` hears the progress
+    after each page, and whether it was the last."""
     progress = DropProgress()
     page: bytes | None = None
-    tallied: str | None = None  # the last key whose tally was deleted: its rows follow one another
+    tallied: str | None = None  # the last key whose tallies were deleted: its rows follow one another
+    later = later_cells(name)  # the cells of its epochs after resets
     while not stopping.is_set():
         result = await client.execute(
-            "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell FROM shards", [name, name],
+            "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell, tallies[?..?] AS later_tallies, "
+            "states[?..?] AS later_cells FROM shards", [name, name, *later, *later],
             page_size=batch, page_state=page)
         # By partition: its deletes and its stamp in one single-partition batch, which Cassandra applies
         # atomically: a serve that kept a merge of the counter reads the states again (schemas.cql), whatever
@@ -167,14 +190,17 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
         for row in as_dicts(result):
             progress.rows_scanned += 1
             key = row["key"]
-            if row["tally"] is not None and key != tallied:
+            tallies = ([name] if row["tally"] is not None else []) + sorted(row["later_tallies"] or ())
+            if tallies and key != tallied:
                 tallied = key
-                deletes.setdefault(key, []).append((_TALLY_DELETE, [name, key]))
-                progress.tallies_deleted += 1
+                deletes.setdefault(key, []).extend((_TALLY_DELETE, [cell, key]) for cell in tallies)
+                progress.tallies_deleted += len(tallies)
                 progress.keys.add(key_of_partition(key))
-            if row["cell"] is not None and row["born_us"] is not None:
-                deletes.setdefault(key, []).append((_CELL_DELETE, [name, key, row["born_us"], row["mutator"]]))
-                progress.cells_deleted += 1
+            cells = ([name] if row["cell"] is not None else []) + sorted(row["later_cells"] or ())
+            if cells and row["born_us"] is not None:
+                deletes.setdefault(key, []).extend(
+                    (_CELL_DELETE, [cell, key, row["born_us"], row["mutator"]]) for cell in cells)
+                progress.cells_deleted += len(cells)
                 progress.keys.add(key_of_partition(key))
         await asyncio.gather(*(_delete(client, key, statements) for key, statements in deletes.items()))
         page = result.page_state() if result.has_more_pages() else None

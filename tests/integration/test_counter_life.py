@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
@@ -220,3 +221,60 @@ async def test_drop_of_an_unknown_counter_or_without_yes_exits_2(
     outdated = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "volume", "--yes")
     assert outdated.returncode == 2, outdated.stderr
     assert "run countersink schema first" in _logged(outdated.stderr, "schema_outdated")[0]["error"]  # type: ignore[operator]
+
+
+async def test_drop_deletes_every_epoch_and_forget_its_resets_so_the_name_starts_empty(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, tmp_path: Path) -> None:
+    """A counter reset twice holds cells and a tally in epochs 1 and 2 besides its own. ``drop`` deleted the
+    epoch-0 ones alone, and ``--forget`` left its resets: defined again under the name, its reset keys read the old
+    epochs' values back. Now every epoch's cells and tallies go, and the resets with ``--forget``; counters whose
+    names start with the dropped one's are untouched."""
+    from consumer.cassandra_store import CassandraStore
+    from consumer.storage import ShardWrite
+    from countersink.reader import CounterReader
+    from schemas.kinds import KindSpec, new_state
+
+    counters = tmp_path / "counters.toml"
+    counters.write_text("".join(f'[[counter]]\nname = "{name}"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n\n'
+                                for name in ("hits", "hits2", "hits_a")))
+
+    def one() -> bytes:
+        state = new_state(KindSpec("count"))
+        state.apply(1)
+        return state.to_bytes()
+
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(load_definitions(counters), "host", "g")
+        store = CassandraStore(client)
+        cells = ("hits", "hits@1", "hits@2", "hits2", "hits_a", "hits2@1")
+        await store.write_shards(uuid.uuid4(), 1_000, 1_001,
+                                 [ShardWrite(cell, key, one(), 1, True) for cell in cells for key in ("a", "b")],
+                                 source=b"src")
+        for cell in ("hits@1", "hits2@1"):
+            await client.execute("UPDATE shards SET tallies[?] = ? WHERE key = ?", [cell, one(), "a"])
+        for epoch in (1, 2):
+            await client.execute("INSERT INTO resets (counter, epoch, id, keys) VALUES (?, ?, ?, ?)",
+                                 ["hits", epoch, f"hits.{epoch}.x", {"a"}])
+            await client.execute("INSERT INTO reset_positions (topic, partition, counter, epoch, offset) "
+                                 "VALUES ('t', 0, 'hits', ?, ?)", [epoch, epoch])
+        await client.execute("INSERT INTO resets (counter, epoch, id, keys) VALUES ('hits2', 1, 'hits2.1.x', {'a'})")
+
+    dropped = await asyncio.to_thread(_cli, kafka_settings, cassandra_settings, "drop", "hits", "--yes", "--forget",
+                                      registry_check_s=0.1)
+    assert dropped.returncode == 0, dropped.stderr
+    assert "deleted 6 shard cells and 1 tallies in 2 keys" in dropped.stdout, dropped.stdout
+    assert "deleted its 2 resets" in dropped.stdout, dropped.stdout
+    async with CassandraClient(cassandra_settings) as client:
+        rows = as_dicts(await client.execute("SELECT key, born_us, tallies, states FROM shards", page_size=10_000))
+        kept = {(row["key"], cell) for row in rows if row["born_us"] is not None and row["born_us"] < 2**62
+                for cell in row["states"] or ()}
+        assert kept == {(key, cell) for key in ("a", "b") for cell in ("hits2", "hits_a", "hits2@1")}
+        assert {cell for row in rows for cell in row["tallies"] or ()} == {"hits2@1"}
+        assert as_dicts(await client.execute("SELECT epoch FROM resets WHERE counter = 'hits'")) == []
+        assert as_dicts(await client.execute("SELECT counter FROM reset_positions WHERE topic = 't' AND "
+                                             "partition = 0")) == []
+        assert len(as_dicts(await client.execute("SELECT epoch FROM resets WHERE counter = 'hits2'"))) == 1
+        await CounterRegistry(client).register(load_definitions(counters), "host", "g")  # defined anew
+        reader = CounterReader(client)
+        assert await reader.get("hits", "a") is None  # epoch 2's cell, read back before
+        assert await reader.get("hits2", "a") == 2  # its reset epoch's tally and cell
