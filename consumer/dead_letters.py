@@ -16,7 +16,7 @@ from countersink.metrics import METRICS
 from countersink.settings import ConsumerSettings
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError, NotRepublishableError
-from schemas.events import APPLY_TO_HEADER
+from schemas.events import APPLY_TO_HEADER, apply_to
 
 log = get_logger(__name__)
 
@@ -52,6 +52,16 @@ def refused_by(error: InvalidEventError) -> tuple[str, ...]:
     return () if error.counter is None else (error.counter,)
 
 
+def _meant_for(record: KafkaRecord) -> tuple[str, ...]:
+    """The counters a record's :data:`~schemas.events.APPLY_TO_HEADER` names, in order; ``()`` without one (or
+    one that is no UTF-8 text, which the record was refused whole for: then for every counter)."""
+    try:
+        named = apply_to(record.headers or ())
+    except InvalidEventError:
+        return ()
+    return tuple(sorted(named or ()))
+
+
 def _describe(error: InvalidEventError) -> bytes:
     return f"{type(error).__name__} {error.path}: {error.reason}".encode()[:1024]
 
@@ -76,7 +86,10 @@ def dead_letter_headers(topic: str, partition: int, record: KafkaRecord, error: 
     schema_id = getattr(first, "schema_id", None)
     if schema_id is not None:  # the writer schema the registry does not know, or that cannot be used
         headers.append(("countersink.schema_id", str(schema_id).encode()))
-    names = refused_by(error)
+    # A re-published record meant for some counters alone (countersink.apply-to), refused as a whole this time
+    # (a fix that is no JSON): its dead letter is for those counters alone still. Without it, the next
+    # republish would go back for every counter, and those that counted the original would count it twice.
+    names = refused_by(error) or _meant_for(record)
     if names:
         headers.append((REFUSED_HEADER, ",".join(names).encode()))
         headers += [(f"{REFUSED_HEADER}.{r.counter}", _describe(r)) for r in refusals if r.counter is not None]

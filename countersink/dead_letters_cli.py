@@ -11,6 +11,7 @@ counter. docs/operations.md, Dead letters, shows the steps.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from aiokafka import TopicPartition
 
 from countersink.cli import EXIT_USAGE, MAX_OPTION_INT, HelpFormatter, run_async
-from countersink.kafka import make_consumer, make_producer
+from countersink.kafka import make_consumer, make_producer, topic_partitions
 from countersink.logs import get_logger
 from countersink.settings import Settings
 
@@ -64,14 +65,39 @@ def run_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
     payload = None
     if args.payload is not None:
         limit = settings.consumer.max_event_bytes
-        stream = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: SIM115
-        with stream:
-            payload = stream.read(limit + 1)
+        try:
+            stream = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: SIM115
+            with stream:
+                payload = stream.read(limit + 1)
+        except OSError as exc:  # missing, a folder, unreadable: a bad argument
+            log.error("usage_refused", error=f"--payload {args.payload}: {exc.strerror or exc}")
+            return EXIT_USAGE
         if len(payload) > limit:
             log.error("usage_refused", error=f"the payload is larger than {limit} bytes "
                       "(COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
             return EXIT_USAGE
+        problem = _not_an_event(payload)
+        if problem is not None:
+            log.error("usage_refused", error=f"--payload {args.payload}: {problem}")
+            return EXIT_USAGE
     return run_async(republish(settings, args.partition, args.offset, payload, dry_run=args.dry_run))
+
+
+def _not_an_event(payload: bytes) -> str | None:
+    """Why ``payload`` cannot be a fixed event, or None. A payload in a schema registry's wire format (its magic
+    byte first) is sent as it is; any other is a JSON topic's event, which must be a JSON object as
+    ``countersink publish`` requires: a fix that is not one is refused whole by the consumer again."""
+    if payload[:1] == b"\x00":
+        return None
+    try:
+        event = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return f"not a JSON object ({exc})"
+    return None if isinstance(event, dict) else "not a JSON object"
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
 
 
 async def republish(settings: Settings, partition: int, offset: int, payload: bytes | None, *,
@@ -81,6 +107,18 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
 
     topic = settings.consumer.dead_letter_topic
     tp = TopicPartition(topic, partition)
+    # A partition the topic lacks: said at once (the consumer's look-up of its offsets waited out its timeout).
+    lookup = make_producer(settings.kafka)
+    await lookup.start()
+    try:
+        partitions = [number for _, number in await topic_partitions(settings.kafka, lookup, [topic])]
+    finally:
+        await lookup.stop()
+    if partition not in partitions:
+        log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
+                  error=f"{topic} has {len(partitions)} partitions" + (
+                      f" (0..{max(partitions)})" if partitions else ": is it the dead-letter topic?"))
+        return EXIT_USAGE
     consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
                              isolation_level="read_committed")
     try:
@@ -90,7 +128,8 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
         high = (await consumer.end_offsets([tp]))[tp]
         if not low <= offset < high:
             log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
-                      error=f"{topic}/{partition} holds offsets {low}..{high - 1}")
+                      error=f"{topic}/{partition} holds " + (f"offsets {low}..{high - 1}" if high > low else
+                                                                   "no record"))
             return EXIT_USAGE
         consumer.seek(tp, offset)
         found = None

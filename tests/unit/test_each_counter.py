@@ -325,6 +325,31 @@ def test_a_republished_dead_letter_goes_back_for_the_counters_that_refused_it() 
         plan_republish([("trace", b"x")], b"{}", None)
 
 
+def test_a_republished_fix_refused_whole_stays_meant_for_the_counters_that_refused_the_original() -> None:
+    """A fix re-published for ``revenue`` alone that is no JSON is refused whole: its dead letter still names
+    ``revenue`` (it named no counter, and the next republish went to every counter: counted twice by those that
+    counted the original)."""
+    fix = Record(9, b'{"type":"purchase","amount":twelve}', None, b"k",
+                 [("trace", b"t-1"), (APPLY_TO_HEADER, b"revenue")])
+    _, _, error = applier(ISSUE).classify(fix)
+    assert error is not None
+    headers = dead_letter_headers("events", 2, fix, error)
+    assert ("countersink.refused", b"revenue") in headers
+    plan = plan_republish(headers, fix.value, b"k", b'{"type":"purchase","amount":"12"}')
+    assert dict(plan.headers)[APPLY_TO_HEADER] == b"revenue"
+
+
+def test_republish_refuses_a_payload_no_consumer_could_read() -> None:
+    """``dead-letters republish --payload`` checks a JSON topic's fix as ``publish`` checks a line (a payload in
+    the registry's wire format is sent as it is)."""
+    from countersink.dead_letters_cli import _not_an_event
+
+    assert _not_an_event(b'{"k": "z", "v": 7}') is None
+    assert _not_an_event(b"\x00\x00\x00\x00\x01\x02") is None
+    for bad in (b'{"k": "z", "v": seven}', b"not json", b"\xff\xfe", b'{"v": NaN}', b"[1]", b'"text"'):
+        assert _not_an_event(bad) is not None, bad
+
+
 def test_the_documented_mixed_topic_is_the_one_tested() -> None:
     """docs/counters.md's mixed-topic definitions are the ones these tests hold to the table there."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "counters.md").read_text()
