@@ -524,7 +524,11 @@ async def _retry_window(source: RecordSource, counters: CounterSet, limits: Cons
                          decoders=decoders)
     applier = Applier(router, counters, topic, partition, RetryWindow(size))
     last_seen: dict[tuple[str, str], int] = {}
-    for earlier in await source.read_back(topic, partition, record.offset, size) if size > 0 else []:
+    window = await source.read_back(topic, partition, record.offset, size) if size > 0 else []
+    # A reset's control record takes its place in the window as a record without ids, whichever reset it names:
+    # looked up in no book (the applier refuses to classify one it was not told of), each is such a record.
+    await applier.learn([*window, record])
+    for earlier in window:
         for name, d in decide(topic, earlier, partition).items():
             if d.outcome == COUNTED and d.event_id is not None:
                 last_seen[(name, d.event_id)] = earlier.offset

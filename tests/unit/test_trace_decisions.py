@@ -85,3 +85,25 @@ def test_refusal_lines_say_why_and_what_to_do() -> None:
     dropped = dropped_reason("ks", "a", {"dropped_us": 1_795_000_000_000_000, "dropped_by": "host:1"})
     assert "dropped from keyspace 'ks' at 2026-11-18T11:06:40Z by host:1" in dropped
     assert "countersink drop a --yes --forget" in dropped
+
+
+def test_the_retry_window_of_a_trace_reads_past_a_resets_control_record() -> None:
+    """A reset's control record among the records before the traced one: trace's window raised "reset ... was
+    not looked up before its control record applied" (exit 1 for every record after any reset of the topic);
+    it takes its place as a record without ids, and a retry after it is still one."""
+    import asyncio
+
+    from countersink.commands.trace import _retry_window
+    from schemas.resets import Reset, control_record, new_reset_id
+    from tests.unit.memory_store import MemoryLog
+
+    reset = Reset(new_reset_id("bought", 1), "bought", 1, frozenset({"IBM"}))
+    value, headers = control_record(reset)
+    first = json.dumps({"id": "e1", "symbol": "IBM", "side": "buy", "qty": 1}).encode()
+    log = MemoryLog([first, value, first, json.dumps({"id": "e2", "symbol": "IBM", "side": "buy", "qty": 1}).encode()],
+                    headers=[(), headers, (), ()])
+    for record, fresh in ((log.records[2], set()), (log.records[3], {"bought"})):
+        counted, last_seen = asyncio.run(_retry_window(log, COUNTERS, ConsumerSettings(), DECIDE, "trades", 0, record,
+                                                       {}))
+        assert counted == fresh
+        assert last_seen[("bought", "e1")] == (0 if record.offset == 2 else 2)
