@@ -568,7 +568,9 @@ class CounterReader:
         # A key is listed when it has a cell of its current epoch (schemas.resets): one column pair per epoch
         # in use (all keys', and those of keys reset one by one).
         epochs = await read_epochs(self.client, counter)
-        cells = sorted({epochs.cell(counter, ""), *(cell_name(counter, e) for e in
+        # (The epoch of all keys by itself, not the empty key's: that key may have been reset on its own.)
+        base = epochs.all_keys.get(counter, 0)
+        cells = sorted({cell_name(counter, base), *(cell_name(counter, max(base, e)) for e in
                                                     epochs.by_key.get(counter, {}).values())})
         columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}" for i in range(len(cells)))
         while len(keys) < limit:

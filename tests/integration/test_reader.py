@@ -128,3 +128,18 @@ async def test_serve_answers_reads_over_http(cassandra_settings: CassandraSettin
             assert unknown.status == 404
         async with http.get(base + "/openapi.json") as spec:
             assert "/counters/{name}/{key}" in (await spec.json())["paths"]
+
+
+async def test_list_after_the_empty_key_alone_was_reset(cassandra_settings: CassandraSettings) -> None:
+    """A reset of the empty key alone: list took that key's epoch for the counter's and failed for good
+    (``ValueError: 'likes' is not in list``); it lists the other keys, and the empty key once counted again."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        one = b"\x02\x01\x01"
+        await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("likes", key, one, 0, True) for key in ("", "a")],
+                                 source=b"test")
+        await client.execute("INSERT INTO resets (counter, epoch, id, keys) VALUES ('likes', 1, 'likes.1.x', {''})")
+        reader = CounterReader(client)
+        assert await reader.list_instances("likes") == (["a"], None)
+        await store.write_shards(uuid.uuid4(), 2, 3, [ShardWrite("likes@1", "", one, 0, True)], source=b"test")
+        assert await reader.list_instances("likes") == (["", "a"], None)
