@@ -32,6 +32,7 @@ from countersink.resets import (
     read_reset_rows,
     reset_counter,
     took_effect,
+    unbucketed_keys,
 )
 from countersink.settings import Settings
 
@@ -109,6 +110,10 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
         if not known or definition is None:
             log.error("unknown_counter", counter=counter,
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
+            return EXIT_USAGE
+        unbucketed = unbucketed_keys(definition, keys)
+        if unbucketed is not None:  # as get refuses the key: a usage error, nothing recorded
+            log.error("usage_refused", counter=counter, error=unbucketed)
             return EXIT_USAGE
         warning = None
         try:

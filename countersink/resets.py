@@ -21,6 +21,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_producer, topic_partitions
 from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, KafkaSettings
+from schemas import timeseries
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError
 from schemas.resets import (
@@ -393,6 +394,12 @@ async def recorded_request(client: CassandraClient, counter: str, request_key: s
     return next((row for row in rows if row.get("request_key") == request_key), None)
 
 
+def unbucketed_keys(definition: CounterDefinition, keys: Sequence[str]) -> str | None:
+    """Why a reset of ``keys`` of a bucketed counter would reset nothing, or None: each must name a bucket, as a
+    read's key does (a key without its bucket, or with a time that starts none, is no instance of it)."""
+    return next((why for why in (timeseries.missing_bucket(definition, key, "reset") for key in keys) if why), None)
+
+
 async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definition: CounterDefinition,
                         keys: Sequence[str], requested_by: str, write_cl: Consistency, positions_read_cl: Consistency,
                         *, request_key: str | None = None, progress: ResetProgress | None = None) -> ResetDone:
@@ -406,6 +413,9 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
     ``progress`` is kept up to date as the reset goes."""
     progress = progress if progress is not None else ResetProgress()
     progress.request_key = request_key
+    unbucketed = unbucketed_keys(definition, keys)
+    if unbucketed is not None:
+        raise ResetRefusedError(unbucketed)
     if request_key is not None:
         row = await recorded_request(client, definition.name, request_key, write_cl)
         if row is not None:

@@ -88,6 +88,7 @@ from countersink.resets import (
     positions_not_recorded,
     reset_counter,
     took_effect,
+    unbucketed_keys,
 )
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.schema_registry import SchemaRegistryUnavailableError
@@ -420,6 +421,9 @@ class ReadApi:
         if not known or definition is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry: a consumer records "
                            "it when it starts")
+        unbucketed = unbucketed_keys(definition, keys)
+        if unbucketed is not None:
+            raise _problem(web.HTTPBadRequest, unbucketed)
         cassandra = resetting.client.settings
         progress = ResetProgress()
         await self._resets.acquire()

@@ -161,10 +161,11 @@ def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> st
 
 
 
-def missing_bucket(definition: CounterDefinition, key: str) -> str | None:
+def missing_bucket(definition: CounterDefinition, key: str, doing: str = "read") -> str | None:
     """Why ``key`` can hold nothing of a bucketed counter, or None when it names a bucket (or the counter has
     none): its last field must be a bucket's start as :func:`bucket_key` writes it (``IBM|2026-11-22T10:00Z``;
-    the key alone for a counter without key fields), at a multiple of the bucket size."""
+    the key alone for a counter without key fields), at a multiple of the bucket size. ``doing``: what the
+    message tells to do with such a key (``read``, with a range as the other way; ``reset``)."""
     if definition.bucket is None:
         return None
     try:
@@ -182,8 +183,9 @@ def missing_bucket(definition: CounterDefinition, key: str) -> str | None:
         return None
     size = definition.bucket.seconds
     example = bucket_key(definition, key if definition.key else "", int(time.time()) // size * size)
-    return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket: read "
-            f"{example!r} (the bucket's start, UTC) or a range (--from and --to; serve: .../series?from=&to=)")
+    other = " or a range (--from and --to; serve: .../series?from=&to=)" if doing == "read" else ""
+    return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket, not {key!r}: "
+            f"{doing} {example!r} (the bucket's start, UTC){other}")
 
 def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
     """When the bucket an instance key names reaches the end of its retention (epoch seconds): the bucket's

@@ -295,6 +295,29 @@ async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_noth
         assert as_dicts(await client.execute("SELECT * FROM resets")) == []
 
 
+async def test_a_reset_of_a_bucketed_counter_by_a_key_naming_no_bucket_is_refused(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+) -> None:
+    """``reset hourly a`` (no bucket), or a time that starts no bucket: exit 2 naming a key to reset, nothing
+    recorded; it recorded a reset of an instance that cannot exist and exited 0, the bucket untouched."""
+    from countersink.registry import CounterRegistry
+    from schemas.definitions import parse_definitions
+
+    hourly = parse_definitions('[[counter]]\nname = "hourly"\ntopics = ["t"]\nkind = "count"\nkey = ["k"]\n'
+                               'bucket = { field = "ts", size = "1h" }\n')
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(hourly, "test")
+    for key in ("a", "a|2026-11-27T09:17Z"):
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "hourly", key], cwd=REPO,
+            capture_output=True, env=child_env(kafka_settings, cassandra_settings), timeout=120, check=False)
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert b"keeps an instance per 1h bucket" in done.stderr
+        assert b": reset 'a|" in done.stderr
+    async with CassandraClient(cassandra_settings) as client:
+        assert as_dicts(await client.execute("SELECT * FROM resets")) == []
+
+
 async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_it(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], monkeypatch: pytest.MonkeyPatch,

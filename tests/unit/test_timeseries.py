@@ -236,4 +236,8 @@ def test_a_key_naming_no_bucket_of_a_bucketed_counter_is_told_what_to_read() -> 
                             (hourly, "2026-11-22T10:00Z"), (daily, "p|2026-11-22T06:00Z"), (no_key, "x")):
         why = missing_bucket(definition, key)
         assert why is not None, key
-        assert f"keeps an instance per {definition.bucket.size} bucket: read " in why  # type: ignore[union-attr]
+        assert f"keeps an instance per {definition.bucket.size} bucket, not {key!r}: read " in why  # type: ignore[union-attr]
+        reset_why = missing_bucket(definition, key, "reset")
+        assert reset_why is not None
+        assert ": reset " in reset_why
+        assert "range" not in reset_why  # a reset names keys, not ranges
