@@ -9,6 +9,7 @@ what comes after the point in each partition (``schemas.resets``, docs/operation
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shlex
 import uuid
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from countersink.cassandra import CassandraClient
-from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async
+from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async, stop_on_signals
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import (
@@ -76,12 +77,19 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
     async with CassandraClient(settings.cassandra) as client:
         found = []
         for row in await read_reset_rows(client, counter):
-            points = await read_points(client, counter, int(row["epoch"]), row.get("partitions") or {})
+            partitions = row.get("partitions") or {}
+            points = await read_points(client, counter, int(row["epoch"]), partitions)
+            # Partitions with no position recorded: a reset cut short before its control record reached them (or
+            # before where it landed was recorded). Its idempotency key completes it.
+            missing = [{"topic": t, "partition": p} for t, n in sorted(partitions.items()) for p in range(n)
+                       if (t, p) not in points]
             found.append({"counter": counter, "keys": sorted(row.get("keys") or ()), "epoch": int(row["epoch"]),
                           "id": row["id"], "requested_by": row["requested_by"],
                           "requested_at": datetime.fromtimestamp(row["requested_us"] / 1e6, UTC).isoformat(
                               timespec="milliseconds"),
-                          "positions": [{"topic": t, "partition": p, "offset": o} for (t, p), o in points.items()]})
+                          "request_key": row.get("request_key"),
+                          "positions": [{"topic": t, "partition": p, "offset": o} for (t, p), o in points.items()],
+                          "not_recorded": missing})
     if as_json:
         print(json.dumps(found))
         return 0
@@ -95,6 +103,12 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
         for p in cast(list[dict[str, Any]], item["positions"]):
             print(f"  {p['topic']}/{p['partition']}: counts from offset {p['offset'] + 1} on "
                   f"(control record at {p['offset']})")
+        missing = cast(list[dict[str, Any]], item["not_recorded"])
+        if missing:
+            where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
+            again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(item["request_key"])])
+            print(f"  incomplete: no control record recorded in {where}: complete it with `{again}`"
+                  if item["request_key"] else f"  incomplete: no control record recorded in {where}")
     return 0
 
 
@@ -116,11 +130,28 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             log.error("usage_refused", counter=counter, error=unbucketed)
             return EXIT_USAGE
         warning = None
+        running = asyncio.ensure_future(reset_counter(
+            client, settings.kafka, definition, keys, requested_by, settings.cassandra.write_consistency,
+            settings.cassandra.replay_read_consistency, request_key=request_key, progress=progress))
+        interrupts = 0
+
+        def interrupted() -> None:
+            # Stopped half-way, a recorded reset hides its keys' new events where no control record reached
+            # yet: the first Ctrl-C or SIGTERM lets it finish (a second or so), a second stops it, saying how
+            # to complete it.
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts == 1:
+                log.warning("reset_finishing", counter=counter, message="the reset finishes (a second signal "
+                            "stops it, and says how to complete it)")
+            else:
+                running.cancel()
         try:
-            done = await reset_counter(client, settings.kafka, definition, keys, requested_by,
-                                       settings.cassandra.write_consistency,
-                                       settings.cassandra.replay_read_consistency, request_key=request_key,
-                                       progress=progress)
+            with stop_on_signals(interrupted):
+                done = await running
+        except asyncio.CancelledError:
+            _failed(counter, keys, progress, request_key, "interrupted")
+            return 130
         except ResetRefusedError as exc:
             log.error("reset_refused", counter=counter, error=str(exc))
             return EXIT_FAILED
@@ -145,11 +176,13 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
 
 
 def _failed(counter: str, keys: list[str], progress: ResetProgress, request_key: str | None,
-            exc: Exception) -> None:
-    """Log a reset that did not complete: what was recorded, and the command that completes it."""
-    next_step = "reset again"
-    if progress.reset is not None:
-        again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
-        next_step = f"complete it with `{again}` (a reset without that key would be a new one)"
-    log.error("reset_failed", counter=counter, error=type(exc).__name__, message=first_line(exc),
+            exc: Exception | str) -> None:
+    """Log a reset that did not complete (``exc``, or why it stopped): what was recorded, and the command that
+    completes it. Before the reset is known to be recorded its record may still land: the same key completes it
+    then, or makes it."""
+    again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+    next_step = (f"complete it with `{again}` (a reset without that key would be a new one)"
+                 if progress.reset is not None else f"reset again with `{again}`")
+    log.error("reset_failed", counter=counter, error=exc if isinstance(exc, str) else type(exc).__name__,
+              message=exc if isinstance(exc, str) else first_line(exc),
               next_step=f"{progress.recorded()}: {next_step}", **progress.as_json())

@@ -179,7 +179,8 @@ async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[st
     if not await _table_exists(client):
         return []
     return as_dicts(await client.execute(
-        "SELECT counter, epoch, id, keys, partitions, requested_by, requested_us FROM resets WHERE counter = ?",
+        "SELECT counter, epoch, id, keys, partitions, requested_by, requested_us, request_key FROM resets "
+        "WHERE counter = ?",
         [counter]))
 
 

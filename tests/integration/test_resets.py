@@ -129,7 +129,9 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         assert whole["epoch"] == 1
         listed_resets = json.loads(await asyncio.to_thread(
             _reset, kafka_settings, cassandra_settings, "trades", "--list", "--json"))
-        assert listed_resets == [whole]  # who, when and every point, as recorded
+        assert [{k: v for k, v in r.items() if k in whole} for r in listed_resets] == [whole]  # as recorded
+        assert listed_resets[0]["not_recorded"] == []  # every partition reached
+        assert len(listed_resets[0]["request_key"]) == 32  # the command's own idempotency key
         positions = cast(list[dict[str, int]], whole["positions"])
         assert sorted((p["partition"], p["offset"]) for p in positions) == [(0, 15), (1, 15)], whole
         seen = await _values(cassandra_settings)
@@ -316,6 +318,56 @@ async def test_a_reset_of_a_bucketed_counter_by_a_key_naming_no_bucket_is_refuse
         assert b": reset 'a|" in done.stderr
     async with CassandraClient(cassandra_settings) as client:
         assert as_dicts(await client.execute("SELECT * FROM resets")) == []
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+async def test_a_signal_once_a_reset_is_recorded_lets_it_finish_and_a_second_says_how_to_complete_it(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory,
+    monkeypatch: pytest.MonkeyPatch, signals: int,
+) -> None:
+    """Ctrl-C (or SIGTERM) after the reset is recorded and before its control records are out: the command
+    exited 130 saying nothing, and the reset's keys read nothing of their new events until someone found its
+    idempotency key in Cassandra. One signal now lets it finish (printed as any reset); a second stops it with
+    the command that completes it, and ``--list`` says which partitions it did not reach."""
+    from structlog.testing import capture_logs
+
+    from countersink import resets
+    from countersink.registry import CounterRegistry
+    from countersink.reset_cli import list_resets, reset
+    from countersink.settings import Settings
+    from schemas.definitions import parse_definitions
+
+    topic = await topic_factory(partitions=PARTITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
+    publish = resets.publish_controls
+
+    async def interrupted_publish(*args: object, **kwargs: object) -> object:
+        for _ in range(signals):
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.1)
+        return await publish(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resets, "publish_controls", interrupted_publish)
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings)
+    printed: list[str] = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    with capture_logs() as logs:
+        code = await reset(settings, "trades", ["S0"], request_key="k" * 32)
+    events = [entry["event"] for entry in logs]
+    assert "reset_finishing" in events
+    if signals == 1:
+        assert code == 0
+        assert printed[0].startswith("reset keys S0 of trades: epoch 1")
+        assert len(printed) == 1 + PARTITIONS  # a line per partition's control record
+        return
+    assert code == 130
+    failed = next(entry for entry in logs if entry["event"] == "reset_failed")
+    assert f"countersink reset trades S0 --idempotency-key {'k' * 32}" in failed["next_step"]
+    printed.clear()
+    await list_resets(settings, "trades")
+    assert any(line.startswith("  incomplete: no control record recorded in ") and "--idempotency-key" in line
+               for line in printed), printed
 
 
 async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_it(
