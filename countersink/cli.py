@@ -354,4 +354,9 @@ def stop_on_signals(callback: Callable[[], object]) -> Iterator[None]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m countersink.cli``, this file is module __main__, and the modules the commands import
+    # load it again as countersink.cli: the command must run in that one, whose state (a SIGTERM remembered
+    # while starting) they share.
+    from countersink.cli import main as main_of_the_package
+
+    sys.exit(main_of_the_package())

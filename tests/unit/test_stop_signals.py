@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.servers_down import CASSANDRA_DOWN_PORT, KAFKA_DOWN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,15 +54,25 @@ def test_a_one_shot_command_gets_the_default_action_of_an_early_sigterm() -> Non
     assert "stopped cleanly" not in done.stdout
 
 
-def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_path: Path) -> None:
+# How the command is run: the console script's import, and ``python -m countersink.cli`` (the file then loaded
+# twice, as __main__ and as countersink.cli: a SIGTERM remembered in the first was lost to the second) or
+# ``python -m countersink``.
+RUNS = {"import": "sys.exit(__import__('countersink.cli').cli.main(['consume', '--counters', sys.argv[1]]))",
+        "-m countersink.cli": "sys.argv = ['countersink', 'consume', '--counters', sys.argv[1]]; "
+                              "runpy.run_module('countersink.cli', run_name='__main__', alter_sys=True)",
+        "-m countersink": "sys.argv = ['countersink', 'consume', '--counters', sys.argv[1]]; "
+                          "runpy.run_module('countersink', run_name='__main__', alter_sys=True)"}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_path: Path, run: str) -> None:
     """The real ``consume`` path, with the signal sent while the service is being built (no servers needed:
-    it must not even try to reach them)."""
+    it must not even try to reach them), however the command is run."""
     counters = tmp_path / "counters.toml"
     counters.write_text('[[counter]]\nname = "likes"\ntopics = ["likes"]\nkind = "count"\nkey = "post_id"\n')
     script = textwrap.dedent("""
-        import os, signal, sys
+        import os, runpy, signal, sys
         import consumer.cli
-        from countersink.cli import main
 
         class SignalledWhileBuilt(consumer.cli.ConsumerService):
             def __init__(self, *args, **kwargs):
@@ -68,8 +80,7 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
                 os.kill(os.getpid(), signal.SIGTERM)
 
         consumer.cli.ConsumerService = SignalledWhileBuilt
-        sys.exit(main(["consume", "--counters", sys.argv[1]]))
-    """)
+    """) + RUNS[run] + "\n"
     env = {"PATH": "/usr/bin:/bin", **KAFKA_DOWN,
            "COUNTERSINK_CASSANDRA__CONTACT_POINTS": '["127.0.0.1"]', "COUNTERSINK_CASSANDRA__PORT": "1",
            "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
