@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,7 +91,11 @@ def record_key(event: Any, fields: list[str]) -> bytes | None:
             parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
         else:
             raise BadLineError(f"key field {path!r} is not a string, integer or boolean")
-    return "|".join(parts).encode()
+    try:
+        return "|".join(parts).encode()
+    except UnicodeEncodeError:
+        raise BadLineError("a key field holds a lone surrogate (\\ud800 to \\udfff), which no UTF-8 key can carry"
+                           ) from None
 
 
 def parse_line(line: bytes, fields: list[str], max_bytes: int) -> tuple[bytes, bytes | None]:
@@ -109,6 +114,32 @@ class LineFormat:
     timestamp_field: str | None = None
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def _json_object(text: bytes) -> Any:
+    """The JSON object a line holds, read as strictly as the consumer reads an event: UTF-8, no NaN or Infinity,
+    no number past a float's range (``1e999``); a line the consumer would refuse whole is refused here."""
+    try:
+        event = json.loads(text.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise BadLineError(f"not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise BadLineError("not a JSON object")
+    return event
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text[:40]} is past what a double holds")
+    return number
+
+
 # Kafka's timestamps are milliseconds in a signed 64-bit integer; -1 means none, so none below 0 is sent.
 MAX_TIMESTAMP_MS = 2**63 - 1
 
@@ -125,12 +156,8 @@ def parse_record(line: bytes, form: LineFormat, max_bytes: int) -> tuple[bytes, 
         raise BadLineError(f"longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
     if key is not None and len(key) > max_bytes:
         raise BadLineError(f"key longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
-    try:
-        event = json.loads(value)
-    except ValueError as exc:
-        raise BadLineError(f"not JSON: {exc}") from None
-    if not isinstance(event, dict):
-        raise BadLineError("not a JSON object")
+    value = value.removeprefix(_BOM)  # a file's first line as a Windows editor saves it
+    event = _json_object(value)
     if key is None:
         key = record_key(event, form.key_fields)
     timestamp = None
@@ -151,12 +178,7 @@ class Encoding:
     indexes: tuple[int, ...] | None = None
 
     def value(self, line: bytes) -> bytes:
-        try:
-            event = json.loads(line)
-        except ValueError as exc:
-            raise BadLineError(f"not JSON: {exc}") from None
-        if not isinstance(event, dict):
-            raise BadLineError("not a JSON object")
+        event = _json_object(line.removeprefix(_BOM))
         try:
             payload = self.encode(event)
         except ValueError as exc:

@@ -273,11 +273,21 @@ def test_publish_sends_each_line_as_written_keyed_by_its_fields(
 @pytest.mark.parametrize(("line", "reason"), [
     (b"[1, 2]", "not a JSON object"), (b"{oops", "not JSON"), (b'{"a": 1}', "no field 'symbol'"),
     (b'{"symbol": 1.5}', "not a string, integer or boolean"), (b'{"symbol": "' + b"x" * 2000 + b'"}', "longer"),
+    # What the consumer would refuse whole: published, then dead-lettered. A lone surrogate in the key raised
+    # UnicodeEncodeError out of the command (exit 1, no line number).
+    (b'{"symbol": "a", "v": NaN}', "NaN is not a JSON number"), (b'{"symbol": "a", "v": 1e999}', "past what"),
+    (b'{"symbol": "a\\ud800"}', "lone surrogate"), (b'{"symbol": "\xff"}', "not JSON"),
 ])
 def test_publish_refuses_a_line_it_cannot_send(line: bytes, reason: str) -> None:
     """A line that is not a JSON object, too long, or without its key field is refused with the reason."""
     with pytest.raises(BadLineError, match=reason):
         parse_line(line, ["symbol"], 1024)
+
+
+def test_publish_sends_a_first_line_saved_with_a_byte_order_mark_without_it() -> None:
+    """A Windows editor saves a file's first line with a byte-order mark, which the consumer's parser refuses:
+    the line goes without it."""
+    assert parse_line(b'\xef\xbb\xbf{"symbol": "a"}\n', ["symbol"], 1024) == (b'{"symbol": "a"}', b"a")
 
 
 def test_publish_takes_the_key_before_a_separator_and_the_time_from_a_field() -> None:
