@@ -253,8 +253,12 @@ async def backfill_state(client: CassandraClient, counter: str, group: str | Non
                 return (f"backfilling: no live consumer has recorded where it counts {counter} from yet "
                         f"(countersink backfill {counter})")
             if done < len(found):
+                # A reprocess's cell is finished by running the reprocess again (backfill refuses it).
+                since_from = next((h.reprocess_from for h in found.values() if h.reprocess_from), None)
+                finish = (f"countersink reprocess {counter} --from {since_from}" if cell != counter and since_from
+                          else f"countersink backfill {counter}")
                 return (f"backfilling: {done} of {len(found)} partitions done; events before each hand-over offset "
-                        f"are not all counted yet (countersink backfill {counter})")
+                        f"are not all counted yet ({finish})")
     return None
 
 

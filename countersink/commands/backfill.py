@@ -131,9 +131,14 @@ def _instant(since: str) -> int | str | None:
 def run_reprocess(args: argparse.Namespace, settings: Settings) -> int:
     settings = _settings_of(args, settings)
     try:
-        since_ms(args.since)
+        at = since_ms(args.since)
     except ValueError as exc:
         log.error("usage_refused", error=str(exc))
+        return EXIT_USAGE
+    if at is not None and at > time.time() * 1000:
+        # It would reset the counter and count nothing again: the counter emptied, with no word of it.
+        log.error("usage_refused", error=f"--from {args.since} is in the future: there is nothing after it to count "
+                  f"again (to empty the counter, countersink reset {args.counter})")
         return EXIT_USAGE
     counters = _definitions_with(args.counter, settings)
     if counters is None:

@@ -253,6 +253,7 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
                     told = await counter_backfill(client, "shares_traded")
                 assert told is not None
                 assert told.startswith("backfilling: 0 of 2 partitions done"), (step, told)
+                assert told.endswith(f"(countersink reprocess shares_traded --from {since})"), told  # not backfill
                 assert await command().reprocess(since, 30) == 0, step
             await flushed()
             assert await _values(cassandra_settings, "shares_traded", symbols) == dict(after.qty), step

@@ -117,6 +117,8 @@ def test_a_refused_password_setting_is_not_echoed() -> None:
     (["dead-letters", "republish", "--partition", "0", "--offset", "0", "--payload", "/nonexistent/fix.json"],
      "--payload /nonexistent/fix.json: No such file or directory"),
     (["dead-letters", "republish", "--partition", "0", "--offset", "0", "--payload", "/"], "--payload /: Is a dir"),
+    (["reprocess", "shares", "--from", "2999-01-01T00:00:00Z"], "is in the future: there is nothing after it"),
+    (["reprocess", "shares", "--from", "1969-01-01T00:00:00Z"], "before 1970"),
     (["consume", "--group", ""], "--group: String should have at least 1 character"),
     (["consume", "--group", "g" * 201], "--group: String should have at most 200 characters"),
     (["backfill", "shares", "--group", ""], "--group: String should have at least 1 character"),
