@@ -162,6 +162,19 @@ def instance_key(text: str) -> str:
     return text
 
 
+def quoted_key(key: str) -> str:
+    """An instance key as a command prints it: quoted so that, pasted into a POSIX shell, it gives the key back
+    (``'a\\|b'`` for the key ``a\\|b``, where a repr doubled its backslash and named another instance; ``''``
+    for the empty key); one holding a character that does not print (a newline, a NUL) in bash's ``$'...'``,
+    each such character escaped, so that it stays on one line."""
+    if key.isprintable():
+        return "'" + key.replace("'", "'\\''") + "'"
+    escaped = "".join(ch if ch.isprintable() and ch not in "\\'" else
+                      "\\" + ch if ch in "\\'" else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else
+                      f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}" for ch in key)
+    return f"$'{escaped}'"
+
+
 def load_definitions_or_refuse(path: Path | str, max_row_bytes: int | None = None) -> CounterSet | None:
     """The definitions file, or None after one ``definitions_refused`` log line per problem, each naming the
     file, counter and field (the caller exits 2, as for any usage error). Counters whose shared shard rows

@@ -15,6 +15,7 @@ from countersink.cli import (
     counter_name,
     instance_key,
     positive_int,
+    quoted_key,
     run_async,
     setting_default,
 )
@@ -176,7 +177,7 @@ def run_series(args: argparse.Namespace, settings: Settings) -> int:
             span = point.start.strftime("%Y-%m-%dT%H:%MZ")
             if args.step or args.rollup:
                 span += " .. " + point.end.strftime("%Y-%m-%dT%H:%MZ")
-            print(f"{args.counter} {key!r} {span}: {_render(point.value)}")
+            print(f"{args.counter} {quoted_key(key)} {span}: {_render(point.value)}")
         return 0
 
     return run_async(series())
@@ -206,7 +207,7 @@ def run_get(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps({"counter": args.counter, **kind, "values": to_jsonable(values)}))
         else:
             for key, value in values.items():
-                print(f"{args.counter} {key!r}: {_render(value)}")
+                print(f"{args.counter} {quoted_key(key)}: {_render(value)}")
         return 0
 
     return run_async(get())
@@ -217,7 +218,7 @@ def _when(us: int | None) -> str:
 
 
 def _print_explanation(e: Explanation) -> None:
-    print(f"{e.counter} {e.key!r} ({e.kind or 'no state'})")
+    print(f"{e.counter} {quoted_key(e.key)} ({e.kind or 'no state'})")
     print(f"  value        {_render(e.value)}")
     print(f"  tally        {_render(e.tally)}")
     print(f"  shards       {len(e.shards)}")
@@ -274,7 +275,8 @@ def run_list(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps({"counter": args.counter, "keys": keys, "next_page": token,
                               **({"backfilling": backfilling} if backfilling else {})}))
         else:
-            print("\n".join(keys))
+            # A key per line, as it is, for pipes; one that does not print (a newline) quoted, on its line.
+            print("\n".join(key if key.isprintable() else quoted_key(key) for key in keys))
             if token:
                 print(f"(more: --page {token})")
             if backfilling:

@@ -17,7 +17,15 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from countersink.cassandra import CassandraClient
-from countersink.cli import EXIT_FAILED, EXIT_USAGE, counter_name, instance_key, run_async, stop_on_signals
+from countersink.cli import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    counter_name,
+    instance_key,
+    quoted_key,
+    run_async,
+    stop_on_signals,
+)
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry
 from countersink.resets import (
@@ -97,7 +105,7 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
         print(f"no reset of {counter} is recorded")
     for item in found:
         keys = cast(list[str], item["keys"])
-        what = f"keys {', '.join(keys)} of {counter}" if keys else f"every key of {counter}"
+        what = f"keys {', '.join(map(quoted_key, keys))} of {counter}" if keys else f"every key of {counter}"
         print(f"reset {what}: epoch {item['epoch']}, id {item['id']}, by {item['requested_by']} at "
               f"{item['requested_at']}")
         for p in cast(list[dict[str, Any]], item["positions"]):
@@ -167,7 +175,7 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
     if as_json:
         print(json.dumps(answer if warning is None else {**answer, "warning": warning}))
         return 0
-    what = f"keys {', '.join(sorted(keys))} of {counter}" if keys else f"every key of {counter}"
+    what = f"keys {', '.join(map(quoted_key, sorted(keys)))} of {counter}" if keys else f"every key of {counter}"
     print(f"reset {what}: epoch {answer['epoch']}, id {answer['id']}, by {answer['requested_by']} at "
           f"{answer['requested_at']}")
     for p in done.positions:

@@ -123,7 +123,7 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
         whole = json.loads(await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades", "--json"))
         one = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "shares", "S1")
         head, *points = one.splitlines()
-        assert head.startswith("reset keys S1 of shares: epoch 1, id shares.1.")
+        assert head.startswith("reset keys 'S1' of shares: epoch 1, id shares.1.")
         assert sorted(points) == [f"  {topic}/0: counts from offset 17 on (control record at 16)",
                                   f"  {topic}/1: counts from offset 17 on (control record at 16)"], one
         assert whole["epoch"] == 1
@@ -358,7 +358,7 @@ async def test_a_signal_once_a_reset_is_recorded_lets_it_finish_and_a_second_say
     assert "reset_finishing" in events
     if signals == 1:
         assert code == 0
-        assert printed[0].startswith("reset keys S0 of trades: epoch 1")
+        assert printed[0].startswith("reset keys 'S0' of trades: epoch 1")
         assert len(printed) == 1 + PARTITIONS  # a line per partition's control record
         return
     assert code == 130

@@ -356,3 +356,16 @@ def test_a_reader_gone_from_the_output_ends_the_command_quietly() -> None:
                                "COUNTERSINK_LOG_FORMAT": "json"})
     assert done.returncode == 141, done.stderr
     assert "command_failed" not in done.stderr
+
+
+@pytest.mark.parametrize("key", ["IBM", "a\\|b", "", "it's", "C:\\path|2026-11-27T10:00Z", "line\nbreak", "tab\tx",
+                                 "a\u2028b", "日本|x"])
+def test_a_printed_key_pasted_into_a_shell_is_the_key(key: str) -> None:
+    """get, explain and reset print a key so that a shell gives it back: a repr doubled its backslashes
+    (``'a\\\\|b'`` read another instance) and printed the empty key as nothing in reset's line."""
+    from countersink.cli import quoted_key
+
+    printed = quoted_key(key)
+    assert "\n" not in printed
+    back = subprocess.run(["bash", "-c", f"printf %s {printed}"], capture_output=True, check=True, timeout=10)
+    assert back.stdout.decode() == key
