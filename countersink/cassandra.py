@@ -338,8 +338,14 @@ class CassandraClient:
         may select and modify but not create (least privilege) starts on what ``countersink schema`` made."""
         if await self.schema_complete():
             return
-        await self.execute(cql.create_keyspace(self.keyspace, replication or self.settings.replication),
-                           prepared=False, consistency=Consistency.ONE)
+        replication = replication or self.settings.replication
+        if not as_dicts(await self.execute("SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                                           [self.keyspace], consistency=Consistency.ONE)):
+            problem = cql.replication_problem(replication, await self._nodes_per_data_center())
+            if problem is not None:  # not created: a keyspace no statement could then write, and none could change
+                raise CassandraError(f"keyspace {self.keyspace!r} not created: {problem}")
+        await self.execute(cql.create_keyspace(self.keyspace, replication), prepared=False,
+                           consistency=Consistency.ONE)
         for statement in cql.create_tables(self.keyspace):
             await self.execute(statement, prepared=False, consistency=Consistency.ONE)
         # Tables made before a column was added keep their old shape under CREATE ... IF NOT EXISTS.
@@ -347,6 +353,15 @@ class CassandraClient:
             await self.execute(cql.add_columns(self.keyspace, table), prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.shards_options(self.keyspace), prepared=False, consistency=Consistency.ONE)
         await self.execute(cql.record_schema_version(self.keyspace), prepared=False)
+
+    async def _nodes_per_data_center(self) -> dict[str, int]:
+        """The cluster's nodes by data center, as the node answering knows them (itself and its peers)."""
+        nodes: dict[str, int] = {}
+        for table in ("system.local", "system.peers"):
+            for row in as_dicts(await self.execute(f"SELECT data_center FROM {table}", prepared=False,  # noqa: S608
+                                                   consistency=Consistency.ONE)):
+                nodes[row["data_center"]] = nodes.get(row["data_center"], 0) + 1
+        return nodes
 
     async def schema_complete(self) -> bool:
         """True when every table exists and the keyspace records this schema version (or a later one)."""

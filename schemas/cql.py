@@ -186,6 +186,37 @@ def check_replication(replication: str) -> str:
     return replication
 
 
+def replication_factors(replication: str) -> tuple[str, dict[str, int]]:
+    """The class of a :func:`check_replication` map and its factors: per data center (NetworkTopologyStrategy),
+    or ``replication_factor`` (SimpleStrategy, or every data center's default)."""
+    pairs = dict(re.findall(r"'([^']+)'\s*:\s*'?([A-Za-z0-9_.]+)'?", replication))
+    kind = pairs.pop("class", "").rsplit(".", 1)[-1]
+    return kind, {name: int(value) for name, value in pairs.items() if value.isdigit()}
+
+
+def replication_problem(replication: str, nodes: dict[str, int]) -> str | None:
+    """Why a new keyspace of ``replication`` could not be written on a cluster of ``nodes`` (per data center),
+    or None: more replicas than nodes, or a data center the cluster lacks. Cassandra creates such a keyspace, and
+    every request that needs a quorum of its replicas then fails as "No hosts available"."""
+    kind, factors = replication_factors(replication)
+    total = sum(nodes.values())
+    if kind == "SimpleStrategy":
+        wanted = {"the cluster": (factors.get("replication_factor", 0), total)}
+    else:
+        default = factors.pop("replication_factor", None)
+        named = factors or ({dc: default for dc in nodes} if default is not None else {})
+        unknown = sorted(dc for dc in named if dc not in nodes)
+        if unknown:
+            return (f"the replication names data center {', '.join(map(repr, unknown))}, which the cluster lacks "
+                    f"(its data centers: {', '.join(map(repr, sorted(nodes)))})")
+        wanted = {f"data center {dc!r}": (factor, nodes[dc]) for dc, factor in named.items()}
+    for where, (factor, count) in wanted.items():
+        if factor > count:
+            return (f"replication_factor {factor} places more replicas than {where} has nodes ({count}): every "
+                    f"write needing a quorum of them would fail; give at most {count}, or add nodes first")
+    return None
+
+
 def create_keyspace(keyspace: str, replication: str) -> str:
     return (
         f"CREATE KEYSPACE IF NOT EXISTS {check_identifier(keyspace)} "
