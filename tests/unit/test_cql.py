@@ -9,7 +9,8 @@ from schemas.cql import replication_problem
 
 @pytest.mark.parametrize(("replication", "nodes", "problem"), [
     ("{'class': 'SimpleStrategy', 'replication_factor': 1}", {"dc1": 1}, None),
-    ("{'class': 'SimpleStrategy', 'replication_factor': 3}", {"dc1": 1}, "more replicas than the cluster has nodes (1)"),
+    ("{'class': 'SimpleStrategy', 'replication_factor': 3}", {"dc1": 1},
+     "more replicas than the cluster has nodes (1)"),
     ("{'class': 'SimpleStrategy', 'replication_factor': 3}", {"dc1": 2, "dc2": 1}, None),
     ("{'class': 'NetworkTopologyStrategy', 'dc1': 3}", {"dc1": 3}, None),
     ("{'class': 'NetworkTopologyStrategy', 'dc1': '3', 'dc2': 2}", {"dc1": 3, "dc2": 1},
