@@ -73,6 +73,34 @@ async def test_exact_counts_duplicates_dropped_and_bad_events_dead_lettered(
     assert headers["countersink.reason"]
 
 
+async def test_batches_of_every_kafka_codec_are_counted(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """lz4, snappy and zstd batches (a Java or librdkafka producer's, or a topic's compression.type) stopped the
+    consumer on every start ("Libraries for lz4 compression codec not found"): aiokafka reads them with cramjam,
+    now a dependency. A partition of each codec and one of gzip, counted exactly."""
+    from countersink.kafka import make_producer
+
+    codecs = ("gzip", "lz4", "snappy", "zstd")
+    topic = await topic_factory(partitions=len(codecs))
+    group = f"g{os.urandom(4).hex()}"
+    counters = write_definitions(tmp_path, topic)
+    events, truth = make_events(400, symbols=12)
+    for partition, codec in enumerate(codecs):
+        producer = make_producer(kafka_settings, compression_type=codec, linger_ms=50)
+        await producer.start()
+        try:
+            sent = [await producer.send(topic, event, partition=partition)
+                    for event in events[partition::len(codecs)]]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: len(codecs)}))
+    assert await read_values(cassandra_settings, truth) == expected_values(truth)
+
+
 def _start_consumer(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
     consumer = settings.consumer
     return start_consumer(settings.kafka, settings.cassandra, log, group_id=consumer.group_id,
