@@ -101,6 +101,17 @@ class InvalidEventError(CountersinkError):
         self.reason = reason
         super().__init__(f"{path or '<event>'}: {reason}")
 
+    def as_refusal_of(self, counter: str) -> InvalidEventError:
+        """This refusal as ``counter``'s, without a traceback: itself, or a copy when another counter's already
+        (one error read from a record's key, kept and raised to every counter that reads it, named each
+        counter in turn: every refusal then named the last)."""
+        error = self
+        if self.counter not in (None, counter):
+            error = type(self).__new__(type(self), *self.args)  # its path, reason and the rest, as attributes
+            error.__dict__.update(self.__dict__)
+        error.counter = counter
+        return error.with_traceback(None)
+
 
 class UnparseableEventError(InvalidEventError):
     """Raised when an event is not JSON, not UTF-8, too deeply nested, or not a JSON object."""

@@ -1060,10 +1060,9 @@ class EventRouter:
                     if self.on_not_applicable is not None:
                         self.on_not_applicable(name, reason)
                     continue
-                exc.counter = name
                 # Kept for the dead letter without its traceback: the frames it holds (this one, with the
                 # refusals list) would make a cycle that lives until the next collection, per refused record.
-                refusals.append(exc.with_traceback(None))
+                refusals.append(exc.as_refusal_of(name))
                 continue
             if update is None:
                 continue

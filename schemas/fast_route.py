@@ -308,8 +308,7 @@ Refused = list[tuple[int, InvalidEventError]]  # (the counter's place in the def
 def _refuse(refused: Refused | None, place: int, counter: str, error: InvalidEventError) -> Refused:
     """Keep a counter's refusal of the event being read, as the router keeps it: its counter named, without
     its traceback (whose frames would make a cycle per refused record)."""
-    error.counter = counter
-    entry = (place, error.with_traceback(None))
+    entry = (place, error.as_refusal_of(counter))
     if refused is None:
         return [entry]
     refused.append(entry)

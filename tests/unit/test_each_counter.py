@@ -436,3 +436,28 @@ def test_a_payload_decoded_elsewhere_is_decided_as_json_is() -> None:
     assert event == {"n": 4, "@key": "k"}
     assert EventRouter(ISSUE).decide_event("events", {"type": "view", "page": "/a"}).updates == [
         Update("page_views", "/a", None, None)]
+
+
+KEYED = parse_definitions("".join(
+    f'[[counter]]\nname = "{name}"\ntopics = ["t"]\nkind = "{kind}"\nkey = ["{key}"]\n'
+    + ('value = "q"\n' if kind == "sum" else "") + "\n"
+    for name, kind, key in (("by_key", "count", "@key"), ("qty_by_key", "sum", "@key"),
+                            ("per_user", "count", "@key.user"), ("qty_per_user", "sum", "@key.user"))))
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_every_counter_refusing_a_records_key_is_named_once(batch: bool) -> None:
+    """A key that is not UTF-8 (or not JSON) is one error read once and raised to each counter reading the key:
+    each took it and named itself on the same object, so the dead letter said ``qty_by_key,qty_by_key,...`` and
+    the metrics counted the last counter for all. Each counter's refusal names it, on both paths."""
+    m = mutator(KEYED, "t")
+    records = [Record(0, b'{"q": 1}', None, b"\xff\xfe"), Record(1, b'{"q": 1}', None, b"plain")]
+    if batch:
+        invalid = m.apply_batch(records).invalid
+    else:
+        invalid = [(r, e) for r in records for _, e in (m.apply(r),) if e is not None]
+    named = [refused_by(error) for _, error in invalid]
+    assert named == [("by_key", "qty_by_key", "per_user", "qty_per_user"), ("per_user", "qty_per_user")]
+    headers = dict(dead_letter_headers("t", 0, invalid[0][0], invalid[0][1]))
+    assert headers["countersink.refused"] == b"by_key,qty_by_key,per_user,qty_per_user"
+    assert headers["countersink.counter"] == b"by_key"
