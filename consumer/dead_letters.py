@@ -41,6 +41,12 @@ def refuse_dead_letter_loop(counters: CounterSet, dead_letter_topic: str) -> Non
 
 # Headers countersink sets on a dead letter (and a record's own headers it does not copy to one).
 HEADER_PREFIX = "countersink."
+TRUNCATED_HEADER = "countersink.truncated"
+
+
+class DeadLetterLostError(CountersinkError):
+    """Raised when a dead letter was not delivered: the windows that skip its record must not be committed."""
+
 REFUSED_HEADER = "countersink.refused"
 TIMESTAMP_HEADER = "countersink.timestamp"
 
@@ -125,8 +131,11 @@ def plan_republish(headers: Sequence[tuple[str, bytes | None]], value: bytes | N
     partition_text, _, _ = rest.partition("/")
     if not topic or not partition_text.isdigit():
         raise NotRepublishableError(f"no countersink.source header: not a dead letter countersink wrote ({source!r})")
+    if f"{TRUNCATED_HEADER}.key" in last or f"{TRUNCATED_HEADER}.headers" in last:
+        raise NotRepublishableError("the dead letter's key or headers were cut short: it cannot be sent back as the "
+                                    "record was (countersink.source names the record, to publish again by hand)")
     if payload is None:
-        if "countersink.truncated" in last:
+        if TRUNCATED_HEADER in last:
             raise NotRepublishableError("the dead letter was cut short (countersink.truncated): give the event "
                                         "to send with --payload")
         if value is None:
@@ -150,10 +159,13 @@ class DeadLetters:
         self._topic = config.dead_letter_topic
         self._max_bytes = config.dead_letter_max_bytes
         self._pending: list[asyncio.Future[None]] = []
+        self._failed: BaseException | None = None  # the first delivery that failed, if any
 
     def queue(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         """Start sending ``record``; its delivery is awaited by the next :meth:`deliver` or :meth:`take`."""
-        self._pending.append(asyncio.ensure_future(self.send(tp, record, error)))
+        delivery = asyncio.ensure_future(self.send(tp, record, error))
+        delivery.add_done_callback(self._note_failure)
+        self._pending.append(delivery)
         METRICS.dead_lettered.inc()
         for counter in refused_by(error):
             METRICS.refused.labels(counter).inc()
@@ -163,11 +175,20 @@ class DeadLetters:
         pending, self._pending = self._pending, []
         return pending
 
+    def _note_failure(self, delivery: asyncio.Future[None]) -> None:
+        if not delivery.cancelled() and delivery.exception() is not None and self._failed is None:
+            self._failed = delivery.exception()
+
     async def deliver(self) -> None:
-        """Wait until every dead letter sent so far is acknowledged."""
+        """Wait until every dead letter sent so far is acknowledged; raise if any ever failed, even one a flush
+        took and saw fail: no window skipping its record may be recorded complete (a release after that
+        flush's failure found nothing left to await, and committed the window: the event was lost)."""
         pending = self.take()
         if pending:
             await asyncio.gather(*pending)
+        if self._failed is not None:
+            raise DeadLetterLostError(f"a dead letter was not delivered ({self._failed}): the windows skipping "
+                                      "its record stay open for the next owner to read again") from self._failed
 
     def abandon(self) -> None:
         """Stop waiting for deliveries (closing): the windows that skip them were never recorded complete."""
@@ -176,24 +197,34 @@ class DeadLetters:
 
     async def send(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         """Deliver one dead letter (acknowledged by the broker). One the broker or the client refuses as too
-        large goes again cut short, with a header saying so: an invalid event never wedges the consumer."""
+        large goes again cut short, with headers saying so: its value to ``dead_letter_max_bytes``, then its value
+        and key to 1 KiB and without the record's own headers (a record's key or headers alone can pass the
+        limit; ``countersink.source`` still names the record): an invalid event never wedges the consumer."""
         headers = dead_letter_headers(tp.topic, tp.partition, record, error)
-        value = record.value
-        limits = [self._max_bytes, LAST_RESORT_BYTES]
-        while True:
-            limit = limits.pop(0)
-            sent, cut = value, []
-            if value is not None and len(value) > limit:
-                sent = value[:limit]
-                cut = [("countersink.truncated", f"{len(value)} bytes cut to {limit}".encode())]
+        value, key = record.value, record.key
+        own = [(name, header) for name, header in headers if name.startswith(HEADER_PREFIX)]
+        attempts = [(self._max_bytes, None, headers), (LAST_RESORT_BYTES, LAST_RESORT_BYTES, own)]
+        for attempt, (value_limit, key_limit, kept) in enumerate(attempts, start=1):
+            sent, sent_key, cut = value, key, []
+            if value is not None and len(value) > value_limit:
+                sent = value[:value_limit]
+                cut.append((TRUNCATED_HEADER, f"{len(value)} bytes cut to {value_limit}".encode()))
+            if key is not None and key_limit is not None and len(key) > key_limit:
+                sent_key = key[:key_limit]
+                cut.append((f"{TRUNCATED_HEADER}.key", f"{len(key)} bytes cut to {key_limit}".encode()))
+            if len(kept) < len(headers):
+                size = sum(len(name) + len(header or b"") for name, header in headers if not name.startswith(
+                    HEADER_PREFIX))
+                cut.append((f"{TRUNCATED_HEADER}.headers",
+                            f"{len(headers) - len(kept)} of the record's headers ({size} bytes) left out".encode()))
             try:
-                delivery = await self._producer.send(self._topic, sent, key=record.key, headers=headers + cut)
+                delivery = await self._producer.send(self._topic, sent, key=sent_key, headers=kept + cut)
                 await delivery
             except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
-                if not limits or value is None or len(value) <= limits[0]:
+                if attempt == len(attempts):
                     raise
                 log.warning("dead_letter_too_large", topic=tp.topic, partition=tp.partition, offset=record.offset,
-                            bytes=len(value), error=str(exc))
+                            bytes=len(value or b"") + len(key or b""), error=str(exc))
                 continue
             if cut:
                 METRICS.dead_letters_truncated.inc()

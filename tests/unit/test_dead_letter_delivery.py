@@ -1,0 +1,91 @@
+"""A dead letter always fits the broker's limit, whatever part of the record is large, and one that was never
+delivered keeps every window that skips its record from being committed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+
+from consumer.applying import Record
+from consumer.dead_letters import DeadLetterLostError, DeadLetters, plan_republish
+from countersink.settings import ConsumerSettings
+from schemas.errors import NotRepublishableError, UnparseableEventError
+
+LIMIT = 64 * 1024  # the broker's limit, in this test
+
+
+class Broker:
+    """A producer whose sends are refused as too large past LIMIT bytes of key, value and headers (or all, when
+    ``down``); each accepted one is kept."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.down = down
+        self.kept: list[tuple[bytes | None, bytes | None, dict[str, bytes | None]]] = []
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None = None,
+                   headers: list[tuple[str, bytes | None]] | None = None) -> asyncio.Future[None]:
+        if self.down:
+            raise KafkaConnectionError("no broker")
+        size = len(value or b"") + len(key or b"") + sum(len(n) + len(v or b"") for n, v in headers or ())
+        if size > LIMIT:
+            raise MessageSizeTooLargeError(f"{size} bytes")
+        self.kept.append((key, value, dict(headers or ())))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+TP = TopicPartition("events", 3)
+ERROR = UnparseableEventError("", "not a UTF-8 JSON document")
+
+
+@pytest.mark.parametrize(("record", "cut"), [
+    (Record(7, b"x" * 200_000, None, b"k"), {"countersink.truncated"}),
+    (Record(7, None, None, b"k" * 200_000), {"countersink.truncated.key"}),  # a tombstone with a 200 KB key
+    (Record(7, b"{oops", None, b"k", [("blob", b"h" * 200_000), ("trace", b"t")]), {"countersink.truncated.headers"}),
+])
+def test_a_dead_letter_too_large_for_any_part_of_its_record_is_sent_cut_short(record: Record, cut: set[str]) -> None:
+    """Only the value was cut: a record whose key or headers alone passed the limit could not be dead-lettered,
+    and the consumer stopped (and, through its release, committed the window: the event lost). The key is cut
+    and the record's own headers left out too, saying so; its source still names it."""
+    async def run() -> Broker:
+        broker = Broker()
+        letters = DeadLetters(cast(AIOKafkaProducer, broker), ConsumerSettings(dead_letter_max_bytes=100_000))
+        letters.queue(TP, record, ERROR)
+        await letters.deliver()
+        return broker
+
+    broker = asyncio.run(run())
+    [(key, value, headers)] = broker.kept
+    assert {name for name in headers if name.startswith("countersink.truncated")} == cut
+    assert headers["countersink.source"] == b"events/3/7"
+    if "countersink.truncated.key" in cut:
+        assert len(key or b"") == 1024
+    if "countersink.truncated.headers" in cut:
+        assert "blob" not in headers
+        assert "trace" not in headers
+        assert value == b"{oops"
+        with pytest.raises(NotRepublishableError, match="key or headers were cut short"):
+            plan_republish(list(headers.items()), value, key, b"{}")
+
+
+def test_a_dead_letter_never_delivered_keeps_every_later_delivery_failing() -> None:
+    """A flush awaits the deliveries it took and fails with the one that failed; the release after it found
+    nothing left to await and committed the window that skipped the record. Every later deliver() says the
+    dead letter was lost, so nothing commits that window."""
+    async def run() -> None:
+        letters = DeadLetters(cast(AIOKafkaProducer, Broker(down=True)), ConsumerSettings())
+        letters.queue(TP, Record(7, b"{oops"), ERROR)
+        taken = letters.take()  # what a flush awaits
+        with pytest.raises(KafkaConnectionError):
+            await asyncio.gather(*taken)
+        with pytest.raises(DeadLetterLostError, match="not delivered"):
+            await letters.deliver()  # the release's: nothing pending, and still not delivered
+        with pytest.raises(DeadLetterLostError):
+            await letters.deliver()
+
+    asyncio.run(run())
