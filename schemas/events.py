@@ -969,6 +969,8 @@ class EventRouter:
         return self._parse(raw, plan.parse if plan is not None else _parse_fast)
 
     def _parse(self, raw: bytes, parse: Parser) -> dict[str, Any]:
+        if not raw:  # said as what it is, not as a parser's complaint about nothing to read
+            raise UnparseableEventError("", "the record has no value (null: a tombstone, or empty)")
         if len(raw) > self.max_event_bytes:
             raise OversizedEventError("", f"event of {len(raw)} bytes exceeds {self.max_event_bytes}")
         try:

@@ -482,7 +482,9 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
         except MemoryError:
             raise  # the process's, not the record's: a record is bounded by its schema's shape
         except Exception as exc:  # EOFError, SchemaResolutionError, UnicodeDecodeError, ValueError...
-            raise UnparseableEventError("", f"not an Avro record of its writer schema: {exc}") from exc
+            # (EOFError says nothing of itself: a record cut short names its kind of error at least.)
+            raise UnparseableEventError("", f"not an Avro record of its writer schema: {str(exc) or type(exc).__name__}"
+                                        ) from exc
         return plain(value) if needs_plain else value
 
     return decode

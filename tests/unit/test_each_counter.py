@@ -461,3 +461,13 @@ def test_every_counter_refusing_a_records_key_is_named_once(batch: bool) -> None
     headers = dict(dead_letter_headers("t", 0, invalid[0][0], invalid[0][1]))
     assert headers["countersink.refused"] == b"by_key,qty_by_key,per_user,qty_per_user"
     assert headers["countersink.counter"] == b"by_key"
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_record_without_a_value_is_said_to_be_one(batch: bool) -> None:
+    """A null value (a tombstone of a compacted topic) or an empty one was dead-lettered as "not a UTF-8 JSON
+    document: EOF while parsing a value": it says what it is, on both paths."""
+    m = mutator(KEYED, "t")
+    records = [Record(0, None, None, b"k"), Record(1, b"", None, b"k")]
+    invalid = m.apply_batch(records).invalid if batch else [(r, e) for r in records for _, e in (m.apply(r),) if e]
+    assert [error.reason for _, error in invalid] == ["the record has no value (null: a tombstone, or empty)"] * 2

@@ -836,3 +836,9 @@ def test_protobuf_groups_decode_to_dicts_and_a_lone_surrogate_is_a_schema_error(
     assert decode(bytes.fromhex("0a0349424d13180314")) == {"sym": "IBM", "info": {"level": 3}}
     with pytest.raises(SchemaError, match="not UTF-8"):
         ProtoSchema('syntax = "proto3";\n// note \ud800\nmessage E { string sym = 1; }')
+
+
+def test_an_avro_record_cut_short_names_its_error() -> None:
+    """A record that ends before its fields do raised EOFError(), and its reason ended in nothing."""
+    with pytest.raises(UnparseableEventError, match="writer schema: EOFError"):
+        compile_avro(json.dumps(V1))(b"")
