@@ -22,6 +22,7 @@ log = get_logger(__name__)
 
 # What a dead letter refused whole is cut to last: far below any broker's smallest message limit.
 LAST_RESORT_BYTES = 1024
+LAST_RESORT_HEADER_BYTES = 16 * 1024  # the record's own headers a last-resort dead letter still carries
 
 
 class DeadLetterLoopError(CountersinkError):
@@ -202,8 +203,13 @@ class DeadLetters:
         limit; ``countersink.source`` still names the record): an invalid event never wedges the consumer."""
         headers = dead_letter_headers(tp.topic, tp.partition, record, error)
         value, key = record.value, record.key
-        own = [(name, header) for name, header in headers if name.startswith(HEADER_PREFIX)]
-        attempts = [(self._max_bytes, None, headers), (LAST_RESORT_BYTES, LAST_RESORT_BYTES, own)]
+        # The record's own headers are left out of the last attempt only when they are large themselves: a
+        # dead letter with them can be republished (with its value fixed), one without them cannot.
+        record_headers = sum(len(name) + len(header or b"") for name, header in headers
+                             if not name.startswith(HEADER_PREFIX))
+        last = headers if record_headers <= LAST_RESORT_HEADER_BYTES else [
+            (name, header) for name, header in headers if name.startswith(HEADER_PREFIX)]
+        attempts = [(self._max_bytes, None, headers), (LAST_RESORT_BYTES, LAST_RESORT_BYTES, last)]
         for attempt, (value_limit, key_limit, kept) in enumerate(attempts, start=1):
             sent, sent_key, cut = value, key, []
             if value is not None and len(value) > value_limit:
@@ -213,10 +219,8 @@ class DeadLetters:
                 sent_key = key[:key_limit]
                 cut.append((f"{TRUNCATED_HEADER}.key", f"{len(key)} bytes cut to {key_limit}".encode()))
             if len(kept) < len(headers):
-                size = sum(len(name) + len(header or b"") for name, header in headers if not name.startswith(
-                    HEADER_PREFIX))
-                cut.append((f"{TRUNCATED_HEADER}.headers",
-                            f"{len(headers) - len(kept)} of the record's headers ({size} bytes) left out".encode()))
+                cut.append((f"{TRUNCATED_HEADER}.headers", f"{len(headers) - len(kept)} of the record's headers "
+                            f"({record_headers} bytes) left out".encode()))
             try:
                 delivery = await self._producer.send(self._topic, sent, key=sent_key, headers=kept + cut)
                 await delivery

@@ -165,12 +165,13 @@ def instance_key(text: str) -> str:
 def quoted_key(key: str) -> str:
     """An instance key as a command prints it: quoted so that, pasted into a POSIX shell, it gives the key back
     (``'a\\|b'`` for the key ``a\\|b``, where a repr doubled its backslash and named another instance; ``''``
-    for the empty key); one holding a character that does not print (a newline, a NUL) in bash's ``$'...'``,
-    each such character escaped, so that it stays on one line."""
+    for the empty key); one holding a character that does not print (a newline, a no-break space) in bash's
+    ``$'...'``, each such character escaped by its code point (``\\u00a0``: bash writes it in UTF-8, in a UTF-8
+    locale), so that it stays on one line. (A NUL, which no shell argument can carry, is printed as ``\\x00``.)"""
     if key.isprintable():
         return "'" + key.replace("'", "'\\''") + "'"
     escaped = "".join(ch if ch.isprintable() and ch not in "\\'" else
-                      "\\" + ch if ch in "\\'" else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else
+                      "\\" + ch if ch in "\\'" else f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else
                       f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}" for ch in key)
     return f"$'{escaped}'"
 

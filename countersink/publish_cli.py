@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from pydantic_core import from_json
 
 from countersink.cli import EXIT_USAGE, run_async
 from countersink.kafka import make_producer, missing_topics
@@ -118,26 +118,16 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def _json_object(text: bytes) -> Any:
-    """The JSON object a line holds, read as strictly as the consumer reads an event: UTF-8, no NaN or Infinity,
-    no number past a float's range (``1e999``); a line the consumer would refuse whole is refused here."""
+    """The JSON object a line holds, read by the parser the consumer reads a JSON event with (a line it would
+    refuse whole, a lone surrogate's escape in any field among them, is refused here; NaN, which it reads, is
+    not)."""
     try:
-        event = json.loads(text.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        event = from_json(text)
+    except ValueError as exc:
         raise BadLineError(f"not JSON: {exc}") from None
     if not isinstance(event, dict):
         raise BadLineError("not a JSON object")
     return event
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    number = float(text)
-    if math.isinf(number):
-        raise ValueError(f"{text[:40]} is past what a double holds")
-    return number
 
 
 # Kafka's timestamps are milliseconds in a signed 64-bit integer; -1 means none, so none below 0 is sent.
@@ -146,7 +136,7 @@ MAX_TIMESTAMP_MS = 2**63 - 1
 
 def parse_record(line: bytes, form: LineFormat, max_bytes: int) -> tuple[bytes, bytes | None, int | None]:
     """The record's value, key and timestamp (None: the producer's clock) for one input line."""
-    value = line.rstrip(b"\r\n")
+    value = line.rstrip(b"\r\n").removeprefix(_BOM)  # a file's first line as a Windows editor saves it
     key = None
     if form.key_separator is not None:
         key, found, value = value.partition(form.key_separator)
@@ -156,7 +146,6 @@ def parse_record(line: bytes, form: LineFormat, max_bytes: int) -> tuple[bytes, 
         raise BadLineError(f"longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
     if key is not None and len(key) > max_bytes:
         raise BadLineError(f"key longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
-    value = value.removeprefix(_BOM)  # a file's first line as a Windows editor saves it
     event = _json_object(value)
     if key is None:
         key = record_key(event, form.key_fields)

@@ -295,7 +295,8 @@ async def read_value(client: CassandraClient, counter: str, key: str, consistenc
     read last; the value of a merge ``cache`` keeps is computed once (:meth:`StateCache.value`). With the cache's
     ``max_staleness_s``, a merge whose stamps were found unchanged less than that long ago answers without a
     request, when the counter's resets were read as recently (:meth:`StateCache.recent`)."""
-    if cache is not None and cache.max_staleness_s > 0:
+    # Only at the consistency the cache's checks are made at: a read asking for more reads the stamps.
+    if cache is not None and cache.max_staleness_s > 0 and consistency in (None, client.settings.read_consistency):
         recent = known if known is not None else epochs.kept(counter, within_s=cache.max_staleness_s)
         if recent is not None:
             cell = recent.cell(counter, key)

@@ -361,92 +361,132 @@ _AVRO_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double
 _AVRO_NAMED = ("record", "error", "enum", "fixed")
 
 
-def _short(name: object) -> str:
-    return str(name).rsplit(".", 1)[-1]
+class _Recursive(Exception):
+    """A record type that holds itself, found by :meth:`_AvroShape.depth` (not an error: how it is read)."""
 
 
-def _avro_shape_problem(doc: object, max_depth: int) -> str | None:
-    """Why records of the Avro schema ``doc`` could cost the reader without bound, or None. fastavro's compiled
-    reader recurses in C once per level (a record a few thousand levels deep overflows the thread's stack: a
-    crash no ``except`` sees), and it builds a list of as many items as an array's blocks claim, which bytes
-    bound only when an item takes at least one. So: no record type that holds itself (at any distance), no
-    nesting of records, arrays and maps deeper than ``max_depth`` (the depth a JSON event may have), and no
-    array whose items can take no bytes. Named types are matched by their short name, which refuses more than
-    it must only when two namespaces use one name inside each other."""
-    named: dict[str, dict[str, Any]] = {}
-    stack = [doc]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("type") in _AVRO_NAMED and isinstance(node.get("name"), str):
-                named[_short(node["name"])] = node
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
+class _AvroShape:
+    """What an Avro schema's records can cost the reader. fastavro's compiled reader recurses in C once per
+    level (a record a few thousand levels deep overflows the thread's stack: a crash no ``except`` sees), and
+    builds a list of as many items as an array's blocks claim, which bytes bound only when an item takes at
+    least one. Named types are resolved by full name (their namespace, or the enclosing one), as Avro does."""
 
-    depths: dict[str, int] = {}
+    def __init__(self, doc: object, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.named: dict[str, dict[str, Any]] = {}
+        self.arrays: list[tuple[object, str]] = []  # each array's items, with the namespace they are read in
+        self._depths: dict[str, int] = {}
+        self._collect(doc, "")
 
-    def depth(node: object, level: int, holding: frozenset[str]) -> int:
-        if level > max_depth:
-            raise ValueError(f"its records nest deeper than {max_depth} levels")
-        if isinstance(node, str):
-            target = None if node in _AVRO_PRIMITIVES else named.get(_short(node))
-            return 0 if target is None else depth(target, level, holding)
+    @staticmethod
+    def _full(node: dict[str, Any], space: str) -> str:
+        name = str(node.get("name"))
+        if "." in name:
+            return name
+        namespace = node.get("namespace", space)
+        return f"{namespace}.{name}" if namespace else name
+
+    def _collect(self, node: object, space: str) -> None:
         if isinstance(node, list):
-            return max((depth(branch, level, holding) for branch in node), default=0)
+            for branch in node:
+                self._collect(branch, space)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind in _AVRO_NAMED and isinstance(node.get("name"), str):
+                full = self._full(node, space)
+                self.named[full] = node
+                if kind in ("record", "error") and isinstance(node.get("fields"), list):
+                    for field in node["fields"]:
+                        if isinstance(field, dict):
+                            self._collect(field.get("type"), full.rpartition(".")[0])
+            elif kind == "array":
+                self.arrays.append((node.get("items"), space))
+                self._collect(node.get("items"), space)
+            elif kind == "map":
+                self._collect(node.get("values"), space)
+            elif isinstance(kind, dict | list):
+                self._collect(kind, space)
+
+    def _resolve(self, name: str, space: str) -> str | None:
+        if name in _AVRO_PRIMITIVES:
+            return None
+        for candidate in ([name] if "." in name else [f"{space}.{name}"] if space else []) + [name]:
+            if candidate in self.named:
+                return candidate
+        return None
+
+    def depth(self, node: object, space: str, level: int, holding: frozenset[str]) -> int:
+        """How many records, arrays and maps nest in a value of ``node``; raises _Recursive for a record type
+        that holds itself, ValueError past ``max_depth`` (a JSON event's limit)."""
+        if isinstance(node, str):
+            full = self._resolve(node, space)
+            return 0 if full is None else self.depth(self.named[full], space, level, holding)
+        if isinstance(node, list):
+            return max((self.depth(branch, space, level, holding) for branch in node), default=0)
         if not isinstance(node, dict):
             return 0
         kind = node.get("type")
+        if kind in ("record", "error", "array", "map") and level > self.max_depth:
+            raise ValueError(f"its records nest deeper than {self.max_depth} levels")
         if kind in ("record", "error"):
-            name = _short(node.get("name"))
-            if name in holding:
-                raise ValueError(f"record {name} holds itself, so its records could nest without end")
-            if name not in depths:
+            full = self._full(node, space)
+            if full in holding:
+                raise _Recursive(full)
+            if full not in self._depths:
                 fields = node.get("fields")
-                fields = fields if isinstance(fields, list) else []
-                depths[name] = 1 + max((depth(f.get("type"), level + 1, holding | {name}) for f in fields
-                                        if isinstance(f, dict)), default=0)
-            return depths[name]
+                inner = full.rpartition(".")[0]
+                self._depths[full] = 1 + max((self.depth(f.get("type"), inner, level + 1, holding | {full})
+                                              for f in (fields if isinstance(fields, list) else [])
+                                              if isinstance(f, dict)), default=0)
+            return self._depths[full]
         if kind == "array":
-            return 1 + depth(node.get("items"), level + 1, holding)
+            return 1 + self.depth(node.get("items"), space, level + 1, holding)
         if kind == "map":
-            return 1 + depth(node.get("values"), level + 1, holding)
+            return 1 + self.depth(node.get("values"), space, level + 1, holding)
         if kind in ("enum", "fixed"):
             return 0
-        return depth(kind, level, holding)
+        return self.depth(kind, space, level, holding)
 
-    def empty(node: object) -> bool:
-        """Whether a value of this type can take no bytes (no cycles: depth() refused them)."""
+    def empty(self, node: object, space: str, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether a value of this type can take no bytes."""
         if isinstance(node, str):
-            target = named.get(_short(node)) if node not in _AVRO_PRIMITIVES else None
-            return node == "null" or (target is not None and empty(target))
+            full = self._resolve(node, space)
+            if full is None:
+                return node == "null"
+            return full not in seen and self.empty(self.named[full], space, seen | {full})
         if not isinstance(node, dict):
             return False  # a union writes its branch's index: at least a byte
         kind = node.get("type")
         if kind in ("record", "error"):
-            return all(empty(f.get("type")) for f in node.get("fields") or [] if isinstance(f, dict))
+            full = self._full(node, space)
+            inner = full.rpartition(".")[0]
+            return all(self.empty(f.get("type"), inner, seen | {full}) for f in node.get("fields") or []
+                       if isinstance(f, dict))
         if kind == "fixed":
             return node.get("size") == 0
         if kind in ("enum", "array", "map"):
             return False
-        return empty(kind)
+        return self.empty(kind, space, seen)
 
+
+def _avro_shape(doc: object, max_depth: int) -> tuple[str | None, bool]:
+    """Why records of the Avro schema ``doc`` could cost the reader without bound (an array whose items can take
+    no bytes: a record of a few bytes could claim any number of them; records nested past ``max_depth`` levels),
+    or None; and whether a record type holds itself (a list, a tree: read by fastavro's Python reader, whose
+    depth Python bounds, and refused past ``max_depth`` as a JSON event is)."""
+    shape = _AvroShape(doc, max_depth)
+    for items, space in shape.arrays:
+        if shape.empty(items, space):
+            return ("an array's items can take no bytes, so a record of a few bytes could claim any number of them",
+                    False)
     try:
-        # The level bounds the walk; the depth, which named types already measured carry, bounds the records.
-        if depth(doc, 1, frozenset()) > max_depth:
-            raise ValueError(f"its records nest deeper than {max_depth} levels")
+        if shape.depth(doc, "", 1, frozenset()) > max_depth:
+            return f"its records nest deeper than {max_depth} levels", False
+    except _Recursive:
+        return None, True
     except ValueError as exc:
-        return str(exc)
-    stack = [doc]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if node.get("type") == "array" and empty(node.get("items")):
-                return "an array's items can take no bytes, so a record of a few bytes could claim any number of them"
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return None
+        return str(exc), False
+    return None, False
 
 
 def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
@@ -465,21 +505,29 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     if not _records(doc):
         raise SchemaError("the Avro schema of a topic's records must be a record, or a union of records (one a type "
                           "of event)")
+    recursive = False
     for schema in (doc, reader_doc):
-        problem = None if schema is None else _avro_shape_problem(schema, max_depth)
+        problem, holds_itself = (None, False) if schema is None else _avro_shape(schema, max_depth)
         if problem is not None:
             raise SchemaError(f"not read: {problem}")
+        recursive = recursive or holds_itself
     _read_logical_types_as_json_would()
     needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
     read = fastavro.schemaless_reader
+    if recursive:
+        # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion
+        # would crash the process on a deep one; fastavro's Python reader raises RecursionError instead.
+        from fastavro._read_py import schemaless_reader as read
     bytes_io = io.BytesIO
 
     def decode(payload: bytes) -> Any:
         try:
             value = read(bytes_io(payload), writer, reader)
+            if recursive and not _json_depth_ok(value, max_depth):
+                raise UnparseableEventError("", f"the Avro record is nested deeper than {max_depth}")
         except RecursionError as exc:
             raise UnparseableEventError("", "the Avro record is nested too deeply") from exc
-        except MemoryError:
+        except (MemoryError, UnparseableEventError):
             raise  # the process's, not the record's: a record is bounded by its schema's shape
         except Exception as exc:  # EOFError, SchemaResolutionError, UnicodeDecodeError, ValueError...
             # (EOFError says nothing of itself: a record cut short names its kind of error at least.)
@@ -818,7 +866,10 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
             raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
         if validator is not None:
             try:
-                error = next(iter(validator.iter_errors(event)), None)
+                # Room for the digits of any number a counter takes (a Decimal % 0.01 of 30 digits needs more
+                # than the default 28), not for a million (1e999999 % 3 is refused, not computed).
+                with decimal.localcontext(_SCHEMA_CHECKS):
+                    error = next(iter(validator.iter_errors(event)), None)
             except MemoryError:
                 raise
             except Exception as exc:  # a $ref that resolves nowhere, NaN % 0.01, 1e999999 % 3...
@@ -830,6 +881,9 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
         return event
 
     return decode
+
+
+_SCHEMA_CHECKS = decimal.Context(prec=1_000)
 
 
 def _json_schema_validator(text: str, parse: JsonParser) -> Any:

@@ -44,7 +44,7 @@ ERROR = UnparseableEventError("", "not a UTF-8 JSON document")
 
 
 @pytest.mark.parametrize(("record", "cut"), [
-    (Record(7, b"x" * 200_000, None, b"k"), {"countersink.truncated"}),
+    (Record(7, b"x" * 200_000, None, b"k", [("trace", b"t")]), {"countersink.truncated"}),
     (Record(7, None, None, b"k" * 200_000), {"countersink.truncated.key"}),  # a tombstone with a 200 KB key
     (Record(7, b"{oops", None, b"k", [("blob", b"h" * 200_000), ("trace", b"t")]), {"countersink.truncated.headers"}),
 ])
@@ -65,6 +65,9 @@ def test_a_dead_letter_too_large_for_any_part_of_its_record_is_sent_cut_short(re
     assert headers["countersink.source"] == b"events/3/7"
     if "countersink.truncated.key" in cut:
         assert len(key or b"") == 1024
+    if cut == {"countersink.truncated"}:  # the value alone was large: its headers go, and it can go back fixed
+        assert headers["trace"] == b"t"
+        assert plan_republish(list(headers.items()), value, key, b"{}").value == b"{}"
     if "countersink.truncated.headers" in cut:
         assert "blob" not in headers
         assert "trace" not in headers

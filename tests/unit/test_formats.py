@@ -716,12 +716,7 @@ def _record(*fields: dict[str, Any], name: str = "E") -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("fields", "problem"), [
-    # fastavro's compiled reader recursed in C once per level: 8,000 levels (16 KB) crashed the process.
-    ([{"name": "next", "type": ["null", "E"], "default": None}], "E holds itself"),
-    ([{"name": "a", "type": {"type": "record", "name": "A", "fields": [
-        {"name": "b", "type": {"type": "array", "items": {"type": "record", "name": "B", "fields": [
-            {"name": "back", "type": ["null", "A"]}]}}}]}}], "A holds itself"),
-    # It built as many items as an array's blocks claimed: 2^62 items of no bytes in a record of 20 bytes.
+    # fastavro built as many items as an array's blocks claimed: 2^62 items of no bytes in a record of 20 bytes.
     ([{"name": "marks", "type": {"type": "array", "items": "null"}}], "items can take no bytes"),
     ([{"name": "marks", "type": {"type": "array", "items": {"type": "fixed", "name": "Z", "size": 0}}}],
      "items can take no bytes"),
@@ -729,26 +724,57 @@ def _record(*fields: dict[str, Any], name: str = "E") -> dict[str, Any]:
         {"name": "n", "type": "null"}]}}}], "items can take no bytes"),
 ])
 def test_avro_schemas_whose_records_are_unbounded_are_refused(fields: list[dict[str, Any]], problem: str) -> None:
-    """A schema whose records could nest without end or hold any number of items in a few bytes is not read:
-    a SchemaError, so each of its records is a dead letter (BadSchemaEventError) instead of a crash or an
-    exhausted memory, looping on the same record."""
+    """A schema whose records could hold any number of items in a few bytes is not read: a SchemaError, so each
+    of its records is a dead letter (BadSchemaEventError) instead of an exhausted memory, looping on one record."""
     with pytest.raises(SchemaError, match=problem):
         compile_avro(json.dumps(_record(*fields)))
 
 
+def _nested(depth: int) -> bytes:
+    """A record of the linked list below, ``depth`` records deep."""
+    return b"\x06IBM" + b"\x02\x06IBM" * (depth - 1) + b"\x00"
+
+
+LINKED = _record({"name": "next", "type": ["null", "E"], "default": None})
+
+
+def test_a_record_type_holding_itself_is_read_and_bounded_by_its_records_depth() -> None:
+    """A list or a tree (legal, common) is read; fastavro's compiled reader recursed in C once per level, so a
+    16 KB record 8,000 deep crashed the process (on every restart). Such a schema is read by its Python reader:
+    a record deeper than 32 is refused as a JSON event is, one far deeper too, without a crash."""
+    decode = compile_avro(json.dumps(LINKED))
+    assert decode(_nested(3)) == {"sym": "IBM", "next": {"sym": "IBM", "next": {"sym": "IBM", "next": None}}}
+    assert decode(_nested(32))["sym"] == "IBM"
+    for depth in (33, 8_000):
+        with pytest.raises(UnparseableEventError, match="nested"):
+            decode(_nested(depth))
+
+
 def test_avro_nesting_past_32_levels_is_refused_even_through_named_types() -> None:
-    """Each record type refers to the previous one by name: the schema text is flat, its records 40 deep."""
-    types: list[dict[str, Any]] = [{"type": "record", "name": "L0", "fields": [{"name": "v", "type": "long"}]}]
-    for level in range(1, 40):
-        types.append({"type": "record", "name": f"L{level}", "fields": [{"name": "down", "type": f"L{level - 1}"}]})
-    holder = {"type": "record", "name": "Holder", "fields": [
-        {"name": f"t{i}", "type": t if i == 0 else {"type": "array", "items": t}} for i, t in enumerate(types)]}
+    """Each record type refers to the previous one by name: the schema text is flat, its records 40 deep. 32
+    levels are read, as a JSON event of 32 is."""
+    def chain(levels: int) -> dict[str, Any]:
+        types: list[dict[str, Any]] = [{"type": "record", "name": "L1", "fields": [{"name": "v", "type": "long"}]}]
+        for level in range(2, levels + 1):
+            types.append({"type": "record", "name": f"L{level}", "fields": [{"name": "down", "type": f"L{level - 1}"}]})
+        return {"type": "record", "name": "Holder", "fields": [{"name": f"t{i}", "type": t}
+                                                                 for i, t in enumerate(types)]}
+
     with pytest.raises(SchemaError, match="deeper than 32"):
-        compile_avro(json.dumps(holder))
+        compile_avro(json.dumps(chain(32)))  # Holder, then 32 records: 33 levels
+    compile_avro(json.dumps(chain(31)))
     shallow = {"type": "record", "name": "Holder", "fields": [
-        {"name": "t0", "type": types[0]}, {"name": "t1", "type": types[1]}, {"name": "again", "type": "L1"},
-        {"name": "tags", "type": {"type": "array", "items": ["null", "string"]}}]}
+        {"name": "t0", "type": {"type": "record", "name": "A", "fields": [{"name": "v", "type": "long"}]}},
+        {"name": "again", "type": "A"}, {"name": "tags", "type": {"type": "array", "items": ["null", "string"]}}]}
     compile_avro(json.dumps(shallow))  # a named type used twice, and items of a union (a byte each): read
+
+
+def test_named_types_of_two_namespaces_are_two_types() -> None:
+    """``a.Event`` holding a ``b.Event`` is no type holding itself (names were matched by their last part)."""
+    schema = {"type": "record", "name": "Event", "namespace": "a", "fields": [
+        {"name": "inner", "type": {"type": "record", "name": "Event", "namespace": "b", "fields": [
+            {"name": "v", "type": "long"}]}}]}
+    assert compile_avro(json.dumps(schema))(b"\x04") == {"inner": {"v": 2}}
 
 
 def test_avro_logical_values_no_type_holds_stay_what_was_written() -> None:
@@ -810,6 +836,8 @@ def test_json_schema_checks_that_cannot_decide_refuse_the_record_not_the_process
             checked(b'{"x": ' + value + b"}")
     exact = compile_json_schema(cents, _parse_decimal, True)
     assert exact(b'{"x": 1.5}') == {"x": Decimal("1.5")}
+    big = b'{"x": 100000000000000000000000000000.05}'  # past the default 28 digits of a Decimal context
+    assert exact(big) == {"x": Decimal("100000000000000000000000000000.05")}
     with pytest.raises(InvalidEventError, match="does not match"):
         exact(b'{"x": 1.505}')
     thirds = compile_json_schema(json.dumps({"properties": {"x": {"multipleOf": 3}}}), _parse_decimal, True)
