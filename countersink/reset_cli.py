@@ -32,6 +32,7 @@ from countersink.resets import (
     IDEMPOTENCY_KEY,
     IDEMPOTENCY_KEY_RULE,
     MAX_RESET_KEYS,
+    ResetKeyError,
     ResetProgress,
     ResetRefusedError,
     command_requester,
@@ -41,7 +42,6 @@ from countersink.resets import (
     read_reset_rows,
     reset_counter,
     took_effect,
-    unbucketed_keys,
 )
 from countersink.settings import Settings
 
@@ -133,10 +133,6 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
             log.error("unknown_counter", counter=counter,
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
             return EXIT_USAGE
-        unbucketed = unbucketed_keys(definition, keys)
-        if unbucketed is not None:  # as get refuses the key: a usage error, nothing recorded
-            log.error("usage_refused", counter=counter, error=unbucketed)
-            return EXIT_USAGE
         warning = None
         running = asyncio.ensure_future(reset_counter(
             client, settings.kafka, definition, keys, requested_by, settings.cassandra.write_consistency,
@@ -160,6 +156,9 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
         except asyncio.CancelledError:
             _failed(counter, keys, progress, request_key, "interrupted")
             return 130
+        except ResetKeyError as exc:  # as get refuses the key: a usage error, nothing recorded
+            log.error("usage_refused", counter=counter, error=str(exc))
+            return EXIT_USAGE
         except ResetRefusedError as exc:
             log.error("reset_refused", counter=counter, error=str(exc))
             return EXIT_FAILED

@@ -243,6 +243,10 @@ class ResetRefusedError(CountersinkError):
     """Raised when a reset cannot be recorded (too many keys, no epoch claimed after retries)."""
 
 
+class ResetKeyError(ResetRefusedError):
+    """Raised, before anything is recorded, for keys no instance of the counter can have (a usage error)."""
+
+
 _INSERT = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
 # Only a request with a key names the column (a keyspace not yet given it resets from the command line).
@@ -416,7 +420,7 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
     progress.request_key = request_key
     unbucketed = unbucketed_keys(definition, keys)
     if unbucketed is not None:
-        raise ResetRefusedError(unbucketed)
+        raise ResetKeyError(unbucketed)
     if request_key is not None:
         row = await recorded_request(client, definition.name, request_key, write_cl)
         if row is not None:
