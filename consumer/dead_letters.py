@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from consumer.applying import KafkaRecord
+from countersink.kafka_records import sendable_header_name
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import ConsumerSettings
@@ -79,7 +80,8 @@ def dead_letter_headers(topic: str, partition: int, record: KafkaRecord, error: 
     and path; ``countersink.counter`` names its counter), where it came from, ``countersink.refused`` (the
     counters that refused it, comma-separated: absent when it was refused as a whole) with one
     ``countersink.refused.NAME`` per counter saying why, the record's timestamp, and the record's own
-    headers (those not named ``countersink.*``), so that it can be re-published as it was."""
+    headers (those not named ``countersink.*``), so that it can be re-published as it was (a header name that
+    is not UTF-8 with its undecodable bytes replaced by U+FFFD: a producer sends no other)."""
     refusals = error.refusals if isinstance(error, CountersRefusedError) else (error,)
     first = refusals[0]
     headers: list[tuple[str, bytes | None]] = [
@@ -102,7 +104,8 @@ def dead_letter_headers(topic: str, partition: int, record: KafkaRecord, error: 
         headers += [(f"{REFUSED_HEADER}.{r.counter}", _describe(r)) for r in refusals if r.counter is not None]
     if record.timestamp is not None and record.timestamp >= 0:
         headers.append((TIMESTAMP_HEADER, str(record.timestamp).encode()))
-    headers += [(name, value) for name, value in (record.headers or ()) if not name.startswith(HEADER_PREFIX)]
+    headers += [(sendable_header_name(name), value) for name, value in (record.headers or ())
+                if not name.startswith(HEADER_PREFIX)]
     return headers
 
 

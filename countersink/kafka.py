@@ -21,6 +21,7 @@ from aiokafka.errors import (
     for_code,
 )
 
+from countersink import kafka_records
 from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.logs import get_logger
 from countersink.settings import KafkaSecurity, KafkaSettings
@@ -176,6 +177,9 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer
 
 
 def make_consumer(settings: KafkaSettings, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
+    """A consumer whose fetches read a record with a header name that is not UTF-8 (see
+    :mod:`countersink.kafka_records`) instead of failing on it."""
+    kafka_records.install()
     return AIOKafkaConsumer(*topics, **connection_options(settings), **overrides)
 
 

@@ -508,7 +508,7 @@ async def _dead_letter_of(consumer: AIOKafkaConsumer, dead_letter_topic: str, pa
             continue
         async for chunk in _chunks(consumer, tp, max(start, end - DEAD_LETTER_SCAN), end - 1):
             for message in chunk:
-                if (b"countersink.source", wanted) in [(k.encode(), v) for k, v in message.headers or ()]:
+                if ("countersink.source", wanted) in list(message.headers or ()):
                     return f"{dead_letter_topic}/{partition}@{message.offset}"
     return None
 

@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.produce import ProduceRequest
 
 from consumer.applying import Applier, RetryWindow
 from consumer.kafka_source import KafkaRecordSource
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
 from countersink.dead_letters_cli import republish
-from countersink.kafka import make_producer
+from countersink.kafka import connection_options, make_producer
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import CounterSet, load_definitions
@@ -27,6 +30,7 @@ from schemas.events import EventRouter, apply_updates
 from stack.loading import end_offsets, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
 from tests.integration.per_counter_truth import TruthRecord, per_counter_truth
+from tests.record_batches import PLACEHOLDER, batch_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -256,3 +260,76 @@ async def test_counters_keyed_by_the_record_key_and_bucketed_by_its_time_are_exa
         await source.stop()
     assert {counter: {key: again[(counter, key)].value() if (counter, key) in again else None for key in keys}
             for counter, keys in vocabulary.items()} == _expected(truth.values, vocabulary)
+
+
+HEADER_COUNTERS = """
+[[counter]]
+name = "views"
+topics = ["{topic}"]
+kind = "count"
+key = ["page"]
+
+[[counter]]
+name = "views_by_source"
+topics = ["{topic}"]
+kind = "count"
+key = ["@header.source"]
+"""
+
+
+async def _produce_raw(kafka: KafkaSettings, topic: str, batch: bytes) -> None:
+    """Append ``batch`` to partition 0 of ``topic`` as it is: what a client other than aiokafka (librdkafka, Go)
+    can write and aiokafka's producer cannot."""
+    client = AIOKafkaClient(**connection_options(kafka))
+    await client.bootstrap()
+    try:
+        client.add_topic(topic)
+        await client.force_metadata_update()
+        leader = client.cluster.leader_for_partition(TopicPartition(topic, 0))
+        answer = await client.send(leader, ProduceRequest(None, -1, 30_000, [(topic, [(0, batch)])]))
+        assert [error for _, parts in answer.topics for _, error, *_ in parts] == [0]
+    finally:
+        await client.close()
+
+
+async def test_a_header_name_that_is_no_utf8_stops_nothing(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A batch from a client that writes header names as any bytes, between records aiokafka writes: every
+    record is counted (aiokafka's reader alone fails the partition's every fetch on it), ``@header.source``
+    still read from the record with the odd name, and the one record of it that is no JSON is dead-lettered
+    with that name made sendable. A takeover's replay reads the same records."""
+    topic = await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    path = tmp_path / "counters.toml"
+    path.write_text(HEADER_COUNTERS.format(topic=topic))
+    counters = load_definitions(path)
+    before = [TruthRecord(b'{"page": "/a"}', headers=[("source", b"web")]) for _ in range(20)]
+    await _send(kafka_settings, topic, before)
+    now = int(time.time() * 1000)
+    await _produce_raw(kafka_settings, topic, batch_bytes([
+        (now, None, b'{"page": "/b"}', [(f"trace{PLACEHOLDER}", b"1"), ("source", b"app")]),
+        (now, None, b'{"page": "/b"', [(f"trace{PLACEHOLDER}", b"2")]),
+        (now, None, b'{"page": "/c"}', [("source", b"app")]),
+    ], compression=1, bad_names=True))
+    after = [TruthRecord(b'{"page": "/a"}', headers=[("source", b"app")]) for _ in range(5)]
+    await _send(kafka_settings, topic, after)
+    settings = _settings(kafka_settings, cassandra_settings, group, path)
+    expected = {"views": {"/a": 25, "/b": 1, "/c": 1}, "views_by_source": {"web": 20, "app": 7}}
+    async with running(ConsumerService(settings, counters)):
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        vocabulary = {counter: list(values) for counter, values in expected.items()}
+        assert await _values(cassandra_settings, vocabulary) == expected
+        dead = await read_topic(kafka_settings, f"dlq-{group}", 1, then_s=1.0)
+    assert [(dict(d.headers)["countersink.source"], dict(d.headers).get("trace\ufffd(")) for d in dead] == [
+        (f"{topic}/0/21".encode(), b"2")]
+
+    source = KafkaRecordSource(kafka_settings)
+    await source.start()
+    try:
+        replayed = await source.read(topic, 0, 0, 10**9)
+    finally:
+        await source.stop()
+    assert [r.offset for r in replayed] == list(range(28))
+    assert replayed[20].headers[0] == ("trace\udcc3(", b"1")
