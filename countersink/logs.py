@@ -73,7 +73,7 @@ def configure_logging(level: str = "INFO", fmt: str = "auto", *, no_color: bool 
     # The libraries' records: the same processors, with the library's logger name.
     handler = logging.StreamHandler(out)  # also one write() per line: message and terminator together
     handler.set_name(_HANDLER_NAME)
-    handler.addFilter(_RedactSasl())
+    handler.addFilter(_RedactKafkaPayloads())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendering],
@@ -112,19 +112,39 @@ class _PersonRenderer:
 _debug = False  # set by configure_logging: at DEBUG the driver's every line is shown
 
 
-class _RedactSasl(logging.Filter):
+class _RedactKafkaPayloads(logging.Filter):
     """aiokafka logs every request and answer at DEBUG with their fields. A SASL authentication's bytes carry
-    the password itself with PLAIN, and with SCRAM what an offline guesser needs (salt, iterations, proof):
-    such a record keeps its line, with the request's name only."""
+    the password itself with PLAIN, and with SCRAM what an offline guesser needs (salt, iterations, proof); a
+    produce request and a fetch answer carry the records (events, dead letters: whatever the events hold), and
+    its producer logs each record's key and value as it takes it. Such a line is kept, with the request's
+    name only, or the key's and value's sizes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(_is_sasl(arg) for arg in record.args):
-            record.args = tuple(f"{type(arg).__name__}(<redacted>)" if _is_sasl(arg) else arg for arg in record.args)
+        if not isinstance(record.args, tuple):
+            return True
+        if record.msg == _SENDING and len(record.args) == 3:
+            key, value, where = record.args
+            record.args = (_size(key), _size(value), where)
+        elif any(_carries_payload(arg) for arg in record.args):
+            record.args = tuple(f"{type(arg).__name__}(<redacted>)" if _carries_payload(arg) else arg
+                                for arg in record.args)
         return True
 
 
-def _is_sasl(value: object) -> bool:
-    return type(value).__name__.startswith("SaslAuthenticate")
+_SENDING = "Sending (key=%s value=%s) to %s"  # aiokafka.producer's line for each record it takes
+_PAYLOAD_TYPES = ("SaslAuthenticate", "ProduceRequest", "FetchResponse")
+
+
+def _carries_payload(value: object) -> bool:
+    return type(value).__name__.startswith(_PAYLOAD_TYPES)
+
+
+def _size(value: object) -> str:
+    if value is None:
+        return "None"
+    return f"<{len(value)} bytes>" if isinstance(value, bytes | bytearray) else "<redacted>"
+
+
 _CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect")
 
 

@@ -110,3 +110,26 @@ def test_the_sasl_exchange_is_not_logged_at_debug(restore_logging: None) -> None
     assert "SaslAuthenticateRequest_v1" in lines[0]["event"]
     assert "plain-pass-7d1e" not in stream.getvalue()
     assert "c2FsdC1zZWNyZXQtOGE" not in stream.getvalue()
+
+
+def test_records_are_not_logged_at_debug(restore_logging: None) -> None:
+    """At DEBUG aiokafka logs each produce request and fetch answer whole (the records' bytes: events, dead
+    letters) and its producer each record's key and value: the lines stay, without them."""
+    from aiokafka.producer.producer import log as producer_log
+    from aiokafka.protocol.fetch import FetchResponse_v4
+    from aiokafka.protocol.produce import ProduceRequest_v3
+
+    stream = io.StringIO()
+    configure_logging("DEBUG", "json", stream=stream)
+    event = b'{"card": "4111-1111-1111-1111"}'
+    produce = ProduceRequest_v3(None, -1, 1000, [("events", [(0, event)])])
+    fetch = FetchResponse_v4(0, [("events", [(0, 0, 1, 1, [], event)])])
+    conn = logging.getLogger("aiokafka.conn")
+    conn.debug("Request to %s:%d %d: %s", "127.0.0.1", 9092, 4, produce)  # as aiokafka.conn logs them
+    conn.debug("Response from %s:%d %d: %s", "127.0.0.1", 9092, 5, fetch)
+    producer_log.debug("Sending (key=%s value=%s) to %s", b"user-7", event, "events-0")
+    lines = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert lines == ["Request to 127.0.0.1:9092 4: ProduceRequest_v3(<redacted>)",
+                     "Response from 127.0.0.1:9092 5: FetchResponse_v4(<redacted>)",
+                     "Sending (key=<6 bytes> value=<31 bytes>) to events-0"]
+    assert "4111" not in stream.getvalue()
