@@ -155,7 +155,11 @@ class CassandraStore:
             writes = [w for w in writes if w.counter not in self.refused]
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
         ttls = {w.expires_at: row_ttl(w.expires_at + grace, now_s) for w in writes if w.expires_at is not None}
-        writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]
+        if any(ttl is None for ttl in ttls.values()):
+            for write in writes:
+                if write.expires_at is not None and ttls[write.expires_at] is None:
+                    METRICS.expired_writes_skipped.labels(write.counter).inc()
+            writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]
         rows: dict[tuple[str, int | None], dict[str, bytes]] = {}
         for write in writes:
             rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,

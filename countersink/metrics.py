@@ -129,6 +129,10 @@ class Metrics:
         self.late_events = Counter(
             "countersink_late_events", "Events not counted: their bucket was past its retention when the record "
             "was written (a replay counts its records again)", ["counter"], registry=r)
+        self.expired_writes_skipped = Counter(
+            "countersink_expired_writes_skipped", "Instances a flush or replay did not write: their bucket was past "
+            "its retention and grace by then (a backlog older than the retention, or records without a timestamp; "
+            "a replay counts them again)", ["counter"], registry=r)
         self.flush_seconds = Histogram("countersink_flush_seconds", "Time to flush one mutator", registry=r)
         self.flush_rows = Histogram("countersink_flush_rows", "Shards written by one flush", registry=r,
                                     buckets=(1, 10, 100, 1_000, 10_000, 100_000))

@@ -55,6 +55,10 @@ def _late() -> float:
     return METRICS.registry.get_sample_value("countersink_late_events_total", {"counter": "views"}) or 0.0
 
 
+def _expired_writes() -> float:
+    return METRICS.registry.get_sample_value("countersink_expired_writes_skipped_total", {"counter": "views"}) or 0.0
+
+
 async def test_buckets_expire_whole_and_late_events_are_not_counted(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path,
 ) -> None:
@@ -87,7 +91,7 @@ retain = "2m"
         session_timeout_ms=6000, health_port=0))
     # (bucket of the event, when its record is written, how many)
     plan = [(live, now, 5), (hidden, hidden + 30, 4), (gone, gone + 10, 3), (late, now, 6)]
-    late_before = _late()
+    late_before, expired_before = _late(), _expired_writes()
     async with running(ConsumerService(settings, parse_definitions(counters.read_text()))):
         async with make_producer(kafka_settings) as producer:
             for bucket, written_at, n in plan:
@@ -97,6 +101,7 @@ retain = "2m"
                                                  timestamp_ms=int(written_at * 1000))
         await wait_until_flushed(cassandra, group, await end_offsets(kafka_settings, {topic: 2}))
     assert _late() - late_before == 6
+    assert _expired_writes() - expired_before >= 1  # the gone bucket's instance, once a flush (or a replay)
 
     async with CassandraClient(cassandra) as client:
         reader = CounterReader(client)
