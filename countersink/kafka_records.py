@@ -3,9 +3,10 @@
 Kafka's record format gives a header name as bytes; the Java client writes only UTF-8, but librdkafka and Go
 clients write any bytes. aiokafka's record reader decodes each name strictly: one such record raises
 ``UnicodeDecodeError`` out of every fetch of its partition, before countersink sees a record, so the partition
-stalls for good. :func:`install` makes aiokafka's fetcher read through :class:`TolerantMemoryRecords`: a batch is
-read by aiokafka's own (compiled) reader as before, and only a batch it fails to read for a header name is read
-again here, its names decoded with ``surrogateescape``. Such a name equals no name a definition can give (TOML
+stalls for good. :func:`install` makes aiokafka's fetcher keep each fetch's bytes (:class:`TolerantMemoryRecords`)
+and read them through :class:`TolerantPartitionRecords`: aiokafka's own (compiled) reader reads every batch as
+before, at no cost, and only when it fails for a header name is that batch read again here, from the record it
+failed on, its names decoded with ``surrogateescape``. Such a name equals no name a definition can give (TOML
 and JSON text hold no lone surrogates), so ``@header.NAME`` never reads it; the record is counted as any other.
 :func:`sendable_header_name` gives a dead letter a name a producer can send.
 """
@@ -31,22 +32,91 @@ log = get_logger(__name__)
 # uint32, attributes int16, lastOffsetDelta int32, baseTimestamp int64, maxTimestamp int64, producerId int64,
 # producerEpoch int16, baseSequence int32, recordCount int32; then the records (compressed as a whole).
 _BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
-_LOG_OVERHEAD = 12  # baseOffset and batchLength: a batch's size is batchLength + 12
+_ENTRY = struct.Struct(">qi")  # every message format's batch starts so: its offset, then its size after these
+_LOG_OVERHEAD = _ENTRY.size
+_MAGIC_AT = 16
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23
 _CODEC_MASK = 0x07
 _LOG_APPEND_TIME = 0x08
 _DECOMPRESS = {1: codec.gzip_decode, 2: codec.snappy_decode, 3: codec.lz4_decode, 4: codec.zstd_decode}
 
 
+class TolerantMemoryRecords(MemoryRecords):  # type: ignore[misc]
+    """aiokafka's ``MemoryRecords`` (its compiled reader of a fetch's batches), keeping the fetch's bytes for
+    :class:`TolerantPartitionRecords` to read a batch again."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.data = data
+
+
+class TolerantPartitionRecords(_fetcher.PartitionRecords):  # type: ignore[misc]
+    """aiokafka's records of one partition's fetch, read on past a batch its reader fails on for a header name.
+
+    aiokafka reads the fetch with one generator (``_unpack_records``: transactions, control batches, the
+    records), which dies with the error. The batch it failed in is the first whose next offset is past the
+    last record handed out (every earlier batch was read whole); it is read by :func:`read_batch` from there,
+    then a new generator reads on from the batch after it, where aiokafka's reader stands."""
+
+    _records_iterator: Iterator[Any]  # None once read to the end, as aiokafka leaves it; never read again then
+    next_fetch_offset: int
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fetched_from = self.next_fetch_offset  # the offset the fetch asked for
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                return next(self._records_iterator)
+            except StopIteration:
+                self._records_iterator = None  # type: ignore[assignment]
+                raise
+            except UnicodeDecodeError as exc:  # again for each such batch: each read on starts past the last
+                self._records_iterator = self._read_on(exc)
+
+    def _read_on(self, error: UnicodeDecodeError) -> Iterator[Any]:
+        found = (_batch_after(self._records.data, self.next_fetch_offset, self._fetched_from)
+                 if isinstance(self._records, TolerantMemoryRecords) else None)
+        # A broker answers a fetch from the batch holding the offset asked for, so no batch lies wholly before
+        # it and the batch found is the one aiokafka failed in. Should that not hold (a batch wholly before it,
+        # a batch found without such a name, or the one read on from last time failing again), aiokafka's error
+        # stands: the partition stops rather than read a batch twice or skip one.
+        if found is None or found[2] == getattr(self, "_read_again_at", None) or not _names_not_utf8(found[0]):
+            raise error
+        raw, next_offset, self._read_again_at = found
+        log.warning("header_name_not_utf8", topic=self._tp.topic, partition=self._tp.partition,
+                    offset=self.next_fetch_offset, error=str(error))
+        return self._then(read_batch(raw), next_offset, self._unpack_records())
+
+    def _then(self, records: Iterator[DefaultRecord], next_offset: int, rest: Iterator[Any]) -> Iterator[Any]:
+        for record in records:
+            if record.offset < self.next_fetch_offset:
+                continue  # handed out before the error, or before the offset the fetch started at
+            consumer_record = self._consumer_record(self._tp, record)
+            self.next_fetch_offset = record.offset + 1
+            yield consumer_record
+        self.next_fetch_offset = next_offset
+        yield from rest
+
+
 def install() -> None:
-    """Make every aiokafka consumer of this process read fetched records through :class:`TolerantMemoryRecords`
-    (idempotent). Fails loudly if aiokafka no longer reads them where this expects."""
-    current = getattr(_fetcher, "MemoryRecords", None)
-    if current is TolerantMemoryRecords:
+    """Make every aiokafka consumer of this process read fetched records as :class:`TolerantPartitionRecords`
+    (idempotent). Fails loudly if aiokafka no longer reads them where and as this expects."""
+    if _fetcher.PartitionRecords is TolerantPartitionRecords:
         return
-    if current is not MemoryRecords:
-        raise RuntimeError("aiokafka's fetcher no longer reads records with MemoryRecords: the tolerant reader of "
-                           "header names cannot be installed")
+    expected = (_fetcher.MemoryRecords is MemoryRecords
+                and TolerantPartitionRecords.__bases__ == (_fetcher.PartitionRecords,)
+                and all(callable(getattr(_fetcher.PartitionRecords, name, None))
+                        for name in ("_unpack_records", "_consumer_record", "__next__")))
+    if not expected:
+        raise RuntimeError("aiokafka's fetcher no longer reads records as countersink.kafka_records expects: the "
+                           "tolerant reader of header names cannot be installed")
     _fetcher.MemoryRecords = TolerantMemoryRecords
+    _fetcher.PartitionRecords = TolerantPartitionRecords
 
 
 def sendable_header_name(name: str) -> str:
@@ -58,66 +128,36 @@ def sendable_header_name(name: str) -> str:
     return name
 
 
-class TolerantMemoryRecords:
-    """aiokafka's ``MemoryRecords`` over a fetch response's bytes, whose v2 batches fall back to
-    :func:`read_batch` when aiokafka's reader fails on a header name."""
+def _names_not_utf8(raw: memoryview) -> bool:
+    """Whether a record of the batch ``raw`` has a header name that is not UTF-8."""
+    for record in read_batch(raw):
+        for name, _ in record.headers:
+            if not name.isascii():
+                try:
+                    name.encode()
+                except UnicodeEncodeError:
+                    return True
+    return False
 
-    __slots__ = ("_data", "_position", "_records")
 
-    def __init__(self, data: bytes) -> None:
-        self._records = MemoryRecords(data)
-        self._data = data
-        self._position = 0
-
-    def size_in_bytes(self) -> int:
-        return int(self._records.size_in_bytes())
-
-    def has_next(self) -> bool:
-        return bool(self._records.has_next())
-
-    def next_batch(self) -> Any:
-        batch = self._records.next_batch()
-        if batch is None:
+def _batch_after(data: bytes, offset: int, fetched_from: int) -> tuple[memoryview, int, tuple[int, int]] | None:
+    """The bytes, next offset and place (where it starts, and ``offset``) of the first v2 batch in ``data``
+    whose next offset is past ``offset``; None if there is none, if ``data`` is cut short before it, or if a
+    batch before it ends before ``fetched_from`` (no broker answers so)."""
+    position = 0
+    while position + _BATCH_HEADER.size <= len(data):
+        base_offset, size = _ENTRY.unpack_from(data, position)
+        end = position + _LOG_OVERHEAD + size
+        if end > len(data):
             return None
-        start = self._position
-        base_offset, length = struct.unpack_from(">qi", self._data, start)
-        self._position = start + _LOG_OVERHEAD + length
-        if base_offset != batch.base_offset:
-            # Not where this expected the batch to start: leave every later batch to aiokafka alone.
-            self._position = len(self._data) + 1
-            return batch
-        if getattr(batch, "magic", 2) != 2:
-            return batch  # message formats 0 and 1 have no headers
-        return _TolerantBatch(batch, memoryview(self._data)[start:self._position])
-
-
-class _TolerantBatch:
-    """One v2 batch: aiokafka's, read again by :func:`read_batch` from the first record it cannot read."""
-
-    __slots__ = ("_batch", "_raw")
-
-    def __init__(self, batch: Any, raw: memoryview) -> None:
-        self._batch = batch
-        self._raw = raw
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._batch, name)
-
-    def __next__(self) -> Any:  # the fetcher reads a control batch's first record with next()
-        return next(self._batch)
-
-    def __iter__(self) -> Iterator[Any]:
-        read_through = -1
-        try:
-            for record in self._batch:
-                read_through = record.offset
-                yield record
-        except UnicodeDecodeError as exc:
-            log.warning("header_name_not_utf8", base_offset=self._batch.base_offset, after_offset=read_through,
-                        error=str(exc))
-            for record in read_batch(self._raw):
-                if record.offset > read_through:
-                    yield record
+        if data[position + _MAGIC_AT] == 2:
+            next_offset = base_offset + _LAST_OFFSET_DELTA.unpack_from(data, position + _LAST_OFFSET_DELTA_AT)[0] + 1
+            if next_offset <= fetched_from:
+                return None
+            if next_offset > offset:
+                return memoryview(data)[position:end], next_offset, (position, offset)
+        position = end
+    return None
 
 
 def read_batch(raw: memoryview | bytes) -> Iterator[DefaultRecord]:
