@@ -27,9 +27,10 @@ most that long ago answers again without any request (:meth:`recent`): the read-
 up for that long, which a dashboard polling a hot instance may choose; ``get`` and ``explain`` never do.
 
 Entries are kept least recently used first and evicted beyond ``max_bytes`` (the stored bytes an entry holds
-plus what its decoded states take, as measured for each sketch kind); an instance larger than that is merged and
-not kept. States handed out are shared: callers read them (``value()``, or merge them into a new state), never
-change them.
+plus what its decoded states take, as measured for each sketch kind). A range read's buckets, and an instance
+too large for ``max_bytes`` whole, are kept as their merge alone (no bytes, states or rows: answered while their
+stamps are unchanged, read whole once changed), so that a long roll-up of sketches fits. States handed out are
+shared: callers read them (``value()``, or merge them into a new state), never change them.
 Pure and single-threaded: no I/O, no locks (one event loop calls it); the caller gives the time.
 """
 
@@ -59,7 +60,7 @@ class ShardRow:
 
 @dataclass(slots=True)
 class _Entry:
-    blobs: tuple[bytes, ...]
+    blobs: tuple[bytes, ...] | None  # None: the merge alone is kept (:meth:`StateCache._strip`)
     states: tuple[State, ...] | None  # each blob decoded, when the kind merges from states (the sketches)
     merged: State
     size: int
@@ -106,6 +107,7 @@ class StateCache:
         self.patched_reads = 0  # reads that read only the rows of the sources that flushed since (patched())
         self.recent_hits = 0  # reads answered without a request, the stamps read less than max_staleness_s ago
         self.misses = 0
+        self.stripped = 0  # entries kept as their merge alone: a range read's buckets, instances too large whole
 
     @property
     def size_bytes(self) -> int:
@@ -202,7 +204,8 @@ class StateCache:
             merged = merge_blobs(read)
             self.misses += not patching
         else:
-            known = {} if entry is None or entry.states is None else dict(zip(entry.blobs, entry.states, strict=True))
+            known = ({} if entry is None or entry.states is None or entry.blobs is None
+                     else dict(zip(entry.blobs, entry.states, strict=True)))
             states = tuple(known.get(blob) or state_from_bytes(blob) for blob in read)
             if known:
                 self.partial += not patching
@@ -215,16 +218,30 @@ class StateCache:
         size = sum(len(blob) for blob in read) + merged.size_bytes()
         if states is not None:
             size += sum(_decoded_bytes(state, blob) for state, blob in zip(states, read, strict=True))
-        if size <= self.max_bytes:
-            self._entries[ident] = _Entry(read, states, merged, size, stamps, now, checked_at, hidden_at,
-                                          rows=_rows_of(rows, len(read)), sources=_sources(stamps, rows))
+        entry = _Entry(read, states, merged, size, stamps, now, checked_at, hidden_at,
+                       rows=_rows_of(rows, len(read)), sources=_sources(stamps, rows))
+        # A range read's bucket keeps its merge alone: a roll-up of a week of 100-shard sketches is then 168
+        # merges, not 16,800 shards (which no bound held: each range read merged them all again). It answers
+        # while its stamps are unchanged, as a hit needs nothing else; changed, it is read whole. So does an
+        # instance too large for the bound whole.
+        if scan or size > self.max_bytes:
+            self._strip(entry)
+        if entry.size <= self.max_bytes:
+            self._entries[ident] = entry
             if scan:
                 self._entries.move_to_end(ident, last=False)
-            self._bytes += size
+            self._bytes += entry.size
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.size
         return merged
+
+    def _strip(self, entry: _Entry) -> None:
+        """Keep only ``entry``'s merge (and its stamps, times and value), sized as it is."""
+        if entry.blobs is not None:
+            entry.size = _decoded_bytes(entry.merged, max(entry.blobs, key=len))
+            entry.blobs = entry.states = entry.rows = entry.sources = None
+            self.stripped += 1
 
     def rows_to_read(self, cell: str, key: str, stamps: Stamps | None, now: float, wall: float) -> list[Row] | None:
         """The rows to read of the instance kept for ``cell`` and ``key`` when ``stamps``, read just now, differ
@@ -256,7 +273,7 @@ class StateCache:
         None otherwise: read the instance whole."""
         entry = self._entries.get((cell, key))
         placed = None if entry is None else _changed_rows(entry, stamps)
-        if entry is None or placed is None:
+        if entry is None or placed is None or entry.blobs is None:  # a stripped entry keeps no rows either
             return None
         kept_rows, changed = placed
         tallied = len(entry.blobs) - len(kept_rows)

@@ -169,19 +169,17 @@ def test_a_long_range_read_does_not_evict_the_instances_read_often() -> None:
         return state.to_bytes()
 
     measure = StateCache(10**9)
-    measure.merged("t", "x", [blob(0), blob(1)])
-    cache = StateCache(4 * measure.size_bytes)
+    measure.merged("t", "x", [blob(0), blob(1)], scan=True)
+    cache = StateCache(4 * measure.size_bytes)  # the hot instance whole, and a few buckets' merges
     cache.merged("t", "hot", [blob(0), blob(1)])
     for bucket in range(20):
-        cache.merged("t", f"bucket-{bucket}", [blob(bucket), blob(bucket + 1)], scan=True)
+        cache.merged("t", f"bucket-{bucket}", [blob(bucket), blob(bucket + 1)], scan=True, stamps={b"s": bucket})
         assert cache.size_bytes <= cache.max_bytes
     hits = cache.hits
     cache.merged("t", "hot", [blob(0), blob(1)])
     assert cache.hits == hits + 1
-    cache.merged("t", "bucket-0", [blob(0), blob(1)], scan=True)  # buckets that fitted stay; read again: a hit
-    assert cache.hits == hits + 2
-    cache.merged("t", "bucket-19", [blob(19), blob(20)], scan=True)  # later ones went first
-    assert cache.hits == hits + 2
+    assert cache.checked("t", "bucket-0", {b"s": 0}, now=0.0, wall=0.0) is not None  # the first ones stay
+    assert cache.checked("t", "bucket-19", {b"s": 19}, now=0.0, wall=0.0) is None  # later ones went first
 
 
 def _sum_blob(value: int) -> bytes:
@@ -425,3 +423,51 @@ def test_a_timestamp_two_sources_or_two_rows_share_places_neither(first: list[st
     assert cache.rows_to_read("c", "k", partition.stamps, now=0.0, wall=0.0) is None
     assert partition.read(cache).value() == 4 + 110 + 1020  # type: ignore[union-attr]
 
+
+
+def _distinct_blob(values: range) -> bytes:
+    from schemas.kinds import KindSpec, new_state
+
+    state = new_state(KindSpec("distinct", lg_k=10))
+    for v in values:
+        state.apply(f"user-{v}")
+    return state.to_bytes()
+
+
+def test_a_range_reads_buckets_are_kept_as_their_merges_alone() -> None:
+    """A range read of more sketch buckets than the bound holds whole keeps each bucket's merge alone: read
+    again with its stamps unchanged, each answers; changed, it is read whole and answers as an uncached read
+    does. An instance read directly keeps its shards (its rows read by name after a flush). An instance too
+    large for the bound whole is kept as its merge."""
+    shards = {bucket: [_distinct_blob(range(bucket * 1000 + s * 300, bucket * 1000 + s * 300 + 400))
+                       for s in range(10)] for bucket in range(24)}
+    whole = StateCache(10**9)
+    whole.merged("u", "b0", shards[0])
+    one_bucket = whole.size_bytes
+    cache = StateCache(4 * one_bucket)  # four buckets whole, far more as merges alone
+    rows = [ShardRow((s, f"m{s}"), 100 + s) for s in range(10)]
+    hot_stamps = {bytes([s]) * 8: 100 + s for s in range(10)}
+    cache.merged("u", "hot", shards[0], stamps=hot_stamps, rows=rows)
+    for bucket in range(24):
+        cache.merged("u", f"b{bucket}", shards[bucket], scan=True, stamps={b"s": bucket})
+        assert cache.size_bytes <= cache.max_bytes
+    assert cache.stripped == 24  # every bucket kept as its merge alone ...
+    assert len(cache) == 25  # ... and the hot instance whole
+    for bucket in range(24):
+        state = cache.checked("u", f"b{bucket}", {b"s": bucket}, now=0.0, wall=0.0)
+        assert state is not None
+        assert state.value() == merge_blobs(shards[bucket]).value()  # type: ignore[union-attr]
+    # the hot instance kept its shards: a flush of one source is read by name
+    flushed = {**hot_stamps, b"\x03" * 8: 500}
+    assert cache.rows_to_read("u", "hot", flushed, now=0.0, wall=0.0) == [(3, "m3")]
+    # a stripped bucket that changed is read whole, and answers what an uncached read answers
+    assert cache.rows_to_read("u", "b5", {b"s": 99}, now=0.0, wall=0.0) is None
+    changed = [*shards[5][:-1], _distinct_blob(range(90_000, 91_000))]
+    misses = cache.misses
+    assert cache.merged("u", "b5", changed, scan=True).value() == merge_blobs(changed).value()  # type: ignore[union-attr]
+    assert cache.misses == misses + 1
+    # an instance too large for the bound whole is kept as its merge
+    tiny = StateCache(one_bucket // 4)
+    assert tiny.merged("u", "big", shards[1], stamps={b"s": 1}) is not None
+    assert tiny.checked("u", "big", {b"s": 1}, now=0.0, wall=0.0) is not None
+    assert tiny.size_bytes <= tiny.max_bytes
