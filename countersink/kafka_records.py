@@ -187,13 +187,18 @@ def read_batch(raw: memoryview | bytes) -> Iterator[DefaultRecord]:
         headers: list[tuple[str, bytes | None]] = []
         for _ in range(header_count):
             name, position = _bytes_at(buffer, position)
+            if name is None:
+                raise CorruptRecordException(f"a header of the record at offset {base_offset + offset_delta} has "
+                                             "no name")
             header, position = _bytes_at(buffer, position)
-            headers.append(((name or b"").decode("utf-8", "surrogateescape"), header))
+            headers.append((name.decode("utf-8", "surrogateescape"), header))
         if position != end:
             raise CorruptRecordException(f"the record at offset {base_offset + offset_delta} does not end where "
                                          "its length says")
         timestamp = max_timestamp if log_append_time else first_timestamp + timestamp_delta
         yield DefaultRecord(base_offset + offset_delta, timestamp, timestamp_type, key, value, headers)
+    if position != len(buffer):
+        raise CorruptRecordException(f"the batch at offset {base_offset} holds more than its {count} records")
 
 
 def _bytes_at(buffer: memoryview, position: int) -> tuple[bytes | None, int]:

@@ -131,3 +131,18 @@ def test_a_dead_letter_names_such_a_header_as_a_producer_can_send_it() -> None:
         (f"x{REPLACED}y", b"2"), ("ok", b"1")]
     for name, _ in headers:
         name.encode()
+
+
+def test_a_batch_holding_more_than_its_record_count_is_refused_as_aiokafka_refuses_it() -> None:
+    import struct
+
+    from aiokafka.errors import CorruptRecordException
+    from aiokafka.record.util import calc_crc32c
+
+    data = bytearray(batch_bytes([(1, None, b"one", []), (2, None, b"two", [])]))
+    struct.pack_into(">i", data, 57, 1)  # the record count: one, where two follow
+    struct.pack_into(">I", data, 17, calc_crc32c(bytes(data[21:])))
+    with pytest.raises(CorruptRecordException):
+        fetched(bytes(data), tolerant=False)
+    with pytest.raises(CorruptRecordException):
+        list(read_batch(bytes(data)))
