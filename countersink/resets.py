@@ -271,12 +271,37 @@ async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str
     if len(keys) > MAX_RESET_KEYS:
         raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
     for _ in range(attempts):
-        epoch = await next_epoch(client, counter, write_cl)
+        if request_key is None:
+            epoch = await next_epoch(client, counter, write_cl)
+        else:
+            # Two requests with one key at once (a client retrying one it gave up waiting for, two serve
+            # replicas): the one that reads the other's row, or loses the epoch to it, answers that reset.
+            rows = await _reset_rows(client, counter, write_cl)
+            same = next((row for row in rows if row.get("request_key") == request_key), None)
+            if same is not None:
+                raise SameRequestError(same)
+            epoch = max((int(row["epoch"]) for row in rows), default=0) + 1
         reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
         at_us = await claim_epoch(client, reset, requested_by, write_cl, request_key)
         if at_us is not None:
             return reset, at_us
     raise ResetRefusedError(f"could not claim a new epoch of {counter} after {attempts} attempts")
+
+
+class SameRequestError(Exception):
+    """A reset with the same idempotency key was recorded meanwhile (``row``): answer it, record none."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(f"reset epoch {row.get('epoch')} holds this request's key")
+        self.row = row
+
+
+async def _reset_rows(client: CassandraClient, counter: str, consistency: Consistency) -> list[dict[str, Any]]:
+    """Every ``resets`` row of ``counter``, all columns (``request_key`` only where the keyspace has it)."""
+    if not await _table_exists(client):
+        return []
+    return as_dicts(await client.execute("SELECT * FROM resets WHERE counter = ?", [counter],
+                                         consistency=consistency))
 
 
 async def next_epoch(client: CassandraClient, counter: str, consistency: Consistency) -> int:
@@ -393,9 +418,7 @@ def took_effect(progress: ResetProgress, keys: Sequence[str], requested_by: str)
 async def recorded_request(client: CassandraClient, counter: str, request_key: str, read_cl: Consistency
                            ) -> dict[str, Any] | None:
     """The ``resets`` row of ``counter`` recorded with the idempotency key ``request_key``, or None."""
-    if not await _table_exists(client):
-        return None
-    rows = as_dicts(await client.execute("SELECT * FROM resets WHERE counter = ?", [counter], consistency=read_cl))
+    rows = await _reset_rows(client, counter, read_cl)
     return next((row for row in rows if row.get("request_key") == request_key), None)
 
 
@@ -437,13 +460,20 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
             # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
             raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
         progress.stage = RECORDING
-        recorded, at_us = await recorded_then_settled(record_reset(
-            client, definition.name, keys, requested_by, write_cl, counts, request_key=request_key))
-        progress.reset, progress.stage, progress.partitions = recorded, PUBLISHING, len(partitions)
-        progress.requested_us = at_us
-        positions = await publish_controls(recorded, partitions, _sender(producer), progress.published)
+        try:
+            recorded, at_us = await recorded_then_settled(record_reset(
+                client, definition.name, keys, requested_by, write_cl, counts, request_key=request_key))
+        except SameRequestError as same:
+            answered: dict[str, Any] | None = same.row
+        else:
+            answered = None
+            progress.reset, progress.stage, progress.partitions = recorded, PUBLISHING, len(partitions)
+            progress.requested_us = at_us
+            positions = await publish_controls(recorded, partitions, _sender(producer), progress.published)
     finally:
         await producer.stop()
+    if answered is not None:
+        return await _repeated(client, kafka, answered, keys, write_cl, positions_read_cl, progress)
     progress.stage = POSITIONS
     await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
     progress.stage = DONE

@@ -422,3 +422,29 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
     assert warned["epoch"] == 1
     assert sorted(p["partition"] for p in warned["positions"]) == [0, 1]
     assert "the reset took effect" in warned["warning"]
+
+
+async def test_requests_with_one_idempotency_key_at_once_record_one_reset(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Callable[..., Awaitable[str]],
+) -> None:
+    """Three requests with one key at once (a client retrying one it gave up waiting for, serve replicas): one
+    reset is recorded, and each answers it; every partition has its control record. A request recorded just
+    before another reads it; two racing for one epoch, the loser reads the winner's key."""
+    from countersink.registry import CounterRegistry
+    from countersink.resets import reset_counter
+    from countersink.settings import Consistency
+    from schemas.definitions import parse_definitions
+
+    topic = await topic_factory(partitions=PARTITIONS)
+    definitions = parse_definitions(DEFINITIONS.replace("{topic}", topic))
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(definitions, "test")
+        done = await asyncio.gather(*(reset_counter(client, kafka_settings, definitions["trades"], [], f"r{i}",
+                                                    Consistency.QUORUM, Consistency.QUORUM, request_key="once")
+                                      for i in range(3)))
+        rows = as_dicts(await client.execute("SELECT * FROM resets WHERE counter = 'trades'"))
+    assert [row["epoch"] for row in rows] == [1]
+    assert {d.reset.epoch for d in done} == {1}
+    assert {d.reset.reset_id for d in done} == {rows[0]["id"]}
+    published = {(p.topic, p.partition) for d in done for p in d.positions}
+    assert sorted(published) == [(topic, p) for p in range(PARTITIONS)]
