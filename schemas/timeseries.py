@@ -101,6 +101,9 @@ def bucket_starts(definition: CounterDefinition, start: int, end: int, max_bucke
     size = bucket_seconds(definition)
     if end <= start:
         raise TimeRangeError(f"the range ends ({utc_text(end)}) before it starts ({utc_text(start)})")
+    if end <= 0:
+        raise TimeRangeError(f"the range ends ({utc_text(end)}) before 1970, where bucket times start: no bucket "
+                             "lies in it")
     first = -(-max(start, 0) // size) * size
     last = min(end, _LAST_SECOND + 1)
     count = max(0, -(-(last - first) // size))

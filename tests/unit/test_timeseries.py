@@ -72,6 +72,9 @@ def test_a_range_of_too_many_buckets_is_refused_with_the_limit_named() -> None:
         bucket_starts(BUCKETED["count"], T0, T0 + 7 * DAY, 100)
     with pytest.raises(TimeRangeError, match="before it starts"):
         bucket_starts(BUCKETED["count"], T0, T0, 100)
+    with pytest.raises(TimeRangeError, match="before 1970, where bucket times start"):  # printed nothing, exit 0
+        bucket_starts(BUCKETED["count"], -10 * DAY, -DAY, 100)
+    assert bucket_starts(BUCKETED["count"], -DAY, HOUR, 100) == [0]  # partly before 1970: its buckets from then
 
 
 def test_an_unbucketed_counter_has_no_range() -> None:
