@@ -67,6 +67,7 @@ class TolerantPartitionRecords(_fetcher.PartitionRecords):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fetched_from = self.next_fetch_offset  # the offset the fetch asked for
+        self._read_again_at: tuple[int, int] | None = None  # the last batch read again: where, and from which offset
 
     def __next__(self) -> Any:
         while True:
@@ -85,14 +86,17 @@ class TolerantPartitionRecords(_fetcher.PartitionRecords):  # type: ignore[misc]
         # it and the batch found is the one aiokafka failed in. Should that not hold (a batch wholly before it,
         # a batch found without such a name, or the one read on from last time failing again), aiokafka's error
         # stands: the partition stops rather than read a batch twice or skip one.
-        if found is None or found[2] == getattr(self, "_read_again_at", None) or not _names_not_utf8(found[0]):
+        if found is None or found[2] == self._read_again_at:
             raise error
         raw, next_offset, self._read_again_at = found
+        records = list(read_batch(raw))  # read once: checked, then handed out
+        if not any(_not_utf8(name) for record in records for name, _ in record.headers):
+            raise error
         log.warning("header_name_not_utf8", topic=self._tp.topic, partition=self._tp.partition,
                     offset=self.next_fetch_offset, error=str(error))
-        return self._then(read_batch(raw), next_offset, self._unpack_records())
+        return self._then(records, next_offset, self._unpack_records())
 
-    def _then(self, records: Iterator[DefaultRecord], next_offset: int, rest: Iterator[Any]) -> Iterator[Any]:
+    def _then(self, records: list[DefaultRecord], next_offset: int, rest: Iterator[Any]) -> Iterator[Any]:
         for record in records:
             if record.offset < self.next_fetch_offset:
                 continue  # handed out before the error, or before the offset the fetch started at
@@ -121,22 +125,17 @@ def install() -> None:
 
 def sendable_header_name(name: str) -> str:
     """``name`` as a producer can send it: a name read with undecodable bytes has each replaced by U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace") if _not_utf8(name) else name
+
+
+def _not_utf8(name: str) -> bool:
+    """Whether ``name`` was read from bytes that are not UTF-8 (its undecodable bytes kept as lone surrogates)."""
+    if name.isascii():
+        return False
     try:
         name.encode()
     except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return name
-
-
-def _names_not_utf8(raw: memoryview) -> bool:
-    """Whether a record of the batch ``raw`` has a header name that is not UTF-8."""
-    for record in read_batch(raw):
-        for name, _ in record.headers:
-            if not name.isascii():
-                try:
-                    name.encode()
-                except UnicodeEncodeError:
-                    return True
+        return True
     return False
 
 
