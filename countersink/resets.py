@@ -174,14 +174,14 @@ async def _settle(recorded_at: float) -> None:
         await pause_unless_stopped(wait, None)
 
 
-async def read_reset_rows(client: CassandraClient, counter: str) -> list[dict[str, Any]]:
-    """The ``resets`` rows of ``counter``, oldest first, every column."""
+async def read_reset_rows(client: CassandraClient, counter: str, consistency: Consistency | None = None
+                          ) -> list[dict[str, Any]]:
+    """The ``resets`` rows of ``counter``, oldest first, every column (``request_key`` only where the keyspace
+    has it), at ``consistency`` (the client's default when None)."""
     if not await _table_exists(client):
         return []
-    return as_dicts(await client.execute(
-        "SELECT counter, epoch, id, keys, partitions, requested_by, requested_us, request_key FROM resets "
-        "WHERE counter = ?",
-        [counter]))
+    return as_dicts(await client.execute("SELECT * FROM resets WHERE counter = ?", [counter],
+                                         consistency=consistency))
 
 
 async def read_points(client: CassandraClient, counter: str, epoch: int, partitions: Mapping[str, int]
@@ -271,16 +271,13 @@ async def record_reset(client: CassandraClient, counter: str, keys: Sequence[str
     if len(keys) > MAX_RESET_KEYS:
         raise ResetRefusedError(f"a reset names at most {MAX_RESET_KEYS} keys, not {len(keys)}")
     for _ in range(attempts):
-        if request_key is None:
-            epoch = await next_epoch(client, counter, write_cl)
-        else:
-            # Two requests with one key at once (a client retrying one it gave up waiting for, two serve
-            # replicas): the one that reads the other's row, or loses the epoch to it, answers that reset.
-            rows = await _reset_rows(client, counter, write_cl)
-            same = next((row for row in rows if row.get("request_key") == request_key), None)
-            if same is not None:
-                raise SameRequestError(same)
-            epoch = max((int(row["epoch"]) for row in rows), default=0) + 1
+        rows = await read_reset_rows(client, counter, write_cl)
+        # Two requests with one key at once (a client retrying one it gave up waiting for, two serve replicas):
+        # the one that reads the other's row, or loses the epoch to it, answers that reset.
+        same = next((row for row in rows if request_key is not None and row.get("request_key") == request_key), None)
+        if same is not None:
+            raise SameRequestError(same)
+        epoch = max((int(row["epoch"]) for row in rows), default=0) + 1
         reset = Reset(new_reset_id(counter, epoch), counter, epoch, frozenset(keys), tuple(sorted(partitions.items())))
         at_us = await claim_epoch(client, reset, requested_by, write_cl, request_key)
         if at_us is not None:
@@ -294,14 +291,6 @@ class SameRequestError(Exception):
     def __init__(self, row: dict[str, Any]) -> None:
         super().__init__(f"reset epoch {row.get('epoch')} holds this request's key")
         self.row = row
-
-
-async def _reset_rows(client: CassandraClient, counter: str, consistency: Consistency) -> list[dict[str, Any]]:
-    """Every ``resets`` row of ``counter``, all columns (``request_key`` only where the keyspace has it)."""
-    if not await _table_exists(client):
-        return []
-    return as_dicts(await client.execute("SELECT * FROM resets WHERE counter = ?", [counter],
-                                         consistency=consistency))
 
 
 async def next_epoch(client: CassandraClient, counter: str, consistency: Consistency) -> int:
@@ -418,7 +407,7 @@ def took_effect(progress: ResetProgress, keys: Sequence[str], requested_by: str)
 async def recorded_request(client: CassandraClient, counter: str, request_key: str, read_cl: Consistency
                            ) -> dict[str, Any] | None:
     """The ``resets`` row of ``counter`` recorded with the idempotency key ``request_key``, or None."""
-    rows = await _reset_rows(client, counter, read_cl)
+    rows = await read_reset_rows(client, counter, read_cl)
     return next((row for row in rows if row.get("request_key") == request_key), None)
 
 
