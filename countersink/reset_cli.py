@@ -114,8 +114,8 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
         missing = cast(list[dict[str, Any]], item["not_recorded"])
         if missing:
             where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
-            again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(item["request_key"])])
-            print(f"  incomplete: no control record recorded in {where}: complete it with `{again}`"
+            print(f"  incomplete: no control record recorded in {where}: complete it with "
+                  f"`{_again(counter, keys, item['request_key'])}`"
                   if item["request_key"] else f"  incomplete: no control record recorded in {where}")
     return 0
 
@@ -182,12 +182,17 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
     return 0
 
 
+def _again(counter: str, keys: list[str], request_key: object) -> str:
+    """The command that makes or completes the reset of ``keys`` recorded with ``request_key``."""
+    return shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+
+
 def _failed(counter: str, keys: list[str], progress: ResetProgress, request_key: str | None,
             exc: Exception | str) -> None:
     """Log a reset that did not complete (``exc``, or why it stopped): what was recorded, and the command that
     completes it. Before the reset is known to be recorded its record may still land: the same key completes it
     then, or makes it."""
-    again = shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+    again = _again(counter, keys, request_key)
     next_step = (f"complete it with `{again}` (a reset without that key would be a new one)"
                  if progress.reset is not None else f"reset again with `{again}`")
     log.error("reset_failed", counter=counter, error=exc if isinstance(exc, str) else type(exc).__name__,
