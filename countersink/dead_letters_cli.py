@@ -11,7 +11,6 @@ counter. docs/operations.md, Dead letters, shows the steps.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from aiokafka import TopicPartition
 from countersink.cli import EXIT_USAGE, MAX_OPTION_INT, HelpFormatter, run_async
 from countersink.kafka import make_consumer, make_producer, topic_partitions
 from countersink.logs import get_logger
+from countersink.publish_cli import BadLineError, json_event
 from countersink.settings import Settings
 
 log = get_logger(__name__)
@@ -90,14 +90,10 @@ def _not_an_event(payload: bytes) -> str | None:
     if payload[:1] == b"\x00":
         return None
     try:
-        event = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return f"not a JSON object ({exc})"
-    return None if isinstance(event, dict) else "not a JSON object"
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
+        json_event(payload)
+    except BadLineError as exc:
+        return str(exc)
+    return None
 
 
 async def republish(settings: Settings, partition: int, offset: int, payload: bytes | None, *,

@@ -117,7 +117,7 @@ class LineFormat:
 _BOM = b"\xef\xbb\xbf"
 
 
-def _json_object(text: bytes) -> Any:
+def json_event(text: bytes) -> Any:
     """The JSON object a line holds, read by the parser the consumer reads a JSON event with (a line it would
     refuse whole, a lone surrogate's escape in any field among them, is refused here; NaN, which it reads, is
     not)."""
@@ -146,7 +146,7 @@ def parse_record(line: bytes, form: LineFormat, max_bytes: int) -> tuple[bytes, 
         raise BadLineError(f"longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
     if key is not None and len(key) > max_bytes:
         raise BadLineError(f"key longer than {max_bytes} bytes (COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
-    event = _json_object(value)
+    event = json_event(value)
     if key is None:
         key = record_key(event, form.key_fields)
     timestamp = None
@@ -167,7 +167,7 @@ class Encoding:
     indexes: tuple[int, ...] | None = None
 
     def value(self, line: bytes) -> bytes:
-        event = _json_object(line.removeprefix(_BOM))
+        event = json_event(line.removeprefix(_BOM))
         try:
             payload = self.encode(event)
         except ValueError as exc:
