@@ -20,7 +20,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
 from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -46,12 +46,17 @@ from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.retry import Backoff, is_retriable, retrying
 from countersink.settings import ConsumerSettings
+from countersink.topic_ids import NO_TOPIC_CHECKS, TopicCheck, TopicRecreatedError
 from schemas.definitions import CounterSet
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
+
+# How long a flush waits for Kafka's topic ids (check_topics) before it goes on without them: a flush a second
+# should not wait out Kafka's request timeout while the broker is away.
+TOPIC_CHECK_TIMEOUT_S = 2.0
 
 
 def now_us() -> int:
@@ -108,7 +113,8 @@ class Ownership:
                  retry: PartitionRetry, *,
                  clock: Callable[[], int] = now_us, new_id: Callable[[], uuid.UUID] = uuid.uuid4,
                  spawn: Callable[[Coroutine[Any, Any, None]], Background] = in_background,
-                 resets: ResetBook = NO_RESETS, handovers: HandoverBook = NO_HANDOVERS) -> None:
+                 resets: ResetBook = NO_RESETS, handovers: HandoverBook = NO_HANDOVERS,
+                 topic_ids: TopicCheck = NO_TOPIC_CHECKS) -> None:
         """``clock`` (microseconds), ``new_id`` and ``spawn`` are the process's own unless a test passes
         stand-ins: the protocol model runs this class step by step, with its own clocks and interleavings."""
         self.config = config
@@ -125,6 +131,7 @@ class Ownership:
         self.spawn = spawn
         self.resets = resets
         self.handovers = handovers
+        self.topic_ids = topic_ids
         # Counters with ``since`` by topic, and their hand-over offsets by partition once learned (they never
         # change once recorded: consumer.handovers).
         self._since = {topic: [c.name for c in counters.for_topic(topic) if c.since is not None]
@@ -140,8 +147,9 @@ class Ownership:
         self._takeovers: dict[uuid.UUID, Background] = {}
         self.warming: set[uuid.UUID] = set()  # new mutators whose retry window is not rebuilt yet: not applying
         # Partitions not consumed because records were deleted before they were counted (on_records_lost =
-        # stop): the process reports unready until they are revoked or an operator decides.
-        self.stopped: dict[TopicPartition, RecordsLostError] = {}
+        # stop) or their topic was deleted and created again: the process reports unready until they are revoked
+        # or an operator decides.
+        self.stopped: dict[TopicPartition, RecordsLostError | TopicRecreatedError] = {}
 
     def applying(self, tp: TopicPartition) -> Mutator | None:
         """The mutator that applies ``tp``'s records now: None while it is warming up, fenced or gone."""
@@ -251,6 +259,12 @@ class Ownership:
     async def _finish_in_background(self, tp: TopicPartition, mutator: Mutator, claimed: Claim,
                                      applier_factory: Callable[[], Applier], started: float) -> None:
         accept_lost = self.config.on_records_lost == "skip"
+        # First of all: the claim's start offset is in the recorded topic's offsets. If the name now stands for
+        # another topic, its records must be neither replayed as the previous owner's window nor counted on.
+        recreated = await self.retry("topic_id", tp, functools.partial(self.topic_ids.changed, [tp.topic]))
+        if tp.topic in recreated:
+            self.topic_recreated(tp, mutator, recreated[tp.topic])
+            return
         # One read per claim, before the mutator applies or writes anything: a hand-over of a counter these
         # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
         # records from the hand-over on (consumer.handovers).
@@ -343,6 +357,46 @@ class Ownership:
         self._forget(tp, mutator)
         return False
 
+    def topic_recreated(self, tp: TopicPartition, mutator: Mutator, error: TopicRecreatedError) -> None:
+        """``tp``'s topic is not the one counted: its mutator never applies nor writes again, and the partition
+        is not consumed (unready) until it is revoked. What it applied since its last flush is not written: the
+        old topic's records among it are gone with that topic, and any of the new one's would be counted from
+        the old one's offsets."""
+        mutator.fenced = True
+        self.warming.discard(mutator.id)
+        self.stopped[tp] = error
+        METRICS.partitions_stopped.set(len(self.stopped))
+        METRICS.topics_recreated.labels(tp.topic, str(tp.partition)).inc()
+        self._forget(tp, mutator)
+        log.error("topic_recreated", topic=tp.topic, partition=tp.partition, counted_id=str(error.counted),
+                  kafka_id=str(error.now), mutator=str(mutator.id), flushed_through=mutator.flushed_through,
+                  unwritten=mutator.applied_through - mutator.flushed_through, action="partition_stopped",
+                  hint="count the new topic with a new consumer group and keyspace, or under a new name")
+
+    async def check_topics(self, partitions: Collection[TopicPartition] | None = None) -> bool:
+        """Before anything applied is written (a flush, a release, a rotation) of ``partitions``, else of every
+        partition owned: a topic deleted and created again while its partitions were consumed stops them (see
+        :meth:`topic_recreated`). The check is Kafka's metadata of the topics, one request. False when it could
+        not be made (Kafka away, or slower than TOPIC_CHECK_TIMEOUT_S): the caller then writes nothing of what
+        was applied, which is always safe (the next flush, or the next owner, reads it from Kafka again)."""
+        owned = [(tp, m) for tp, m in self.mutators.items() if partitions is None or tp in partitions]
+        if not owned:
+            return True
+        try:
+            recreated = await self.topic_ids.changed({tp.topic for tp, _ in owned}, TOPIC_CHECK_TIMEOUT_S)
+        except Exception as exc:
+            METRICS.topic_checks_failed.inc()
+            log.warning("topic_ids_unchecked", error=repr(exc), action="not written until checked")
+            return False
+        for tp, mutator in owned:
+            if tp.topic in recreated and self.mutators.get(tp) is mutator:
+                task = self._takeovers.get(mutator.id)
+                if task is not None and not task.done():  # it may be replaying records of the new topic
+                    await self._abandon_take_over(tp, mutator)
+                self._takeovers.pop(mutator.id, None)  # a takeover that failed: moot, the partition stops
+                self.topic_recreated(tp, mutator, recreated[tp.topic])
+        return True
+
     def refuse(self, tp: TopicPartition, mutator: Mutator, refusal: HandoverRefusedError) -> None:
         """A claimed partition is counted by newer definitions: its mutator never applies nor writes, and the
         process is to exit (:attr:`refusal`). The next owner finishes the takeover as after a crash."""
@@ -389,6 +443,15 @@ class Ownership:
 
     async def release(self, revoked: list[TopicPartition]) -> None:
         """Hand ``revoked`` over cleanly (the caller has let the flush in flight end first)."""
+        # A last flush of a topic created again would write its records; unchecked, none is written (the next
+        # owner reads them again, as after a crash).
+        if not await self.check_topics(revoked):
+            for tp in revoked:
+                mutator = self.mutators.get(tp)
+                if mutator is not None:
+                    mutator.fenced = True
+                    log.warning("release_unwritten", topic=tp.topic, partition=tp.partition,
+                                mutator=str(mutator.id), reason="topic ids unchecked")
         for tp in revoked:
             self.stopped.pop(tp, None)
             METRICS.forget_partition(tp.topic, tp.partition)
@@ -476,6 +539,9 @@ class Ownership:
         mutator = self.mutators[tp]
         if self.takeover_pending(mutator):
             return  # rotated once its takeover is finished: a replay must not hold the loop
+        # Its release writes what it applied since the last flush: checked as a flush is (rotated later if not).
+        if not await self.check_topics([tp]) or self.mutators.get(tp) is not mutator:
+            return
         try:
             # Every record it skipped as invalid is on the dead-letter topic before its last window is
             # recorded complete.

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import OffsetAndMetadata
 
 from consumer import schedule
-from consumer.applying import KafkaRecord, Mutator, RecordSource
+from consumer.applying import KafkaRecord, Mutator, RecordsLostError, RecordSource
 from consumer.cassandra_store import CassandraStore
 from consumer.cleanup_policies import check_policies, deduplicating
 from consumer.dead_letters import DeadLetters, refuse_dead_letter_loop
@@ -54,6 +54,7 @@ from countersink.resets import CassandraResets
 from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError
 from countersink.settings import Settings
+from countersink.topic_ids import NO_TOPIC_CHECKS, KafkaTopicIds, TopicCheck, TopicIds, TopicRecreatedError
 from schemas import formats
 from schemas.definitions import CounterSet
 from schemas.errors import CompactedTopicError, CountersinkError
@@ -146,11 +147,14 @@ class ConsumerService:
         self.dead_letters = DeadLetters(self.producer, self.config)
         resets: ResetBook = NO_RESETS
         handovers: HandoverBook = NO_HANDOVERS
+        topic_ids: TopicCheck = NO_TOPIC_CHECKS
         if isinstance(self.store, CassandraStore):
             resets = CassandraResets(self.cassandra, self.store.read_cl, self.store.write_cl)
             handovers = CassandraHandovers(self.cassandra, self.host)
+            topic_ids = TopicIds(KafkaTopicIds(self.settings.kafka), self.cassandra, self.host)
         self.ownership = Ownership(self.config, self.host, self.router, counters, self.store, self.source,
-                                   self.consumer, self.dead_letters, retry, resets=resets, handovers=handovers)
+                                   self.consumer, self.dead_letters, retry, resets=resets, handovers=handovers,
+                                   topic_ids=topic_ids)
         self.flushing = Flushing(self.store, self.ownership, self.dead_letters, retry, self.cassandra)
         # Held while a batch is applied, flushed and rotated, and by the rebalance callbacks (which aiokafka
         # runs in its coordinator task, concurrently with this loop): a rotation must never take over a
@@ -265,8 +269,13 @@ class ConsumerService:
         if self.waiting_for_topics:
             return f"waiting for topics: {', '.join(self.waiting_for_topics)}"
         if self.ownership.stopped:
-            stopped = sorted(f"{tp.topic}-{tp.partition}" for tp in self.ownership.stopped)
-            return f"partitions stopped for lost records: {', '.join(stopped)}"
+            lost = sorted(f"{tp.topic}-{tp.partition}" for tp, why in self.ownership.stopped.items()
+                          if isinstance(why, RecordsLostError))
+            recreated = sorted({tp.topic for tp, why in self.ownership.stopped.items()
+                                if isinstance(why, TopicRecreatedError)})
+            return "; ".join([*([f"partitions stopped for lost records: {', '.join(lost)}"] if lost else []),
+                              *([f"topics deleted and created again, not consumed: {', '.join(recreated)}"]
+                                if recreated else [])])
         if not self._started:
             return "starting"
         return "joining the consumer group" if not self.ready else ""
@@ -342,7 +351,8 @@ class ConsumerService:
                 if self._flush_due() and self._registry_fresh():
                     if self.flushing.in_flight:
                         offsets = await self._finish_flush()  # one at a time: wait for the last one
-                    self.flushing.start()
+                    if await self.ownership.check_topics():
+                        self.flushing.start()
             if offsets:
                 await self._commit_for_lag(offsets)
 
@@ -557,6 +567,8 @@ class ConsumerService:
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
         closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop, self.schemas.stop]
+        if isinstance(self.ownership.topic_ids, TopicIds):
+            closers.append(self.ownership.topic_ids.close)
         if stop_source is not None:
             closers.insert(2, stop_source)
         for close in closers:

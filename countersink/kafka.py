@@ -11,6 +11,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.client import AIOKafkaClient
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
     IllegalStateError,
@@ -168,6 +169,11 @@ def connection_options(settings: KafkaSettings) -> dict[str, Any]:
         options["sasl_plain_username"] = settings.sasl_username
         options["sasl_plain_password"] = settings.sasl_password.get_secret_value() if settings.sasl_password else None
     return options
+
+
+def make_client(settings: KafkaSettings) -> AIOKafkaClient:
+    """A bare client, for requests aiokafka's consumer, producer and admin client do not send (its ``send``)."""
+    return AIOKafkaClient(**connection_options(settings))
 
 
 def make_producer(settings: KafkaSettings, **overrides: Any) -> AIOKafkaProducer:

@@ -153,7 +153,13 @@ class Metrics:
             ["topic", "partition"], registry=r)
         self.partitions_stopped = Gauge(
             "countersink_partitions_stopped", "Partitions not consumed because records were lost (on_records_lost "
-            "= stop)", registry=r)
+            "= stop) or their topic was deleted and created again", registry=r)
+        self.topic_checks_failed = Counter(
+            "countersink_topic_checks_failed", "Checks of topic ids before a flush, release or rotation that could "
+            "not be made (Kafka away): nothing applied was written then", registry=r)
+        self.topics_recreated = Counter(
+            "countersink_topic_recreated", "Partitions stopped because their topic's name stands for another topic "
+            "than the one counted (deleted and created again)", ["topic", "partition"], registry=r)
         self.dead_letters_truncated = Counter(
             "countersink_dead_letters_truncated", "Dead letters sent truncated because the broker refused them whole",
             registry=r)

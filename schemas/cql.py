@@ -345,6 +345,15 @@ def create_tables(keyspace: str) -> list[str]:
             reprocess_from text,
             PRIMARY KEY ((consumer_group, cell), topic, partition)
         )""",
+        # The id Kafka gave each topic counted here, as the first consumer to claim one of its partitions found
+        # it (countersink.topic_ids): a topic deleted and created again under its name has another, and its
+        # partitions are then not consumed (offsets start over, and the keyspace's positions are the old one's).
+        f"""CREATE TABLE IF NOT EXISTS {ks}.topic_ids (
+            topic text PRIMARY KEY,
+            topic_id uuid,
+            recorded_us bigint,
+            recorded_by text
+        )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.schema_meta (
             name text PRIMARY KEY,
             version int

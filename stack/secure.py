@@ -58,7 +58,8 @@ from stack.servers import (
 # a table of None meaning the whole keyspace. The schema role creates keyspaces (and owns what it creates);
 # the others get their grants once the keyspace and its tables exist. MODIFY (which in Cassandra includes
 # TRUNCATE, and cannot be split from it) only on the tables the process writes.
-CONSUMER_WRITES = ("shards", "partitions", "mutators", "mutator_work", "counters", "reset_positions", "handovers")
+CONSUMER_WRITES = ("shards", "partitions", "mutators", "mutator_work", "counters", "reset_positions", "handovers",
+                   "topic_ids")
 GC_WRITES = ("shards", "mutators", "mutator_work", "gc_runs")
 RESET_WRITES = ("resets", "reset_positions")
 ROLES: dict[str, tuple[tuple[str, str | None], ...]] = {

@@ -66,6 +66,7 @@ from countersink.resets import (
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
 from countersink.settings import Settings, given_options, with_options
+from countersink.topic_ids import KafkaTopicIds, TopicIds, TopicRecreatedError
 from schemas import formats, registry
 from schemas.definitions import CounterSet, since_ms
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
@@ -195,6 +196,11 @@ class Backfill:
                       f"counted with since = {recorded_since!r}, which is fixed then: put it back (to count again "
                       f"from another time, use countersink reprocess {self.counter} --from TIME)")
             return False
+        recreated = await self._recreated_topics(client)
+        if recreated:
+            for error in recreated:
+                log.error("backfill_refused", counter=self.counter, error=str(error))
+            return False
         try:
             # Meaning and drop checked as any consumer's; the backfill's own group is the declared exception.
             await CounterRegistry(client).register(CounterSet((self.counters[self.counter],), self.counters.source),
@@ -205,6 +211,15 @@ class Backfill:
                 log.error("backfill_refused", counter=self.counter, error=problem.line)
             return False
         return True
+
+    async def _recreated_topics(self, client: CassandraClient) -> list[TopicRecreatedError]:
+        """The counter's topics deleted and created again since the keyspace recorded their ids: the hand-over
+        offsets and positions recorded are the old topics' (countersink.topic_ids)."""
+        check = TopicIds(KafkaTopicIds(self.settings.kafka), client, self.host)
+        try:
+            return list((await check.changed(self.counters[self.counter].topics)).values())
+        finally:
+            await check.close()
 
     async def _partitions(self) -> list[tuple[str, int]]:
         producer = make_producer(self.settings.kafka)

@@ -17,9 +17,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from aiokafka.admin import NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
-from countersink.kafka import make_consumer
+from countersink.kafka import make_admin, make_consumer
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env
@@ -171,3 +174,22 @@ async def running(service: ConsumerService) -> AsyncIterator[ConsumerService]:
         service.request_stop()
         await runner
         await service.stop()
+
+
+async def create_again(kafka: KafkaSettings, topic: str, partitions: int = 1) -> None:
+    """Delete ``topic`` and create it again under its name (a new topic id, offsets from 0)."""
+    admin = make_admin(kafka)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while True:  # the deletion completes in the background: a create before it ends is refused
+            try:
+                await admin.create_topics([NewTopic(topic, partitions, 1)])
+                return
+            except TopicAlreadyExistsError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()

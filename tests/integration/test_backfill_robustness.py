@@ -41,7 +41,7 @@ from schemas.definitions import load_definitions
 from schemas.events import EventRouter
 from schemas.resets import Reset, cell_name, new_reset_id
 from stack.loading import end_offsets, publish, wait_until_flushed
-from tests.integration.consumer_support import Truth, make_events, start_consumer, wait_until_started
+from tests.integration.consumer_support import Truth, create_again, make_events, start_consumer, wait_until_started
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +300,13 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
         "'shares_traded' has since = '2026-01-01T00:00:00Z' in "
         f"{changed}, but it was first counted with since = 'earliest', which is fixed then: put it back (to count "
         "again from another time, use countersink reprocess shares_traded --from TIME)"]
+
+    # The topic deleted and created again: the hand-overs and positions recorded are the old topic's offsets, and
+    # a backfill or reprocess would read the new topic's records by them.
+    await create_again(kafka_settings, topic, partitions)
+    async with CassandraClient(cassandra_settings) as client:
+        with capture_logs() as logs:
+            assert await command()._checked(client, since_required=True) is False
+    refusals = [e["error"] for e in logs if e.get("event") == "backfill_refused"]
+    assert len(refusals) == 1
+    assert refusals[0].startswith(f"topic {topic!r} is now another topic")
