@@ -228,7 +228,8 @@ class TopicIds:
     never changes once written, so this keeps it; Kafka's is asked every time."""
 
     def __init__(self, kafka_ids: KafkaTopicIds | Callable[[list[str]], Awaitable[dict[str, uuid.UUID | None]]],
-                 client: CassandraClient, recorded_by: str) -> None:
+                 client: CassandraClient, recorded_by: str | None) -> None:
+        """``recorded_by`` None: only compares (a reader's role may not write), a topic not recorded unchanged."""
         self._kafka_ids, self._client, self._recorded_by = kafka_ids, client, recorded_by
         self._recorded: dict[str, uuid.UUID] = {}
         self.unsupported = False  # the broker has no topic ids: nothing is checked (logged once)
@@ -256,7 +257,7 @@ class TopicIds:
             if kafka_id is None:
                 continue
             recorded = self._recorded.get(topic) or await self._record(topic, kafka_id)
-            if recorded != kafka_id:
+            if recorded is not None and recorded != kafka_id:
                 changed[topic] = TopicRecreatedError(topic, recorded, kafka_id)
         return changed
 
@@ -265,9 +266,16 @@ class TopicIds:
         if isinstance(self._kafka_ids, KafkaTopicIds):
             await self._kafka_ids.close()
 
-    async def _record(self, topic: str, kafka_id: uuid.UUID) -> uuid.UUID:
+    async def _record(self, topic: str, kafka_id: uuid.UUID) -> uuid.UUID | None:
         """The id recorded for ``topic``: ``kafka_id`` if none was. An LWT: every consumer of the keyspace then
-        compares with the same id; retried after a lost answer, it finds its own row."""
+        compares with the same id; retried after a lost answer, it finds its own row. Only compared: the id
+        recorded, None if none is."""
+        if self._recorded_by is None:
+            read = as_dicts(await self._client.execute("SELECT topic_id FROM topic_ids WHERE topic = ?", [topic]))
+            if not read or read[0]["topic_id"] is None:
+                return None
+            self._recorded[topic] = uuid.UUID(str(read[0]["topic_id"]))
+            return self._recorded[topic]
         rows = as_dicts(await self._client.execute(
             "INSERT INTO topic_ids (topic, topic_id, recorded_us, recorded_by) VALUES (?, ?, ?, ?) IF NOT EXISTS",
             [topic, kafka_id, time.time_ns() // 1000, self._recorded_by], idempotent=False))

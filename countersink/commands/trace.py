@@ -39,6 +39,7 @@ from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
 from countersink.settings import ConsumerSettings, Settings
+from countersink.topic_ids import KafkaTopicIds, TopicIds
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
@@ -281,6 +282,7 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         partitions = known.get(query.topic, set())
         if not partitions:
             raise TraceRefusedError(f"topic {query.topic!r} does not exist")
+        await _same_topic(client, settings, query.topic)
         if query.offset is not None:
             found = await _at_offset(consumer, query.topic, *query.offset, partitions, result.notes)
         else:
@@ -297,6 +299,18 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
         await kafka_source.stop()
         await loader.stop()
     return result
+
+
+async def _same_topic(client: CassandraClient, settings: Settings, topic: str) -> None:
+    """Refuse a topic deleted and created again since its counters counted it: its offsets are not the ones
+    the ownership rows speak of, and a record at one of them was never counted (countersink.topic_ids)."""
+    check = TopicIds(KafkaTopicIds(settings.kafka), client, None)
+    try:
+        recreated = await check.changed([topic])
+    finally:
+        await check.close()
+    if topic in recreated:
+        raise TraceRefusedError(f"{recreated[topic]}; trace cannot tell what was counted of it")
 
 
 async def _registered(registry: CounterRegistry, topic: str) -> CounterSet:

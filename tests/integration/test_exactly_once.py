@@ -32,7 +32,7 @@ from countersink.kafka import make_admin, make_consumer, make_producer
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from countersink.topic_ids import TopicRecreatedError
-from schemas.definitions import load_definitions
+from schemas.definitions import CounterSet, load_definitions
 from schemas.events import EventRouter
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.integration.consumer_support import create_again, read_topic, running, start_consumer, wait_until_started
@@ -380,21 +380,30 @@ async def _delete_before(kafka: KafkaSettings, topic: str, offset: int) -> None:
         await admin.close()
 
 
-async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reported_then_stopped_or_skipped(
-    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
-) -> None:
-    """Records deleted before they were counted stop the partition (an error naming the offsets, a metric,
-    unready) by default; with on_records_lost = skip the consumer counts on from the log start."""
+async def _counted_once(kafka: KafkaSettings, cassandra: CassandraSettings, topic_factory, tmp_path: Path
+                        ) -> tuple[str, Settings, CounterSet, list[tuple[str, str, int]]]:
+    """A one-partition topic of ten events, counted and flushed by a consumer that then stops: its topic, the
+    consumer's settings and definitions, the events."""
     topic = await topic_factory(partitions=1)
     group = f"g{os.urandom(4).hex()}"
     counters = tmp_path / "counters.toml"
     counters.write_text(DEFINITIONS.replace("{topic}", topic))
     definitions = load_definitions(counters)
     first = [(f"a{i}", "S0", 1) for i in range(10)]
-    await publish(kafka_settings, topic, [_event(*e) for e in first])
-    settings = _settings(kafka_settings, cassandra_settings, group, counters)
+    await publish(kafka, topic, [_event(*e) for e in first])
+    settings = _settings(kafka, cassandra, group, counters)
     async with running(ConsumerService(settings, definitions)):
-        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        await wait_until_flushed(cassandra, group, await end_offsets(kafka, {topic: 1}))
+    return topic, settings, definitions, first
+
+
+async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reported_then_stopped_or_skipped(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path
+) -> None:
+    """Records deleted before they were counted stop the partition (an error naming the offsets, a metric,
+    unready) by default; with on_records_lost = skip the consumer counts on from the log start."""
+    topic, settings, definitions, first = await _counted_once(kafka_settings, cassandra_settings, topic_factory,
+                                                              tmp_path)
     second = [(f"b{i}", "S0", 10) for i in range(10)]
     await publish(kafka_settings, topic, [_event(*e) for e in second])
     await _delete_before(kafka_settings, topic, 15)  # b0..b4 are gone before anyone counted them
@@ -414,9 +423,11 @@ async def test_records_deleted_by_retention_under_a_stopped_consumer_are_reporte
     assert METRICS.records_lost.labels(topic, "0")._value.get() == lost_before + 5
     assert await _values(cassandra_settings, ["S0"]) == _expected(first)
 
-    skipping = _settings(kafka_settings, cassandra_settings, group, counters, on_records_lost="skip")
+    skipping = settings.model_copy(update={"consumer": settings.consumer.model_copy(
+        update={"on_records_lost": "skip"})})
     async with running(ConsumerService(skipping, definitions)):
-        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        await wait_until_flushed(cassandra_settings, settings.consumer.group_id,
+                                 await end_offsets(kafka_settings, {topic: 1}))
     assert await _values(cassandra_settings, ["S0"]) == _expected(first + second[5:])
 
 
@@ -438,16 +449,8 @@ async def test_a_topic_deleted_and_created_again_while_no_consumer_runs_stops_it
     """The keyspace's positions are the old topic's offsets: the new topic's first records (up to the offset the
     old one was counted through) would be skipped without a word. Its partitions are stopped instead (an
     error, a metric, unready), before anything of the new topic is counted or replayed."""
-    topic = await topic_factory(partitions=1)
-    group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(DEFINITIONS.replace("{topic}", topic))
-    definitions = load_definitions(counters)
-    first = [(f"a{i}", "S0", 1) for i in range(10)]
-    await publish(kafka_settings, topic, [_event(*e) for e in first])
-    settings = _settings(kafka_settings, cassandra_settings, group, counters)
-    async with running(ConsumerService(settings, definitions)):
-        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+    topic, settings, definitions, first = await _counted_once(kafka_settings, cassandra_settings, topic_factory,
+                                                              tmp_path)
     async with CassandraClient(cassandra_settings) as client:
         recorded = as_dicts(await client.execute("SELECT topic_id FROM topic_ids WHERE topic = ?", [topic]))
     assert len(recorded) == 1
