@@ -449,6 +449,9 @@ class Ownership:
             for tp in revoked:
                 mutator = self.mutators.get(tp)
                 if mutator is not None:
+                    task = self._takeovers.get(mutator.id)
+                    if task is not None and not task.done():  # nor may its takeover go on for a partition gone
+                        await self._abandon_take_over(tp, mutator)
                     mutator.fenced = True
                     log.warning("release_unwritten", topic=tp.topic, partition=tp.partition,
                                 mutator=str(mutator.id), reason="topic ids unchecked")

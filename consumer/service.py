@@ -542,7 +542,8 @@ class ConsumerService:
     # -------------------------------------------------------------------------------------- shutdown
 
     async def stop(self) -> None:
-        """Final flush, ownership released, clients closed. Safe to call twice."""
+        """Final flush, ownership released, clients closed (no final flush while Kafka cannot say its topics are
+        still the ones counted: Ownership.release). Safe to call twice."""
         if not self._started:
             return
         self._started = False
@@ -553,7 +554,8 @@ class ConsumerService:
                 await self.ownership.release(list(self.mutators))
                 error = self.flushing.forget()
                 if error is not None:
-                    # The releases above flushed everything again; this only says why the earlier one failed.
+                    # The releases above flushed everything again (or left it to the next owner, unchecked); this
+                    # only says why the earlier one failed.
                     log.warning("flush_failed_before_stop", error=str(error))
         finally:
             await self.close()

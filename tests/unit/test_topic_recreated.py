@@ -4,12 +4,16 @@ release and at a claim (countersink.topic_ids)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Collection
+from typing import Any
+
+import pytest
 
 from consumer.protocol import flush
 from countersink.topic_ids import TopicRecreatedError
-from tests.unit.memory_store import MemoryStore
+from tests.unit.memory_store import MemoryStore, Task
 from tests.unit.test_lost_answers import Process, _log, _owned_and_flushed
 from tests.unit.test_protocol_model import EPOCH_US, PID, TP
 
@@ -129,3 +133,47 @@ def test_a_claim_of_a_topic_created_again_neither_replays_nor_counts() -> None:
     assert isinstance(successor.ownership.stopped[TP], TopicRecreatedError)
     assert "write_shard" not in successor.ops
     assert store.partitions[PID].window_open  # left as the crash left it
+
+
+async def _one_after_another(*steps: Any, return_exceptions: bool = False) -> list[Any]:
+    """``asyncio.gather`` as the stepped harness can run it: each release in turn."""
+    done: list[Any] = []
+    for step in steps:
+        try:
+            done.append(await step)
+        except Exception as exc:
+            if not return_exceptions:
+                raise
+            done.append(exc)
+    return done
+
+
+def test_a_release_kafka_cannot_check_writes_nothing_and_ends_a_takeover_still_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Revoked while its takeover replays a crashed owner's window, with Kafka away: nothing is written, and the
+    takeover ends with the partition (it would replay for a partition another member owns, and could stop it
+    here); the next owner finds the window as the crash left it."""
+    monkeypatch.setattr(asyncio, "gather", _one_after_another)
+    store, log = MemoryStore(), _log(6)
+    crashed = _owned_and_flushed(store, log)
+    crashed.run(flush(store, crashed.ownership.mutators[TP], EPOCH_US))  # then it dies with that window open
+    successor = Process(store, log, 10)
+    kafka = _checked(successor)
+    successor.now_us += 10**6
+    taking = Task("take", successor.ownership.take([TP]))
+    while not taking.done:
+        taking.step()
+    mutator = successor.ownership.mutators[TP]
+    takeover = successor.ownership._takeovers[mutator.id]
+    assert not takeover.done()
+    kafka.away = True
+    releasing = Task("release", successor.ownership.release([TP]))
+    while not releasing.done:
+        releasing.step()
+    assert releasing.error is None, releasing.error
+    assert mutator.fenced
+    assert takeover.cancelled()
+    assert mutator.id not in successor.ownership._takeovers
+    assert store.partitions[PID].window_open
+    assert not store.snapshot("trades", "IBM").shards or {
+        s.mutator for s in store.snapshot("trades", "IBM").shards} == {uuid.UUID(int=1)}
