@@ -390,10 +390,7 @@ class Ownership:
             return False
         for tp, mutator in owned:
             if tp.topic in recreated and self.mutators.get(tp) is mutator:
-                task = self._takeovers.get(mutator.id)
-                if task is not None and not task.done():  # it may be replaying records of the new topic
-                    await self._abandon_take_over(tp, mutator)
-                self._takeovers.pop(mutator.id, None)  # a takeover that failed: moot, the partition stops
+                await self._end_take_over(tp, mutator)  # it may be replaying records of the new topic
                 self.topic_recreated(tp, mutator, recreated[tp.topic])
         return True
 
@@ -426,6 +423,15 @@ class Ownership:
         del self._takeovers[mutator.id]
         return False
 
+    async def _end_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
+        """The mutator is stopping: a takeover of it still running is abandoned, one that ended (failed or not)
+        forgotten."""
+        task = self._takeovers.get(mutator.id)
+        if task is not None and not task.done():
+            await self._abandon_take_over(tp, mutator)
+        else:
+            self._takeovers.pop(mutator.id, None)
+
     async def _abandon_take_over(self, tp: TopicPartition, mutator: Mutator) -> None:
         """Stop a takeover still running (or failed), as a crash would: nothing it did needs undoing (the next
         claimant finishes it the same way: docs/guarantees.md)."""
@@ -449,9 +455,7 @@ class Ownership:
             for tp in revoked:
                 mutator = self.mutators.get(tp)
                 if mutator is not None:
-                    task = self._takeovers.get(mutator.id)
-                    if task is not None and not task.done():  # nor may its takeover go on for a partition gone
-                        await self._abandon_take_over(tp, mutator)
+                    await self._end_take_over(tp, mutator)  # nor may its takeover go on for a partition gone
                     mutator.fenced = True
                     log.warning("release_unwritten", topic=tp.topic, partition=tp.partition,
                                 mutator=str(mutator.id), reason="topic ids unchecked")

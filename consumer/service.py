@@ -569,8 +569,7 @@ class ConsumerService:
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
         closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop, self.schemas.stop]
-        if isinstance(self.ownership.topic_ids, TopicIds):
-            closers.append(self.ownership.topic_ids.close)
+        closers.append(self.ownership.topic_ids.close)
         if stop_source is not None:
             closers.insert(2, stop_source)
         for close in closers:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 from io import BytesIO
 from typing import Any, Protocol, TypeAlias
 
@@ -210,12 +210,19 @@ class TopicCheck(Protocol):
         :class:`TimeoutError` when that takes more than ``within_s``."""
         ...
 
+    async def close(self) -> None:
+        """Close what it asks Kafka through."""
+        ...
+
 
 class NoTopicChecks:
     """Every topic taken for the one counted: the protocol model's in-memory store has no Kafka ids."""
 
     async def changed(self, topics: Collection[str], within_s: float | None = None) -> dict[str, TopicRecreatedError]:
         return {}
+
+    async def close(self) -> None:
+        pass
 
 
 NO_TOPIC_CHECKS = NoTopicChecks()
@@ -227,8 +234,7 @@ class TopicIds:
     ``kafka_ids`` asks Kafka (:class:`KafkaTopicIds`). The recorded id of a topic
     never changes once written, so this keeps it; Kafka's is asked every time."""
 
-    def __init__(self, kafka_ids: KafkaTopicIds | Callable[[list[str]], Awaitable[dict[str, uuid.UUID | None]]],
-                 client: CassandraClient, recorded_by: str | None) -> None:
+    def __init__(self, kafka_ids: KafkaTopicIds, client: CassandraClient, recorded_by: str | None) -> None:
         """``recorded_by`` None: only compares (a reader's role may not write), a topic not recorded unchanged."""
         self._kafka_ids, self._client, self._recorded_by = kafka_ids, client, recorded_by
         self._recorded: dict[str, uuid.UUID] = {}
@@ -262,9 +268,7 @@ class TopicIds:
         return changed
 
     async def close(self) -> None:
-        """Close the Kafka client it asks through, if it has one of its own."""
-        if isinstance(self._kafka_ids, KafkaTopicIds):
-            await self._kafka_ids.close()
+        await self._kafka_ids.close()
 
     async def _record(self, topic: str, kafka_id: uuid.UUID) -> uuid.UUID | None:
         """The id recorded for ``topic``: ``kafka_id`` if none was. An LWT: every consumer of the keyspace then
@@ -287,5 +291,15 @@ class TopicIds:
         return recorded
 
 
+async def recreated_topics(settings: KafkaSettings, client: CassandraClient, topics: Collection[str],
+                           recorded_by: str | None, within_s: float | None = None) -> dict[str, TopicRecreatedError]:
+    """One check of :class:`TopicIds` for a command run once (backfill, trace), over a Kafka client made for it."""
+    check = TopicIds(KafkaTopicIds(settings), client, recorded_by)
+    try:
+        return await check.changed(topics, within_s)
+    finally:
+        await check.close()
+
+
 __all__ = ["NO_TOPIC_CHECKS", "KafkaTopicIds", "NoTopicChecks", "TopicCheck", "TopicIds", "TopicIdsRequest",
-           "TopicIdsUnsupportedError", "TopicRecreatedError", "kafka_topic_ids"]
+           "TopicIdsUnsupportedError", "TopicRecreatedError", "kafka_topic_ids", "recreated_topics"]

@@ -66,7 +66,7 @@ from countersink.resets import (
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
 from countersink.settings import Settings, given_options, with_options
-from countersink.topic_ids import KafkaTopicIds, TopicIds, TopicRecreatedError
+from countersink.topic_ids import TopicRecreatedError, recreated_topics
 from schemas import formats, registry
 from schemas.definitions import CounterSet, since_ms
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
@@ -215,11 +215,8 @@ class Backfill:
     async def _recreated_topics(self, client: CassandraClient) -> list[TopicRecreatedError]:
         """The counter's topics deleted and created again since the keyspace recorded their ids: the hand-over
         offsets and positions recorded are the old topics' (countersink.topic_ids)."""
-        check = TopicIds(KafkaTopicIds(self.settings.kafka), client, self.host)
-        try:
-            return list((await check.changed(self.counters[self.counter].topics)).values())
-        finally:
-            await check.close()
+        return list((await recreated_topics(self.settings.kafka, client, self.counters[self.counter].topics,
+                                            self.host)).values())
 
     async def _partitions(self) -> list[tuple[str, int]]:
         producer = make_producer(self.settings.kafka)

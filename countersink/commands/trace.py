@@ -39,7 +39,7 @@ from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
 from countersink.settings import ConsumerSettings, Settings
-from countersink.topic_ids import KafkaTopicIds, TopicIds
+from countersink.topic_ids import recreated_topics
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
@@ -307,14 +307,11 @@ TOPIC_CHECK_S = 10.0
 async def _same_topic(client: CassandraClient, settings: Settings, topic: str) -> None:
     """Refuse a topic deleted and created again since its counters counted it: its offsets are not the ones
     the ownership rows speak of, and a record at one of them was never counted (countersink.topic_ids)."""
-    check = TopicIds(KafkaTopicIds(settings.kafka), client, None)
     try:
-        recreated = await check.changed([topic], TOPIC_CHECK_S)
+        recreated = await recreated_topics(settings.kafka, client, [topic], None, TOPIC_CHECK_S)
     except Exception as exc:  # a keyspace no consumer of this version wrote yet has no table: trace as before
         log.warning("topic_ids_unchecked", topic=topic, error=repr(exc))
         return
-    finally:
-        await check.close()
     if topic in recreated:
         raise TraceRefusedError(f"{recreated[topic]}; trace cannot tell what was counted of it")
 
