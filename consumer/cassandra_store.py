@@ -269,6 +269,12 @@ class CassandraStore:
         # Set once: a second retirement (by a later takeover) must not move the time the GC relies on.
         await self._lwt("UPDATE mutators SET retired_us = ? WHERE id = ? IF retired_us = null", [retired_us, mutator])
 
+    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+        # IF EXISTS: a write landing after the GC deleted the row (the process frozen past the mutator's
+        # retirement and collection) must not bring back a row without a birth, which the GC would take for a live
+        # mutator's. The row's other writes are LWTs too.
+        await self._lwt("UPDATE mutators SET start_offset = ? WHERE id = ? IF EXISTS", [start_offset, mutator])
+
     async def read_gc_cutoff(self) -> int:
         # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the
         # cutoff (at a quorum at least: gc_worker.store) as the GC's read of the registry meets the registration.

@@ -109,6 +109,11 @@ class Store(Protocol):
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
 
+    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+        """Record the first offset a mutator that claimed its partition applies (its claim's start offset).
+        Nothing in the protocol reads it: ``countersink trace`` does, to tell which mutator applied a record."""
+        ...
+
     async def read_gc_cutoff(self) -> int:
         """The highest cutoff a GC run recorded before it read the registry (-1 when none did): a mutator
         registered now but born at or below it may have rows a run already takes for a final mutator's."""

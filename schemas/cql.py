@@ -276,7 +276,8 @@ def create_tables(keyspace: str) -> list[str]:
             born_us bigint,
             expires_us bigint,
             retired_us bigint,
-            collected_us bigint
+            collected_us bigint,
+            start_offset bigint
         )""",
         # The GC's work list: the instances each mutator wrote, a flush's new ones in a few rows of
         # work_chunk() each, named by a digest of their content, so that a repeated write rewrites the
@@ -398,6 +399,9 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "handovers": (("mutator", "uuid"), ("confirmed_us", "bigint"), ("reset_id", "text"), ("reprocess_from", "text")),
     # A reset's idempotency key (POST /counters/{name}/reset's Idempotency-Key): a repeated request answers it.
     "resets": (("request_key", "text"),),
+    # The first offset each mutator applied (consumer.storage.Store.record_start): which mutator applied a record,
+    # for countersink trace.
+    "mutators": (("start_offset", "bigint"),),
 }
 
 

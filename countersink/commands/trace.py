@@ -20,7 +20,8 @@ import dataclasses
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -141,9 +142,9 @@ class CounterTrace:
     # Shards of the instance written from this partition that cover the record: (mutator, through offset).
     shards: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     in_tally: bool = False  # the instance has a tally (folded shards of retired mutators)
-    # The partition is flushed through the record, and a shard written from it through the record or the
-    # instance's tally holds the counter's state. A counter added to a running group counts from the group's
-    # position then: a record before that is flushed but was never applied to it (no such shard, no tally).
+    # The partition is flushed through the record, and a shard written from it through the record (by a mutator
+    # not started past it) or the instance's tally holds the counter's state. A counter added to a running group
+    # counts from the group's position then: a record before that is flushed but was never applied to it.
     in_value: bool | None = None
     held: bool = False
     value_now: object = None
@@ -486,10 +487,14 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
             trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
         explained = await reader.explain(trace.counter, trace.key or "")
         # A partition's mutators follow one another through its offsets: the shard with the lowest
-        # offset at or past the record is the one whose mutator applied it (unless the GC folded that one).
-        trace.shards = sorted(((str(s.mutator), s.through_offset) for s in explained.shards
-                               if s.topic == topic and s.partition == partition and s.through_offset is not None
-                               and s.through_offset >= offset), key=lambda shard: shard[1])
+        # offset at or past the record is the one whose mutator applied it (unless the GC folded that one), but
+        # for one whose mutator started past the record (a counter added, or dropped and defined again, since).
+        covering = [(s.mutator, s.through_offset) for s in explained.shards if s.topic == topic
+                    and s.partition == partition and s.through_offset is not None and s.through_offset >= offset]
+        starts = await _mutator_starts(client, {mutator for mutator, _ in covering})
+        trace.shards = sorted(((str(mutator), through) for mutator, through in covering
+                               if (start := starts.get(mutator)) is None or start <= offset),
+                              key=lambda shard: shard[1])
         trace.in_tally = explained.tally is not None
         trace.held = bool(trace.shards) or trace.in_tally
         trace.in_value = bool(trace.in_value and trace.held)
@@ -497,6 +502,20 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
+
+
+async def _mutator_starts(client: CassandraClient, mutators: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The first offset each of ``mutators`` applied, for those whose claim recorded it (consumer.ownership:
+    none before that was recorded; a keyspace whose ``countersink schema`` predates it has no column)."""
+    if not mutators:
+        return {}
+    try:
+        rows = as_dicts(await client.execute("SELECT id, start_offset FROM mutators WHERE id IN ?",
+                                             [sorted(mutators)]))
+    except Exception as exc:  # traced as before: every shard taken for its mutator's
+        log.warning("mutator_starts_unread", error=repr(exc))
+        return {}
+    return {uuid.UUID(str(row["id"])): int(row["start_offset"]) for row in rows if row["start_offset"] is not None}
 
 
 async def _counting_group(client: CassandraClient, counters: CounterSet, live_group: str, counter: str, topic: str,

@@ -187,6 +187,45 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
     assert f"topic {topic!r} is now another topic" in again.stderr
 
 
+ADDED_LATER = """
+[[counter]]
+name = "added"
+topics = ["{topic}"]
+kind = "count"
+key = "symbol"
+"""
+
+
+async def test_trace_of_a_record_before_a_counter_was_added_says_it_is_not_in_the_value(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path) -> None:
+    """A counter added to a running group counts from where its consumers are when they start with it: a record
+    before that is in no value of it, though the mutator that counts it now wrote its instance from the same
+    partition through a later offset (each mutator records where it started, and trace reads it)."""
+    topic = await topic_factory(partitions=1)
+    group = f"t{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    trades = DEFINITIONS.format(topic=topic)
+    for definitions, events in ((trades, EVENTS[:1]), (trades + ADDED_LATER.format(topic=topic), EVENTS[4:])):
+        await publish(kafka_settings, topic, [json.dumps({**event, "symbol": "IBM"}).encode() for event in events])
+        counters.write_text(definitions)
+        settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+            group_id=group, counters_file=counters, flush_interval_s=0.3, health_port=0))
+        async with running(ConsumerService(settings, load_definitions(counters))):
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+
+    (before,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    assert _by_counter(before)["trades"]["in_value"] is True
+    added = _by_counter(before)["added"]
+    assert added["outcome"] == "counted"  # its definition counts it...
+    assert (added["in_value"], added["held"], added["shards"]) == (False, False, [])  # ...but none did
+    assert added["value_now"] == 1
+    (after,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:1")
+    assert _by_counter(after)["added"]["in_value"] is True
+    assert _by_counter(after)["added"]["shards"][0][1] == 1
+    person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    assert "its definition counts it into 'IBM'; not in the value" in person.stdout, person.stdout
+
+
 FORMAT_DEFINITIONS = """
 [[topic]]
 name = "{avro}"

@@ -149,6 +149,7 @@ class MemoryStore:
         # Where each mutator started consuming, recorded when its create or close LWT applied: the model
         # test uses it to say what each shard must contain.
         self.starts: dict[uuid.UUID, int] = {}
+        self.recorded_starts: dict[uuid.UUID, int] = {}  # record_start's, for trace
         # Every partitions row in the order the LWTs applied, for monotonicity checks.
         self.row_history: list[PartitionRow] = []
         # Each key's stamps (schemas.cql): (key, source) -> its cell, written with each shard write. A shard
@@ -354,6 +355,10 @@ class MemoryStore:
         elif record.retired_us is None:
             self.mutators[mutator] = dataclasses.replace(record, retired_us=retired_us)
         self._answer(fault, True)
+
+    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+        # Read by trace alone, never by the protocol: not a step the model schedules.
+        self.recorded_starts[mutator] = start_offset
 
     # -------------------------------------------------------------------------------- what the GC uses
 

@@ -256,3 +256,19 @@ def test_a_process_stopped_while_it_claims_leaves_no_orphan(stopped_at: str) -> 
     assert store.mutators[fresh[0]].retired_us is not None
     assert _unretired(store) == set()
     assert store.partitions[PID].owner == old.id
+
+
+def test_each_claim_records_where_its_mutator_starts() -> None:
+    """A first claim and a rotation's each record their mutator's start offset (read by ``countersink trace``),
+    the rotation's from the first offset its predecessor had not flushed."""
+    store, log = MemoryStore(), _log(6)
+    process = _owned_and_flushed(store, log)
+    first = process.ownership.mutators[TP]
+    assert store.recorded_starts == {first.id: 0}
+    process.run(flush(store, first, EPOCH_US))
+    process.now_us += 10**6
+    process.run(process.ownership.rotate(TP, "test"))
+    second = process.ownership.applying(TP)
+    assert second is not None
+    assert second.id != first.id
+    assert store.recorded_starts == {first.id: 0, second.id: 3}
