@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -612,10 +613,17 @@ def _split_token(token: bytes) -> tuple[str | None, bytes]:
 
 
 def to_jsonable(value: object) -> object:
-    """Values as JSON: Decimals and big integers as strings (no precision lost), dataclasses as objects."""
+    """Values as JSON: Decimals and big integers as strings (no precision lost), dataclasses as objects, and a float
+    that is not finite (a float sum past the largest double, a mean of one) as the string ``"Infinity"``,
+    ``"-Infinity"`` or ``"NaN"`` (as Protocol Buffers' JSON writes them): JSON has no such number, and a parser
+    refuses the bare words Python would write."""
     if isinstance(value, Decimal):
         return str(value)
-    if isinstance(value, bool) or value is None or isinstance(value, float | str):
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int):
         return value if abs(value) < 2**53 else str(value)

@@ -12,8 +12,8 @@ value depends only on the set of values seen, and merge is idempotent, commutati
 value. The value carries bounds at two standard deviations (~95 %).
 
 Strings and integers are counted; an integer is counted by its decimal text, so ``5`` and ``"5"`` are one
-value. Serialized sketches depend on insertion order (coupon-list order, HIP accumulator), so stored bytes
-are equal for equal inputs in equal order only.
+value, and the empty string is a value like any other. Serialized sketches depend on insertion order
+(coupon-list order, HIP accumulator), so stored bytes are equal for equal inputs in equal order only.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ MIN_LG_K = 4
 MAX_LG_K = 21
 _HLL_8 = ds.tgt_hll_type.HLL_8
 _BOUND_STD_DEVS = 2
+# DataSketches' HLL ignores an empty string (its update returns before hashing), so the empty text is counted as
+# the 64-bit integer -1, whose eight 0xFF bytes no text hashes to (0xFF is never in UTF-8).
+_EMPTY_TEXT = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,7 @@ class DistinctState(State):
         return int(self._sketch.lg_config_k)
 
     def apply(self, value: object) -> None:
-        self._sketch.update(value)
+        self._sketch.update(value or _EMPTY_TEXT)  # values are texts (schemas.events): only "" is false
 
     def merge(self, other: Self) -> None:
         if other._sketch.is_empty():

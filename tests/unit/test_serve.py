@@ -20,10 +20,12 @@ from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from countersink.cassandra import CassandraClient
+from countersink.reader import to_jsonable
 from countersink.serve import ReadApi, api_runner, openapi_document
 from countersink.serve import run as serve_command
 from countersink.settings import CassandraSettings, ServeSettings, Settings
 from schemas.definitions import parse_definitions
+from schemas.kinds import KindSpec, new_state
 
 COUNTERS = parse_definitions('''
 [[counter]]
@@ -421,3 +423,14 @@ def test_a_percent_that_starts_no_escape_is_refused(target: str) -> None:
         _refuse_loose_escapes(target)
     assert "a % in the URL starts an escape of two hex digits" in refused.value.text  # type: ignore[operator]
     _refuse_loose_escapes("/counters/likes/50%25?key=%C3%A9")
+
+
+def test_values_past_the_largest_double_are_valid_json() -> None:
+    """A float sum past the largest double reads as infinity: JSON has no such number (nor NaN), so it is written
+    as Protocol Buffers' JSON writes it, and a strict parser reads the whole answer."""
+    total = new_state(KindSpec("sum", number="float"))
+    for value in (1e308, 1e308):
+        total.apply(value)
+    values = {"total": total.value(), "points": [float("-inf"), float("nan"), 1.5]}
+    assert json.loads(json.dumps(to_jsonable(values), allow_nan=False)) == {
+        "total": "Infinity", "points": ["-Infinity", "NaN", 1.5]}
