@@ -197,9 +197,9 @@ def run_get(args: argparse.Namespace, settings: Settings) -> int:
             if definition is False:
                 return EXIT_USAGE
             if isinstance(definition, CounterDefinition):
-                unbucketed = [why for why in (timeseries.missing_bucket(definition, key) for key in args.keys) if why]
-                if unbucketed:
-                    log.error("usage_refused", error=unbucketed[0])
+                unfit = [why for why in (timeseries.why_no_instance(definition, key) for key in args.keys) if why]
+                if unfit:
+                    log.error("usage_refused", error=unfit[0])
                     return EXIT_USAGE
             values = await CounterReader(client, args.consistency).get_many(args.counter, args.keys)
         if args.json:

@@ -411,10 +411,11 @@ async def recorded_request(client: CassandraClient, counter: str, request_key: s
     return next((row for row in rows if row.get("request_key") == request_key), None)
 
 
-def unbucketed_keys(definition: CounterDefinition, keys: Sequence[str]) -> str | None:
-    """Why a reset of ``keys`` of a bucketed counter would reset nothing, or None: each must name a bucket, as a
-    read's key does (a key without its bucket, or with a time that starts none, is no instance of it)."""
-    return next((why for why in (timeseries.missing_bucket(definition, key, "reset") for key in keys) if why), None)
+def keys_of_no_instance(definition: CounterDefinition, keys: Sequence[str]) -> str | None:
+    """Why a reset of ``keys`` would reset nothing, or None: each must have the counter's fields and, for a bucketed
+    counter, name a bucket, as a read's key does (a key of other fields, without its bucket, or with a time that
+    starts none, is no instance of it)."""
+    return next((why for why in (timeseries.why_no_instance(definition, key, "reset") for key in keys) if why), None)
 
 
 async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definition: CounterDefinition,
@@ -430,9 +431,9 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
     ``progress`` is kept up to date as the reset goes."""
     progress = progress if progress is not None else ResetProgress()
     progress.request_key = request_key
-    unbucketed = unbucketed_keys(definition, keys)
-    if unbucketed is not None:
-        raise ResetKeyError(unbucketed)
+    unfit = keys_of_no_instance(definition, keys)
+    if unfit is not None:
+        raise ResetKeyError(unfit)
     if request_key is not None:
         row = await recorded_request(client, definition.name, request_key, write_cl)
         if row is not None:

@@ -85,10 +85,10 @@ from countersink.resets import (
     ResetProgress,
     ResetRefusedError,
     first_line,
+    keys_of_no_instance,
     positions_not_recorded,
     reset_counter,
     took_effect,
-    unbucketed_keys,
 )
 from countersink.retry import StopRequested, wait_until_reachable
 from countersink.schema_registry import SchemaRegistryUnavailableError
@@ -157,6 +157,7 @@ class ReadApi:
             app.add_routes([web.post(_RESET_PATH, self.reset)])
         app.add_routes([
             web.get("/counters/{name}/series", self.keyless_series),
+            web.get("/counters/{name}/", self.key_empty_in_path),
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
@@ -284,6 +285,11 @@ class ReadApi:
             return await self.series(request, key="")
         return await self.get_one(request, key="series")
 
+    async def key_empty_in_path(self, request: web.Request) -> web.Response:
+        """``/counters/{name}/``: a path cannot name the empty key (its segment would be empty); say how to read it."""
+        name = await self._counter(request)
+        raise _problem(web.HTTPBadRequest, f"a path names no empty key: read it with /counters/{name}?key=")
+
     async def _keyless(self, name: str) -> bool:
         definition = await self._definition(name)
         return definition is not None and not definition.key
@@ -328,8 +334,8 @@ class ReadApi:
             found = await read_value(self.client, name, key, level, self.cache, self.epochs)
         if found is None:
             definition = await self._definition(name)
-            # Nothing read: a key that names no bucket of a bucketed counter never holds anything, so say why.
-            why = None if definition is None else timeseries.missing_bucket(definition, key)
+            # Nothing read: a key of other fields, or naming no bucket of a bucketed counter, never holds anything.
+            why = None if definition is None else timeseries.why_no_instance(definition, key)
             if why is not None:
                 raise _problem(web.HTTPBadRequest, why)
             return (definition.kind if definition else None), None
@@ -421,9 +427,9 @@ class ReadApi:
         if not known or definition is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry: a consumer records "
                            "it when it starts")
-        unbucketed = unbucketed_keys(definition, keys)
-        if unbucketed is not None:
-            raise _problem(web.HTTPBadRequest, unbucketed)
+        unfit = keys_of_no_instance(definition, keys)
+        if unfit is not None:
+            raise _problem(web.HTTPBadRequest, unfit)
         cassandra = resetting.client.settings
         progress = ResetProgress()
         await self._resets.acquire()

@@ -13,6 +13,7 @@ Pure functions: the reader (``countersink.reader``) reads and merges; the CLI an
 from __future__ import annotations
 
 import calendar
+import contextlib
 import dataclasses
 import math
 import re
@@ -22,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError, MalformedInstanceKeyError
-from schemas.events import decode_instance_key
+from schemas.events import decode_instance_key, encode_instance_key
 from schemas.kinds import State, merge_states
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -164,31 +165,47 @@ def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> st
 
 
 
-def missing_bucket(definition: CounterDefinition, key: str, doing: str = "read") -> str | None:
-    """Why ``key`` can hold nothing of a bucketed counter, or None when it names a bucket (or the counter has
-    none): its last field must be a bucket's start as :func:`bucket_key` writes it (``IBM|2026-11-22T10:00Z``;
-    the key alone for a counter without key fields), at a multiple of the bucket size. ``doing``: what the
-    message tells to do with such a key (``read``, with a range as the other way; ``reset``)."""
-    if definition.bucket is None:
-        return None
+def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read") -> str | None:
+    """Why ``key`` can hold nothing of ``definition``, or None when it can: an instance key has a field per key
+    field of the counter (escaped and joined by ``|``; the empty text for a counter without key fields) and, for a
+    bucketed counter, then a bucket's start as :func:`bucket_key` writes it (``IBM|2026-11-22T10:00Z``), at a
+    multiple of the bucket size. ``doing``: what the message tells to do with such a key (``read``, with a range as
+    the other way; ``reset``). A malformed key (a lone ``\\``) is the caller's to refuse."""
     try:
         fields = decode_instance_key(key)
     except MalformedInstanceKeyError:
-        fields = ()
-    # The bucket's start is the last field, after the key's (a counter without key fields: the only one).
-    last = fields[-1] if (len(fields) >= 2 if definition.key else len(fields) == 1) else None
-    try:
-        start = None if last is None else calendar.timegm(time.strptime(last, BUCKET_FORMAT))
-    except ValueError:
-        start = None
-    if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last \
-            and start % definition.bucket.seconds == 0:
+        return None
+    names = [*definition.key, *(["the bucket's start"] if definition.bucket is not None else [])]
+    # A bucketed counter's key given without its bucket is told the bucket to add, as one with a wrong bucket is.
+    without_bucket = definition.bucket is not None and definition.key and len(fields) == len(definition.key)
+    if len(fields) != max(len(names), 1) and not without_bucket:
+        shape = " | ".join(names) if names else "the empty text"
+        hint = ""
+        if len(definition.key) == 1 and definition.bucket is None:
+            hint = f": {doing} {encode_instance_key(['|'.join(fields)])!r} for one field holding a |"
+        return (f"counter {definition.name!r} has instance keys of {len(names) or 1} field"
+                f"{'s' if len(names) > 1 else ''} ({shape}), not {key!r} ({len(fields)}): a | inside a field is "
+                f"written \\|{hint}")
+    if definition.bucket is None:
         return None
     size = definition.bucket.seconds
-    example = bucket_key(definition, key if definition.key else "", int(time.time()) // size * size)
+    given = int(time.time())  # the bucket the time given falls in, else the current one
+    if not without_bucket:
+        last = fields[-1]
+        try:
+            start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
+        except ValueError:
+            start = None
+        if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last and start % size == 0:
+            return None
+        with contextlib.suppress(TimeRangeError):
+            given = parse_instant(last) if start is None else start
+    named = encode_instance_key(fields if without_bucket else fields[:-1]) if definition.key else ""
+    example = bucket_key(definition, named, max(0, given) // size * size)
     other = " or a range (--from and --to; serve: .../series?from=&to=)" if doing == "read" else ""
     return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket, not {key!r}: "
             f"{doing} {example!r} (the bucket's start, UTC){other}")
+
 
 def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
     """When the bucket an instance key names reaches the end of its retention (epoch seconds): the bucket's

@@ -22,12 +22,12 @@ from schemas.timeseries import (
     bucket_key,
     bucket_starts,
     iso,
-    missing_bucket,
     parse_duration,
     parse_instant,
     roll_up,
     steps,
     utc_text,
+    why_no_instance,
 )
 
 HOUR, DAY = 3600, 86400
@@ -234,13 +234,34 @@ def test_a_key_naming_no_bucket_of_a_bucketed_counter_is_told_what_to_read() -> 
                                'bucket = { field = "ts", size = "1d", format = "epoch_seconds" }\n')["all"]
     for definition, key in ((hourly, bucket_key(hourly, "a\\|b", T0 + 5 * HOUR)), (daily, bucket_key(daily, "p", T0)),
                             (no_key, bucket_key(no_key, "", T0)), (WHOLE["count"], "home")):
-        assert missing_bucket(definition, key) is None, key
+        assert why_no_instance(definition, key) is None, key
     for definition, key in ((hourly, "home"), (hourly, "home|2026-11-22T10:30Z"), (hourly, "a\\|2026-11-22T10:00Z"),
                             (hourly, "2026-11-22T10:00Z"), (daily, "p|2026-11-22T06:00Z"), (no_key, "x")):
-        why = missing_bucket(definition, key)
+        why = why_no_instance(definition, key)
         assert why is not None, key
         assert f"keeps an instance per {definition.bucket.size} bucket, not {key!r}: read " in why  # type: ignore[union-attr]
-        reset_why = missing_bucket(definition, key, "reset")
+        reset_why = why_no_instance(definition, key, "reset")
         assert reset_why is not None
         assert ": reset " in reset_why
         assert "range" not in reset_why  # a reset names keys, not ranges
+
+
+def test_a_key_of_other_fields_than_the_counters_is_told_so() -> None:
+    """A key with more or fewer fields than the counter's key (a | not escaped inside a field) can hold nothing:
+    a read or a reset of it is refused with the fields it needs, and a key read with a time that starts no bucket
+    is pointed at the bucket that time falls in."""
+    whole, hourly = WHOLE["count"], BUCKETED["count"]
+    why = why_no_instance(whole, "a|b", "reset")
+    assert why is not None
+    assert "has instance keys of 1 field (" in why
+    assert "not 'a|b' (2)" in why
+    assert "reset 'a\\\\|b' for one field holding a |" in why
+    assert why_no_instance(whole, "a\\|b") is None  # one field holding a |
+    too_many = why_no_instance(hourly, "a|b|2026-11-22T10:00Z")
+    assert too_many is not None
+    assert "has instance keys of 2 fields (" in too_many
+    assert "the bucket's start)" in too_many
+    for time_given in ("2026-11-22T10:30Z", "2026-11-22T10:00:00Z", "2026-11-22T11:59+01:00"):
+        hint = why_no_instance(hourly, f"iso|{time_given}")
+        assert hint is not None
+        assert "read 'iso|2026-11-22T10:00Z' (the bucket's start, UTC)" in hint, hint
