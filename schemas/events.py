@@ -313,10 +313,13 @@ def _quiet_getter(path: str) -> Callable[[dict[str, Any]], Any]:
 # --- value conversion -----------------------------------------------------------------------------------
 
 
+_OUTSIDE = "not between -2**64 and 2**64 (both excluded)"
+
+
 def _check_int(path: str, v: int) -> int:
     if -MAX_INTEGER < v < MAX_INTEGER:
         return v
-    raise ValueOutOfRangeError(path, f"integer {_int_text(v)} is outside ±2**64")
+    raise ValueOutOfRangeError(path, f"integer {_int_text(v)} is {_OUTSIDE}")
 
 
 def _int_text(v: int) -> str:
@@ -384,13 +387,13 @@ def _integer_converter(path: str, coerce: bool) -> Callable[[Any], int]:
         if coerce:
             if t is str and _INT_TEXT.fullmatch(v):
                 if len(v.lstrip("-")) > _MAX_INTEGER_DIGITS:
-                    raise ValueOutOfRangeError(path, f"an integer of {len(v.lstrip('-'))} digits is outside ±2**64")
+                    raise ValueOutOfRangeError(path, f"an integer of {len(v.lstrip('-'))} digits is {_OUTSIDE}")
                 return _check_int(path, int(v))
             if t is float and v.is_integer():
                 return _check_int(path, int(v))
             if t is Decimal and v.is_finite() and v == v.to_integral_value():
                 if v.adjusted() >= _MAX_INTEGER_DIGITS:
-                    raise ValueOutOfRangeError(path, f"an integer of {v.adjusted() + 1} digits is outside ±2**64")
+                    raise ValueOutOfRangeError(path, f"an integer of {v.adjusted() + 1} digits is {_OUTSIDE}")
                 return _check_int(path, int(v))
         raise _wrong(path, v, "an integer")
 
@@ -429,7 +432,8 @@ def _decimal_converter(path: str, coerce: bool) -> Callable[[Any], Decimal]:
         if t is Decimal:
             return _check_decimal(path, v)
         if t is int:
-            return Decimal(_check_int(path, v))
+            # An exact counter holds an integer to the decimals' bounds (100 digits), as it holds 1.0 or 1e30.
+            return _check_decimal(path, Decimal(v))
         if t is float:
             # With a decimal counter on the topic, JSON numbers arrive as Decimal; a float here can only
             # be NaN or Infinity.

@@ -119,6 +119,18 @@ def test_decimal_counter_gets_the_exact_decimal_text() -> None:
     assert update.value == Decimal("0.1")
 
 
+def test_a_decimal_counter_holds_an_integer_to_the_decimals_bounds() -> None:
+    """An exact counter takes an integer past 2**64 as it takes 1e30 or a decimal of 100 digits; past 100 digits
+    it is refused as such a decimal is."""
+    exact = EventRouter(parse_definitions('[[counter]]\nname = "notional"\ntopics = ["t"]\nkind = "sum"\n'
+                                          'number = "decimal"\nkey = "symbol"\nvalue = "price"\n', "test"))
+    big = 10**40 + 1
+    (update,) = exact.route("t", json.dumps({"symbol": "IBM", "price": big}).encode())
+    assert update.value == Decimal(big)
+    with pytest.raises(ValueOutOfRangeError, match="more than 100 digits"):
+        exact.route("t", json.dumps({"symbol": "IBM", "price": 10**100}).encode())
+
+
 def test_where_filters_without_error() -> None:
     """An event that does not match ``where`` is skipped for that counter, not rejected."""
     updates = route("trades", {**TRADE, "side": "sell"})
@@ -160,7 +172,7 @@ def test_unknown_topic_gives_no_updates() -> None:
         ({**TRADE, "qty": "500"}, WrongTypeError, "shares", "qty", "expected an integer, got string"),
         ({**TRADE, "qty": 5.0}, WrongTypeError, "shares", "qty", "expected an integer"),
         ({**TRADE, "qty": True}, WrongTypeError, "shares", "qty", "got boolean"),
-        ({**TRADE, "qty": 2**70}, ValueOutOfRangeError, "shares", "qty", "outside"),
+        ({**TRADE, "qty": 2**70}, ValueOutOfRangeError, "shares", "qty", "not between -2**64 and 2**64"),
         ({**TRADE, "symbol": 1.5}, WrongTypeError, "shares", "symbol", "string, integer or boolean"),
         ({**TRADE, "trade_id": None}, MissingFieldError, "shares", "trade_id", "event id"),
         ({**TRADE, "trade_id": [1]}, WrongTypeError, "shares", "trade_id", "got array"),
