@@ -742,7 +742,12 @@ class ProtoSchema:
             if descriptor is None:
                 return None
             message_class = self._get_class(descriptor)
-            to_dict = _message_reader(descriptor, only=only)
+            # A map's string key is checked for UTF-8 when it is read, not when the record is parsed, unless the
+            # file validates (proto3): a record holding one that is not UTF-8 fails the router's whole read, so
+            # the batch path must read every map too. A message that can hold a map with string keys is read
+            # whole (rare in events; the router reads it whole anyway).
+            whole = only is None or _holds_string_keyed_map(descriptor, set())
+            to_dict = _message_reader(descriptor, only=None if whole else only)
             parse = message_class.FromString
 
             def decode(payload: bytes) -> Any:
@@ -750,10 +755,39 @@ class ProtoSchema:
                     message = parse(payload)
                 except Exception as exc:  # DecodeError, RecursionError (upb bounds nesting)
                     raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: {exc}") from exc
-                return to_dict(message)
+                try:
+                    return to_dict(message)
+                except ValueError as exc:  # a map's key that is not UTF-8 (a proto2 file does not check)
+                    raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: a string is not "
+                                                f"UTF-8 ({exc})") from exc
 
             self._decoders[(indexes, only)] = decode
         return decode
+
+
+def _holds_string_keyed_map(descriptor: Any, seen: set[str]) -> bool:
+    """Whether a message of ``descriptor`` can hold, at any depth, a map whose keys are strings declared in a file
+    that does not check them for UTF-8 when it parses (proto2; editions, whose features may turn the check off)."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    seen.add(descriptor.full_name)
+    for field in descriptor.fields:
+        if field.type not in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP):
+            continue
+        inner = field.message_type
+        if (inner.GetOptions().map_entry and inner.fields_by_name["key"].type == FieldDescriptor.TYPE_STRING
+                and _syntax(inner.file) != "proto3"):
+            return True
+        if inner.full_name not in seen and _holds_string_keyed_map(inner, seen):
+            return True
+    return False
+
+
+def _syntax(file: Any) -> str:
+    """A .proto file's syntax: ``proto3``, ``editions``, or ``""`` for proto2."""
+    from google.protobuf import descriptor_pb2
+
+    return str(descriptor_pb2.FileDescriptorProto.FromString(file.serialized_pb).syntax)
 
 
 _TIMESTAMP = "google.protobuf.Timestamp"

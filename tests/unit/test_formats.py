@@ -42,7 +42,7 @@ from schemas.formats import (
     schema_ids,
     split_header,
 )
-from tests.unit.test_fast_route import BODIES
+from tests.unit.test_fast_route import BODIES, stored
 from tests.unit.test_fast_route import FIELDS as FAST_ROUTE_FIELDS
 from tests.unit.test_fast_route import described as fast_route_described
 from tests.unit.test_fast_route import outcomes as fast_route_outcomes
@@ -502,8 +502,7 @@ def _decoded_check(bodies: list[str], events: list[dict[str, Any]], format_: str
         expected = fast_route_outcomes(reference, batch)
         assert fast_route_described(batched.apply_batch(batch)) == fast_route_described(expected)
         assert batched.dirty == reference.dirty
-        assert {k: s.to_bytes() for k, s in batched.states.items()} == {
-            k: s.to_bytes() for k, s in reference.states.items()}
+        assert stored(batched.states) == stored(reference.states)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -599,11 +598,10 @@ def test_the_decoded_differential_check_catches_a_planted_decimal_divergence(mon
     assert len(records) == 4
 
     def described_states(m: Mutator) -> tuple[object, dict[tuple[str, str], bytes]]:
-        return fast_route_described(m.apply_batch(records)), {k: s.to_bytes() for k, s in m.states.items()}
+        return fast_route_described(m.apply_batch(records)), stored(m.states)
 
     reference = _formats_mutator(counters, "avro", 0)
-    expected = fast_route_described(fast_route_outcomes(reference, records)), {
-        k: s.to_bytes() for k, s in reference.states.items()}
+    expected = fast_route_described(fast_route_outcomes(reference, records)), stored(reference.states)
     assert described_states(_formats_mutator(counters, "avro", 0)) == expected
     assert [letter[0] for letter in expected[0][2]] == [1, 2]  # the long decimal and the long key are refused
     monkeypatch.setattr(fast_route, "_decimal_passes", lambda d: True)
@@ -678,8 +676,7 @@ def test_protobuf_records_take_the_batch_path_as_the_router_decides(bodies: list
                for i, event in enumerate(events)]
     expected = fast_route_outcomes(reference, records)
     assert fast_route_described(batched.apply_batch(records)) == fast_route_described(expected)
-    assert {k: s.to_bytes() for k, s in batched.states.items()} == {
-        k: s.to_bytes() for k, s in reference.states.items()}
+    assert stored(batched.states) == stored(reference.states)
 
 
 def test_the_protobuf_differential_check_catches_a_planted_depth_divergence(monkeypatch: pytest.MonkeyPatch
@@ -870,3 +867,38 @@ def test_an_avro_record_cut_short_names_its_error() -> None:
     """A record that ends before its fields do raised EOFError(), and its reason ended in nothing."""
     with pytest.raises(UnparseableEventError, match="writer schema: EOFError"):
         compile_avro(json.dumps(V1))(b"")
+
+
+PROTO2_MAP = 'syntax = "proto2";\nmessage Event { optional string sym = 1; map<string, string> m = 2; }\n'
+
+
+@pytest.mark.parametrize("body", ['kind = "count"\nkey = ["sym"]', 'kind = "count"\nkey = ["m.k"]'])
+def test_a_proto2_map_key_that_is_not_utf8_is_refused_alike_on_both_paths(body: str) -> None:
+    """A proto2 file checks no map key for UTF-8 when a record is parsed; reading one that is not UTF-8 fails.
+    The router reads the whole record and dead-letters it; the batch path read only the fields counters use, so it
+    counted the record (a counter not reading the map), or raised out of the batch (one reading it: the partition
+    stopped on the record at every start). Both now refuse it whole; a map value that is not UTF-8 (a proto2 string
+    read as bytes) is decided alike too."""
+    counters = parse_definitions('[[topic]]\nname = "t"\nformat = "protobuf"\n\n'
+                                 f'[[counter]]\nname = "c"\ntopics = ["t"]\n{body}\n\n')
+    mutators = []
+    for _ in range(2):
+        cache = SchemaCache()
+        cache.put("t", 1, WriterSchema(1, "PROTOBUF", PROTO2_MAP, counters.formats["t"], json.loads))
+        router = EventRouter(counters, decoders=decoders(counters.formats, cache, None))
+        entry = MutatorEntry(uuid.uuid4(), "g", "t", 0, "h", 0, 10**18)
+        mutators.append(Mutator(entry, PartitionId("g", "t", 0), Applier(router, counters, "t", 0, RetryWindow(3)),
+                                -1, -1))
+    reference, batched = mutators
+
+    def entry_of(key: bytes, value: bytes) -> bytes:
+        inner = b"\x0a" + bytes([len(key)]) + key + b"\x12" + bytes([len(value)]) + value
+        return b"\x12" + bytes([len(inner)]) + inner
+
+    payloads = [b"\x0a\x03IBM" + entry_of(b"\xff", b"v"), b"\x0a\x03IBM" + entry_of(b"k", b"\xff"),
+                b"\x0a\x03IBM" + entry_of(b"k", b"v")]
+    records = [Record(i, frame(1, payload, (0,))) for i, payload in enumerate(payloads)]
+    expected = fast_route_described(fast_route_outcomes(reference, records))
+    assert fast_route_described(batched.apply_batch(records)) == expected
+    assert "a string is not UTF-8" in str(expected)  # the first record, dead-lettered whole
+    assert stored(batched.states) == stored(reference.states)
