@@ -227,3 +227,13 @@ def test_the_decision_does_not_depend_on_the_clock(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(time, "time", lambda at=later: float(at))
         monkeypatch.setattr(time, "time_ns", lambda at=later: at * 10**9)
         assert decisions() == first
+
+
+@pytest.mark.parametrize("year", [2026, 2300, 3000, 9999])
+def test_a_time_a_microsecond_before_the_hour_is_in_that_hour_in_any_year(year: int) -> None:
+    """An ISO-8601 time is floored to its bucket exactly: a float timestamp rounds a microsecond before the hour
+    up into the next one past about 2242 (and 9999-12-31T23:59:59.999999Z out of the years counted)."""
+    router = EventRouter(_counters(None, "iso8601"))
+    text = f"{year}-12-31T23:59:59.999999Z"
+    (update,) = router.route("t", _raw(text), None)
+    assert update.key == f"home|{year}-12-31T23:00Z"
