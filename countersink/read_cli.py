@@ -69,7 +69,8 @@ def add_get_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
     parser.add_argument("keys", nargs="+", metavar="KEY", type=instance_key,
                         help="instance key(s): key fields' values joined by | (docs/counters.md, Instance keys); "
-                        "with --from/--to, one key without its bucket")
+                        "with --from/--to, one key without its bucket; a key starting with - after -- "
+                        "(get c -- -1)")
     series = parser.add_argument_group("time series (bucketed counters; docs/reading.md, Time series)")
     series.add_argument("--from", dest="start", type=_instant, metavar="TIME",
                         help="first time of the range: ISO-8601 with an offset (2026-11-22T10:00Z), a date, now, "
@@ -83,7 +84,8 @@ def add_get_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("counter", type=counter_name, help="counter name, as in the definitions file")
-    parser.add_argument("key", type=instance_key, help="instance key (docs/counters.md, Instance keys)")
+    parser.add_argument("key", type=instance_key, help="instance key (docs/counters.md, Instance keys); one "
+                        "starting with - after --")
     _common(parser)
 
 
@@ -261,6 +263,13 @@ def run_explain(args: argparse.Namespace, settings: Settings) -> int:
     return run_async(explain())
 
 
+def listed_key(key: str) -> str:
+    """A key as ``list`` prints it, a key per line: as it is, for pipes, but quoted (as :func:`quoted_key`) when it
+    does not print (a newline), is empty or starts or ends with a space (a blank line, an edge no one sees).
+    ``--json`` gives every key exactly."""
+    return key if key and key.isprintable() and key.strip() == key else quoted_key(key)
+
+
 def run_list(args: argparse.Namespace, settings: Settings) -> int:
     async def list_keys() -> int:
         page = args.page
@@ -275,8 +284,7 @@ def run_list(args: argparse.Namespace, settings: Settings) -> int:
             print(json.dumps({"counter": args.counter, "keys": keys, "next_page": token,
                               **({"backfilling": backfilling} if backfilling else {})}))
         else:
-            # A key per line, as it is, for pipes; one that does not print (a newline) quoted, on its line.
-            print("\n".join(key if key.isprintable() else quoted_key(key) for key in keys))
+            print("\n".join(map(listed_key, keys)))
             if token:
                 print(f"(more: --page {token})")
             if backfilling:

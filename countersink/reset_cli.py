@@ -51,7 +51,8 @@ log = get_logger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("counter", type=counter_name, help="counter name, as recorded in the counter registry")
     parser.add_argument("keys", type=instance_key, nargs="*", metavar="KEY",
-                        help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter")
+                        help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter; a "
+                        "key starting with - after --")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--list", action="store_true",
                         help="reset nothing: print the counter's recorded resets and where each sits")

@@ -372,3 +372,13 @@ def test_a_printed_key_pasted_into_a_shell_is_the_key(key: str) -> None:
     back = subprocess.run(["bash", "-c", f"printf %s {printed}"], capture_output=True, check=True, timeout=10,
                           env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})  # a UTF-8 terminal's
     assert back.stdout.decode() == key
+
+
+def test_list_prints_a_key_a_line_and_quotes_the_ones_no_one_could_tell_apart() -> None:
+    """``list`` prints keys as they are, for pipes, but quotes one that would print as a blank line, or whose
+    leading or trailing spaces no one sees (`` lead`` and ``lead`` read alike), and one that does not print."""
+    from countersink.read_cli import listed_key
+
+    assert [listed_key(key) for key in ("IBM", "a\\|b", "two words")] == ["IBM", "a\\|b", "two words"]
+    assert [listed_key(key) for key in ("", " ", " lead", "trail ", "line\nbreak")] == [
+        "''", "' '", "' lead'", "'trail '", "$'line\\x0abreak'"]
