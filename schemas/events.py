@@ -516,6 +516,23 @@ def _instant(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.floor(seconds)))
 
 
+# A leap second, as RFC 3339 writes it: the 61st second of a minute's last one (23:59:60Z, or 00:59:60+01:00).
+_LEAP_SECOND = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:59):60(?:[.,][0-9]+)?")
+
+
+def _rfc3339_variant(text: str) -> datetime | None:
+    """A time in the RFC 3339 forms Python's ISO-8601 parser refuses, or None: a lowercase ``z``, and a leap second,
+    counted as the last microsecond of its minute (POSIX time has no second for it: it is never a bucket's own)."""
+    fixed = text[:-1] + "Z" if text.endswith("z") else text
+    leap = _LEAP_SECOND.match(fixed)
+    if leap is not None:
+        fixed = leap.group(1) + ":59.999999" + fixed[leap.end():]
+    try:
+        return datetime.fromisoformat(fixed)
+    except ValueError:
+        return None
+
+
 def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:
     """A bucket field's value to epoch seconds (not yet range checked); raises for a missing, null or wrongly
     typed value."""
@@ -529,10 +546,13 @@ def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:
         if fmt == "iso8601":
             if t is not str:
                 raise _wrong(path, v, "an ISO-8601 timestamp string")
+            when: datetime | None
             try:
                 when = datetime.fromisoformat(v)
-            except ValueError as exc:
-                raise ValueOutOfRangeError(path, f"{_short(v)} is not an ISO-8601 timestamp") from exc
+            except ValueError:
+                when = _rfc3339_variant(v)
+            if when is None:
+                raise ValueOutOfRangeError(path, f"{_short(v)} is not an ISO-8601 timestamp")
             if when.tzinfo is None:
                 raise ValueOutOfRangeError(path, f"{_short(v)} has no UTC offset")
             # timestamp() rounds to the nearest double: past about 2242 a time a microsecond before a second

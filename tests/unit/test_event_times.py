@@ -237,3 +237,20 @@ def test_a_time_a_microsecond_before_the_hour_is_in_that_hour_in_any_year(year: 
     text = f"{year}-12-31T23:59:59.999999Z"
     (update,) = router.route("t", _raw(text), None)
     assert update.key == f"home|{year}-12-31T23:00Z"
+
+
+@pytest.mark.parametrize(("text", "bucket"), [
+    ("2016-12-31T23:59:60Z", "2016-12-31T23:00Z"), ("2017-01-01T00:59:60.5+01:00", "2016-12-31T23:00Z"),
+    ("2026-11-22T10:15:00z", "2026-11-22T10:00Z"), ("2026-11-22t10:15:00.25z", "2026-11-22T10:00Z")])
+def test_rfc3339_leap_seconds_and_a_lowercase_z_are_times(text: str, bucket: str) -> None:
+    """RFC 3339 allows a leap second (hh:59:60) and a lowercase t and z, which Python's parser refuses: a leap
+    second counts in the minute it ends, and the lowercase letters read as the capitals."""
+    (update,) = EventRouter(_counters(None, "iso8601")).route("t", _raw(text), None)
+    assert update.key == f"home|{bucket}"
+
+
+@pytest.mark.parametrize("text", ["2016-12-31T23:58:60Z", "2016-12-31T23:59:61Z", "2016-12-31T23:59:60"])
+def test_a_sixtieth_second_elsewhere_is_no_time(text: str) -> None:
+    """Only a minute's last can have a 61st second, and a time without an offset stays refused."""
+    with pytest.raises(ValueOutOfRangeError):
+        EventRouter(_counters(None, "iso8601")).route("t", _raw(text), None)
