@@ -37,6 +37,7 @@ from consumer.protocol import (
     MutatorExpiredError,
     Takeover,
     finish_take_over,
+    record_start,
     release,
 )
 from consumer.resetting import NO_RESETS, ResetBook
@@ -215,7 +216,7 @@ class Ownership:
         METRICS.ownership_changes.inc()
         METRICS.live_mutators.set(len(self.mutators))
         if warm and claimed.finished:
-            await self._record_start(tp, claimed)
+            await record_start(self.store, claimed)
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
                                                                      self.clock()), started)
             return mutator
@@ -227,17 +228,6 @@ class Ownership:
         self._takeovers[entry.id] = self.spawn(
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
-
-    async def _record_start(self, tp: TopicPartition, claimed: Claim) -> None:
-        """Record where the claiming mutator starts, before its first flush: ``countersink trace`` reads it to tell
-        which mutator applied a record (one that started past it did not, whatever its shards hold). Nothing
-        the consumer does depends on it, so a failure is logged and the takeover goes on (that mutator's
-        records are then traced as before it was recorded)."""
-        try:
-            await self.store.record_start(claimed.new.id, claimed.start_offset)
-        except Exception as exc:
-            log.warning("mutator_start_unrecorded", topic=tp.topic, partition=tp.partition,
-                        mutator=str(claimed.new.id), start_offset=claimed.start_offset, error=repr(exc))
 
     async def _claim(self, tp: TopicPartition, from_owner: uuid.UUID | None) -> Claim:
         """Claim ``tp`` for a fresh mutator, retrying while the servers are away. Each attempt goes on with the
@@ -277,7 +267,7 @@ class Ownership:
         if tp.topic in recreated:
             self.topic_recreated(tp, mutator, recreated[tp.topic])
             return
-        await self._record_start(tp, claimed)
+        await record_start(self.store, claimed)
         # One read per claim, before the mutator applies or writes anything: a hand-over of a counter these
         # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
         # records from the hand-over on (consumer.handovers).

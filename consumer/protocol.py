@@ -522,7 +522,19 @@ async def _replay_window(
     return replayed, len(writes)
 
 
+async def record_start(store: Store, claimed: Claim) -> None:
+    """Record where the claiming mutator starts (:meth:`Store.record_start`), before its first flush:
+    ``countersink trace`` reads it to tell which mutator applied a record (one that started past it did not,
+    whatever its shards hold). Nothing in the protocol depends on it, so a failure is logged and the takeover
+    goes on (that mutator's records are then traced as before starts were recorded)."""
+    try:
+        await store.record_start(claimed.new.id, claimed.start_offset)
+    except Exception as exc:
+        log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
+                    mutator=str(claimed.new.id), start_offset=claimed.start_offset, error=repr(exc))
+
+
 __all__: Sequence[str] = (
     "Claim", "FencedError", "InvalidRecordHandler", "MutatorExpiredError", "StaleEntryError", "Takeover",
-    "claim", "finish_take_over", "flush", "release", "retire_time",
+    "claim", "finish_take_over", "flush", "record_start", "release", "retire_time",
 )

@@ -27,7 +27,7 @@ from aiokafka import TopicPartition
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Record, RecordsLostError, RecordSource
 from consumer.handovers import Recorded
-from consumer.protocol import Claimant, ClaimUnresolvedError, finish_take_over, flush, release
+from consumer.protocol import Claimant, ClaimUnresolvedError, finish_take_over, flush, record_start, release
 from consumer.storage import MutatorEntry, PartitionId, Store
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.retry import Backoff, pause_unless_stopped
@@ -376,6 +376,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         next_pause = Backoff().pauses()
         entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
+        await record_start(store, claimed)
         applier = make_applier()
         await applier.warm_up(source, start)
         await finish_take_over(store, source, claimed, make_applier, clock(), on_invalid=replayed_invalid)

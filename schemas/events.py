@@ -516,8 +516,8 @@ def _instant(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.floor(seconds)))
 
 
-# A leap second, as RFC 3339 writes it: the 61st second of a minute's last one (23:59:60Z, or 00:59:60+01:00).
-_LEAP_SECOND = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:59):60(?:[.,][0-9]+)?")
+# A leap second, as RFC 3339 writes it: second 60 of the day's last minute in UTC (23:59:60Z, 05:29:60+05:30).
+_LEAP_SECOND = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}):60(?:[.,][0-9]+)?")
 
 
 def _rfc3339_variant(text: str) -> datetime | None:
@@ -528,9 +528,14 @@ def _rfc3339_variant(text: str) -> datetime | None:
     if leap is not None:
         fixed = leap.group(1) + ":59.999999" + fixed[leap.end():]
     try:
-        return datetime.fromisoformat(fixed)
+        when = datetime.fromisoformat(fixed)
     except ValueError:
         return None
+    if leap is not None:
+        utc = when.astimezone(UTC) if when.tzinfo is not None else None
+        if utc is None or (utc.hour, utc.minute) != (23, 59):
+            return None  # only the last minute of a UTC day has a 61st second
+    return when
 
 
 def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:

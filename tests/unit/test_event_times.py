@@ -241,6 +241,7 @@ def test_a_time_a_microsecond_before_the_hour_is_in_that_hour_in_any_year(year: 
 
 @pytest.mark.parametrize(("text", "bucket"), [
     ("2016-12-31T23:59:60Z", "2016-12-31T23:00Z"), ("2017-01-01T00:59:60.5+01:00", "2016-12-31T23:00Z"),
+    ("2017-01-01T05:29:60+05:30", "2016-12-31T23:00Z"),
     ("2026-11-22T10:15:00z", "2026-11-22T10:00Z"), ("2026-11-22t10:15:00.25z", "2026-11-22T10:00Z")])
 def test_rfc3339_leap_seconds_and_a_lowercase_z_are_times(text: str, bucket: str) -> None:
     """RFC 3339 allows a leap second (hh:59:60) and a lowercase t and z, which Python's parser refuses: a leap
@@ -249,8 +250,9 @@ def test_rfc3339_leap_seconds_and_a_lowercase_z_are_times(text: str, bucket: str
     assert update.key == f"home|{bucket}"
 
 
-@pytest.mark.parametrize("text", ["2016-12-31T23:58:60Z", "2016-12-31T23:59:61Z", "2016-12-31T23:59:60"])
+@pytest.mark.parametrize("text", ["2016-12-31T23:58:60Z", "2016-12-31T22:59:60Z", "2016-12-31T23:59:61Z",
+                                  "2016-12-31T23:59:60", "2017-01-01T05:59:60+05:30"])
 def test_a_sixtieth_second_elsewhere_is_no_time(text: str) -> None:
-    """Only a minute's last can have a 61st second, and a time without an offset stays refused."""
+    """Only a UTC day's last minute has a 61st second, and a time without an offset stays refused."""
     with pytest.raises(ValueOutOfRangeError):
         EventRouter(_counters(None, "iso8601")).route("t", _raw(text), None)

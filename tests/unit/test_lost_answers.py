@@ -272,3 +272,22 @@ def test_each_claim_records_where_its_mutator_starts() -> None:
     assert second is not None
     assert second.id != first.id
     assert store.recorded_starts == {first.id: 0, second.id: 3}
+
+
+def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() -> None:
+    """Only trace reads a mutator's start: a write of it that fails leaves the partition counted and flushed."""
+    from structlog.testing import capture_logs
+
+    class Unrecorded(MemoryStore):
+        async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+            raise StoreTimeoutError("record_start timed out")
+
+    store, log = Unrecorded(), _log(6)
+    with capture_logs() as logs:
+        process = _owned_and_flushed(store, log)
+    mutator = process.ownership.applying(TP)
+    assert mutator is not None
+    assert [entry["start_offset"] for entry in logs if entry["event"] == "mutator_start_unrecorded"] == [0]
+    process.run(flush(store, mutator, EPOCH_US))
+    assert store.partitions[PID].intent_offset == 2
+    assert store.recorded_starts == {}
