@@ -265,9 +265,10 @@ def run_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 def listed_key(key: str) -> str:
     """A key as ``list`` prints it, a key per line: as it is, for pipes, but quoted (as :func:`quoted_key`) when it
-    does not print (a newline), is empty or starts or ends with a space (a blank line, an edge no one sees).
-    ``--json`` gives every key exactly."""
-    return key if key and key.isprintable() and key.strip() == key else quoted_key(key)
+    does not print (a newline), is empty or starts or ends with a space (a blank line, an edge no one sees), or
+    starts as a quoted key does (``''`` would read as the empty key). ``--json`` gives every key exactly."""
+    plain = key and key.isprintable() and key.strip() == key and not key.startswith(("'", "$'"))
+    return key if plain else quoted_key(key)
 
 
 def run_list(args: argparse.Namespace, settings: Settings) -> int:

@@ -377,7 +377,11 @@ def test_a_printed_key_pasted_into_a_shell_is_the_key(key: str) -> None:
 def test_list_prints_a_key_a_line_and_quotes_the_ones_no_one_could_tell_apart() -> None:
     """``list`` prints keys as they are, for pipes, but quotes one that would print as a blank line, or whose
     leading or trailing spaces no one sees (`` lead`` and ``lead`` read alike), and one that does not print."""
+    from countersink.cli import quoted_key
     from countersink.read_cli import listed_key
+
+    for looks_quoted in ("''", "$'x'", "'a b'"):
+        assert listed_key(looks_quoted) == quoted_key(looks_quoted) != looks_quoted
 
     assert [listed_key(key) for key in ("IBM", "a\\|b", "two words")] == ["IBM", "a\\|b", "two words"]
     assert [listed_key(key) for key in ("", " ", " lead", "trail ", "line\nbreak")] == [
