@@ -157,7 +157,6 @@ class ReadApi:
             app.add_routes([web.post(_RESET_PATH, self.reset)])
         app.add_routes([
             web.get("/counters/{name}/series", self.keyless_series),
-            web.get("/counters/{name}/", self.key_empty_in_path),
             web.get("/counters/{name}/{key}", self.get_one),
             web.get("/counters/{name}/{key}/series", self.series),
             web.get("/counters/{name}", self.get_many),
@@ -284,11 +283,6 @@ class ReadApi:
         if await self._keyless(name):
             return await self.series(request, key="")
         return await self.get_one(request, key="series")
-
-    async def key_empty_in_path(self, request: web.Request) -> web.Response:
-        """``/counters/{name}/``: a path cannot name the empty key (its segment would be empty); say how to read it."""
-        name = await self._counter(request)
-        raise _problem(web.HTTPBadRequest, f"a path names no empty key: read it with /counters/{name}?key=")
 
     async def _keyless(self, name: str) -> bool:
         definition = await self._definition(name)
@@ -743,6 +737,9 @@ async def _problems(request: web.Request, handler: Callable[[web.Request], Await
             raise
         if isinstance(exc, web.HTTPMethodNotAllowed):
             detail = f"this path answers {', '.join(sorted(exc.allowed_methods))} only"
+        elif isinstance(exc, web.HTTPNotFound) and _KEY_EMPTY_IN_PATH.fullmatch(request.path):
+            # /counters/{name}/: no route has an empty segment; the empty key is read with ?key=
+            return problem_response(400, "a path names no empty key: read it with /counters/{name}?key=")
         elif isinstance(exc, web.HTTPNotFound):
             detail = "no such path; /openapi.json describes the paths this server answers"
         else:
@@ -757,6 +754,7 @@ def _unauthorized(detail: str) -> web.HTTPException:
 
 
 _RESET_PATH = "/counters/{name}/reset"
+_KEY_EMPTY_IN_PATH = re.compile(r"/counters/[^/]+/")
 _ADMIN_NAME = web.RequestKey("admin_name", str)
 _CHUNKED_BODY = web.RequestKey("chunked_body", bytes)
 # Probes must answer without credentials: an orchestrator's health checks carry none.

@@ -49,7 +49,7 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes/p1?consistency=MOST", 400, "consistency is one of"),
     ("/counters/likes/" + "k" * 1025, 400, "a key is 1 to 1024 bytes"),
     ("/counters/likes", 400, "give at least one ?key="),
-    ("/counters/likes/", 400, "a path names no empty key: read it with /counters/likes?key="),
+    ("/counters/likes/", 400, "a path names no empty key: read it with /counters/{name}?key="),
     ("/counters/likes?key=a&key=b&key=c&key=d", 400, "at most 3 keys"),
     ("/counters/likes?key=a&key=" + "k" * 1025, 400, "a key is 1 to 1024 bytes"),
     ("/counters/likes/%5C", 400, "a lone backslash is not an instance key"),
