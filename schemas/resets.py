@@ -31,6 +31,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from schemas.errors import InvalidEventError
 
 CONTROL_HEADER = "countersink.control"
+# The longest id new_reset_id makes (a counter name of 48 characters, an epoch of 18 digits, 32 hex digits): a
+# control header is read up to this many characters (a record of the topic may carry anything there).
+MAX_RESET_ID_CHARS = 48 + 1 + 18 + 1 + 32
 _EPOCH_MARK = "@"  # counter names are [a-z][a-z0-9_]*: a cell name with "@" is never a counter's own
 
 
@@ -80,7 +83,7 @@ def control_reset_id(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
     for name, value in headers:
         if name == CONTROL_HEADER:
             try:
-                return (value or b"").decode()[:64]
+                return (value or b"").decode()[:MAX_RESET_ID_CHARS]
             except UnicodeDecodeError:
                 return ""
     return None

@@ -163,3 +163,26 @@ def test_a_partition_added_after_a_reset_holds_only_what_comes_after_it() -> Non
     assert epochs_at([reset], {}, 0, "other", 5).epoch("trades", "IBM") == 0
     assert counts_after_resets([reset], {}, "trades", "IBM", "orders", 2, 0)
     assert not counts_after_resets([reset], {}, "trades", "IBM", "orders", 1, 0)
+
+
+def test_a_reset_of_a_counter_with_the_longest_name_is_applied() -> None:
+    """A control header was read up to 64 characters: the id of a reset of a counter named with 30 characters or
+    more was cut, matched no recorded reset, and its control record was dead-lettered as forged by every
+    consumer (the counter read the new, empty epoch for good). The longest id is read whole."""
+    name = "n" * 48
+    counters = parse_definitions(f'[[counter]]\nname = "{name}"\ntopics = ["orders"]\nkind = "count"\nkey = ["sym"]\n')
+    longest = Reset(new_reset_id(name, 10**18 - 1), name, 10**18 - 1)
+    assert control_reset_id(control_record(longest)[1]) == longest.reset_id
+    reset = Reset(new_reset_id(name, 1), name, 1)
+    resets = MemoryResets([reset])
+    applier = Applier(EventRouter(counters), counters, "orders", 0, RetryWindow(4), resets)
+    mutator = Mutator(MutatorEntry(uuid.UUID(int=1), "g", "orders", 0, "h", 0, 10**12), PartitionId("g", "orders", 0),
+                      applier, applied_through=-1, flushed_through=-1)
+    value, headers = control_record(reset)
+    records = [Record(0, b'{"sym": "IBM"}'), Record(1, value, headers=headers), Record(2, b'{"sym": "IBM"}')]
+    run(applier.learn(records))
+    outcomes = [mutator.apply(record)[0] for record in records]
+    assert Outcome.INVALID not in outcomes
+    assert mutator.cell(name, "IBM") == f"{name}@1"
+    assert [state.value() for state in mutator.states.values()] == [1]  # the record after the reset alone
+    assert [position.reset_id for position in mutator.positions] == [reset.reset_id]
