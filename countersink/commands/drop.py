@@ -191,12 +191,16 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
             progress.rows_scanned += 1
             key = row["key"]
             tallies = ([name] if row["tally"] is not None else []) + sorted(row["later_tallies"] or ())
-            if tallies and key != tallied:
+            cells = ([name] if row["cell"] is not None else []) + sorted(row["later_cells"] or ())
+            if (tallies or cells) and key != tallied:
                 tallied = key
-                deletes.setdefault(key, []).extend((_TALLY_DELETE, [cell, key]) for cell in tallies)
+                # The tallies of every epoch the key holds, whether this read saw one or not: a GC fold read
+                # before this sweep may land after it, at an earlier timestamp (its mutators' last retirement),
+                # and bring back a tally this read did not see; the sweep's deletes hide it.
+                deletes.setdefault(key, []).extend((_TALLY_DELETE, [cell, key]) for cell in sorted(
+                    {name, *tallies, *cells}))
                 progress.tallies_deleted += len(tallies)
                 progress.keys.add(key_of_partition(key))
-            cells = ([name] if row["cell"] is not None else []) + sorted(row["later_cells"] or ())
             if cells and row["born_us"] is not None:
                 deletes.setdefault(key, []).extend(
                     (_CELL_DELETE, [cell, key, row["born_us"], row["mutator"]]) for cell in cells)

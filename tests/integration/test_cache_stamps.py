@@ -142,6 +142,23 @@ async def test_a_dropped_counters_keys_are_read_anew_through_the_cache(cassandra
         assert (await read_state(client, "kept", "home", cache=cache)).value() == 3  # type: ignore[union-attr]
 
 
+async def test_a_fold_read_before_a_drop_lands_hidden_after_it(cassandra_settings: CassandraSettings) -> None:
+    """A GC run reads an instance of a counter holding shards and no tally; the drop's sweep deletes the shards;
+    the run's fold then lands, at its own earlier timestamp: the tally it writes stays hidden (the sweep deleted
+    the key's tally cells whether its read saw one or not), so a name defined again does not read it back."""
+    from gc_worker.store import CassandraGcStore
+
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        await store.write_shards(uuid.uuid4(), 1_000, 1_001, [ShardWrite("folded_late", "home", _sum(2), 1, True)],
+                                 source=b"s" * 8)
+        progress = await sweep(client, "folded_late", 100, asyncio.Event(), lambda *_: None)
+        assert progress.cells_deleted == 1
+        folded_at = int(time.time() * 1e6) - 10_000_000  # the fold's timestamp: before the sweep
+        await CassandraGcStore(client).fold("home", {"folded_late": (_sum(2), None)}, [], [], folded_at)
+        assert await read_state(client, "folded_late", "home") is None
+
+
 async def test_a_series_through_the_cache_reads_only_the_buckets_that_changed(
         cassandra_settings: CassandraSettings) -> None:
     """24 hourly buckets of 5 shards each: a second series answers every bucket from the kept merges after
