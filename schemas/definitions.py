@@ -39,7 +39,8 @@ TimestampFormat = Literal["iso8601", "epoch_seconds", "epoch_millis"]
 WhereScalar = str | int | bool
 
 # Counter names reach CQL (as partition-key values) and metric labels, so they stay plain identifiers.
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+MAX_NAME_CHARS = 48
+NAME_PATTERN = re.compile(rf"^[a-z][a-z0-9_]{{0,{MAX_NAME_CHARS - 1}}}$")
 # Kafka's own rule for topic names.
 TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Kafka's own topics, which hold no one's events; "." and ".." match the pattern and Kafka refuses them.

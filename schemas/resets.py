@@ -28,12 +28,14 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 
+from schemas.definitions import MAX_NAME_CHARS
 from schemas.errors import InvalidEventError
 
 CONTROL_HEADER = "countersink.control"
-# The longest id new_reset_id makes (a counter name of 48 characters, an epoch of 18 digits, 32 hex digits): a
-# control header is read up to this many characters (a record of the topic may carry anything there).
-MAX_RESET_ID_CHARS = 48 + 1 + 18 + 1 + 32
+_MAX_EPOCH_DIGITS = 18  # the most digits a reset id's epoch may have (a bigint holds every such number)
+# The longest id new_reset_id makes (the longest counter name, the longest epoch, 32 hex digits): a control header
+# is read up to this many characters (a record of the topic may carry anything there).
+MAX_RESET_ID_CHARS = MAX_NAME_CHARS + 1 + _MAX_EPOCH_DIGITS + 1 + 32
 _EPOCH_MARK = "@"  # counter names are [a-z][a-z0-9_]*: a cell name with "@" is never a counter's own
 
 
@@ -105,7 +107,7 @@ def new_reset_id(counter: str, epoch: int) -> str:
 def row_of_reset_id(reset_id: str) -> tuple[str, int] | None:
     """The (counter, epoch) a :func:`new_reset_id` names, None for a string that is not one."""
     parts = reset_id.split(".")
-    if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > 18 or not parts[0]:
+    if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > _MAX_EPOCH_DIGITS or not parts[0]:
         return None
     return parts[0], int(parts[1])
 
