@@ -36,7 +36,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
@@ -85,8 +85,6 @@ MAX_DECIMAL_EXPONENT = 100
 MAX_DECIMAL_DIGITS = 100
 # 0000-01-01 cannot be formatted by gmtime everywhere; year 10000 cannot be formatted at all.
 _MAX_EPOCH_SECONDS = 253_402_300_800
-_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_SECOND = timedelta(seconds=1)
 
 _MISSING: Any = object()
 _INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
@@ -561,11 +559,11 @@ def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:
             if when.tzinfo is None:
                 raise ValueOutOfRangeError(path, f"{_short(v)} has no UTC offset")
             # timestamp() rounds to the nearest double: past about 2242 a time a microsecond before a second
-            # (2999-12-31T23:59:59.999999Z) rounds up into the next second, bucket or year. The whole seconds are
-            # counted exactly, and a fraction that would round up is kept just under the next second.
-            whole = (when - _EPOCH_UTC) // _ONE_SECOND
-            seconds = whole + when.microsecond / 1e6
-            return seconds if seconds < whole + 1 else math.nextafter(whole + 1, 0.0)
+            # (2999-12-31T23:59:59.999999Z) rounds up into the next second, bucket or year, landing on it exactly
+            # (a whole second is a double; one a microsecond after a second lands on that second, which is
+            # right). A time rounded up so is kept just under the second it reached.
+            seconds = when.timestamp()
+            return math.nextafter(seconds, 0.0) if when.microsecond > 500_000 and seconds.is_integer() else seconds
         if t is int:
             return v // scale if scale > 1 else v  # type: ignore[no-any-return]
         if t is float or t is Decimal:

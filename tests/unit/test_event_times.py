@@ -237,6 +237,8 @@ def test_a_time_a_microsecond_before_the_hour_is_in_that_hour_in_any_year(year: 
     text = f"{year}-12-31T23:59:59.999999Z"
     (update,) = router.route("t", _raw(text), None)
     assert update.key == f"home|{year}-12-31T23:00Z"
+    (after,) = router.route("t", _raw(f"{year}-12-31T23:00:00.000001Z"), None)  # rounds down onto the hour
+    assert after.key == f"home|{year}-12-31T23:00Z"
 
 
 @pytest.mark.parametrize(("text", "bucket"), [
