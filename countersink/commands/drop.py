@@ -16,7 +16,7 @@ The order is what keeps a running consumer from writing it back:
 The name stays refused after the drop: a consumer holding the old definitions must never count it again.
 The sweep deletes the cells of every epoch of the counter (its resets' cells too). ``--forget`` (a deliberate
 act, once no consumer runs the old definitions) walks the rows once more, deletes the counter's hand-overs, its
-backfills' ownership rows and its resets, and removes the registry entry, so a new definition may take the name
+backfills' ownership rows and its resets, retires the mutators of backfills killed before they finished, and removes the registry entry, so a new definition may take the name
 (and be backfilled anew) and starts with nothing of the old one.
 """
 
@@ -30,6 +30,9 @@ import socket
 import time
 from collections.abc import Callable
 
+from consumer.cassandra_store import CassandraStore
+from consumer.ownership import now_us
+from consumer.protocol import retire_time
 from countersink.backfills import backfill_group
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, stop_on_signals
@@ -114,25 +117,42 @@ async def drop(settings: Settings, name: str, *, forget: bool = False, batch: in
     return 0
 
 
-async def forget_backfills(client: CassandraClient, name: str) -> int:
+async def forget_backfills(client: CassandraClient, name: str) -> ForgottenBackfills:
     """Delete ``name``'s hand-overs (of the counter and of each reprocess of it) and the ownership rows of their
     backfill groups: a new definition under the name records hand-overs of its own and is backfilled from the
-    start, not taken for the old one's, done long ago. Returns how many hand-over rows were deleted. Both
-    tables hold a row per partition of each backfilled cell: each is read whole."""
+    start, not taken for the old one's, done long ago. A backfill killed before it finished left its mutators
+    unretired, with no ownership row to lead a takeover to them once these are gone: they are retired here (the
+    GC folds and deletes their rows; a live one would keep cutting its folds at its birth). The hand-overs go
+    last: they name the groups, so a forget stopped half-way finds the rest again. ``handovers``,
+    ``partitions`` and ``mutators`` are read whole."""
     found = {(row["consumer_group"], row["cell"]) for row in as_dicts(await client.execute(
         "SELECT consumer_group, cell FROM handovers")) if split_cell(row["cell"])[0] == name}
     groups = {backfill_group(group, cell) for group, cell in found}
+    owned = [row for row in as_dicts(await client.execute(
+        "SELECT consumer_group, topic, partition, flush_seq FROM partitions")) if row["consumer_group"] in groups]
+    # A window's writer stamps its shards born_us + flush_seq: the retire time must exceed the largest.
+    flushes = max((int(row["flush_seq"] or 0) for row in owned), default=0)
+    store, retired = CassandraStore(client), 0
+    for row in as_dicts(await client.execute("SELECT id, consumer_group, born_us, retired_us FROM mutators")):
+        if row["consumer_group"] in groups and row["retired_us"] is None:
+            await store.retire_mutator(row["id"], retire_time(int(row["born_us"] or 0) + flushes, now_us()))
+            retired += 1
+    for row in owned:
+        await client.execute("DELETE FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ? "
+                             "IF EXISTS", [row["consumer_group"], row["topic"], row["partition"]],
+                             idempotent=False)
     deleted = 0
     for group, cell in sorted(found):
         deleted += len(as_dicts(await client.execute(
             "SELECT topic FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell])))
         await client.execute("DELETE FROM handovers WHERE consumer_group = ? AND cell = ?", [group, cell])
-    for row in as_dicts(await client.execute("SELECT consumer_group, topic, partition FROM partitions")):
-        if row["consumer_group"] in groups:
-            await client.execute("DELETE FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = ? "
-                                 "IF EXISTS", [row["consumer_group"], row["topic"], row["partition"]],
-                                 idempotent=False)
-    return deleted
+    return ForgottenBackfills(deleted, retired)
+
+
+@dataclasses.dataclass(frozen=True)
+class ForgottenBackfills:
+    handovers: int  # hand-over rows deleted
+    mutators_retired: int  # unretired mutators of the backfill groups (killed backfills) retired
 
 
 async def forget_resets(client: CassandraClient, name: str) -> int:
@@ -153,9 +173,12 @@ async def forget_resets(client: CassandraClient, name: str) -> int:
 async def _forget(registry: CounterRegistry, dropped: DroppedCounter, say: Callable[[str], object]) -> int:
     # Before the name is released: a consumer with a new definition of it must find none of the old hand-overs,
     # nor the old resets.
-    handovers = await forget_backfills(registry.client, dropped.name)
-    if handovers:
-        say(f"{dropped.name}: deleted {handovers} hand-over rows and the ownership rows of its backfills")
+    backfills = await forget_backfills(registry.client, dropped.name)
+    if backfills.handovers:
+        say(f"{dropped.name}: deleted {backfills.handovers} hand-over rows and the ownership rows of its backfills")
+    if backfills.mutators_retired:
+        say(f"{dropped.name}: retired {backfills.mutators_retired} mutators of backfills that did not finish "
+            "(the GC folds their rows)")
     resets = await forget_resets(registry.client, dropped.name)
     if resets:
         say(f"{dropped.name}: deleted its {resets} resets and where they sit in each partition")

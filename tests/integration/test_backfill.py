@@ -12,14 +12,15 @@ import shlex
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from countersink.backfills import counter_backfill, read_handovers
-from countersink.cassandra import CassandraClient
+from countersink.backfills import backfill_group, counter_backfill, read_handovers
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
@@ -328,8 +329,10 @@ async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
 ) -> None:
     """shares_traded (since = "earliest") is backfilled, then dropped with ``--forget``, which deletes its
-    hand-overs and its backfill's ownership rows; added again with another meaning (a count), it gets hand-overs
-    of its own and a backfill that counts from the start: it equals the count of every event published."""
+    hand-overs and its backfill's ownership rows, and retires the mutator of a backfill of it killed before it
+    finished (left unretired, it was no partition's successor's to retire: a leak the GC never folded); added
+    again with another meaning (a count), it gets hand-overs of its own and a backfill that counts from the
+    start: it equals the count of every event published."""
     topic = await topic_factory(partitions=PARTITIONS)
     group = f"f{os.urandom(4).hex()}"
     first_file, again_file = tmp_path / "first.toml", tmp_path / "again.toml"
@@ -364,11 +367,26 @@ async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
         if definitions is first_file:
             everything = _sum(batches[0][1])
             assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.qty)
+            killed = uuid.uuid4()  # what a backfill killed mid-way leaves: its mutator registered, its partition owned
+            async with CassandraClient(cassandra_settings) as client:
+                born_us = int(datetime.now(UTC).timestamp() * 1e6)
+                await client.execute("INSERT INTO mutators (id, consumer_group, topic, partition, host, born_us, "
+                                     "expires_us) VALUES (?, ?, ?, 0, 'killed', ?, ?)",
+                                     [killed, backfill_group(group, "shares_traded"), topic, born_us, born_us])
+                await client.execute("UPDATE partitions SET owner = ?, window_mutator = ?, flush_seq = 7 "
+                                     "WHERE consumer_group = ? AND topic = ? AND partition = 0",
+                                     [killed, killed, backfill_group(group, "shares_traded"), topic])
             dropped = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
                                                                 "shares_traded", "--yes", "--forget"))
             assert "hand-over rows" in dropped, dropped
+            assert "retired 1 mutators of backfills that did not finish" in dropped, dropped
             async with CassandraClient(cassandra_settings) as client:
                 assert await read_handovers(client, group, "shares_traded") == {}
+                rows = as_dicts(await client.execute("SELECT retired_us FROM mutators WHERE id = ?", [killed]))
+                assert rows[0]["retired_us"] >= born_us + 7 + 1_000_000, rows
+                assert not as_dicts(await client.execute(
+                    "SELECT owner FROM partitions WHERE consumer_group = ? AND topic = ? AND partition = 0",
+                    [backfill_group(group, "shares_traded"), topic]))
     everything = _sum(*(t for _, t in batches))
     assert await _values(cassandra_settings, "shares_traded", symbols) == dict(everything.count)
     assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)
