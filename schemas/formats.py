@@ -624,15 +624,123 @@ def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Cal
     except Exception as exc:
         raise SchemaError(f"not a valid Avro schema: {exc}") from exc
 
+    named = schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
+    with_decimals = _holds_decimal(schema, named, set())
+
     def encode(event: Any) -> bytes:
         out = io.BytesIO()
         try:
+            if with_decimals:
+                event = _avro_decimals(schema, event, named)
             fastavro.schemaless_writer(out, schema, event, strict_allow_default=True)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not a record of the Avro schema: {exc}") from None
         return out.getvalue()
 
     return encode
+
+
+def _is_decimal(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("logicalType") == "decimal" and schema.get("type") in ("bytes",
+                                                                                                         "fixed")
+
+
+def _holds_decimal(schema: Any, named: Mapping[str, Any], seen: set[str]) -> bool:
+    """Whether a parsed Avro schema has a decimal anywhere (a JSON line then needs :func:`_avro_decimals`)."""
+    if isinstance(schema, str):
+        if schema in named and schema not in seen:
+            seen.add(schema)
+            return _holds_decimal(named[schema], named, seen)
+        return False
+    if isinstance(schema, list):
+        return any(_holds_decimal(branch, named, seen) for branch in schema)
+    if not isinstance(schema, dict):
+        return False
+    if _is_decimal(schema):
+        return True
+    if schema.get("type") == "record":
+        return any(_holds_decimal(field["type"], named, seen) for field in schema.get("fields", ()))
+    inner = schema.get("items") if schema.get("type") == "array" else schema.get("values")
+    if schema.get("type") in ("array", "map"):
+        return _holds_decimal(inner, named, seen)
+    return isinstance(schema.get("type"), (dict, list)) and _holds_decimal(schema["type"], named, seen)
+
+
+# What a JSON value of each Python type may be written as, without a conversion (a union's other branches).
+_AVRO_TAKES = {str: ("string", "enum", "bytes", "fixed"), int: ("int", "long", "float", "double"),
+               float: ("float", "double")}
+
+
+def _avro_type(schema: Any, named: Mapping[str, Any]) -> str:
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    if isinstance(schema, dict):
+        return "decimal" if _is_decimal(schema) else _avro_type(schema.get("type"), named)
+    return schema if isinstance(schema, str) else "union"
+
+
+def _avro_decimals(schema: Any, value: Any, named: Mapping[str, Any]) -> Any:
+    """``value`` (from a JSON line) with the text and numbers written where the schema has a decimal made
+    :class:`decimal.Decimal`, which is what fastavro writes one from: ``"12.50"``, ``12.5`` and ``12`` are the
+    decimals they read as (a JSON number through its shortest text, so 0.1 is 0.1). Anything else is left for
+    fastavro to accept or refuse. In a union, a value becomes a decimal only when no other branch takes it."""
+    if isinstance(schema, str):
+        return _avro_decimals(named[schema], value, named) if schema in named else value
+    if isinstance(schema, list):
+        if value is None:
+            return value
+        kinds = [_avro_type(branch, named) for branch in schema]
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool) and "decimal" in kinds:
+            takes = _AVRO_TAKES[type(value)]
+            if not any(kind in takes for kind in kinds):
+                return _decimal_of(value, _scale(next(b for b, k in zip(schema, kinds, strict=True)
+                                                      if k == "decimal"), named))
+            return value
+        wanted = ("record", "map") if isinstance(value, dict) else ("array",) if isinstance(value, list) else ()
+        for branch, kind in zip(schema, kinds, strict=True):
+            if kind in wanted and (kind != "record" or set(value) <= _field_names(branch, named)):
+                return _avro_decimals(branch, value, named)
+        return value
+    if not isinstance(schema, dict):
+        return value
+    if _is_decimal(schema):
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return _decimal_of(value, _scale(schema, named))
+        return value
+    form = schema.get("type")
+    if form == "record" and isinstance(value, dict):
+        fields = {field["name"]: field["type"] for field in schema.get("fields", ())}
+        return {name: _avro_decimals(fields[name], item, named) if name in fields else item
+                for name, item in value.items()}
+    if form == "array" and isinstance(value, list):
+        return [_avro_decimals(schema.get("items"), item, named) for item in value]
+    if form == "map" and isinstance(value, dict):
+        return {name: _avro_decimals(schema.get("values"), item, named) for name, item in value.items()}
+    if isinstance(form, (dict, list)):
+        return _avro_decimals(form, value, named)
+    return value
+
+
+def _field_names(schema: Any, named: Mapping[str, Any]) -> set[str]:
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    return {field["name"] for field in schema.get("fields", ())} if isinstance(schema, dict) else set()
+
+
+def _scale(schema: Any, named: Mapping[str, Any]) -> int:
+    schema = named.get(schema, schema) if isinstance(schema, str) else schema
+    return int(schema.get("scale", 0))
+
+
+def _decimal_of(value: str | int | float, scale: int) -> decimal.Decimal:
+    try:
+        number = decimal.Decimal(repr(value) if isinstance(value, float) else value)
+    except (decimal.InvalidOperation, ValueError):
+        raise ValueError(f"not a decimal: {str(value)[:40]!r}") from None
+    if not number.is_finite():
+        raise ValueError(f"not a finite decimal: {str(value)[:40]!r}")
+    exponent = number.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > scale:  # written as is, it would be rounded: refused instead
+        raise ValueError(f"{str(value)[:40]} has more digits after the point than the decimal's scale ({scale})")
+    return number
 
 
 # --- Protobuf -----------------------------------------------------------------------------------------------

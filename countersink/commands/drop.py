@@ -16,7 +16,8 @@ The order is what keeps a running consumer from writing it back:
 The name stays refused after the drop: a consumer holding the old definitions must never count it again.
 The sweep deletes the cells of every epoch of the counter (its resets' cells too). ``--forget`` (a deliberate
 act, once no consumer runs the old definitions) walks the rows once more, deletes the counter's hand-overs, its
-backfills' ownership rows and its resets, retires the mutators of backfills killed before they finished, and removes the registry entry, so a new definition may take the name
+backfills' ownership rows and its resets, retires the mutators of backfills killed before they finished, and
+removes the registry entry, so a new definition may take the name
 (and be backfilled anew) and starts with nothing of the old one.
 """
 

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -562,6 +563,32 @@ async def test_publish_refuses_a_line_its_schema_cannot_hold(
                                         capture_output=True, text=True, timeout=60)
     assert no_schema.returncode == 2
     assert "needs --schema FILE" in no_schema.stderr
+
+
+async def test_publish_writes_avro_decimals_from_json_lines(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    schema_registry_url: str, tmp_path: Path,
+) -> None:
+    """``publish --format avro`` writes a decimal field from a JSON text or number (it could not: fastavro takes
+    only a ``Decimal``), each record the exact decimal of its line at the schema's scale."""
+    topic = await topic_factory("avrodecimal", partitions=1)
+    schema = {"type": "record", "name": "Sale", "namespace": "shop", "fields": [
+        {"name": "sku", "type": "string"},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 30, "scale": 2}}]}
+    (tmp_path / "sale.avsc").write_text(json.dumps(schema))
+    (tmp_path / "sales.jsonl").write_text('{"sku": "a", "price": "12.5"}\n{"sku": "a", "price": 0.1}\n'
+                                          '{"sku": "b", "price": 123456789012345678901234567}\n')
+    env = child_env(kafka_settings, cassandra_settings, schema_registry={"url": schema_registry_url})
+    env["PYTHONPATH"] = str(REPO)
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "publish", topic, "sales.jsonl", "--format", "avro",
+                         "--schema", "sale.avsc", "--key", "sku"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    sent = await read_topic(kafka_settings, topic, 3, then_s=1.0)
+    decode = compile_avro(json.dumps(schema))
+    assert [decode(record.value[5:])["price"] for record in sent] == [
+        Decimal("12.50"), Decimal("0.10"), Decimal("123456789012345678901234567.00")]
 
 
 async def test_inline_schemas_count_exactly_without_a_registry(

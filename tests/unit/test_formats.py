@@ -200,6 +200,32 @@ def test_a_union_of_records_holds_several_types_of_event() -> None:
         encode({"page": 5})
 
 
+def test_a_json_line_writes_an_avro_decimal_from_text_or_a_number() -> None:
+    """``publish --format avro`` reads JSON lines, which hold no decimal type: a decimal field (bytes or fixed,
+    in a record, an array, a map or a union) is written from a text or a number as the decimal it reads as; one
+    with more digits after the point than its scale, or no decimal at all, is refused by name, never rounded."""
+    money = {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 2}
+    fixed = {"type": "fixed", "name": "Cents", "size": 8, "logicalType": "decimal", "precision": 12, "scale": 2}
+    text = json.dumps({"type": "record", "name": "Sale", "fields": [
+        {"name": "price", "type": money},
+        {"name": "tip", "type": ["null", fixed], "default": None},
+        {"name": "note", "type": ["null", "string", money], "default": None},
+        {"name": "parts", "type": {"type": "array", "items": "Cents"}, "default": []},
+        {"name": "taxes", "type": {"type": "map", "values": "Cents"}, "default": {}}]})
+    encode, decode = avro_encoder(text), compile_avro(text)
+    assert decode(encode({"price": "12.5", "tip": 0.1, "parts": [1, "2.25"], "taxes": {"vat": "3"}})) == {
+        "price": Decimal("12.50"), "tip": Decimal("0.10"), "note": None, "parts": [Decimal("1.00"),
+                                                                                      Decimal("2.25")],
+        "taxes": {"vat": Decimal("3.00")}}
+    assert decode(encode({"price": 7, "note": "7.5"}))["note"] == "7.5"  # the union's string branch takes a text
+    assert decode(encode({"price": "-99999999999999999.99"}))["price"] == Decimal("-99999999999999999.99")
+    for price, reason in (("1.234", "more digits after the point than the decimal's scale \\(2\\)"),
+                          ("abc", "not a decimal: 'abc'"), ("NaN", "not a finite decimal"),
+                          (True, "bytes-like object is required")):
+        with pytest.raises(ValueError, match=reason):
+            encode({"price": price})
+
+
 # --- Protobuf --------------------------------------------------------------------------------------------------
 
 
