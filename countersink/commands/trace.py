@@ -38,6 +38,7 @@ from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
+from countersink.resets import read_resets
 from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
 from countersink.settings import ConsumerSettings, Settings
 from countersink.topic_ids import recreated_topics
@@ -45,6 +46,7 @@ from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
 from schemas.formats import SchemaCache, decoders
+from schemas.resets import counts_after_resets, current_epochs
 
 log = get_logger(__name__)
 
@@ -148,6 +150,10 @@ class CounterTrace:
     in_value: bool | None = None
     held: bool = False
     value_now: object = None
+    # The reset that set the instance's current epoch, when the record does not count toward it: it lies before
+    # that reset's control record in its partition (at reset_offset), or the reset has none there (None).
+    reset: str | None = None
+    reset_offset: int | None = None
 
 
 @dataclasses.dataclass
@@ -499,9 +505,36 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
         trace.held = bool(trace.shards) or trace.in_tally
         trace.in_value = bool(trace.in_value and trace.held)
         trace.value_now = explained.value
+        if trace.in_value:  # the mutator went past the record, and past any control record before it
+            cleared = await _cleared_by_reset(client, trace.counter, trace.key or "", topic, partition, offset)
+            if cleared is not None:
+                # What holds it is the earlier epoch's cell: the current one's shards do not.
+                (trace.reset, trace.reset_offset), trace.in_value = cleared, False
+                trace.shards, trace.held = [], False
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
+
+
+async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, topic: str, partition: int,
+                            offset: int) -> tuple[str, int | None] | None:
+    """The reset that set the current epoch of instance (``counter``, ``key``), which the value reads, and where
+    its control record sits in the record's partition, when the record does not count toward that epoch
+    (``schemas.resets.counts_after_resets``): it came before the control record, and was counted into an earlier
+    epoch's cell, which shards and tallies keep beside the current one. None when it counts, or no reset
+    covers the instance."""
+    resets = await read_resets(client, counter)
+    epoch = current_epochs(resets).epoch(counter, key)
+    if epoch == 0:
+        return None
+    reset = next(r for r in resets if r.epoch == epoch)
+    point = min((int(row["offset"]) for row in as_dicts(await client.execute(
+        "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
+        [topic, partition, counter, epoch]))), default=None)
+    points = {} if point is None else {(reset.reset_id, topic, partition): point}
+    if counts_after_resets(resets, points, counter, key, topic, partition, offset):
+        return None
+    return reset.reset_id, point
 
 
 async def _mutator_starts(client: CassandraClient, mutators: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
@@ -589,7 +622,12 @@ def _describe(traced: RecordTrace) -> str:
             flushed = (f"{traced.topic}/{traced.partition} is flushed through offset {t.flushed_through} "
                        f"(group {t.group!r}, owner {t.owner})")
             counted = f"counted into {t.key!r}"
-            if t.flushed_through is not None and traced.offset <= t.flushed_through and not t.held:
+            if t.reset is not None:
+                where = (f"not in the value: {flushed}, but the value counts from reset {t.reset}"
+                         + (f", whose control record is at offset {t.reset_offset} of this partition, after it"
+                            if t.reset_offset is not None else
+                            ", which has no control record in this partition: nothing of it counts here"))
+            elif t.flushed_through is not None and traced.offset <= t.flushed_through and not t.held:
                 counted = f"its definition counts it into {t.key!r}"
                 where = (f"not in the value: {flushed}, but no shard written from it holds the counter through this "
                          "offset and the instance has no tally (a counter added to a running group counts from the "

@@ -22,10 +22,12 @@ from countersink.commands.trace import TraceQuery
 from countersink.commands.trace import trace as trace_records
 from countersink.kafka import make_producer
 from countersink.registry import CounterRegistry
+from countersink.resets import reset_counter
 from countersink.schema_registry import SchemaRegistryClient
 from countersink.serve import ReadApi
 from countersink.settings import (
     CassandraSettings,
+    Consistency,
     ConsumerSettings,
     KafkaSettings,
     SchemaRegistrySettings,
@@ -224,6 +226,42 @@ async def test_trace_of_a_record_before_a_counter_was_added_says_it_is_not_in_th
     assert _by_counter(after)["added"]["shards"][0][1] == 1
     person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
     assert "its definition counts it into 'IBM'; not in the value" in person.stdout, person.stdout
+
+
+async def test_trace_of_a_record_before_a_reset_says_the_value_counts_from_the_reset(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path) -> None:
+    """A record counted before a reset of its instance is in the earlier epoch's cell, not in the value, though
+    the mutator that went on past the reset wrote the current epoch's shard through a later offset; a record
+    after the reset's control record is in the value."""
+    topic = await topic_factory(partitions=1)
+    group = f"t{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.format(topic=topic))
+    definitions = load_definitions(counters)
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+        group_id=group, counters_file=counters, flush_interval_s=0.3, health_port=0))
+    async with running(ConsumerService(settings, definitions)):
+        await publish(kafka_settings, topic, [json.dumps(EVENTS[0]).encode()])
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+        async with CassandraClient(cassandra_settings) as client:
+            done = await reset_counter(client, kafka_settings, definitions["trades"], [], "trace-test",
+                                       Consistency.QUORUM, Consistency.QUORUM)
+        await publish(kafka_settings, topic, [json.dumps(EVENTS[4]).encode(),
+                                              json.dumps({**EVENTS[4], "symbol": "IBM", "trade_id": "t5"}).encode()])
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+
+    (before,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    trades = _by_counter(before)["trades"]
+    assert (trades["outcome"], trades["in_value"], trades["shards"]) == ("counted", False, [])
+    assert (trades["reset"], trades["reset_offset"]) == (done.reset.reset_id, 1)  # the control record: offset 1
+    assert trades["value_now"] == 1  # the IBM trade after the reset
+    assert _by_counter(before)["bought"]["in_value"] is True  # not reset
+    (after,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:3")
+    assert _by_counter(after)["trades"]["in_value"] is True
+    assert _by_counter(after)["trades"]["reset"] is None
+    person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    assert f"but the value counts from reset {done.reset.reset_id}, whose control record is at offset 1" in (
+        person.stdout), person.stdout
 
 
 FORMAT_DEFINITIONS = """
