@@ -46,7 +46,7 @@ from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import EventRouter
 from schemas.formats import SchemaCache, decoders
-from schemas.resets import counts_after_resets, current_epochs
+from schemas.resets import cell_name, counts_after_resets, current_epochs
 
 log = get_logger(__name__)
 
@@ -479,18 +479,24 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     counted = [t for t in traces.values() if t.outcome == COUNTED]
     rows: dict[str, list[dict[str, Any]]] = {}  # the partition's ownership row, by group
     reader = CounterReader(client)
-    for trace in counted:
-        trace.group = group = await _counting_group(client, counters, group_of[trace.counter], trace.counter,
-                                                    topic, partition, offset)
+
+    async def owned_by(trace: CounterTrace, group: str) -> None:
+        """The group counting the record, its partition's owner and how far that is flushed."""
         if group not in rows:
             rows[group] = as_dicts(await client.execute(
                 "SELECT owner, committed_offset FROM partitions WHERE consumer_group = ? AND topic = ? "
                 "AND partition = ?", [group, topic, partition]))
         row = rows[group]
+        trace.group, trace.owner, trace.flushed_through = group, None, None
         if row:
             trace.owner = None if row[0]["owner"] is None else str(row[0]["owner"])
             trace.flushed_through = row[0]["committed_offset"]
-            trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
+        trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
+
+    for trace in counted:
+        await owned_by(trace, await _counting_group(client, counters, group_of[trace.counter], trace.counter,
+                                                    topic, partition, offset))
+        flushed_live = trace.in_value
         explained = await reader.explain(trace.counter, trace.key or "")
         # A partition's mutators follow one another through its offsets: the shard with the lowest
         # offset at or past the record is the one whose mutator applied it (unless the GC folded that one), but
@@ -505,19 +511,29 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
         trace.held = bool(trace.shards) or trace.in_tally
         trace.in_value = bool(trace.in_value and trace.held)
         trace.value_now = explained.value
-        if trace.in_value:  # the mutator went past the record, and past any control record before it
-            cleared = await _cleared_by_reset(client, trace.counter, trace.key or "", topic, partition, offset)
-            if cleared is not None:
-                # What holds it is the earlier epoch's cell: the current one's shards do not.
-                (trace.reset, trace.reset_offset), trace.in_value = cleared, False
-                trace.shards, trace.held = [], False
+        if not flushed_live:
+            continue
+        # The mutator went past the record, and past any control record before it.
+        cleared = await _cleared_by_reset(client, trace.counter, trace.key or "", topic, partition, offset)
+        if cleared is None:
+            continue
+        reset, point, epoch = cleared
+        refill = await _reprocessed_by(client, group_of[trace.counter], cell_name(trace.counter, epoch), topic,
+                                       partition, offset, point)
+        if refill is not None:  # a reprocess's backfill counts it again into the reset's epoch
+            await owned_by(trace, refill)
+            trace.in_value = bool(trace.in_value and trace.held)
+        else:
+            # What holds it is the earlier epoch's cell: the current one's shards do not.
+            trace.reset, trace.reset_offset, trace.in_value = reset, point, False
+            trace.shards, trace.held = [], False
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
 
 
 async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, topic: str, partition: int,
-                            offset: int) -> tuple[str, int | None] | None:
+                            offset: int) -> tuple[str, int | None, int] | None:
     """The reset that set the current epoch of instance (``counter``, ``key``), which the value reads, and where
     its control record sits in the record's partition, when the record does not count toward that epoch
     (``schemas.resets.counts_after_resets``): it came before the control record, and was counted into an earlier
@@ -534,7 +550,22 @@ async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, top
     points = {} if point is None else {(reset.reset_id, topic, partition): point}
     if counts_after_resets(resets, points, counter, key, topic, partition, offset):
         return None
-    return reset.reset_id, point
+    return reset.reset_id, point, epoch
+
+
+async def _reprocessed_by(client: CassandraClient, live_group: str, cell: str, topic: str, partition: int,
+                          offset: int, point: int | None) -> str | None:
+    """The group of the reprocess's backfill that counts the record at ``offset`` again into ``cell`` (a reset's
+    epoch), when the reprocess planned a span of the partition holding it: from where its backfill starts up to
+    the reset's control record (the plan's end, or ``point`` while it is not recorded)."""
+    try:
+        planned = (await read_handovers(client, live_group, cell)).get((topic, partition))
+    except Exception:  # a keyspace made before backfills: no reprocess
+        return None
+    end = point if planned is None or planned.offset is None else planned.offset
+    if planned is None or planned.start_offset is None or end is None or not planned.start_offset <= offset < end:
+        return None
+    return backfill_group(live_group, cell)
 
 
 async def _mutator_starts(client: CassandraClient, mutators: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:

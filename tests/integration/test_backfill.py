@@ -16,12 +16,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
 from countersink.backfills import backfill_group, counter_backfill, read_handovers
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import CounterReader, read_state
+from countersink.resets import read_resets
 from countersink.settings import CassandraSettings, KafkaSettings
 from stack.loading import child_env, end_offsets, publish, wait_until_flushed
 from tests.docblocks import doc_block
@@ -93,11 +96,11 @@ def _finish(process: subprocess.Popen[bytes], timeout_s: float = 180) -> str:
     return out.decode()
 
 
-async def _trace_first(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object], topic: str
-                       ) -> dict[str, dict[str, object]]:
-    """``countersink trace`` of offset 0 of partition 0, by counter."""
+async def _trace_first(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object], topic: str,
+                       offset: int = 0) -> dict[str, dict[str, Any]]:
+    """``countersink trace`` of ``offset`` (the first) of partition 0, by counter."""
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "countersink.cli", "trace", "--json",
-                                                    "--topic", topic, "--offset", "0:0"], cwd=REPO,
+                                                    "--topic", topic, "--offset", f"0:{offset}"], cwd=REPO,
                                    env=child_env(kafka, cassandra, consumer=options), capture_output=True, text=True,
                                    timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -228,11 +231,26 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
         await asyncio.sleep(1.1)
         since = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         await asyncio.sleep(1.1)
+        reprocessed_from = (await end_offsets(kafka_settings, {topic: PARTITIONS}))[TopicPartition(topic, 0)]
         await publish(kafka_settings, topic, batches[4][0])
         await flushed()
         out = await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, backfill_options,
                                                         *_doc_commands(after_file, group, since)["reprocess"]))
         assert out.startswith("reset every key of trades_count: epoch 1"), out
+        # trace: a record before --from was counted into epoch 0 only, which the value no longer reads; one after
+        # it (before the reset's control record) is counted again by the reprocess's backfill, and traced there.
+        async with CassandraClient(cassandra_settings) as client:
+            (reset,) = await read_resets(client, "trades_count")
+        traced = await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic)
+        assert traced["trades_count"]["in_value"] is False, traced
+        assert traced["trades_count"]["reset"] == reset.reset_id, traced
+        assert traced["trades_count"]["reset_offset"] > reprocessed_from, traced
+        assert traced["shares_traded"]["in_value"] is True, traced  # not reset
+        again = [await _trace_first(kafka_settings, cassandra_settings, backfill_options, topic,
+                                    offset=reprocessed_from + i) for i in range(5)]
+        counted = next(t["trades_count"] for t in again if t["trades_count"]["outcome"] == "counted")
+        assert counted["group"] == f"{group}.backfill.trades_count@1", counted
+        assert (counted["in_value"], counted["reset"]) == (True, None), counted
         await publish(kafka_settings, topic, batches[5][0])
         await flushed()
         recent = _sum(batches[4][1], batches[5][1])
