@@ -72,6 +72,7 @@ from countersink.commands.trace import TraceQuery, TraceRefusedError
 from countersink.commands.trace import trace as trace_records
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import QuietAppRunner, metrics_handler, problem_response, quiet_accept_errors
+from countersink.kafka import KafkaSecurityError, KafkaUnavailableError
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.reader import CounterReader, read_value, to_jsonable
@@ -395,8 +396,14 @@ class ReadApi:
                     self._traces.release()
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
-        except SchemaRegistryUnavailableError as exc:
+        except (SchemaRegistryUnavailableError, KafkaUnavailableError) as exc:
             raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+        except errors.KafkaError as exc:  # lost while reading the records
+            raise _problem(web.HTTPServiceUnavailable, f"Kafka did not answer the trace's reads: {exc}",
+                           retry_after=2) from None
+        except KafkaSecurityError as exc:  # a grant or a setting of serve's to fix: no retry helps
+            log.error("trace_failed", topic=query.topic, error=str(exc))
+            raise _problem(web.HTTPServiceUnavailable, f"serve cannot read Kafka: {exc}") from None
         except TimeoutError:
             raise _problem(web.HTTPGatewayTimeout, f"the trace did not finish within {TRACE_TIMEOUT_S} s") from None
         return web.json_response({"topic": query.topic, "notes": result.notes,

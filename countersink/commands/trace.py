@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner
 
 from consumer.applying import Applier, Record, RecordSource, RetryWindow
@@ -33,7 +34,7 @@ from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import backfill_group, read_handovers
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.cli import EXIT_FAILED, EXIT_USAGE, instance_key, positive_int, run_async
-from countersink.kafka import make_consumer, start_admin
+from countersink.kafka import KafkaUnavailableError, explain_refusal, make_consumer, start_admin
 from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
@@ -283,8 +284,13 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
     kafka_source = KafkaRecordSource(settings.kafka)
     source: RecordSource = SchemaLoadingSource(kafka_source, loader) if loader.needed else kafka_source
     result = TraceResult([], [])
-    await consumer.start()
     try:
+        try:
+            await consumer.start()
+        except KafkaConnectionError as exc:
+            await explain_refusal(settings.kafka)  # a refusal for good is said as such
+            raise KafkaUnavailableError(f"cannot reach Kafka at {','.join(settings.kafka.bootstrap_servers)}: "
+                                        f"{exc}") from None
         known = await _partitions(settings, (query.topic, settings.consumer.dead_letter_topic))
         partitions = known.get(query.topic, set())
         if not partitions:

@@ -179,6 +179,16 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
             assert unknown.status == 404
             spec = await (await http.get("/openapi.json", headers=auth)).json()
             assert "/trace/{topic}" in spec["paths"]
+        # Kafka away: 503 with Retry-After, as for a registry away (it was a 500, its consumer left unclosed).
+        away = settings.model_copy(update={"kafka": kafka_settings.model_copy(update={
+            "bootstrap_servers": ["127.0.0.1:1"], "request_timeout_ms": 2000})})
+        api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), registry=CounterRegistry(client), tracing=away)
+        async with TestClient(TestServer(api.app())) as http:
+            unreachable = await http.get(f"/trace/{topic}", params={"offset": "0:0"},
+                                         headers={"Authorization": f"Bearer {token}"})
+            assert unreachable.status == 503, await unreachable.text()
+            assert unreachable.headers["Retry-After"] == "2"
+            assert "cannot reach Kafka at 127.0.0.1:1" in (await unreachable.json())["detail"]
 
     # The topic deleted and created again: a record at an offset the old topic was counted through was never
     # counted, and trace cannot tell; it says why instead of tracing the new topic by the old one's rows.
