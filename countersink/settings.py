@@ -517,7 +517,9 @@ class Settings(BaseSettings):
     """Settings shared by every countersink process."""
 
     model_config = SettingsConfigDict(
-        env_prefix="COUNTERSINK_", env_nested_delimiter="__", env_file=".env", extra="ignore", frozen=True
+        env_prefix="COUNTERSINK_", env_nested_delimiter="__", env_file=".env", extra="ignore", frozen=True,
+        # A variable set to "" is unset (its default), as templated manifests leave a value they do not fill.
+        env_ignore_empty=True,
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)

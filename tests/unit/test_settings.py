@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from countersink.cli import settings_problems
-from countersink.settings import Consistency, Settings
+from countersink.settings import CassandraSettings, Consistency, Settings
 
 
 def test_nested_sections_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,12 +28,15 @@ def test_defaults_point_at_loopback() -> None:
     assert settings.cassandra.gc_read_consistency is Consistency.ALL
 
 
-@pytest.mark.parametrize("keyspace", ["Bad", "1abc", "a;DROP KEYSPACE x", "a" * 49, "", "select", "table"])
+@pytest.mark.parametrize("keyspace", ["Bad", "1abc", "a;DROP KEYSPACE x", "a" * 49, "select", "table"])
 def test_keyspace_must_be_a_plain_identifier(monkeypatch: pytest.MonkeyPatch, keyspace: str) -> None:
-    """A keyspace name that is not [a-z][a-z0-9_]{0,47} is refused before it reaches CQL text."""
+    """A keyspace name that is not [a-z][a-z0-9_]{0,47} is refused before it reaches CQL text (an empty variable
+    is unset: the default keyspace; an empty name given otherwise is refused)."""
     monkeypatch.setenv("COUNTERSINK_CASSANDRA__KEYSPACE", keyspace)
     with pytest.raises(ValidationError, match="keyspace"):
         Settings()
+    with pytest.raises(ValidationError, match="keyspace"):
+        CassandraSettings(keyspace="")
 
 
 def test_replication_must_be_a_plain_map(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +107,7 @@ def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: py
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", " , ", "at least 1 item"),
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "a:9092,127.0.0.1:99999", "server 2 of 2 is not HOST:PORT"),
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", ":9092", "server 1 of 1 is not HOST:PORT"),
-    ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "", "at least 1 item"),
+    ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", " ,", "at least 1 item"),
 ])
 def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
         monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str) -> None:
@@ -116,6 +119,18 @@ def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
     (line,) = settings_problems(refused.value)
     assert line.startswith(f"{variable}: ")
     assert reason in line
+
+
+@pytest.mark.parametrize("variable", ["COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT", "COUNTERSINK_SCHEMA_REGISTRY__URL",
+                                      "COUNTERSINK_CASSANDRA__USERNAME", "COUNTERSINK_CONSUMER__FLUSH_INTERVAL_S",
+                                      "COUNTERSINK_CASSANDRA__CONTACT_POINTS", "COUNTERSINK_SERVE__TOKENS"])
+def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    """A manifest template leaves a value it does not fill empty: that is the default, for every setting (a
+    trusted certificate or a registry URL set empty was refused, a user name taken as unset)."""
+    section, _, name = variable.removeprefix("COUNTERSINK_").lower().partition("__")
+    unset = getattr(getattr(Settings(), section), name)
+    monkeypatch.setenv(variable, "")
+    assert getattr(getattr(Settings(), section), name) == unset
 
 
 def test_a_kafka_server_without_a_port_is_kafkas_default(monkeypatch: pytest.MonkeyPatch) -> None:
