@@ -98,6 +98,8 @@ def setting_default(dotted: str) -> str:
     value = getattr(section_class(), name) if section_class is not None else Settings.model_fields[name].default
     variable = "COUNTERSINK_" + "__".join(part.upper() for part in dotted.split("."))
     shown = f"{value:g}s" if name.endswith("_s") and isinstance(value, float) else value
+    if variable in os.environ:  # the help must not show a default the environment overrides (nor its value)
+        return f"(default: {variable}, set in this environment; {shown} where it is not)"
     return f"(default: {shown}, from {variable})"
 
 

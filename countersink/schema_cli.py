@@ -31,14 +31,17 @@ def _replication(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+MAX_WAIT_S = 86_400.0  # a start's wait for the servers: the bound of the settings' startup_timeout_s
+
+
 def _seconds(text: str) -> float:
-    """An argparse type: a number of seconds, 0 or more."""
+    """An argparse type: a number of seconds, 0 to a day (inf and nan refused as numbers past any use)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to {MAX_WAIT_S:.0f}")
     return value
 
 

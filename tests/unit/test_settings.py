@@ -136,3 +136,16 @@ def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch, variable
 def test_a_kafka_server_without_a_port_is_kafkas_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "kafka-1,kafka-2:19092")
     assert Settings().kafka.bootstrap_servers == ["kafka-1", "kafka-2:19092"]
+
+
+def test_an_options_help_names_the_variable_its_environment_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An option's help gives the setting's default, and where the environment sets the variable says so instead
+    of showing a default that is not the one in force (nor the value set)."""
+    from countersink.cli import setting_default
+
+    monkeypatch.delenv("COUNTERSINK_CONSUMER__GROUP_ID", raising=False)
+    assert setting_default("consumer.group_id") == "(default: countersink, from COUNTERSINK_CONSUMER__GROUP_ID)"
+    monkeypatch.setenv("COUNTERSINK_CONSUMER__GROUP_ID", "payments")
+    shown = setting_default("consumer.group_id")
+    assert shown == "(default: COUNTERSINK_CONSUMER__GROUP_ID, set in this environment; countersink where it is not)"
+    assert "payments" not in shown
