@@ -324,7 +324,37 @@ def plain(value: Any) -> Any:
         return str(value)
     if t is bytes or t is bytearray:
         return value.hex()
+    if t is _NoSymbol:
+        raise UnparseableEventError("", f"not an Avro record of its writer schema: {value[1:]}")
     return value
+
+
+class _NoSymbol(str):
+    """What fastavro reads for an enum index outside the enum's symbols, in place of a symbol (_guard_enums)."""
+
+
+# One text for every enum: a reader's enum (perhaps of more symbols, or under an alias) holds the writer's marker.
+_NO_SYMBOL = _NoSymbol("\0an enum index outside its symbols")
+
+
+def _guard_enums(*schemas: Any) -> None:
+    """Make every enum of the parsed ``schemas`` read an index outside its symbols as a :class:`_NoSymbol`, which
+    :func:`plain` refuses: fastavro reads ``symbols[index]``, so a negative index (a malformed record: -1 is one
+    byte, 0x01) read as a symbol counted from the end, and the record was counted under it. Each enum's symbols
+    are followed by as many markers (a writer's and a reader's alike: the reader finds the marker among its own,
+    rather than take its default for it); an index past twice their number still fails in fastavro."""
+    seen: set[int] = set()
+    stack = list(schemas)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict) and id(node) not in seen:
+            seen.add(id(node))
+            if node.get("type") == "enum" and isinstance(node.get("symbols"), list):
+                symbols = node["symbols"]
+                node["symbols"] = [*symbols, *[_NO_SYMBOL] * len(symbols)]
+            stack.extend(node.values())
 
 
 # --- Avro ---------------------------------------------------------------------------------------------------
@@ -333,6 +363,9 @@ def plain(value: Any) -> Any:
 _NEEDS_PLAIN = frozenset({"bytes", "fixed", "timestamp-millis", "timestamp-micros", "timestamp-nanos",
                           "local-timestamp-millis", "local-timestamp-micros", "local-timestamp-nanos", "date",
                           "time-millis", "time-micros", "uuid"})
+
+
+_ENUM = frozenset({"enum"})
 
 
 def _mentions(doc: object, names: frozenset[str]) -> bool:
@@ -512,7 +545,11 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             raise SchemaError(f"not read: {problem}")
         recursive = recursive or holds_itself
     _read_logical_types_as_json_would()
-    needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
+    enums = _mentions(doc, _ENUM) or (reader_doc is not None and _mentions(reader_doc, _ENUM))
+    if enums:
+        _guard_enums(writer, reader)
+    needs_plain = enums or _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc,
+                                                                                                 _NEEDS_PLAIN))
     read = fastavro.schemaless_reader
     if recursive:
         # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion

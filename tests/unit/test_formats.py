@@ -200,6 +200,23 @@ def test_a_union_of_records_holds_several_types_of_event() -> None:
         encode({"page": 5})
 
 
+def test_an_enum_index_outside_its_symbols_is_refused_not_read_from_the_end() -> None:
+    """fastavro reads an enum as ``symbols[index]``: a malformed record's index -1 (the byte 0x01) read as the
+    last symbol and was counted under it. An index outside the symbols is the record's refusal, in a field or an
+    array, with a reader schema whose enum has a default too (which it must not take for it)."""
+    enum = {"type": "enum", "name": "Side", "symbols": ["BUY", "SELL", "HOLD"]}
+    writer = json.dumps({"type": "record", "name": "T", "fields": [
+        {"name": "side", "type": enum}, {"name": "log", "type": {"type": "array", "items": "Side"}}]})
+    reader = json.dumps({"type": "record", "name": "T", "fields": [
+        {"name": "side", "type": {**enum, "symbols": ["BUY", "SELL", "HOLD", "SHORT"], "default": "BUY"}},
+        {"name": "log", "type": {"type": "array", "items": "Side"}}]})
+    for decode in (compile_avro(writer), compile_avro(writer, reader)):
+        assert decode(b"\x04\x02\x02\x00") == {"side": "HOLD", "log": ["SELL"]}
+        for malformed in (b"\x01\x00", b"\x05\x00", b"\x06\x00", b"\x00\x02\x01\x00", b"\x7f\x00"):
+            with pytest.raises(UnparseableEventError, match="not an Avro record of its writer schema"):
+                decode(malformed)
+
+
 def test_a_json_line_writes_an_avro_decimal_from_text_or_a_number() -> None:
     """``publish --format avro`` reads JSON lines, which hold no decimal type: a decimal field (bytes or fixed,
     in a record, an array, a map or a union) is written from a text or a number as the decimal it reads as; one
