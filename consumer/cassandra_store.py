@@ -269,11 +269,12 @@ class CassandraStore:
         # Set once: a second retirement (by a later takeover) must not move the time the GC relies on.
         await self._lwt("UPDATE mutators SET retired_us = ? WHERE id = ? IF retired_us = null", [retired_us, mutator])
 
-    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+    async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str]) -> None:
         # IF EXISTS: a write landing after the GC deleted the row (the process frozen past the mutator's
         # retirement and collection) must not bring back a row without a birth, which the GC would take for a live
         # mutator's. The row's other writes are LWTs too.
-        await self._lwt("UPDATE mutators SET start_offset = ? WHERE id = ? IF EXISTS", [start_offset, mutator])
+        await self._lwt("UPDATE mutators SET start_offset = ?, counters = ? WHERE id = ? IF EXISTS",
+                        [start_offset, sorted(counters), mutator])
 
     async def read_gc_cutoff(self) -> int:
         # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the

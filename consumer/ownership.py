@@ -216,7 +216,7 @@ class Ownership:
         METRICS.ownership_changes.inc()
         METRICS.live_mutators.set(len(self.mutators))
         if warm and claimed.finished:
-            await record_start(self.store, claimed)
+            await record_start(self.store, claimed, self._counting(tp.topic))
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
                                                                      self.clock()), started)
             return mutator
@@ -228,6 +228,9 @@ class Ownership:
         self._takeovers[entry.id] = self.spawn(
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
+
+    def _counting(self, topic: str) -> list[str]:
+        return [c.name for c in self.counters.for_topic(topic)]
 
     async def _claim(self, tp: TopicPartition, from_owner: uuid.UUID | None) -> Claim:
         """Claim ``tp`` for a fresh mutator, retrying while the servers are away. Each attempt goes on with the
@@ -267,7 +270,7 @@ class Ownership:
         if tp.topic in recreated:
             self.topic_recreated(tp, mutator, recreated[tp.topic])
             return
-        await record_start(self.store, claimed)
+        await record_start(self.store, claimed, self._counting(tp.topic))
         # One read per claim, before the mutator applies or writes anything: a hand-over of a counter these
         # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
         # records from the hand-over on (consumer.handovers).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NoReturn
 
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
@@ -522,13 +522,15 @@ async def _replay_window(
     return replayed, len(writes)
 
 
-async def record_start(store: Store, claimed: Claim) -> None:
-    """Record where the claiming mutator starts (:meth:`Store.record_start`), before its first flush:
-    ``countersink trace`` reads it to tell which mutator applied a record (one that started past it did not,
-    whatever its shards hold). Nothing in the protocol depends on it, so a failure is logged and the takeover
-    goes on (that mutator's records are then traced as before starts were recorded)."""
+async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) -> None:
+    """Record where the claiming mutator starts and the ``counters`` it counts on its topic
+    (:meth:`Store.record_start`), before its first flush: ``countersink trace`` reads them to tell which mutator
+    applied a record (one that started past it did not, whatever its shards hold) and whether it counted a
+    counter added since (the GC folds shards without saying). Nothing in the protocol depends on them, so a
+    failure is logged and the takeover goes on (that mutator's records are then traced as before starts were
+    recorded)."""
     try:
-        await store.record_start(claimed.new.id, claimed.start_offset)
+        await store.record_start(claimed.new.id, claimed.start_offset, frozenset(counters))
     except Exception as exc:
         log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
                     mutator=str(claimed.new.id), start_offset=claimed.start_offset, error=repr(exc))

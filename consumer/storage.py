@@ -109,9 +109,10 @@ class Store(Protocol):
 
     async def retire_mutator(self, mutator: uuid.UUID, retired_us: int) -> None: ...
 
-    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
-        """Record the first offset a mutator that claimed its partition applies (its claim's start offset).
-        Nothing in the protocol reads it: ``countersink trace`` does, to tell which mutator applied a record."""
+    async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str]) -> None:
+        """Record the first offset a mutator that claimed its partition applies (its claim's start offset), and
+        the counters it counts there. Nothing in the protocol reads them: ``countersink trace`` does, to tell
+        which mutator applied a record, and whether that one counted a counter (added since, or not)."""
         ...
 
     async def read_gc_cutoff(self) -> int:

@@ -376,8 +376,8 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         next_pause = Backoff().pauses()
         entry = claimed.new  # born later than asked when the partition's last writer's clock was ahead
         start = claimed.start_offset
-        await record_start(store, claimed)
         applier = make_applier()
+        await record_start(store, claimed, (c.name for c in applier.counters.for_topic(span.topic)))
         await applier.warm_up(source, start)
         await finish_take_over(store, source, claimed, make_applier, clock(), on_invalid=replayed_invalid)
         mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,

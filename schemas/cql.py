@@ -277,7 +277,8 @@ def create_tables(keyspace: str) -> list[str]:
             expires_us bigint,
             retired_us bigint,
             collected_us bigint,
-            start_offset bigint
+            start_offset bigint,
+            counters set<text>
         )""",
         # The GC's work list: the instances each mutator wrote, a flush's new ones in a few rows of
         # work_chunk() each, named by a digest of their content, so that a repeated write rewrites the
@@ -401,7 +402,8 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "resets": (("request_key", "text"),),
     # The first offset each mutator applied (consumer.storage.Store.record_start): which mutator applied a record,
     # for countersink trace.
-    "mutators": (("start_offset", "bigint"),),
+    # Where each mutator started, and the counters it counted (consumer.protocol.record_start), for trace.
+    "mutators": (("start_offset", "bigint"), ("counters", "set<text>")),
 }
 
 

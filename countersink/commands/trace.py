@@ -155,6 +155,11 @@ class CounterTrace:
     # that reset's control record in its partition (at reset_offset), or the reset has none there (None).
     reset: str | None = None
     reset_offset: int | None = None
+    # The mutator that applied the record (the last of its group and partition to start at or before it, as each
+    # recorded its start and counters), and whether it counted this counter: one started before the counter was
+    # added did not, whatever the shards and the tally hold now. None: not known (no start recorded).
+    applied_by: str | None = None
+    applier_counts: bool | None = None
 
 
 @dataclasses.dataclass
@@ -499,6 +504,13 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
             trace.flushed_through = row[0]["committed_offset"]
         trace.in_value = trace.flushed_through is not None and offset <= trace.flushed_through
 
+    known_appliers: dict[str, tuple[uuid.UUID, frozenset[str]] | None] = {}
+
+    async def appliers(group: str) -> tuple[uuid.UUID, frozenset[str]] | None:
+        if group not in known_appliers:
+            known_appliers[group] = await _applier(client, group, topic, partition, offset)
+        return known_appliers[group]
+
     for trace in counted:
         await owned_by(trace, await _counting_group(client, counters, group_of[trace.counter], trace.counter,
                                                     topic, partition, offset))
@@ -519,6 +531,13 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
         trace.value_now = explained.value
         if not flushed_live:
             continue
+        applier = await appliers(trace.group or "")
+        if applier is not None:
+            mutator, counting = applier
+            trace.applied_by, trace.applier_counts = str(mutator), trace.counter in counting
+            if not trace.applier_counts:
+                trace.in_value, trace.held, trace.shards = False, False, []
+                continue
         # The mutator went past the record, and past any control record before it.
         cleared = await _cleared_by_reset(client, trace.counter, trace.key or "", topic, partition, offset)
         if cleared is None:
@@ -572,6 +591,44 @@ async def _reprocessed_by(client: CassandraClient, live_group: str, cell: str, t
     if planned is None or planned.start_offset is None or end is None or not planned.start_offset <= offset < end:
         return None
     return backfill_group(live_group, cell)
+
+
+async def _applier(client: CassandraClient, group: str, topic: str, partition: int, offset: int
+                   ) -> tuple[uuid.UUID, frozenset[str]] | None:
+    """The mutator of ``group`` that applied the record at ``offset`` of (``topic``, ``partition``), and the
+    counters it counted: the last to start at or before the offset (each successor starts where the partition
+    was flushed through, replaying what its predecessor left unflushed). None when the starts recorded do not
+    say: none at or before the offset (those before may be collected and forgotten by the GC, or claimed by an
+    earlier version), or that one's counters not recorded. The registry has no index by partition: its rows
+    are read page by page, those of the partition kept."""
+    found: tuple[int, int, uuid.UUID, frozenset[str] | None] | None = None
+    page_state: bytes | None = None
+    try:
+        while True:
+            result = await client.execute(
+                "SELECT id, born_us, start_offset, counters FROM mutators WHERE consumer_group = ? AND topic = ? "
+                "AND partition = ? ALLOW FILTERING", [group, topic, partition], page_size=_REGISTRY_PAGE,
+                page_state=page_state)
+            for row in as_dicts(result):
+                start = row.get("start_offset")
+                if start is None or start > offset:
+                    continue
+                candidate = (int(start), int(row["born_us"] or 0), uuid.UUID(str(row["id"])),
+                             None if row.get("counters") is None else frozenset(row["counters"]))
+                if found is None or candidate[:2] > found[:2]:
+                    found = candidate
+            if not result.has_more_pages():
+                break
+            page_state = result.page_state()
+    except Exception as exc:  # a keyspace whose schema predates the counters column: traced as before
+        log.warning("mutator_counters_unread", error=repr(exc))
+        return None
+    if found is None or found[3] is None:
+        return None
+    return found[2], found[3]
+
+
+_REGISTRY_PAGE = 5000
 
 
 async def _mutator_starts(client: CassandraClient, mutators: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
@@ -659,7 +716,11 @@ def _describe(traced: RecordTrace) -> str:
             flushed = (f"{traced.topic}/{traced.partition} is flushed through offset {t.flushed_through} "
                        f"(group {t.group!r}, owner {t.owner})")
             counted = f"counted into {t.key!r}"
-            if t.reset is not None:
+            if t.applier_counts is False:
+                counted = f"its definition counts it into {t.key!r}"
+                where = (f"not in the value: {flushed}, but mutator {t.applied_by}, which applied it, did not count "
+                         "this counter (added to the group's definitions after that mutator started)")
+            elif t.reset is not None:
                 where = (f"not in the value: {flushed}, but the value counts from reset {t.reset}"
                          + (f", whose control record is at offset {t.reset_offset} of this partition, after it"
                             if t.reset_offset is not None else

@@ -237,6 +237,24 @@ async def test_trace_of_a_record_before_a_counter_was_added_says_it_is_not_in_th
     person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
     assert "its definition counts it into 'IBM'; not in the value" in person.stdout, person.stdout
 
+    # The GC folds both mutators' shards into the instance's tally: the record stays out of the value, since the
+    # mutator that applied it recorded that it did not count the counter (it was reported held by the tally).
+    gc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "countersink.cli", "gc", "--once"],
+                                 cwd=REPO, env=child_env(kafka_settings, cassandra_settings, gc={"grace_s": 0}),
+                                 capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0, gc.stderr
+    (folded,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    added = _by_counter(folded)["added"]
+    assert added["in_tally"] is True, added  # what the GC made of the shards
+    assert added["in_value"] is False, added
+    assert (added["in_value"], added["applier_counts"], added["value_now"]) == (False, False, 1), added
+    assert _by_counter(folded)["trades"]["in_value"] is True
+    (later,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:1")
+    assert (_by_counter(later)["added"]["in_value"], _by_counter(later)["added"]["applier_counts"]) == (True, True)
+    assert _by_counter(later)["added"]["applied_by"] != added["applied_by"]  # the second consumer's mutator
+    person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
+    assert "which applied it, did not count this counter" in person.stdout, person.stdout
+
 
 async def test_trace_of_a_record_before_a_reset_says_the_value_counts_from_the_reset(
         kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory, tmp_path: Path) -> None:

@@ -150,6 +150,7 @@ class MemoryStore:
         # test uses it to say what each shard must contain.
         self.starts: dict[uuid.UUID, int] = {}
         self.recorded_starts: dict[uuid.UUID, int] = {}  # record_start's, for trace
+        self.recorded_counters: dict[uuid.UUID, frozenset[str]] = {}
         # Every partitions row in the order the LWTs applied, for monotonicity checks.
         self.row_history: list[PartitionRow] = []
         # Each key's stamps (schemas.cql): (key, source) -> its cell, written with each shard write. A shard
@@ -356,9 +357,11 @@ class MemoryStore:
             self.mutators[mutator] = dataclasses.replace(record, retired_us=retired_us)
         self._answer(fault, True)
 
-    async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+    async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
+                           ) -> None:
         # Read by trace alone, never by the protocol: not a step the model schedules.
         self.recorded_starts[mutator] = start_offset
+        self.recorded_counters[mutator] = counters
 
     # -------------------------------------------------------------------------------- what the GC uses
 

@@ -259,8 +259,8 @@ def test_a_process_stopped_while_it_claims_leaves_no_orphan(stopped_at: str) -> 
 
 
 def test_each_claim_records_where_its_mutator_starts() -> None:
-    """A first claim and a rotation's each record their mutator's start offset (read by ``countersink trace``),
-    the rotation's from the first offset its predecessor had not flushed."""
+    """A first claim and a rotation's each record their mutator's start offset and the counters it counts (read
+    by ``countersink trace``), the rotation's from the first offset its predecessor had not flushed."""
     store, log = MemoryStore(), _log(6)
     process = _owned_and_flushed(store, log)
     first = process.ownership.mutators[TP]
@@ -272,6 +272,9 @@ def test_each_claim_records_where_its_mutator_starts() -> None:
     assert second is not None
     assert second.id != first.id
     assert store.recorded_starts == {first.id: 0, second.id: 3}
+    counted = frozenset(c.name for c in process.ownership.counters.for_topic(TP.topic))
+    assert counted  # the counters each counts on the topic, recorded with its start
+    assert store.recorded_counters == {first.id: counted, second.id: counted}
 
 
 def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() -> None:
@@ -279,7 +282,8 @@ def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() ->
     from structlog.testing import capture_logs
 
     class Unrecorded(MemoryStore):
-        async def record_start(self, mutator: uuid.UUID, start_offset: int) -> None:
+        async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
+                               ) -> None:
             raise StoreTimeoutError("record_start timed out")
 
     store, log = Unrecorded(), _log(6)
