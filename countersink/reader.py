@@ -461,7 +461,7 @@ class CounterReader:
         if whole:
             groups = [timeseries.Step(first, last, tuple(starts))]
         else:
-            groups = timeseries.steps(definition, starts, first, last, step)
+            groups = timeseries.steps(definition, starts, first, last, step, self.max_range_buckets)
 
         keys = {timeseries.bucket_key(definition, key, bucket): bucket for bucket in starts}
         names = list(keys)

@@ -114,9 +114,12 @@ def bucket_starts(definition: CounterDefinition, start: int, end: int, max_bucke
     return [first + i * size for i in range(count)]
 
 
-def steps(definition: CounterDefinition, starts: list[int], start: int, end: int, step: int | None) -> list[Step]:
+def steps(definition: CounterDefinition, starts: list[int], start: int, end: int, step: int | None,
+          max_points: int) -> list[Step]:
     """Group bucket starts: one step per bucket without ``step``; with it, one per multiple of ``step`` that
-    the range reaches, clipped to the range. ``step`` must be a multiple of the bucket size."""
+    the range reaches, clipped to the range, at most ``max_points`` of them (a range reaching before 1970 has
+    steps where no bucket lies, which the bucket count does not bound). ``step`` must be a multiple of the
+    bucket size."""
     size = bucket_seconds(definition)
     if step is None:
         return [Step(s, s + size, (s,)) for s in starts]
@@ -126,6 +129,10 @@ def steps(definition: CounterDefinition, starts: list[int], start: int, end: int
     for s in starts:
         grouped.setdefault(s // step * step, []).append(s)
     first, out = start // step * step, []
+    count = -(-(end - first) // step)
+    if count > max_points:
+        raise TimeRangeError(f"{utc_text(start)} to {utc_text(end)} holds {count} steps of {_span(step)}; at most "
+                             f"{max_points} points are read at once (COUNTERSINK_READ__MAX_RANGE_BUCKETS)")
     for at in range(first, end, step):
         out.append(Step(max(at, start), min(at + step, end), tuple(grouped.get(at, ()))))
     return out

@@ -89,12 +89,25 @@ def test_steps_group_buckets_at_multiples_of_the_step_clipped_to_the_range() -> 
     hourly = BUCKETED["count"]
     start, end = T0 + 6 * HOUR, T0 + 2 * DAY + 12 * HOUR
     starts = bucket_starts(hourly, start, end, 1000)
-    grouped = steps(hourly, starts, start, end, DAY)
+    grouped = steps(hourly, starts, start, end, DAY, 1000)
     assert [(g.start, g.end, len(g.buckets)) for g in grouped] == [
         (start, T0 + DAY, 18), (T0 + DAY, T0 + 2 * DAY, 24), (T0 + 2 * DAY, end, 12)]
-    assert [len(g.buckets) for g in steps(hourly, starts, start, end, None)] == [1] * 54
+    assert [len(g.buckets) for g in steps(hourly, starts, start, end, None, 1000)] == [1] * 54
     with pytest.raises(TimeRangeError, match="not a whole number of 1h buckets"):
-        steps(hourly, starts, start, end, 90 * 60)
+        steps(hourly, starts, start, end, 90 * 60, 1000)
+
+
+def test_steps_reaching_before_1970_are_bounded_as_buckets_are() -> None:
+    """A range from before 1970 holds few buckets (none lie before it) but one step per step's length from its
+    start: hourly steps from 1900 were 613,610 points (a 63 MB answer), from the year 1 more than a server's
+    memory. More steps than the bucket limit are refused, as more buckets are."""
+    hourly = BUCKETED["count"]
+    start, end = parse_instant("1900-01-01"), parse_instant("1970-01-01T02:00Z")
+    starts = bucket_starts(hourly, start, end, 1000)
+    assert len(starts) == 2
+    with pytest.raises(TimeRangeError, match="holds 613610 steps of 1:00:00; at most 1000 points are read at once"):
+        steps(hourly, starts, start, end, HOUR, 1000)
+    assert len(steps(hourly, starts, parse_instant("1969-12-31T23:00Z"), end, HOUR, 1000)) == 3
 
 
 def test_bucket_keys_are_the_routers() -> None:
@@ -154,9 +167,9 @@ def test_a_range_through_the_last_bucket_of_9999_is_read(size: int) -> None:
     assert (len(starts), starts[-1]) == (DAY // size, end + 1 - size)
     state = new_state(definition)
     state.apply(1)
-    points = roll_up(steps(definition, starts, start, end, None), {starts[-1]: [state]})
+    points = roll_up(steps(definition, starts, start, end, None, 1000), {starts[-1]: [state]})
     assert (points[-1].value, points[-1].end) == (1, datetime.max.replace(tzinfo=UTC))
-    assert roll_up(steps(definition, starts, start, end, DAY), {starts[-1]: [state]})[-1].value == 1
+    assert roll_up(steps(definition, starts, start, end, DAY, 1000), {starts[-1]: [state]})[-1].value == 1
     with pytest.raises(TimeRangeError, match="9999-12-31T00:00Z to 9999-12-31T23:59Z holds"):
         bucket_starts(definition, start, end, 0)
     assert utc_text(starts[-1] + size) == "10000-01-01T00:00Z"
@@ -197,7 +210,7 @@ def test_any_split_into_buckets_merges_back_into_the_whole_stream(events: list[t
         by_start = {s: [state] if (state := bucketed.get((kind, bucket_key(definition, "home", s)))) else []
                     for s in starts}
         if step_hours is not None and kind in ("count", "sum"):
-            for point in roll_up(steps(definition, starts, start, end, step_hours * HOUR), by_start):
+            for point in roll_up(steps(definition, starts, start, end, step_hours * HOUR, 1000), by_start):
                 first, last = point.start.timestamp() - T0, point.end.timestamp() - T0
                 inside = [n for offset, n, _ in events if first <= offset < last]
                 assert point.value == ((len(inside) if kind == "count" else sum(inside)) if inside else None)
