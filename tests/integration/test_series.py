@@ -169,7 +169,9 @@ async def test_series_and_roll_ups_read_the_truth_across_a_gc(
             for params, complaint in (({"from": "2026-11-20T00:00Z"}, "give ?from= and ?to="),
                                       ({"from": "soon", "to": "now"}, "is not a time"),
                                       ({"from": "2026-11-20", "to": "2026-11-23"}, "at most 48"),
-                                      ({"from": "2026-11-20", "to": "2026-11-21", "step": "90m"}, "whole number")):
+                                      ({"from": "2026-11-20", "to": "2026-11-21", "step": "90m"}, "whole number"),
+                                      ({"from": "1900-01-01", "to": "1970-01-01T02:00Z", "step": "1h"},
+                                       "holds 613610 steps of 1:00:00; at most 48 points")):
                 refused = await http.get("/counters/hourly_trades/IBM/series", params=params)
                 assert refused.status == 400
                 assert complaint in (await refused.json())["detail"]
