@@ -133,7 +133,7 @@ def plan_republish(headers: Sequence[tuple[str, bytes | None]], value: bytes | N
     source = (last.get("countersink.source") or b"").decode("utf-8", "replace")
     topic, _, rest = source.partition("/")
     partition_text, _, _ = rest.partition("/")
-    if not topic or not partition_text.isdigit():
+    if not topic or not (partition_text.isascii() and partition_text.isdigit()):
         raise NotRepublishableError(f"no countersink.source header: not a dead letter countersink wrote ({source!r})")
     if f"{TRUNCATED_HEADER}.key" in last or f"{TRUNCATED_HEADER}.headers" in last:
         raise NotRepublishableError("the dead letter's key or headers were cut short: it cannot be sent back as the "

@@ -697,7 +697,7 @@ def _trace_query(request: web.Request) -> TraceQuery:
     if "offset" in query:
         if "key" in query or "scan" in query:
             raise _problem(web.HTTPBadRequest, "key and scan go with event_id")
-        match = re.fullmatch(r"(\d{1,9}):(\d{1,18})", query["offset"])
+        match = re.fullmatch(r"([0-9]{1,9}):([0-9]{1,18})", query["offset"])
         if match is None:
             raise _problem(web.HTTPBadRequest, "offset is PARTITION:OFFSET, like 2:1500")
         return TraceQuery(topic, offset=(int(match.group(1)), int(match.group(2))))
@@ -706,7 +706,7 @@ def _trace_query(request: web.Request) -> TraceQuery:
             key is not None and not 0 < len(key.encode()) <= DEFAULT_MAX_KEY_BYTES):
         raise _problem(web.HTTPBadRequest, f"event_id and key are 1 to {DEFAULT_MAX_KEY_BYTES} bytes")
     scan_text = query.get("scan", "10000")
-    if not scan_text.isdigit() or not 1 <= int(scan_text) <= MAX_TRACE_SCAN:
+    if not (scan_text.isascii() and scan_text.isdigit()) or not 1 <= int(scan_text) <= MAX_TRACE_SCAN:
         raise _problem(web.HTTPBadRequest, f"scan is 1 to {MAX_TRACE_SCAN} records")
     return TraceQuery(topic, event_id=event_id, key=key, scan=int(scan_text))
 

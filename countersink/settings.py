@@ -113,7 +113,7 @@ class KafkaSettings(_Section):
             host, colon, port = server.rpartition(":")
             if not colon:
                 host, port = server, "9092"
-            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
                 raise ValueError(f"server {servers.index(server) + 1} of {len(servers)} is not HOST:PORT with a port "
                                  "of 1 to 65535")
         return servers

@@ -107,7 +107,9 @@ def new_reset_id(counter: str, epoch: int) -> str:
 def row_of_reset_id(reset_id: str) -> tuple[str, int] | None:
     """The (counter, epoch) a :func:`new_reset_id` names, None for a string that is not one."""
     parts = reset_id.split(".")
-    if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > _MAX_EPOCH_DIGITS or not parts[0]:
+    # ASCII digits: isdigit() also takes "²", which int() refuses (a ValueError that stopped the partition).
+    if (len(parts) != 3 or not (parts[1].isascii() and parts[1].isdigit()) or len(parts[1]) > _MAX_EPOCH_DIGITS
+            or not parts[0]):
         return None
     return parts[0], int(parts[1])
 

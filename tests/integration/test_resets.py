@@ -193,8 +193,8 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
 ) -> None:
-    """A record carrying the control header with an id no reset was recorded under changes no value and goes
-    to the dead-letter topic."""
+    """A record carrying the control header with an id no reset was recorded under (or no reset id at all)
+    changes no value and goes to the dead-letter topic."""
     topic = await topic_factory(partitions=PARTITIONS)
     group = f"g{os.urandom(4).hex()}"
     counters = tmp_path / "counters.toml"
@@ -210,8 +210,11 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
         await producer.start()
         try:
             for partition in range(PARTITIONS):
-                await producer.send_and_wait(topic, b"{}", partition=partition,
-                                             headers=[("countersink.control", b"trades.1.forged")])
+                # An epoch of digits int() reads but no reset id has (a superscript two) was a ValueError out of
+                # the consumer's look-up: the partition stopped on the record at every start.
+                for forged in (b"trades.1.forged", "trades.\u00b2.forged".encode()):
+                    await producer.send_and_wait(topic, b"{}", partition=partition,
+                                                 headers=[("countersink.control", forged)])
         finally:
             await producer.stop()
         await _publish(kafka_settings, topic, events[6:])
@@ -220,8 +223,8 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
-    letters = await read_topic(kafka_settings, f"dlq-{group}", at_least=PARTITIONS, within_s=20)
-    assert len(letters) == PARTITIONS
+    letters = await read_topic(kafka_settings, f"dlq-{group}", at_least=2 * PARTITIONS, within_s=20)
+    assert len(letters) == 2 * PARTITIONS
     assert all(dict(r.headers).get("countersink.error") == b"ForgedControlError" for r in letters), [
         r.headers for r in letters]
 

@@ -175,6 +175,10 @@ async def test_trace_tells_counted_retried_filtered_and_dead_lettered_records_ap
             assert body["records"] == found
             bad = await http.get(f"/trace/{topic}", params={"offset": "x"}, headers=auth)
             assert bad.status == 400
+            for params in ({"event_id": "t1", "scan": "\u00b2"}, {"event_id": "t1", "scan": "\u0663"},
+                           {"offset": "\u0660:\u0660"}):  # digits of other scripts: 400 (a superscript was a 500)
+                odd = await http.get(f"/trace/{topic}", params=params, headers=auth)
+                assert odd.status == 400, (params, await odd.text())
             unknown = await http.get("/trace/no-such-topic", params={"offset": "0:0"}, headers=auth)
             assert unknown.status == 404
             spec = await (await http.get("/openapi.json", headers=auth)).json()

@@ -70,7 +70,8 @@ def test_a_successor_knows_the_resets_recorded_below_its_start() -> None:
 def test_a_reset_id_names_its_row_and_anything_else_names_none() -> None:
     reset_id = new_reset_id("trades", 7)
     assert row_of_reset_id(reset_id) == ("trades", 7)
-    for forged in ("", "x", "trades.seven.x", "trades.1", ".1.x", "a.1.b.c"):
+    # "\u00b2" (a superscript two) is a digit to str.isdigit and not to int(): it raised out of the consumer.
+    for forged in ("", "x", "trades.seven.x", "trades.1", ".1.x", "a.1.b.c", "trades.\u00b2.x", "trades.\u0663.x"):
         assert row_of_reset_id(forged) is None
 
 
