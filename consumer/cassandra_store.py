@@ -22,6 +22,7 @@ from schemas.cql import (
     shard_of_cell,
     work_chunk,
 )
+from schemas.resets import split_cell
 
 
 def _uuid(value: object) -> uuid.UUID | None:
@@ -151,8 +152,8 @@ class CassandraStore:
         # the expiry on), and a bucket already past that is not written at all: a late flush or a replay must
         # not bring back part of a bucket that is gone. No row expires after what Cassandra stores (row_ttl:
         # a bucket whose expiry is later expires then, docs/counters.md), so no write is ever refused for it.
-        if self.refused:
-            writes = [w for w in writes if w.counter not in self.refused]
+        if self.refused:  # a write names a cell: the counter's own name, or counter@epoch after a reset
+            writes = [w for w in writes if split_cell(w.counter)[0] not in self.refused]
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
         ttls = {w.expires_at: row_ttl(w.expires_at + grace, now_s) for w in writes if w.expires_at is not None}
         if any(ttl is None for ttl in ttls.values()):
