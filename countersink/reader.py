@@ -456,6 +456,9 @@ class CounterReader:
     async def _points(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
                       step: int | None, *, whole: bool = False) -> list[SeriesPoint]:
         definition = await self._definition(counter)
+        why = timeseries.why_no_series(definition, key)
+        if why is not None:  # it would read buckets no event is counted in, and answer nothing counted
+            raise TimeRangeError(why)
         first, last = _seconds(start), _seconds(end)
         starts = timeseries.bucket_starts(definition, first, last, self.max_range_buckets)
         if whole:

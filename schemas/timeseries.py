@@ -172,6 +172,24 @@ def bucket_key(definition: CounterDefinition, key: str, bucket_start: int) -> st
 
 
 
+def why_no_series(definition: CounterDefinition, key: str) -> str | None:
+    """Why ``key`` names no series of ``definition``, or None when it does: a series is named by a field per key
+    field of the counter (escaped and joined by ``|``), without a bucket; a counter without key fields has one,
+    named by the empty text. A malformed key (a lone ``\\``) is the caller's to refuse."""
+    try:
+        fields = decode_instance_key(key)
+    except MalformedInstanceKeyError:
+        return None
+    if not definition.key:
+        return None if key == "" else (f"counter {definition.name!r} has no key fields: its one series is named by "
+                                       f"the empty text, not {key!r} (serve: /counters/{definition.name}/series)")
+    if len(fields) == len(definition.key):
+        return None
+    return (f"the series of counter {definition.name!r} are named by {len(definition.key)} field"
+            f"{'s' if len(definition.key) > 1 else ''} ({' | '.join(definition.key)}), without a bucket, not "
+            f"{key!r} ({len(fields)}): a | inside a field is written \\|")
+
+
 def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read") -> str | None:
     """Why ``key`` can hold nothing of ``definition``, or None when it can: an instance key has a field per key
     field of the counter (escaped and joined by ``|``; the empty text for a counter without key fields) and, for a

@@ -96,6 +96,11 @@ async def test_a_keyless_counter_is_read_over_http(served: str) -> None:
     status, _, rolled = await _get(served, f"/counters/hourly/series?{span}&rollup=true")
     assert isinstance(rolled, dict)
     assert [point["value"] for point in rolled["points"]] == ["3.25"]
+    # A key given to a counter without key fields names no series (it answered the whole counter's, as "x").
+    status, _, refused = await _get(served, f"/counters/hourly/x/series?{span}")
+    assert status == 400, refused
+    assert isinstance(refused, dict)
+    assert "has no key fields: its one series is named by the empty text" in refused["detail"]
     status, _, spec = await _get(served, "/openapi.json")
     assert isinstance(spec, dict)
     assert {"/counters/{name}", "/counters/{name}/series"} <= set(spec["paths"])

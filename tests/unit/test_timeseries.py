@@ -28,6 +28,7 @@ from schemas.timeseries import (
     steps,
     utc_text,
     why_no_instance,
+    why_no_series,
 )
 
 HOUR, DAY = 3600, 86400
@@ -95,6 +96,21 @@ def test_steps_group_buckets_at_multiples_of_the_step_clipped_to_the_range() -> 
     assert [len(g.buckets) for g in steps(hourly, starts, start, end, None, 1000)] == [1] * 54
     with pytest.raises(TimeRangeError, match="not a whole number of 1h buckets"):
         steps(hourly, starts, start, end, 90 * 60, 1000)
+
+
+def test_a_series_is_named_by_the_key_fields_alone() -> None:
+    """A series key has the counter's key fields, without a bucket; a counter without key fields has one series,
+    named by the empty text. Other keys are refused with the shape they should have (a series of them read every
+    bucket and answered nothing counted, or, without key fields, the counter's one series under their name)."""
+    hourly = BUCKETED["count"]
+    keyless = parse_definitions('[[counter]]\nname = "all"\ntopics = ["t"]\nkind = "count"\n'
+                                'bucket = { field = "at", size = "1h" }\n', "k.toml")["all"]
+    assert why_no_series(hourly, "IBM") is None
+    assert why_no_series(hourly, "a\\|b") is None  # one field holding a |
+    assert why_no_series(hourly, "") is None  # the instance of an empty key field
+    assert "named by 1 field" in (why_no_series(hourly, "IBM|2026-11-22T10:00Z") or "")
+    assert why_no_series(keyless, "") is None
+    assert "has no key fields" in (why_no_series(keyless, "x") or "")
 
 
 def test_steps_reaching_before_1970_are_bounded_as_buckets_are() -> None:
