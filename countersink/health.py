@@ -94,7 +94,9 @@ class QuietRequestHandler(web.RequestHandler):
                       where=where_raised(exc))
         else:
             log.debug("http_request_refused", status=status, error=type(exc).__name__ if exc else None)
-        if self.on_refused is not None:
+        # A request the application routed was counted by its own middleware (serve's _observed), a failure
+        # included; only what never reached it (the parser's refusals) is counted here.
+        if self.on_refused is not None and getattr(request, "_match_info", None) is None:
             self.on_refused(status)
         if request.writer.output_size > 0:  # some of a response went out already: the connection is broken
             raise ConnectionError("response already started; cannot send an error answer")

@@ -435,3 +435,24 @@ def test_values_past_the_largest_double_are_valid_json() -> None:
     values = {"total": total.value(), "points": [float("-inf"), float("nan"), 1.5]}
     assert json.loads(json.dumps(to_jsonable(values), allow_nan=False)) == {
         "total": "Infinity", "points": ["-Infinity", "NaN", 1.5]}
+
+
+async def test_a_failed_request_is_counted_once(served: tuple[str, int]) -> None:
+    """A request that fails in its route (here: the Cassandra client was never started) is a 500 counted under
+    its route by the middleware; it was counted a second time under ``unparsed`` by the runner's error handler,
+    which counts only what the parser refused. A request the parser refuses is still counted there."""
+    from countersink.metrics import METRICS
+
+    def counted(route: str, status: str) -> float:
+        return METRICS.serve_requests.labels(route=route, status=status)._value.get()  # type: ignore[attr-defined,no-any-return]
+
+    routed, unparsed = counted("/counters/{name}/{key}", "500"), counted("unparsed", "500")
+    with capture_logs():
+        status, _, _ = await exchange(served, _request(b"Authorization: Bearer " + TOKEN.encode()))
+    assert status == 500
+    assert counted("/counters/{name}/{key}", "500") == routed + 1
+    assert counted("unparsed", "500") == unparsed
+    refused = counted("unparsed", "400")
+    status, _, _ = await exchange(served, b"GET /\x00 HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert status == 400
+    assert counted("unparsed", "400") == refused + 1
