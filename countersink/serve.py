@@ -1013,8 +1013,10 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
     if counters is not None:
         name_schema["enum"] = sorted(c.name for c in counters.counters)
     # A backslash escapes \ or | only (instance keys, docs/counters.md); the lone backslash names no instance.
+    # JSON Schema counts characters; the server counts the key's UTF-8 bytes (a key of 600 "é" is refused).
+    in_bytes = f"at most {DEFAULT_MAX_KEY_BYTES} bytes of UTF-8 (maxLength bounds its characters)"
     key_schema = {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES,
-                  "pattern": r"^(?:[^\\]|\\[\\|])*$", "not": {"const": "\\"}}
+                  "pattern": r"^(?:[^\\]|\\[\\|])*$", "not": {"const": "\\"}, "description": in_bytes}
     consistency = {"name": "consistency", "in": "query", "required": False,
                    "schema": {"type": "string", "enum": list(Consistency)},
                    "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
@@ -1060,8 +1062,7 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                "counts, min, max, mean and variance; sketches merge with their bounds. At most "
                                "COUNTERSINK_READ__MAX_RANGE_BUCKETS buckets per request.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
-                               {"name": "key", "in": "path", "required": True,
-                                "schema": {"type": "string", "maxLength": DEFAULT_MAX_KEY_BYTES},
+                               {"name": "key", "in": "path", "required": True, "schema": key_schema,
                                 "description": "the instance key without its bucket, URL-encoded"},
                                *range_query],
                 "responses": {"200": {"description": "the points, in time order", "content": {"application/json": {
@@ -1139,8 +1140,11 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 {"name": "offset", "in": "query", "required": False,
                  "schema": {"type": "string", "pattern": "^[0-9]{1,9}:[0-9]{1,18}$"}},
                 {"name": "event_id", "in": "query", "required": False,
-                 "schema": {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES}},
-                {"name": "key", "in": "query", "required": False, "schema": key_schema},
+                 "schema": {"type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES,
+                            "description": in_bytes}},
+                # A record's message key: any text (no instance key's escapes).
+                {"name": "key", "in": "query", "required": False, "schema": {
+                    "type": "string", "minLength": 1, "maxLength": DEFAULT_MAX_KEY_BYTES, "description": in_bytes}},
                 {"name": "scan", "in": "query", "required": False,
                  "schema": {"type": "integer", "minimum": 1, "maximum": MAX_TRACE_SCAN, "default": 10_000}}],
             "responses": {"200": {"description": "what was searched, and each record traced", "content": {

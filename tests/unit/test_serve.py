@@ -456,3 +456,19 @@ async def test_a_failed_request_is_counted_once(served: tuple[str, int]) -> None
     status, _, _ = await exchange(served, b"GET /\x00 HTTP/1.1\r\nHost: test\r\n\r\n")
     assert status == 400
     assert counted("unparsed", "400") == refused + 1
+
+
+def test_the_document_describes_keys_as_the_server_takes_them() -> None:
+    """A series' key is an instance key as a single read's is (the server refuses a lone backslash in both);
+    /trace's key is a record's message key, any text (it took the instance keys' pattern, and the server answers
+    key=%5C); every key's description says it is bounded in bytes (the schema can only count characters)."""
+    spec = openapi_document(ServeSettings(), COUNTERS, tracing=True)
+
+    def key_of(path: str) -> dict[str, object]:
+        (found,) = [p["schema"] for p in spec["paths"][path]["get"]["parameters"] if p["name"] == "key"]
+        return found  # type: ignore[no-any-return]
+
+    assert key_of("/counters/{name}/{key}/series") == key_of("/counters/{name}/{key}")
+    assert "pattern" not in key_of("/trace/{topic}")
+    for path in ("/counters/{name}/{key}", "/trace/{topic}"):
+        assert "at most 1024 bytes of UTF-8" in str(key_of(path)["description"])
