@@ -352,10 +352,10 @@ class ReadApi:
             raise _problem(web.HTTPGatewayTimeout,
                            f"Cassandra did not answer within {self.settings.request_timeout_s}s") from None
         except CassandraOverloadedError as exc:
-            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=1) from None
+            raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=1) from None
         except CassandraUnavailableError as exc:
             # e.g. too few replicas for the consistency level: the caller may retry or ask for a lower level
-            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+            raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
 
     async def _counter(self, request: web.Request) -> str:
         name = request.match_info["name"]
@@ -367,7 +367,7 @@ class ReadApi:
             try:
                 known, _ = await self.registry.lookup(name)
             except CassandraUnavailableError as exc:
-                raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+                raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
             if not known:
                 raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry")
         return name
@@ -397,7 +397,7 @@ class ReadApi:
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
         except (SchemaRegistryUnavailableError, KafkaUnavailableError) as exc:
-            raise _problem(web.HTTPServiceUnavailable, str(exc), retry_after=2) from None
+            raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
         except errors.KafkaError as exc:  # lost while reading the records
             raise _problem(web.HTTPServiceUnavailable, f"Kafka did not answer the trace's reads: {exc}",
                            retry_after=2) from None
@@ -685,6 +685,13 @@ MAX_TRACE_SCAN = 100_000
 TRACE_TIMEOUT_S = 60  # the longest a trace (its wait, Kafka reads, then Cassandra) may take before it answers 504
 MAX_TRACES_WAITING = 4  # traces waiting for the running one; another is answered 503 at once
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _unquoted(exc: Exception) -> str:
+    """A Cassandra error for a client: without the statement the driver's error names (``[SELECT ...]``), which
+    is for the server's log, not for whoever asks."""
+    text = str(exc)
+    return text[:text.rindex(" [")] if text.endswith("]") and " [" in text else text
 
 
 def _trace_query(request: web.Request) -> TraceQuery:
