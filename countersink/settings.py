@@ -603,17 +603,32 @@ def setting_variables() -> frozenset[str]:
     return frozenset(names)
 
 
+def _sections() -> frozenset[str]:
+    return frozenset(name for name, field in Settings.model_fields.items()
+                     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel))
+
+
+def _example_of(section: str) -> str:
+    model: Any = Settings.model_fields[section].annotation
+    return f"{PREFIX}{section.upper()}__{next(iter(model.model_fields)).upper()}"
+
+
 def unknown_variables(environ: Mapping[str, str], dotenv: Iterable[str] = ()) -> list[tuple[str, str]]:
     """``(name, problem)`` for each prefixed variable (of the environment, then of ``.env``) that is neither a
     setting nor one of :data:`NOT_SETTINGS`; the problem names the nearest setting. Values are never read."""
     known = setting_variables()
+    sections = _sections()
     problems = []
     for source, names in (("", environ), (" (in .env)", dotenv)):
         for name in sorted(names):
             upper = name.upper()  # variables are read in any case
             if upper.startswith(PREFIX) and upper not in known and upper not in NOT_SETTINGS:
+                section = upper[len(PREFIX):].lower()
                 nearest = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
                 hint = f"; did you mean {nearest[0]}?" if nearest else " (docs/settings.md lists them)"
+                if section in sections:  # a whole section in one variable (pydantic-settings' JSON form)
+                    hint = (f": a section is set one variable per setting ({upper}__NAME, "
+                            f"{_example_of(section)} for one), not as a whole")
                 problems.append((name, f"not a setting{source}{hint}"))
     return problems
 

@@ -48,6 +48,15 @@ def test_a_misspelt_variable_stops_every_command(command: list[str], variable: s
     assert "value-never-shown" not in done.stdout + done.stderr
 
 
+def test_a_whole_section_in_one_variable_is_refused_saying_how_to_set_it() -> None:
+    """pydantic-settings reads a section as JSON from ``COUNTERSINK_KAFKA``; here it is refused as any variable
+    that is not a setting, saying that a section is set one variable per setting (it suggested
+    COUNTERSINK_KAFKA__CLIENT_ID, the nearest name)."""
+    (problem,) = unknown_variables({"COUNTERSINK_" + "KAFKA": '{"bootstrap_servers": "x:1"}'})
+    assert problem == ("COUNTERSINK_" + "KAFKA", "not a setting: a section is set one variable per setting "
+                       "(COUNTERSINK_" + "KAFKA__NAME, COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS for one), not as a whole")
+
+
 def test_a_misspelt_dotenv_entry_stops_a_command(tmp_path: Path) -> None:
     """An entry of ``.env`` that is not a setting is refused too, naming the file."""
     (tmp_path / ".env").write_text("COUNTERSINK_CASSANDRA__PORT=9042\nCOUNTERSINK_CASANDRA__KEYSPACE=s3cr3t\n"
