@@ -324,8 +324,6 @@ def plain(value: Any) -> Any:
         return str(value)
     if t is bytes or t is bytearray:
         return value.hex()
-    if t is _NoSymbol:
-        raise UnparseableEventError("", f"not an Avro record of its writer schema: {value[1:]}")
     return value
 
 
@@ -339,7 +337,7 @@ _NO_SYMBOL = _NoSymbol("\0an enum index outside its symbols")
 
 def _guard_enums(*schemas: Any) -> None:
     """Make every enum of the parsed ``schemas`` read an index outside its symbols as a :class:`_NoSymbol`, which
-    :func:`plain` refuses: fastavro reads ``symbols[index]``, so a negative index (a malformed record: -1 is one
+    :func:`_enum_check` refuses: fastavro reads ``symbols[index]``, so a negative index (a malformed record: -1 is one
     byte, 0x01) read as a symbol counted from the end, and the record was counted under it. Each enum's symbols
     are followed by as many markers (a writer's and a reader's alike: the reader finds the marker among its own,
     rather than take its default for it); an index past twice their number still fails in fastavro."""
@@ -355,6 +353,79 @@ def _guard_enums(*schemas: Any) -> None:
                 symbols = node["symbols"]
                 node["symbols"] = [*symbols, *[_NO_SYMBOL] * len(symbols)]
             stack.extend(node.values())
+
+
+def _no_symbol(value: Any) -> None:
+    if type(value) is _NoSymbol:
+        raise UnparseableEventError("", f"not an Avro record of its writer schema: {value[1:]}")
+
+
+def _enum_check(schema: Any, named: Mapping[str, Any], made: dict[str, Any] | None = None
+                ) -> Callable[[Any], None] | None:
+    """A function raising for a :class:`_NoSymbol` wherever the decoded value of ``schema`` (parsed) can hold an
+    enum, looking nowhere else (a walk of the whole record doubled a decode's cost); None when it holds none.
+    Each part checks only values of its own type, so a union checks its value with every branch's function."""
+    made = {} if made is None else made
+    if isinstance(schema, str):
+        if schema not in named:
+            return None
+        if schema in made:  # made, or being made: a type holding itself calls it once made
+            return made[schema]  # type: ignore[no-any-return]
+        forward: list[Callable[[Any], None] | None] = [None]
+
+        def later(value: Any) -> None:
+            if forward[0] is not None:
+                forward[0](value)
+        made[schema] = later
+        forward[0] = made[schema] = _enum_check(named[schema], named, made)
+        return forward[0]
+    if isinstance(schema, list):
+        branches = [c for c in (_enum_check(branch, named, made) for branch in schema) if c is not None]
+        if not branches:
+            return None
+
+        def union(value: Any) -> None:
+            for check in branches:
+                check(value)
+        return union
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    if kind == "enum":
+        return _no_symbol
+    if kind == "record":
+        fields = [(f["name"], c) for f in schema.get("fields", ()) if (c := _enum_check(f["type"], named, made))]
+        if not fields:
+            return None
+
+        def record(value: Any) -> None:
+            if type(value) is dict:
+                for name, check in fields:
+                    if (item := value.get(name)) is not None:
+                        check(item)
+        return record
+    if kind == "array":
+        items = _enum_check(schema.get("items"), named, made)
+        if items is None:
+            return None
+
+        def array(value: Any) -> None:
+            if type(value) is list:
+                for item in value:
+                    items(item)
+        return array
+    if kind == "map":
+        values = _enum_check(schema.get("values"), named, made)
+        if values is None:
+            return None
+
+        def mapping(value: Any) -> None:
+            if type(value) is dict:
+                for item in value.values():
+                    values(item)
+        return mapping
+    # A type written as {"type": {...}} or {"type": "Name"} (a primitive's name checks nothing).
+    return _enum_check(kind, named, made) if isinstance(kind, dict | list | str) else None
 
 
 # --- Avro ---------------------------------------------------------------------------------------------------
@@ -531,8 +602,10 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     doc = _json_schema_doc(text, max_bytes, max_depth)
     reader_doc = None if reader_text is None else _json_schema_doc(reader_text, max_bytes, max_depth)
     try:
-        writer = fastavro.parse_schema(doc)
-        reader = None if reader_doc is None else fastavro.parse_schema(reader_doc)
+        writer_named: dict[str, Any] = {}
+        reader_named: dict[str, Any] = {}
+        writer = fastavro.parse_schema(doc, named_schemas=writer_named)
+        reader = None if reader_doc is None else fastavro.parse_schema(reader_doc, named_schemas=reader_named)
     except Exception as exc:  # fastavro raises SchemaParseException, ValueError, KeyError, TypeError...
         raise SchemaError(f"not a valid Avro schema: {exc}") from exc
     if not _records(doc):
@@ -545,11 +618,12 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             raise SchemaError(f"not read: {problem}")
         recursive = recursive or holds_itself
     _read_logical_types_as_json_would()
-    enums = _mentions(doc, _ENUM) or (reader_doc is not None and _mentions(reader_doc, _ENUM))
-    if enums:
+    enum_check = None
+    if _mentions(doc, _ENUM) or (reader_doc is not None and _mentions(reader_doc, _ENUM)):
         _guard_enums(writer, reader)
-    needs_plain = enums or _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc,
-                                                                                                 _NEEDS_PLAIN))
+        # The decoded value has the reader's shape when there is one.
+        enum_check = _enum_check(writer, writer_named) if reader is None else _enum_check(reader, reader_named)
+    needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
     read = fastavro.schemaless_reader
     if recursive:
         # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion
@@ -562,6 +636,8 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             value = read(bytes_io(payload), writer, reader)
             if recursive and not _json_depth_ok(value, max_depth):
                 raise UnparseableEventError("", f"the Avro record is nested deeper than {max_depth}")
+            if enum_check is not None:
+                enum_check(value)
         except RecursionError as exc:
             raise UnparseableEventError("", "the Avro record is nested too deeply") from exc
         except (MemoryError, UnparseableEventError):

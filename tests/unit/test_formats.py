@@ -215,6 +215,18 @@ def test_an_enum_index_outside_its_symbols_is_refused_not_read_from_the_end() ->
         for malformed in (b"\x01\x00", b"\x05\x00", b"\x06\x00", b"\x00\x02\x01\x00", b"\x7f\x00"):
             with pytest.raises(UnparseableEventError, match="not an Avro record of its writer schema"):
                 decode(malformed)
+    # Where else an enum sits: a later branch of a union of records naming it, a map's values, a type holding
+    # itself; only those places are looked at, and each is found.
+    view = {"type": "record", "name": "View", "fields": [{"name": "side", "type": enum}]}
+    order = {"type": "record", "name": "Order", "fields": [
+        {"name": "sides", "type": {"type": "map", "values": "Side"}},
+        {"name": "next", "type": ["null", "Order"], "default": None}]}
+    decode = compile_avro(json.dumps([view, order]))
+    assert decode(b"\x00\x02") == {"side": "SELL"}
+    assert decode(b"\x02\x02\x02a\x04\x00\x00") == {"sides": {"a": "HOLD"}, "next": None}
+    for malformed in (b"\x00\x01", b"\x02\x02\x02a\x01\x00\x00", b"\x02\x00\x02\x02\x02a\x01\x00\x00"):
+        with pytest.raises(UnparseableEventError, match="an enum index outside its symbols"):
+            decode(malformed)
 
 
 def test_a_json_line_writes_an_avro_decimal_from_text_or_a_number() -> None:
