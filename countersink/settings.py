@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -21,6 +22,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas import cql
 from schemas.errors import CountersinkError
+
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]")
+_BARE_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 
 
 def _split_csv(value: Any) -> Any:
@@ -113,9 +117,12 @@ class KafkaSettings(_Section):
             host, colon, port = server.rpartition(":")
             if not colon:
                 host, port = server, "9092"
-            if not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+            # A host name, an IPv4 address or a bracketed IPv6 one: nothing else, so that credentials written into
+            # the address (user:password@host) are refused here rather than echoed by an error naming the server.
+            if (not _HOST.fullmatch(host) or not (port.isascii() and port.isdigit())
+                    or not 1 <= int(port) <= 65535):
                 raise ValueError(f"server {servers.index(server) + 1} of {len(servers)} is not HOST:PORT with a port "
-                                 "of 1 to 65535")
+                                 "of 1 to 65535 (a host name, or an address; no user or password)")
         return servers
 
     @property
@@ -234,6 +241,15 @@ class CassandraSettings(_Section):
     allow_insecure: bool = False
 
     _split = field_validator("contact_points", mode="before")(_split_csv)
+
+    @field_validator("contact_points")
+    @classmethod
+    def _hosts(cls, points: list[str]) -> list[str]:
+        for at, point in enumerate(points, 1):
+            if not _HOST.fullmatch(point) and not _BARE_IPV6.fullmatch(point):
+                raise ValueError(f"contact point {at} of {len(points)} is not a host name or an address (no port, "
+                                 "user or password: the port is COUNTERSINK_CASSANDRA__PORT)")
+        return points
 
     @model_validator(mode="after")
     def _nothing_set_in_vain(self) -> CassandraSettings:

@@ -108,6 +108,9 @@ def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: py
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "a:9092,127.0.0.1:99999", "server 2 of 2 is not HOST:PORT"),
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", ":9092", "server 1 of 1 is not HOST:PORT"),
     ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", " ,", "at least 1 item"),
+    # Credentials written into an address: refused, and never echoed (an error naming the server quoted them).
+    ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "user:hunter2@kafka-1:9092", "no user or password"),
+    ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "c1,user:hunter2@c2", "contact point 2 of 2 is not a host name"),
 ])
 def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
         monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str) -> None:
@@ -119,6 +122,7 @@ def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
     (line,) = settings_problems(refused.value)
     assert line.startswith(f"{variable}: ")
     assert reason in line
+    assert "hunter2" not in line
 
 
 @pytest.mark.parametrize("variable", ["COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT", "COUNTERSINK_SCHEMA_REGISTRY__URL",
