@@ -730,14 +730,14 @@ def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Cal
     """A function from a dict to the Avro payload of schema ``text`` (for ``countersink publish`` and tests);
     raises ValueError for a dict the schema cannot hold."""
     import fastavro
+    from fastavro.validation import ValidationError, validate
 
     doc = _json_schema_doc(text, max_bytes, DEFAULT_MAX_SCHEMA_DEPTH)
+    named: dict[str, Any] = {}
     try:
-        schema = fastavro.parse_schema(doc)
+        schema = fastavro.parse_schema(doc, named_schemas=named)
     except Exception as exc:
         raise SchemaError(f"not a valid Avro schema: {exc}") from exc
-
-    named = schema.get("__named_schemas", {}) if isinstance(schema, dict) else {}
     with_decimals = _holds_decimal(schema, named, set())
 
     def encode(event: Any) -> bytes:
@@ -745,12 +745,34 @@ def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Cal
         try:
             if with_decimals:
                 event = _avro_decimals(schema, event, named)
+            # The writer itself converts what it can (1.5 or true for a long is written 1): a value of another
+            # type than the schema's is refused instead, as the consumer would not read it as written.
+            validate(event, schema, raise_errors=True)
             fastavro.schemaless_writer(out, schema, event, strict_allow_default=True)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except ValidationError as exc:
+            # The field and the types, not the value (a line may hold what a log should not).
+            raise ValueError("not a record of the Avro schema: " + "; ".join(
+                f"{error.field or 'the record'}: {_avro_datum_kind(error.datum, error.schema)} where the schema has "
+                f"{_avro_type_name(error.schema)}" for error in exc.errors[:3])) from None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise ValueError(f"not a record of the Avro schema: {exc}") from None
         return out.getvalue()
 
     return encode
+
+
+def _avro_datum_kind(datum: Any, schema: Any) -> str:
+    if datum is None:
+        return "nothing"
+    if type(datum) is int and schema in ("int", "long"):
+        return f"an integer outside {schema}'s range"
+    return type(datum).__name__
+
+
+def _avro_type_name(schema: Any) -> str:
+    if isinstance(schema, dict):
+        return str(schema.get("logicalType") or schema.get("name") or schema.get("type"))
+    return str(schema)
 
 
 def _is_decimal(schema: Any) -> bool:

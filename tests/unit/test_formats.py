@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -200,6 +201,24 @@ def test_a_union_of_records_holds_several_types_of_event() -> None:
         encode({"page": 5})
 
 
+def test_a_json_line_of_another_type_than_the_avro_schemas_is_refused_not_converted() -> None:
+    """fastavro's writer converts what it can (1.5 or true for a long is written 1, true for a double 1.0), which
+    changed the value counted in silence: a value of another type is refused, naming the field and the types
+    (never the value), as is a long past 2**63 (an OverflowError without a line before)."""
+    encode = avro_encoder(json.dumps({"type": "record", "name": "V", "fields": [
+        {"name": "n", "type": "long"}, {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "f", "type": "double"}]}))
+    assert encode({"n": 1, "at": 2, "f": 3}) == encode({"n": 1, "at": 2, "f": 3.0})  # an integer is a double
+    for event, reason in (({"n": 1.5, "at": 2, "f": 3.0}, "V.n: float where the schema has long"),
+                          ({"n": True, "at": 2, "f": 3.0}, "V.n: bool where the schema has long"),
+                          ({"n": 1, "at": 1.9, "f": 3.0}, "V.at: float where the schema has timestamp-millis"),
+                          ({"n": 1, "at": 2, "f": True}, "V.f: bool where the schema has double"),
+                          ({"n": 2**63, "at": 2, "f": 3.0}, "V.n: an integer outside long's range"),
+                          ({"n": 1, "at": 2}, "V.f: nothing where the schema has double")):
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            encode(event)
+
+
 def test_an_enum_index_outside_its_symbols_is_refused_not_read_from_the_end() -> None:
     """fastavro reads an enum as ``symbols[index]``: a malformed record's index -1 (the byte 0x01) read as the
     last symbol and was counted under it. An index outside the symbols is the record's refusal, in a field or an
@@ -250,7 +269,7 @@ def test_a_json_line_writes_an_avro_decimal_from_text_or_a_number() -> None:
     assert decode(encode({"price": "-99999999999999999.99"}))["price"] == Decimal("-99999999999999999.99")
     for price, reason in (("1.234", "more digits after the point than the decimal's scale \\(2\\)"),
                           ("abc", "not a decimal: 'abc'"), ("NaN", "not a finite decimal"),
-                          (True, "bytes-like object is required")):
+                          (True, "Sale.price: bool where the schema has decimal")):
         with pytest.raises(ValueError, match=reason):
             encode({"price": price})
 
