@@ -59,6 +59,9 @@ def add_dead_letters_arguments(parser: argparse.ArgumentParser) -> None:
                            help="send this event instead of the dead letter's own value (the event fixed; - "
                            "reads standard input)")
     republish.add_argument("--dry-run", action="store_true", help="print what would be sent, send nothing")
+    republish.add_argument("--again", action="store_true",
+                           help="send it even though it was sent back before (counters without event_id count "
+                           "each copy)")
 
 
 def run_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
@@ -80,7 +83,8 @@ def run_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
         if problem is not None:
             log.error("usage_refused", error=f"--payload {args.payload}: {problem}")
             return EXIT_USAGE
-    return run_async(republish(settings, args.partition, args.offset, payload, dry_run=args.dry_run))
+    return run_async(republish(settings, args.partition, args.offset, payload, dry_run=args.dry_run,
+                               again=args.again))
 
 
 def _not_an_event(payload: bytes) -> str | None:
@@ -96,17 +100,24 @@ def _not_an_event(payload: bytes) -> str | None:
     return None
 
 
+# Records of the source partition searched, back from its end, for an earlier copy of the dead letter sent back.
+REPUBLISH_SCAN = 100_000
+
+
 async def republish(settings: Settings, partition: int, offset: int, payload: bytes | None, *,
-                    dry_run: bool = False) -> int:
-    """Read one dead letter and send it back (:func:`consumer.dead_letters.plan_republish` says how)."""
+                    dry_run: bool = False, again: bool = False) -> int:
+    """Read one dead letter and send it back (:func:`consumer.dead_letters.plan_republish` says how), unless it
+    was sent back before (found among the last :data:`REPUBLISH_SCAN` records of its source partition, by the
+    ``countersink.republished-from`` header) and ``again`` is not given: counters without ``event_id`` count
+    every copy."""
     from consumer.dead_letters import plan_republish
 
     topic = settings.consumer.dead_letter_topic
     tp = TopicPartition(topic, partition)
     # A partition the topic lacks: said at once (the consumer's look-up of its offsets waited out its timeout).
     lookup = make_producer(settings.kafka)
-    await lookup.start()
     try:
+        await lookup.start()
         partitions = [number for _, number in await topic_partitions(settings.kafka, lookup, [topic])]
     finally:
         await lookup.stop()
@@ -141,7 +152,30 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
         log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
                   error="no record at that offset (a transaction marker, or compacted away)")
         return EXIT_USAGE
-    plan = plan_republish(found.headers, found.value, found.key, payload, origin=f"{topic}/{partition}/{offset}")
+    origin = f"{topic}/{partition}/{offset}"
+    plan = plan_republish(found.headers, found.value, found.key, payload, origin=origin)
+    # The source partition, as the dead letter's header names it, still there: a forged or stale header is said
+    # as such (the producer asserted on a partition past the topic's, and waited out its timeout for a topic gone).
+    lookup = make_producer(settings.kafka)
+    try:
+        await lookup.start()
+        source = [number for _, number in await topic_partitions(settings.kafka, lookup, [plan.topic])]
+    finally:
+        await lookup.stop()
+    if plan.partition not in source:
+        log.error("source_not_found", dead_letter=origin, error=(
+            f"the dead letter came from {plan.topic}/{plan.partition}, which no longer exists ("
+            + (f"{plan.topic} has {len(source)} partitions)" if source else f"no topic {plan.topic})")))
+        return EXIT_USAGE
+    if not again:
+        # A copy carries the record's own time (plan.timestamp_ms), earlier than the dead letter's.
+        since = min(found.timestamp, plan.timestamp_ms if plan.timestamp_ms is not None else found.timestamp)
+        sent = await _sent_back(settings, TopicPartition(plan.topic, plan.partition), origin, since)
+        if sent is not None:
+            log.error("already_republished", dead_letter=origin, error=(
+                f"{origin} was sent back before, as {sent}: counters without event_id would count it again "
+                "(--again sends it once more)"))
+            return EXIT_USAGE
     restricted = [value.decode(errors="replace") for name, value in plan.headers
                   if name == "countersink.apply-to" and value is not None]
     line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
@@ -156,3 +190,35 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
             await producer.stop()
     print(line)
     return 0
+
+
+async def _sent_back(settings: Settings, tp: TopicPartition, origin: str, since_ms: int) -> str | None:
+    """Where an earlier copy of the dead letter ``origin`` was sent back in ``tp`` (``topic/partition@offset``),
+    looked for from the first record stamped ``since_ms`` or later (a copy is stamped as the record was), at most
+    the last :data:`REPUBLISH_SCAN`; None when none is found there."""
+    wanted = ("countersink.republished-from", origin.encode())
+    consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
+                             isolation_level="read_committed")
+    try:
+        await consumer.start()
+        consumer.assign([tp])
+        low = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        by_time = (await consumer.offsets_for_times({tp: max(0, since_ms)})).get(tp)
+        start = max(low, end - REPUBLISH_SCAN, by_time.offset if by_time is not None else end)
+        if start >= end:
+            return None
+        consumer.seek(tp, start)
+        while True:
+            batch = (await consumer.getmany(tp, timeout_ms=5000)).get(tp, [])
+            if not batch:
+                return None
+            for record in batch:
+                if record.offset >= end:
+                    return None
+                if wanted in list(record.headers or ()):
+                    return f"{tp.topic}/{tp.partition}@{record.offset}"
+            if batch[-1].offset >= end - 1:
+                return None
+    finally:
+        await consumer.stop()

@@ -16,6 +16,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.produce import ProduceRequest
+from structlog.testing import capture_logs
 
 from consumer.applying import Applier, RetryWindow
 from consumer.kafka_source import KafkaRecordSource
@@ -188,6 +189,31 @@ async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_lette
         assert after.values["revenue"] != truth.values["revenue"]
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
         assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
+        # Sent back a second time by mistake: refused (revenue has no event id: it would count the copy), named;
+        # --again sends it.
+        with capture_logs() as logs:
+            assert await republish(settings, letter.partition, letter.offset, json.dumps(fixed).encode()) == 2
+        (refusal,) = [entry for entry in logs if entry["event"] == "already_republished"]
+        assert "was sent back before, as" in refusal["error"]
+        assert await republish(settings, letter.partition, letter.offset, json.dumps(fixed).encode(),
+                               dry_run=True, again=True) == 0
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+        assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
+
+    # A dead letter whose source is gone, or never was (a forged header): said, nothing sent (the producer
+    # asserted on a partition past the topic's, and waited 30 s for a topic that does not exist).
+    producer = make_producer(kafka_settings)
+    await producer.start()
+    try:
+        forged = [await producer.send_and_wait(f"dlq-{group}", b"{}", partition=0, headers=[
+            ("countersink.source", source.encode())]) for source in (f"{topic}/99/0", f"{topic}-gone/0/0")]
+    finally:
+        await producer.stop()
+    for sent, why in zip(forged, ("has 3 partitions", f"no topic {topic}-gone"), strict=True):
+        with capture_logs() as logs:
+            assert await republish(settings, 0, sent.offset, None) == 2
+        (refusal,) = [entry["error"] for entry in logs if entry["event"] == "source_not_found"]
+        assert refusal.endswith(why + ")"), refusal
 
 
 RECORD_COUNTERS = """
