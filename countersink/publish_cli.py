@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from aiokafka.errors import KafkaError
 from pydantic_core import from_json
 
 from countersink.cli import EXIT_USAGE, run_async
@@ -250,10 +251,9 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
     limit = settings.consumer.max_event_bytes
     producer = make_producer(settings.kafka)
     await producer.start()
-    sent = 0
+    acks = _Acknowledged()
     progress = tqdm(unit=" records", desc=f"publish {topic}", file=sys.stderr, disable=not sys.stderr.isatty())
     try:
-        pending: list[asyncio.Future[Any]] = []
         async for number, line in _lines(stream, from_pipe=from_pipe, limit=limit + 2):
             if not line.strip():
                 continue
@@ -262,30 +262,99 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
                 if encoding is not None:
                     value = encoding.value(value)
             except BadLineError as exc:
-                await asyncio.gather(*pending)
-                log.error("line_refused", line=number, error=str(exc), published_before=sent)
-                return EXIT_USAGE
-            pending.append(await producer.send(topic, value, key=key, timestamp_ms=timestamp))
-            sent += 1
+                if await acks.settle():
+                    log.error("line_refused", line=number, error=str(exc), published_before=acks.count)
+                    return EXIT_USAGE
+                return acks.failed()
+            try:
+                acks.pending.append((number, await producer.send(topic, value, key=key, timestamp_ms=timestamp)))
+            except KafkaError as exc:  # refused before sending (a record too large for the producer)
+                acks.failure = acks.failure or (number, exc)
+                await acks.settle()
+                return acks.failed()
             progress.update()
-            if len(pending) >= 10_000:  # bounded: wait for a batch of acknowledgements
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
+            if len(acks.pending) >= 10_000 and not await acks.settle():  # bounded: a batch of acknowledgements
+                return acks.failed()
+        if not await acks.settle():
+            return acks.failed()
+    except asyncio.CancelledError:  # Ctrl-C: what was acknowledged is said, for a run again from that line on
+        await producer.stop()  # sends what it holds, and waits for its answers
+        await acks.settle()
+        log.warning("publish_interrupted", published=acks.count, first_line_not_published=acks.first_unacknowledged(),
+                    note="lines before it were all acknowledged; some after it may have been (keys in other "
+                    "partitions)")
+        raise
     finally:
         progress.close()
         await producer.stop()
-    print(f"published {sent} records to {topic}")
+    print(f"published {acks.count} records to {topic}")
     return 0
 
 
+class _Acknowledged:
+    """The records sent (line number, future), and what Kafka acknowledged of them: said when a run stops early,
+    so that it can be run again from the first line not published (a record Kafka refused fails with the others
+    of its request, which may hold earlier lines)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, asyncio.Future[Any]]] = []
+        self.count = 0
+        self.failure: tuple[int, BaseException] | None = None
+        self.unacknowledged: list[int] = []
+
+    async def settle(self) -> bool:
+        """Wait for every answer; True when all were acknowledged so far."""
+        outcomes = await asyncio.gather(*(future for _, future in self.pending), return_exceptions=True)
+        for (number, _), outcome in zip(self.pending, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                self.unacknowledged.append(number)
+                if self.failure is None or number < self.failure[0]:
+                    self.failure = (number, outcome)
+            else:
+                self.count += 1
+        self.pending.clear()
+        return self.failure is None
+
+    def first_unacknowledged(self) -> int | None:
+        numbers = [number for number, _ in self.pending] + self.unacknowledged
+        return min(numbers) if numbers else None
+
+    def failed(self) -> int:
+        """Say what Kafka refused: the lines of the refused requests (Kafka refuses a request whole, so the line
+        at fault is among them, not always the first), and what was published."""
+        assert self.failure is not None
+        _, exc = self.failure
+        log.error("publish_failed", error=f"{type(exc).__name__}: {exc}"[:500], published=self.count,
+                  first_line_not_published=self.first_unacknowledged(),
+                  lines_not_published=len(self.unacknowledged) + len(self.pending),
+                  note="every line before the first not published was; Kafka refuses a request whole, so the line "
+                  "at fault may be a later one")
+        return 1
+
+
 async def _lines(stream: IO[bytes], *, from_pipe: bool, limit: int) -> Any:
-    """(line number, line) of ``stream``; stdin is read off the event loop, so the producer keeps sending
-    while a pipe or a terminal has nothing new."""
+    """(line number, line) of ``stream``. Standard input is read by the event loop as a pipe, so the producer
+    keeps sending while a pipe or a terminal has nothing new, and Ctrl-C ends a run waiting for a line at once
+    (a thread blocked reading it held the process until the next line came). A line longer than ``limit`` comes
+    as ``limit`` bytes and more, which :func:`parse_record` refuses as too long."""
     number = 0
-    while True:
-        line = await asyncio.to_thread(stream.readline, limit) if from_pipe else stream.readline(limit)
-        if not line:
-            return
+    if from_pipe:
+        reader = asyncio.StreamReader(limit=limit)
+        try:
+            await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), stream)
+        except ValueError:  # a regular file given as standard input: read as a file (it never waits)
+            from_pipe = False
+        else:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # past the limit: the line is refused, and the run stops there
+                    line = b"x" * limit + b"\n"
+                if not line:
+                    return
+                number += 1
+                yield number, line
+    while line := stream.readline(limit):
         number += 1
         yield number, line

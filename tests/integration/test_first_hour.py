@@ -224,3 +224,53 @@ async def test_publish_stops_at_a_bad_line_naming_it(
     assert '"line": 4' in done.stderr
     assert "no field 'id' for the key" in done.stderr
     assert '"published_before": 2' in done.stderr
+
+
+async def test_publish_refused_by_kafka_or_interrupted_says_what_was_published(
+        kafka_settings: KafkaSettings, topic_factory: Callable[..., Awaitable[str]]) -> None:
+    """A record Kafka refuses (a time two hours ahead of the broker's clock) ends ``publish`` with exit 1 naming
+    the line and how many records were published (it said neither, and the records of the refused one's request
+    were not sent); Ctrl-C while it waits on standard input ends it at once, saying what was published (it waited
+    for the next line)."""
+    import json
+
+    from stack.loading import end_offsets
+
+    topic = await topic_factory("publish", partitions=1)
+    env = {**os.environ, "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": ",".join(kafka_settings.bootstrap_servers),
+           "COUNTERSINK_LOG_FORMAT": "json"}
+    ahead = int(time.time() * 1000) + 2 * 3600 * 1000
+    lines = "".join(json.dumps({"id": i, "at": ahead if i == 6 else int(time.time() * 1000)}) + "\n"
+                    for i in range(1, 12))
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "countersink.cli", "publish", topic,
+                                   "--timestamp", "at"], input=lines, cwd=REPO, env=env, capture_output=True,
+                                   text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    (failed,) = [json.loads(line) for line in done.stderr.splitlines() if '"publish_failed"' in line]
+    assert "InvalidTimestampError" in failed["error"]
+    published = sum((await end_offsets(kafka_settings, {topic: 1})).values())
+    assert published < 6  # line 6 at least was not, nor the lines of its request
+    assert failed["published"] == published
+    assert failed["first_line_not_published"] == published + 1  # one partition: the lines before are all in
+
+    waiting = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "countersink.cli", "publish", topic, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO, env=env)
+    try:
+        assert waiting.stdin is not None
+        assert waiting.stderr is not None
+        waiting.stdin.write(b'{"id": 100}\n')
+        await waiting.stdin.drain()
+        deadline = time.monotonic() + 30
+        while sum((await end_offsets(kafka_settings, {topic: 1})).values()) == published:
+            assert time.monotonic() < deadline, "the line was never published"
+            await asyncio.sleep(0.2)
+        waiting.send_signal(signal.SIGINT)
+        err = await asyncio.wait_for(waiting.stderr.read(), 10)  # with standard input still open
+        assert await asyncio.wait_for(waiting.wait(), 10) == 130, err
+    finally:
+        if waiting.returncode is None:
+            waiting.kill()
+            await waiting.wait()
+    (interrupted,) = [json.loads(line) for line in err.decode().splitlines() if '"publish_interrupted"' in line]
+    assert interrupted["published"] == 1
