@@ -136,6 +136,17 @@ async def _known_or_refuse(client: CassandraClient, args: argparse.Namespace) ->
     return False
 
 
+def _unfit(definition: CounterDefinition | bool | None, keys: list[str]) -> bool:
+    """True after one ``usage_refused`` line when a key of ``keys`` can hold nothing of the counter (another
+    number of fields, a bucketed counter's key naming no bucket)."""
+    if not isinstance(definition, CounterDefinition):
+        return False
+    unfit = [why for why in (timeseries.why_no_instance(definition, key) for key in keys) if why]
+    if unfit:
+        log.error("usage_refused", error=unfit[0])
+    return bool(unfit)
+
+
 def _check_range_arguments(args: argparse.Namespace) -> str | None:
     """What is wrong with the range arguments, before anything connects; None when they fit together."""
     ranged = args.start is not None or args.end is not None
@@ -198,11 +209,8 @@ def run_get(args: argparse.Namespace, settings: Settings) -> int:
             definition = await _known_or_refuse(client, args)
             if definition is False:
                 return EXIT_USAGE
-            if isinstance(definition, CounterDefinition):
-                unfit = [why for why in (timeseries.why_no_instance(definition, key) for key in args.keys) if why]
-                if unfit:
-                    log.error("usage_refused", error=unfit[0])
-                    return EXIT_USAGE
+            if _unfit(definition, args.keys):
+                return EXIT_USAGE
             values = await CounterReader(client, args.consistency).get_many(args.counter, args.keys)
         if args.json:
             kind = {"kind": definition.kind} if isinstance(definition, CounterDefinition) else {}
@@ -246,7 +254,9 @@ async def _backfilling(client: CassandraClient, counter: str) -> str | None:
 def run_explain(args: argparse.Namespace, settings: Settings) -> int:
     async def explain() -> int:
         async with CassandraClient(settings.cassandra) as client:
-            if await _known_or_refuse(client, args) is False:
+            definition = await _known_or_refuse(client, args)
+            # A key that can hold nothing is refused as get refuses it (explain answered "(no state)").
+            if definition is False or _unfit(definition, [args.key]):
                 return EXIT_USAGE
             explanation = await CounterReader(client, args.consistency).explain(args.counter, args.key)
             backfilling = await _backfilling(client, args.counter)

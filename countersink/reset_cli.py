@@ -84,6 +84,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def list_resets(settings: Settings, counter: str, *, as_json: bool = False) -> int:
     """Print every recorded reset of ``counter``, oldest first, with who, when and its points."""
     async with CassandraClient(settings.cassandra) as client:
+        known, _ = await CounterRegistry(client).lookup(counter)
+        if not known:  # a mistyped name: said, not listed as a counter without resets
+            log.error("unknown_counter", counter=counter,
+                      error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
+            return EXIT_USAGE
         found = []
         for row in await read_reset_rows(client, counter):
             partitions = row.get("partitions") or {}

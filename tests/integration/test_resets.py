@@ -321,6 +321,14 @@ async def test_a_reset_of_a_bucketed_counter_by_a_key_naming_no_bucket_is_refuse
         assert b": reset 'a|" in done.stderr
     async with CassandraClient(cassandra_settings) as client:
         assert as_dicts(await client.execute("SELECT * FROM resets")) == []
+    # explain refuses the keys get refuses (it answered "(no state)", exit 0), and reset --list a name the registry
+    # lacks (it answered "no reset of ... is recorded", exit 0).
+    for command in (["explain", "hourly", "a"], ["explain", "hourly", "a|b|c"], ["reset", "houryl", "--list"]):
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "countersink.cli", *command], cwd=REPO,
+            capture_output=True, env=child_env(kafka_settings, cassandra_settings), timeout=120, check=False)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert (b"unknown_counter" if "houryl" in command else b"usage_refused") in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("signals", [1, 2])
