@@ -103,13 +103,21 @@ class SchemaRegistryClient:
         try:
             async with self._session.request(method, f"{self.url}{path}", json=body,
                                              headers={"Content-Type": _CONTENT_TYPE} if body else None) as answer:
-                text = await answer.content.read(self.settings.max_schema_bytes * 2 + 65536)
+                # Every chunk up to the bound: read(n) answers what has come so far, which cut a chunked answer
+                # over 64 KiB short (its JSON unreadable: taken for a registry away, a wait for ever).
+                limit = self.settings.max_schema_bytes * 2 + 65536
+                text = b""
+                while len(text) <= limit and (chunk := await answer.content.read(limit + 1 - len(text))):
+                    text += chunk
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise SchemaRegistryUnavailableError(f"schema registry {self.url} cannot be reached: "
                                                  f"{type(exc).__name__}: {exc}") from exc
         if status >= 500 or status == 429:
             raise SchemaRegistryUnavailableError(f"schema registry {self.url} answered {status}")
+        if len(text) > limit:  # a schema (escaped in JSON) past COUNTERSINK_SCHEMA_REGISTRY__MAX_SCHEMA_BYTES
+            raise SchemaError(f"the schema registry's answer to {method} {path} is over {limit} bytes: its schema is "
+                              f"larger than {self.settings.max_schema_bytes} bytes (max_schema_bytes)")
         try:
             import json
 

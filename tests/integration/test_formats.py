@@ -628,3 +628,23 @@ def _views_as_v2(views: list[bytes]) -> list[dict[str, Any]]:
 
     decode = [compile_avro(json.dumps(VIEW_V1), json.dumps(VIEW_V2)), compile_avro(json.dumps(VIEW_V2))]
     return [decode[split_header(raw)[0] - 7](raw[5:]) for raw in views]
+
+
+async def test_a_large_schema_is_read_whole_from_the_registry(schema_registry_url: str) -> None:
+    """An answer over 64 KiB comes in chunks: it was read up to what had come (65,216 bytes of a 140 KB schema,
+    its JSON unreadable), taken for a registry away, and the consumer waited for ever. It is read whole; a schema
+    past max_schema_bytes is a SchemaError (the records naming it are dead letters), not a wait."""
+    from countersink.schema_registry import SchemaError
+
+    fields = [{"name": f"f{i}", "type": ["null", "string"], "default": None, "doc": "d" * 80} for i in range(1200)]
+    text = json.dumps({"type": "record", "name": f"Wide{uuid.uuid4().hex[:8]}", "fields": fields})
+    assert len(text) > 140_000
+    subject = f"wide-{uuid.uuid4().hex[:8]}-value"
+    async with SchemaRegistryClient(SchemaRegistrySettings(url=schema_registry_url)) as client:
+        schema_id = await client.register(subject, "AVRO", text)
+        found = await client.schema_by_id(schema_id)
+    assert found is not None
+    assert json.loads(found[1]) == json.loads(text)
+    async with SchemaRegistryClient(SchemaRegistrySettings(url=schema_registry_url, max_schema_bytes=50_000)) as small:
+        with pytest.raises(SchemaError, match="larger than 50000 bytes"):
+            await small.schema_by_id(schema_id)
