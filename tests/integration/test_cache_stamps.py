@@ -295,7 +295,7 @@ async def test_a_read_of_what_the_cache_does_not_keep_is_one_request(cassandra_s
         assert stamps_reads() == 1
         assert reader.cache.checked_hits == 1 + 24
 
-        small = StateCache(300)  # room for the merges of a few buckets, not a day of them
+        small = StateCache(5000)  # room for the merges of a few buckets (each ~1 KB with its overhead), not 24
         reader = CounterReader(client, cache=small, epochs=epochs)
         asked.clear()
         assert [p.value for p in await reader.series(definition, key, start, start + 24 * HOUR)] == expected
