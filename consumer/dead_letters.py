@@ -24,6 +24,7 @@ log = get_logger(__name__)
 # What a dead letter refused whole is cut to last: far below any broker's smallest message limit.
 LAST_RESORT_BYTES = 1024
 LAST_RESORT_HEADER_BYTES = 16 * 1024  # the record's own headers a last-resort dead letter still carries
+_HEADER_OVERHEAD = 10  # a record header's two varint lengths, at most 5 bytes each
 
 
 class DeadLetterLoopError(CountersinkError):
@@ -208,7 +209,10 @@ class DeadLetters:
         value, key = record.value, record.key
         # The record's own headers are left out of the last attempt only when they are large themselves: a
         # dead letter with them can be republished (with its value fixed), one without them cannot.
-        record_headers = sum(len(name) + len(header or b"") for name, header in headers
+        # Each header costs its two lengths as well (varints, a few bytes): 524,200 empty headers are 0 bytes of
+        # names and values and a megabyte in the record, and were kept, so the last attempt failed too and the
+        # consumer stopped on the record at every start.
+        record_headers = sum(len(name) + len(header or b"") + _HEADER_OVERHEAD for name, header in headers
                              if not name.startswith(HEADER_PREFIX))
         last = headers if record_headers <= LAST_RESORT_HEADER_BYTES else [
             (name, header) for name, header in headers if name.startswith(HEADER_PREFIX)]
