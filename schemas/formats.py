@@ -633,7 +633,11 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
 
     def decode(payload: bytes) -> Any:
         try:
-            value = read(bytes_io(payload), writer, reader)
+            stream = bytes_io(payload)
+            value = read(stream, writer, reader)
+            if stream.tell() != len(payload):  # bytes after the record: not a record of this schema, whole
+                raise UnparseableEventError("", f"not an Avro record of its writer schema: "
+                                                f"{len(payload) - stream.tell()} bytes after the record")
             if recursive and not _json_depth_ok(value, max_depth):
                 raise UnparseableEventError("", f"the Avro record is nested deeper than {max_depth}")
             if enum_check is not None:

@@ -219,6 +219,17 @@ def test_a_json_line_of_another_type_than_the_avro_schemas_is_refused_not_conver
             encode(event)
 
 
+def test_bytes_after_an_avro_record_refuse_it() -> None:
+    """fastavro reads a record and stops: bytes after it (a record of another schema, a payload cut and glued)
+    were ignored and the record counted. They refuse it whole."""
+    text = json.dumps({"type": "record", "name": "T", "fields": [{"name": "sym", "type": "string"}]})
+    payload = avro_encoder(text)({"sym": "IBM"})
+    decode = compile_avro(text)
+    assert decode(payload) == {"sym": "IBM"}
+    with pytest.raises(UnparseableEventError, match="2 bytes after the record"):
+        decode(payload + b"\x00\x01")
+
+
 def test_an_enum_index_outside_its_symbols_is_refused_not_read_from_the_end() -> None:
     """fastavro reads an enum as ``symbols[index]``: a malformed record's index -1 (the byte 0x01) read as the
     last symbol and was counted under it. An index outside the symbols is the record's refusal, in a field or an
