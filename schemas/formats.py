@@ -32,6 +32,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -1167,6 +1168,24 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
 _SCHEMA_CHECKS = decimal.Context(prec=1_000)
 
 
+def _multiple_of(validator: Any, factor: Any, instance: Any, schema: Any) -> Any:
+    """``multipleOf`` on the numbers as written: jsonschema divides floats (0.07 / 0.01 is 7.000000000000001, so
+    0.07 was no multiple of 0.01); a float is taken as its shortest text, as a Decimal, which is exact."""
+    from jsonschema import ValidationError
+
+    if not validator.is_type(instance, "number"):
+        return
+    if isinstance(instance, float) or isinstance(factor, float):
+        # Exact, however large the quotient (1e300 is a multiple of 0.01); NaN and infinities raise: the record's
+        # check cannot decide (its dead letter says so).
+        failed = (Fraction(decimal.Decimal(repr(instance))) / Fraction(decimal.Decimal(repr(factor)))
+                  ).denominator != 1
+    else:
+        failed = bool(instance % factor)
+    if failed:
+        yield ValidationError(f"{instance!r} is not a multiple of {factor}")
+
+
 def _json_schema_validator(text: str, parse: JsonParser) -> Any:
     """A validator of the JSON Schema ``text`` (already bounded and parsed once), or SchemaError for a text that
     is not one: jsonschema raised TypeError or AttributeError for a schema of ``5`` or a ``$schema`` of ``[]``."""
@@ -1181,7 +1200,7 @@ def _json_schema_validator(text: str, parse: JsonParser) -> Any:
     try:
         cls = jsonschema.validators.validator_for(doc)
         cls.check_schema(doc)
-        return cls(doc)
+        return jsonschema.validators.extend(cls, {"multipleOf": _multiple_of})(doc)
     except jsonschema.SchemaError as exc:
         raise SchemaError(f"not a valid JSON Schema: {exc.message}") from exc
     except MemoryError:

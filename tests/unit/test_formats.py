@@ -913,7 +913,13 @@ def test_json_schema_checks_that_cannot_decide_refuse_the_record_not_the_process
     cents = json.dumps({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.01}}})
     checked = compile_json_schema(cents, json.loads, True)
     assert checked(b'{"x": 2.5}') == {"x": 2.5}
-    for value in (b"NaN", b"Infinity", b"1" + b"0" * 400):
+    # The numbers as written: 0.07 / 0.01 in floats is 7.000000000000001, and 0.07 was refused.
+    assert checked(b'{"x": 0.07}') == {"x": 0.07}
+    assert checked(b'{"x": 1e300}') == {"x": 1e300}
+    assert checked(b'{"x": 1' + b"0" * 400 + b"}") == {"x": 10**400}
+    with pytest.raises(InvalidEventError, match=r"is not a multiple of 0\.01"):
+        checked(b'{"x": 0.075}')
+    for value in (b"NaN", b"Infinity"):
         with pytest.raises(InvalidEventError, match="cannot check it"):
             checked(b'{"x": ' + value + b"}")
     exact = compile_json_schema(cents, _parse_decimal, True)
