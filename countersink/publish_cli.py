@@ -215,6 +215,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     form = LineFormat(args.key, None if args.key_separator is None else args.key_separator.encode(),
                       args.timestamp)
     choice = None
+    if args.format == "json" and (args.schema or args.message or args.subject):
+        # A schema given without its format was ignored: the lines went as JSON text to a topic of another format.
+        log.error("usage_refused", error="--schema, --message and --subject go with --format avro, protobuf or "
+                  "json-schema")
+        return EXIT_USAGE
+    if args.format != "protobuf" and args.message:
+        log.error("usage_refused", error="--message names a Protobuf message: it goes with --format protobuf")
+        return EXIT_USAGE
     if args.format != "json":
         if args.schema is None:
             log.error("usage_refused", error=f"--format {args.format} needs --schema FILE")

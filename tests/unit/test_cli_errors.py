@@ -128,6 +128,9 @@ def test_a_refused_password_setting_is_not_echoed() -> None:
     (["schema", "--wait", "nan"], "must be a number of seconds from 0 to 86400"),
     (["schema", "--replication", "{'class': 'x'}; DROP"], "not a plain CQL map"),
     (["topics", "create", "bad topic"], "is not a Kafka topic name"),
+    (["publish", "t", "-", "--schema", "view.avsc"], "--schema, --message and --subject go with --format"),
+    (["publish", "t", "-", "--format", "avro", "--schema", "v.avsc", "--message", "shop.View"],
+     "--message names a Protobuf message"),
     (["nonsense"], "invalid choice"),
 ])
 def test_bad_arguments_are_refused_before_connecting(command: list[str], complaint: str) -> None:
