@@ -37,6 +37,7 @@ from countersink.settings import Settings
 from countersink.topics_cli import _topic_name
 from schemas.bounded import read_text_at_most
 from schemas.errors import CountersinkError
+from schemas.events import DEFAULT_MAX_DEPTH, _too_deep
 from schemas.formats import (
     FORMATS,
     SCHEMA_TYPE,
@@ -128,6 +129,9 @@ def json_event(text: bytes) -> Any:
         raise BadLineError(f"not JSON: {exc}") from None
     if not isinstance(event, dict):
         raise BadLineError("not a JSON object")
+    # As the consumer looks: only a text with more brackets than the bound can pass it.
+    if text.count(b"{") + text.count(b"[") > DEFAULT_MAX_DEPTH and _too_deep(event, DEFAULT_MAX_DEPTH):
+        raise BadLineError(f"nested deeper than {DEFAULT_MAX_DEPTH} levels, which the consumer refuses whole")
     return event
 
 

@@ -283,6 +283,8 @@ def test_publish_sends_each_line_as_written_keyed_by_its_fields(
     # What the consumer's parser refuses whole (a lone surrogate's escape in any field: in the key, it raised
     # UnicodeEncodeError out of the command, exit 1 with no line number): published, then dead-lettered.
     (b'{"symbol": "a", "note": "\\ud800"}', "not JSON"), (b'{"symbol": "\xff"}', "not JSON"),
+    # Nested deeper than the consumer reads (32 levels): it refuses the record whole.
+    (b'{"symbol": "a", "n": ' + b'{"x": ' * 32 + b"1" + b"}" * 32 + b"}", "nested deeper than 32 levels"),
 ])
 def test_publish_refuses_a_line_it_cannot_send(line: bytes, reason: str) -> None:
     """A line that is not a JSON object, too long, or without its key field is refused with the reason."""
