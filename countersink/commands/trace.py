@@ -45,9 +45,9 @@ from countersink.settings import ConsumerSettings, Settings
 from countersink.topic_ids import recreated_topics
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
-from schemas.events import EventRouter
+from schemas.events import APPLY_TO_HEADER, EventRouter, apply_to
 from schemas.formats import SchemaCache, decoders
-from schemas.resets import cell_name, counts_after_resets, current_epochs
+from schemas.resets import cell_name, control_reset_id, counts_after_resets, current_epochs, row_of_reset_id
 
 log = get_logger(__name__)
 
@@ -57,6 +57,7 @@ FILTERED = "filtered"
 LATE = "late"
 NOT_APPLICABLE = "not_applicable"
 DEAD_LETTERED = "dead_lettered"
+CONTROL = "control_record"  # a reset's control record: no event, counted by no counter
 
 # Records found by --event-id that are traced at most (an original and its retries are a few).
 MAX_MATCHES = 20
@@ -103,6 +104,7 @@ def route_decisions(counters: CounterSet, limits: ConsumerSettings, decoders: De
         except InvalidEventError as exc:
             why = f"{type(exc).__name__} at {exc.path or '<event>'}: {exc.reason}"
             return {c.name: Decision(c.name, DEAD_LETTERED, reason=why) for c in on_topic}
+        only = apply_to(record.headers) if record.headers else None
         counted = {update.counter: update for update in decision.updates}
         refused = {exc.counter: exc for exc in decision.refusals}
         skipped = dict(decision.not_applicable)
@@ -120,6 +122,10 @@ def route_decisions(counters: CounterSet, limits: ConsumerSettings, decoders: De
             elif c.name in late:
                 decisions[c.name] = Decision(c.name, LATE, reason="its bucket's retention had ended when the "
                                              "record was written")
+            elif only is not None and c.name not in only:
+                decisions[c.name] = Decision(c.name, FILTERED, reason=(
+                    f"{APPLY_TO_HEADER} names {', '.join(sorted(only)) or 'no counter'}, not this one (a dead "
+                    "letter sent back for the counters that refused it)"))
             else:
                 where = ", ".join(f"{path} in {list(allowed)}" for path, allowed in sorted(c.where.items()))
                 decisions[c.name] = Decision(c.name, FILTERED, reason=f"where {where}" if where else None)
@@ -469,6 +475,17 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     value: bytes = message.value or b""
     decide = route_decisions(counters, limits, decoders)
     headers = tuple((name, bytes(v) if v is not None else None) for name, v in (message.headers or ()))
+    key = message.key
+    reset_id = control_reset_id(headers)
+    if reset_id is not None:  # a reset's control record, as the consumer's applier classifies one: no event
+        controls = await _control(client, counters, topic, reset_id)
+        if any(t.outcome == DEAD_LETTERED for t in controls):
+            held = await _dead_letter_of(consumer, limits.dead_letter_topic, dead_letter_partitions,
+                                         f"{topic}/{partition}/{offset}")
+            for t in controls:
+                t.dead_letter = held
+        return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
+                           message.timestamp, len(value), controls)
     decisions = decide(topic, Record(offset, value, message.timestamp, message.key, headers), partition)
     traces = {name: CounterTrace(name, d.outcome, d.key, d.event_id, d.reason) for name, d in decisions.items()}
     if any(d.outcome == COUNTED and d.event_id is not None for d in decisions.values()):
@@ -555,6 +572,25 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
     key = message.key
     return RecordTrace(topic, partition, offset, None if key is None else key.decode("utf-8", "replace"),
                        message.timestamp, len(value), list(traces.values()))
+
+
+async def _control(client: CassandraClient, counters: CounterSet, topic: str, reset_id: str) -> list[CounterTrace]:
+    """What a control record is to each counter on ``topic``: a recorded reset of one of them (CONTROL), a
+    recorded reset of a counter these definitions do not keep (FILTERED), or forged (DEAD_LETTERED), as the
+    consumer's applier decides it."""
+    on_topic = counters.for_topic(topic)
+    where = row_of_reset_id(reset_id) if reset_id else None
+    reset = None
+    if where is not None:
+        reset = next((r for r in await read_resets(client, where[0]) if r.reset_id == reset_id), None)
+    if reset is not None and any(c.name == reset.counter for c in on_topic):
+        why = f"the control record of reset {reset_id} of {reset.counter} (epoch {reset.epoch}): no event"
+        return [CounterTrace(c.name, CONTROL, reason=why) for c in on_topic]
+    if reset is not None and counters.get(reset.counter) is None:
+        why = f"the control record of reset {reset_id} of {reset.counter}, a counter these definitions lack"
+        return [CounterTrace(c.name, FILTERED, reason=why) for c in on_topic]
+    why = f"ForgedControlError: control record {reset_id!r} names no recorded reset of a counter on {topic}"
+    return [CounterTrace(c.name, DEAD_LETTERED, reason=why) for c in on_topic]
 
 
 async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, topic: str, partition: int,
@@ -743,6 +779,8 @@ def _describe(traced: RecordTrace) -> str:
         elif t.outcome == RETRY:
             text = (f"dropped as a retry of offset {t.retry_of}: {t.reason}" if t.retry_of is not None
                     else f"dropped as a retry: {t.reason}")
+        elif t.outcome == CONTROL:
+            text = t.reason or "a reset's control record"
         elif t.outcome == FILTERED:
             text = "filtered out" + (f" ({t.reason})" if t.reason else "")
         elif t.outcome == DEAD_LETTERED:

@@ -209,12 +209,13 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
         producer = make_producer(kafka_settings)
         await producer.start()
         try:
+            sent = []
             for partition in range(PARTITIONS):
                 # An epoch of digits int() reads but no reset id has (a superscript two) was a ValueError out of
                 # the consumer's look-up: the partition stopped on the record at every start.
                 for forged in (b"trades.1.forged", "trades.\u00b2.forged".encode()):
-                    await producer.send_and_wait(topic, b"{}", partition=partition,
-                                                 headers=[("countersink.control", forged)])
+                    sent.append(await producer.send_and_wait(topic, b"{}", partition=partition,
+                                                             headers=[("countersink.control", forged)]))
         finally:
             await producer.stop()
         await _publish(kafka_settings, topic, events[6:])
@@ -225,6 +226,17 @@ async def test_a_forged_control_record_is_dead_lettered_and_resets_nothing(
         process.wait(timeout=60)
     letters = await read_topic(kafka_settings, f"dlq-{group}", at_least=2 * PARTITIONS, within_s=20)
     assert len(letters) == 2 * PARTITIONS
+    # trace says what the consumer did with one: dead-lettered as forged, for every counter (it routed the
+    # record's value as an event: "counted", or a retry).
+    traced = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "trace", "--json", "--topic", topic, "--offset",
+                         f"{sent[0].partition}:{sent[0].offset}"], cwd=REPO, capture_output=True, text=True,
+        env=child_env(kafka_settings, cassandra_settings, consumer={"dead_letter_topic": f"dlq-{group}",
+                                                                    "group_id": group}), timeout=120)
+    assert traced.returncode == 0, traced.stderr
+    record = next(json.loads(line) for line in traced.stdout.splitlines() if line.startswith("{"))
+    assert {c["outcome"] for c in record["counters"]} == {"dead_lettered"}, record
+    assert all("ForgedControlError" in c["reason"] and c["dead_letter"] for c in record["counters"]), record
     assert all(dict(r.headers).get("countersink.error") == b"ForgedControlError" for r in letters), [
         r.headers for r in letters]
 

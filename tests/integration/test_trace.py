@@ -291,6 +291,9 @@ async def test_trace_of_a_record_before_a_reset_says_the_value_counts_from_the_r
     (after,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:3")
     assert _by_counter(after)["trades"]["in_value"] is True
     assert _by_counter(after)["trades"]["reset"] is None
+    (control,) = await _traced(kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:1")
+    assert {c["outcome"] for c in control["counters"]} == {"control_record"}, control  # no event: counted nowhere
+    assert done.reset.reset_id in _by_counter(control)["trades"]["reason"]
     person = await asyncio.to_thread(_trace, kafka_settings, cassandra_settings, "--topic", topic, "--offset", "0:0")
     assert f"but the value counts from reset {done.reset.reset_id}, whose control record is at offset 1" in (
         person.stdout), person.stdout

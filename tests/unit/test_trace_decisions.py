@@ -59,6 +59,14 @@ def test_each_counter_gets_the_routers_outcome() -> None:
     assert skipped == {"bought": (NOT_APPLICABLE, "key_missing"), "hourly": (NOT_APPLICABLE, "key_missing")}
     whole = DECIDE("trades", Record(0, b"not json", ts * 1000), 0)
     assert {name: d.outcome for name, d in whole.items()} == {"bought": DEAD_LETTERED, "hourly": DEAD_LETTERED}
+    # A dead letter sent back for "hourly" alone: "bought" filters it out for that header, not for its where
+    # (the reason said "where side in ['buy']" of a record whose side is buy).
+    event = {"id": "f", "symbol": "IBM", "side": "buy", "qty": 5, "ts": ts}
+    back = DECIDE("trades", Record(0, json.dumps(event).encode(), ts * 1000, None,
+                                   (("countersink.apply-to", b"hourly"),)), 0)
+    assert (back["bought"].outcome, back["hourly"].outcome) == (FILTERED, COUNTED)
+    assert back["bought"].reason is not None
+    assert back["bought"].reason.startswith("countersink.apply-to names hourly, not this one")
 
 
 @pytest.mark.parametrize(("query", "ok"), [
