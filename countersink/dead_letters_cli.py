@@ -11,11 +11,12 @@ counter. docs/operations.md, Dead letters, shows the steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from countersink.cli import EXIT_USAGE, MAX_OPTION_INT, HelpFormatter, run_async
 from countersink.kafka import make_consumer, make_producer, topic_partitions
@@ -115,24 +116,13 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
     topic = settings.consumer.dead_letter_topic
     tp = TopicPartition(topic, partition)
     # A partition the topic lacks: said at once (the consumer's look-up of its offsets waited out its timeout).
-    lookup = make_producer(settings.kafka)
-    try:
-        await lookup.start()
-        partitions = [number for _, number in await topic_partitions(settings.kafka, lookup, [topic])]
-    finally:
-        await lookup.stop()
+    partitions = await _partitions_of(settings, topic)
     if partition not in partitions:
         log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
                   error=f"{topic} has {len(partitions)} partitions" + (
                       f" (0..{max(partitions)})" if partitions else ": is it the dead-letter topic?"))
         return EXIT_USAGE
-    consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
-                             isolation_level="read_committed")
-    try:
-        await consumer.start()
-        consumer.assign([tp])
-        low = (await consumer.beginning_offsets([tp]))[tp]
-        high = (await consumer.end_offsets([tp]))[tp]
+    async with _reading(settings, tp) as (consumer, low, high):
         if not low <= offset < high:
             log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
                       error=f"{topic}/{partition} holds " + (f"offsets {low}..{high - 1}" if high > low else
@@ -146,8 +136,6 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
                 break
             if batch[0].offset >= offset:
                 found = batch[0]
-    finally:
-        await consumer.stop()
     if found is None or found.offset != offset:
         log.error("dead_letter_not_found", topic=topic, partition=partition, offset=offset,
                   error="no record at that offset (a transaction marker, or compacted away)")
@@ -156,12 +144,7 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
     plan = plan_republish(found.headers, found.value, found.key, payload, origin=origin)
     # The source partition, as the dead letter's header names it, still there: a forged or stale header is said
     # as such (the producer asserted on a partition past the topic's, and waited out its timeout for a topic gone).
-    lookup = make_producer(settings.kafka)
-    try:
-        await lookup.start()
-        source = [number for _, number in await topic_partitions(settings.kafka, lookup, [plan.topic])]
-    finally:
-        await lookup.stop()
+    source = await _partitions_of(settings, plan.topic)
     if plan.partition not in source:
         log.error("source_not_found", dead_letter=origin, error=(
             f"the dead letter came from {plan.topic}/{plan.partition}, which no longer exists ("
@@ -197,13 +180,7 @@ async def _sent_back(settings: Settings, tp: TopicPartition, origin: str, since_
     looked for from the first record stamped ``since_ms`` or later (a copy is stamped as the record was), at most
     the last :data:`REPUBLISH_SCAN`; None when none is found there."""
     wanted = ("countersink.republished-from", origin.encode())
-    consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
-                             isolation_level="read_committed")
-    try:
-        await consumer.start()
-        consumer.assign([tp])
-        low = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
+    async with _reading(settings, tp) as (consumer, low, end):
         by_time = (await consumer.offsets_for_times({tp: max(0, since_ms)})).get(tp)
         start = max(low, end - REPUBLISH_SCAN, by_time.offset if by_time is not None else end)
         if start >= end:
@@ -220,5 +197,27 @@ async def _sent_back(settings: Settings, tp: TopicPartition, origin: str, since_
                     return f"{tp.topic}/{tp.partition}@{record.offset}"
             if batch[-1].offset >= end - 1:
                 return None
+    return None
+
+
+async def _partitions_of(settings: Settings, topic: str) -> list[int]:
+    """The partitions of ``topic`` (none when it does not exist), asked without waiting out a look-up."""
+    lookup = make_producer(settings.kafka)
+    try:
+        await lookup.start()
+        return [number for _, number in await topic_partitions(settings.kafka, lookup, [topic])]
+    finally:
+        await lookup.stop()
+
+
+@contextlib.asynccontextmanager
+async def _reading(settings: Settings, tp: TopicPartition) -> AsyncIterator[tuple[AIOKafkaConsumer, int, int]]:
+    """A consumer of ``tp`` alone (read committed, no group), with the partition's first and end offsets."""
+    consumer = make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="none",
+                             isolation_level="read_committed")
+    try:
+        await consumer.start()
+        consumer.assign([tp])
+        yield consumer, (await consumer.beginning_offsets([tp]))[tp], (await consumer.end_offsets([tp]))[tp]
     finally:
         await consumer.stop()
