@@ -32,7 +32,7 @@ from pydantic_core import from_json
 from countersink.cli import EXIT_USAGE, run_async
 from countersink.kafka import make_producer, missing_topics
 from countersink.logs import get_logger
-from countersink.schema_registry import SchemaRegistryClient
+from countersink.schema_registry import SchemaRegistryClient, SchemaRegistryUnavailableError
 from countersink.settings import Settings
 from countersink.topics_cli import _topic_name
 from schemas.bounded import read_text_at_most
@@ -255,6 +255,9 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
     if schema is not None:
         try:
             encoding = await register(settings, topic, schema)
+        except SchemaRegistryUnavailableError as exc:  # a server away: exit 1, as for Kafka (docs/running.md)
+            log.error("schema_registry_unavailable", error=str(exc))
+            return 1
         except (OSError, UnicodeDecodeError, CountersinkError) as exc:
             log.error("schema_refused", error=str(exc))
             return EXIT_USAGE

@@ -564,6 +564,12 @@ async def test_publish_refuses_a_line_its_schema_cannot_hold(
                                         capture_output=True, text=True, timeout=60)
     assert no_schema.returncode == 2
     assert "needs --schema FILE" in no_schema.stderr
+    # A registry that does not answer is a server away: exit 1, as the exit codes' table says (it was 2).
+    away = {**env, "COUNTERSINK_SCHEMA_REGISTRY__URL": "http://127.0.0.1:9/apis/ccompat/v7"}
+    unreachable = await asyncio.to_thread(subprocess.run, [*base, "--format", "avro", "--schema", "view.avsc"],
+                                          cwd=tmp_path, env=away, capture_output=True, text=True, timeout=120)
+    assert unreachable.returncode == 1, unreachable.stderr
+    assert "schema_registry_unavailable" in unreachable.stderr
 
 
 async def test_publish_writes_avro_decimals_from_json_lines(
