@@ -135,7 +135,9 @@ def plan_republish(headers: Sequence[tuple[str, bytes | None]], value: bytes | N
     topic, _, rest = source.partition("/")
     partition_text, _, _ = rest.partition("/")
     if not topic or not (partition_text.isascii() and partition_text.isdigit()):
-        raise NotRepublishableError(f"no countersink.source header: not a dead letter countersink wrote ({source!r})")
+        raise NotRepublishableError(
+            (f"its countersink.source header is not TOPIC/PARTITION/OFFSET ({source[:200]!r})" if source else
+             "no countersink.source header") + ": not a dead letter countersink wrote")
     if f"{TRUNCATED_HEADER}.key" in last or f"{TRUNCATED_HEADER}.headers" in last:
         raise NotRepublishableError("the dead letter's key or headers were cut short: it cannot be sent back as the "
                                     "record was (countersink.source names the record, to publish again by hand)")

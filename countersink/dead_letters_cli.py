@@ -80,12 +80,21 @@ def run_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
             log.error("usage_refused", error=f"the payload is larger than {limit} bytes "
                       "(COUNTERSINK_CONSUMER__MAX_EVENT_BYTES)")
             return EXIT_USAGE
+        payload = _as_event(payload)
         problem = _not_an_event(payload)
         if problem is not None:
             log.error("usage_refused", error=f"--payload {args.payload}: {problem}")
             return EXIT_USAGE
     return run_async(republish(settings, args.partition, args.offset, payload, dry_run=args.dry_run,
                                again=args.again))
+
+
+def _as_event(payload: bytes) -> bytes:
+    """A JSON payload as ``publish`` takes a line: without a byte-order mark or the file's last newline (a
+    payload in a schema registry's wire format, its magic byte first, is sent as it is)."""
+    if payload[:1] == b"\x00":
+        return payload
+    return payload.removeprefix(b"\xef\xbb\xbf").removesuffix(b"\n").removesuffix(b"\r")
 
 
 def _not_an_event(payload: bytes) -> str | None:
@@ -141,7 +150,8 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
                   error="no record at that offset (a transaction marker, or compacted away)")
         return EXIT_USAGE
     origin = f"{topic}/{partition}/{offset}"
-    plan = plan_republish(found.headers, found.value, found.key, payload, origin=origin)
+    plan = plan_republish(found.headers, found.value, found.key, None if payload is None else _as_event(payload),
+                          origin=origin)
     # The source partition, as the dead letter's header names it, still there: a forged or stale header is said
     # as such (the producer asserted on a partition past the topic's, and waited out its timeout for a topic gone).
     source = await _partitions_of(settings, plan.topic)

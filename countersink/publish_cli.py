@@ -175,8 +175,8 @@ class Encoding:
         event = json_event(line.removeprefix(_BOM))
         try:
             payload = self.encode(event)
-        except ValueError as exc:
-            raise BadLineError(str(exc)[:500]) from None
+        except ValueError as exc:  # one line (protoc's and jsonschema's texts hold newlines)
+            raise BadLineError(" ".join(str(exc).split())[:500]) from None
         return frame(self.schema_id, payload, self.indexes)
 
 
@@ -270,7 +270,7 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
     progress = tqdm(unit=" records", desc=f"publish {topic}", file=sys.stderr, disable=not sys.stderr.isatty())
     try:
         async for number, line in _lines(stream, from_pipe=from_pipe, limit=limit + 2):
-            if not line.strip():
+            if not line.removeprefix(_BOM).strip():  # an empty line (a file saved with a BOM and no line)
                 continue
             try:
                 value, key, timestamp = parse_record(line, form, limit)

@@ -181,7 +181,10 @@ async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_lette
                      and json.loads(records[i].value).get("user") in ("u1", "u2", "u3"))
         letter = by_source[f"{topic}/{where[index][0]}/{where[index][1]}"]
         fixed = {**json.loads(records[index].value), "amount": 1000}
-        assert await republish(settings, letter.partition, letter.offset, json.dumps(fixed).encode()) == 0
+        # As an editor saves it: a byte-order mark and a last newline, which publish drops from a line (the
+        # payload was refused for the first and sent with the second).
+        assert await republish(settings, letter.partition, letter.offset,
+                               b"\xef\xbb\xbf" + json.dumps(fixed).encode() + b"\n") == 0
         again = [*records, TruthRecord(json.dumps(fixed).encode(), partition=records[index].partition,
                                        headers=[("countersink.apply-to", b"revenue,biggest_order")])]
         after = per_counter_truth(counters, topic, again)

@@ -101,5 +101,7 @@ def test_a_dead_letter_never_delivered_keeps_every_later_delivery_failing() -> N
 def test_a_source_header_whose_partition_is_no_ascii_number_is_not_republished(source: str) -> None:
     """``countersink.source`` names the partition in ASCII digits; a header of other digits (a superscript two,
     which str.isdigit takes and int() refuses) is refused by name, not raised as a ValueError."""
-    with pytest.raises(NotRepublishableError, match=r"no countersink\.source header"):
+    with pytest.raises(NotRepublishableError, match=r"its countersink\.source header is not TOPIC/PARTITION/OFFSET"):
         plan_republish([("countersink.source", source.encode())], b"{}", None)
+    with pytest.raises(NotRepublishableError, match=r"^no countersink\.source header: not a dead letter"):
+        plan_republish([], b"{}", None)
