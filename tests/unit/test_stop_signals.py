@@ -82,7 +82,7 @@ def test_the_consumer_told_to_stop_while_starting_exits_0_without_joining(tmp_pa
         consumer.cli.ConsumerService = SignalledWhileBuilt
     """) + RUNS[run] + "\n"
     env = {"PATH": "/usr/bin:/bin", **KAFKA_DOWN,
-           "COUNTERSINK_CASSANDRA__CONTACT_POINTS": '["127.0.0.1"]', "COUNTERSINK_CASSANDRA__PORT": "1",
+           "COUNTERSINK_CASSANDRA__CONTACT_POINTS": "127.0.0.1", "COUNTERSINK_CASSANDRA__PORT": "1",
            "COUNTERSINK_CONSUMER__HEALTH_PORT": "0", "COUNTERSINK_LOG_FORMAT": "json"}
     done = subprocess.run([sys.executable, "-c", script, str(counters)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
