@@ -405,26 +405,18 @@ def _enum_check(schema: Any, named: Mapping[str, Any], made: dict[str, Any] | No
                     if (item := value.get(name)) is not None:
                         check(item)
         return record
-    if kind == "array":
-        items = _enum_check(schema.get("items"), named, made)
-        if items is None:
+    if kind in ("array", "map"):
+        inner = _enum_check(schema.get("items" if kind == "array" else "values"), named, made)
+        if inner is None:
             return None
+        container: type = list if kind == "array" else dict
+        elements: Callable[[Any], Iterable[Any]] = iter if kind == "array" else dict.values
 
-        def array(value: Any) -> None:
-            if type(value) is list:
-                for item in value:
-                    items(item)
-        return array
-    if kind == "map":
-        values = _enum_check(schema.get("values"), named, made)
-        if values is None:
-            return None
-
-        def mapping(value: Any) -> None:
-            if type(value) is dict:
-                for item in value.values():
-                    values(item)
-        return mapping
+        def each(value: Any) -> None:
+            if type(value) is container:
+                for item in elements(value):
+                    inner(item)
+        return each
     # A type written as {"type": {...}} or {"type": "Name"} (a primitive's name checks nothing).
     return _enum_check(kind, named, made) if isinstance(kind, dict | list | str) else None
 
@@ -438,6 +430,7 @@ _NEEDS_PLAIN = frozenset({"bytes", "fixed", "timestamp-millis", "timestamp-micro
 
 
 _ENUM = frozenset({"enum"})
+_DECIMAL = frozenset({"decimal"})
 
 
 def _mentions(doc: object, names: frozenset[str]) -> bool:
@@ -743,7 +736,7 @@ def avro_encoder(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES) -> Cal
         schema = fastavro.parse_schema(doc, named_schemas=named)
     except Exception as exc:
         raise SchemaError(f"not a valid Avro schema: {exc}") from exc
-    with_decimals = _holds_decimal(schema, named, set())
+    with_decimals = _mentions(doc, _DECIMAL)  # a name "decimal" elsewhere only walks a line for nothing
 
     def encode(event: Any) -> bytes:
         out = io.BytesIO()
@@ -783,27 +776,6 @@ def _avro_type_name(schema: Any) -> str:
 def _is_decimal(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("logicalType") == "decimal" and schema.get("type") in ("bytes",
                                                                                                          "fixed")
-
-
-def _holds_decimal(schema: Any, named: Mapping[str, Any], seen: set[str]) -> bool:
-    """Whether a parsed Avro schema has a decimal anywhere (a JSON line then needs :func:`_avro_decimals`)."""
-    if isinstance(schema, str):
-        if schema in named and schema not in seen:
-            seen.add(schema)
-            return _holds_decimal(named[schema], named, seen)
-        return False
-    if isinstance(schema, list):
-        return any(_holds_decimal(branch, named, seen) for branch in schema)
-    if not isinstance(schema, dict):
-        return False
-    if _is_decimal(schema):
-        return True
-    if schema.get("type") == "record":
-        return any(_holds_decimal(field["type"], named, seen) for field in schema.get("fields", ()))
-    inner = schema.get("items") if schema.get("type") == "array" else schema.get("values")
-    if schema.get("type") in ("array", "map"):
-        return _holds_decimal(inner, named, seen)
-    return isinstance(schema.get("type"), (dict, list)) and _holds_decimal(schema["type"], named, seen)
 
 
 # What a JSON value of each Python type may be written as, without a conversion (a union's other branches).
