@@ -121,6 +121,12 @@ class OversizedEventError(InvalidEventError):
     """Raised when an event is larger than the router's ``max_event_bytes``."""
 
 
+class UnaddressedEventError(InvalidEventError):
+    """Raised when a record's ``countersink.apply-to`` header names no counter at all (empty, or no name a
+    counter can have): no consumer would count it, so it is refused as a whole rather than filtered by every
+    counter and lost without a word."""
+
+
 class MissingFieldError(InvalidEventError):
     """Raised when a key, value, event-id or bucket field is absent or null. The event then does not apply
     to the counter (it is skipped for it), unless the counter is ``required`` or the field is its event id:

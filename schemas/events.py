@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from pydantic_core import from_json
 
 from schemas.cql import LAST_EXPIRY_S
-from schemas.definitions import CounterDefinition, CounterSet, payload_path, record_part
+from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import (
     FutureEventTimeError,
     InvalidEventError,
@@ -51,6 +51,7 @@ from schemas.errors import (
     MalformedInstanceKeyError,
     MissingFieldError,
     OversizedEventError,
+    UnaddressedEventError,
     UnparseableEventError,
     UnstorableTimeError,
     ValueOutOfRangeError,
@@ -936,6 +937,22 @@ def apply_to(headers: Sequence[tuple[str, bytes | None]]) -> frozenset[str] | No
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
+def _addressed(plan: _TopicPlan, topic: str, headers: Sequence[tuple[str, bytes | None]]) -> frozenset[str] | None:
+    """The counters a record's :data:`APPLY_TO_HEADER` names (``None`` without the header). Raises
+    :class:`UnaddressedEventError` when none of them could be a counter (the header is empty, or holds no
+    counter name): every counter would filter the record out, and it would be neither counted nor
+    dead-lettered. A well-formed name this topic's counters do not have is another consumer group's counter
+    (groups of disjoint counters may share a topic and a keyspace): filtered, as before."""
+    only = apply_to(headers)
+    if only is None or only & plan.names or any(NAME_PATTERN.fullmatch(name) for name in only):
+        return only
+    named = ", ".join(repr(name[:60]) for name in sorted(only)[:10]) or "nothing"
+    raise UnaddressedEventError(
+        f"@header.{APPLY_TO_HEADER}",
+        f"names no counter (it names {named}; counter names match {NAME_PATTERN.pattern}, and topic {topic!r} "
+        f"has {', '.join(sorted(plan.names)[:20])[:600]})")
+
+
 def _too_deep(event: object, max_depth: int) -> bool:
     stack: list[tuple[object, int]] = [(event, 1)]
     while stack:
@@ -1028,7 +1045,7 @@ class EventRouter:
         plan = self._plans.get(topic)
         if plan is None:
             return Decision([], [], [])
-        return self._decide(plan, self._parse(raw, plan.parse), record)
+        return self._decide(plan, topic, self._parse(raw, plan.parse), record)
 
     def decide_record(self, topic: str, raw: bytes, timestamp_ms: int | None, key: bytes | None = None,
                       headers: Sequence[tuple[str, bytes | None]] = (), partition: int | None = None) -> Decision:
@@ -1038,7 +1055,7 @@ class EventRouter:
         if plan is None:
             return Decision([], [], [])
         event = self._parse(raw, plan.parse)
-        only = apply_to(headers) if headers else None
+        only = _addressed(plan, topic, headers) if headers else None
         if not plan.reads_record:
             return self._each_counter(plan, event, timestamp_ms, only)
         return self._with_record(plan, event, RecordFields(timestamp_ms, key, headers, partition), only)
@@ -1061,12 +1078,13 @@ class EventRouter:
         plan = self._plans.get(topic)
         if plan is None:
             return Decision([], [], [])
-        return self._decide(plan, event, record)
+        return self._decide(plan, topic, event, record)
 
-    def _decide(self, plan: _TopicPlan, event: dict[str, Any], record: RecordFields | None) -> Decision:
+    def _decide(self, plan: _TopicPlan, topic: str, event: dict[str, Any], record: RecordFields | None
+                ) -> Decision:
         if record is None:
             record = RecordFields()
-        only = apply_to(record.headers) if record.headers else None
+        only = _addressed(plan, topic, record.headers) if record.headers else None
         if not plan.reads_record:
             return self._each_counter(plan, event, record.timestamp_ms, only)
         return self._with_record(plan, event, record, only)

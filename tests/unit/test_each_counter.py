@@ -19,6 +19,7 @@ from schemas.errors import (
     DefinitionError,
     MissingFieldError,
     NotRepublishableError,
+    UnaddressedEventError,
     UnparseableEventError,
     WrongTypeError,
 )
@@ -208,6 +209,24 @@ def test_the_apply_to_header_restricts_a_record_to_the_counters_it_names() -> No
                             Record(2, event, None, None, [(APPLY_TO_HEADER, b"\xff")])])
     assert {k: s.value() for k, s in m.states.items()} == {("revenue", "k1"): 12}
     assert [(r.offset, type(e)) for r, e in result.invalid] == [(2, UnparseableEventError)]
+
+
+@pytest.mark.parametrize("named", [b"", b" , ", None, b"Revenue", b"no such counter,-x"])
+def test_an_apply_to_header_naming_no_counter_at_all_is_a_dead_letter(named: bytes | None) -> None:
+    """A countersink.apply-to header that is empty (or null), or holds no name a counter can have, would be
+    filtered by every counter of every group: the record is refused as a whole, by the router and the batch
+    path alike, and the dead letter says why. A well-formed name of no counter here (another group's) is
+    still filtered."""
+    event = b'{"type":"purchase","sku":"k1","amount":12,"user":"u2"}'
+    with pytest.raises(UnaddressedEventError, match="names no counter"):
+        EventRouter(ISSUE).decide("events", event, RecordFields(headers=[(APPLY_TO_HEADER, named)]))
+    m = mutator(ISSUE)
+    result = m.apply_batch([Record(0, event, None, None, [(APPLY_TO_HEADER, named)]),
+                            Record(1, event, None, None, [(APPLY_TO_HEADER, b"another_groups_counter")]),
+                            Record(2, event, None, None, [(APPLY_TO_HEADER, b"nobody,revenue")])])
+    assert {k: s.value() for k, s in m.states.items()} == {("revenue", "k1"): 12}
+    assert [(r.offset, type(e)) for r, e in result.invalid] == [(0, UnaddressedEventError)]
+    assert result.applied == 1
 
 
 # --- the record as fields ---------------------------------------------------------------------------------
