@@ -933,6 +933,48 @@ def test_json_schema_checks_that_cannot_decide_refuse_the_record_not_the_process
         thirds(b'{"x": 1e999999}')
 
 
+def test_json_schema_patterns_take_linear_time() -> None:
+    """A pattern that backtracks (``^(a+)+$``) held the event loop for minutes on one record of 40 characters
+    (2**40 ways to split them): patterns, patternProperties and additionalProperties' look-ups are matched by
+    RE2 now, the same answers in microseconds. This test would not end without it."""
+    slow = "^(a+)+$"
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": slow}},
+              "patternProperties": {slow: {"type": "integer"}}}
+    decode = compile_json_schema(json.dumps(schema), json.loads, True)
+    hostile = "a" * 40 + "b"
+    with pytest.raises(InvalidEventError, match="does not match"):
+        decode(json.dumps({"s": hostile}).encode())
+    assert decode(json.dumps({"s": "aaa", hostile: "not checked", "aa": 1}).encode())["aa"] == 1
+    with pytest.raises(InvalidEventError, match="is not of type 'integer'"):
+        decode(b'{"aa": "x"}')
+    closed = compile_json_schema(json.dumps({"type": "object", "properties": {"p": {}}, "patternProperties": {
+        slow: {}}, "additionalProperties": False}), json.loads, True)
+    assert closed(json.dumps({"p": 1, "aaaa": 2}).encode()) == {"p": 1, "aaaa": 2}
+    with pytest.raises(InvalidEventError, match=r"additional properties are not allowed \('\w+b' was unexpected"):
+        closed(json.dumps({"p": 1, hostile: 2}).encode())
+    typed_extras = compile_json_schema(json.dumps({"additionalProperties": {"type": "integer"}}), json.loads, True)
+    with pytest.raises(InvalidEventError, match="is not of type 'integer'"):
+        typed_extras(b'{"n": "5"}')
+    names = compile_json_schema(json.dumps({"propertyNames": {"pattern": "^[a-z]+$"}}), json.loads, True)
+    with pytest.raises(InvalidEventError, match="does not match"):
+        names(b'{"AB": 1}')
+
+
+@pytest.mark.parametrize(("schema", "reason"), [
+    ({"properties": {"s": {"pattern": "(?=a)b"}}}, "cannot be matched in linear time"),
+    ({"patternProperties": {"(a)\\1": {}}}, "cannot be matched in linear time"),
+    ({"unevaluatedProperties": False, "patternProperties": {"^x": {}}}, "unevaluatedProperties beside"),
+])
+def test_a_json_schema_re2_cannot_run_is_refused_when_loaded(schema: dict[str, Any], reason: str) -> None:
+    """A look-around or back-reference has no linear-time match, and jsonschema's unevaluatedProperties matches
+    patternProperties with `re` itself: such a schema is refused (its records dead letters naming why), not
+    matched by a backtracking engine. A pattern key inside a value (const) is data, not refused."""
+    with pytest.raises(SchemaError, match=reason):
+        compile_json_schema(json.dumps(schema), json.loads, True)
+    data = {"properties": {"s": {"const": {"pattern": "(?=a)"}}}}
+    assert compile_json_schema(json.dumps(data), json.loads, True)(b'{"s": {"pattern": "(?=a)"}}')
+
+
 @pytest.mark.parametrize("text", ["5", "null", '{"$schema": []}', '{"$schema": 5}', "[1]"])
 def test_a_json_schema_that_is_none_is_a_schema_error(text: str) -> None:
     """jsonschema raised TypeError or AttributeError for these (out of the schema loader, or a bare traceback for
