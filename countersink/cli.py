@@ -73,6 +73,11 @@ class Parser(argparse.ArgumentParser):
     """argparse, with a usage error said in one line (and exit code 2) instead of the whole usage."""
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):
+            # argparse takes a value starting with '-' (--every -5m, --grace -1s) for an option, and says only
+            # that the option has none: say how such a value is given.
+            option = message.removeprefix("argument ").partition(":")[0].split("/")[-1]
+            message += f" (for a value starting with '-', write {option}=VALUE)"
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

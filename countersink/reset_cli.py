@@ -32,6 +32,7 @@ from countersink.resets import (
     IDEMPOTENCY_KEY,
     IDEMPOTENCY_KEY_RULE,
     MAX_RESET_KEYS,
+    RequestKeyReusedError,
     ResetKeyError,
     ResetProgress,
     ResetRefusedError,
@@ -162,7 +163,7 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
         except asyncio.CancelledError:
             _failed(counter, keys, progress, request_key, "interrupted")
             return 130
-        except ResetKeyError as exc:  # as get refuses the key: a usage error, nothing recorded
+        except (ResetKeyError, RequestKeyReusedError) as exc:  # as get refuses the key: a usage error, nothing recorded
             log.error("usage_refused", counter=counter, error=str(exc))
             return EXIT_USAGE
         except ResetRefusedError as exc:

@@ -247,6 +247,11 @@ class ResetKeyError(ResetRefusedError):
     """Raised, before anything is recorded, for keys no instance of the counter can have (a usage error)."""
 
 
+class RequestKeyReusedError(ResetRefusedError):
+    """Raised, recording nothing, when an idempotency key already recorded for a reset of other keys is given
+    again (a usage error: a new reset needs a new key)."""
+
+
 _INSERT = ("INSERT INTO resets (counter, epoch, id, keys, partitions, requested_by, requested_us) "
            "VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS")
 # Only a request with a key names the column (a keyspace not yet given it resets from the command line).
@@ -484,7 +489,7 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
     no position is recorded yet, and answered as recorded."""
     recorded = _reset_of(row)
     if recorded.keys != frozenset(keys):
-        raise ResetRefusedError(f"Idempotency-Key {row.get('request_key')!r} was given to reset epoch "
+        raise RequestKeyReusedError(f"Idempotency-Key {row.get('request_key')!r} was given to reset epoch "
                                 f"{recorded.epoch} of {recorded.counter} with other keys: a new reset needs a new key")
     # When the first attempt recorded it is known on another machine's clock: settled as if recorded now.
     await _settle(time.monotonic())

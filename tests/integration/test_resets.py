@@ -402,6 +402,8 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
     two) exits 1 naming the epoch and the command that completes it; that command (its idempotency key)
     publishes the rest and prints the same reset. One that fails only while recording where its control
     records landed took effect: printed, exit 0, with a warning."""
+    from structlog.testing import capture_logs
+
     from countersink import reset_cli, resets
     from countersink.cassandra import CassandraUnavailableError
     from countersink.registry import CounterRegistry
@@ -424,6 +426,9 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
     monkeypatch.setattr(resets, "publish_controls", publish)
     completed = await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="cut-1")
     done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    with capture_logs() as reused_logs:  # the key given again with other keys: a usage error, nothing recorded
+        reused = await reset_cli.reset(settings, "shares", ["S2"], as_json=True, request_key="cut-1")
+    capsys.readouterr()
 
     async def positions_lost(*_: object) -> None:
         raise CassandraUnavailableError("no host answered")
@@ -438,6 +443,8 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
     assert "published to 1 of 2 partitions" in log
     assert completed == 0
     assert (done["epoch"], done["keys"]) == (1, ["S1"])  # the reset recorded by the attempt cut short
+    assert reused == 2
+    assert "with other keys" in next(e["error"] for e in reused_logs if e["event"] == "usage_refused")
     assert sorted(p["partition"] for p in done["positions"]) == [0, 1]
     async with CassandraClient(cassandra_settings) as client:
         assert len(as_dicts(await client.execute("SELECT * FROM resets WHERE counter = 'shares'"))) == 1

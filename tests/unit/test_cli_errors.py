@@ -393,3 +393,15 @@ def test_list_prints_a_key_a_line_and_quotes_the_ones_no_one_could_tell_apart() 
     assert [listed_key(key) for key in ("IBM", "a\\|b", "two words")] == ["IBM", "a\\|b", "two words"]
     assert [listed_key(key) for key in ("", " ", " lead", "trail ", "line\nbreak")] == [
         "''", "' '", "' lead'", "'trail '", "$'line\\x0abreak'"]
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["gc", "--every", "-5m"], "expected one argument (for a value starting with '-', write --every=VALUE)"),
+    (["gc", "--every=-5m"], "'-5m' is not a duration"),
+])
+def test_a_value_starting_with_a_dash_is_said_how_to_give(args: list[str], said: str) -> None:
+    """argparse takes ``-5m`` for an option and said only "expected one argument"; the error says how such a
+    value is given, and given so, the value's own refusal is said."""
+    done = countersink(*args)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
