@@ -35,9 +35,9 @@ from countersink.logs import get_logger
 from countersink.schema_registry import SchemaRegistryClient, SchemaRegistryUnavailableError
 from countersink.settings import Settings
 from countersink.topics_cli import _topic_name
-from schemas.bounded import read_text_at_most
+from schemas.bounded import nested_deeper_than, read_text_at_most
 from schemas.errors import CountersinkError
-from schemas.events import DEFAULT_MAX_DEPTH, _too_deep
+from schemas.events import DEFAULT_MAX_DEPTH
 from schemas.formats import (
     FORMATS,
     SCHEMA_TYPE,
@@ -130,7 +130,7 @@ def json_event(text: bytes) -> Any:
     if not isinstance(event, dict):
         raise BadLineError("not a JSON object")
     # As the consumer looks: only a text with more brackets than the bound can pass it.
-    if text.count(b"{") + text.count(b"[") > DEFAULT_MAX_DEPTH and _too_deep(event, DEFAULT_MAX_DEPTH):
+    if text.count(b"{") + text.count(b"[") > DEFAULT_MAX_DEPTH and nested_deeper_than(event, DEFAULT_MAX_DEPTH):
         raise BadLineError(f"nested deeper than {DEFAULT_MAX_DEPTH} levels, which the consumer refuses whole")
     return event
 

@@ -190,12 +190,19 @@ async def read_points(client: CassandraClient, counter: str, epoch: int, partiti
     points: dict[tuple[str, int], int] = {}
     for topic, count in sorted(partitions.items()):
         for partition in range(count):
-            rows = as_dicts(await client.execute(
-                "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
-                [topic, partition, counter, epoch]))
-            if rows:
-                points[(topic, partition)] = min(int(row["offset"]) for row in rows)
+            point = await read_point(client, counter, epoch, topic, partition)
+            if point is not None:
+                points[(topic, partition)] = point
     return points
+
+
+async def read_point(client: CassandraClient, counter: str, epoch: int, topic: str, partition: int) -> int | None:
+    """Where ``counter``'s reset of ``epoch`` sits in one partition (the least offset recorded), None when no
+    position is recorded there."""
+    rows = as_dicts(await client.execute(
+        "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
+        [topic, partition, counter, epoch]))
+    return min((int(row["offset"]) for row in rows), default=None)
 
 
 class CassandraResets:

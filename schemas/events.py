@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from pydantic_core import from_json
 
+from schemas.bounded import nested_deeper_than
 from schemas.cql import LAST_EXPIRY_S
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet, payload_path, record_part
 from schemas.errors import (
@@ -211,7 +212,7 @@ class _RecordView:
                 except ValueError:
                     doc = WrongTypeError("@key", "the record's key is not a JSON document")
                 else:
-                    if type(doc) is dict and _too_deep(doc, self.max_depth):
+                    if type(doc) is dict and nested_deeper_than(doc, self.max_depth):
                         doc = WrongTypeError("@key", f"the record's key is nested deeper than {self.max_depth}")
                 self._doc = doc
         doc = self._doc
@@ -953,20 +954,6 @@ def _addressed(plan: _TopicPlan, topic: str, headers: Sequence[tuple[str, bytes 
         f"has {', '.join(sorted(plan.names)[:20])[:600]})")
 
 
-def _too_deep(event: object, max_depth: int) -> bool:
-    stack: list[tuple[object, int]] = [(event, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        assert isinstance(children, Iterable)
-        for child in children:
-            if isinstance(child, dict | list):
-                stack.append((child, depth + 1))
-    return False
-
-
 class EventRouter:
     """Turns one event into the updates of every counter on its topic: each counter decides for itself."""
 
@@ -1033,7 +1020,7 @@ class EventRouter:
             raise UnparseableEventError("", f"event is a JSON {_json_type(event)}, not an object")
         # Counting brackets (strings included) over-estimates depth, so only events that might be too
         # deep pay for the walk.
-        if raw.count(b"{") + raw.count(b"[") > self.max_depth and _too_deep(event, self.max_depth):
+        if raw.count(b"{") + raw.count(b"[") > self.max_depth and nested_deeper_than(event, self.max_depth):
             raise UnparseableEventError("", f"event is nested deeper than {self.max_depth}")
         return event
 

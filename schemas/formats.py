@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from schemas.bounded import read_text_at_most
+from schemas.bounded import nested_deeper_than, read_text_at_most
 from schemas.errors import CountersinkError, InvalidEventError, UnparseableEventError
 
 Format = Literal["json", "avro", "protobuf", "json-schema"]
@@ -278,26 +278,13 @@ def _check_text(text: str, max_bytes: int) -> None:
         raise SchemaError(f"the schema is larger than {max_bytes} bytes")
 
 
-def _json_depth_ok(doc: object, max_depth: int) -> bool:
-    stack: list[tuple[object, int]] = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            return False
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
-    return True
-
-
 def _json_schema_doc(text: str, max_bytes: int, max_depth: int) -> Any:
     _check_text(text, max_bytes)
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise SchemaError(f"the schema is not JSON: {exc}") from exc
-    if not _json_depth_ok(doc, max_depth):
+    if nested_deeper_than(doc, max_depth):
         raise SchemaError(f"the schema is nested deeper than {max_depth}")
     return doc
 
@@ -632,7 +619,7 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             if stream.tell() != len(payload):  # bytes after the record: not a record of this schema, whole
                 raise UnparseableEventError("", f"not an Avro record of its writer schema: "
                                                 f"{len(payload) - stream.tell()} bytes after the record")
-            if recursive and not _json_depth_ok(value, max_depth):
+            if recursive and nested_deeper_than(value, max_depth):
                 raise UnparseableEventError("", f"the Avro record is nested deeper than {max_depth}")
             if enum_check is not None:
                 enum_check(value)

@@ -39,7 +39,7 @@ from countersink.logs import get_logger
 from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
-from countersink.resets import read_resets
+from countersink.resets import read_point, read_resets
 from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
 from countersink.settings import ConsumerSettings, Settings
 from countersink.topic_ids import recreated_topics
@@ -605,9 +605,7 @@ async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, top
     if epoch == 0:
         return None
     reset = next(r for r in resets if r.epoch == epoch)
-    point = min((int(row["offset"]) for row in as_dicts(await client.execute(
-        "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
-        [topic, partition, counter, epoch]))), default=None)
+    point = await read_point(client, counter, epoch, topic, partition)
     points = {} if point is None else {(reset.reset_id, topic, partition): point}
     if counts_after_resets(resets, points, counter, key, topic, partition, offset):
         return None
