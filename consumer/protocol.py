@@ -528,12 +528,24 @@ async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) ->
     applied a record (one that started past it did not, whatever its shards hold) and whether it counted a
     counter added since (the GC folds shards without saying). Nothing in the protocol depends on them, so a
     failure is logged and the takeover goes on (that mutator's records are then traced as before starts were
-    recorded)."""
-    try:
-        await store.record_start(claimed.new.id, claimed.start_offset, frozenset(counters))
-    except Exception as exc:
-        log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
-                    mutator=str(claimed.new.id), start_offset=claimed.start_offset, error=repr(exc))
+    recorded). A retriable failure (a timeout: the write may or may not have applied) is tried again at once, up
+    to :data:`START_ATTEMPTS` in all: the write sets the same values whether it applied or not, and a timeout
+    has already waited."""
+    counted = frozenset(counters)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            await store.record_start(claimed.new.id, claimed.start_offset, counted)
+            return
+        except Exception as exc:
+            if attempt < START_ATTEMPTS and getattr(exc, "retriable", False):
+                continue
+            log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
+                        mutator=str(claimed.new.id), start_offset=claimed.start_offset, attempts=attempt,
+                        error=repr(exc))
+            return
+
+
+START_ATTEMPTS = 3
 
 
 __all__: Sequence[str] = (

@@ -291,7 +291,33 @@ def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() ->
         process = _owned_and_flushed(store, log)
     mutator = process.ownership.applying(TP)
     assert mutator is not None
-    assert [entry["start_offset"] for entry in logs if entry["event"] == "mutator_start_unrecorded"] == [0]
+    assert [(entry["start_offset"], entry["attempts"]) for entry in logs
+            if entry["event"] == "mutator_start_unrecorded"] == [(0, 3)]
     process.run(flush(store, mutator, EPOCH_US))
     assert store.partitions[PID].intent_offset == 2
     assert store.recorded_starts == {}
+
+
+def test_a_start_whose_answer_was_lost_is_written_again() -> None:
+    """A timed-out write of a mutator's start (it may have applied or not) is tried again at once: recorded,
+    nothing logged. It was logged unrecorded, and trace then reported that mutator's records as before
+    starts were recorded."""
+    from structlog.testing import capture_logs
+
+    class TimesOutOnce(MemoryStore):
+        timed_out = 0
+
+        async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
+                               ) -> None:
+            if not self.timed_out:
+                self.timed_out += 1
+                raise StoreTimeoutError("record_start timed out")
+            await super().record_start(mutator, start_offset, counters)
+
+    store, log = TimesOutOnce(), _log(6)
+    with capture_logs() as logs:
+        process = _owned_and_flushed(store, log)
+    mutator = process.ownership.applying(TP)
+    assert mutator is not None
+    assert store.recorded_starts == {mutator.id: 0}
+    assert not [entry for entry in logs if entry["event"] == "mutator_start_unrecorded"]
