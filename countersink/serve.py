@@ -279,10 +279,19 @@ class ReadApi:
 
     async def keyless_series(self, request: web.Request) -> web.Response:
         """``/counters/{name}/series``: the series of a counter with no key fields; of any other counter, the
-        instance whose key is ``series`` (as ``/counters/{name}/{key}``)."""
+        series of the instance ``?key=`` names (the only way to name the empty key, which no path holds), and
+        without one the instance whose key is ``series`` (as ``/counters/{name}/{key}``)."""
         name = await self._counter(request)
+        keys = request.query.getall("key", [])
+        if len(keys) > 1:
+            raise _problem(web.HTTPBadRequest, "a series reads one instance: give one ?key=")
         if await self._keyless(name):
+            if keys and keys[0]:
+                raise _problem(web.HTTPBadRequest, f"counter {name!r} has no key fields: its one series is read "
+                               "without ?key= (or with an empty one)")
             return await self.series(request, key="")
+        if keys:
+            return await self.series(request, key=_checked_key(keys[0]) if keys[0] else "")
         return await self.get_one(request, key="series")
 
     async def _keyless(self, name: str) -> bool:
@@ -1079,9 +1088,15 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "summary": "The buckets of a bucketed counter with no key fields in a time range",
                 "operationId": "getKeylessSeries",
                 "description": "As /counters/{name}/{key}/series, for the one instance of a counter with no "
-                               "key fields. For a counter with key fields, this path reads the instance whose "
-                               "key is series, as /counters/{name}/{key}.",
+                               "key fields. For a counter with key fields: with ?key=, the series of that "
+                               "instance (?key= empty: events whose one key field is the empty text, which no "
+                               "path names); without it, this path reads the instance whose key is series, as "
+                               "/counters/{name}/{key}.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
+                               {"name": "key", "in": "query", "required": False,
+                                "schema": {k: v for k, v in key_schema.items() if k != "minLength"},
+                                "description": "a counter with key fields: the instance key without its bucket "
+                                               "(empty: the instance whose key is empty)"},
                                *range_query],
                 "responses": {"200": {"description": "the points, in time order (or, for a counter with key fields, "
                                       "the value of its instance series)", "content": {"application/json": {

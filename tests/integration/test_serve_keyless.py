@@ -40,6 +40,15 @@ value = "amount"
 bucket = { field = "ts", size = "1h", format = "epoch_seconds" }
 
 [[counter]]
+name = "hourly_by_symbol"
+kind = "sum"
+number = "decimal"
+topics = ["trades"]
+key = ["symbol"]
+value = "amount"
+bucket = { field = "ts", size = "1h", format = "epoch_seconds" }
+
+[[counter]]
 name = "notional"
 kind = "sum"
 number = "decimal"
@@ -68,11 +77,13 @@ async def served(cassandra_settings: CassandraSettings, tmp_path: Path) -> Async
     """The base URL of a running ``countersink serve`` over the shards written here."""
     counters = tmp_path / "counters.toml"
     counters.write_text(DEFINITIONS)
-    hourly = load_definitions(counters)["hourly"]
+    definitions = load_definitions(counters)
+    hourly, by_symbol = definitions["hourly"], definitions["hourly_by_symbol"]
     async with CassandraClient(cassandra_settings) as client:
         await _write(client, [("total", "", "7.5"), ("hourly", bucket_key(hourly, "", HOUR), "2.25"),
                               ("hourly", bucket_key(hourly, "", HOUR + 3600), "1"), ("notional", "series", "3"),
-                              ("notional", "", "4")])
+                              ("notional", "", "4"), ("hourly_by_symbol", bucket_key(by_symbol, "", HOUR), "5"),
+                              ("hourly_by_symbol", bucket_key(by_symbol, "IBM", HOUR + 3600), "6")])
     async with running_serve(cassandra_settings, counters) as base:
         yield base
 
@@ -115,6 +126,26 @@ async def test_a_keyed_counter_keeps_its_instance_named_series(served: str) -> N
     assert (status, media) == (400, "application/problem+json")
     assert isinstance(problem, dict)
     assert "give at least one ?key=" in problem["detail"]
+
+
+async def test_the_series_of_a_key_is_read_with_a_key_parameter_the_empty_key_too(served: str) -> None:
+    """The series of the empty key of a keyed counter had no URL (``/counters/{name}//series`` names no route):
+    ``/counters/{name}/series?key=`` reads it, and ``?key=IBM`` as ``/counters/{name}/IBM/series`` does; two
+    keys are a 400 problem."""
+    span = f"from={iso(HOUR)}&to={iso(HOUR + 7200)}"
+    status, _, empty = await _get(served, f"/counters/hourly_by_symbol/series?key=&{span}")
+    assert status == 200, empty
+    assert isinstance(empty, dict)
+    assert (empty["key"], [p["value"] for p in empty["points"]]) == ("", ["5", None])
+    by_query = await _get(served, f"/counters/hourly_by_symbol/series?key=IBM&{span}")
+    assert by_query == await _get(served, f"/counters/hourly_by_symbol/IBM/series?{span}")
+    assert isinstance(by_query[2], dict)
+    assert [p["value"] for p in by_query[2]["points"]] == [None, "6"]
+    status, media, problem = await _get(served, f"/counters/hourly_by_symbol/series?key=a&key=b&{span}")
+    assert (status, media) == (400, "application/problem+json"), problem
+    status, _, problem = await _get(served, f"/counters/hourly/series?key=x&{span}")  # a keyless counter
+    assert status == 400, problem
+    assert (await _get(served, f"/counters/hourly/series?key=&{span}"))[0] == 200
 
 
 async def test_the_instance_of_an_empty_key_is_read_with_an_empty_key_parameter(served: str) -> None:

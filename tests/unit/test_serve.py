@@ -92,7 +92,7 @@ async def test_openapi_describes_every_read(http: TestClient) -> None:  # type: 
     assert set(served["paths"]) == {"/counters/{name}/{key}", "/counters/{name}", "/counters/{name}/{key}/series",
                                     "/counters/{name}/series"}
     keyless = {p["name"]: p for p in served["paths"]["/counters/{name}/series"]["get"]["parameters"]}
-    assert set(keyless) == {"name", "from", "to", "step", "rollup", "consistency"}
+    assert set(keyless) == {"name", "key", "from", "to", "step", "rollup", "consistency"}
     series = {p["name"]: p for p in served["paths"]["/counters/{name}/{key}/series"]["get"]["parameters"]}
     assert (series["from"]["required"], series["to"]["required"], series["step"]["required"]) == (True, True, False)
     name = served["paths"]["/counters/{name}"]["get"]["parameters"][0]
