@@ -52,14 +52,13 @@ from countersink.metrics import METRICS
 from countersink.registry import CounterRegistry
 from countersink.resets import CassandraResets
 from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
-from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError
+from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError, schema_cache
 from countersink.settings import Settings
 from countersink.topic_ids import NO_TOPIC_CHECKS, KafkaTopicIds, TopicCheck, TopicIds, TopicRecreatedError
 from schemas import formats
 from schemas.definitions import CounterSet
 from schemas.errors import CompactedTopicError, CountersinkError
 from schemas.events import EventRouter
-from schemas.formats import SchemaCache
 
 log = get_logger(__name__)
 
@@ -107,7 +106,7 @@ class ConsumerService:
         refuse_dead_letter_loop(counters, self.config.dead_letter_topic)
         # Avro, Protobuf and JSON Schema topics: writer schemas by id, loaded before any record naming them is
         # routed (a registry away is a wait, unready; schemas.formats, countersink.schema_registry).
-        self.schema_cache = SchemaCache()
+        self.schema_cache = schema_cache(settings.schema_registry)
         self.schemas = SchemaLoader(settings.schema_registry, counters, self.schema_cache)
         self.schema_wait: str | None = None  # why records wait for the registry (None: they do not)
         self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes,

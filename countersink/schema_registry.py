@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -154,6 +155,16 @@ class SchemaRegistryClient:
         return int(doc["id"])
 
 
+def schema_cache(settings: SchemaRegistrySettings) -> SchemaCache:
+    """The router's cache of writer schemas, bounded as ``settings`` say."""
+    return SchemaCache(max_entries=settings.max_cached_schemas, unknown_retry_s=settings.unknown_schema_retry_s)
+
+
+# At most this many ``schema_id_unknown`` lines a minute per topic: a producer naming random ids (each a dead
+# letter) must not flood the log; the next line says how many were left out.
+_UNKNOWN_LINES_PER_MINUTE = 20
+
+
 class SchemaLoader:
     """Loads the writer schemas that records name into the router's cache, before the records are routed."""
 
@@ -169,6 +180,7 @@ class SchemaLoader:
         self._parsers = {name: _parse_decimal if any(c.number_mode == "decimal" for c in counters.for_topic(name))
                          else _parse_fast for name in self._topics}
         self._client = SchemaRegistryClient(settings) if self._topics else None
+        self._unknown_said: dict[str, tuple[float, int, int]] = {}  # topic: (minute started, said, left out)
 
     @property
     def needed(self) -> bool:
@@ -190,7 +202,7 @@ class SchemaLoader:
             try:
                 found = await self._client.schema_by_id(schema_id)
                 if found is None:
-                    log.warning("schema_id_unknown", topic=topic, schema_id=schema_id)
+                    self._say_unknown(topic, schema_id)
                     entry = UnknownSchemaError(schema_id)
                 else:
                     schema_type, text = found
@@ -201,3 +213,16 @@ class SchemaLoader:
                 log.warning("schema_unusable", topic=topic, schema_id=schema_id, reason=str(exc))
                 entry = BadSchemaEventError(schema_id, str(exc))
             self.cache.put(topic, schema_id, entry)
+
+    def _say_unknown(self, topic: str, schema_id: int) -> None:
+        now = time.monotonic()
+        started, said, left_out = self._unknown_said.get(topic, (now, 0, 0))
+        if now - started >= 60:
+            started, said = now, 0
+        if said < _UNKNOWN_LINES_PER_MINUTE:
+            log.warning("schema_id_unknown", topic=topic, schema_id=schema_id, retry_after_s=self.cache.unknown_retry_s,
+                        **({"ids_not_logged": left_out} if left_out else {}))
+            said, left_out = said + 1, 0
+        else:
+            left_out += 1
+        self._unknown_said[topic] = (started, said, left_out)

@@ -481,6 +481,12 @@ class SchemaRegistrySettings(_Section):
     max_schema_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
     # A registry that cannot be reached is waited for, unready, with backoff up to this pause.
     retry_max_s: float = Field(default=10.0, gt=0, le=600)
+    # A schema id the registry did not know (404: its records are dead letters) is asked again after this long,
+    # so that a schema registered after its first records were read (a registry whose followers lag) is used.
+    unknown_schema_retry_s: float = Field(default=30.0, ge=0, le=86400)
+    # Writer schemas kept in memory (ids come from records: a producer can name any of 2**31); past this, those
+    # no record named for two minutes are dropped, and fetched again if named.
+    max_cached_schemas: int = Field(default=1000, ge=10, le=1_000_000)
     # A user name and password over http are refused unless this is true: they would cross in the clear.
     allow_insecure: bool = False
 

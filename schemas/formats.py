@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
@@ -1265,6 +1266,15 @@ def _holds_both(doc: Any, first: str, second: str) -> bool:
     return len(found) == 2
 
 
+def _integer(drafts: Any, checker: Any, instance: Any) -> bool:
+    """JSON Schema's ``integer`` for a number read exactly: on a topic with exact decimals ``2.0`` is a Decimal,
+    which jsonschema's check (for an int, or a float with no fraction) refused, where the same record on another
+    topic passed. A Decimal is an integer when the draft takes a float of no fraction for one (draft 6 on)."""
+    if isinstance(instance, decimal.Decimal):
+        return instance.is_finite() and instance == instance.to_integral_value() and drafts.is_type(1.0, "integer")
+    return bool(drafts.is_type(instance, "integer"))
+
+
 def _json_schema_validator(text: str, parse: JsonParser) -> Any:
     """A validator of the JSON Schema ``text`` (already bounded and parsed once), or SchemaError for a text that
     is not one: jsonschema raised TypeError or AttributeError for a schema of ``5`` or a ``$schema`` of ``[]``."""
@@ -1286,7 +1296,8 @@ def _json_schema_validator(text: str, parse: JsonParser) -> Any:
         patterns = _LinearPatterns()
         validator = jsonschema.validators.extend(cls, {
             "multipleOf": _multiple_of, "pattern": patterns.pattern, "patternProperties": patterns.pattern_properties,
-            "additionalProperties": patterns.additional_properties})(doc)
+            "additionalProperties": patterns.additional_properties},
+            type_checker=cls.TYPE_CHECKER.redefine("integer", functools.partial(_integer, cls.TYPE_CHECKER)))(doc)
         patterns.compile_all(doc)
         return validator
     except jsonschema.SchemaError as exc:
@@ -1349,20 +1360,60 @@ class WriterSchema:
 
 class SchemaCache:
     """Writer schemas by id, as fetched from the registry: a compiled :class:`WriterSchema`, or the reason it
-    cannot be used (404: unknown; or a :class:`SchemaError`). Filled by the I/O layer, read by decoders."""
+    cannot be used (404: unknown; or a :class:`SchemaError`). Filled by the I/O layer, read by decoders.
 
-    def __init__(self) -> None:
+    Bounded: ids come from records, and a producer can name any of 2**31. An id the registry did not know is
+    asked again once ``unknown_retry_s`` has passed (a schema registered after its first record was read, on a
+    registry whose followers lag, is then used), and past ``max_entries`` the entries no batch has named for
+    ``idle_s`` are dropped, least recently named first (a later record naming one fetches it again). An entry is
+    never dropped within ``idle_s`` of a load naming it: whoever loaded a batch routes it well within that."""
+
+    def __init__(self, *, max_entries: int = 1000, unknown_retry_s: float = 30.0, idle_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         # Per topic format (an id may be read by topics of different formats or reader schemas).
         self.entries: dict[tuple[str, int], WriterSchema | InvalidEventError] = {}
+        self.max_entries = max_entries
+        self.unknown_retry_s = unknown_retry_s
+        self.idle_s = idle_s
+        self._clock = clock
+        self._named: dict[tuple[str, int], float] = {}  # when a load last named each entry, oldest first
+        self._unknown_until: dict[tuple[str, int], float] = {}  # ids the registry did not know: asked again after
 
     def missing(self, topic: str, ids: Iterable[int]) -> list[int]:
-        return sorted(i for i in set(ids) if (topic, i) not in self.entries)
+        """The ids to fetch before a batch naming ``ids`` is routed: those not cached, and those the registry
+        did not know ``unknown_retry_s`` ago. Every id named counts as used now."""
+        now = self._clock()
+        wanted = []
+        for schema_id in set(ids):
+            entry = (topic, schema_id)
+            until = self._unknown_until.get(entry)
+            if entry not in self.entries or (until is not None and now >= until):
+                wanted.append(schema_id)
+            self._named.pop(entry, None)
+            self._named[entry] = now  # moved to the end: the dict stays in the order entries were last named
+        if len(self.entries) > self.max_entries:
+            self._drop_idle(now)
+        return sorted(wanted)
 
     def put(self, topic: str, schema_id: int, entry: WriterSchema | InvalidEventError) -> None:
-        self.entries[(topic, schema_id)] = entry
+        key = (topic, schema_id)
+        self.entries[key] = entry
+        if isinstance(entry, UnknownSchemaError):
+            self._unknown_until[key] = self._clock() + self.unknown_retry_s
+        else:
+            self._unknown_until.pop(key, None)
+        self._named.setdefault(key, self._clock())
 
     def get(self, topic: str, schema_id: int) -> WriterSchema | InvalidEventError | None:
         return self.entries.get((topic, schema_id))
+
+    def _drop_idle(self, now: float) -> None:
+        for key, named in list(self._named.items()):
+            if len(self.entries) <= self.max_entries or now - named < self.idle_s:
+                return
+            del self._named[key]
+            self.entries.pop(key, None)
+            self._unknown_until.pop(key, None)
 
 
 class RegistryDecoder:

@@ -65,13 +65,13 @@ from countersink.resets import (
 )
 from countersink.retry import Backoff, pause_unless_stopped
 from countersink.schema_registry import SchemaLoader
+from countersink.schema_registry import schema_cache as make_schema_cache
 from countersink.settings import Settings, given_options, with_options
 from countersink.topic_ids import TopicRecreatedError, recreated_topics
 from schemas import formats, registry
 from schemas.definitions import CounterSet, since_ms
 from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
 from schemas.events import EventRouter
-from schemas.formats import SchemaCache
 from schemas.resets import Epochs, Reset, cell_name, current_epochs, new_reset_id
 
 log = get_logger(__name__)
@@ -258,7 +258,7 @@ class Backfill:
                    spans: Sequence[Span]) -> int:
         """Backfill every span of ``cell``, one partition after the other, each recorded finished."""
         settings, config = self.settings, self.settings.consumer
-        schema_cache = SchemaCache()
+        schema_cache = make_schema_cache(settings.schema_registry)
         schemas = SchemaLoader(settings.schema_registry, self.counters, schema_cache)
         router = EventRouter(self.counters, max_event_bytes=config.max_event_bytes,
                              max_future_skew_s=config.max_future_skew_s,

@@ -40,13 +40,18 @@ from countersink.read_cli import _render as render_value
 from countersink.reader import CounterReader, to_jsonable
 from countersink.registry import CounterRegistry
 from countersink.resets import read_point, read_resets
-from countersink.schema_registry import SchemaLoader, SchemaRegistryNotConfiguredError, SchemaRegistryUnavailableError
+from countersink.schema_registry import (
+    SchemaLoader,
+    SchemaRegistryNotConfiguredError,
+    SchemaRegistryUnavailableError,
+    schema_cache,
+)
 from countersink.settings import ConsumerSettings, Settings
 from countersink.topic_ids import recreated_topics
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import APPLY_TO_HEADER, EventRouter, apply_to
-from schemas.formats import SchemaCache, decoders
+from schemas.formats import decoders
 from schemas.resets import cell_name, control_reset_id, counts_after_resets, current_epochs, row_of_reset_id
 
 log = get_logger(__name__)
@@ -286,7 +291,7 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
                              auto_offset_reset="earliest", isolation_level="read_committed")
     # The consumer's decoders: Avro, Protobuf and JSON Schema records are decoded as it decodes them, their
     # writer schemas loaded from the registry before any is routed (consumer.schema_source).
-    cache = SchemaCache()
+    cache = schema_cache(settings.schema_registry)
     try:
         loader = SchemaLoader(settings.schema_registry, counters, cache)
     except SchemaRegistryNotConfiguredError as exc:

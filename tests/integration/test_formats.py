@@ -283,6 +283,41 @@ async def test_registry_away_is_a_wait_then_everything_counts(
     assert await read_topic(kafka_settings, f"dlq-{group}", 1, within_s=2) == []
 
 
+async def test_an_id_unknown_at_first_is_asked_again_and_its_later_records_count(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
+    private_schema_registry: servers.SchemaRegistryServer, tmp_path: Path,
+) -> None:
+    """A record naming an id before its schema is registered (a producer registering and writing at once, a
+    registry follower behind) is a dead letter; the schema registered then, the id is asked again after
+    ``unknown_schema_retry_s`` and its records count. The 404 was kept for the consumer's life: every later
+    record of that schema was a dead letter until a restart."""
+    topic = await topic_factory("avro", partitions=1)
+    registry = SchemaRegistrySettings(url=private_schema_registry.url)
+    async with SchemaRegistryClient(registry) as client:
+        before = await client.register(f"{topic}-other-value", "AVRO", json.dumps(
+            {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "long"}]}))
+    upcoming = before + 1  # the registry numbers new schemas in turn (asserted when registered below)
+    encode = avro_encoder(json.dumps(VIEW_V1))
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
+                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+    settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
+    settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(
+        update={"unknown_schema_retry_s": 1.0})})
+    async with running(ConsumerService(settings, load_definitions(counters))):
+        await publish(kafka_settings, topic, [frame(upcoming, encode({"page": "/early", "n": 1}))])
+        assert len(await read_topic(kafka_settings, f"dlq-{group}", 1, then_s=0.5)) == 1
+        async with SchemaRegistryClient(registry) as client:
+            assert await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1)) == upcoming
+        await asyncio.sleep(1.5)
+        await publish(kafka_settings, topic, [frame(upcoming, encode({"page": "/later", "n": i})) for i in range(5)])
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 1}))
+    assert await _values(cassandra_settings, {"views_by_page": {"/early": 0, "/later": 0}}) == {
+        "views_by_page": {"/early": None, "/later": 5}}
+    assert len(await read_topic(kafka_settings, f"dlq-{group}", 2, within_s=2)) == 1
+
+
 async def test_a_stop_while_waiting_for_the_registry_is_prompt(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any, tmp_path: Path,
 ) -> None:

@@ -350,6 +350,39 @@ def test_json_schema_records_validate_when_asked() -> None:
 # --- the cache, and the router ----------------------------------------------------------------------------------
 
 
+def test_the_schema_cache_asks_an_unknown_id_again_and_stays_bounded() -> None:
+    """An id the registry did not know is fetched again once ``unknown_retry_s`` has passed (it was unknown for
+    the process's life); past ``max_entries`` the entries no load named for ``idle_s`` go, least recently named
+    first, never one named within ``idle_s`` (a batch loaded is routed before that)."""
+    now = [0.0]
+    cache = SchemaCache(max_entries=3, unknown_retry_s=30.0, idle_s=120.0, clock=lambda: now[0])
+    topic = TopicFormat(name="views", format="avro")
+    known = WriterSchema(1, "AVRO", json.dumps(V1), topic, json.loads)
+    assert cache.missing("views", [1, 2]) == [1, 2]
+    cache.put("views", 1, known)
+    cache.put("views", 2, UnknownSchemaError(2))
+    now[0] = 29.0
+    assert cache.missing("views", [1, 2]) == []
+    now[0] = 31.0
+    assert cache.missing("views", [1, 2]) == [2]  # asked again; meanwhile still a dead letter
+    assert isinstance(cache.get("views", 2), UnknownSchemaError)
+    cache.put("views", 2, known)
+    now[0] = 100.0
+    assert cache.missing("views", [2]) == []  # known now: never asked again
+    for schema_id in range(10, 20):  # a producer naming ids nobody registered
+        assert cache.missing("views", [schema_id]) == [schema_id]
+        cache.put("views", schema_id, UnknownSchemaError(schema_id))
+    assert len(cache.entries) == 12  # all named within idle_s: none dropped
+    now[0] = 151.5  # id 1 last named at 31, 2 and 10..19 at 100
+    assert cache.missing("views", [19]) == [19]  # unknown for 51.5 s: asked again
+    cache.put("views", 19, UnknownSchemaError(19))
+    assert ("views", 1) not in cache.entries
+    assert len(cache.entries) == 11
+    now[0] = 300.0
+    assert cache.missing("views", [2]) == []
+    assert set(cache.entries) == {("views", 2), ("views", 19), ("views", 18)}  # the 3 most recently named
+
+
 def test_registry_decoder_reads_from_the_cache_only() -> None:
     """An id not loaded is a retriable SchemaNotLoadedError; an id the registry does not know is a dead letter
     with the id; a loaded one decodes."""
@@ -928,6 +961,19 @@ def test_json_schema_checks_that_cannot_decide_refuse_the_record_not_the_process
     assert exact(big) == {"x": Decimal("100000000000000000000000000000.05")}
     with pytest.raises(InvalidEventError, match="does not match"):
         exact(b'{"x": 1.505}')
+    # A number of no fraction is an integer (draft 6 on), read exactly or not: 2.0 on a topic with exact decimals
+    # is a Decimal, which the integer check refused.
+    whole = json.dumps({"properties": {"q": {"type": "integer"}}})
+    for parse in (json.loads, _parse_decimal):
+        assert compile_json_schema(whole, parse, True)(b'{"q": 2.0}')["q"] == 2
+        assert compile_json_schema(whole, parse, True)(b'{"q": 1e2}')["q"] == 100
+        with pytest.raises(InvalidEventError, match="is not of type 'integer'"):
+            compile_json_schema(whole, parse, True)(b'{"q": 2.5}')
+    draft4 = json.dumps({"$schema": "http://json-schema.org/draft-04/schema#",
+                         "properties": {"q": {"type": "integer"}}})
+    for parse in (json.loads, _parse_decimal):  # draft 4 takes no float for an integer: nor a Decimal
+        with pytest.raises(InvalidEventError, match="is not of type 'integer'"):
+            compile_json_schema(draft4, parse, True)(b'{"q": 2.0}')
     thirds = compile_json_schema(json.dumps({"properties": {"x": {"multipleOf": 3}}}), _parse_decimal, True)
     with pytest.raises(InvalidEventError, match="cannot check it"):
         thirds(b'{"x": 1e999999}')
