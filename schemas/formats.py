@@ -630,6 +630,9 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             raise  # the process's, not the record's: a record is bounded by its schema's shape
         except Exception as exc:  # EOFError, SchemaResolutionError, UnicodeDecodeError, ValueError...
             # (EOFError says nothing of itself: a record cut short names its kind of error at least.)
+            if type(exc).__name__ == "SchemaResolutionError":  # the pair of schemas, not the record's bytes
+                raise UnparseableEventError("", f"its writer schema cannot be read as the topic's reader schema "
+                                                f"(reader_schema_file): {exc}") from exc
             raise UnparseableEventError("", f"not an Avro record of its writer schema: {str(exc) or type(exc).__name__}"
                                         ) from exc
         return plain(value) if needs_plain else value
