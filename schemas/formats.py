@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -1379,7 +1380,9 @@ class SchemaCache:
         self.unknown_retry_s = unknown_retry_s
         self.idle_s = idle_s
         self._clock = clock
-        self._named: dict[tuple[str, int], float] = {}  # when a load last named each entry, oldest first
+        # When a load last named each entry, least recently first (an OrderedDict: the oldest is taken and an
+        # entry moved to the end in constant time, however many a flood of ids made).
+        self._named: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._unknown_until: dict[tuple[str, int], float] = {}  # ids the registry did not know: asked again after
 
     def missing(self, topic: str, ids: Iterable[int]) -> list[int]:
@@ -1392,8 +1395,8 @@ class SchemaCache:
             until = self._unknown_until.get(entry)
             if entry not in self.entries or (until is not None and now >= until):
                 wanted.append(schema_id)
-            self._named.pop(entry, None)
-            self._named[entry] = now  # moved to the end: the dict stays in the order entries were last named
+            self._named[entry] = now
+            self._named.move_to_end(entry)
         if len(self.entries) > self.max_entries:
             self._drop_idle(now)
         return sorted(wanted)
@@ -1411,8 +1414,9 @@ class SchemaCache:
         return self.entries.get((topic, schema_id))
 
     def _drop_idle(self, now: float) -> None:
-        for key, named in list(self._named.items()):
-            if len(self.entries) <= self.max_entries or now - named < self.idle_s:
+        while len(self.entries) > self.max_entries and self._named:
+            key, named = next(iter(self._named.items()))
+            if now - named < self.idle_s:
                 return
             del self._named[key]
             self.entries.pop(key, None)
