@@ -192,7 +192,7 @@ class ReadApi:
                 log.warning("reset_refused", counter=request.match_info.get("name"), status=exc.status,
                             peer=request.remote, error=exc.reason)
                 raise
-        elif request.path not in _OPEN_PATHS and self.tokens.required:
+        elif request.path not in _OPEN_PATHS and self.guarded:
             self._check_token(request)
         if self._handling >= self.settings.max_requests:
             raise _problem(web.HTTPServiceUnavailable,
@@ -228,6 +228,12 @@ class ReadApi:
         if size > limit:
             raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
                            max_size=limit, actual_size=size)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the routes but /healthz and /readyz need a token: read tokens are set, or admin tokens (which
+        read too: with admin tokens alone, reads were open to anyone, tokens or none)."""
+        return self.tokens.required or self.admin_tokens is not None
 
     def _check_token(self, request: web.Request) -> None:
         """A read token, or an admin token (admins read too)."""
@@ -1270,7 +1276,7 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
     if (tokens.required or admin_tokens is not None) and tls is None:
         log.warning("serve_tokens_over_plain_http", allow_insecure=True,
                     why="tokens and requests cross the network readable; only safe behind a TLS proxy on this host")
-    if not tokens.required and not _loopback(serve_settings.host):
+    if not tokens.required and admin_tokens is None and not _loopback(serve_settings.host):
         log.warning("serve_without_tokens", host=serve_settings.host,
                     why="anyone who reaches this address reads every counter and /metrics: set "
                         "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")
@@ -1305,7 +1311,7 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         await site.start()
         port = runner.addresses[0][1] if runner.addresses else serve_settings.port
         log.info("serve_started", host=serve_settings.host, port=port, https=tls is not None,
-                 tokens_required=api.tokens.required, counters=str(counters.source) if counters else None,
+                 tokens_required=api.guarded, counters=str(counters.source) if counters else None,
                  resets=resetting is not None)
         try:
             await stop.wait()

@@ -566,6 +566,9 @@ class Settings(BaseSettings):
         if not problems:
             problems = [("unknown_setting", name[len(PREFIX):], problem)
                         for name, problem in unknown_variables(os.environ, _dotenv_names(env_file))]
+        if not problems:
+            problems = [("empty_guard", name[len(PREFIX):], problem)
+                        for name, problem in empty_guards(os.environ, _dotenv_values(env_file))]
         if problems:
             raise ValidationError.from_exception_data("Settings", [
                 InitErrorDetails(type=PydanticCustomError(kind, problem), loc=(where,), input=None)
@@ -675,6 +678,31 @@ def untrusted_env_files(files: Iterable[Path]) -> list[tuple[str, str]]:
 
 
 def _dotenv_names(env_file: Any) -> list[str]:
+    return list(_dotenv_values(env_file))
+
+
+def _dotenv_values(env_file: Any) -> dict[str, str | None]:
     from dotenv import dotenv_values
 
-    return [name for path in _env_files(env_file) for name in dotenv_values(path)]
+    return {name: value for path in _env_files(env_file) for name, value in dotenv_values(path).items()}
+
+
+# Settings whose absence opens what they guard: serve answers without tokens when none is set. An empty variable
+# is otherwise unset (env_ignore_empty); for these it is a secret that did not arrive (a manifest's
+# ${SERVE_TOKENS} with its variable missing), refused rather than served without tokens.
+GUARDS = ("COUNTERSINK_SERVE__TOKENS", "COUNTERSINK_SERVE__TOKENS_FILE", "COUNTERSINK_SERVE__ADMIN_TOKENS",
+          "COUNTERSINK_SERVE__ADMIN_TOKENS_FILE")
+
+
+def empty_guards(environ: Mapping[str, str], dotenv: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """``(name, problem)`` for each of :data:`GUARDS` set (in the environment, or else in ``.env``) to nothing
+    but blanks. The value is never quoted: it is blank."""
+    problems = []
+    for name in GUARDS:
+        if name not in environ and name not in dotenv:
+            continue
+        value = environ[name] if name in environ else dotenv[name]
+        if value is None or not value.strip():  # a bare NAME line in .env is None: unset by pydantic-settings too
+            problems.append((name, "is set but empty: a secret that did not arrive; serve would answer without "
+                                   "tokens. Unset it to serve without tokens"))
+    return problems

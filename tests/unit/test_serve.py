@@ -472,3 +472,23 @@ def test_the_document_describes_keys_as_the_server_takes_them() -> None:
     assert "pattern" not in key_of("/trace/{topic}")
     for path in ("/counters/{name}/{key}", "/trace/{topic}"):
         assert "at most 1024 bytes of UTF-8" in str(key_of(path)["description"])
+
+
+async def test_admin_tokens_alone_guard_the_reads_too() -> None:
+    """With admin tokens and no read tokens, every route but the probes needs a token (an admin one: admins read
+    too); reads, /metrics and /openapi.json answered anyone."""
+    from countersink.serve import Resetting, Tokens
+    from countersink.settings import KafkaSettings
+
+    admin = "ops:" + "a" * 24
+    settings = ServeSettings(admin_tokens=SecretStr(admin), admin_cassandra_username="writer")
+    client = CassandraClient(CassandraSettings())
+    api = ReadApi(client, settings, COUNTERS,
+                  resetting=Resetting(Tokens(settings, admin=True), client, KafkaSettings()))
+    async with TestClient(TestServer(api.app())) as http:
+        for path in ("/counters/likes/p1", "/metrics", "/openapi.json"):
+            assert (await http.get(path)).status == 401, path
+        assert (await http.get("/healthz")).status == 200
+        # Past the guard with the admin token: the request reaches validation (a bad name, before any read).
+        answer = await http.get("/counters/Likes/p1", headers={"Authorization": "Bearer " + "a" * 24})
+        assert answer.status == 400

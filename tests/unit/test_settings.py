@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -127,10 +129,11 @@ def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
 
 @pytest.mark.parametrize("variable", ["COUNTERSINK_CASSANDRA__SSL_TRUSTED_CERT", "COUNTERSINK_SCHEMA_REGISTRY__URL",
                                       "COUNTERSINK_CASSANDRA__USERNAME", "COUNTERSINK_CONSUMER__FLUSH_INTERVAL_S",
-                                      "COUNTERSINK_CASSANDRA__CONTACT_POINTS", "COUNTERSINK_SERVE__TOKENS"])
+                                      "COUNTERSINK_CASSANDRA__CONTACT_POINTS", "COUNTERSINK_SERVE__TLS_CERT"])
 def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
     """A manifest template leaves a value it does not fill empty: that is the default, for every setting (a
-    trusted certificate or a registry URL set empty was refused, a user name taken as unset)."""
+    trusted certificate or a registry URL set empty was refused, a user name taken as unset); not serve's token
+    variables (below)."""
     section, _, name = variable.removeprefix("COUNTERSINK_").lower().partition("__")
     unset = getattr(getattr(Settings(), section), name)
     monkeypatch.setenv(variable, "")
@@ -153,3 +156,24 @@ def test_an_options_help_names_the_variable_its_environment_sets(monkeypatch: py
     shown = setting_default("consumer.group_id")
     assert shown == "(default: COUNTERSINK_CONSUMER__GROUP_ID, set in this environment; countersink where it is not)"
     assert "payments" not in shown
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize("name", ["COUNTERSINK_SERVE__TOKENS", "COUNTERSINK_SERVE__TOKENS_FILE",
+                                  "COUNTERSINK_SERVE__ADMIN_TOKENS", "COUNTERSINK_SERVE__ADMIN_TOKENS_FILE"])
+def test_an_empty_token_variable_is_refused_not_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str,
+                                                      value: str) -> None:
+    """An empty variable is unset, but a token variable left empty (a secret that did not arrive) opened serve to
+    anyone: it is refused, in the environment or in .env, naming the variable."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=f"{name.removeprefix('COUNTERSINK_')}\n  is set but empty"):
+        Settings()
+    monkeypatch.delenv(name)
+    (tmp_path / ".env").write_text(f"{name}={value}\n")
+    (tmp_path / ".env").chmod(0o600)
+    with pytest.raises(ValidationError, match="is set but empty"):
+        Settings()
+    (tmp_path / ".env").write_text(f"{name}\n")  # a bare name: no value at all
+    with pytest.raises(ValidationError, match="is set but empty"):
+        Settings()
