@@ -320,7 +320,9 @@ class SecureCassandraNode(CassandraNode):
 
     Client certificates are required from the node's first second: Cassandra creates the well-known default
     superuser ``cassandra``/``cassandra`` at start, and until the stack has replaced it only a holder of the
-    stack's client key (mode 0600) can even open a CQL session to try it."""
+    stack's client key (mode 0600) can even open a CQL session to try it. The storage port is TLS with client
+    certificates too: without it, any local process could start a node of its own, join the cluster through
+    that port (no password is asked there), read every role's hash and make itself a superuser."""
 
     heap: str = "768M"
     authenticator: str = "PasswordAuthenticator"
@@ -339,6 +341,16 @@ client_encryption_options:
   keystore: {self.certs.server_keystore}
   truststore: {self.certs.ca_cert}
   require_client_auth: true
+  accepted_protocols: [TLSv1.2, TLSv1.3]
+server_encryption_options:
+  internode_encryption: all
+  legacy_ssl_storage_port_enabled: false
+  ssl_context_factory:
+    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
+  keystore: {self.certs.server_keystore}
+  truststore: {self.certs.ca_cert}
+  require_client_auth: true
+  require_endpoint_verification: true
   accepted_protocols: [TLSv1.2, TLSv1.3]
 """)
         return path

@@ -737,6 +737,38 @@ async def test_the_cassandra_driver_speaks_tls_1_3_with_cassandra(
         assert row["driver_name"] == "Scylla Shard-Aware C/C++ Driver", row
 
 
+async def test_the_storage_port_takes_only_a_certificate_of_the_stacks_authority(secure_stack: SecureStack) -> None:
+    """Another node joins a cluster through the storage port, where no password is asked: a node of anyone's
+    (started by any local user) joined the secured stack there, read every role's hash and made itself a
+    superuser. The port speaks TLS now, and ends a connection that brings no certificate of the stack's
+    authority; one that brings the node's own is kept open, waiting for internode messages."""
+    import ssl
+
+    assert secure_stack.cassandra is not None
+    assert secure_stack.certs is not None
+    port = secure_stack.cassandra.storage_port
+
+    async def first_read(context: ssl.SSLContext) -> bytes | None:
+        """What the node sends first after the handshake: None while it waits (the connection kept)."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1")
+        try:  # TLS 1.3 refuses a missing client certificate after the handshake: the first read says so
+            return await asyncio.wait_for(reader.read(1), 3)
+        except TimeoutError:
+            return None
+        finally:
+            writer.close()
+
+    node = ssl.create_default_context(cafile=str(secure_stack.certs.ca_cert))
+    node.load_cert_chain(secure_stack.certs.server_cert, secure_stack.certs.server_key)
+    assert await first_read(node) is None  # a TLS handshake (the port spoke plain before), then a wait
+    anonymous = ssl.create_default_context(cafile=str(secure_stack.certs.ca_cert))
+    try:
+        refused = await first_read(anonymous)
+    except (ssl.SSLError, ConnectionError):
+        refused = b""
+    assert refused == b""
+
+
 # ------------------------------------------------------------------- no secret leaks (keep this last)
 
 
