@@ -646,17 +646,24 @@ async def _setup_cassandra(stack: dict[str, Any]) -> None:
 
 async def _verify_roles(stack: dict[str, Any]) -> None:
     """Raise :class:`StackError` when Cassandra holds a role the stack did not make (or still the default
-    superuser): someone got in while it was set up, or since."""
+    superuser), or a superuser other than the administrator: someone got in while it was set up, or since."""
     from countersink.cassandra import CassandraClient, as_dicts
 
     admin = stack["cassandra"]["admin"]
     async with CassandraClient(_cassandra_settings(stack, admin["name"], admin["password"]),
                                use_keyspace=False) as client:
-        rows = as_dicts(await client.execute("SELECT role FROM system_auth.roles", prepared=False, consistency="ONE"))
+        rows = as_dicts(await client.execute("SELECT role, is_superuser FROM system_auth.roles", prepared=False,
+                                             consistency="ONE"))
     unexpected = unexpected_roles({row["role"] for row in rows}, {admin["name"], *stack["cassandra"]["roles"]})
     if unexpected:
         raise StackError(f"Cassandra holds roles the stack did not make: {', '.join(unexpected)}; someone logged "
                          "in while it was set up or since: do not use this stack")
+    # A role of the stack's made first by someone else keeps their password (CREATE ROLE IF NOT EXISTS), and the
+    # stack's own logins as it then fail; one made a superuser is seen here.
+    raised = sorted(row["role"] for row in rows if row["is_superuser"] and row["role"] != admin["name"])
+    if raised:
+        raise StackError(f"Cassandra holds superusers the stack did not make: {', '.join(raised)}; someone gave "
+                         "a role of the stack that right: do not use this stack")
 
 
 def unexpected_roles(found: set[str], made: set[str]) -> list[str]:

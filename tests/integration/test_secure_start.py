@@ -206,6 +206,14 @@ async def test_no_role_but_the_stacks_exists_and_another_one_fails_the_check(wat
                 stack.verify_roles()
         finally:
             await admin.execute("DROP ROLE sneaked_in", prepared=False, consistency="ONE")
+        # One of the stack's own roles made a superuser: the check names it.
+        await admin.execute("ALTER ROLE countersink_reader WITH SUPERUSER = true", prepared=False, consistency="ONE")
+        try:
+            with pytest.raises(StackError, match="superusers the stack did not make: countersink_reader"):
+                stack.verify_roles()
+        finally:
+            await admin.execute("ALTER ROLE countersink_reader WITH SUPERUSER = false", prepared=False,
+                                consistency="ONE")
 
 
 def _nodetool(watched: Watched, *args: str) -> subprocess.CompletedProcess[str]:
