@@ -112,6 +112,8 @@ def _not_an_event(payload: bytes) -> str | None:
 
 # Records of the source partition searched, back from its end, for an earlier copy of the dead letter sent back.
 REPUBLISH_SCAN = 100_000
+# Bytes of the value a dry run shows.
+DRY_RUN_SHOWN = 300
 
 
 async def republish(settings: Settings, partition: int, offset: int, payload: bytes | None, *,
@@ -173,6 +175,11 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
                   if name == "countersink.apply-to" and value is not None]
     line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
             f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
+    if dry_run:
+        # What would be counted, to read before sending: a dead letter is only as trustworthy as whoever may write
+        # the dead-letter topic (the consumers' user), and its headers choose the topic and the counters.
+        shown = repr(bytes(plan.value[:DRY_RUN_SHOWN]))[2:-1]  # escaped: no control character reaches the terminal
+        line += f": {shown}{' ...' if len(plan.value) > DRY_RUN_SHOWN else ''}"
     if not dry_run:
         producer = make_producer(settings.kafka)
         try:

@@ -147,7 +147,7 @@ def _expected(truth_values: dict[str, dict[str, int]], vocabulary: dict[str, lis
 
 async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_letter_is_not_counted_twice(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
-    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Three event types, five counters, fields absent, null and wrongly typed: every counter holds exactly
     what a truth computed per counter says; each record some counter refused is dead-lettered once, naming
@@ -200,6 +200,7 @@ async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_lette
         assert "was sent back before, as" in refusal["error"]
         assert await republish(settings, letter.partition, letter.offset, json.dumps(fixed).encode(),
                                dry_run=True, again=True) == 0
+        assert json.dumps(fixed)[:40] in capsys.readouterr().out  # what would be sent, shown
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
         assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
 
