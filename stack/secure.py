@@ -331,28 +331,19 @@ class SecureCassandraNode(CassandraNode):
     def _write_config(self) -> Path:
         assert self.certs is not None
         path = super()._write_config()
+        # The same TLS for clients and for other nodes: the stack's certificate, its authority's alone trusted.
+        tls = f"""\
+  ssl_context_factory:
+    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
+  keystore: {self.certs.server_keystore}
+  truststore: {self.certs.ca_cert}
+  require_client_auth: true
+  accepted_protocols: [TLSv1.2, TLSv1.3]
+"""
         with path.open("a") as yaml:
-            yaml.write(f"""\
-client_encryption_options:
-  enabled: true
-  optional: false
-  ssl_context_factory:
-    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
-  keystore: {self.certs.server_keystore}
-  truststore: {self.certs.ca_cert}
-  require_client_auth: true
-  accepted_protocols: [TLSv1.2, TLSv1.3]
-server_encryption_options:
-  internode_encryption: all
-  legacy_ssl_storage_port_enabled: false
-  ssl_context_factory:
-    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
-  keystore: {self.certs.server_keystore}
-  truststore: {self.certs.ca_cert}
-  require_client_auth: true
-  require_endpoint_verification: true
-  accepted_protocols: [TLSv1.2, TLSv1.3]
-""")
+            yaml.write("client_encryption_options:\n  enabled: true\n  optional: false\n" + tls)
+            yaml.write("server_encryption_options:\n  internode_encryption: all\n  legacy_ssl_storage_port_enabled: "
+                       "false\n  require_endpoint_verification: true\n" + tls)
         return path
 
     def answers(self, peers: int | None = None) -> bool:

@@ -124,6 +124,14 @@ def _settings(kafka: KafkaSettings, cassandra: CassandraSettings, group: str, co
                                               flush_interval_s=0.3, session_timeout_ms=6000, health_port=0))
 
 
+def _views_by_page(folder: Path, topic: str) -> Path:
+    """A definitions file counting an Avro topic's views by page."""
+    counters = folder / "counters.toml"
+    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
+                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+    return counters
+
+
 async def _values(cassandra: CassandraSettings, wanted: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     async with CassandraClient(cassandra) as client:
@@ -256,9 +264,7 @@ async def test_registry_away_is_a_wait_then_everything_counts(
     os.kill(registry_pid, signal.SIGSTOP)
     try:
         group = f"g{os.urandom(4).hex()}"
-        counters = tmp_path / "counters.toml"
-        counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
-                            f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+        counters = _views_by_page(tmp_path, topic)
         settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
         settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(
             update={"timeout_s": 2.0})})
@@ -299,9 +305,7 @@ async def test_an_id_unknown_at_first_is_asked_again_and_its_later_records_count
     upcoming = before + 1  # the registry numbers new schemas in turn (asserted when registered below)
     encode = avro_encoder(json.dumps(VIEW_V1))
     group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(f'[[topic]]\nname = "{topic}"\nformat = "avro"\n\n[[counter]]\nname = "views_by_page"\n'
-                        f'topics = ["{topic}"]\nkind = "count"\nkey = ["page"]\n')
+    counters = _views_by_page(tmp_path, topic)
     settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
     settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(
         update={"unknown_schema_retry_s": 1.0})})
