@@ -8,7 +8,8 @@ The order is what keeps a running consumer from writing it back:
 2. The command waits until twice ``registry_check_s`` has passed since the mark: every flush that starts
    after that has seen the mark.
 3. It walks every row of ``shards`` (a page at a time, ``--batch`` rows) and deletes the counter's cell of
-   each row and its tally of each key, each delete stamped with the time it is sent. Every write of a mutator
+   each row and its tally of each key, each delete stamped with the time it is sent, a cell's at least above
+   its row's newest write (a mutator whose clock runs ahead writes later timestamps). Every write of a mutator
    born before then carries a smaller timestamp (``born_us + flush``) and stays hidden under it, whatever
    order they land in; a GC fold carries at most ``now - grace``, so one built from a read before a delete
    is hidden too, and one built after reads nothing of the counter.
@@ -46,7 +47,10 @@ from schemas.resets import later_cells, split_cell
 log = get_logger(__name__)
 
 PROGRESS_EVERY_S = 5.0
-_CELL_DELETE = "DELETE states[?] FROM shards WHERE key = ? AND born_us = ? AND mutator = ?"
+# A cell is deleted at a timestamp above its row's newest write (and at least when it is sent): a mutator whose
+# clock runs ahead writes at born_us + flush later than the sweep's own clock, and a delete stamped by that clock
+# left its cells visible, to be read and folded into the tally of a name defined anew.
+_CELL_DELETE = "DELETE states[?] FROM shards USING TIMESTAMP ? WHERE key = ? AND born_us = ? AND mutator = ?"
 _TALLY_DELETE = "DELETE tallies[?] FROM shards WHERE key = ?"
 _STAMP = "UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?"
 
@@ -205,7 +209,7 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
     while not stopping.is_set():
         result = await client.execute(
             "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell, tallies[?..?] AS later_tallies, "
-            "states[?..?] AS later_cells FROM shards", [name, name, *later, *later],
+            "states[?..?] AS later_cells, maxwritetime(states) AS written_us FROM shards", [name, name, *later, *later],
             page_size=batch, page_state=page)
         # By partition: its deletes and its stamp in one single-partition batch, which Cassandra applies
         # atomically: a serve that kept a merge of the counter reads the states again (schemas.cql), whatever
@@ -226,8 +230,9 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
                 progress.tallies_deleted += len(tallies)
                 progress.keys.add(key_of_partition(key))
             if cells and row["born_us"] is not None:
+                at_us = max(time.time_ns() // 1000, int(row["written_us"] or 0) + 1)
                 deletes.setdefault(key, []).extend(
-                    (_CELL_DELETE, [cell, key, row["born_us"], row["mutator"]]) for cell in cells)
+                    (_CELL_DELETE, [cell, at_us, key, row["born_us"], row["mutator"]]) for cell in cells)
                 progress.cells_deleted += len(cells)
                 progress.keys.add(key_of_partition(key))
         await asyncio.gather(*(_delete(client, key, statements) for key, statements in deletes.items()))

@@ -142,6 +142,22 @@ async def test_a_dropped_counters_keys_are_read_anew_through_the_cache(cassandra
         assert (await read_state(client, "kept", "home", cache=cache)).value() == 3  # type: ignore[union-attr]
 
 
+async def test_a_drop_hides_the_cells_of_a_mutator_whose_clock_runs_ahead(
+        cassandra_settings: CassandraSettings) -> None:
+    """A consumer whose clock runs a minute ahead writes its shards at that clock's born_us + flush: the sweep's
+    deletes, stamped by its own clock, left them visible (a name dropped, released and defined anew read them
+    back, and the GC folded them into its tally). Each cell is deleted above its row's newest write."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        ahead_us = int(time.time() * 1e6) + 60_000_000
+        writes = [ShardWrite("ahead", "home", _sum(10), 1, True), ShardWrite("other", "home", _sum(4), 1, True)]
+        await store.write_shards(uuid.uuid4(), ahead_us, ahead_us + 1, writes, source=b"a" * 8)
+        progress = await sweep(client, "ahead", 100, asyncio.Event(), lambda *_: None)
+        assert progress.cells_deleted == 1
+        assert await read_state(client, "ahead", "home") is None
+        assert (await read_state(client, "other", "home")).value() == 4  # type: ignore[union-attr]
+
+
 async def test_a_fold_read_before_a_drop_lands_hidden_after_it(cassandra_settings: CassandraSettings) -> None:
     """A GC run reads an instance of a counter holding shards and no tally; the drop's sweep deletes the shards;
     the run's fold then lands, at its own earlier timestamp: the tally it writes stays hidden (the sweep deleted
