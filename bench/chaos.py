@@ -76,6 +76,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import IllegalOperation, KafkaError
@@ -863,17 +864,27 @@ def reset_truth(records: dict[int, list[ConsumerRecord[bytes, bytes]]], resets: 
     return trades, shares
 
 
+def resets_agree(printed: list[dict[str, Any]], listed: list[dict[str, Any]]) -> bool:
+    """Whether ``reset --list --json`` (``listed``) holds the resets as ``reset --json`` printed them: the
+    members both carry, positions in any order; the list's partitions without a recorded position must be none
+    (it also carries the request's idempotency key, which the reset does not print)."""
+    def shown(item: dict[str, Any]) -> tuple[Any, ...]:
+        positions = sorted((str(p["topic"]), int(p["partition"]), int(p["offset"])) for p in item["positions"])
+        return (str(item["counter"]), int(item["epoch"]), item["id"], sorted(item["keys"]),
+                item["requested_by"], item["requested_at"], positions, item.get("not_recorded") or [])
+
+    return sorted(map(shown, printed)) == sorted(map(shown, listed))
+
+
 async def report_resets(env: dict[str, str], resets: Resets) -> bool:
     """Print the resets made; True when all were made and the resets tables hold each as it was printed."""
     for failure in resets.failures:
         print(f"reset failed: {failure}")
-    recorded: list[dict[str, object]] = []
+    recorded: list[dict[str, Any]] = []
     for counter in sorted({r.counter for r in resets.done}):
         listed = await asyncio.to_thread(_reset_command, env, counter, "--list", "--json")
         recorded += json.loads(listed.stdout.decode().strip().splitlines()[-1]) if listed.returncode == 0 else []
-    printed = [r.printed for r in resets.done]
-    key = lambda item: (str(item["counter"]), int(item["epoch"]))  # noqa: E731 - a sort key
-    agree = sorted(printed, key=key) == sorted(recorded, key=key)
+    agree = resets_agree([r.printed for r in resets.done], recorded)
     print(f"resets ({TOPIC}): {len(resets.done)} of {len(RESETS)} made under kill -9 ("
           + ", ".join(f"{r.counter} epoch {r.epoch}, {f'{len(r.keys)} keys' if r.keys else 'every key'}"
                       for r in resets.done)
@@ -1329,8 +1340,9 @@ async def run(args: argparse.Namespace) -> int:
             print(f"transactional phase ({TX_TOPIC}): lost={tx_lost} duplicated={tx_duplicated} "
                   f"mismatched={len(tx_mismatched)}")
             # Not countersink's doing, but without them the truth above means nothing.
-            harness_ok = not (committed.aborted_visible or committed.committed_missing or committed.torn)
-            if not harness_ok:
+            read_back = not (committed.aborted_visible or committed.committed_missing or committed.torn)
+            harness_ok = harness_ok and read_back  # the resets' and the backfill's checks above count too
+            if not read_back:
                 print(f"read-back disagrees with the publisher: aborted records visible={committed.aborted_visible}"
                       f", committed records missing={committed.committed_missing}, attempts partly visible="
                       f"{committed.torn[:10]}")

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from bench.chaos import ResetDone, reset_truth
+from bench.chaos import ResetDone, reset_truth, resets_agree
 from schemas.resets import CONTROL_HEADER
 
 
@@ -60,3 +60,20 @@ def test_without_resets_it_is_the_window_rule_alone() -> None:
     """No reset: every fresh trade counts, malformed records and control records count nowhere."""
     records: Any = {0: _log(_trade("x", "A", 5), b"", _trade("x", "A", 5), _trade("z", "B", 1))}
     assert reset_truth(records, [], window=10) == ({"A": 1, "B": 1}, {"A": 5, "B": 1})
+
+
+def test_the_resets_check_compares_what_both_forms_carry() -> None:
+    """reset --json and reset --list --json differ in form (the list adds the request's key and the partitions no
+    position was recorded in): the check compared them whole, always disagreed, and its verdict was overwritten
+    by the transactional phase's, so it could not fail. Now the same reset agrees, and a changed position, a
+    missing reset or a partition without a position disagree."""
+    printed = {"counter": "shares", "keys": ["S2", "S1"], "epoch": 1, "id": "shares.1.x", "requested_by": "chaos",
+               "requested_at": "2026-11-28T16:00:00.000+00:00",
+               "positions": [{"topic": "t", "partition": 1, "offset": 9}, {"topic": "t", "partition": 0, "offset": 4}]}
+    listed = {**printed, "keys": ["S1", "S2"], "request_key": "k1", "not_recorded": [],
+              "positions": list(reversed(printed["positions"]))}
+    assert resets_agree([printed], [listed])
+    moved = {**listed, "positions": [{"topic": "t", "partition": 0, "offset": 5}, printed["positions"][0]]}
+    assert not resets_agree([printed], [moved])
+    assert not resets_agree([printed], [])
+    assert not resets_agree([printed], [{**listed, "not_recorded": [{"topic": "t", "partition": 2}]}])
