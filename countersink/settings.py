@@ -697,6 +697,9 @@ GUARDS = ("COUNTERSINK_SERVE__TOKENS", "COUNTERSINK_SERVE__TOKENS_FILE", "COUNTE
 def empty_guards(environ: Mapping[str, str], dotenv: Mapping[str, str | None]) -> list[tuple[str, str]]:
     """``(name, problem)`` for each of :data:`GUARDS` set (in the environment, or else in ``.env``) to nothing
     but blanks. The value is never quoted: it is blank."""
+    # Variables are read in any case (countersink_serve__tokens sets SERVE__TOKENS): compared in capitals.
+    environ = {name.upper(): value for name, value in environ.items()}
+    dotenv = {name.upper(): value for name, value in dotenv.items()}
     problems = []
     for name in GUARDS:
         if name not in environ and name not in dotenv:

@@ -1157,6 +1157,43 @@ def _multiple_of(validator: Any, factor: Any, instance: Any, schema: Any) -> Any
 _RE2_OPTIONS: Any = None
 
 
+def ecma_to_re2(pattern: str) -> str:
+    """A JSON Schema (ECMA-262) pattern in RE2's syntax, for the escapes RE2 spells otherwise: ``\\uXXXX`` is
+    ``\\x{XXXX}``, ``\\cX`` the control character X names, ``[\\b]`` a backspace. Escaped backslashes are
+    kept as they are (``\\\\u0061`` is a backslash, then ``u0061``)."""
+    if "\\" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            escaped = pattern[i + 1]
+            if escaped == "u" and len(pattern[i + 2:i + 6]) == 4 and all(
+                    c in "0123456789abcdefABCDEF" for c in pattern[i + 2:i + 6]):
+                out.append("\\x{" + pattern[i + 2:i + 6] + "}")
+                i += 6
+                continue
+            if escaped == "c" and i + 2 < len(pattern) and pattern[i + 2].isascii() and pattern[i + 2].isalpha():
+                out.append(f"\\x{{{ord(pattern[i + 2]) % 32:02x}}}")
+                i += 3
+                continue
+            if escaped == "b" and in_class:
+                out.append("\\x{08}")
+                i += 2
+                continue
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+        elif char == "]" and in_class:
+            in_class = False
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
 def _linear_pattern(pattern: str) -> Any:
     """``pattern`` compiled by RE2; :class:`SchemaError` when RE2 cannot run it (look-arounds, back-references,
     a pattern past RE2's memory bound)."""
@@ -1168,7 +1205,7 @@ def _linear_pattern(pattern: str) -> Any:
         options.log_errors = False  # the refusal is ours to report, once, not RE2's to print on standard error
         _RE2_OPTIONS = options
     try:
-        return re2.compile(pattern, _RE2_OPTIONS)
+        return re2.compile(ecma_to_re2(pattern), _RE2_OPTIONS)
     except re2.error as exc:
         why = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise SchemaError(f"the pattern {pattern[:200]!r} cannot be matched in linear time ({why[:200]}): "
@@ -1196,7 +1233,7 @@ class _LinearPatterns:
                 _linear_pattern(pattern)  # each refused with RE2's reason, which a set does not give
             found = re2.Set.SearchSet(_RE2_OPTIONS)
             for pattern in patterns:
-                found.Add(pattern)
+                found.Add(ecma_to_re2(pattern))
             found.Compile()
             self._sets[patterns] = found
         return found

@@ -170,6 +170,10 @@ def test_an_empty_token_variable_is_refused_not_unset(monkeypatch: pytest.Monkey
     with pytest.raises(ValidationError, match=f"{name.removeprefix('COUNTERSINK_')}\n  is set but empty"):
         Settings()
     monkeypatch.delenv(name)
+    monkeypatch.setenv(name.lower(), value)  # read in any case
+    with pytest.raises(ValidationError, match="is set but empty"):
+        Settings()
+    monkeypatch.delenv(name.lower())
     (tmp_path / ".env").write_text(f"{name}={value}\n")
     (tmp_path / ".env").chmod(0o600)
     with pytest.raises(ValidationError, match="is set but empty"):
