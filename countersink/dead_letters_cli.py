@@ -171,7 +171,8 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
                 f"{origin} was sent back before, as {sent}: counters without event_id would count it again "
                 "(--again sends it once more)"))
             return EXIT_USAGE
-    restricted = [value.decode(errors="replace") for name, value in plan.headers
+    # Escaped: the header comes from the dead letter, and no control character of it reaches the terminal.
+    restricted = [repr(bytes(value))[2:-1] for name, value in plan.headers
                   if name == "countersink.apply-to" and value is not None]
     line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
             f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
