@@ -171,15 +171,14 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
                 f"{origin} was sent back before, as {sent}: counters without event_id would count it again "
                 "(--again sends it once more)"))
             return EXIT_USAGE
-    # Escaped: the header comes from the dead letter, and no control character of it reaches the terminal.
-    restricted = [repr(bytes(value))[2:-1] for name, value in plan.headers
+    restricted = [_escaped(value) for name, value in plan.headers
                   if name == "countersink.apply-to" and value is not None]
     line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
             f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
     if dry_run:
         # What would be counted, to read before sending: a dead letter is only as trustworthy as whoever may write
         # the dead-letter topic (the consumers' user), and its headers choose the topic and the counters.
-        shown = repr(bytes(plan.value[:DRY_RUN_SHOWN]))[2:-1]  # escaped: no control character reaches the terminal
+        shown = _escaped(plan.value[:DRY_RUN_SHOWN])
         line += f": {shown}{' ...' if len(plan.value) > DRY_RUN_SHOWN else ''}"
     if not dry_run:
         producer = make_producer(settings.kafka)
@@ -216,6 +215,12 @@ async def _sent_back(settings: Settings, tp: TopicPartition, origin: str, since_
             if batch[-1].offset >= end - 1:
                 return None
     return None
+
+
+def _escaped(data: bytes) -> str:
+    """Bytes of a dead letter as printable text: it comes from whoever could write the dead-letter topic, and no
+    control character of it reaches the terminal."""
+    return repr(bytes(data))[2:-1]
 
 
 async def _partitions_of(settings: Settings, topic: str) -> list[int]:

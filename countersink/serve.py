@@ -231,9 +231,8 @@ class ReadApi:
 
     @property
     def guarded(self) -> bool:
-        """Whether the routes but /healthz and /readyz need a token: read tokens are set, or admin tokens (which
-        read too: with admin tokens alone, reads were open to anyone, tokens or none)."""
-        return self.tokens.required or self.admin_tokens is not None
+        """Whether the routes but /healthz and /readyz need a token (:func:`needs_token`)."""
+        return needs_token(self.tokens, self.admin_tokens)
 
     def _check_token(self, request: web.Request) -> None:
         """A read token, or an admin token (admins read too)."""
@@ -596,6 +595,12 @@ class Resetting:
     tokens: Tokens
     client: CassandraClient
     kafka: KafkaSettings
+
+
+def needs_token(tokens: Tokens, admin_tokens: Tokens | None) -> bool:
+    """Whether every route but /healthz and /readyz needs a token: read tokens are set, or admin tokens (which read
+    too: with admin tokens alone, reads were open to anyone, tokens or none)."""
+    return tokens.required or admin_tokens is not None
 
 
 def _bearer(request: web.Request) -> str:
@@ -1266,17 +1271,18 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         tokens = Tokens(serve_settings)
         admin_tokens = Tokens(serve_settings, admin=True) if serve_settings.admin else None
         admin_cassandra = _admin_cassandra(settings.cassandra, serve_settings)
-        if (tokens.required or admin_tokens is not None) and tls is None and not serve_settings.allow_insecure:
+        guarded = needs_token(tokens, admin_tokens)
+        if guarded and tls is None and not serve_settings.allow_insecure:
             raise TokenError("bearer tokens over plain HTTP can be read by anyone on the path: set "
                              "COUNTERSINK_SERVE__TLS_CERT and __TLS_KEY, or COUNTERSINK_SERVE__ALLOW_INSECURE=true "
                              "if a TLS proxy on this host is the only client")
     except (TokenError, ValueError) as exc:
         log.error("serve_settings_refused", error=str(exc))
         return 2
-    if (tokens.required or admin_tokens is not None) and tls is None:
+    if guarded and tls is None:
         log.warning("serve_tokens_over_plain_http", allow_insecure=True,
                     why="tokens and requests cross the network readable; only safe behind a TLS proxy on this host")
-    if not tokens.required and admin_tokens is None and not _loopback(serve_settings.host):
+    if not guarded and not _loopback(serve_settings.host):
         log.warning("serve_without_tokens", host=serve_settings.host,
                     why="anyone who reaches this address reads every counter and /metrics: set "
                         "COUNTERSINK_SERVE__TOKENS_FILE (or __TOKENS) with TLS, or listen on 127.0.0.1")

@@ -33,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -1277,33 +1277,34 @@ class _LinearPatterns:
         """Compile every pattern of a schema that check_schema accepted, so that one RE2 cannot run refuses the
         schema when it is loaded rather than each record that reaches it. Values (``const``, ``enum``,
         ``default``, ``examples``) are not schemas: a ``pattern`` key there is data."""
-        stack = [doc]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, dict):
-                if isinstance(node.get("pattern"), str):
-                    self((node["pattern"],))
-                if isinstance(node.get("patternProperties"), dict) and node["patternProperties"]:
-                    self(tuple(node["patternProperties"]))
-                stack.extend(value for key, value in node.items() if key not in _NOT_SCHEMAS)
-            elif isinstance(node, list):
-                stack.extend(node)
+        for node in _objects(doc, skip=_NOT_SCHEMAS):
+            if isinstance(node.get("pattern"), str):
+                self((node["pattern"],))
+            if isinstance(node.get("patternProperties"), dict) and node["patternProperties"]:
+                self(tuple(node["patternProperties"]))
 
 
 _NOT_SCHEMAS = frozenset({"const", "enum", "default", "examples"})
 
 
-def _holds_both(doc: Any, first: str, second: str) -> bool:
-    """Whether some object of ``doc`` has key ``first`` and some (maybe another) has key ``second``."""
-    found: set[str] = set()
+def _objects(doc: Any, skip: frozenset[str] = frozenset()) -> Iterator[dict[str, Any]]:
+    """Every object of a JSON document, walked (not recursed: a schema is bounded in depth, not in width), but
+    those under a key of ``skip``."""
     stack = [doc]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            found.update(key for key in (first, second) if key in node)
-            stack.extend(node.values())
+            yield node
+            stack.extend(value for key, value in node.items() if key not in skip)
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def _holds_both(doc: Any, first: str, second: str) -> bool:
+    """Whether some object of ``doc`` has key ``first`` and some (maybe another) has key ``second``."""
+    found: set[str] = set()
+    for node in _objects(doc):
+        found.update(key for key in (first, second) if key in node)
     return len(found) == 2
 
 
