@@ -23,6 +23,7 @@ from typing import NoReturn
 from consumer.applying import Applier, KafkaRecord, Mutator, Outcome, RecordsLostError, RecordSource
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, Store
 from countersink.logs import get_logger
+from countersink.retry import is_retriable
 from schemas.cql import stamp_source
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import Update
@@ -528,7 +529,8 @@ async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) ->
     applied a record (one that started past it did not, whatever its shards hold) and whether it counted a
     counter added since (the GC folds shards without saying). Nothing in the protocol depends on them, so a
     failure is logged and the takeover goes on (that mutator's records are then traced as before starts were
-    recorded). A retriable failure (a timeout: the write may or may not have applied) is tried again at once, up
+    recorded). A retriable failure (a timeout, whose write may or may not have applied, or a connection lost) is
+    tried again at once, up
     to :data:`START_ATTEMPTS` in all: the write sets the same values whether it applied or not, and a timeout
     has already waited."""
     counted = frozenset(counters)
@@ -537,7 +539,7 @@ async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) ->
             await store.record_start(claimed.new.id, claimed.start_offset, counted)
             return
         except Exception as exc:
-            if attempt < START_ATTEMPTS and getattr(exc, "retriable", False):
+            if attempt < START_ATTEMPTS and is_retriable(exc):
                 continue
             log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
                         mutator=str(claimed.new.id), start_offset=claimed.start_offset, attempts=attempt,

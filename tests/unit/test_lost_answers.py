@@ -298,10 +298,13 @@ def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() ->
     assert store.recorded_starts == {}
 
 
-def test_a_start_whose_answer_was_lost_is_written_again() -> None:
-    """A timed-out write of a mutator's start (it may have applied or not) is tried again at once: recorded,
-    nothing logged. It was logged unrecorded, and trace then reported that mutator's records as before
-    starts were recorded."""
+@pytest.mark.parametrize("lost", [StoreTimeoutError("record_start timed out"), ConnectionResetError("reset by peer")],
+                         ids=["timeout", "connection-reset"])
+def test_a_start_whose_answer_was_lost_is_written_again(lost: Exception) -> None:
+    """A timed-out write of a mutator's start (it may have applied or not), or one whose connection was lost, is
+    tried again at once: recorded, nothing logged. It was logged unrecorded, and trace then reported that
+    mutator's records as before starts were recorded (a lost connection was not retried: the one retry policy,
+    ``countersink.retry.is_retriable``, takes OSError as retriable)."""
     from structlog.testing import capture_logs
 
     class TimesOutOnce(MemoryStore):
@@ -311,7 +314,7 @@ def test_a_start_whose_answer_was_lost_is_written_again() -> None:
                                ) -> None:
             if not self.timed_out:
                 self.timed_out += 1
-                raise StoreTimeoutError("record_start timed out")
+                raise lost
             await super().record_start(mutator, start_offset, counters)
 
     store, log = TimesOutOnce(), _log(6)
