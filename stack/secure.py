@@ -637,14 +637,15 @@ async def _setup_cassandra(stack: dict[str, Any]) -> None:
 
 async def _verify_roles(stack: dict[str, Any]) -> None:
     """Raise :class:`StackError` when Cassandra holds a role the stack did not make (or still the default
-    superuser), or a superuser other than the administrator: someone got in while it was set up, or since."""
+    superuser), a superuser other than the administrator, or a role granted to another (which then holds its
+    rights, a superuser's too): someone got in while it was set up, or since."""
     from countersink.cassandra import CassandraClient, as_dicts
 
     admin = stack["cassandra"]["admin"]
     async with CassandraClient(_cassandra_settings(stack, admin["name"], admin["password"]),
                                use_keyspace=False) as client:
-        rows = as_dicts(await client.execute("SELECT role, is_superuser FROM system_auth.roles", prepared=False,
-                                             consistency="ONE"))
+        rows = as_dicts(await client.execute("SELECT role, is_superuser, member_of FROM system_auth.roles",
+                                             prepared=False, consistency="ONE"))
     unexpected = unexpected_roles({row["role"] for row in rows}, {admin["name"], *stack["cassandra"]["roles"]})
     if unexpected:
         raise StackError(f"Cassandra holds roles the stack did not make: {', '.join(unexpected)}; someone logged "
@@ -655,6 +656,11 @@ async def _verify_roles(stack: dict[str, Any]) -> None:
     if raised:
         raise StackError(f"Cassandra holds superusers the stack did not make: {', '.join(raised)}; someone gave "
                          "a role of the stack that right: do not use this stack")
+    # The stack grants no role to another; a role granted one (the administrator's, say) holds its rights.
+    members = sorted(f"{row['role']} (of {', '.join(sorted(row['member_of']))})" for row in rows if row["member_of"])
+    if members:
+        raise StackError(f"Cassandra holds role grants the stack did not make: {'; '.join(members)}; someone granted "
+                         "a role of the stack another's rights: do not use this stack")
 
 
 def unexpected_roles(found: set[str], made: set[str]) -> list[str]:

@@ -214,6 +214,15 @@ async def test_no_role_but_the_stacks_exists_and_another_one_fails_the_check(wat
         finally:
             await admin.execute("ALTER ROLE countersink_reader WITH SUPERUSER = false", prepared=False,
                                 consistency="ONE")
+        # One of the stack's roles granted the administrator's role (a superuser by inheritance): named too.
+        await admin.execute(f"GRANT {ADMIN_ROLE} TO countersink_reader", prepared=False, consistency="ONE")
+        try:
+            granted = rf"grants the stack did not make: countersink_reader \(of {ADMIN_ROLE}\)"
+            with pytest.raises(StackError, match=granted):
+                stack.verify_roles()
+        finally:
+            await admin.execute(f"REVOKE {ADMIN_ROLE} FROM countersink_reader", prepared=False, consistency="ONE")
+        stack.verify_roles()
 
 
 def _nodetool(watched: Watched, *args: str) -> subprocess.CompletedProcess[str]:
