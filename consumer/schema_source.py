@@ -31,19 +31,25 @@ class SchemaLoadingSource:
         if stop is not None:
             await stop()
 
+    # Each method loads for a holder of its own per partition (SchemaCache): its caller routes the records after
+    # awaits of its own (resets looked up, a server away), and the cache keeps their schemas until then.
     async def read(self, topic: str, partition: int, first: int, last: int) -> list[Record]:
         records = await self.source.read(topic, partition, first, last)
-        await self.loader.load(topic, (r.value for r in records))
+        await self.loader.load(topic, (r.value for r in records), ("read", topic, partition))
         return records
 
     async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
-        async for chunk in self.source.stream(topic, partition, first, last):
-            await self.loader.load(topic, (r.value for r in chunk))
-            yield chunk
+        holder = ("stream", topic, partition)
+        try:
+            async for chunk in self.source.stream(topic, partition, first, last):
+                await self.loader.load(topic, (r.value for r in chunk), holder)
+                yield chunk
+        finally:
+            self.loader.cache.release(holder)
 
     async def read_back(self, topic: str, partition: int, before: int, count: int) -> list[Record]:
         records = await self.source.read_back(topic, partition, before, count)
-        await self.loader.load(topic, (r.value for r in records))
+        await self.loader.load(topic, (r.value for r in records), ("read_back", topic, partition))
         return records
 
     async def log_start(self, topic: str, partition: int) -> int:

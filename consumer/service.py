@@ -362,7 +362,9 @@ class ConsumerService:
         while True:
             try:
                 for tp, records in batches.items():
-                    await self.schemas.load(tp.topic, (record.value for record in records))
+                    # Held for the partition until its next batch: routed after the lock is taken, which a
+                    # rebalance waiting out a flush to a server away may hold for longer than the cache's idle_s.
+                    await self.schemas.load(tp.topic, (record.value for record in records), tp)
             except SchemaRegistryUnavailableError as exc:
                 if self.schema_wait is None:
                     log.warning("schema_registry_unavailable", error=str(exc))
@@ -485,6 +487,7 @@ class ConsumerService:
             await self.flushing.wait_until_done()
             for tp in revoked:
                 self.refused.pop(tp, None)
+                self.schema_cache.release(tp)
             await self.ownership.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from countersink.logs import get_logger
@@ -191,13 +191,15 @@ class SchemaLoader:
         if self._client is not None:
             await self._client.stop()
 
-    async def load(self, topic: str, values: Iterable[bytes | None]) -> None:
-        """Fetch and compile every schema id of ``values`` not yet cached for ``topic``. Raises
-        :class:`SchemaRegistryUnavailableError` (retriable) when the registry cannot answer."""
+    async def load(self, topic: str, values: Iterable[bytes | None], holder: Hashable | None = None) -> None:
+        """Fetch and compile every schema id of ``values`` not yet cached for ``topic``; ``holder`` (whoever
+        routes them, if not at once) holds them in the cache until its next load or
+        :meth:`~schemas.formats.SchemaCache.release`. Raises :class:`SchemaRegistryUnavailableError`
+        (retriable) when the registry cannot answer."""
         format_ = self._topics.get(topic)
         if format_ is None or self._client is None:
             return
-        for schema_id in self.cache.missing(topic, schema_ids(values)):
+        for schema_id in self.cache.missing(topic, schema_ids(values), holder):
             entry: WriterSchema | InvalidEventError
             try:
                 found = await self._client.schema_by_id(schema_id)

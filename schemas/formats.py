@@ -32,8 +32,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -1407,8 +1407,10 @@ class SchemaCache:
     Bounded: ids come from records, and a producer can name any of 2**31. An id the registry did not know is
     asked again once ``unknown_retry_s`` has passed (a schema registered after its first record was read, on a
     registry whose followers lag, is then used), and past ``max_entries`` the entries no batch has named for
-    ``idle_s`` are dropped, least recently named first (a later record naming one fetches it again). An entry is
-    never dropped within ``idle_s`` of a load naming it: whoever loaded a batch routes it well within that."""
+    ``idle_s`` are dropped, least recently named first (a later record naming one fetches it again). An entry
+    a holder holds is never dropped: whoever loads records and routes them later (after waiting for a lock, or
+    for a server away, which may take longer than ``idle_s``) loads them for a holder of its own, which holds
+    the ids of its last load until its next (so at most a batch's ids each)."""
 
     def __init__(self, *, max_entries: int = 1000, unknown_retry_s: float = 30.0, idle_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -1422,19 +1424,25 @@ class SchemaCache:
         # entry moved to the end in constant time, however many a flood of ids made).
         self._named: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._unknown_until: dict[tuple[str, int], float] = {}  # ids the registry did not know: asked again after
+        self._held: dict[Hashable, frozenset[tuple[str, int]]] = {}  # by holder: the entries of its last load
+        self._holders: Counter[tuple[str, int]] = Counter()  # by entry: how many holders hold it
 
-    def missing(self, topic: str, ids: Iterable[int]) -> list[int]:
+    def missing(self, topic: str, ids: Iterable[int], holder: Hashable | None = None) -> list[int]:
         """The ids to fetch before a batch naming ``ids`` is routed: those not cached, and those the registry
-        did not know ``unknown_retry_s`` ago. Every id named counts as used now."""
+        did not know ``unknown_retry_s`` ago. Every id named counts as used now; ``holder`` holds them (and no
+        longer those of its last load) until its next load."""
         now = self._clock()
+        named = set(ids)
         wanted = []
-        for schema_id in set(ids):
+        for schema_id in named:
             entry = (topic, schema_id)
             until = self._unknown_until.get(entry)
             if entry not in self.entries or (until is not None and now >= until):
                 wanted.append(schema_id)
             self._named[entry] = now
             self._named.move_to_end(entry)
+        if holder is not None:
+            self._hold(holder, frozenset((topic, schema_id) for schema_id in named))
         if len(self.entries) > self.max_entries:
             self._drop_idle(now)
         return sorted(wanted)
@@ -1451,14 +1459,35 @@ class SchemaCache:
     def get(self, topic: str, schema_id: int) -> WriterSchema | InvalidEventError | None:
         return self.entries.get((topic, schema_id))
 
+    def release(self, holder: Hashable) -> None:
+        """``holder`` routes nothing more (a partition revoked, a replay ended): its entries may be dropped."""
+        self._hold(holder, frozenset())
+
+    def _hold(self, holder: Hashable, entries: frozenset[tuple[str, int]]) -> None:
+        before = self._held.pop(holder, frozenset())
+        self._holders.update(entries - before)
+        self._holders.subtract(before - entries)
+        for entry in before - entries:
+            if self._holders[entry] <= 0:
+                del self._holders[entry]
+        if entries:
+            self._held[holder] = entries
+
     def _drop_idle(self, now: float) -> None:
+        held = []
         while len(self.entries) > self.max_entries and self._named:
             key, named = next(iter(self._named.items()))
             if now - named < self.idle_s:
-                return
+                break
             del self._named[key]
+            if key in self._holders:
+                held.append((key, named))  # set aside, and put back as it was once the others are looked at
+                continue
             self.entries.pop(key, None)
             self._unknown_until.pop(key, None)
+        for key, named in reversed(held):
+            self._named[key] = named
+            self._named.move_to_end(key, last=False)
 
 
 class RegistryDecoder:

@@ -387,6 +387,42 @@ def test_the_schema_cache_asks_an_unknown_id_again_and_stays_bounded() -> None:
     assert set(cache.entries) == {("views", 2), ("views", 19), ("views", 18)}  # the 3 most recently named
 
 
+def test_schemas_a_holder_loaded_stay_until_it_routes_them() -> None:
+    """Whoever loads a batch and routes it only after a wait (the live loop behind a rebalance that waits out a
+    flush to a server away, a replay looking up resets) holds its ids: a flood of other ids past
+    ``max_entries`` and ``idle_s`` drops others, never those, until the holder's next load or its release
+    (the batch's records were routed into SchemaNotLoadedError, and the consumer stopped, without it)."""
+    now = [0.0]
+    cache = SchemaCache(max_entries=2, idle_s=120.0, clock=lambda: now[0])
+    topic = TopicFormat(name="views", format="avro")
+    decode = registry_decoder(topic, cache)
+    record = frame(1, avro_bytes(V1, {"page": "/a", "n": 1}))
+    assert cache.missing("views", [1], holder="partition 0") == [1]
+    cache.put("views", 1, WriterSchema(1, "AVRO", json.dumps(V1), topic, json.loads))
+    assert cache.missing("views", [5]) == [5]
+    cache.put("views", 5, UnknownSchemaError(5))
+    now[0] = 500.0  # the batch naming id 1 waits; meanwhile a flood of ids nobody registered
+    for schema_id in range(10, 20):
+        assert cache.missing("views", [schema_id], holder="partition 1") == [schema_id]
+        cache.put("views", schema_id, UnknownSchemaError(schema_id))
+        now[0] += 200.0
+    assert decode(record) == {"page": "/a", "n": 1}  # held: still there
+    assert ("views", 5) not in cache.entries  # held by nobody: dropped
+    assert ("views", 10) not in cache.entries  # held by partition 1 until its next load only
+    assert ("views", 19) in cache.entries
+    cache.missing("views", [19], holder="partition 0")  # partition 0's next batch names another id
+    cache.missing("views", [20])
+    cache.put("views", 20, UnknownSchemaError(20))
+    assert ("views", 1) not in cache.entries  # no longer held, idle: dropped
+    cache.release("partition 1")
+    now[0] += 200.0
+    cache.release("partition 0")
+    cache.missing("views", [21])
+    cache.put("views", 21, UnknownSchemaError(21))
+    assert cache.missing("views", [21]) == []
+    assert set(cache.entries) == {("views", 20), ("views", 21)}  # released, idle: 19 dropped
+
+
 def test_registry_decoder_reads_from_the_cache_only() -> None:
     """An id not loaded is a retriable SchemaNotLoadedError; an id the registry does not know is a dead letter
     with the id; a loaded one decodes."""
