@@ -36,7 +36,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
@@ -532,10 +532,21 @@ def _rfc3339_variant(text: str) -> datetime | None:
     except ValueError:
         return None
     if leap is not None:
-        utc = when.astimezone(UTC) if when.tzinfo is not None else None
-        if utc is None or (utc.hour, utc.minute) != (23, 59):
-            return None  # only the last minute of a UTC day has a 61st second
+        offset = when.utcoffset()
+        if offset is None:
+            return None
+        # Only the last minute of a UTC day has a 61st second. Worked out from the offset, not by astimezone(),
+        # which raises OverflowError for a UTC day before year 1 or after 9999 (0001-01-01T00:59:60+01:00): such a
+        # time is refused by the range check, as those times without a leap second are.
+        of_day = ((when.hour * 60 + when.minute) * 60 + when.second) * 10**6 + when.microsecond - offset // _MICROSECOND
+        if of_day % _DAY_US < _LAST_MINUTE_US:
+            return None
     return when
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_DAY_US = 86_400 * 10**6
+_LAST_MINUTE_US = 86_340 * 10**6
 
 
 def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:

@@ -258,3 +258,14 @@ def test_a_sixtieth_second_elsewhere_is_no_time(text: str) -> None:
     """Only a UTC day's last minute has a 61st second, and a time without an offset stays refused."""
     with pytest.raises(ValueOutOfRangeError):
         EventRouter(_counters(None, "iso8601")).route("t", _raw(text), None)
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("0001-01-01T00:59:60+01:00", "outside 1970..9999"), ("0001-01-01T00:59:60.5+01:00", "outside 1970..9999"),
+    ("9999-12-31T23:59:60-01:00", "not an ISO-8601 timestamp")])
+def test_a_leap_second_of_a_utc_day_outside_the_calendar_is_refused_not_raised(text: str, reason: str) -> None:
+    """A leap second whose UTC day is before year 1 or after 9999 is refused as any time outside the years counted
+    (or as no time, when its minute is not a UTC day's last): it raised OverflowError out of the router and the
+    batch path alike, and the record stopped its partition at every restart."""
+    with pytest.raises(ValueOutOfRangeError, match=reason):
+        EventRouter(_counters(None, "iso8601")).route("t", _raw(text), None)
