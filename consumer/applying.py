@@ -11,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from consumer.resetting import NO_RESETS, ResetBook
 from consumer.storage import MutatorEntry, PartitionId
+from countersink.logs import get_logger
+from countersink.retry import is_retriable
 from schemas import formats, timeseries
 from schemas.definitions import CounterSet
-from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError
+from schemas.errors import CountersinkError, CountersRefusedError, InvalidEventError, UndecidableRecordError
 from schemas.events import EventRouter, Update, apply_updates, restricted
 from schemas.fast_route import APPLIED, DUPLICATE, FastRoute, Row, refusals
 from schemas.kinds import KINDS, State, new_state
@@ -312,6 +315,11 @@ class Applier:
         except InvalidEventError as exc:
             self.window.push(())
             return Outcome.INVALID, [], exc.with_traceback(None)  # kept for the dead letter, without its frames
+        except Exception as exc:
+            if isinstance(exc, MemoryError) or is_retriable(exc):
+                raise  # the process's or a server's: not the record's
+            self.window.push(())
+            return Outcome.INVALID, [], _undecidable(self.topic, self.partition, record.offset, exc)
         updates, refusals = decision.updates, decision.refusals
         # The window first, from every update: it must decide as an unrestricted mutator's would.
         fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
@@ -402,6 +410,25 @@ class Applier:
         await self.learn(records)
         for record in records:
             self.classify(record)
+
+
+log = get_logger(__name__)
+
+# At most one ``record_undecidable`` line with its traceback per kind of error and minute: the records are dead
+# letters (each with its reason), and a defect met by a stream of them must not flood the log.
+_UNDECIDABLE_SAID: dict[str, float] = {}
+
+
+def _undecidable(topic: str, partition: int, offset: int, exc: Exception) -> UndecidableRecordError:
+    """The dead letter's error for a record whose decision raised ``exc`` (a defect), said in the log."""
+    kind = type(exc).__name__
+    now = time.monotonic()
+    if now - _UNDECIDABLE_SAID.get(kind, -60.0) >= 60.0:
+        _UNDECIDABLE_SAID[kind] = now
+        log.error("record_undecidable", topic=topic, partition=partition, offset=offset, error=repr(exc)[:500],
+                  exc_info=exc)
+    return UndecidableRecordError("", f"deciding it raised {kind}: {str(exc)[:200]} (a defect of countersink's: "
+                                      "re-publish it once fixed)")
 
 
 @dataclasses.dataclass

@@ -121,6 +121,12 @@ class OversizedEventError(InvalidEventError):
     """Raised when an event is larger than the router's ``max_event_bytes``."""
 
 
+class UndecidableRecordError(InvalidEventError):
+    """Raised (for the dead-letter topic) when deciding a record raised what no refusal should: a defect of
+    countersink's, met on this record's bytes. Deciding a record is pure, so it would raise again at every
+    restart and stop its partition for good; the record is a dead letter instead, to re-publish once fixed."""
+
+
 class UnaddressedEventError(InvalidEventError):
     """Raised when a record's ``countersink.apply-to`` header names no counter at all (empty, or no name a
     counter can have): no consumer would count it, so it is refused as a whole rather than filtered by every

@@ -442,8 +442,10 @@ class FastRoute:
         fields = _Fields()
         namespace: dict[str, Any] = {
             "UNSET": _UNSET, "DECODE_ERRORS": (msgspec.DecodeError, msgspec.ValidationError),
-            # TypeError: an array or object as a key value, which no dict of rows can hold
-            "REFUSED": (InvalidEventError, ValueError, TypeError),
+            # TypeError: an array or object as a key value, which no dict of rows can hold. Any other error while
+            # reading and checking (nothing is changed yet) is the router's to decide, and to dead-letter as a
+            # defect (consumer.applying._undecidable) rather than stop the partition.
+            "REFUSED": Exception,
             "new_row": self._new_row, "MAX_EVENT_BYTES": max_event_bytes, "MAX_DEPTH": max_depth,
             "LONG_DIGITS": LONG_DIGITS, "DIGIT_RUN": _DIGIT_RUN, "DIGITS_AS_ZERO": _DIGITS_AS_ZERO,
             "MAX_FUTURE_MS": max_future_skew_s * 1000, "absent": _absent, "skip": _skip, "refuse": _refuse,

@@ -1,0 +1,83 @@
+"""A record whose decision raises what no refusal should (a defect met on its bytes) is a dead letter, on the
+batch path and the router alike, and the records after it are counted: deciding a record is pure, so raising
+would stop its partition at every restart. What is not the record's (a server, the process) still raises."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from consumer.applying import Applier, Mutator, Outcome, Record, RetryWindow
+from consumer.storage import MutatorEntry, PartitionId
+from schemas import events
+from schemas.definitions import parse_definitions
+from schemas.errors import UndecidableRecordError
+from schemas.events import EventRouter
+from schemas.formats import SchemaNotLoadedError
+
+COUNTERS = """
+[[counter]]
+name = "clicks_hourly"
+topics = ["clicks"]
+kind = "count"
+key = ["page"]
+bucket = { field = "at", size = "1h" }
+"""
+
+# A leap second takes the parser's slower way (events._rfc3339_variant), made to raise below.
+RECORDS = [Record(0, b'{"page": "home", "at": "2016-12-31T22:00:00Z"}', None),
+           Record(1, b'{"page": "home", "at": "2016-12-31T23:59:60Z"}', None),
+           Record(2, b'{"page": "home", "at": "2016-12-31T23:30:00Z"}', None)]
+
+
+def _mutator() -> Mutator:
+    counters = parse_definitions(COUNTERS)
+    applier = Applier(EventRouter(counters), counters, "clicks", 0, RetryWindow(10))
+    return Mutator(MutatorEntry(uuid.uuid4(), "g", "clicks", 0, "h", 0, 10**18), PartitionId("g", "clicks", 0),
+                   applier, -1, -1)
+
+
+def _defect(text: str) -> None:
+    raise OverflowError("date value out of range")
+
+
+@pytest.mark.parametrize("path", ["batch", "router"])
+def test_a_record_whose_decision_raises_is_a_dead_letter_and_the_next_is_counted(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "_rfc3339_variant", _defect)
+    mutator = _mutator()
+    if path == "batch":
+        assert mutator.applier.fast is not None
+        result = mutator.apply_batch(RECORDS)
+        assert (result.applied, len(result.invalid)) == (2, 1)
+        ((record, error),) = result.invalid
+    else:
+        outcomes = [mutator.apply(record) for record in RECORDS]
+        assert [outcome for outcome, _ in outcomes] == [Outcome.APPLIED, Outcome.INVALID, Outcome.APPLIED]
+        record, error = RECORDS[1], outcomes[1][1]
+    assert record.offset == 1
+    assert isinstance(error, UndecidableRecordError)
+    assert "OverflowError: date value out of range" in error.reason
+    assert mutator.applied_through == 2
+    assert len(mutator.states) == 2  # the hours of 22:00 and 23:00, one event each
+    assert [state.to_bytes() for state in mutator.states.values()] == [
+        state.to_bytes() for state in _counted_without_the_leap_second().states.values()]
+
+
+def _counted_without_the_leap_second() -> Mutator:
+    mutator = _mutator()
+    mutator.apply_batch([RECORDS[0], RECORDS[2]])
+    return mutator
+
+
+@pytest.mark.parametrize("error", [SchemaNotLoadedError("schema id 7 was not loaded"), ConnectionResetError("reset"),
+                                   MemoryError()], ids=["retriable", "os", "memory"])
+def test_what_is_not_the_records_still_raises(error: BaseException, monkeypatch: pytest.MonkeyPatch) -> None:
+    def raising(text: str) -> None:
+        raise error
+
+    monkeypatch.setattr(events, "_rfc3339_variant", raising)
+    for apply in (lambda m: m.apply_batch(RECORDS), lambda m: [m.apply(r) for r in RECORDS]):
+        with pytest.raises(type(error)):
+            apply(_mutator())
