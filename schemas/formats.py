@@ -1609,11 +1609,13 @@ def converter(decode: ProjectingDecoder, max_event_bytes: int, max_depth: int, f
             return None
         try:
             event = decode(raw, only)
-        except InvalidEventError:
+            if type(event) is not dict:
+                return None
+            return fields_of(event)
+        except Exception:
+            # A refusal, or what no refusal should be (a defect met on these bytes, a schema not loaded): the
+            # router decides the record, and dead-letters it or raises as it must (consumer.applying).
             return None
-        if type(event) is not dict:
-            return None
-        return fields_of(event)
 
     return convert
 

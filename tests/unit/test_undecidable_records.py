@@ -4,7 +4,9 @@ would stop its partition at every restart. What is not the record's (a server, t
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ from schemas import events
 from schemas.definitions import parse_definitions
 from schemas.errors import UndecidableRecordError
 from schemas.events import EventRouter
-from schemas.formats import SchemaNotLoadedError
+from schemas.formats import SchemaCache, SchemaNotLoadedError, WriterSchema, decoders, frame
 
 COUNTERS = """
 [[counter]]
@@ -81,3 +83,61 @@ def test_what_is_not_the_records_still_raises(error: BaseException, monkeypatch:
     for apply in (lambda m: m.apply_batch(RECORDS), lambda m: [m.apply(r) for r in RECORDS]):
         with pytest.raises(type(error)):
             apply(_mutator())
+
+
+AVRO_COUNTERS = """
+[[topic]]
+name = "views"
+format = "avro"
+
+[[counter]]
+name = "views_by_page"
+topics = ["views"]
+kind = "count"
+key = ["page"]
+"""
+
+VIEW = {"type": "record", "name": "View", "fields": [{"name": "page", "type": "string"}]}
+
+
+@pytest.mark.parametrize("path", ["batch", "router"])
+def test_a_decoded_record_whose_decoding_raises_is_a_dead_letter(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for a record of a registry topic whose decoder raises what no refusal should: the batch path
+    let it out of its converter (formats.converter caught refusals alone)."""
+    import io
+
+    import fastavro
+
+    counters = parse_definitions(AVRO_COUNTERS)
+    cache = SchemaCache()
+    schema = WriterSchema(1, "AVRO", json.dumps(VIEW), counters.formats["views"], json.loads)
+    cache.put("views", 1, schema)
+    applier = Applier(EventRouter(counters, decoders=decoders(counters.formats, cache, None)), counters, "views", 0,
+                      RetryWindow(10))
+    mutator = Mutator(MutatorEntry(uuid.uuid4(), "g", "views", 0, "h", 0, 10**18), PartitionId("g", "views", 0),
+                      applier, -1, -1)
+    assert applier.convert is not None  # decoded records take the batch path
+
+    def value(page: str) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(VIEW), {"page": page})
+        return frame(1, out.getvalue())
+
+    records = [Record(offset, value(page), None) for offset, page in enumerate(["/a", "/boom", "/a"])]
+    decode = schema.decode
+
+    def defective(raw: bytes, at: int, only: frozenset[str] | None = None) -> Any:
+        event = decode(raw, at, only)
+        if event["page"] == "/boom":
+            raise IndexError("a defect of the decoder")
+        return event
+
+    monkeypatch.setattr(schema, "decode", defective)
+    if path == "batch":
+        result = mutator.apply_batch(records)
+        assert (result.applied, [(r.offset, type(e)) for r, e in result.invalid]) == (2, [(1, UndecidableRecordError)])
+    else:
+        outcomes = [mutator.apply(record) for record in records]
+        assert [outcome for outcome, _ in outcomes] == [Outcome.APPLIED, Outcome.INVALID, Outcome.APPLIED]
+        assert isinstance(outcomes[1][1], UndecidableRecordError)
+    assert mutator.applied_through == 2
