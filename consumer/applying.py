@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol
 from consumer.resetting import NO_RESETS, ResetBook
 from consumer.storage import MutatorEntry, PartitionId
 from countersink.logs import get_logger
+from countersink.metrics import METRICS
 from countersink.retry import is_retriable
 from schemas import formats, timeseries
 from schemas.definitions import CounterSet
@@ -422,6 +423,7 @@ _UNDECIDABLE_SAID: dict[str, float] = {}
 def _undecidable(topic: str, partition: int, offset: int, exc: Exception) -> UndecidableRecordError:
     """The dead letter's error for a record whose decision raised ``exc`` (a defect), said in the log."""
     kind = type(exc).__name__
+    METRICS.undecidable.labels(topic).inc()
     now = time.monotonic()
     if now - _UNDECIDABLE_SAID.get(kind, -60.0) >= 60.0:
         _UNDECIDABLE_SAID[kind] = now

@@ -117,6 +117,9 @@ class Metrics:
         self.events_applied = Counter("countersink_events_applied", "Events applied to counters", registry=r)
         self.dead_lettered = Counter("countersink_events_dead_lettered", "Invalid events sent to the dead-letter topic",
                                      registry=r)
+        self.undecidable = Counter(
+            "countersink_records_undecidable", "Records whose decision raised what no refusal should (a defect), "
+            "dead-lettered as UndecidableRecordError", ["topic"], registry=r)
         self.not_applicable = Counter(
             "countersink_events_not_applicable", "Events skipped by a counter: they lack its key, value or bucket "
             "field (reason key_missing, value_null, ...; a replay counts its records again)", ["counter", "reason"],

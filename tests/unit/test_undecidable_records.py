@@ -12,6 +12,7 @@ import pytest
 
 from consumer.applying import Applier, Mutator, Outcome, Record, RetryWindow
 from consumer.storage import MutatorEntry, PartitionId
+from countersink.metrics import METRICS
 from schemas import events
 from schemas.definitions import parse_definitions
 from schemas.errors import UndecidableRecordError
@@ -49,6 +50,7 @@ def test_a_record_whose_decision_raises_is_a_dead_letter_and_the_next_is_counted
         path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "_rfc3339_variant", _defect)
     mutator = _mutator()
+    said = METRICS.registry.get_sample_value("countersink_records_undecidable_total", {"topic": "clicks"}) or 0.0
     if path == "batch":
         assert mutator.applier.fast is not None
         result = mutator.apply_batch(RECORDS)
@@ -61,6 +63,7 @@ def test_a_record_whose_decision_raises_is_a_dead_letter_and_the_next_is_counted
     assert record.offset == 1
     assert isinstance(error, UndecidableRecordError)
     assert "OverflowError: date value out of range" in error.reason
+    assert METRICS.registry.get_sample_value("countersink_records_undecidable_total", {"topic": "clicks"}) == said + 1
     assert mutator.applied_through == 2
     assert len(mutator.states) == 2  # the hours of 22:00 and 23:00, one event each
     assert [state.to_bytes() for state in mutator.states.values()] == [
