@@ -109,7 +109,9 @@ def _render(value: object) -> str:
         return (f"{ranks} ({value.count} values from {value.min:.6g} to {value.max:.6g}; "
                 f"ranks within ±{value.normalized_rank_error:.2%})")
     if isinstance(value, TopKEstimate):
-        items = ", ".join(f"{item.item} {item.estimate}" + (
+        # An item is an event's text: one that does not print (an escape sequence, a newline forging a line) is
+        # quoted as keys are, so that what publishers write cannot move the terminal.
+        items = ", ".join(f"{_printable(item.item)} {item.estimate}" + (
             "" if item.lower_bound == item.upper_bound else f" [{item.lower_bound}..{item.upper_bound}]")
             for item in value.items)
         return f"{items or '(none)'} (of {value.total_weight})"
@@ -118,6 +120,11 @@ def _render(value: object) -> str:
                 if value.count else "(nothing counted)")
     plain = to_jsonable(value)
     return json.dumps(plain) if isinstance(plain, dict | list) else str(plain)
+
+
+def _printable(item: object) -> str:
+    text = str(item)
+    return text if text.isprintable() else quoted_key(text)
 
 
 async def _known_or_refuse(client: CassandraClient, args: argparse.Namespace) -> CounterDefinition | bool | None:

@@ -110,5 +110,10 @@ def test_values_are_printed_by_kind() -> None:
     assert _render(DistinctEstimate(2.000000004967054, 2.0, 2.0001997319422404)) == "about 2 (between 2 and 2.0002)"
     top = TopKEstimate((TopKItem("alice", 2, 2, 2), TopKItem("bob", 1, 1, 3)), 4, 1)
     assert _render(top) == "alice 2, bob 1 [1..3] (of 4)"
+    # An item that does not print (written by whoever may publish) cannot move the terminal or forge a line.
+    forged = TopKEstimate((TopKItem("\x1b[2K\rfake", 3, 3, 3), TopKItem("x\ntop 'admin': 999999 (of 1)", 1, 1, 1)),
+                          4, 0)
+    assert _render(forged) == "$'\\x1b[2K\\x0dfake' 3, $'x\\x0atop \\'admin\\': 999999 (of 1)' 1 (of 4)"
+    assert _render(forged).isprintable()
     assert _render(None) == "(nothing counted)"
     assert _render(160) == "160"
