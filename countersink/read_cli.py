@@ -194,9 +194,9 @@ def run_series(args: argparse.Namespace, settings: Settings) -> int:
                               "step": args.step, "points": to_jsonable(points)}))
             return 0
         for point in points:
-            span = point.start.strftime("%Y-%m-%dT%H:%MZ")
+            span = timeseries.iso_datetime(point.start)[:-4] + "Z"
             if args.step or args.rollup:
-                span += " .. " + point.end.strftime("%Y-%m-%dT%H:%MZ")
+                span += " .. " + timeseries.iso_datetime(point.end)[:-4] + "Z"
             print(f"{args.counter} {quoted_key(key)} {span}: {_render(point.value)}")
         return 0
 

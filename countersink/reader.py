@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, overload
 
@@ -375,17 +375,11 @@ async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str
     return cache.patched(cell, key, tally, read, cells, stamps, retention.hidden_at, sent)
 
 
-Instant = datetime | int | str
+Instant = datetime | int | float | str
 
 
 def _seconds(when: Instant) -> int:
-    if isinstance(when, datetime):
-        if when.tzinfo is None:
-            raise TimeRangeError(f"{when!r} has no time zone: give an aware datetime")
-        return int(when.timestamp() // 1)
-    if isinstance(when, int):
-        return when
-    return timeseries.parse_instant(when)
+    return timeseries.instant_seconds(when)
 
 
 class CounterReader:
@@ -641,5 +635,5 @@ def to_jsonable(value: object) -> object:
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return timeseries.iso_datetime(value)
     return str(value)

@@ -285,7 +285,8 @@ class ReadApi:
     async def keyless_series(self, request: web.Request) -> web.Response:
         """``/counters/{name}/series``: the series of a counter with no key fields; of any other counter, the
         series of the instance ``?key=`` names (the only way to name the empty key, which no path holds), and
-        without one the instance whose key is ``series`` (as ``/counters/{name}/{key}``)."""
+        without one the instance whose key is ``series`` (as ``/counters/{name}/{key}``; range parameters then
+        are a 400: they ask for a series)."""
         name = await self._counter(request)
         keys = request.query.getall("key", [])
         if len(keys) > 1:
@@ -297,6 +298,12 @@ class ReadApi:
             return await self.series(request, key="")
         if keys:
             return await self.series(request, key=_checked_key(keys[0]) if keys[0] else "")
+        ranged = sorted(p for p in ("from", "to", "step", "rollup") if p in request.query)
+        if ranged:
+            # Asked for a series, answered the instance "series" with its range ignored: said instead.
+            raise _problem(web.HTTPBadRequest, f"counter {name!r} has key fields: a series of it names its instance, "
+                           f"/counters/{name}/KEY/series or /counters/{name}/series?key=KEY (without "
+                           f"{' or '.join(ranged)}, this path reads the instance whose key is series)")
         return await self.get_one(request, key="series")
 
     async def _keyless(self, name: str) -> bool:
@@ -1102,12 +1109,13 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                                "key fields. For a counter with key fields: with ?key=, the series of that "
                                "instance (?key= empty: events whose one key field is the empty text, which no "
                                "path names); without it, this path reads the instance whose key is series, as "
-                               "/counters/{name}/{key}.",
+                               "/counters/{name}/{key}, and answers 400 to range parameters.",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
                                {"name": "key", "in": "query", "required": False,
                                 "schema": {k: v for k, v in key_schema.items() if k != "minLength"},
                                 "description": "a counter with key fields: the instance key without its bucket "
-                                               "(empty: the instance whose key is empty)"},
+                                               "(empty: the instance whose key is empty); form-encoded, so + is a "
+                                               "space and %2B a +"},
                                *range_query],
                 "responses": {"200": {"description": "the points, in time order (or, for a counter with key fields, "
                                       "the value of its instance series)", "content": {"application/json": {
@@ -1124,7 +1132,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": name_schema},
                                {"name": "key", "in": "query", "required": False, "style": "form", "explode": True,
                                 "schema": {"type": "array", "items": {"oneOf": [key_schema, {"const": ""}]},
-                                           "maxItems": settings.max_keys}},
+                                           "maxItems": settings.max_keys},
+                                "description": "form-encoded, so + is a space and %2B a +"},
                                consistency],
                 "responses": {"200": {"description": "the values by key, or the keyless instance's value",
                                       "content": {"application/json": {"schema": {"oneOf": [

@@ -36,6 +36,7 @@ _FIRST_SECOND = -62_135_596_800
 # The Gregorian calendar repeats every 400 years, to the day: a bucket's end past 9999 is named 400 years back.
 _GREGORIAN_CYCLE_S = 146_097 * 86_400
 BUCKET_FORMAT = "%Y-%m-%dT%H:%MZ"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TimeRangeError(CountersinkError, ValueError):
@@ -69,7 +70,7 @@ def parse_instant(text: str, now: float | None = None) -> int:
         if relative.group(1):
             delta = int(relative.group(2)) * _UNITS[relative.group(3)]
             seconds += delta if relative.group(1) == "+" else -delta
-        return _readable(text, math.floor(seconds))
+        return _readable(text, math.ceil(seconds))
     try:
         when = datetime.fromisoformat(given.replace("z", "Z"))
     except ValueError:
@@ -79,7 +80,31 @@ def parse_instant(text: str, now: float | None = None) -> int:
         if len(given) > 10:
             raise TimeRangeError(f"{text!r} has no UTC offset: add Z or +hh:mm")
         when = when.replace(tzinfo=UTC)
-    return _readable(text, math.floor(when.timestamp()))
+    return _readable(text, whole_seconds(when))
+
+
+def whole_seconds(when: datetime) -> int:
+    """An aware time as epoch seconds, a fraction of a second rounded up: a range is ``[start, end)`` and buckets
+    start on whole seconds, so a bucket starting before 00:00:00.5 is before such a start, and one starting at
+    00:00:00 is before such an end. Exact (a float timestamp is not, for microseconds)."""
+    since = when - _EPOCH
+    return since.days * 86_400 + since.seconds + (1 if since.microseconds else 0)
+
+
+def instant_seconds(when: object) -> int:
+    """Epoch seconds of a range's start or end given as a program gives it: an aware ``datetime``, epoch seconds
+    (an int, or a float rounded up as :func:`whole_seconds` says), or text as :func:`parse_instant` reads it."""
+    if isinstance(when, str):
+        return parse_instant(when)
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            raise TimeRangeError(f"{when!r} has no time zone: give an aware datetime")
+        return _readable(repr(when), whole_seconds(when))
+    if isinstance(when, int) and not isinstance(when, bool):
+        return _readable(repr(when), when)
+    if isinstance(when, float) and math.isfinite(when):
+        return _readable(repr(when), math.ceil(when))
+    raise TimeRangeError(f"{when!r} is not a time: give an aware datetime, epoch seconds or ISO-8601 text")
 
 
 def _readable(text: str, seconds: int) -> int:
@@ -123,6 +148,8 @@ def steps(definition: CounterDefinition, starts: list[int], start: int, end: int
     size = bucket_seconds(definition)
     if step is None:
         return [Step(s, s + size, (s,)) for s in starts]
+    if step <= 0:
+        raise TimeRangeError(f"a step of {step} seconds is no step: give a positive whole number of buckets")
     if step % size:
         raise TimeRangeError(f"a step of {_span(step)} is not a whole number of {definition.bucket.size} buckets")  # type: ignore[union-attr]
     grouped: dict[int, list[int]] = {}
@@ -200,6 +227,9 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
         fields = decode_instance_key(key)
     except MalformedInstanceKeyError:
         return None
+    if not definition.key and definition.bucket is None and key:
+        return (f"counter {definition.name!r} has no key fields: its one instance has the empty key, not {key!r} "
+                f"({doing} it without a key)")
     names = [*definition.key, *(["the bucket's start"] if definition.bucket is not None else [])]
     # A bucketed counter's key given without its bucket is told the bucket to add, as one with a wrong bucket is.
     without_bucket = definition.bucket is not None and definition.key and len(fields) == len(definition.key)
@@ -221,7 +251,7 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
             start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
         except ValueError:
             start = None
-        if start is not None and time.strftime(BUCKET_FORMAT, time.gmtime(start)) == last and start % size == 0:
+        if start is not None and bucket_text(start) == last and start % size == 0:
             return None
         with contextlib.suppress(TimeRangeError):
             given = parse_instant(last) if start is None else start
@@ -251,14 +281,28 @@ def utc_text(seconds: int, *, with_seconds: bool = False) -> str:
     """``seconds`` since 1970 as a UTC time, its year in four digits (``0001``) and past 9999 too: the end
     of a bucket that starts in 9999 (``10000-01-01T00:00Z``)."""
     shift = 0
-    while seconds > _LAST_SECOND:
-        seconds, shift = seconds - _GREGORIAN_CYCLE_S, shift + 400
+    if seconds > _LAST_SECOND:  # whole 400-year cycles back into the years a datetime holds
+        cycles = (seconds - _LAST_SECOND - 1) // _GREGORIAN_CYCLE_S + 1
+        seconds, shift = seconds - cycles * _GREGORIAN_CYCLE_S, cycles * 400
     when = datetime.fromtimestamp(seconds, UTC)
     return f"{when.year + shift:04d}-{when:%m-%dT%H:%M}{f':{when:%S}' if with_seconds else ''}Z"
 
 
 def _span(seconds: int) -> str:
     return str(timedelta(seconds=seconds))
+
+
+def bucket_text(seconds: int) -> str:
+    """A bucket start as :data:`BUCKET_FORMAT` writes it, the year in four digits however early (strftime writes
+    ``1-01-01T00:00Z`` for the year 1 here, which no bucket key holds)."""
+    t = time.gmtime(seconds)
+    return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}Z"
+
+
+def iso_datetime(when: datetime) -> str:
+    """An aware time as JSON and people read it, ``2026-11-22T10:00:00Z``, the year in four digits (``0001``)."""
+    utc = when.astimezone(UTC)
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S}Z"
 
 
 def iso(seconds: int) -> str:

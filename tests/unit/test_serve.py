@@ -62,6 +62,8 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes/%5C/series?from=now-1h&to=now", 400, "a lone backslash is not an instance key"),
     ("/counters/likes/p1/series?from=now-1000000d&to=now", 400, "'now-1000000d' is outside the times a range"),
     ("/counters/likes/p1/series?from=0001-01-01T00:00%2B01:00&to=now", 400, "is outside the times a range"),
+    # a keyed counter's /series without ?key= is the instance "series": range parameters were ignored
+    ("/counters/likes/series?from=garbage&to=garbage&step=zzz", 400, "has key fields: a series of it names its"),
 ])
 async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: str, status: int,  # type: ignore[type-arg]
                                                          detail: str) -> None:

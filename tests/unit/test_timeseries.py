@@ -21,7 +21,10 @@ from schemas.timeseries import (
     TimeRangeError,
     bucket_key,
     bucket_starts,
+    bucket_text,
+    instant_seconds,
     iso,
+    iso_datetime,
     parse_duration,
     parse_instant,
     roll_up,
@@ -142,10 +145,11 @@ def test_bucket_keys_are_the_routers() -> None:
     ("2026-11-22T10:00Z", int(datetime(2026, 11, 22, 10, tzinfo=UTC).timestamp())),
     ("2026-11-22T11:00+01:00", int(datetime(2026, 11, 22, 10, tzinfo=UTC).timestamp())),
     ("2026-11-22", int(datetime(2026, 11, 22, tzinfo=UTC).timestamp())),
-    ("now", 1_000_000), ("NOW-6h", 1_000_000 - 6 * HOUR), ("-7d", 1_000_000 - 7 * DAY), ("now+30m", 1_001_800),
+    ("now", 1_000_001), ("NOW-6h", 1_000_001 - 6 * HOUR), ("-7d", 1_000_001 - 7 * DAY), ("now+30m", 1_001_801),
 ])
 def test_instants_are_read_as_a_user_writes_them(text: str, seconds: int) -> None:
-    """ISO-8601 with an offset, a date (UTC midnight), now, and times relative to now."""
+    """ISO-8601 with an offset, a date (UTC midnight), now, and times relative to now (a fraction of a second
+    rounded up, as for any time: a range is [from, to) and buckets start on whole seconds)."""
     assert parse_instant(text, now=1_000_000.5) == seconds
 
 
@@ -294,3 +298,57 @@ def test_a_key_of_other_fields_than_the_counters_is_told_so() -> None:
         hint = why_no_instance(hourly, f"iso|{time_given}")
         assert hint is not None
         assert "read 'iso|2026-11-22T10:00Z' (the bucket's start, UTC)" in hint, hint
+
+
+def test_a_fraction_of_a_second_is_rounded_up_at_both_ends_of_a_range() -> None:
+    """A range is [from, to) and buckets start on whole seconds: from 00:00:00.5 leaves out the bucket starting at
+    00:00, and to 00:00:00.000001 keeps it (both were floored: the first bucket read began before the range, and
+    the second range was refused as ending before it starts)."""
+    assert parse_instant("1970-01-01T00:00:00.5Z") == 1
+    assert parse_instant("1970-01-01T00:00:00.000001Z") == 1
+    assert parse_instant("2026-11-22T10:00:00Z") == parse_instant("2026-11-22T10:00Z")
+    assert parse_instant("now", now=100.25) == 101
+    hourly = BUCKETED["count"]
+    assert bucket_starts(hourly, parse_instant("1970-01-01T00:00:00.5Z"), 3 * HOUR, 10) == [HOUR, 2 * HOUR]
+    assert bucket_starts(hourly, 0, parse_instant("1970-01-01T00:00:00.000001Z"), 10) == [0]
+
+
+@pytest.mark.parametrize(("given", "seconds"), [
+    (0.5, 1), (-0.5, 0), (7200, 7200), (datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC), 1),
+    (datetime(2026, 11, 22, 10, tzinfo=UTC), 1_795_341_600), ("1970-01-01T02:00Z", 7200)])
+def test_a_program_gives_times_as_datetimes_epoch_seconds_or_text(given: object, seconds: int) -> None:
+    assert instant_seconds(given) == seconds
+
+
+@pytest.mark.parametrize("given", [10**30, -(10**30), True, float("nan"), float("inf"), datetime(2026, 1, 1), None,
+                                   b"2026-01-01"])
+def test_times_a_range_cannot_name_are_refused_at_once(given: object) -> None:
+    """10**30 seconds spun for minutes (its error message named it by stepping back 400 years at a time); a
+    bool was one second, a float an AttributeError."""
+    with pytest.raises(TimeRangeError):
+        instant_seconds(given)
+    assert utc_text(10**30).startswith("316887385068")  # named at once all the same
+
+
+@pytest.mark.parametrize("step", [0, -3600])
+def test_a_step_is_positive(step: int) -> None:
+    """A step of 0 divided by zero; a negative one answered no point, with buckets counted in the range."""
+    hourly = BUCKETED["count"]
+    with pytest.raises(TimeRangeError, match="is no step"):
+        steps(hourly, [0, HOUR], 0, 2 * HOUR, step, 10)
+
+
+def test_a_counter_without_key_fields_has_the_empty_key_only() -> None:
+    """Any one-field key was read (nothing counted) as if the counter had one key field."""
+    keyless = parse_definitions('[[counter]]\nname = "all"\ntopics = ["t"]\nkind = "count"\n')["all"]
+    assert why_no_instance(keyless, "") is None
+    assert "has no key fields: its one instance has the empty key, not 'x'" in (why_no_instance(keyless, "x") or "")
+
+
+def test_years_before_1000_have_four_digits() -> None:
+    """strftime writes the year 1 as 1: a point starting then read 1-01-01T00:00:00Z beside its range's 0001."""
+    assert bucket_text(-62_135_596_800) == "0001-01-01T00:00Z"
+    assert bucket_key(BUCKETED["count"], "p", T0) == "p|" + bucket_text(T0)
+    assert iso_datetime(datetime(1, 1, 1, tzinfo=UTC)) == "0001-01-01T00:00:00Z"
+    assert iso_datetime(datetime(2026, 11, 22, 11, 30, tzinfo=UTC)) == "2026-11-22T11:30:00Z"
+
