@@ -79,6 +79,14 @@ class CounterRegistry:
                 await self.client.execute("UPDATE counters SET topic_formats = ? WHERE name = ? IF EXISTS",
                                           [formats[name], name], idempotent=False)
 
+    async def check(self, counters: CounterSet) -> None:
+        """Raise as :meth:`register` does for counters of ``counters`` dropped, or recorded with another meaning;
+        record nothing and check no group (a reader given a definitions file of its own)."""
+        await self.counters()
+        if not self._table_exists:
+            return
+        await self._judge(counters, None, (), {d.name: await self.record(d.name) for d in counters}, adopt=False)
+
     async def _judge(self, counters: CounterSet, group: str | None, backfill: Collection[str],
                      rows: dict[str, dict[str, Any] | None], *, adopt: bool) -> None:
         """Raise the refusals :meth:`register` describes for the rows found under the counters' names (None: no

@@ -107,7 +107,7 @@ from countersink.state_cache import StateCache
 from countersink.tls import load_key_pair
 from schemas import timeseries
 from schemas.definitions import NAME_PATTERN, CounterDefinition, CounterSet
-from schemas.errors import MalformedInstanceKeyError
+from schemas.errors import CounterDroppedError, DefinitionChangedError, MalformedInstanceKeyError
 from schemas.events import DEFAULT_MAX_KEY_BYTES, decode_instance_key
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
@@ -1243,8 +1243,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counters", type=Path, metavar="FILE",
-                        help="definitions file: names not in it answer 404 (default: the counter registry "
-                        "the consumers keep in Cassandra)")
+                        help="definitions file: names not in it answer 404; refused if it means otherwise than "
+                        "the counter registry (default: the counter registry the consumers keep in Cassandra)")
     parser.add_argument("--host", help="listen address " + setting_default("serve.host"))
     parser.add_argument("--port", type=port_number, help="listen port " + setting_default("serve.port"))
     parser.add_argument("--consistency", type=consistency_level, metavar="LEVEL",
@@ -1315,6 +1315,8 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         await client.stop()
         return 1
     async with client, (writer or contextlib.nullcontext()):
+        if counters is not None and not await _file_agrees_with_registry(client, counters, consistency):
+            return 2
         # Without a definitions file, the names and kinds the consumers recorded.
         registry = CounterRegistry(client, consistency) if counters is None else None
         resetting = Resetting(admin_tokens, writer, settings.kafka) if admin_tokens and writer else None
@@ -1337,6 +1339,21 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
             await runner.cleanup()
             log.info("serve_stopped")
     return 0
+
+
+async def _file_agrees_with_registry(client: CassandraClient, counters: CounterSet,
+                                     consistency: Consistency | None) -> bool:
+    """Whether a definitions file given to serve means what the consumers recorded for its counters (False after
+    a line per counter that does not: dropped, or recorded with another key, bucket or kind). serve reads the
+    stored states by the file's definitions: another bucket size read no bucket, another key shape any key."""
+    try:
+        await CounterRegistry(client, consistency).check(counters)
+    except (DefinitionChangedError, CounterDroppedError) as exc:
+        event = "definition_changed" if isinstance(exc, DefinitionChangedError) else "counter_dropped"
+        for problem in exc.problems:
+            log.error(event, error=problem.line)
+        return False
+    return True
 
 
 _ADMIN_CREDENTIALS = "COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME and __ADMIN_CASSANDRA_PASSWORD"

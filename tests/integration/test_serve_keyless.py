@@ -165,3 +165,39 @@ async def test_a_malformed_key_is_a_400_problem(served: str, path: str) -> None:
     assert (status, media) == (400, "application/problem+json"), problem
     assert isinstance(problem, dict)
     assert problem["status"] == 400
+
+
+async def test_a_definitions_file_that_means_otherwise_than_the_registry_is_refused(
+        cassandra_settings: CassandraSettings, tmp_path: Path) -> None:
+    """serve reads stored states by its file's definitions: a file recording another bucket size than the
+    consumers' read no bucket (200, nothing counted), one with other key fields any key. It is refused at start,
+    exit 2, with the consumers' own definition_changed line; a file meaning what the registry records is served."""
+    import asyncio
+    import os
+    import sys
+
+    from countersink.registry import CounterRegistry
+    from schemas.definitions import parse_definitions
+
+    recorded = tmp_path / "recorded.toml"
+    recorded.write_text(DEFINITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS, str(recorded)), "test")
+    otherwise = tmp_path / "otherwise.toml"
+    otherwise.write_text(DEFINITIONS.replace('size = "1h", format = "epoch_seconds" }\n\n[[counter]]\nname = '
+                                             '"hourly_by_symbol"', 'size = "1d", format = "epoch_seconds" }\n\n'
+                                             '[[counter]]\nname = "hourly_by_symbol"', 1))
+    assert otherwise.read_text() != DEFINITIONS
+    env = {**os.environ, "COUNTERSINK_CASSANDRA__CONTACT_POINTS": cassandra_settings.contact_points[0],
+           "COUNTERSINK_CASSANDRA__PORT": str(cassandra_settings.port),
+           "COUNTERSINK_CASSANDRA__KEYSPACE": cassandra_settings.keyspace, "COUNTERSINK_SERVE__PORT": "0",
+           "PYTHONPATH": str(REPO)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "countersink.cli", "serve", "--counters", str(otherwise), env=env, cwd=REPO,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    said, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2, said.decode()
+    assert b"definition_changed" in said, said.decode()
+    assert b"'hourly'" in said, said.decode()
+    async with running_serve(cassandra_settings, recorded) as base:
+        assert (await _get(base, "/counters/total"))[0] == 200
