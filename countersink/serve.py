@@ -168,6 +168,7 @@ class ReadApi:
         ])
         if self.tracing is not None:  # a route only where the document has its path
             app.add_routes([web.get("/trace/{topic}", self.trace)])
+        app.on_response_prepare.append(_without_versions)
         app[_API] = self
         return app
 
@@ -1354,6 +1355,11 @@ async def _file_agrees_with_registry(client: CassandraClient, counters: CounterS
             log.error(event, error=problem.line)
         return False
     return True
+
+
+async def _without_versions(request: web.Request, response: web.StreamResponse) -> None:
+    """A Server header naming no versions (aiohttp's own says Python's and its own: a scanner's first question)."""
+    response.headers["Server"] = "countersink"
 
 
 _ADMIN_CREDENTIALS = "COUNTERSINK_SERVE__ADMIN_CASSANDRA_USERNAME and __ADMIN_CASSANDRA_PASSWORD"

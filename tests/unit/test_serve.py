@@ -77,8 +77,11 @@ async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: 
 
 
 async def test_probes_and_metrics(http: TestClient) -> None:  # type: ignore[type-arg]
-    """Health, readiness and metrics answer; only GET is allowed on reads."""
+    """Health, readiness and metrics answer; only GET is allowed on reads. No answer names Python's or aiohttp's
+    version."""
     assert (await http.get("/healthz")).status == 200
+    for path in ("/healthz", "/counters/no_such/p1", "/openapi.json"):
+        assert (await http.get(path)).headers["Server"] == "countersink"
     assert (await http.get("/readyz")).status == 503  # no Cassandra connection
     await http.get("/counters/Bad/x")
     exposition = await (await http.get("/metrics")).text()
