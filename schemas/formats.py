@@ -27,6 +27,7 @@ import io
 import json
 import keyword
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -345,6 +346,15 @@ def _guard_enums(*schemas: Any) -> None:
             stack.extend(node.values())
 
 
+# A Python object's address in a library's message (``<_io.BytesIO object at 0x7ff725d0e480>``): it differs
+# between processes, so a replay's dead letter of the same record would say another reason.
+_ADDRESS = re.compile(r"<([A-Za-z_][\w.]*) object at 0x[0-9a-fA-F]+>")
+
+
+def _without_addresses(exc: BaseException) -> str:
+    return _ADDRESS.sub(r"<\1>", str(exc)) or type(exc).__name__
+
+
 def _no_symbol(value: Any) -> None:
     if type(value) is _NoSymbol:
         raise UnparseableEventError("", f"not an Avro record of its writer schema: {value[1:]}")
@@ -383,7 +393,7 @@ def _enum_check(schema: Any, named: Mapping[str, Any], made: dict[str, Any] | No
     kind = schema.get("type")
     if kind == "enum":
         return _no_symbol
-    if kind == "record":
+    if kind in ("record", "error"):  # an error is a record by another name (fastavro reads it as one)
         fields = [(f["name"], c) for f in schema.get("fields", ()) if (c := _enum_check(f["type"], named, made))]
         if not fields:
             return None
@@ -634,7 +644,7 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
             if type(exc).__name__ == "SchemaResolutionError":  # the pair of schemas, not the record's bytes
                 raise UnparseableEventError("", f"its writer schema cannot be read as the topic's reader schema "
                                                 f"(reader_schema_file): {exc}") from exc
-            raise UnparseableEventError("", f"not an Avro record of its writer schema: {str(exc) or type(exc).__name__}"
+            raise UnparseableEventError("", f"not an Avro record of its writer schema: {_without_addresses(exc)}"
                                         ) from exc
         return plain(value) if needs_plain else value
 
@@ -958,7 +968,11 @@ class ProtoSchema:
             # file validates (proto3): a record holding one that is not UTF-8 fails the router's whole read, so
             # the batch path must read every map too. A message that can hold a map with string keys is read
             # whole (rare in events; the router reads it whole anyway).
-            whole = only is None or _holds_string_keyed_map(descriptor, set())
+            # A message that can nest deeper than a JSON event may (a type holding itself, as a tree) is checked
+            # as read, and read whole: its depth must not depend on the fields read, nor on its bytes (the
+            # router's bracket count, which is JSON's, said nothing of a Protobuf record's depth).
+            deep = _may_nest_deeper(descriptor, DEFAULT_MAX_SCHEMA_DEPTH)
+            whole = only is None or deep or _holds_string_keyed_map(descriptor, set())
             to_dict = _message_reader(descriptor, only=None if whole else only)
             parse = message_class.FromString
 
@@ -968,13 +982,50 @@ class ProtoSchema:
                 except Exception as exc:  # DecodeError, RecursionError (upb bounds nesting)
                     raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: {exc}") from exc
                 try:
-                    return to_dict(message)
+                    event = to_dict(message)
                 except ValueError as exc:  # a map's key that is not UTF-8 (a proto2 file does not check)
                     raise UnparseableEventError("", f"not a Protobuf {descriptor.full_name}: a string is not "
                                                 f"UTF-8 ({exc})") from exc
+                if deep and nested_deeper_than(event, DEFAULT_MAX_SCHEMA_DEPTH):
+                    raise UnparseableEventError("", f"the Protobuf record is nested deeper than "
+                                                    f"{DEFAULT_MAX_SCHEMA_DEPTH}")
+                return event
 
             self._decoders[(indexes, only)] = decode
         return decode
+
+
+def _may_nest_deeper(descriptor: Any, max_depth: int) -> bool:
+    """Whether a message of ``descriptor``, read as a dict, can nest deeper than ``max_depth`` levels (a dict or
+    list one level each, as a JSON event's): a type that holds itself, at any depth, or fields nested that deep.
+    An upper bound (a Timestamp counts as a message, though read as a text)."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    def depth(message: Any, path: frozenset[str]) -> int:
+        if message.full_name in path:
+            raise _Recursive
+        inside = path | {message.full_name}
+        deepest = 0
+        for field in message.fields:
+            is_message = field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
+            if is_message and field.message_type.GetOptions().map_entry:
+                value = field.message_type.fields_by_name["value"]
+                below = 1 + (depth(value.message_type, inside) if value.message_type is not None else 0)
+            elif is_message:
+                below = depth(field.message_type, inside) + (1 if _repeated(field) else 0)
+            else:
+                below = 1 if _repeated(field) else 0
+            deepest = max(deepest, below)
+        return 1 + deepest
+
+    try:
+        return depth(descriptor, frozenset()) > max_depth
+    except _Recursive:
+        return True
+
+
+def _repeated(field: Any) -> bool:
+    return bool(field.is_repeated)
 
 
 def _holds_string_keyed_map(descriptor: Any, seen: set[str]) -> bool:

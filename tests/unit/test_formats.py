@@ -263,6 +263,29 @@ def test_an_enum_index_outside_its_symbols_is_refused_not_read_from_the_end() ->
             decode(malformed)
 
 
+def test_an_enum_inside_an_error_type_is_checked_too() -> None:
+    """An Avro ``error`` is a record by another name: an enum in one was not looked at, and an index outside its
+    symbols was counted by the counters not reading it (the others refused a marker as a key)."""
+    text = json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "sym", "type": "string"},
+        {"name": "e", "type": {"type": "error", "name": "Err", "fields": [
+            {"name": "k", "type": {"type": "enum", "name": "K", "symbols": ["A", "B"]}}]}}]})
+    decode = compile_avro(text)
+    assert decode(b"\x06IBM\x02") == {"sym": "IBM", "e": {"k": "B"}}
+    with pytest.raises(UnparseableEventError, match="an enum index outside its symbols"):
+        decode(b"\x06IBM\x01")
+
+
+def test_a_dead_letters_reason_names_no_memory_address() -> None:
+    """fastavro says "cannot read double from <_io.BytesIO object at 0x7ff725d0e480>": the address differs between
+    processes, so a replay's dead letter of the same record said another reason."""
+    text = json.dumps({"type": "record", "name": "R", "fields": [{"name": "x", "type": "double"}]})
+    with pytest.raises(UnparseableEventError) as refused:
+        compile_avro(text)(b"\x00\x01")
+    assert " at 0x" not in refused.value.reason
+    assert "<_io.BytesIO>" in refused.value.reason or "BytesIO" not in refused.value.reason
+
+
 def test_a_json_line_writes_an_avro_decimal_from_text_or_a_number() -> None:
     """``publish --format avro`` reads JSON lines, which hold no decimal type: a decimal field (bytes or fixed,
     in a record, an array, a map or a union) is written from a text or a number as the decimal it reads as; one
@@ -1134,3 +1157,33 @@ def test_a_proto2_map_key_that_is_not_utf8_is_refused_alike_on_both_paths(body: 
     assert fast_route_described(batched.apply_batch(records)) == expected
     assert "a string is not UTF-8" in str(expected)  # the first record, dead-lettered whole
     assert stored(batched.states) == stored(reference.states)
+
+
+def test_a_protobuf_record_is_bounded_in_depth_as_a_json_event_whatever_its_bytes() -> None:
+    """A message type holding itself nests as deep as its bytes say. Its depth was looked at only when the bytes
+    held more than 32 '{' or '[' (the router's JSON shortcut): 50 levels were counted, unless a string field held
+    braces. It is checked as read, read whole (the batch path reads some fields only), refused past 32 levels."""
+    proto = ProtoSchema('syntax = "proto3";\nmessage Event { string sym = 1; Node meta = 2; }\n'
+                        'message Node { string a = 1; Node sub = 2; }\n')
+    message_class = proto.message_class((0,))
+
+    def nested(levels: int, sym: str) -> bytes:
+        event = message_class(sym=sym)
+        node = event.meta
+        node.a = "a"
+        for _ in range(levels):
+            node = node.sub
+            node.a = "z"
+        return bytes(event.SerializeToString())
+
+    for only in (None, frozenset({"sym"})):
+        decode = proto.decoder((0,), only)
+        assert decode is not None
+        assert decode(nested(10, "IBM"))["sym"] == "IBM"
+        for sym in ("IBM", "{" * 40):
+            with pytest.raises(UnparseableEventError, match="the Protobuf record is nested deeper than 32"):
+                decode(nested(50, sym))
+    flat = ProtoSchema('syntax = "proto3";\nmessage Event { string sym = 1; repeated string tags = 2; }\n')
+    decode = flat.decoder((0,), frozenset({"sym"}))
+    assert decode is not None
+    assert decode(bytes(flat.message_class((0,))(sym="IBM", tags=["a"]).SerializeToString())) == {"sym": "IBM"}
