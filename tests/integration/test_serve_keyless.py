@@ -195,7 +195,12 @@ async def test_a_definitions_file_that_means_otherwise_than_the_registry_is_refu
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "countersink.cli", "serve", "--counters", str(otherwise), env=env, cwd=REPO,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    said, _ = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        said, _ = await asyncio.wait_for(process.communicate(), 60)
+    finally:
+        if process.returncode is None:  # served the file instead of refusing it: stopped, not left running
+            process.kill()
+            await process.wait()
     assert process.returncode == 2, said.decode()
     assert b"definition_changed" in said, said.decode()
     assert b"'hourly'" in said, said.decode()
