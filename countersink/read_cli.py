@@ -194,9 +194,9 @@ def run_series(args: argparse.Namespace, settings: Settings) -> int:
                               "step": args.step, "points": to_jsonable(points)}))
             return 0
         for point in points:
-            span = timeseries.iso_datetime(point.start)[:-4] + "Z"
+            span = timeseries.iso_datetime(point.start, with_seconds=False)
             if args.step or args.rollup:
-                span += " .. " + timeseries.iso_datetime(point.end)[:-4] + "Z"
+                span += " .. " + timeseries.iso_datetime(point.end, with_seconds=False)
             print(f"{args.counter} {quoted_key(key)} {span}: {_render(point.value)}")
         return 0
 

@@ -82,8 +82,7 @@ class CounterRegistry:
     async def check(self, counters: CounterSet) -> None:
         """Raise as :meth:`register` does for counters of ``counters`` dropped, or recorded with another meaning;
         record nothing and check no group (a reader given a definitions file of its own)."""
-        await self.counters()
-        if not self._table_exists:
+        if not await self._has_table():
             return
         await self._judge(counters, None, (), {d.name: await self.record(d.name) for d in counters}, adopt=False)
 
@@ -190,14 +189,8 @@ class CounterRegistry:
     async def counters(self) -> CounterSet | None:
         """Every recorded counter; None while no consumer has recorded any (a keyspace from before the
         registry, or one nothing has counted in yet): then names cannot be checked."""
-        if not self._table_exists:
-            # A keyspace made before the registry has no table until a consumer or `countersink schema` adds it.
-            tables = await self.client.execute(
-                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'counters'",
-                [self.client.keyspace], consistency=Consistency.ONE)
-            self._table_exists = bool(as_dicts(tables))
         definitions = []
-        if self._table_exists:
+        if await self._has_table():
             # Every column, whatever the table's age: a keyspace not yet given the drop marker has none.
             result = await self.client.execute("SELECT * FROM counters", consistency=self.consistency)
             definitions = [registry.from_record(row["definition"]) for row in as_dicts(result)
@@ -214,6 +207,16 @@ class CounterRegistry:
         if not records:
             return f"no counter in the counter registry reads topic {topic!r}"
         return registry.recorded_format(topic, records)
+
+    async def _has_table(self) -> bool:
+        """Whether the keyspace has the registry's table (found once, kept): a keyspace made before the registry
+        has none until a consumer or `countersink schema` adds it."""
+        if not self._table_exists:
+            tables = await self.client.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ? AND table_name = 'counters'",
+                [self.client.keyspace], consistency=Consistency.ONE)
+            self._table_exists = bool(as_dicts(tables))
+        return self._table_exists
 
     async def lookup(self, name: str) -> tuple[bool, CounterDefinition | None]:
         """(known, definition): known is False only for a name missing from a registry that has entries. The

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -1012,9 +1012,9 @@ def _may_nest_deeper(descriptor: Any, max_depth: int) -> bool:
                 value = field.message_type.fields_by_name["value"]
                 below = 1 + (depth(value.message_type, inside) if value.message_type is not None else 0)
             elif is_message:
-                below = depth(field.message_type, inside) + (1 if _repeated(field) else 0)
+                below = depth(field.message_type, inside) + (1 if field.is_repeated else 0)
             else:
-                below = 1 if _repeated(field) else 0
+                below = 1 if field.is_repeated else 0
             deepest = max(deepest, below)
         return 1 + deepest
 
@@ -1022,10 +1022,6 @@ def _may_nest_deeper(descriptor: Any, max_depth: int) -> bool:
         return depth(descriptor, frozenset()) > max_depth
     except _Recursive:
         return True
-
-
-def _repeated(field: Any) -> bool:
-    return bool(field.is_repeated)
 
 
 def _holds_string_keyed_map(descriptor: Any, seen: set[str]) -> bool:
@@ -1476,7 +1472,6 @@ class SchemaCache:
         self._named: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._unknown_until: dict[tuple[str, int], float] = {}  # ids the registry did not know: asked again after
         self._held: dict[Hashable, frozenset[tuple[str, int]]] = {}  # by holder: the entries of its last load
-        self._holders: Counter[tuple[str, int]] = Counter()  # by entry: how many holders hold it
 
     def missing(self, topic: str, ids: Iterable[int], holder: Hashable | None = None) -> list[int]:
         """The ids to fetch before a batch naming ``ids`` is routed: those not cached, and those the registry
@@ -1493,7 +1488,7 @@ class SchemaCache:
             self._named[entry] = now
             self._named.move_to_end(entry)
         if holder is not None:
-            self._hold(holder, frozenset((topic, schema_id) for schema_id in named))
+            self._held[holder] = frozenset((topic, schema_id) for schema_id in named)
         if len(self.entries) > self.max_entries:
             self._drop_idle(now)
         return sorted(wanted)
@@ -1512,26 +1507,17 @@ class SchemaCache:
 
     def release(self, holder: Hashable) -> None:
         """``holder`` routes nothing more (a partition revoked, a replay ended): its entries may be dropped."""
-        self._hold(holder, frozenset())
-
-    def _hold(self, holder: Hashable, entries: frozenset[tuple[str, int]]) -> None:
-        before = self._held.pop(holder, frozenset())
-        self._holders.update(entries - before)
-        self._holders.subtract(before - entries)
-        for entry in before - entries:
-            if self._holders[entry] <= 0:
-                del self._holders[entry]
-        if entries:
-            self._held[holder] = entries
+        self._held.pop(holder, None)
 
     def _drop_idle(self, now: float) -> None:
+        holding = frozenset().union(*self._held.values())  # a batch's ids per holder: few, and only when over
         held = []
         while len(self.entries) > self.max_entries and self._named:
             key, named = next(iter(self._named.items()))
             if now - named < self.idle_s:
                 break
             del self._named[key]
-            if key in self._holders:
+            if key in holding:
                 held.append((key, named))  # set aside, and put back as it was once the others are looked at
                 continue
             self.entries.pop(key, None)

@@ -251,7 +251,7 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
             start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
         except ValueError:
             start = None
-        if start is not None and bucket_text(start) == last and start % size == 0:
+        if start is not None and utc_text(start) == last and start % size == 0:
             return None
         with contextlib.suppress(TimeRangeError):
             given = parse_instant(last) if start is None else start
@@ -292,17 +292,11 @@ def _span(seconds: int) -> str:
     return str(timedelta(seconds=seconds))
 
 
-def bucket_text(seconds: int) -> str:
-    """A bucket start as :data:`BUCKET_FORMAT` writes it, the year in four digits however early (strftime writes
-    ``1-01-01T00:00Z`` for the year 1 here, which no bucket key holds)."""
-    t = time.gmtime(seconds)
-    return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}Z"
-
-
-def iso_datetime(when: datetime) -> str:
-    """An aware time as JSON and people read it, ``2026-11-22T10:00:00Z``, the year in four digits (``0001``)."""
+def iso_datetime(when: datetime, *, with_seconds: bool = True) -> str:
+    """An aware time as JSON and people read it, ``2026-11-22T10:00:00Z`` (``2026-11-22T10:00Z`` without its
+    seconds), the year in four digits (``0001``: strftime writes ``1``), as :func:`utc_text` names seconds."""
     utc = when.astimezone(UTC)
-    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S}Z"
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M}{f':{utc:%S}' if with_seconds else ''}Z"
 
 
 def iso(seconds: int) -> str:

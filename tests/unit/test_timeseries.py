@@ -21,7 +21,6 @@ from schemas.timeseries import (
     TimeRangeError,
     bucket_key,
     bucket_starts,
-    bucket_text,
     instant_seconds,
     iso,
     iso_datetime,
@@ -347,8 +346,11 @@ def test_a_counter_without_key_fields_has_the_empty_key_only() -> None:
 
 def test_years_before_1000_have_four_digits() -> None:
     """strftime writes the year 1 as 1: a point starting then read 1-01-01T00:00:00Z beside its range's 0001."""
-    assert bucket_text(-62_135_596_800) == "0001-01-01T00:00Z"
-    assert bucket_key(BUCKETED["count"], "p", T0) == "p|" + bucket_text(T0)
+    assert utc_text(-62_135_596_800) == "0001-01-01T00:00Z"  # why_no_instance compares a key's bucket with it
+    assert why_no_instance(BUCKETED["count"], "p|0001-01-01T00:00Z") is None  # as p|1969-12-31T23:00Z is
+    assert why_no_instance(BUCKETED["count"], "p|1969-12-31T23:00Z") is None
+    assert bucket_key(BUCKETED["count"], "p", T0) == "p|" + utc_text(T0)
     assert iso_datetime(datetime(1, 1, 1, tzinfo=UTC)) == "0001-01-01T00:00:00Z"
+    assert iso_datetime(datetime(1, 1, 1, tzinfo=UTC), with_seconds=False) == "0001-01-01T00:00Z"
     assert iso_datetime(datetime(2026, 11, 22, 11, 30, tzinfo=UTC)) == "2026-11-22T11:30:00Z"
 

@@ -18,6 +18,8 @@ from schemas.definitions import parse_definitions
 from schemas.errors import UndecidableRecordError
 from schemas.events import EventRouter
 from schemas.formats import SchemaCache, SchemaNotLoadedError, WriterSchema, decoders, frame
+from tests.unit.test_each_counter import mutator as mutator_of
+from tests.unit.test_formats import avro_bytes
 
 COUNTERS = """
 [[counter]]
@@ -35,10 +37,7 @@ RECORDS = [Record(0, b'{"page": "home", "at": "2016-12-31T22:00:00Z"}', None),
 
 
 def _mutator() -> Mutator:
-    counters = parse_definitions(COUNTERS)
-    applier = Applier(EventRouter(counters), counters, "clicks", 0, RetryWindow(10))
-    return Mutator(MutatorEntry(uuid.uuid4(), "g", "clicks", 0, "h", 0, 10**18), PartitionId("g", "clicks", 0),
-                   applier, -1, -1)
+    return mutator_of(parse_definitions(COUNTERS), "clicks")
 
 
 def _defect(text: str) -> None:
@@ -107,26 +106,18 @@ VIEW = {"type": "record", "name": "View", "fields": [{"name": "page", "type": "s
 def test_a_decoded_record_whose_decoding_raises_is_a_dead_letter(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same for a record of a registry topic whose decoder raises what no refusal should: the batch path
     let it out of its converter (formats.converter caught refusals alone)."""
-    import io
-
-    import fastavro
-
     counters = parse_definitions(AVRO_COUNTERS)
     cache = SchemaCache()
     schema = WriterSchema(1, "AVRO", json.dumps(VIEW), counters.formats["views"], json.loads)
     cache.put("views", 1, schema)
     applier = Applier(EventRouter(counters, decoders=decoders(counters.formats, cache, None)), counters, "views", 0,
                       RetryWindow(10))
-    mutator = Mutator(MutatorEntry(uuid.uuid4(), "g", "views", 0, "h", 0, 10**18), PartitionId("g", "views", 0),
-                      applier, -1, -1)
+    views = Mutator(MutatorEntry(uuid.uuid4(), "g", "views", 0, "h", 0, 10**18), PartitionId("g", "views", 0),
+                    applier, -1, -1)
     assert applier.convert is not None  # decoded records take the batch path
 
-    def value(page: str) -> bytes:
-        out = io.BytesIO()
-        fastavro.schemaless_writer(out, fastavro.parse_schema(VIEW), {"page": page})
-        return frame(1, out.getvalue())
-
-    records = [Record(offset, value(page), None) for offset, page in enumerate(["/a", "/boom", "/a"])]
+    records = [Record(offset, frame(1, avro_bytes(VIEW, {"page": page})), None)
+               for offset, page in enumerate(["/a", "/boom", "/a"])]
     decode = schema.decode
 
     def defective(raw: bytes, at: int, only: frozenset[str] | None = None) -> Any:
@@ -137,10 +128,10 @@ def test_a_decoded_record_whose_decoding_raises_is_a_dead_letter(path: str, monk
 
     monkeypatch.setattr(schema, "decode", defective)
     if path == "batch":
-        result = mutator.apply_batch(records)
+        result = views.apply_batch(records)
         assert (result.applied, [(r.offset, type(e)) for r, e in result.invalid]) == (2, [(1, UndecidableRecordError)])
     else:
-        outcomes = [mutator.apply(record) for record in records]
+        outcomes = [views.apply(record) for record in records]
         assert [outcome for outcome, _ in outcomes] == [Outcome.APPLIED, Outcome.INVALID, Outcome.APPLIED]
         assert isinstance(outcomes[1][1], UndecidableRecordError)
-    assert mutator.applied_through == 2
+    assert views.applied_through == 2
