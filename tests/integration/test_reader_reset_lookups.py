@@ -15,7 +15,7 @@ from consumer.cassandra_store import CassandraStore
 from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader
-from countersink.resets import NO_TABLE_RECHECK_S
+from countersink.resets import EPOCHS_KEPT_S, NO_TABLE_RECHECK_S, EpochsCache
 from countersink.settings import CassandraSettings
 from schemas.kinds import KindSpec, new_state
 
@@ -86,6 +86,17 @@ async def test_a_keyspace_without_the_resets_table_is_not_asked_on_every_read(
         assert (client.asked["tables"], client.asked["resets"]) == (2, 1), client.asked
 
 
+class StoppedClock:
+    """A clock that moves only when the test moves it: "the keys' reads start within ``kept_s`` of each other"
+    holds however slowly a loaded machine runs them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class OrderedClient(CountingClient):
     """A counting client that also notes when each request of the resets and of the shards starts and ends."""
 
@@ -107,15 +118,15 @@ async def test_a_read_of_several_keys_with_the_resets_no_longer_kept_sends_them_
         cassandra_settings: CassandraSettings, cached: bool) -> None:
     """serve's read of 12 keys of a counter whose resets it read before but keeps no longer (past 0.5 s) reads
     them once, sent with the keys' states rather than before them; the right values."""
-    from countersink.resets import EpochsCache
     from countersink.state_cache import StateCache
 
     client = OrderedClient(cassandra_settings)
     async with client:
         await _count(client)
-        epochs = EpochsCache(client, kept_s=0.05)  # the keys' reads start within it of each other
+        clock = StoppedClock()
+        epochs = EpochsCache(client, kept_s=0.5, clock=clock)
         await epochs.get("notional")  # read once: a guess from here on
-        await asyncio.sleep(0.1)
+        clock.now = 0.6  # no longer kept; stopped there while the keys are read
         client.asked.clear()
         client.events.clear()
         reader = CounterReader(client, cache=StateCache(1 << 20) if cached else None, epochs=epochs)
@@ -144,8 +155,10 @@ async def test_serves_read_of_several_keys_with_the_resets_no_longer_kept_sends_
     async with client:
         await _count(client)
         api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), counters)
+        clock = StoppedClock()
+        api.epochs = EpochsCache(client, clock=clock)  # serve's, with a clock the test moves
         await api.epochs.get("notional")  # read once: a guess from here on
-        await asyncio.sleep(0.6)  # past the 0.5 s serve keeps them
+        clock.now = EPOCHS_KEPT_S + 0.1  # no longer kept; stopped there while the keys are read
         client.asked.clear()
         client.events.clear()
         async with TestClient(TestServer(api.app())) as http:
