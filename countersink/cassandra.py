@@ -19,7 +19,7 @@ from typing import Any
 
 import acsylla
 
-from countersink.consistency import replication_factors
+from countersink.consistency import beyond_replicas, may_exceed_replicas, replication_factors
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency
@@ -40,9 +40,16 @@ class CassandraUnavailableError(CassandraError):
     retriable = True
 
 
+class ConsistencyUnreachableError(CassandraError):
+    """Raised when a request's consistency level waits for more replicas than the keyspace keeps: no retry
+    can meet it (Cassandra, through the driver, reports it as too few replicas, or no host available)."""
+
+
 class CassandraOverloadedError(CassandraUnavailableError):
     """Raised when no in-flight slot came free within ``queue_timeout_s``."""
 
+
+_UNAVAILABLE = (acsylla.errors.CassErrorServerUnavailable, acsylla.errors.CassErrorLibNoHostsAvailable)
 
 _RETRIABLE = (
     acsylla.errors.CassErrorServerUnavailable,
@@ -307,7 +314,11 @@ class CassandraClient:
         statement.set_is_idempotent(idempotent)
         if tracing:
             statement.set_tracing(True)
-        return await self._run(self._session.execute(statement), cql_text)
+        try:
+            return await self._run(self._session.execute(statement), cql_text)
+        except CassandraUnavailableError as exc:
+            await self._refuse_unreachable(consistency or self.settings.write_consistency, exc)
+            raise
 
     async def execute_batch(
         self,
@@ -329,7 +340,27 @@ class CassandraClient:
         batch.set_is_idempotent(True)
         if timestamp_us is not None:
             batch.set_timestamp(timestamp_us)
-        return await self._run(self._session.execute_batch(batch), "BATCH " + (statements[0][0] if statements else ""))
+        try:
+            return await self._run(self._session.execute_batch(batch),
+                                   "BATCH " + (statements[0][0] if statements else ""))
+        except CassandraUnavailableError as exc:
+            await self._refuse_unreachable(consistency or self.settings.write_consistency, exc)
+            raise
+
+    async def _refuse_unreachable(self, level: Consistency | str, failed: CassandraUnavailableError) -> None:
+        """Raise :class:`ConsistencyUnreachableError` when ``failed`` (too few replicas, or no host available)
+        is a request at a level that waits for more replicas than the keyspace keeps; else return (``failed``
+        stands: nodes may be down, and retrying may help)."""
+        level = Consistency(str(level))
+        if not isinstance(failed.__cause__, _UNAVAILABLE) or not may_exceed_replicas(level):
+            return
+        try:
+            factors = await self.replication_factors()
+        except CassandraError:
+            return  # the keyspace's replication unknown: an outage, not a level to refuse
+        beyond = beyond_replicas(level, self.keyspace, factors, self.settings.local_dc)
+        if beyond is not None:
+            raise ConsistencyUnreachableError(f"consistency {level} {beyond}: ask for a lower level") from failed
 
     async def ensure_schema(self, replication: str | None = None) -> None:
         """Create the keyspace and tables if missing (idempotent).

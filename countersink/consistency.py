@@ -58,10 +58,45 @@ def reads_see_writes(read: Consistency, write: Consistency, factors: dict[str, i
     return _replicas(read, factors, local) + _replicas(write, factors, local) > sum(factors.values())
 
 
+# Levels that may wait for more replicas than a keyspace keeps (QUORUM, EACH_QUORUM and ALL never do).
+_LEVELS_ABOVE_SOME_KEYSPACES = frozenset({Consistency.TWO, Consistency.THREE, Consistency.LOCAL_ONE,
+                                          Consistency.LOCAL_QUORUM})
+
+
+def may_exceed_replicas(level: Consistency) -> bool:
+    """Whether a request at ``level`` can wait for more replicas than some keyspace keeps."""
+    return level in _LEVELS_ABOVE_SOME_KEYSPACES
+
+
+def beyond_replicas(level: Consistency, keyspace: str, factors: dict[str, int], local_dc: str | None
+                    ) -> str | None:
+    """How a request at ``level`` waits for more replicas than ``keyspace``, with these replication factors,
+    keeps (no retry can meet it), in words; None when it does not, or when that cannot be told (no factors; a local
+    level with no local data centre named)."""
+    if not factors or not may_exceed_replicas(level):
+        return None
+    local = level in (Consistency.LOCAL_ONE, Consistency.LOCAL_QUORUM)
+    if local and local_dc is None:
+        return None
+    kept = factors.get(local_dc or "", 0) if local else sum(factors.values())
+    needed = _local_replicas(level, kept) if local else _replicas(level, factors, kept)
+    if needed <= kept:
+        return None
+    where = ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))
+    in_dc = f" in data centre {local_dc}" if local else ""
+    return f"waits for {needed} replica{'s' if needed > 1 else ''}{in_dc}; keyspace {keyspace} keeps {kept} ({where})"
+
+
 def check_deciding_reads(settings: CassandraSettings, factors: dict[str, int],
                          reads: dict[str, Consistency]) -> None:
     """Raise :class:`ConsistencyError` (one line, naming the settings) unless each of ``reads`` (setting name
-    to level) overlaps ``write_consistency`` on a keyspace with these replication factors."""
+    to level) overlaps ``write_consistency`` on a keyspace with these replication factors, and unless each of
+    them and ``write_consistency`` waits for no more replicas than the keyspace keeps."""
+    for name, level in {"write_consistency": settings.write_consistency, **reads}.items():
+        beyond = beyond_replicas(level, settings.keyspace, factors, settings.local_dc)
+        if beyond is not None:
+            raise ConsistencyError(f"COUNTERSINK_CASSANDRA__{name.upper()}={level} {beyond}: no request at it "
+                                   "can succeed; lower it")
     for name, level in reads.items():
         if not reads_see_writes(level, settings.write_consistency, factors, settings.local_dc):
             where = ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))

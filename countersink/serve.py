@@ -59,6 +59,7 @@ from countersink.cassandra import (
     CassandraError,
     CassandraOverloadedError,
     CassandraUnavailableError,
+    ConsistencyUnreachableError,
 )
 from countersink.cli import (
     consistency_level,
@@ -70,6 +71,7 @@ from countersink.cli import (
 )
 from countersink.commands.trace import TraceQuery, TraceRefusedError
 from countersink.commands.trace import trace as trace_records
+from countersink.consistency import beyond_replicas
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import QuietAppRunner, metrics_handler, problem_response, quiet_accept_errors
 from countersink.kafka import KafkaSecurityError, KafkaUnavailableError
@@ -376,8 +378,10 @@ class ReadApi:
         except CassandraOverloadedError as exc:
             raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=1) from None
         except CassandraUnavailableError as exc:
-            # e.g. too few replicas for the consistency level: the caller may retry or ask for a lower level
+            # e.g. too few replicas up for the consistency level: the caller may retry or ask for a lower level
             raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
+        except ConsistencyUnreachableError as exc:  # more replicas than the keyspace keeps: no retry helps
+            raise _problem(web.HTTPBadRequest, _unquoted(exc)) from None
 
     async def _counter(self, request: web.Request) -> str:
         name = request.match_info["name"]
@@ -386,10 +390,8 @@ class ReadApi:
         if self.counters is not None and self.counters.get(name) is None:
             raise _problem(web.HTTPNotFound, f"no counter {name!r} in {self.counters.source}")
         if self.counters is None and self.registry is not None:
-            try:
+            async with self._cassandra_answers():
                 known, _ = await self.registry.lookup(name)
-            except CassandraUnavailableError as exc:
-                raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
             if not known:
                 raise _problem(web.HTTPNotFound, f"no counter {name!r} in the counter registry")
         return name
@@ -1316,6 +1318,8 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
         await client.stop()
         return 1
     async with client, (writer or contextlib.nullcontext()):
+        if not await _levels_reachable(client, consistency, writer):
+            return 2
         if counters is not None and not await _file_agrees_with_registry(client, counters, consistency):
             return 2
         # Without a definitions file, the names and kinds the consumers recorded.
@@ -1340,6 +1344,23 @@ async def _serve_until(stop: asyncio.Event, settings: Settings, serve_settings: 
             await runner.cleanup()
             log.info("serve_stopped")
     return 0
+
+
+async def _levels_reachable(client: CassandraClient, consistency: Consistency | None,
+                            writer: CassandraClient | None) -> bool:
+    """False (logged) when serve's default read level, or its resets' write level, waits for more replicas
+    than the keyspace keeps: every read (or reset) would fail."""
+    levels = {"--consistency" if consistency else "COUNTERSINK_CASSANDRA__READ_CONSISTENCY":
+              consistency or client.settings.read_consistency}
+    if writer is not None:
+        levels["COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY"] = writer.settings.write_consistency
+    factors = await client.replication_factors()
+    for name, level in levels.items():
+        beyond = beyond_replicas(level, client.keyspace, factors, client.settings.local_dc)
+        if beyond is not None:
+            log.error("settings_refused", error=f"{name}={level} {beyond}: no request at it can succeed; lower it")
+            return False
+    return True
 
 
 async def _file_agrees_with_registry(client: CassandraClient, counters: CounterSet,

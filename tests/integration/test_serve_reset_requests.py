@@ -249,3 +249,27 @@ async def test_serve_told_to_stop_during_a_reset_finishes_it_and_refuses_new_one
             assert sorted(p["partition"] for p in (await answer.json())["positions"]) == list(range(PARTITIONS))
         assert await serving == 0
     assert not [entry for entry in logs if entry["event"] == "reset_interrupted"]
+
+
+async def test_serve_refuses_to_start_on_levels_beyond_the_keyspaces_replicas(
+        kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings) -> None:
+    """On the test keyspace (one replica), serve with ``--consistency THREE``, or with resets written at TWO,
+    exits 2 at start naming the level and the keyspace, rather than answering every request with an error."""
+    cassandra = cassandra_settings.model_copy(update={"allow_insecure": True})
+    serve_settings = ServeSettings(host="127.0.0.1", port=0, allow_insecure=True)
+    with capture_logs() as logs:
+        code = await serve(Settings(kafka=kafka_settings, cassandra=cassandra), serve_settings, None, Consistency.THREE)
+    assert code == 2
+    assert [entry["error"] for entry in logs if entry["event"] == "settings_refused"] == [
+        f"--consistency=THREE waits for 3 replicas; keyspace {cassandra.keyspace} keeps 1 (replication_factor=1): "
+        "no request at it can succeed; lower it"]
+    admin = serve_settings.model_copy(update={"admin_tokens": SecretStr(f"ops:{TOKEN}"),
+                                              "admin_cassandra_username": "admin",
+                                              "admin_cassandra_password": SecretStr(secrets.token_urlsafe(12))})
+    writes_at_two = cassandra.model_copy(update={"write_consistency": Consistency.TWO})
+    with capture_logs() as logs:
+        code = await serve(Settings(kafka=kafka_settings, cassandra=writes_at_two), admin, None, None)
+    assert code == 2
+    assert [entry["error"] for entry in logs if entry["event"] == "settings_refused"] == [
+        f"COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY=TWO waits for 2 replicas; keyspace {cassandra.keyspace} keeps 1 "
+        "(replication_factor=1): no request at it can succeed; lower it"]

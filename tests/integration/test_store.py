@@ -111,3 +111,24 @@ async def test_a_flush_writes_states_and_stamps_at_its_timestamp_with_their_ttls
     expected_ttl = far + client.settings.retention_grace_s - int(time.time())
     assert abs(hourly["ttls"][0] - expected_ttl) <= 60
     assert abs(hourly_stamp["ttls"][0] - expected_ttl) <= 60
+
+
+async def test_a_level_beyond_the_keyspaces_replicas_is_refused_not_retried(
+        cassandra_settings: CassandraSettings) -> None:
+    """On the test keyspace (one replica), a statement or a batch at THREE fails as no retry can help, saying
+    why (the driver says only that no host was available); at ONE the same statements run."""
+    from countersink.cassandra import CassandraUnavailableError, ConsistencyUnreachableError
+    from countersink.settings import Consistency
+
+    async with CassandraClient(cassandra_settings) as client:
+        await CassandraStore(client).write_shards(uuid.uuid4(), 1_000, 1_001, [ShardWrite("c", "k", b"", 1, True)],
+                                                  source=b"src")
+        with pytest.raises(ConsistencyUnreachableError,
+                           match=r"^consistency THREE waits for 3 replicas; keyspace \w+ keeps 1 ") as refused:
+            await client.execute("SELECT key FROM shards WHERE key = ?", ["k"], consistency=Consistency.THREE)
+        assert not isinstance(refused.value, CassandraUnavailableError)  # not retriable
+        with pytest.raises(ConsistencyUnreachableError, match=r"^consistency TWO waits for 2 replicas"):
+            await client.execute_batch([("DELETE FROM shards WHERE key = ?", ["nothing"])],
+                                       consistency=Consistency.TWO)
+        assert as_dicts(await client.execute("SELECT key FROM shards WHERE key = ?", ["k"],
+                                             consistency=Consistency.ONE))

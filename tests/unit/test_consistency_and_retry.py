@@ -14,7 +14,13 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from countersink.cassandra import CassandraUnavailableError
-from countersink.consistency import ConsistencyError, check_deciding_reads, reads_see_writes, replication_factors
+from countersink.consistency import (
+    ConsistencyError,
+    beyond_replicas,
+    check_deciding_reads,
+    reads_see_writes,
+    replication_factors,
+)
 from countersink.retry import Backoff, StopRequested, is_retriable, retrying, wait_until_reachable
 from countersink.settings import CassandraSettings, Consistency, Settings
 from gc_worker.cli import _one_run
@@ -55,6 +61,39 @@ def test_a_refusal_names_the_settings_and_the_keyspace() -> None:
     with pytest.raises(ConsistencyError, match=r"REPLAY_READ_CONSISTENCY=ONE .*WRITE_CONSISTENCY=ONE .* keyspace ks "):
         check_deciding_reads(settings, {"": 3}, {"replay_read_consistency": C.ONE})
     check_deciding_reads(settings, {"": 1}, {"replay_read_consistency": C.ONE})
+
+
+@pytest.mark.parametrize(("level", "factors", "local_dc", "beyond"), [
+    (C.THREE, {"": 1}, None, "waits for 3 replicas; keyspace ks keeps 1 (replication_factor=1)"),
+    (C.TWO, {"": 1}, None, "waits for 2 replicas; keyspace ks keeps 1 (replication_factor=1)"),
+    (C.THREE, {"": 3}, None, None),
+    (C.TWO, {"dc1": 1, "dc2": 1}, None, None),  # two replicas, one in each data centre
+    (C.THREE, {"dc1": 1, "dc2": 1}, "dc1", "waits for 3 replicas; keyspace ks keeps 2 (dc1=1, dc2=1)"),
+    (C.LOCAL_QUORUM, {"dc1": 3}, "dc2", "waits for 1 replica in data centre dc2; keyspace ks keeps 0 (dc1=3)"),
+    (C.LOCAL_ONE, {"dc1": 3, "dc2": 0}, "dc2", "waits for 1 replica in data centre dc2; keyspace ks keeps 0 "
+                                               "(dc1=3, dc2=0)"),
+    (C.LOCAL_QUORUM, {"dc1": 3}, "dc1", None),
+    (C.LOCAL_QUORUM, {"dc1": 3}, None, None),  # which data centre is local is the driver's to say
+    (C.QUORUM, {"": 1}, None, None),
+    (C.ALL, {"": 5}, None, None),
+    (C.THREE, {}, None, None),  # a keyspace not made yet
+])
+def test_a_level_beyond_the_replicas_kept_is_told(level: Consistency, factors: dict[str, int], local_dc: str | None,
+                                                   beyond: str | None) -> None:
+    """A level that waits for more replicas than the keyspace keeps is told, in words; one it keeps enough
+    replicas for, or one it cannot tell, is not."""
+    assert beyond_replicas(level, "ks", factors, local_dc) == beyond
+
+
+def test_a_start_is_refused_on_a_write_or_read_level_beyond_the_replicas() -> None:
+    """check_deciding_reads refuses a write level, or a deciding read level, that no request can meet."""
+    with pytest.raises(ConsistencyError, match=r"^COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY=TWO waits for 2 replicas; "
+                                               r"keyspace ks keeps 1 .*lower it$"):
+        check_deciding_reads(CassandraSettings(write_consistency=C.TWO, keyspace="ks"), {"": 1},
+                             {"replay_read_consistency": C.ONE})
+    with pytest.raises(ConsistencyError, match=r"^COUNTERSINK_CASSANDRA__REPLAY_READ_CONSISTENCY=THREE waits for 3"):
+        check_deciding_reads(CassandraSettings(write_consistency=C.ONE, keyspace="ks"), {"": 1},
+                             {"replay_read_consistency": C.THREE})
 
 
 def test_what_is_retried_is_what_the_error_says() -> None:
