@@ -152,6 +152,7 @@ class ReadApi:
         self.tokens = tokens or Tokens(settings)
         self.admin_tokens = resetting.tokens if resetting is not None else None
         self._handling = 0
+        self._query_rules: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_observed, _problems, self._guard],
@@ -172,6 +173,8 @@ class ReadApi:
             app.add_routes([web.get("/trace/{topic}", self.trace)])
         app.on_response_prepare.append(_without_versions)
         app[_API] = self
+        self._query_rules = query_rules(openapi_document(self.settings, tracing=self.tracing is not None,
+                                                         resetting=self.resetting is not None))
         return app
 
     # --- the guard in front of every route
@@ -197,6 +200,8 @@ class ReadApi:
                 raise
         elif request.path not in _OPEN_PATHS and self.guarded:
             self._check_token(request)
+        if resource is not None:
+            _refuse_unknown_parameters(request, self._query_rules.get((request.method, resource.canonical)))
         if self._handling >= self.settings.max_requests:
             raise _problem(web.HTTPServiceUnavailable,
                            f"more than {self.settings.max_requests} requests at once; try again", retry_after=1)
@@ -724,6 +729,36 @@ def _unquoted(exc: Exception) -> str:
     return text[:text.rindex(" [")] if text.endswith("]") and " [" in text else text
 
 
+def query_rules(document: dict[str, Any]) -> dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]]:
+    """Each described operation's query parameters, by (method, path): every name it takes, and those it takes
+    more than once (an array)."""
+    rules = {}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            query = [p for p in operation.get("parameters", []) if p["in"] == "query"]
+            rules[(method.upper(), path)] = (frozenset(p["name"] for p in query), frozenset(
+                p["name"] for p in query if p["schema"].get("type") == "array"))
+    return rules
+
+
+def _refuse_unknown_parameters(request: web.Request,
+                               rule: tuple[frozenset[str], frozenset[str]] | None) -> None:
+    """400 for a query parameter the operation does not take (a typo: ``?consistncy=ALL`` would read at the
+    default level), or one it takes once given twice (which of them would count?)."""
+    if rule is None:  # a path the document does not describe (probes, /metrics): parameters ignored
+        return
+    taken, repeatable = rule
+    seen: set[str] = set()
+    for name, _ in request.query.items():  # items: iterating the keys gives each name once
+        if name not in taken:
+            named = f"{name[:40]!r}{'...' if len(name) > 40 else ''}"
+            takes = ", ".join(sorted(taken)) or "none"
+            raise _problem(web.HTTPBadRequest, f"no query parameter {named} here; this path takes: {takes}")
+        if name in seen and name not in repeatable:
+            raise _problem(web.HTTPBadRequest, f"give {name} once")
+        seen.add(name)
+
+
 def _trace_query(request: web.Request) -> TraceQuery:
     """The trace a request asks for, each parameter bounded; 400 for anything else."""
     topic, query = request.match_info["topic"], request.query
@@ -1056,7 +1091,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                   "pattern": r"^(?:[^\\]|\\[\\|])*$", "not": {"const": "\\"}, "description": in_bytes}
     consistency = {"name": "consistency", "in": "query", "required": False,
                    "schema": {"type": "string", "enum": list(Consistency)},
-                   "description": "read consistency level (default: COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
+                   "description": "read consistency level, in any case (default: "
+                                  "COUNTERSINK_CASSANDRA__READ_CONSISTENCY)"}
     # The query of a range read, the same for keyed and keyless series.
     range_query = [
         {"name": "from", "in": "query", "required": True, "schema": {"type": "string"},
@@ -1064,8 +1100,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
         {"name": "to", "in": "query", "required": True, "schema": {"type": "string"},
          "description": "end of the range, excluded; same forms as from"},
         {"name": "step", "in": "query", "required": False,
-         "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdw]$"},
-         "description": "merge the buckets of each step (a multiple of the bucket size)"},
+         "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,6}[smhdwSMHDW]$"},
+         "description": "merge the buckets of each step (a multiple of the bucket size); the unit in any case"},
         {"name": "rollup", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
          "description": "merge every bucket of the range into one point"},
         consistency]

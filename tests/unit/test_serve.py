@@ -64,6 +64,13 @@ async def http() -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     ("/counters/likes/p1/series?from=0001-01-01T00:00%2B01:00&to=now", 400, "is outside the times a range"),
     # a keyed counter's /series without ?key= is the instance "series": range parameters were ignored
     ("/counters/likes/series?from=garbage&to=garbage&step=zzz", 400, "has key fields: a series of it names its"),
+    # a parameter the path does not take (a typo read at the default level), or a single one given twice
+    ("/counters/likes/p1?consistncy=ALL", 400, "no query parameter 'consistncy' here; this path takes: consistency"),
+    ("/counters/likes/p1?key=p2", 400, "no query parameter 'key' here; this path takes: consistency"),
+    ("/counters/likes?key=a&consistency=ONE&consistency=ALL", 400, "give consistency once"),
+    ("/counters/likes/p1/series?from=now-1h&to=now&from=now-2h", 400, "give from once"),
+    ("/counters/likes/series?key=p1&key=p2&from=now-1h&to=now", 400, "give key once"),
+    ("/counters/likes?key=a&" + "x" * 2000 + "=1", 400, "no query parameter '" + "x" * 40 + "'... here"),
 ])
 async def test_bad_requests_are_refused_before_any_read(http: TestClient, path: str, status: int,  # type: ignore[type-arg]
                                                          detail: str) -> None:
