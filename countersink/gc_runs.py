@@ -25,6 +25,7 @@ from countersink.metrics import METRICS
 log = get_logger(__name__)
 
 RUNS_PARTITION = "gc"  # every run in one partition, newest first: a few rows a day, kept 30 days
+_RUNS_SAMPLED = 5  # the newest runs, among which the one that ended last is exported
 _ERROR_CHARS = 1000  # an error's text is bounded: it comes from the driver, whose messages can be long
 
 
@@ -106,8 +107,9 @@ def _int_or_none(value: object) -> int | None:
 
 
 class GcAgeSampler:
-    """Refreshes ``countersink_gc_last_complete_age_seconds`` from Cassandra, at most every ``refresh_s``:
-    called before each scrape, it costs one single-partition read per refresh, not one per scrape."""
+    """Refreshes ``countersink_gc_last_complete_age_seconds`` and the last ended run's figures
+    (``countersink_gc_last_run_*``) from Cassandra, at most every ``refresh_s``: called before each scrape, it
+    costs two single-partition reads per refresh, not per scrape."""
 
     def __init__(self, client: CassandraClient, refresh_s: float = 30.0) -> None:
         self.log = GcRunLog(client)
@@ -120,3 +122,9 @@ class GcAgeSampler:
         self._next_read = time.monotonic() + self.refresh_s
         last_us = await self.log.last_complete_us()
         METRICS.gc_age.set_last_complete(None if last_us is None else last_us / 1e6)
+        ended = max((run for run in await self.log.recent(_RUNS_SAMPLED) if run.ended_us is not None),
+                    key=lambda run: run.ended_us or 0, default=None)  # runs may overlap: the one that ended last
+        if ended is not None and ended.ended_us is not None:
+            METRICS.gc_last_run.set_last_run(ended.ended_us / 1e6, ended.outcome, {
+                "instances_folded": ended.instances_folded, "instances_deferred": ended.instances_deferred,
+                "mutators_collected": ended.mutators_collected, "shards_deleted": ended.shards_deleted})

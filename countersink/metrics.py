@@ -85,6 +85,41 @@ class GcAge(Collector):
         yield family
 
 
+class GcLastRun(Collector):
+    """The last ended GC run as recorded in Cassandra by whichever GC worker ran it (a CronJob's run exits
+    before any scrape: its own counters die with it): when it ended, what it folded, deferred, collected and
+    deleted, and its outcome. No series until the process has read a record of an ended run."""
+
+    FIGURES = ("instances_folded", "instances_deferred", "mutators_collected", "shards_deleted")
+    OUTCOMES = ("complete", "deferred", "failed", "stopped")
+
+    def __init__(self) -> None:
+        self._run: tuple[float, str, dict[str, int]] | None = None
+
+    def set_last_run(self, ended_s: float, outcome: str, figures: dict[str, int]) -> None:
+        self._run = (ended_s, outcome, figures)
+
+    def collect(self) -> Iterable[Metric]:
+        ended = GaugeMetricFamily("countersink_gc_last_run_end_timestamp_seconds",
+                                  "When the last ended GC run (any worker, as recorded in Cassandra) ended")
+        outcome = GaugeMetricFamily("countersink_gc_last_run_outcome",
+                                    "1 for the outcome of the last ended GC run, 0 for the others",
+                                    labels=["outcome"])
+        figures = {name: GaugeMetricFamily(f"countersink_gc_last_run_{name}",
+                                           f"{name.replace('_', ' ').capitalize()} by the last ended GC run")
+                   for name in self.FIGURES}
+        if self._run is not None:
+            ended_s, last, counted = self._run
+            ended.add_metric([], ended_s)
+            for known in self.OUTCOMES:
+                outcome.add_metric([known], 1.0 if known == last else 0.0)
+            for name, family in figures.items():
+                family.add_metric([], counted.get(name, 0))
+        yield ended
+        yield outcome
+        yield from figures.values()
+
+
 class Metrics:
     """All metric objects. One instance per process (``METRICS``); tests may build their own."""
 
@@ -102,6 +137,8 @@ class Metrics:
         r.register(self.freshness)
         self.gc_age = GcAge()
         r.register(self.gc_age)
+        self.gc_last_run = GcLastRun()
+        r.register(self.gc_last_run)
         self.cassandra_in_flight = Gauge("countersink_cassandra_in_flight", "Cassandra requests in flight", registry=r)
         self.cassandra_queue_timeouts = Counter(
             "countersink_cassandra_queue_timeouts", "Requests refused: no in-flight slot in time", registry=r)

@@ -135,6 +135,10 @@ async def test_a_consumer_run_logs_json_and_exports_its_metrics(
         assert all(0 <= v < 30 for _, v in samples["countersink_partition_flush_age_seconds"])
         ((_, gc_age),) = samples["countersink_gc_last_complete_age_seconds"]
         assert 0 <= gc_age < 300
+        # the GC run above, which exited before any scrape, as the consumer read its record
+        assert {labels["outcome"]: v for labels, v in samples["countersink_gc_last_run_outcome"]}["complete"] == 1
+        ((_, ended),) = samples["countersink_gc_last_run_end_timestamp_seconds"]
+        assert 0 <= time.time() - ended < 300
         assert "countersink_cassandra_driver_timeouts_total" not in samples or all(
             v >= 0 for _, v in samples["countersink_cassandra_driver_timeouts_total"])
         assert not [name for name in samples if name.endswith("_created")]
@@ -220,6 +224,23 @@ async def test_gc_runs_are_recorded_and_their_age_exported(
 
         await sampler()
         assert 0 <= _gc_age() < 120
+        # The last ended run's record, exported for a GC run from cron, whose own counters died with it.
+        exported = {(s.name, tuple(s.labels.values())): s.value
+                    for f in METRICS.gc_last_run.collect() for s in f.samples}
+        assert exported["countersink_gc_last_run_end_timestamp_seconds", ()] == (later_us + 20) / 1e6
+        assert [labels for (name, labels), v in exported.items()
+                if name == "countersink_gc_last_run_outcome" and v == 1] == [("failed",)]
+        assert exported["countersink_gc_last_run_instances_folded", ()] == 0
+        assert await runs.finished(deferred, later_us, later_us + 25, outcome="deferred", instances_folded=9,
+                                   instances_deferred=4, shards_deleted=11)
+        await sampler()
+        exported = {(s.name, tuple(s.labels.values())): s.value
+                    for f in METRICS.gc_last_run.collect() for s in f.samples}
+        # the run that ended last, though another started after it
+        assert exported["countersink_gc_last_run_end_timestamp_seconds", ()] == (later_us + 25) / 1e6
+        assert (exported["countersink_gc_last_run_instances_folded", ()],
+                exported["countersink_gc_last_run_shards_deleted", ()]) == (9, 11)
+        assert exported["countersink_gc_last_run_outcome", ("deferred",)] == 1
 
     shown = _gc(kafka_settings, cassandra_settings, "--runs", "2", "--json")
     assert shown.returncode == 0, shown.stderr

@@ -77,6 +77,28 @@ def test_gc_age() -> None:
     assert [s.value for f in age.collect() for s in f.samples] == [60.0]
 
 
+def test_the_last_gc_run_recorded_is_exported() -> None:
+    """No series until a run is read; then when it ended, its outcome (1 among the known ones) and figures."""
+    metrics = Metrics()
+    exported = lambda: {(s.name, tuple(s.labels.items())): s.value  # noqa: E731
+                        for f in metrics.gc_last_run.collect() for s in f.samples}
+    assert exported() == {}
+    metrics.gc_last_run.set_last_run(1_000.5, "deferred", {"instances_folded": 7, "instances_deferred": 2,
+                                                          "mutators_collected": 1, "shards_deleted": 30})
+    assert exported() == {
+        ("countersink_gc_last_run_end_timestamp_seconds", ()): 1_000.5,
+        ("countersink_gc_last_run_outcome", (("outcome", "complete"),)): 0.0,
+        ("countersink_gc_last_run_outcome", (("outcome", "deferred"),)): 1.0,
+        ("countersink_gc_last_run_outcome", (("outcome", "failed"),)): 0.0,
+        ("countersink_gc_last_run_outcome", (("outcome", "stopped"),)): 0.0,
+        ("countersink_gc_last_run_instances_folded", ()): 7,
+        ("countersink_gc_last_run_instances_deferred", ()): 2,
+        ("countersink_gc_last_run_mutators_collected", ()): 1,
+        ("countersink_gc_last_run_shards_deleted", ()): 30,
+    }
+    assert "countersink_gc_last_run_shards_deleted 30.0" in generate_latest(metrics.registry).decode()
+
+
 def test_driver_timeouts_are_a_counter() -> None:
     """cassandra_driver_timeouts is exported as a counter (the _total series), not a gauge."""
     metrics = Metrics()
