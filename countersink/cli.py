@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.debug:
         settings = settings.model_copy(update={"log_level": "DEBUG"})
+    debug = settings.log_level == "DEBUG"  # from the environment or .env, in any case, as --debug
     configure_logging(settings.log_level, settings.log_format, no_color=settings.no_color,
                       person=args.command in PERSON_COMMANDS)
     warn_insecure(settings)
@@ -284,7 +285,9 @@ def settings_problems(exc: Any) -> list[str]:
         if err["type"] == "untrusted_settings_file":  # a file, not a variable
             lines.append(f"{err['loc'][0]}: {err['msg']}")
             continue
-        variable = "COUNTERSINK_" + "__".join(str(part).upper() for part in err["loc"])
+        # NO_COLOR is the cross-tool variable (no-color.org), read without the prefix
+        variable = "NO_COLOR" if tuple(err["loc"]) == ("NO_COLOR",) else "COUNTERSINK_" + "__".join(
+            str(part).upper() for part in err["loc"])
         lines.append(f"{variable}: {err['msg'].removeprefix('Value error, ')}")
     return lines
 

@@ -53,7 +53,8 @@ def add_dead_letters_arguments(parser: argparse.ArgumentParser) -> None:
         description="Send the dead letter at PARTITION/OFFSET of the dead-letter topic back to the topic and\n"
         "partition it came from, with its key, timestamp and headers. When counters refused it, it is\n"
         "applied by those counters alone (countersink.apply-to), so the counters that counted it do not\n"
-        "count it again. Prints the record sent.", formatter_class=HelpFormatter)
+        "count it again. Prints where it was sent, for which counters, and its size (--dry-run: the\n"
+        "record it would send, sending nothing).", formatter_class=HelpFormatter)
     republish.add_argument("--partition", type=_partition, required=True, help="the dead letter's partition")
     republish.add_argument("--offset", type=_offset, required=True, help="the dead letter's offset")
     republish.add_argument("--payload", metavar="FILE",

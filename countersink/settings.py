@@ -27,6 +27,14 @@ _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}
 _BARE_IPV6 = re.compile(r"[0-9A-Fa-f:.]{2,45}")
 
 
+def _listening_host(value: str) -> str:
+    """A host name or an address to listen on (``0.0.0.0``, ``::``, ``127.0.0.1``, ``pod-1.local``): refused at
+    start, naming its variable, rather than by the socket later in words that name none."""
+    if not (_HOST.fullmatch(value) or _BARE_IPV6.fullmatch(value)):
+        raise ValueError("not a host name or an address to listen on (0.0.0.0, ::, 127.0.0.1, a name)")
+    return value
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -85,7 +93,7 @@ class KafkaSettings(_Section):
 
     bootstrap_servers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["127.0.0.1:9092"],
                                                               min_length=1)
-    client_id: str = "countersink"
+    client_id: str = Field(default="countersink", min_length=1, max_length=255)
     security_protocol: KafkaSecurity = KafkaSecurity.PLAINTEXT
     ssl_cafile: Path | None = None
     ssl_certfile: Path | None = None
@@ -109,6 +117,11 @@ class KafkaSettings(_Section):
     allow_insecure: bool = False
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
+
+    @field_validator("sasl_mechanism", mode="before")
+    @classmethod
+    def _mechanism_upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value  # names of modes are read in any case
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -242,6 +255,11 @@ class CassandraSettings(_Section):
 
     _split = field_validator("contact_points", mode="before")(_split_csv)
 
+    @field_validator("ssl_verify_identity", mode="before")
+    @classmethod
+    def _identity_lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # names of modes are read in any case
+
     @field_validator("contact_points")
     @classmethod
     def _hosts(cls, points: list[str]) -> list[str]:
@@ -357,6 +375,8 @@ class ConsumerSettings(_Section):
     # Replicas of a topic the consumer or `topics create` creates; unset, the broker's default.replication.factor.
     topic_replication_factor: int | None = Field(default=None, ge=1, le=32_767)
 
+    _listens = field_validator("health_host")(_listening_host)
+
     @field_validator("auto_offset_reset", "on_records_lost", mode="before")
     @classmethod
     def _choice_lower(cls, value: Any) -> Any:
@@ -377,6 +397,8 @@ class GcSettings(_Section):
     progress_interval_s: float = Field(default=10.0, gt=0, le=86_400)  # how often a non-interactive run logs progress
     health_port: int = Field(default=8081, ge=0, le=65535)  # the loop's metrics and health; 0 disables
     health_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)  # as the consumer's
+
+    _listens = field_validator("health_host")(_listening_host)
 
     @field_validator("every_s")
     @classmethod
@@ -434,6 +456,8 @@ class ServeSettings(_Section):
     # served. The other connection settings (contact points, TLS) are COUNTERSINK_CASSANDRA__'s.
     admin_cassandra_username: str | None = Field(default=None, min_length=1, max_length=200)
     admin_cassandra_password: SecretStr | None = None
+
+    _listens = field_validator("host")(_listening_host)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServeSettings:

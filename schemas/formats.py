@@ -868,7 +868,12 @@ def compile_proto(text: str, *, max_bytes: int = DEFAULT_MAX_SCHEMA_BYTES,
     import grpc_tools
 
     includes = Path(grpc_tools.__file__).parent / "_proto"
-    with tempfile.TemporaryDirectory(prefix="countersink-proto-") as folder:
+    try:
+        temporary = tempfile.TemporaryDirectory(prefix="countersink-proto-")
+    except OSError as exc:  # the process's fault, not the schema's: raised as such (a record is no dead letter)
+        raise OSError(f"no writable temporary folder to compile a .proto schema in (TMPDIR, /tmp: on a read-only "
+                      f"root file system, mount one): {exc}") from exc
+    with temporary as folder:
         source = Path(folder) / "schema.proto"
         try:
             source.write_text(text, encoding="utf-8")

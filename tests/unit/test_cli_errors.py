@@ -155,11 +155,13 @@ def test_enum_settings_and_options_take_any_case(monkeypatch: pytest.MonkeyPatch
     assert parser.parse_args(["get", "c", "k", "--consistency", "one"]).consistency == "ONE"
 
 
-@pytest.mark.parametrize("debug", [["--debug"], []])
+@pytest.mark.parametrize("debug", [["--debug"], [], ["lower-case name"]])
 def test_the_traceback_only_with_debug(debug: list[str]) -> None:
-    """An error shows its traceback with ``--debug`` or COUNTERSINK_LOG_LEVEL=DEBUG, and only then."""
-    env = CASSANDRA_DOWN if debug else {**CASSANDRA_DOWN, "COUNTERSINK_LOG_LEVEL": "debug"}
-    shown = countersink(*debug, "get", "shares", "IBM", env=env)
+    """An error shows its traceback with ``--debug`` or COUNTERSINK_LOG_LEVEL=DEBUG (its name in any case, as
+    every variable's), and only then."""
+    env = CASSANDRA_DOWN if debug == ["--debug"] else {
+        **CASSANDRA_DOWN, ("countersink_log_level" if debug else "COUNTERSINK_LOG_LEVEL"): "debug"}
+    shown = countersink(*debug[:1] if debug == ["--debug"] else (), "get", "shares", "IBM", env=env)
     hidden = countersink("get", "shares", "IBM", env=CASSANDRA_DOWN)
     assert shown.returncode != 0
     assert "Traceback" in shown.stderr

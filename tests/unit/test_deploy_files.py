@@ -216,6 +216,35 @@ def test_pods_meet_the_restricted_pod_security_standard() -> None:
     assert checked == 4
 
 
+def test_processes_that_read_protobuf_schemas_have_a_writable_tmp() -> None:
+    """The consumer and serve compile a topic's .proto schemas with protoc, which reads files: on their read-only
+    root file system, /tmp is an emptyDir (without it a Protobuf topic stopped them)."""
+    checked = 0
+    for where, pod in pods():
+        for container in pod["containers"]:
+            if container["args"][0] not in ("consume", "serve"):
+                continue
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert not mount.get("readOnly"), where
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert "emptyDir" in volume, where
+            checked += 1
+    assert checked == 2
+
+
+def test_a_process_without_a_writable_temporary_folder_says_so_when_compiling_a_proto(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_proto where no temporary folder can be written raises OSError naming what to mount (the
+    process's fault: not a SchemaError, which would make the records dead letters)."""
+    import tempfile
+
+    from schemas.formats import compile_proto
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "absent"))
+    with pytest.raises(OSError, match=r"no writable temporary folder to compile a \.proto schema in"):
+        compile_proto('syntax = "proto3";\nmessage M { string a = 1; }\n')
+
+
 def test_gc_deferral_waits_for_the_next_schedule() -> None:
     """Exit 3 (deferred) ends the GC Job (FailJob): no pod is started again at once to read at CL ALL while a
     replica is down. Ignore, which starts another pod without counting this one, applies only to disruptions."""

@@ -110,6 +110,13 @@ def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: py
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "a:9092,127.0.0.1:99999", "server 2 of 2 is not HOST:PORT"),
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", ":9092", "server 1 of 1 is not HOST:PORT"),
     ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", " ,", "at least 1 item"),
+    # Listening addresses and the client id: refused at start, not by the socket or the encoder later in
+    # words that name no variable.
+    ("COUNTERSINK_SERVE__HOST", "not a host!", "not a host name or an address to listen on"),
+    ("COUNTERSINK_CONSUMER__HEALTH_HOST", " ", "not a host name or an address to listen on"),
+    ("COUNTERSINK_GC__HEALTH_HOST", "a b", "not a host name or an address to listen on"),
+    ("COUNTERSINK_KAFKA__CLIENT_ID", "c" * 40_000, "at most 255 characters"),
+    ("NO_COLOR", "x" * 1001, "at most 1000 characters"),  # no prefix: the variable is NO_COLOR
     # Credentials written into an address: refused, and never echoed (an error naming the server quoted them).
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "user:hunter2@kafka-1:9092", "no user or password"),
     ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "c1,user:hunter2@c2", "contact point 2 of 2 is not a host name"),
@@ -138,6 +145,22 @@ def test_a_variable_set_empty_is_unset(monkeypatch: pytest.MonkeyPatch, variable
     unset = getattr(getattr(Settings(), section), name)
     monkeypatch.setenv(variable, "")
     assert getattr(getattr(Settings(), section), name) == unset
+
+
+def test_listening_addresses_and_modes_in_any_case_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every address a process listens on (IPv4, IPv6, a name) is taken; modes are read in any case."""
+    monkeypatch.setenv("COUNTERSINK_SERVE__HOST", "::")
+    monkeypatch.setenv("COUNTERSINK_CONSUMER__HEALTH_HOST", "0.0.0.0")  # noqa: S104 - the setting under test
+    monkeypatch.setenv("COUNTERSINK_GC__HEALTH_HOST", "gc-0.countersink.svc")
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__SSL_VERIFY_IDENTITY", "IP")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SECURITY_PROTOCOL", "sasl_ssl")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_MECHANISM", "scram-sha-512")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_USERNAME", "u")
+    monkeypatch.setenv("COUNTERSINK_KAFKA__SASL_PASSWORD", "p4ssword-of-the-test")
+    settings = Settings()
+    assert (settings.serve.host, settings.consumer.health_host, settings.gc.health_host) == (
+        "::", "0.0.0.0", "gc-0.countersink.svc")  # noqa: S104
+    assert (settings.cassandra.ssl_verify_identity, settings.kafka.sasl_mechanism) == ("ip", "SCRAM-SHA-512")
 
 
 def test_a_kafka_server_without_a_port_is_kafkas_default(monkeypatch: pytest.MonkeyPatch) -> None:
