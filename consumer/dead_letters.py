@@ -24,6 +24,11 @@ log = get_logger(__name__)
 # What a dead letter refused whole is cut to last: far below any broker's smallest message limit.
 LAST_RESORT_BYTES = 1024
 LAST_RESORT_HEADER_BYTES = 16 * 1024  # the record's own headers a last-resort dead letter still carries
+# Dead letters handed to the producer at once. A burst of invalid records (a bad deploy upstream) queues one
+# delivery each; handed over all at once, the thousands waiting for room in the producer's batches were all woken
+# at each drain, most of them waiting again, until some waited past request_timeout_ms: KafkaTimeoutError stopped
+# the consumer at every start (20,000 dead letters in one partition, a healthy broker).
+SENDS_IN_FLIGHT = 256
 _HEADER_OVERHEAD = 10  # a record header's two varint lengths, at most 5 bytes each
 
 
@@ -167,10 +172,11 @@ class DeadLetters:
         self._max_bytes = config.dead_letter_max_bytes
         self._pending: list[asyncio.Future[None]] = []
         self._failed: BaseException | None = None  # the first delivery that failed, if any
+        self._sending = asyncio.Semaphore(SENDS_IN_FLIGHT)  # FIFO: each waiting delivery is woken once
 
     def queue(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         """Start sending ``record``; its delivery is awaited by the next :meth:`deliver` or :meth:`take`."""
-        delivery = asyncio.ensure_future(self.send(tp, record, error))
+        delivery = asyncio.ensure_future(self._send_in_turn(tp, record, error))
         delivery.add_done_callback(self._note_failure)
         self._pending.append(delivery)
         METRICS.dead_lettered.inc()
@@ -201,6 +207,10 @@ class DeadLetters:
         """Stop waiting for deliveries (closing): the windows that skip them were never recorded complete."""
         for delivery in self.take():
             delivery.cancel()
+
+    async def _send_in_turn(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
+        async with self._sending:
+            await self.send(tp, record, error)
 
     async def send(self, tp: TopicPartition, record: KafkaRecord, error: InvalidEventError) -> None:
         """Deliver one dead letter (acknowledged by the broker). One the broker or the client refuses as too
