@@ -251,8 +251,12 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
             start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
         except ValueError:
             start = None
-        if start is not None and utc_text(start) == last and start % size == 0:
+        if start is not None and start >= 0 and utc_text(start) == last and start % size == 0:
             return None
+        if start is not None and start < 0:  # no event is counted in a bucket before 1970 (refused as out of range)
+            named = encode_instance_key(fields[:-1]) if definition.key else ""
+            return (f"counter {definition.name!r} counts events from 1970 on: no bucket starts at {last} "
+                    f"({doing} {bucket_key(definition, named, 0)!r} or later)")
         with contextlib.suppress(TimeRangeError):
             given = parse_instant(last) if start is None else start
     named = encode_instance_key(fields if without_bucket else fields[:-1]) if definition.key else ""

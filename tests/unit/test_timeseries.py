@@ -278,6 +278,18 @@ def test_a_key_naming_no_bucket_of_a_bucketed_counter_is_told_what_to_read() -> 
         assert "range" not in reset_why  # a reset names keys, not ranges
 
 
+def test_a_bucket_before_1970_names_no_instance() -> None:
+    """A bucket key before 1970 (where bucket times start: no event is counted before) is refused for a read
+    and a reset, pointing at the first bucket; 1970's first and 9999's last pass."""
+    hourly = BUCKETED["count"]
+    for key in ("home|0001-01-01T00:00Z", "home|1969-12-31T23:00Z"):
+        why = why_no_instance(hourly, key, "reset")
+        assert why == (f"counter {hourly.name!r} counts events from 1970 on: no bucket starts at {key[5:]} "
+                       "(reset 'home|1970-01-01T00:00Z' or later)"), why
+    for key in ("home|1970-01-01T00:00Z", "home|9999-12-31T23:00Z"):
+        assert why_no_instance(hourly, key, "reset") is None
+
+
 def test_a_key_of_other_fields_than_the_counters_is_told_so() -> None:
     """A key with more or fewer fields than the counter's key (a | not escaped inside a field) can hold nothing:
     a read or a reset of it is refused with the fields it needs, and a key read with a time that starts no bucket
@@ -347,8 +359,8 @@ def test_a_counter_without_key_fields_has_the_empty_key_only() -> None:
 def test_years_before_1000_have_four_digits() -> None:
     """strftime writes the year 1 as 1: a point starting then read 1-01-01T00:00:00Z beside its range's 0001."""
     assert utc_text(-62_135_596_800) == "0001-01-01T00:00Z"  # why_no_instance compares a key's bucket with it
-    assert why_no_instance(BUCKETED["count"], "p|0001-01-01T00:00Z") is None  # as p|1969-12-31T23:00Z is
-    assert why_no_instance(BUCKETED["count"], "p|1969-12-31T23:00Z") is None
+    assert "no bucket starts at 0001-01-01T00:00Z" in (why_no_instance(BUCKETED["count"], "p|0001-01-01T00:00Z")
+                                                       or "")  # read as a time, and refused: before 1970
     assert bucket_key(BUCKETED["count"], "p", T0) == "p|" + utc_text(T0)
     assert iso_datetime(datetime(1, 1, 1, tzinfo=UTC)) == "0001-01-01T00:00:00Z"
     assert iso_datetime(datetime(1, 1, 1, tzinfo=UTC), with_seconds=False) == "0001-01-01T00:00Z"
