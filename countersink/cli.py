@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     from countersink.settings import Settings
 
     parser, runners = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args = _late_positionals(parser, args, extra)
     for given in sys.argv[1:] if argv is None else argv:
         try:
             given.encode()
@@ -267,6 +269,26 @@ def main(argv: list[str] | None = None) -> int:
         code, line = describe_failure(exc, settings)
         get_logger(__name__).error("command_failed", command=args.command, error=line)
         return code
+
+
+def _late_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+                      ) -> argparse.Namespace:
+    """Positionals given after an option, for a command whose last positional takes any number (``reset C
+    --json K``, ``reset C --idempotency-key X -- -K``): argparse gives such a positional the ones before the
+    first option only (none: then it is taken as given empty) and refuses the rest. Added to it, checked by its
+    type; anything else left over (an unknown option) is refused as argparse refuses it."""
+    late = getattr(args, "late_positionals", None)
+    after_dashes = extra[0] == "--"
+    given = extra[1:] if after_dashes else extra
+    if late is None or (not after_dashes and any(text.startswith("-") for text in given)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    name, convert, metavar = late
+    try:
+        values = [convert(text) for text in given]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"argument {metavar}: {exc}")
+    setattr(args, name, [*getattr(args, name), *values])
+    return args
 
 
 def warn_insecure(settings: Settings) -> None:

@@ -168,6 +168,37 @@ def test_the_traceback_only_with_debug(debug: list[str]) -> None:
     assert "Traceback" not in hidden.stderr
 
 
+@pytest.mark.parametrize(("argv", "keys"), [
+    (["reset", "c", "--json", "--", "-dash"], ["-dash"]),
+    (["reset", "c", "--idempotency-key", "abcdefgh", "--", "-dash", "--json"], ["-dash", "--json"]),
+    (["reset", "c", "k1", "--json", "k2", "k3"], ["k1", "k2", "k3"]),
+    (["reset", "c", "--", "-a", "b"], ["-a", "b"]),
+    (["reset", "c", "--json"], []),
+])
+def test_reset_keys_may_follow_its_options(argv: list[str], keys: list[str]) -> None:
+    """A reset's keys after an option, and after --, are keys (argparse took only those before the first
+    option, and refused the rest: ``reset C --idempotency-key K -- -KEY`` could not be written)."""
+    from countersink.cli import _late_positionals
+
+    parser, _ = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    assert (_late_positionals(parser, args, extra) if extra else args).keys == keys
+
+
+@pytest.mark.parametrize(("argv", "complaint"), [
+    (["reset", "c", "--jsno"], "unrecognized arguments: --jsno"),
+    (["reset", "c", "--json", "k", "--jsno"], "unrecognized arguments: k --jsno"),
+    (["reset", "c", "--json", "--", "a\\"], "argument KEY: bad escape in instance key"),
+    (["get", "c", "k", "--json", "k2"], "unrecognized arguments: k2"),  # get takes its keys together
+])
+def test_what_follows_options_is_refused_unless_it_is_a_resets_keys(argv: list[str], complaint: str) -> None:
+    """An unknown option is refused as before, a key after -- is checked as any key, and commands other than
+    reset take no positionals after their options."""
+    done = countersink(*argv)
+    assert done.returncode == 2
+    assert complaint in done.stderr, done.stderr
+
+
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     found: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:
