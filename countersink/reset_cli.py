@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("keys", type=instance_key, nargs="*", metavar="KEY",
                         help=f"instance keys to reset (at most {MAX_RESET_KEYS}); none: every key of the counter; a "
                         "key starting with - after -- (every argument after -- is a key)")
-    parser.set_defaults(late_positionals=("keys", instance_key, "KEY"))  # keys after options too (cli._late_positionals)
+    # keys after options too (cli._late_positionals)
+    parser.set_defaults(late_positionals=("keys", instance_key, "KEY"))
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--list", action="store_true",
                         help="reset nothing: print the counter's recorded resets and where each sits")
