@@ -351,8 +351,10 @@ class CassandraClient:
         """Raise :class:`ConsistencyUnreachableError` when ``failed`` (too few replicas, or no host available)
         is a request at a level that waits for more replicas than the keyspace keeps; else return (``failed``
         stands: nodes may be down, and retrying may help)."""
+        if not isinstance(failed.__cause__, _UNAVAILABLE) or str(level) not in Consistency.__members__:
+            return  # SERIAL and LOCAL_SERIAL (an LWT's reads) wait for a quorum, which every keyspace has
         level = Consistency(str(level))
-        if not isinstance(failed.__cause__, _UNAVAILABLE) or not may_exceed_replicas(level):
+        if not may_exceed_replicas(level):
             return
         try:
             factors = await self.replication_factors()

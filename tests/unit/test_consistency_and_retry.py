@@ -236,3 +236,22 @@ def test_the_gc_refuses_to_start_when_its_list_reads_need_not_meet_the_writes() 
     with pytest.raises(ConsistencyError, match=r"GC_LIST_CONSISTENCY=ONE .*WRITE_CONSISTENCY=QUORUM"):
         asyncio.run(_one_run(settings, client, argparse.Namespace(consistency=None)))  # type: ignore[arg-type]
     assert client.levels == {}
+
+
+@pytest.mark.parametrize("level", ["SERIAL", "LOCAL_SERIAL", "ONE", C.QUORUM])
+def test_a_failure_at_a_level_no_keyspace_is_short_of_is_left_as_it_is(level: str) -> None:
+    """An unavailable answer at SERIAL (an LWT's read), ONE or QUORUM is an outage, retried: the keyspace's
+    replication is not even read (a consumer stopped on ValueError when Cassandra went away mid-LWT)."""
+    import acsylla
+
+    from countersink.cassandra import CassandraClient
+
+    client = CassandraClient(CassandraSettings())
+
+    async def never() -> dict[str, int]:
+        raise AssertionError("the replication was read")
+
+    client.replication_factors = never  # type: ignore[method-assign]
+    failed = CassandraUnavailableError("no hosts")
+    failed.__cause__ = acsylla.errors.CassErrorLibNoHostsAvailable("No hosts available")
+    asyncio.run(client._refuse_unreachable(level, failed))
