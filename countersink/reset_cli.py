@@ -42,9 +42,11 @@ from countersink.resets import (
     read_points,
     read_reset_rows,
     reset_counter,
+    reset_of,
     took_effect,
 )
 from countersink.settings import Settings
+from schemas.resets import superseding
 
 log = get_logger(__name__)
 
@@ -93,7 +95,9 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
                       error=f"no counter {counter!r} in the counter registry: a consumer records it when it starts")
             return EXIT_USAGE
         found = []
-        for row in await read_reset_rows(client, counter):
+        rows = await read_reset_rows(client, counter)
+        recorded = [reset_of(row) for row in rows]
+        for row, this in zip(rows, recorded, strict=True):
             partitions = row.get("partitions") or {}
             points = await read_points(client, counter, int(row["epoch"]), partitions)
             # Partitions with no position recorded: a reset cut short before its control record reached them (or
@@ -106,7 +110,8 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
                               timespec="milliseconds"),
                           "request_key": row.get("request_key"),
                           "positions": [{"topic": t, "partition": p, "offset": o} for (t, p), o in points.items()],
-                          "not_recorded": missing})
+                          "not_recorded": missing,
+                          **({"superseded_by": later.epoch} if (later := superseding(this, recorded)) else {})})
     if as_json:
         print(json.dumps(found))
         return 0
@@ -121,7 +126,11 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
             print(f"  {p['topic']}/{p['partition']}: counts from offset {p['offset'] + 1} on "
                   f"(control record at {p['offset']})")
         missing = cast(list[dict[str, Any]], item["not_recorded"])
-        if missing:
+        if missing and "superseded_by" in item:
+            where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
+            print(f"  no control record recorded in {where}; superseded by epoch {item['superseded_by']}, which "
+                  "resets every key it does: nothing to complete")
+        elif missing:
             where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
             print(f"  incomplete: no control record recorded in {where}: complete it with "
                   f"`{_again(counter, keys, item['request_key'])}`"
@@ -188,6 +197,9 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
           f"{answer['requested_at']}")
     for p in done.positions:
         print(f"  {p.topic}/{p.partition}: counts from offset {p.offset + 1} on (control record at {p.offset})")
+    if done.superseded_by is not None:
+        print(f"  superseded by epoch {done.superseded_by}, which resets every key it does: nothing to complete "
+              "(no instance reads this epoch any more)")
     return 0
 
 

@@ -33,6 +33,7 @@ from schemas.resets import (
     epochs_at,
     new_reset_id,
     row_of_reset_id,
+    superseding,
 )
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ RESET_SETTLE_S = 2 * EPOCHS_KEPT_S
 _EPOCHS_KEPT_COUNTERS = 10_000  # counters whose epochs one cache keeps (beyond it, it starts over)
 
 
-def _reset_of(row: dict[str, Any]) -> Reset:
+def reset_of(row: dict[str, Any]) -> Reset:
     return Reset(row["id"], row["counter"], int(row["epoch"]), frozenset(row.get("keys") or ()),
                  tuple(sorted((row.get("partitions") or {}).items())))
 
@@ -83,7 +84,7 @@ async def read_resets(client: CassandraClient, counter: str, consistency: Consis
     rows = as_dicts(await client.execute(
         "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ?", [counter],
         consistency=consistency or client.settings.read_consistency))
-    return [_reset_of(row) for row in rows]
+    return [reset_of(row) for row in rows]
 
 
 async def read_epochs(client: CassandraClient, counter: str) -> Epochs:
@@ -223,7 +224,7 @@ class CassandraResets:
                 "SELECT counter, epoch, id, keys, partitions FROM resets WHERE counter = ? AND epoch = ?", list(where),
                 consistency=self.read_cl))
             if rows and rows[0]["id"] == reset_id:
-                found[reset_id] = _reset_of(rows[0])
+                found[reset_id] = reset_of(rows[0])
         return found
 
     async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
@@ -387,6 +388,8 @@ class ResetDone:
     requested_us: int
     positions: tuple[ResetPosition, ...]
     repeated: bool = False
+    # A repeated reset that a later one covers whole: not completed (its control records would change nothing).
+    superseded_by: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """As ``countersink reset --json`` prints it (and ``POST /counters/{name}/reset`` answers)."""
@@ -394,7 +397,8 @@ class ResetDone:
                 "id": self.reset.reset_id, "requested_by": self.requested_by,
                 "requested_at": datetime.fromtimestamp(self.requested_us / 1e6, UTC).isoformat(timespec="milliseconds"),
                 "positions": [{"topic": p.topic, "partition": p.partition, "offset": p.offset}
-                              for p in self.positions]}
+                              for p in self.positions],
+                **({} if self.superseded_by is None else {"superseded_by": self.superseded_by})}
 
 
 def first_line(exc: BaseException) -> str:
@@ -494,7 +498,7 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
                     write_cl: Consistency, positions_read_cl: Consistency, progress: ResetProgress) -> ResetDone:
     """The reset ``row`` records, asked for again with its idempotency key: its control record published where
     no position is recorded yet, and answered as recorded."""
-    recorded = _reset_of(row)
+    recorded = reset_of(row)
     if recorded.keys != frozenset(keys):
         raise RequestKeyReusedError(f"Idempotency-Key {row.get('request_key')!r} was given to reset epoch "
                                 f"{recorded.epoch} of {recorded.counter} with other keys: a new reset needs a new key")
@@ -504,6 +508,10 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
     progress.requested_us = int(row.get("requested_us") or 0)
     points = await read_points(client, recorded.counter, recorded.epoch, dict(recorded.partitions))
     missing = [(topic, p) for topic, count in recorded.partitions for p in range(count) if (topic, p) not in points]
+    later = superseding(recorded, [reset_of(r) for r in await read_reset_rows(client, recorded.counter)]
+                        ) if missing else None
+    if later is not None:
+        missing = []  # every instance it resets reads a later epoch: its control records would change nothing
     progress.partitions = len(missing)
     published: list[ResetPosition] = []
     if missing:
@@ -519,4 +527,5 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
     positions = [ResetPosition(recorded.reset_id, recorded.counter, recorded.epoch, topic, p, offset)
                  for (topic, p), offset in points.items()] + published
     return ResetDone(recorded, tuple(keys), str(row.get("requested_by")), int(row.get("requested_us") or 0),
-                     tuple(sorted(positions, key=lambda p: (p.topic, p.partition))), repeated=True)
+                     tuple(sorted(positions, key=lambda p: (p.topic, p.partition))), repeated=True,
+                     superseded_by=None if later is None else later.epoch)

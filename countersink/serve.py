@@ -1264,6 +1264,8 @@ def openapi_document(settings: ServeSettings, counters: CounterSet | None = None
                 "requested_at": {"type": "string"},
                 "warning": {"type": "string", "description": "the reset took effect, but recording its positions "
                             "failed: the consumers record them as they apply it"},
+                "superseded_by": {"type": "integer", "description": "a reset asked for again (its Idempotency-Key) "
+                                  "not completed: this later epoch resets every key it does"},
                 "positions": {"type": "array", "items": {
                     "type": "object", "required": ["topic", "partition", "offset"], "properties": {
                         "topic": {"type": "string"}, "partition": {"type": "integer"},

@@ -55,6 +55,11 @@ class Reset:
     def covers(self, key: str) -> bool:
         return not self.keys or key in self.keys
 
+    def covered_by(self, later: Reset) -> bool:
+        """Whether ``later`` resets every instance this reset does: then no instance ever reads this epoch's
+        cells again, and its control records change nothing."""
+        return not later.keys or (bool(self.keys) and self.keys <= later.keys)
+
     def born_after(self, topic: str, partition: int) -> bool:
         """Whether (``topic``, ``partition``) did not exist when the reset was recorded."""
         count = dict(self.partitions).get(topic)
@@ -168,6 +173,13 @@ def current_epochs(resets: Iterable[Reset]) -> Epochs:
     for reset in sorted(resets, key=lambda r: r.epoch):
         epochs.apply(reset)
     return epochs
+
+
+def superseding(reset: Reset, resets: Iterable[Reset]) -> Reset | None:
+    """The latest reset of ``reset``'s counter after it that resets every instance it does (:meth:`Reset.covered_by`),
+    or None: completing ``reset`` (publishing its control records) would then change no value."""
+    later = [r for r in resets if r.counter == reset.counter and r.epoch > reset.epoch and reset.covered_by(r)]
+    return max(later, key=lambda r: r.epoch, default=None)
 
 
 def epochs_at(resets: Iterable[Reset], positions: Mapping[str, int], start: int, topic: str = "",

@@ -478,3 +478,46 @@ async def test_requests_with_one_idempotency_key_at_once_record_one_reset(
     assert {d.reset.reset_id for d in done} == {rows[0]["id"]}
     published = {(p.topic, p.partition) for d in done for p in d.positions}
     assert sorted(published) == [(topic, p) for p in range(PARTITIONS)]
+
+
+async def test_a_reset_cut_short_then_covered_by_a_later_one_is_not_completed(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A reset of S1 cut short (its control record out to one partition of two), then a reset of every key:
+    the first one's key publishes nothing more and says it was superseded (its control records would change no
+    value, where it printed positions from which nothing counted); --list says so instead of the command."""
+    from countersink import reset_cli, resets
+    from countersink.registry import CounterRegistry
+    from countersink.settings import Settings
+    from schemas.definitions import parse_definitions
+
+    topic = await topic_factory(partitions=PARTITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings)
+    publish = resets.publish_controls
+
+    async def one_then_away(reset: object, partitions: list[tuple[str, int]], *args: object) -> object:
+        await publish(reset, partitions[:1], *args)  # type: ignore[arg-type]
+        raise OSError("the broker went away")
+
+    monkeypatch.setattr(resets, "publish_controls", one_then_away)
+    assert await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="early-1") == 1
+    monkeypatch.setattr(resets, "publish_controls", publish)
+    assert await reset_cli.reset(settings, "shares", [], as_json=True, request_key="whole-2") == 0
+    capsys.readouterr()
+    assert await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="early-1") == 0
+    done = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (done["epoch"], done["superseded_by"]) == (1, 2)
+    assert done["positions"] == []  # none published (the attempt cut short recorded none either)
+    assert await reset_cli.reset(settings, "shares", ["S1"], request_key="early-1") == 0
+    assert "superseded by epoch 2, which resets every key it does: nothing to complete" in capsys.readouterr().out
+    assert await reset_cli.list_resets(settings, "shares") == 0
+    listed = capsys.readouterr().out
+    assert "superseded by epoch 2" in listed, listed
+    assert "complete it with" not in listed, listed
+    async with CassandraClient(cassandra_settings) as client:
+        points = await resets.read_points(client, "shares", 1, {topic: PARTITIONS})
+    assert points == {}

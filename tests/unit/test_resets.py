@@ -187,3 +187,20 @@ def test_a_reset_of_a_counter_with_the_longest_name_is_applied() -> None:
     assert mutator.cell(name, "IBM") == f"{name}@1"
     assert [state.value() for state in mutator.states.values()] == [1]  # the record after the reset alone
     assert [position.reset_id for position in mutator.positions] == [reset.reset_id]
+
+
+def test_a_reset_is_superseded_by_a_later_one_resetting_every_key_it_does() -> None:
+    """A later reset of every key, or of a superset of its keys, supersedes a reset; an earlier one, one of
+    other keys, or one of another counter does not; a reset of every key is superseded only by another such."""
+    from schemas.resets import superseding
+
+    some = Reset("c-2", "c", 2, frozenset({"a"}))
+    every = Reset("c-1", "c", 1)
+    later = [Reset("c-3", "c", 3, frozenset({"b"})), Reset("c-4", "c", 4, frozenset({"a", "b"})),
+             Reset("d-5", "d", 5), Reset("c-6", "c", 6)]
+    assert superseding(some, later) == later[3]
+    assert superseding(some, later[:3]) == later[1]
+    assert superseding(some, later[:1]) is None
+    assert superseding(some, [every]) is None  # earlier
+    assert superseding(every, later[:3]) is None
+    assert superseding(every, later) == later[3]
