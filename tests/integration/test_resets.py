@@ -12,7 +12,7 @@ import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from aiokafka.admin import NewPartitions
@@ -393,6 +393,31 @@ async def test_a_signal_once_a_reset_is_recorded_lets_it_finish_and_a_second_say
                for line in printed), printed
 
 
+async def _resets_cut_after_one_partition(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], monkeypatch: pytest.MonkeyPatch,
+) -> tuple[str, Any, Any]:
+    """A topic of PARTITIONS partitions with DEFINITIONS' counters registered, and resets whose control records
+    reach its first partition only (the broker then "goes away"): the topic, the settings, and the real
+    ``publish_controls`` (to put back)."""
+    from countersink import resets
+    from countersink.registry import CounterRegistry
+    from countersink.settings import Settings
+    from schemas.definitions import parse_definitions
+
+    topic = await topic_factory(partitions=PARTITIONS)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
+    publish = resets.publish_controls
+
+    async def one_then_away(reset: object, partitions: list[tuple[str, int]], *args: object) -> object:
+        await publish(reset, partitions[:1], *args)  # type: ignore[arg-type]
+        raise OSError("the broker went away")
+
+    monkeypatch.setattr(resets, "publish_controls", one_then_away)
+    return topic, Settings(kafka=kafka_settings, cassandra=cassandra_settings), publish
+
+
 async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_it(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], monkeypatch: pytest.MonkeyPatch,
@@ -406,21 +431,9 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
 
     from countersink import reset_cli, resets
     from countersink.cassandra import CassandraUnavailableError
-    from countersink.registry import CounterRegistry
-    from countersink.settings import Settings
-    from schemas.definitions import parse_definitions
 
-    topic = await topic_factory(partitions=PARTITIONS)
-    async with CassandraClient(cassandra_settings) as client:
-        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
-    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings)
-    publish = resets.publish_controls
-
-    async def one_then_away(reset: object, partitions: list[tuple[str, int]], *args: object) -> object:
-        await publish(reset, partitions[:1], *args)  # type: ignore[arg-type]
-        raise OSError("the broker went away")
-
-    monkeypatch.setattr(resets, "publish_controls", one_then_away)
+    _, settings, publish = await _resets_cut_after_one_partition(kafka_settings, cassandra_settings,
+                                                                 topic_factory, monkeypatch)
     cut = await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="cut-1")
     said = capsys.readouterr()
     monkeypatch.setattr(resets, "publish_controls", publish)
@@ -489,21 +502,9 @@ async def test_a_reset_cut_short_then_covered_by_a_later_one_is_not_completed(
     the first one's key publishes nothing more and says it was superseded (its control records would change no
     value, where it printed positions from which nothing counted); --list says so instead of the command."""
     from countersink import reset_cli, resets
-    from countersink.registry import CounterRegistry
-    from countersink.settings import Settings
-    from schemas.definitions import parse_definitions
 
-    topic = await topic_factory(partitions=PARTITIONS)
-    async with CassandraClient(cassandra_settings) as client:
-        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", topic)), "test")
-    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings)
-    publish = resets.publish_controls
-
-    async def one_then_away(reset: object, partitions: list[tuple[str, int]], *args: object) -> object:
-        await publish(reset, partitions[:1], *args)  # type: ignore[arg-type]
-        raise OSError("the broker went away")
-
-    monkeypatch.setattr(resets, "publish_controls", one_then_away)
+    topic, settings, publish = await _resets_cut_after_one_partition(kafka_settings, cassandra_settings,
+                                                                     topic_factory, monkeypatch)
     assert await reset_cli.reset(settings, "shares", ["S1"], as_json=True, request_key="early-1") == 1
     monkeypatch.setattr(resets, "publish_controls", publish)
     assert await reset_cli.reset(settings, "shares", [], as_json=True, request_key="whole-2") == 0
