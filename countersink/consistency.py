@@ -82,9 +82,25 @@ def beyond_replicas(level: Consistency, keyspace: str, factors: dict[str, int], 
     needed = _local_replicas(level, kept) if local else _replicas(level, factors, kept)
     if needed <= kept:
         return None
-    where = ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))
     in_dc = f" in data centre {local_dc}" if local else ""
-    return f"waits for {needed} replica{'s' if needed > 1 else ''}{in_dc}; keyspace {keyspace} keeps {kept} ({where})"
+    return (f"waits for {needed} replica{'s' if needed > 1 else ''}{in_dc}; keyspace {keyspace} keeps {kept} "
+            f"({_replication_text(factors)})")
+
+
+def _replication_text(factors: dict[str, int]) -> str:
+    """Replication factors as a refusal names them: ``dc1=3, dc2=3``, or ``replication_factor=1``."""
+    return ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))
+
+
+def level_beyond_replicas(levels: dict[str, Consistency], keyspace: str, factors: dict[str, int],
+                          local_dc: str | None) -> str | None:
+    """The refusal of the first of ``levels`` (how each is set, e.g. its variable, to its level) that waits for
+    more replicas than ``keyspace`` keeps, in one line; None when none does."""
+    for name, level in levels.items():
+        beyond = beyond_replicas(level, keyspace, factors, local_dc)
+        if beyond is not None:
+            return f"{name}={level} {beyond}: no request at it can succeed; lower it"
+    return None
 
 
 def check_deciding_reads(settings: CassandraSettings, factors: dict[str, int],
@@ -92,15 +108,15 @@ def check_deciding_reads(settings: CassandraSettings, factors: dict[str, int],
     """Raise :class:`ConsistencyError` (one line, naming the settings) unless each of ``reads`` (setting name
     to level) overlaps ``write_consistency`` on a keyspace with these replication factors, and unless each of
     them and ``write_consistency`` waits for no more replicas than the keyspace keeps."""
-    for name, level in {"write_consistency": settings.write_consistency, **reads}.items():
-        beyond = beyond_replicas(level, settings.keyspace, factors, settings.local_dc)
-        if beyond is not None:
-            raise ConsistencyError(f"COUNTERSINK_CASSANDRA__{name.upper()}={level} {beyond}: no request at it "
-                                   "can succeed; lower it")
+    beyond = level_beyond_replicas({f"COUNTERSINK_CASSANDRA__{name.upper()}": level for name, level in {
+        "write_consistency": settings.write_consistency, **reads}.items()}, settings.keyspace, factors,
+        settings.local_dc)
+    if beyond is not None:
+        raise ConsistencyError(beyond)
     for name, level in reads.items():
         if not reads_see_writes(level, settings.write_consistency, factors, settings.local_dc):
-            where = ", ".join(f"{dc or 'replication_factor'}={n}" for dc, n in sorted(factors.items()))
             raise ConsistencyError(
                 f"COUNTERSINK_CASSANDRA__{name.upper()}={level} with COUNTERSINK_CASSANDRA__WRITE_CONSISTENCY="
                 f"{settings.write_consistency} can miss acknowledged writes on keyspace {settings.keyspace} "
-                f"({where}): read + write replicas must exceed the replication factor; raise one of them")
+                f"({_replication_text(factors)}): read + write replicas must exceed the replication factor; raise "
+                "one of them")

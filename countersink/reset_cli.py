@@ -126,12 +126,11 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
             print(f"  {p['topic']}/{p['partition']}: counts from offset {p['offset'] + 1} on "
                   f"(control record at {p['offset']})")
         missing = cast(list[dict[str, Any]], item["not_recorded"])
+        where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
         if missing and "superseded_by" in item:
-            where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
             print(f"  no control record recorded in {where}; superseded by epoch {item['superseded_by']}, which "
                   "resets every key it does: nothing to complete")
         elif missing:
-            where = ", ".join(f"{p['topic']}/{p['partition']}" for p in missing)
             print(f"  incomplete: no control record recorded in {where}: complete it with "
                   f"`{_again(counter, keys, item['request_key'])}`"
                   if item["request_key"] else f"  incomplete: no control record recorded in {where}")

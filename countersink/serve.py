@@ -71,7 +71,7 @@ from countersink.cli import (
 )
 from countersink.commands.trace import TraceQuery, TraceRefusedError
 from countersink.commands.trace import trace as trace_records
-from countersink.consistency import beyond_replicas
+from countersink.consistency import level_beyond_replicas
 from countersink.gc_runs import GcAgeSampler
 from countersink.health import QuietAppRunner, metrics_handler, problem_response, quiet_accept_errors
 from countersink.kafka import KafkaSecurityError, KafkaUnavailableError
@@ -152,7 +152,9 @@ class ReadApi:
         self.tokens = tokens or Tokens(settings)
         self.admin_tokens = resetting.tokens if resetting is not None else None
         self._handling = 0
-        self._query_rules: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
+        # What query parameters each described operation takes: the OpenAPI document's (_refuse_unknown_parameters)
+        self._query_rules = query_rules(openapi_document(settings, tracing=tracing is not None,
+                                                         resetting=resetting is not None))
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_observed, _problems, self._guard],
@@ -173,8 +175,6 @@ class ReadApi:
             app.add_routes([web.get("/trace/{topic}", self.trace)])
         app.on_response_prepare.append(_without_versions)
         app[_API] = self
-        self._query_rules = query_rules(openapi_document(self.settings, tracing=self.tracing is not None,
-                                                         resetting=self.resetting is not None))
         return app
 
     # --- the guard in front of every route
@@ -1396,12 +1396,10 @@ async def _levels_reachable(client: CassandraClient, consistency: Consistency | 
         factors = await client.replication_factors()
     except CassandraError:
         return True  # not known now: each request at such a level then says why it fails
-    for name, level in levels.items():
-        beyond = beyond_replicas(level, client.keyspace, factors, client.settings.local_dc)
-        if beyond is not None:
-            log.error("settings_refused", error=f"{name}={level} {beyond}: no request at it can succeed; lower it")
-            return False
-    return True
+    beyond = level_beyond_replicas(levels, client.keyspace, factors, client.settings.local_dc)
+    if beyond is not None:
+        log.error("settings_refused", error=beyond)
+    return beyond is None
 
 
 async def _file_agrees_with_registry(client: CassandraClient, counters: CounterSet,

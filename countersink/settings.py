@@ -35,6 +35,16 @@ def _listening_host(value: str) -> str:
     return value
 
 
+def _lower(value: Any) -> Any:
+    """A before-validator: names of levels, modes and formats are read in any case."""
+    return value.lower() if isinstance(value, str) else value
+
+
+def _upper(value: Any) -> Any:
+    """A before-validator: names of levels, modes and formats are read in any case."""
+    return value.upper() if isinstance(value, str) else value
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -118,10 +128,7 @@ class KafkaSettings(_Section):
 
     _split = field_validator("bootstrap_servers", mode="before")(_split_csv)
 
-    @field_validator("sasl_mechanism", mode="before")
-    @classmethod
-    def _mechanism_upper(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value  # names of modes are read in any case
+    _mechanism_upper = field_validator("sasl_mechanism", mode="before")(_upper)
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -255,10 +262,7 @@ class CassandraSettings(_Section):
 
     _split = field_validator("contact_points", mode="before")(_split_csv)
 
-    @field_validator("ssl_verify_identity", mode="before")
-    @classmethod
-    def _identity_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value  # names of modes are read in any case
+    _identity_lower = field_validator("ssl_verify_identity", mode="before")(_lower)
 
     @field_validator("contact_points")
     @classmethod
@@ -377,10 +381,7 @@ class ConsumerSettings(_Section):
 
     _listens = field_validator("health_host")(_listening_host)
 
-    @field_validator("auto_offset_reset", "on_records_lost", mode="before")
-    @classmethod
-    def _choice_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    _choice_lower = field_validator("auto_offset_reset", "on_records_lost", mode="before")(_lower)
 
 
 class GcSettings(_Section):
@@ -609,15 +610,8 @@ class Settings(BaseSettings):
         return [*self.kafka.insecure_choices(), *self.cassandra.insecure_choices()]
 
     # Names of levels and formats are accepted in any case: COUNTERSINK_LOG_LEVEL=debug.
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _level_upper(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
-
-    @field_validator("log_format", mode="before")
-    @classmethod
-    def _format_lower(cls, value: Any) -> Any:
-        return value.lower() if isinstance(value, str) else value
+    _level_upper = field_validator("log_level", mode="before")(_upper)
+    _format_lower = field_validator("log_format", mode="before")(_lower)
 
 
 PREFIX = "COUNTERSINK_"

@@ -245,21 +245,20 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
         return None
     size = definition.bucket.seconds
     given = int(time.time())  # the bucket the time given falls in, else the current one
+    named = encode_instance_key(fields if without_bucket else fields[:-1]) if definition.key else ""
     if not without_bucket:
         last = fields[-1]
         try:
             start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
         except ValueError:
             start = None
-        if start is not None and start >= 0 and utc_text(start) == last and start % size == 0:
-            return None
         if start is not None and start < 0:  # no event is counted in a bucket before 1970 (refused as out of range)
-            named = encode_instance_key(fields[:-1]) if definition.key else ""
             return (f"counter {definition.name!r} counts events from 1970 on: no bucket starts at {last} "
                     f"({doing} {bucket_key(definition, named, 0)!r} or later)")
+        if start is not None and utc_text(start) == last and start % size == 0:
+            return None
         with contextlib.suppress(TimeRangeError):
             given = parse_instant(last) if start is None else start
-    named = encode_instance_key(fields if without_bucket else fields[:-1]) if definition.key else ""
     example = bucket_key(definition, named, max(0, given) // size * size)
     other = " or a range (--from and --to; serve: .../series?from=&to=)" if doing == "read" else ""
     return (f"counter {definition.name!r} keeps an instance per {definition.bucket.size} bucket, not {key!r}: "
