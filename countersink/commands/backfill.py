@@ -26,6 +26,7 @@ from consumer.applying import Applier, RecordsLostError, RetryWindow
 from consumer.cassandra_store import CassandraStore
 from consumer.dead_letters import DeadLetters
 from consumer.kafka_source import KafkaRecordSource
+from consumer.protocol import FencedError
 from consumer.schema_source import SchemaLoadingSource
 from countersink.backfills import (
     CounterDroppedDuringBackfillError,
@@ -118,6 +119,12 @@ def run_backfill(args: argparse.Namespace, settings: Settings) -> int:
     if counters is None:
         return EXIT_USAGE
     return run_async(Backfill(settings, counters, args.counter).backfill(args.wait_s))
+
+
+def _offsets(first: int, end: int) -> str:
+    """The offsets ``first`` to ``end`` (excluded) as said in progress lines: a partition may hold none of them
+    (nothing published there since the time given, or before its hand-over)."""
+    return f"offsets {first}..{end - 1}" if end > first else "no offsets"
 
 
 def _instant(since: str) -> int | str | None:
@@ -279,14 +286,16 @@ class Backfill:
         producer = make_producer(settings.kafka)
         await producer.start()
         dead_letters = DeadLetters(producer, config)
+        counting = "a partition"  # the partition being counted, for a run taken over
         try:
             for span in spans:
+                counting = f"{span.topic}/{span.partition}"
                 started = await backfill_partition(
                     store, source, functools.partial(applier, span.topic, span.partition), span, group, self.host,
                     flush_interval_s=config.flush_interval_s, flush_max_dirty=config.flush_max_dirty,
                     on_progress=self._progress, before_write=look, dead_letters=dead_letters)
                 await mark_finished(client, self.group, cell, span.topic, span.partition)
-                print(f"  {span.topic}/{span.partition}: done, offsets {span.first}..{span.end - 1} counted "
+                print(f"  {span.topic}/{span.partition}: done, {_offsets(span.first, span.end)} counted "
                       f"(this run from {started})", flush=True)
         except RecordsLostError as exc:
             log.error("backfill_failed", counter=self.counter, error=str(exc),
@@ -295,6 +304,14 @@ class Backfill:
         except CounterDroppedDuringBackfillError as exc:
             log.error("backfill_refused", counter=self.counter, error=str(exc))
             return EXIT_USAGE
+        except FencedError:
+            # Another run of this command (its mutator claimed the partition after this one): it goes on from
+            # what this run flushed, and this run's state, never written past its last flush, is dropped.
+            log.error("backfill_taken_over", counter=self.counter, partition=counting,
+                      error=f"another run of this backfill of {cell} took {counting} over while this one counted it",
+                      action="that run counts on from this one's last flush (nothing is counted twice); this one "
+                             "stopped: run it again once the other has ended to see every partition finished")
+            return EXIT_FAILED
         finally:
             dead_letters.abandon()
             await producer.stop()
@@ -370,7 +387,7 @@ class Backfill:
                 first = await fix_start(client, self.group, self.counter, topic, partition,
                                         min(starts[(topic, partition)], h))
                 spans.append(Span(topic, partition, first, h))
-                print(f"  {topic}/{partition}: offsets {first}..{h - 1}, live from {h}", flush=True)
+                print(f"  {topic}/{partition}: {_offsets(first, h)}, live from {h}", flush=True)
             return await self._run(client, self.counter, None, spans)
 
     async def _ends(self, client: CassandraClient, reset: Reset, plan: Mapping[tuple[str, int], int | None],
@@ -482,8 +499,8 @@ class Backfill:
                 where = (topic, partition)
                 end = (await self._ends(client, reset, {where: None}, points, live))[where]
                 spans.append(Span(topic, partition, min(starts[where], end), end))
-                print(f"  {topic}/{partition}: control record at {points[where]}; counting offsets "
-                      f"{min(starts[where], end)}..{end - 1} again", flush=True)
+                print(f"  {topic}/{partition}: control record at {points[where]}; counting "
+                      f"{_offsets(min(starts[where], end), end)} again", flush=True)
                 self.on_step(f"end {topic}/{partition}")
             return await self._run(client, cell, Epochs({self.counter: reset.epoch}, {}, {(self.counter, reset.epoch)}),
                                    spans)

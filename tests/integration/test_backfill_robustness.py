@@ -310,3 +310,54 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     refusals = [e["error"] for e in logs if e.get("event") == "backfill_refused"]
     assert len(refusals) == 1
     assert refusals[0].startswith(f"topic {topic!r} is now another topic")
+
+
+async def test_a_backfill_taken_over_by_another_run_of_it_stops_with_one_clear_line(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two runs of one backfill at once: the second claims the partition while the first counts it (after the
+    first's first chunk). The second counts on from the first's last flush to the end; the first stops at its
+    next flush, saying in one line that another run took the partition over (exit 1), not with the protocol's
+    internal message. Every value equals the truth: nothing counted twice or lost."""
+    topic = await topic_factory(partitions=1)
+    group = f"t{os.urandom(4).hex()}"
+    counters_file = tmp_path / "counters.toml"
+    counters_file.write_text(SHARES.replace("{topic}", topic).replace("{since}", "earliest"))
+    counters = load_definitions(counters_file)
+    events, truth = make_events(20_000, symbols=6, seed=11)
+    await publish(kafka_settings, topic, events)
+    settings = Settings(kafka=kafka_settings, cassandra=cassandra_settings, consumer=ConsumerSettings(
+        counters_file=counters_file, group_id=group, dead_letter_topic=f"dlq-{group}", flush_interval_s=0.05,
+        flush_max_dirty=5))
+    span = Span(topic, 0, 0, len(events))
+    second: list[int] = []
+
+    class TakenOverSource(KafkaRecordSource):
+        """The real reader; the first run's stream, after its first chunk, waits for a whole second run."""
+
+        taking_over: Callable[[], Awaitable[int]] | None = None
+
+        async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+            async for chunk in super().stream(topic, partition, first, last):
+                yield chunk
+                run, TakenOverSource.taking_over = TakenOverSource.taking_over, None
+                if run is not None:
+                    second.append(await run())
+
+    monkeypatch.setattr("countersink.commands.backfill.KafkaRecordSource", TakenOverSource)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(counters, "test", group)
+        await record_handover(client, group, "shares_traded", topic, 0, len(events), "test")
+        TakenOverSource.taking_over = lambda: Backfill(settings, counters, "shares_traded")._run(
+            client, "shares_traded", None, [span])
+        with capture_logs() as logs:
+            first = await Backfill(settings, counters, "shares_traded")._run(client, "shares_traded", None, [span])
+        assert second == [0], logs
+        assert first == EXIT_FAILED, logs
+        failed = [e for e in logs if e.get("log_level") == "error"]
+        assert [(e["event"], e["partition"], e["error"]) for e in failed] == [
+            ("backfill_taken_over", f"{topic}/0",
+             f"another run of this backfill of shares_traded took {topic}/0 over while this one counted it")], failed
+        assert (await read_handovers(client, group, "shares_traded"))[(topic, 0)].finished_us is not None
+    assert await _values(cassandra_settings, "shares_traded", set(truth.qty)) == dict(truth.qty)

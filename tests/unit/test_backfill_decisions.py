@@ -15,7 +15,7 @@ from consumer.applying import Applier, Mutator, Record, RetryWindow
 from consumer.dead_letters import refused_by
 from consumer.storage import MutatorEntry, PartitionId
 from countersink.backfills import CounterDroppedDuringBackfillError, Span, backfill_partition
-from countersink.commands.backfill import _instant
+from countersink.commands.backfill import _instant, _offsets
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError, InvalidEventError
 from schemas.events import EventRouter
@@ -78,6 +78,14 @@ def test_since_outside_what_kafka_looks_up_is_refused_saying_why(written: str, r
     with pytest.raises(DefinitionError, match="since") as info:
         parse_definitions(text)
     assert reason in str(info.value)
+
+
+def test_progress_lines_say_a_partition_with_nothing_to_count_has_no_offsets() -> None:
+    # A reprocess from a time after a partition's last record (or a hand-over at the partition's first offset)
+    # counts nothing there: not "offsets 41387..41386".
+    assert _offsets(41_387, 41_387) == "no offsets"
+    assert _offsets(41_387, 41_388) == "offsets 41387..41387"
+    assert _offsets(0, 20_000) == "offsets 0..19999"
 
 
 def test_since_written_as_a_toml_time_is_its_rfc_3339_text() -> None:
