@@ -39,6 +39,16 @@ RETRY_ID_BYTES = 160
 ROW_BYTES = 250
 # What one measured sketch size costs: its dict slot and int.
 MEASURED_BYTES = 80
+# What one instance costs beyond its state and its row, plus its key's length (keys are up to max_key_bytes, so
+# a constant would miss most of a long one): its (counter, key) identity, the key's string, its slots in
+# ``states`` and ``dirty`` (resident memory of 200,000 instances of two counters, keys of 12 and 990 bytes:
+# see test_mutator_memory). A key shared by several counters of one row is charged once per counter: on the
+# high side.
+INSTANCE_BYTES = 300
+
+
+def instance_bytes(key: str) -> int:
+    return INSTANCE_BYTES + len(key)
 # Kinds whose states grow as they fill; the others keep the size they have when new.
 GROWING_KINDS = frozenset({"distinct", "quantiles", "top_k"})
 
@@ -466,6 +476,7 @@ class Mutator:
     # (cell, key) in the GC's work list already (a cell: schemas.resets.cell_name)
     recorded: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     state_bytes: int = 0
+    instance_bytes: int = 0  # what the instances held cost beyond their states (:func:`instance_bytes`)
     # The window a flush attempt may have opened without finishing its writes (its LWT can apply even when
     # the caller sees a timeout); the next attempt reads the row to learn what happened.
     window_seq: int | None = None
@@ -499,10 +510,18 @@ class Mutator:
         epochs = self.applier.epochs
         if (reset.counter, reset.epoch) in epochs.applied:
             return
+        counters = self.applier.counters
         for ident in [i for i in self.states if epochs.clears(reset, *i)]:
-            self.state_bytes -= self.states.pop(ident).size_bytes()
+            state = self.states.pop(ident)
+            # What the estimate holds for it: a sketch's size when last measured (it may have grown since),
+            # the others' size
+            counted = self.measured.pop(ident, None)
+            if counted is None:
+                spec = counters[ident[0]].spec
+                counted = _size_when_new(spec) if spec.kind in GROWING_KINDS else state.size_bytes()
+            self.state_bytes -= counted
+            self.instance_bytes -= instance_bytes(ident[1])
             self.dirty.discard(ident)
-            self.measured.pop(ident, None)
         self.rows = None  # the fast path's rows held the dropped states: rebuilt from ``states``
         epochs.apply(reset)
         self.positions.append(ResetPosition(reset.reset_id, reset.counter, reset.epoch, self.applier.topic,
@@ -530,7 +549,9 @@ class Mutator:
         elif outcome is Outcome.FILTERED and record.headers:
             self.note_position(record)
         if updates:
-            self.state_bytes += apply_updates(self.states, updates, self.applier.counters, self.dirty)
+            states = self.states
+            self.instance_bytes += sum(instance_bytes(u.key) for u in updates if (u.counter, u.key) not in states)
+            self.state_bytes += apply_updates(states, updates, self.applier.counters, self.dirty)
         self.applied_through = record.offset
         return outcome, error
 
@@ -563,6 +584,7 @@ class Mutator:
                 make, size = made[ident[0]]
                 state = states[ident] = make()
                 self.state_bytes += size
+                self.instance_bytes += INSTANCE_BYTES + len(ident[1])
             row.states[index] = state
             return state
 
@@ -671,7 +693,7 @@ class Mutator:
         """An estimate of the memory held: states (refreshed at each flush, sketches grow as they fill), the
         batch path's rows, and the event ids of the publisher-retry window."""
         rows = 0 if self.rows is None else sum(len(cache) for cache in self.rows)
-        return (self.state_bytes + rows * ROW_BYTES + len(self.measured) * MEASURED_BYTES
+        return (self.state_bytes + self.instance_bytes + rows * ROW_BYTES + len(self.measured) * MEASURED_BYTES
                 + self.applier.window.ids_held() * RETRY_ID_BYTES)
 
 
@@ -681,6 +703,6 @@ def _size_when_new(spec: KindSpec) -> int:
 
 
 __all__ = [
-    "RETRY_ID_BYTES", "ROW_BYTES", "Applier", "BatchApplied", "KafkaRecord", "Mutator", "Outcome", "Record",
-    "RecordSource", "RecordsLostError", "RetryWindow",
+    "INSTANCE_BYTES", "RETRY_ID_BYTES", "ROW_BYTES", "Applier", "BatchApplied", "KafkaRecord", "Mutator", "Outcome",
+    "Record", "RecordSource", "RecordsLostError", "RetryWindow", "instance_bytes",
 ]

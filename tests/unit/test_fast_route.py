@@ -244,6 +244,7 @@ def assert_paths_agree(bodies: list[str], events: list[bytes], cuts: list[int], 
         assert batched.dirty == reference.dirty
         assert batched.applied_through == reference.applied_through
         assert batched.state_bytes == reference.state_bytes
+        assert batched.instance_bytes == reference.instance_bytes
         assert batched.applier.router.skipped == reference.applier.router.skipped  # type: ignore[attr-defined]
         assert stored(batched.states) == stored(reference.states)
         batched.dirty.clear()  # as a flush takes them
