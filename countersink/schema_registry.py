@@ -165,6 +165,11 @@ def schema_cache(settings: SchemaRegistrySettings) -> SchemaCache:
 _UNKNOWN_LINES_PER_MINUTE = 20
 
 
+# Schema ids looked up at once by one load: enough to take a burst of unknown ids at the registry's pace, few
+# enough not to flood it.
+_LOOKUPS_AT_ONCE = 16
+
+
 class SchemaLoader:
     """Loads the writer schemas that records name into the router's cache, before the records are routed."""
 
@@ -199,22 +204,42 @@ class SchemaLoader:
         format_ = self._topics.get(topic)
         if format_ is None or self._client is None:
             return
-        for schema_id in self.cache.missing(topic, schema_ids(values), holder):
-            entry: WriterSchema | InvalidEventError
-            try:
-                found = await self._client.schema_by_id(schema_id)
-                if found is None:
-                    self._say_unknown(topic, schema_id)
-                    entry = UnknownSchemaError(schema_id)
-                else:
-                    schema_type, text = found
-                    entry = await asyncio.to_thread(WriterSchema, schema_id, schema_type, text, format_,
-                                                    self._parsers[topic], self._readers[topic], self._max_bytes)
-                    log.info("schema_loaded", topic=topic, schema_id=schema_id, schema_type=schema_type)
-            except SchemaError as exc:
-                log.warning("schema_unusable", topic=topic, schema_id=schema_id, reason=str(exc))
-                entry = BadSchemaEventError(schema_id, str(exc))
-            self.cache.put(topic, schema_id, entry)
+        missing = self.cache.missing(topic, schema_ids(values), holder)
+        if not missing:
+            return
+        # Several look-ups at once: a batch naming hundreds of ids the cache lacks (a producer writing random
+        # ids, each a dead letter) waited for one answer after the other, and held every topic of the process.
+        at_once, client = asyncio.Semaphore(_LOOKUPS_AT_ONCE), self._client
+
+        async def entry_of(schema_id: int) -> WriterSchema | InvalidEventError:
+            async with at_once:
+                return await self._entry(client, topic, format_, schema_id)
+
+        entries = await asyncio.gather(*(entry_of(schema_id) for schema_id in missing), return_exceptions=True)
+        failed: BaseException | None = None
+        for schema_id, entry in zip(missing, entries, strict=True):
+            if isinstance(entry, BaseException) and not isinstance(entry, InvalidEventError):
+                failed = failed or entry
+            else:
+                self.cache.put(topic, schema_id, entry)
+        if failed is not None:
+            raise failed  # the registry away: the ids it answered are kept, the others asked again
+
+    async def _entry(self, client: SchemaRegistryClient, topic: str, format_: TopicFormat, schema_id: int
+                     ) -> WriterSchema | InvalidEventError:
+        try:
+            found = await client.schema_by_id(schema_id)
+            if found is None:
+                self._say_unknown(topic, schema_id)
+                return UnknownSchemaError(schema_id)
+            schema_type, text = found
+            entry = await asyncio.to_thread(WriterSchema, schema_id, schema_type, text, format_,
+                                            self._parsers[topic], self._readers[topic], self._max_bytes)
+            log.info("schema_loaded", topic=topic, schema_id=schema_id, schema_type=schema_type)
+            return entry
+        except SchemaError as exc:
+            log.warning("schema_unusable", topic=topic, schema_id=schema_id, reason=str(exc))
+            return BadSchemaEventError(schema_id, str(exc))
 
     def _say_unknown(self, topic: str, schema_id: int) -> None:
         now = time.monotonic()

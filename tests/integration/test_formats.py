@@ -693,3 +693,52 @@ async def test_a_large_schema_is_read_whole_from_the_registry(schema_registry_ur
     async with SchemaRegistryClient(SchemaRegistrySettings(url=schema_registry_url, max_schema_bytes=50_000)) as small:
         with pytest.raises(SchemaError, match="larger than 50000 bytes"):
             await small.schema_by_id(schema_id)
+
+
+async def test_a_burst_of_unknown_schema_ids_is_looked_up_several_at_once(schema_registry_url: str) -> None:
+    """A batch naming hundreds of ids the cache lacks (a producer writing random ids: each record a dead letter)
+    was looked up one id after the other, a round trip each, holding every topic of the process (about 750
+    records a second). The ids go to the registry several at once (at most ``_LOOKUPS_AT_ONCE``); every id
+    ends cached, the known one compiled, the others unknown."""
+    from countersink import schema_registry
+    from schemas.definitions import parse_definitions
+    from schemas.formats import UnknownSchemaError, WriterSchema
+
+    topic = f"burst-{uuid.uuid4().hex[:8]}"
+    counters = parse_definitions(f"""
+[[topic]]
+name = "{topic}"
+format = "avro"
+
+[[counter]]
+name = "views"
+topics = ["{topic}"]
+kind = "count"
+key = ["page"]
+""")
+    settings = SchemaRegistrySettings(url=schema_registry_url)
+    async with SchemaRegistryClient(settings) as client:
+        known = await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1))
+    unknown = random.Random(5).sample(range(10_000_000, 20_000_000), 300)
+    values = [frame(schema_id, b"\x02a") for schema_id in [*unknown, known]]
+    loader = schema_registry.SchemaLoader(settings, counters, schema_registry.schema_cache(settings))
+    lookup, in_flight, most = loader._client.schema_by_id, 0, 0  # type: ignore[union-attr]
+
+    async def counted(schema_id: int) -> tuple[str, str] | None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            return await lookup(schema_id)
+        finally:
+            in_flight -= 1
+
+    loader._client.schema_by_id = counted  # type: ignore[method-assign,union-attr]
+    try:
+        await loader.load(topic, values)
+    finally:
+        await loader.stop()
+    assert most == schema_registry._LOOKUPS_AT_ONCE, most
+    assert isinstance(loader.cache.get(topic, known), WriterSchema)
+    assert all(isinstance(loader.cache.get(topic, schema_id), UnknownSchemaError) for schema_id in unknown)
+    assert loader.cache.missing(topic, [*unknown, known]) == []
