@@ -293,6 +293,9 @@ class Collector:
                         handled.add(key)
                 if len(handled) > 1_000_000:
                     handled.clear()  # bounded memory; at worst some keys are read again
+                if self.progress:
+                    # within a mutator too: one that wrote millions of instances takes minutes to fold
+                    self.progress(done, len(todo), report)
             if complete:
                 if not self.dry_run:
                     await self.store.mark_collected(entry.id, now_us)

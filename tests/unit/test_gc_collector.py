@@ -396,3 +396,14 @@ def test_bad_durations_are_refused(text: str) -> None:
     """Text that is not a duration is refused with a clear message."""
     with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
         parse_duration(text)
+
+
+def test_progress_is_told_as_each_page_of_a_mutator_is_folded() -> None:
+    """A mutator of millions of instances takes minutes to fold: progress is told after each page of its work
+    list, not only between mutators (one such mutator left the log without a gc_progress line for minutes)."""
+    store = MemoryStore()
+    add_mutator(store, born_us=1_000, retired_us=2_000_000, shards={"a": 3, "b": 1, "c": 2})
+    told: list[tuple[int, int, int]] = []
+    collect(store, progress=lambda done, total, report: told.append((done, total, report.instances_folded)))
+    # before the mutator, after each of its two pages (one instance, then two), and at the end
+    assert told == [(0, 1, 0), (0, 1, 1), (0, 1, 3), (1, 1, 3)]
