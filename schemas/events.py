@@ -648,6 +648,7 @@ def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
     get = _getter(path)
     size = bucket.seconds
     seconds_of = _seconds_reader(path, bucket.format)
+    millis = bucket.format == "epoch_millis"
     last: list[Any] = [None, ""]  # the previous bucket start and its text: events arrive in time order
     max_future_ms = max_future_skew_s * 1000
     # A bucket whose rows expire must end by the last expiry Cassandra stores (the rows then expire with it,
@@ -659,10 +660,13 @@ def _bucket_reader(definition: CounterDefinition, max_future_skew_s: int
         Kafka timestamp: an event time further ahead of it than ``max_future_skew_s`` is refused. Decided
         from the record alone, never from a clock, so a replay days later decides as the first reading did; a
         record without a timestamp (``None`` or -1) is not checked."""
-        seconds = seconds_of(get(event))
+        v = get(event)
+        seconds = seconds_of(v)
         if not 0 <= seconds < _MAX_EPOCH_SECONDS:
             raise ValueOutOfRangeError(path, "timestamp is outside 1970..9999")
-        if timestamp_ms is not None and timestamp_ms >= 0 and seconds * 1000 > timestamp_ms + max_future_ms:
+        # An integer of milliseconds is compared whole: its seconds are floored, which let up to 999 ms past.
+        event_ms = v if millis and type(v) is int else seconds * 1000
+        if timestamp_ms is not None and timestamp_ms >= 0 and event_ms > timestamp_ms + max_future_ms:
             raise FutureEventTimeError(path, f"event time {_instant(seconds)} is more than {max_future_skew_s} s "
                                        f"after its record's timestamp {_instant(timestamp_ms / 1000)}")
         start = math.floor(seconds) // size * size

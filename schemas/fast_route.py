@@ -579,9 +579,12 @@ class FastRoute:
                 else:
                     # seconds, bucket start, bucket text
                     bucket_lines += refused_bucket(f"bt{b} = bucket_time{b}(bv{b})", "    ")
+                # An integer of milliseconds is compared whole, as the router does (not its floored seconds).
+                event_ms = (f"(bv{b} if type(bv{b}) is int else bt{b}[0] * 1000)"
+                            if first.bucket.format == "epoch_millis" else f"bt{b}[0] * 1000")
                 bucket_lines += [
                     "    # the record's checks: an event time too far ahead of it; a bucket past its retention (late)",
-                    f"    if ts is not None and ts >= 0 and bt{b}[0] * 1000 > ts + MAX_FUTURE_MS:",
+                    f"    if ts is not None and ts >= 0 and {event_ms} > ts + MAX_FUTURE_MS:",
                     "        return None",
                 ]
                 if first.retain_seconds is not None:

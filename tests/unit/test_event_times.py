@@ -175,6 +175,32 @@ def test_an_event_time_beyond_the_future_skew_of_its_record_is_refused(fmt: str)
     assert "after its record's timestamp" in refused.value.reason
 
 
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_epoch_millis_time_a_millisecond_past_the_future_skew_is_refused(batch: bool) -> None:
+    """An integer of milliseconds is compared whole with its record's timestamp: its whole seconds were, which
+    let up to 999 ms past the skew count where the same time written in seconds or ISO-8601 was refused. The
+    batch path decides as the router does."""
+    import uuid as uuid_module
+
+    from consumer.applying import Applier, Mutator, Record, RetryWindow
+    from consumer.storage import MutatorEntry, PartitionId
+
+    counters = _counters(None, "epoch_millis")
+    mutator = Mutator(MutatorEntry(uuid_module.uuid4(), "g", "t", 0, "h", 0, 10**18), PartitionId("g", "t", 0),
+                      Applier(EventRouter(counters), counters, "t", 0, RetryWindow(0)), -1, -1)
+    limit = (NOW + DAY) * 1000
+    records = [Record(i, _raw(limit + past), NOW * 1000) for i, past in enumerate([0, 1, 999, 1000])]
+    if batch:
+        refused = [(record.offset, type(error).__name__) for record, error in mutator.apply_batch(records).invalid]
+    else:
+        refused = [(record.offset, type(error).__name__) for record in records
+                   for _, error in [mutator.apply(record)] if error is not None]
+    assert refused == [(1, "CountersRefusedError"), (2, "CountersRefusedError"), (3, "CountersRefusedError")]
+    with pytest.raises(FutureEventTimeError):
+        EventRouter(counters).route("t", _raw(limit + 1), NOW * 1000)
+    assert [state.value() for state in mutator.states.values()] == [1]
+
+
 def test_the_future_skew_is_a_setting() -> None:
     """max_future_skew_s moves the bound: 0 refuses any time after the record's."""
     router = EventRouter(_counters(None), max_future_skew_s=0)
