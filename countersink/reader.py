@@ -32,8 +32,8 @@ from schemas.resets import Epochs, cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
 # Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
-_INSTANCE = "SELECT tallies[?] AS tally, born_us, mutator, states[?] AS cell, writetime(states[?]) AS written_us " \
-            "FROM shards WHERE key = ?"
+_INSTANCE = "SELECT tallies[?] AS tally, born_us, mutator, states[?] AS cell, writetime(states[?]) AS written_us, " \
+            "ttl(tallies[?]) AS tally_ttl, ttl(states[?]) AS state_ttl FROM shards WHERE key = ?"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,8 +511,13 @@ class CounterReader:
 
     async def explain(self, counter: str, key: str) -> Explanation:
         cell = (await read_epochs(self.client, counter)).cell(counter, key)  # its current epoch's
-        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 3 + [partition_key(key)],
+        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 5 + [partition_key(key)],
                                                   consistency=self.consistency))
+        retention = _Retention(self.client.settings.retention_grace_s, time.time() - 1)
+        for row in rows:
+            retention.see(row["tally_ttl"], row["state_ttl"])
+        if retention.hidden:
+            rows = []  # a bucket past its retention: absent, as every other read has it
         tally_blob = rows[0]["tally"] if rows else None
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
         # Each cell decoded once: its state is shown and merged (merging leaves its inputs unchanged).
@@ -571,16 +576,21 @@ class CounterReader:
         base = epochs.all_keys.get(counter, 0)
         cells = sorted({cell_name(counter, base), *(cell_name(counter, max(base, e)) for e in
                                                     epochs.by_key.get(counter, {}).values())})
-        columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}" for i in range(len(cells)))
+        columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}, ttl(tallies[?]) AS tt{i}, ttl(states[?]) AS ct{i}"
+                            for i in range(len(cells)))
+        grace = self.client.settings.retention_grace_s
         while len(keys) < limit:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
             # row returned, so no key is skipped.
             result = await self.client.execute(
-                f"SELECT key, {columns} FROM shards", [c for cell in cells for c in (cell, cell)],  # noqa: S608
+                f"SELECT key, {columns} FROM shards", [c for cell in cells for c in (cell,) * 4],  # noqa: S608
                 consistency=self.consistency, page_size=limit - len(keys), page_state=page)
             for row in as_dicts(result):
                 index = cells.index(epochs.cell(counter, key_of_partition(row["key"])))
-                if row["key"] != last and (row[f"t{index}"] is not None or row[f"c{index}"] is not None):
+                # (A bucket past its retention, its rows expiring within the grace, is absent, as reads have it.)
+                expired = any(ttl is not None and ttl <= grace for ttl in (row[f"tt{index}"], row[f"ct{index}"]))
+                if row["key"] != last and not expired and (row[f"t{index}"] is not None
+                                                           or row[f"c{index}"] is not None):
                     keys.append(key_of_partition(row["key"]))
                     last = row["key"]  # the partition, as the walk meets it
             page = result.page_state() if result.has_more_pages() else None
