@@ -45,12 +45,12 @@ MEASURED_BYTES = 80
 # see test_mutator_memory). A key shared by several counters of one row is charged once per counter: on the
 # high side.
 INSTANCE_BYTES = 300
+# Kinds whose states grow as they fill; the others keep the size they have when new.
+GROWING_KINDS = frozenset({"distinct", "quantiles", "top_k"})
 
 
 def instance_bytes(key: str) -> int:
     return INSTANCE_BYTES + len(key)
-# Kinds whose states grow as they fill; the others keep the size they have when new.
-GROWING_KINDS = frozenset({"distinct", "quantiles", "top_k"})
 
 
 class KafkaRecord(Protocol):
@@ -510,16 +510,9 @@ class Mutator:
         epochs = self.applier.epochs
         if (reset.counter, reset.epoch) in epochs.applied:
             return
-        counters = self.applier.counters
         for ident in [i for i in self.states if epochs.clears(reset, *i)]:
-            state = self.states.pop(ident)
-            # What the estimate holds for it: a sketch's size when last measured (it may have grown since),
-            # the others' size
-            counted = self.measured.pop(ident, None)
-            if counted is None:
-                spec = counters[ident[0]].spec
-                counted = _size_when_new(spec) if spec.kind in GROWING_KINDS else state.size_bytes()
-            self.state_bytes -= counted
+            self.state_bytes -= self._counted(ident, self.states.pop(ident))
+            self.measured.pop(ident, None)
             self.instance_bytes -= instance_bytes(ident[1])
             self.dirty.discard(ident)
         self.rows = None  # the fast path's rows held the dropped states: rebuilt from ``states``
@@ -584,7 +577,7 @@ class Mutator:
                 make, size = made[ident[0]]
                 state = states[ident] = make()
                 self.state_bytes += size
-                self.instance_bytes += INSTANCE_BYTES + len(ident[1])
+                self.instance_bytes += instance_bytes(ident[1])
             row.states[index] = state
             return state
 
@@ -679,12 +672,19 @@ class Mutator:
         for ident in written:
             if counters[ident[0]].kind not in GROWING_KINDS:
                 continue
-            size = self.states[ident].size_bytes()
-            before = self.measured.get(ident)
-            if before is None:
-                before = _size_when_new(counters[ident[0]].spec)
-            self.state_bytes += size - before
+            state = self.states[ident]
+            size = state.size_bytes()
+            self.state_bytes += size - self._counted(ident, state)
             self.measured[ident] = size
+
+    def _counted(self, ident: tuple[str, str], state: State) -> int:
+        """What the estimate holds for the state of ``ident``: a sketch's size when last measured (its size when
+        new before that; it may have grown since), the other kinds' size (theirs never changes)."""
+        measured = self.measured.get(ident)
+        if measured is not None:
+            return measured
+        spec = self.applier.counters[ident[0]].spec
+        return _size_when_new(spec) if spec.kind in GROWING_KINDS else state.size_bytes()
 
     def needs_flush(self) -> bool:
         return bool(self.dirty) or self.applied_through > self.flushed_through

@@ -588,9 +588,10 @@ class CounterReader:
             for row in as_dicts(result):
                 index = cells.index(epochs.cell(counter, key_of_partition(row["key"])))
                 # (A bucket past its retention, its rows expiring within the grace, is absent, as reads have it.)
-                expired = any(ttl is not None and ttl <= grace for ttl in (row[f"tt{index}"], row[f"ct{index}"]))
-                if row["key"] != last and not expired and (row[f"t{index}"] is not None
-                                                           or row[f"c{index}"] is not None):
+                retention = _Retention(grace, 0.0)
+                retention.see(row[f"tt{index}"], row[f"ct{index}"])
+                if row["key"] != last and not retention.hidden and (row[f"t{index}"] is not None
+                                                                    or row[f"c{index}"] is not None):
                     keys.append(key_of_partition(row["key"]))
                     last = row["key"]  # the partition, as the walk meets it
             page = result.page_state() if result.has_more_pages() else None

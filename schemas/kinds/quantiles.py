@@ -88,7 +88,8 @@ class QuantilesState(State):
         # The library allocates room for k items when it makes a sketch: resident at once for a small k, and for a
         # large one (a mapping of 8·k bytes) the pages touched, a few KiB; a sketch grows past that as it fills,
         # about 10 bytes per item retained (resident memory of 20,000 sketches of one value, k 8 to 65,535, and
-        # of sketches holding 300 to 5,000 values: tests/unit/test_kinds_memory.py).
+        # of sketches holding 300 to 5,000 values; a mutator's estimate against resident memory:
+        # tests/unit/test_mutator_memory.py).
         sk = self._sketch
         return 128 + max(10 * int(sk.num_retained), min(8 * int(sk.k), 4096) + 512)
 
