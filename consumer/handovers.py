@@ -1,13 +1,22 @@
-"""Hand-over offsets of counters with ``since`` (a backfill): the :class:`HandoverBook` interface, how a live
-mutator learns them (:func:`learn_handovers`) and how a consumer without a counter refuses a partition that a
-newer definitions file counts (:class:`HandoverRefusedError`).
+"""Hand-over offsets: the :class:`HandoverBook` interface, how a live mutator learns them
+(:func:`learn_handovers`) and how a consumer without a counter refuses a partition that a newer definitions file
+counts (:class:`HandoverRefusedError`).
 
-A counter whose definition says where it starts (``since``) is counted by two readers of each partition: the
-live mutators from its *hand-over offset* H on, and a backfill (``countersink backfill``) below it. H is the
-start offset of the first live mutator that counted the counter in the partition: every later mutator, takeover
-and replay finds the same H and counts the counter only at offsets >= H (``consumer.applying.Applier.starts``),
-and the backfill stops at H. Start offsets of a partition only move forward, so every mutator that counts the
-counter starts at or after H.
+Every counter has one in each partition its live mutators count, its *hand-over offset* H there, recorded by the
+first of them: the live mutators count the counter from H on. A consumer whose definitions lack the counter
+refuses the partition (below) instead of counting on without it: a counter added without ``since`` during a
+rolling restart lost, for itself, what consumers still running the old definitions counted in the partitions
+they took back, silently.
+
+For a counter without ``since``, H is where the first mutator with it counted from: the window it replayed, or
+its start offset (a counter counted before hand-overs were recorded for it had all that came before counted
+already). A counter whose definition says where it starts (``since``) is counted by two readers of each
+partition: the live mutators from H on, and a backfill (``countersink backfill``) below it. Its H is the start
+offset of the first live mutator that counted it in the partition, and the backfill stops there.
+
+Every later mutator, takeover and replay finds the same H and counts the counter only at offsets >= H
+(``consumer.applying.Applier.starts``). Start offsets of a partition only move forward, so every mutator that
+counts the counter starts at or after H, and every window replayed after H was recorded starts at or after it.
 
 A mutator running *older* definitions (a rolling deploy: some processes still without the counter) must never
 count a partition past H: what it flushes there would hold no update of the counter, and nothing would count
@@ -26,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from consumer.protocol import FencedError
@@ -74,20 +83,27 @@ class HandoverBook(Protocol):
         """Confirm ``mutator``'s proposal if it is still the one recorded; return what is recorded."""
         ...
 
+    async def confirmed(self, group: str, topic: str, partition: int, counters: Collection[str]) -> dict[str, int]:
+        """Of ``counters``, those whose hand-over in the partition is confirmed, with its offset: one read, which
+        may miss one confirmed a moment ago (a proposal then finds it)."""
+        ...
+
     async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
         """The counters not in ``known`` with a hand-over (confirmed or not) in the partition that the registry
         does not show dropped: one read of the partition's hand-overs."""
         ...
 
 
-async def learn_handovers(book: HandoverBook, store: Store, pid: PartitionId, counters: Sequence[str], start: int,
+async def learn_handovers(book: HandoverBook, store: Store, pid: PartitionId, proposals: Mapping[str, int],
                           mutator: uuid.UUID) -> dict[str, int]:
-    """The confirmed hand-over of each of ``counters`` in ``pid``'s partition, proposing ``start`` (the claiming
-    ``mutator``'s start offset) where none is confirmed (module docstring). Raises :class:`FencedError` when
-    ``mutator`` lost the partition before its proposal was confirmed. Safe to retry after any error."""
-    found: dict[str, int] = {}
+    """The confirmed hand-over of each counter of ``proposals`` in ``pid``'s partition, proposing its offset there
+    (where the claiming ``mutator`` counts it from) where none is confirmed (module docstring). Raises
+    :class:`FencedError` when ``mutator`` lost the partition before its proposal was confirmed. Safe to retry
+    after any error."""
     where = (pid.consumer_group, pid.topic, pid.partition)
-    for counter in counters:
+    # Confirmed hand-overs never change: the common case (every counter recorded long ago) is this one read.
+    found = await book.confirmed(*where, list(proposals))
+    for counter, start in [(c, offset) for c, offset in proposals.items() if c not in found]:
         recorded = await book.propose(*where, counter, start, mutator)
         while not recorded.confirmed:
             if recorded.mutator != mutator:
@@ -117,6 +133,9 @@ class NoHandovers:
 
     async def confirm(self, group: str, topic: str, partition: int, counter: str, mutator: uuid.UUID) -> Recorded:
         raise AssertionError("nothing is ever proposed unconfirmed here")
+
+    async def confirmed(self, group: str, topic: str, partition: int, counters: Collection[str]) -> dict[str, int]:
+        return {}
 
     async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
         return []

@@ -134,7 +134,8 @@ class Ownership:
         self.handovers = handovers
         self.topic_ids = topic_ids
         # Counters with ``since`` by topic, and their hand-over offsets by partition once learned (they never
-        # change once recorded: consumer.handovers).
+        # change once recorded: consumer.handovers); a partition is in _starts once every counter of its topic
+        # has a hand-over there, with or without since.
         self._since = {topic: [c.name for c in counters.for_topic(topic) if c.since is not None]
                        for topic in {t for c in counters for t in c.topics}}
         self._starts: dict[TopicPartition, dict[str, int]] = {}
@@ -279,15 +280,18 @@ class Ownership:
         if foreign:
             self.refuse(tp, mutator, HandoverRefusedError(tp.topic, tp.partition, foreign))
             return
-        since = self._since.get(tp.topic)
-        if since and tp not in self._starts:
-            # Before the mutator applies anything, and before the replay's applier is made: the counters with
-            # ``since`` count from their hand-over offset on, recorded once (proposed by the first that gets
-            # here, confirmed while it still owns the partition).
+        counting = self._counting(tp.topic)
+        if counting and tp not in self._starts:
+            # Before the mutator applies anything, and before the replay's applier is made: every counter of the
+            # topic has a hand-over here, recorded once (proposed by the first that gets here, confirmed while
+            # it still owns the partition), from which the live mutators count it, so that a consumer without it
+            # refuses the partition. A counter with ``since`` is counted below its hand-over by its backfill, so
+            # it is where this mutator starts; another is counted from the window this takeover replays.
+            since = set(self._since.get(tp.topic, ()))
+            proposals = {name: claimed.start_offset if name in since else claimed.counted_from for name in counting}
             try:
                 starts = await self.retry("handover", tp, functools.partial(
-                    learn_handovers, self.handovers, self.store, mutator.pid, since, claimed.start_offset,
-                    mutator.id))
+                    learn_handovers, self.handovers, self.store, mutator.pid, proposals, mutator.id))
             except FencedError as exc:
                 mutator.fenced = True
                 self.warming.discard(mutator.id)

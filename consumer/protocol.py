@@ -218,6 +218,15 @@ class Claim:
         return self.initial_last_offset + 1 if self.row is None else self.row.intent_offset + 1
 
     @property
+    def counted_from(self) -> int:
+        """The first offset the takeover counts: the window the previous owner left open, replayed by
+        :func:`finish_take_over`, else the start offset."""
+        row = self.row
+        if row is not None and row.window_open and row.window_mutator is not None and row.window_born_us is not None:
+            return row.committed_offset + 1
+        return self.start_offset
+
+    @property
     def finished(self) -> bool:
         """Nothing left to replay, retire or close: a partition seen for the first time."""
         return self.row is None

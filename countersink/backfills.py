@@ -94,20 +94,37 @@ class CassandraHandovers:
             raise RuntimeError(f"the hand-over of {counter} in {topic}/{partition} is gone")
         return _recorded(rows[0])
 
-    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
-        # The table holds a row per counter with since (and per reprocess) and partition: scanned whole, at the
-        # consistency of the protocol's deciding reads (a proposal acknowledged before this read is seen).
+    async def confirmed(self, group: str, topic: str, partition: int, counters: Collection[str]) -> dict[str, int]:
+        if not counters:
+            return {}
         rows = as_dicts(await self.client.execute(
-            "SELECT consumer_group, cell FROM handovers WHERE topic = ? AND partition = ? ALLOW FILTERING",
-            [topic, partition], consistency=self.client.settings.replay_read_consistency))
-        unknown = sorted({split_cell(row["cell"])[0] for row in rows if row["consumer_group"] == group}
-                         - set(known))
-        if not unknown:
-            return []
+            "SELECT cell, offset, mutator, confirmed_us FROM handovers WHERE consumer_group = ? AND cell IN ? AND "
+            "topic = ? AND partition = ?", [group, sorted(counters), topic, partition],
+            consistency=self.client.settings.replay_read_consistency))
+        return {row["cell"]: found.offset for row in rows if (found := _recorded(row)).confirmed}
+
+    async def foreign(self, group: str, topic: str, partition: int, known: Collection[str]) -> list[str]:
+        # Each read at the consistency of the protocol's deciding reads: a registration or a proposal
+        # acknowledged before it is seen. A consumer registers its counters before it claims anything, so one
+        # with a hand-over here is in the registry, recorded for this group (or for none: a keyspace from before
+        # groups were), unless dropped.
         from countersink.registry import CounterRegistry
 
-        gone = await CounterRegistry(self.client, self.client.settings.replay_read_consistency).refused(unknown)
-        return [name for name in unknown if name not in gone]
+        consistency = self.client.settings.replay_read_consistency
+        recorded = await CounterRegistry(self.client, consistency).groups()
+        lacking = sorted(name for name, counted_by in recorded.items() if name not in known
+                         and counted_by in (group, None))
+        if not lacking:
+            return []  # the common case: this process defines every counter of its group
+        rows = as_dicts(await self.client.execute(
+            "SELECT cell FROM handovers WHERE consumer_group = ? AND cell IN ? AND topic = ? AND partition = ?",
+            [group, lacking, topic, partition], consistency=consistency))
+        if not rows:
+            # A reprocess's cells (COUNTER@EPOCH) are not named above: the partition's rows, scanned whole.
+            rows = [row for row in as_dicts(await self.client.execute(
+                "SELECT consumer_group, cell FROM handovers WHERE topic = ? AND partition = ? ALLOW FILTERING",
+                [topic, partition], consistency=consistency)) if row["consumer_group"] == group]
+        return sorted({split_cell(row["cell"])[0] for row in rows} & set(lacking))
 
 
 def _recorded(row: Mapping[str, Any]) -> Recorded:

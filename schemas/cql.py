@@ -327,10 +327,10 @@ def create_tables(keyspace: str) -> list[str]:
             offset bigint,
             PRIMARY KEY ((topic, partition), counter, epoch, offset)
         )""",
-        # Hand-overs of backfilled counters (countersink/backfills.py): per live group and cell (a counter with
-        # ``since``, or the epoch cell a reprocess fills), the offset of each partition where the live mutators
-        # count on and the backfill stops, recorded once by INSERT ... IF NOT EXISTS; the backfill's start and
-        # when it finished the partition.
+        # Hand-overs (consumer/handovers.py, countersink/backfills.py): per live group and cell (a counter, or
+        # the epoch cell a reprocess fills), the offset of each partition where the live mutators count on (for
+        # a counter with ``since``, where its backfill stops), recorded once by INSERT ... IF NOT EXISTS; a
+        # backfill's start and when it finished the partition.
         f"""CREATE TABLE IF NOT EXISTS {ks}.handovers (
             consumer_group text,
             cell text,

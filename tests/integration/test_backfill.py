@@ -342,6 +342,70 @@ async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
         third.wait(timeout=60)
 
 
+async def test_a_consumer_without_a_counter_added_without_since_is_refused_where_it_is_counted(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A rolling restart that adds shares_traded without since: a consumer with it records a hand-over in every
+    partition it counts; a consumer still running the definitions without it is then refused (exit 2, one
+    line naming the counter) before it counts anything, instead of counting on without it (it did: shares_traded
+    lost those events, silently). shares_traded then equals the sum over the events published from where the
+    first consumer with it started, and trades_count the count of them all, computed from the events alone."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"n{os.urandom(4).hex()}"
+    before_file, after_file = tmp_path / "before.toml", tmp_path / "after.toml"
+    before_file.write_text(COUNT.replace("{topic}", topic))
+    after_file.write_text((COUNT + SHARES.replace('since = "earliest"\n', "")).replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group}
+    log = tmp_path / "consumer.log"
+    batches = [make_events(n, symbols=5, duplicates=n // 40, seed=seed) for seed, n in enumerate((600, 500, 400), 51)]
+    symbols = {s for _, truth in batches for s in truth.count}
+
+    async def counted_with(counters_file: Path, batch: list[bytes]) -> None:
+        consumer = start_consumer(kafka_settings, cassandra_settings, log, counters_file=counters_file, **options)
+        try:
+            await wait_until_started(log, consumer)
+            if batch:
+                await publish(kafka_settings, topic, batch)
+            await wait_until_flushed(cassandra_settings, group,
+                                     await end_offsets(kafka_settings, {topic: PARTITIONS}), within_s=120)
+        finally:
+            consumer.send_signal(signal.SIGTERM)
+            assert consumer.wait(timeout=60) == 0
+
+    await counted_with(before_file, batches[0][0])  # the deployment before shares_traded
+    await counted_with(after_file, batches[1][0])  # the first consumer restarted with it
+    async with CassandraClient(cassandra_settings) as client:
+        assert sorted(await read_handovers(client, group, "shares_traded")) == [(topic, p) for p in range(PARTITIONS)]
+
+    await publish(kafka_settings, topic, batches[2][0])
+    old_log = tmp_path / "old.log"
+    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=before_file, **options)
+    try:
+        assert old.wait(timeout=90) == 2
+    finally:
+        if old.poll() is None:  # not refused: it would count on without shares_traded
+            old.kill()
+            old.wait()
+    text = old_log.read_text(errors="replace")
+    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
+    assert len(refused) == 1, text[-3000:]
+    assert "shares_traded" in refused[0]["error"], refused
+    assert '"partition_taken_over"' not in text, text[-3000:]
+
+    await counted_with(after_file, [])
+    assert await _values(cassandra_settings, "shares_traded", symbols) == dict(_sum(batches[1][1], batches[2][1]).qty)
+    assert await _values(cassandra_settings, "trades_count", symbols) == dict(_sum(*(t for _, t in batches)).count)
+
+    # Removed on purpose, as docs/operations.md says: dropped first, then consumers without it count on.
+    await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop", "shares_traded",
+                                              "--yes"))
+    last = make_events(300, symbols=5, duplicates=5, seed=59)
+    await counted_with(before_file, last[0])
+    assert await _values(cassandra_settings, "trades_count", symbols | set(last[1].count)) == dict(
+        _sum(*(t for _, t in batches), last[1]).count)
+
+
 async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,

@@ -40,7 +40,7 @@ from consumer.handovers import Recorded
 from consumer.protocol import ClaimUnresolvedError, FencedError
 from consumer.storage import PartitionId, PartitionRow
 from countersink.backfills import Span, backfill_group, backfill_partition
-from schemas.definitions import parse_definitions
+from schemas.definitions import CounterSet, parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import state_from_bytes
 from schemas.resets import current_epochs, split_cell
@@ -103,6 +103,26 @@ since = "earliest"
 )
 ROUTER = EventRouter(COUNTERS)
 ROUTER_BEFORE = EventRouter(BEFORE)
+# shares added without since: no backfill; its hand-overs only say where it is counted.
+WITHOUT_SINCE = parse_definitions(
+    """
+[[counter]]
+name = "trades"
+topics = ["orders"]
+kind = "count"
+key = ["sym"]
+event_id = "id"
+
+[[counter]]
+name = "shares"
+topics = ["orders"]
+kind = "sum"
+key = ["sym"]
+value = "qty"
+event_id = "id"
+"""
+)
+ROUTER_WITHOUT_SINCE = EventRouter(WITHOUT_SINCE)
 BACKFILLED = "shares"
 BACKFILL_GROUP = backfill_group(PID.consumer_group, BACKFILLED)
 BACKFILL_PID = PartitionId(BACKFILL_GROUP, TOPIC, PID.partition)
@@ -121,9 +141,13 @@ class MemoryHandovers:
         self.store = store
         self.recorded: dict[tuple[str, str, str, int], Recorded] = {}
 
-    def confirmed(self, where: tuple[str, str, str, int]) -> int | None:
+    def confirmed_at(self, where: tuple[str, str, str, int]) -> int | None:
         found = self.recorded.get(where)
         return found.offset if found is not None and found.confirmed else None
+
+    async def confirmed(self, group: str, topic: str, partition: int, counters: Collection[str]) -> dict[str, int]:
+        await self.store._read("read_confirmed", partition)
+        return {c: offset for c in counters if (offset := self.confirmed_at((group, c, topic, partition))) is not None}
 
     def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
         """INSERT ... IF NOT EXISTS: the first proposal stays."""
@@ -176,6 +200,9 @@ class BackfillModel(ProtocolModel):
     store_class = PerGroupHistoryStore
     handovers_class: ClassVar[type[MemoryHandovers]] = MemoryHandovers
     end_shift: ClassVar[int] = 0  # where the backfill stops, from H: a mutant shifts it
+    # The definitions of the processes started once shares is added, and whether shares is backfilled below H.
+    after: ClassVar[tuple[EventRouter, CounterSet]] = (ROUTER, COUNTERS)
+    backfilled: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -186,12 +213,13 @@ class BackfillModel(ProtocolModel):
         self.old_next = False  # the next process started runs the definitions without shares (a rolling deploy)
         self.old: set[str] = set()  # the processes running the definitions without shares
         self.refused = 0  # processes that refused the partition and exited
+        self.counted_from: int | None = None  # where shares is counted from, when no hand-over says so
 
     # ------------------------------------------------------------------------------------ helpers
 
     @property
     def handover(self) -> int | None:
-        return self.handovers.confirmed((PID.consumer_group, BACKFILLED, TOPIC, PID.partition))
+        return self.handovers.confirmed_at((PID.consumer_group, BACKFILLED, TOPIC, PID.partition))
 
     def new_actor(self, skew_us: int) -> Actor:
         actor = super().new_actor(skew_us)
@@ -200,7 +228,7 @@ class BackfillModel(ProtocolModel):
         # Before shares is added, the deployment counts trades only; after, a process may still run the old
         # definitions (a rolling deploy: not every process is restarted yet, or one is rolled back).
         old = not self.added or self.old_next
-        router, counters = (ROUTER_BEFORE, BEFORE) if old else (ROUTER, COUNTERS)
+        router, counters = (ROUTER_BEFORE, BEFORE) if old else self.after
         if old:
             self.old.add(actor.name)
         actor.ownership = self.ownership_class(
@@ -290,7 +318,7 @@ class BackfillModel(ProtocolModel):
         partition), so that other processes claim, look and count in between."""
         self.new_owner(0, 10**6, Fault.NONE, stop_at=frozenset((at,)))
 
-    @precondition(lambda self: self.handover is not None and len(self.backfills) < 2)
+    @precondition(lambda self: self.backfilled and self.handover is not None and len(self.backfills) < 2)
     @rule(ops=OPS, fault=FAULTS)
     def start_backfill(self, ops: int, fault: Fault) -> None:
         """``countersink backfill shares`` starts (a second may run at once: they fence each other)."""
@@ -402,11 +430,15 @@ class BackfillModel(ProtocolModel):
         handover = self.handover
         if handover is None:
             raise self.violation("the final takeover recorded no hand-over")
-        run(self.backfill(handover))
+        if self.backfilled:
+            run(self.backfill(handover))
         start_offset = last.mutator.applied_through + 1
         for phase in ("after the final takeover and backfill", "after a full GC"):
             self.every_shard_is_what_its_mutator_consumed()
             expected, seen = self.truth(0, start_offset - 1), self.readable()
+            if not self.backfilled:  # shares counted from where the first process with it started, not before
+                expected = {i: v for i, v in expected.items() if i[0] != BACKFILLED} | self.shares_only(
+                    self.truth(self.counted_from if self.counted_from is not None else handover, start_offset - 1))
             for instance in sorted(set(expected) | set(seen)):
                 if expected.get(instance, 0) != seen.get(instance, 0):
                     raise self.violation(f"{phase}, {instance} reads {seen.get(instance, 0)} but records "
@@ -428,6 +460,9 @@ class LastStartWinsHandovers(MemoryHandovers):
     def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
         self.recorded[where] = Recorded(offset, mutator, confirmed=True)
         return self.recorded[where]
+
+    async def confirmed(self, group: str, topic: str, partition: int, counters: Collection[str]) -> dict[str, int]:
+        return {}  # nothing is looked up before writing
 
 
 class OverlapModel(BackfillModel):
@@ -584,3 +619,69 @@ def test_a_reset_read_by_a_process_without_the_counter_is_placed_for_the_one_wit
     assert row.committed_offset == 6
     model.readable_value_is_between_committed_and_intent()
     model.teardown()
+
+
+class AddedWithoutSinceModel(BackfillModel):
+    """shares is added without since: nothing is backfilled, and it is counted from where the first process with
+    it started in the partition (its hand-over there)."""
+
+    after = (ROUTER_WITHOUT_SINCE, WITHOUT_SINCE)
+    backfilled = False
+
+
+class UnrecordedHandovers(MemoryHandovers):
+    """A counter without since records no hand-over (every counter here has none): as before every counter had one."""
+
+    def record(self, where: tuple[str, str, str, int], offset: int, mutator: uuid.UUID) -> Recorded:
+        return Recorded(offset, mutator, confirmed=True)
+
+
+class UnrecordedWithoutSinceModel(AddedWithoutSinceModel):
+    handovers_class = UnrecordedHandovers
+
+
+def test_a_process_without_a_counter_added_without_since_refuses_a_partition_it_is_counted_in() -> None:
+    """The rolling deploy step by step, shares added without since: the process still without it refuses the
+    partition once a process with it has counted there, and shares reads every record from where that one
+    counted from: H = 0, the window the process before shares left open when it was killed, which the first
+    process with shares replayed."""
+    model = rolling_deploy_after_a_handover(AddedWithoutSinceModel)
+    assert model.handover == 0
+    assert model.refused == 1
+
+
+def test_a_counter_added_without_since_loses_records_when_it_records_no_handover() -> None:
+    """The same rolling deploy when only a counter with since records hand-overs: the process without shares
+    counts four records past where shares is counted from, and shares loses them, silently."""
+    def deploy() -> BackfillModel:
+        model = counting_before_shares(UnrecordedWithoutSinceModel)
+        model.counted_from = 0  # the first process with shares counts from there (the window it replays)
+        model.new_owner(0, 10**6, Fault.NONE)
+        model.work(0, 2, 10**6, Fault.NONE)
+        model.old_owner(0, 10**6, Fault.NONE)
+        old = [i for i, actor in enumerate(model.live()) if actor.name in model.old]
+        assert old, "nothing recorded: the process without shares is not refused"
+        model.work(old[0], 4, 10**6, Fault.NONE)
+        model.begin_release(old[0], 10**6, Fault.NONE)
+        model.teardown()
+        return model
+
+    with pytest.raises(ProtocolViolation, match="shares"):
+        deploy()
+
+
+def test_a_process_without_a_counter_added_without_since_loses_nothing_in_the_race() -> None:
+    """The rolling-deploy race, shares without since: the proposal of the process with shares that lost the
+    partition to one without it is superseded by the next one with shares, which starts past everything the
+    one without it counted; shares reads every record from there."""
+    model = rolling_deploy_race(AddedWithoutSinceModel)
+    assert model.handover is not None
+    assert model.handover >= 3 + 4
+
+
+
+def test_a_counter_added_without_since_is_counted_exactly_from_its_handover() -> None:
+    """Under every fault of the model, kill -9 of processes with and without shares in any order (a rolling
+    deploy), resets and the GC: shares, added without since and never backfilled, counts every record from its
+    hand-over on exactly once, and none before it."""
+    run_model(AddedWithoutSinceModel, settings(MODEL_SETTINGS, max_examples=200))
