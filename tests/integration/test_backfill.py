@@ -271,6 +271,23 @@ async def test_a_backfill_killed_and_a_live_consumer_killed_hand_over_exactly(
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+def _refused(kafka: KafkaSettings, cassandra: CassandraSettings, log: Path, counters_file: Path,
+             options: dict[str, object]) -> tuple[str, list[dict[str, Any]]]:
+    """Start a consumer with ``counters_file``, which must exit 2 at once with one ``handover_refused`` line:
+    its log and that line."""
+    consumer = start_consumer(kafka, cassandra, log, counters_file=counters_file, **options)
+    try:
+        assert consumer.wait(timeout=90) == 2
+    finally:
+        if consumer.poll() is None:  # not refused: it would count on without the counter
+            consumer.kill()
+            consumer.wait()
+    text = log.read_text(errors="replace")
+    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
+    assert len(refused) == 1, text[-3000:]
+    return text, refused
+
+
 async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
@@ -307,17 +324,7 @@ async def test_a_consumer_with_the_old_definitions_is_refused_after_a_handover(
         assert sorted(await read_handovers(client, group, "shares_traded")) == [(topic, p) for p in range(PARTITIONS)]
 
     await publish(kafka_settings, topic, batches[2][0])
-    old_log = tmp_path / "old.log"
-    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=before_file, **options)
-    try:
-        assert old.wait(timeout=90) == 2
-    finally:
-        if old.poll() is None:  # not refused: it would count on
-            old.kill()
-            old.wait()
-    text = old_log.read_text(errors="replace")
-    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
-    assert len(refused) == 1, text[-3000:]
+    text, refused = _refused(kafka_settings, cassandra_settings, tmp_path / "old.log", before_file, options)
     assert refused[0]["level"] == "error", refused
     assert "shares_traded" in refused[0]["error"], refused
     assert "countersink drop shares_traded" in refused[0]["error"], refused
@@ -379,17 +386,7 @@ async def test_a_consumer_without_a_counter_added_without_since_is_refused_where
         assert sorted(await read_handovers(client, group, "shares_traded")) == [(topic, p) for p in range(PARTITIONS)]
 
     await publish(kafka_settings, topic, batches[2][0])
-    old_log = tmp_path / "old.log"
-    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=before_file, **options)
-    try:
-        assert old.wait(timeout=90) == 2
-    finally:
-        if old.poll() is None:  # not refused: it would count on without shares_traded
-            old.kill()
-            old.wait()
-    text = old_log.read_text(errors="replace")
-    refused = [json.loads(line) for line in text.splitlines() if '"handover_refused"' in line]
-    assert len(refused) == 1, text[-3000:]
+    text, refused = _refused(kafka_settings, cassandra_settings, tmp_path / "old.log", before_file, options)
     assert "shares_traded" in refused[0]["error"], refused
     assert '"partition_taken_over"' not in text, text[-3000:]
 

@@ -82,8 +82,7 @@ key = ["sym"]
 event_id = "id"
 """
 )
-COUNTERS = parse_definitions(
-    """
+COUNTERS_TEXT = """
 [[counter]]
 name = "trades"
 topics = ["orders"]
@@ -100,28 +99,11 @@ value = "qty"
 event_id = "id"
 since = "earliest"
 """
-)
+COUNTERS = parse_definitions(COUNTERS_TEXT)
 ROUTER = EventRouter(COUNTERS)
 ROUTER_BEFORE = EventRouter(BEFORE)
-# shares added without since: no backfill; its hand-overs only say where it is counted.
-WITHOUT_SINCE = parse_definitions(
-    """
-[[counter]]
-name = "trades"
-topics = ["orders"]
-kind = "count"
-key = ["sym"]
-event_id = "id"
-
-[[counter]]
-name = "shares"
-topics = ["orders"]
-kind = "sum"
-key = ["sym"]
-value = "qty"
-event_id = "id"
-"""
-)
+# shares added without since: no backfill; it is counted from its hand-over on.
+WITHOUT_SINCE = parse_definitions(COUNTERS_TEXT.replace('since = "earliest"\n', ""))
 ROUTER_WITHOUT_SINCE = EventRouter(WITHOUT_SINCE)
 BACKFILLED = "shares"
 BACKFILL_GROUP = backfill_group(PID.consumer_group, BACKFILLED)
