@@ -107,13 +107,13 @@ class CassandraHandovers:
         # Each read at the consistency of the protocol's deciding reads: a registration or a proposal
         # acknowledged before it is seen. A consumer registers its counters before it claims anything, so one
         # with a hand-over here is in the registry, recorded for this group (or for none: a keyspace from before
-        # groups were), unless dropped.
-        from countersink.registry import CounterRegistry
-
+        # groups were), unless dropped. The registry's columns that say so only: a claim reads it, and a
+        # deployment starting claims every partition at once.
         consistency = self.client.settings.replay_read_consistency
-        recorded = await CounterRegistry(self.client, consistency).groups()
-        lacking = sorted(name for name, counted_by in recorded.items() if name not in known
-                         and counted_by in (group, None))
+        recorded = as_dicts(await self.client.execute(
+            "SELECT name, kind, consumer_group, dropped_us FROM counters", consistency=consistency))
+        lacking = sorted(row["name"] for row in recorded if row["name"] not in known and row.get("kind") is not None
+                         and row.get("dropped_us") is None and row.get("consumer_group") in (group, None))
         if not lacking:
             return []  # the common case: this process defines every counter of its group
         rows = as_dicts(await self.client.execute(
