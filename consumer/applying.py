@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -30,9 +32,11 @@ from schemas.kinds import KINDS, State, new_state
 from schemas.kinds.base import KindSpec
 from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
 
-# What one event id held in the publisher-retry window costs: its string (85 bytes for a UUID) kept alive, and
-# about 70 bytes of dict slot and record number (tracemalloc, 100k UUID ids pushed into a RetryWindow).
-RETRY_ID_BYTES = 160
+# What one event id held in the publisher-retry window costs beside its string: about 70 bytes of dict slot and
+# record number (tracemalloc, 100k UUID ids pushed into a RetryWindow; a UUID's string is 85 more).
+RETRY_ID_BYTES = 75
+# How many ids of the window's newest generation give the mean size of its strings.
+RETRY_ID_SAMPLE = 32
 # What one row of the batch path costs (one per key value a mutator has seen, whatever the number of counters
 # sharing it): the row, its list of states and its entry in the row cache (tracemalloc, 100k keys, three
 # counters).
@@ -232,6 +236,17 @@ class RetryWindow:
     def ids_held(self) -> int:
         return sum(len(ids) for ids in self._current.values()) + sum(len(ids) for ids in self._previous.values())
 
+    def bytes_held(self) -> int:
+        """About what the ids held take: each its dict slot and record number, and its string, of the mean size
+        of the newest ids (ids may be anything up to max_key_bytes long: a fixed size per id was a fifth of
+        what ids near that limit take)."""
+        held = self.ids_held()
+        if not held:
+            return 0
+        newest = [ids for ids in (*self._current.values(), *self._previous.values()) if ids]
+        sample = list(itertools.islice((i for ids in newest for i in reversed(ids)), RETRY_ID_SAMPLE))
+        return held * (RETRY_ID_BYTES + sum(map(sys.getsizeof, sample)) // len(sample))
+
     def _ids_of(self, key: str) -> dict[str, int]:
         return self._current.setdefault(key, {})
 
@@ -246,8 +261,8 @@ class Applier:
     partition: int
     window: RetryWindow
     resets: ResetBook = NO_RESETS
-    # Counters counted only from an offset on (counter -> the first offset it counts): a counter with ``since``
-    # counts from its hand-over offset, a backfill below it (countersink.backfills).
+    # Counters counted only from an offset on (counter -> the first offset it counts): the live mutators count
+    # each counter from its hand-over offset (consumer.handovers), a backfill below it (countersink.backfills).
     starts: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # A backfill's counter: the only one whose updates are kept. Records are still routed with every counter
     # of the topic, so that the publisher-retry window decides exactly as the live mutators' does.
@@ -694,7 +709,7 @@ class Mutator:
         batch path's rows, and the event ids of the publisher-retry window."""
         rows = 0 if self.rows is None else sum(len(cache) for cache in self.rows)
         return (self.state_bytes + self.instance_bytes + rows * ROW_BYTES + len(self.measured) * MEASURED_BYTES
-                + self.applier.window.ids_held() * RETRY_ID_BYTES)
+                + self.applier.window.bytes_held())
 
 
 @functools.lru_cache(maxsize=1024)
