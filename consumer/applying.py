@@ -349,7 +349,7 @@ class Applier:
         updates, refusals = decision.updates, decision.refusals
         # The window first, from every update: it must decide as an unrestricted mutator's would.
         fresh = self.window.admit(updates, bool(record.headers) and restricted(record.headers))
-        if self.starts or self.only is not None:
+        if self.only is not None or record.offset < self.slow_below:  # else every counter counts the record
             counts = self.counts
             updates = [u for u in updates if counts(u.counter, record.offset)]
             fresh = [u for u in fresh if counts(u.counter, record.offset)]
