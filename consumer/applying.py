@@ -32,11 +32,11 @@ from schemas.kinds import KINDS, State, new_state
 from schemas.kinds.base import KindSpec
 from schemas.resets import Epochs, ForgedControlError, Reset, ResetPosition, control_reset_id
 
-# What one event id held in the publisher-retry window costs beside its string: about 70 bytes of dict slot and
+# What one event id held in the publisher-retry window costs beside its string: about 75 bytes of dict slot and
 # record number (tracemalloc, 100k UUID ids pushed into a RetryWindow; a UUID's string is 85 more).
 RETRY_ID_BYTES = 75
-# How many ids of the window's newest generation give the mean size of its strings.
-RETRY_ID_SAMPLE = 32
+# How many of the newest ids of each dict of the window give the mean size of its strings.
+RETRY_ID_SAMPLE = 16
 # What one row of the batch path costs (one per key value a mutator has seen, whatever the number of counters
 # sharing it): the row, its list of states and its entry in the row cache (tracemalloc, 100k keys, three
 # counters).
@@ -238,14 +238,14 @@ class RetryWindow:
 
     def bytes_held(self) -> int:
         """About what the ids held take: each its dict slot and record number, and its string, of the mean size
-        of the newest ids (ids may be anything up to max_key_bytes long: a fixed size per id was a fifth of
-        what ids near that limit take)."""
-        held = self.ids_held()
-        if not held:
-            return 0
-        newest = [ids for ids in (*self._current.values(), *self._previous.values()) if ids]
-        sample = list(itertools.islice((i for ids in newest for i in reversed(ids)), RETRY_ID_SAMPLE))
-        return held * (RETRY_ID_BYTES + sum(map(sys.getsizeof, sample)) // len(sample))
+        of the newest ids of its dict (ids may be anything up to max_key_bytes long, and each counter's, or
+        group's, its own length: a fixed size per id was a seventh of what ids near that limit take)."""
+        held = 0
+        for ids in (*self._current.values(), *self._previous.values()):
+            if ids:
+                sample = list(itertools.islice(reversed(ids), RETRY_ID_SAMPLE))
+                held += len(ids) * (RETRY_ID_BYTES + sum(map(sys.getsizeof, sample)) // len(sample))
+        return held
 
     def _ids_of(self, key: str) -> dict[str, int]:
         return self._current.setdefault(key, {})
@@ -374,8 +374,8 @@ class Applier:
         self.slow_below = max(self.starts.values(), default=-1)
 
     def counts(self, counter: str, offset: int) -> bool:
-        """Whether this applier counts ``counter``'s update of the record at ``offset``: the hand-over of a
-        counter with ``since`` is where the live mutators start counting it and its backfill stops."""
+        """Whether this applier counts ``counter``'s update of the record at ``offset``: a counter's hand-over is
+        where the live mutators start counting it (and, with ``since``, where its backfill stops)."""
         return (self.only is None or counter in self.only) and offset >= self.starts.get(counter, -1)
 
     def in_reprocessed_epoch(self, counter: str, key: str) -> bool:

@@ -113,8 +113,9 @@ async def consume(settings: Settings, counters: object) -> int:
         except RebalanceFailedError:
             code = 1  # rebalance_failed says why
         except HandoverRefusedError as exc:
-            # One line: which counter newer definitions count here, and what to do. The other partitions are
-            # released as at any stop; the refused one was never counted, and its next owner takes it over.
+            # One line: which counter is counted here that these definitions lack, and what to do. The other
+            # partitions are released as at any stop; the refused one was never counted, and its next owner takes
+            # it over.
             log.error("handover_refused", error=exc.line)
             code = 2
         finally:

@@ -1,6 +1,6 @@
 """Hand-over offsets: the :class:`HandoverBook` interface, how a live mutator learns them
-(:func:`learn_handovers`) and how a consumer without a counter refuses a partition that a newer definitions file
-counts (:class:`HandoverRefusedError`).
+(:func:`learn_handovers`) and how a consumer without a counter refuses a partition where other definitions count
+it (:class:`HandoverRefusedError`).
 
 Every counter has one in each partition its live mutators count, its *hand-over offset* H there, recorded by the
 first of them: the live mutators count the counter from H on. A consumer whose definitions lack the counter
@@ -26,9 +26,10 @@ not show dropped) makes it refuse. For that read to be decisive, H is recorded i
 the claims: a mutator *proposes* its start (INSERT ... IF NOT EXISTS), then reads the ownership row, and
 *confirms* the proposal only if it still owns the partition. Whoever claimed between its claim and that read
 may have looked before the proposal landed; the mutator is then fenced (it writes nothing) and its proposal
-stays unconfirmed, to be superseded by the next mutator with the counter (which starts past everything the
-claimant in between flushed). A claim after the confirming read looks after the proposal, and sees it. Only a
-confirmed H is counted from, by the live mutators and by the backfill.
+stays unconfirmed, to be superseded by the next mutator with the counter, which counts it from past everything
+the claimant in between flushed (a counter without ``since`` from the start of the window that claimant left
+open, which it replays with the counter). A claim after the confirming read looks after the proposal, and sees
+it. Only a confirmed H is counted from, by the live mutators and by the backfill.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from schemas.errors import CountersinkError
 
 class HandoverRefusedError(CountersinkError):
     """Raised when a claimed partition holds a hand-over of a counter this process does not define and the
-    registry does not show dropped: newer definitions count it there, and this process would lose its events."""
+    registry does not show dropped: other definitions count it there, and this process would lose its events."""
 
     def __init__(self, topic: str, partition: int, counters: Sequence[str]) -> None:
         self.topic, self.partition, self.counters = topic, partition, tuple(counters)

@@ -405,8 +405,9 @@ class Ownership:
         return True
 
     def refuse(self, tp: TopicPartition, mutator: Mutator, refusal: HandoverRefusedError) -> None:
-        """A claimed partition is counted by newer definitions: its mutator never applies nor writes, and the
-        process is to exit (:attr:`refusal`). The next owner finishes the takeover as after a crash."""
+        """A claimed partition is counted for a counter these definitions lack: its mutator never applies nor
+        writes, and the process is to exit (:attr:`refusal`). The next owner finishes the takeover as after a
+        crash."""
         mutator.fenced = True
         self.warming.discard(mutator.id)
         self._forget(tp, mutator)

@@ -317,7 +317,7 @@ class ConsumerService:
     async def _consume(self) -> None:
         while not self._stopping.is_set():
             if self.ownership.refusal is not None:
-                raise self.ownership.refusal  # exit 2: a partition is counted by newer definitions
+                raise self.ownership.refusal  # exit 2: a partition is counted for a counter these definitions lack
             if self.rebalance_error is not None:
                 raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
                     self.rebalance_error)

@@ -84,3 +84,18 @@ def test_a_shared_dict_decides_as_one_dict_per_counter(records: list, size: int)
     for event_id in "abcdef":
         for counter in ("trades", "shares", "buyers"):
             assert shared.seen(counter, event_id) == separate.seen(counter, event_id)
+
+
+def test_the_ids_held_are_estimated_at_their_own_lengths_counter_by_counter() -> None:
+    """Two counters whose publishers make ids of 36 and 990 bytes: each dict's ids are charged at its own
+    strings' size (one size for every id, taken from one dict, was a quarter of what they held, or 1.7 times)."""
+    import sys
+
+    from consumer.applying import RETRY_ID_BYTES
+
+    window = RetryWindow(1_000)
+    for i in range(1_500):  # a generation and a half: both generations hold ids
+        window.push((("short", f"{i:036d}"), ("long", f"{i:0990d}")))
+    held = [ids for generation in (window._current, window._previous) for ids in generation.values()]
+    exact = sum(len(ids) * RETRY_ID_BYTES + sum(map(sys.getsizeof, ids)) for ids in held)
+    assert 0.99 <= window.bytes_held() / exact <= 1.01, (window.bytes_held(), exact)
