@@ -322,8 +322,8 @@ class Backfill:
 
     async def _wait_for_handovers(self, client: CassandraClient, partitions: Sequence[tuple[str, int]],
                                   wait_s: int) -> dict[tuple[str, int], int] | None:
-        """The hand-over of the counter (with ``since``) in every partition, once the live consumers have
-        recorded them all; None (said) when they have not within ``wait_s``."""
+        """The hand-over of the counter in every partition, once the live consumers have recorded them all;
+        None (said) when they have not within ``wait_s``."""
         deadline = time.monotonic() + wait_s
         pauses = Backoff(first_s=0.5, max_s=5.0).pauses()
         while True:
@@ -394,8 +394,8 @@ class Backfill:
                     points: Mapping[tuple[str, int], int], live: Mapping[tuple[str, int], int]
                     ) -> dict[tuple[str, int], int]:
         """Record the end of each planned partition's span that has none yet and return every end known: the
-        reset's point P there, or the counter's hand-over H when that is later (a counter with ``since`` whose
-        live mutators took the partition after the reset count from H on, the epoch's reset already applied
+        reset's point P there, or the counter's hand-over H when that is later (a counter whose live mutators
+        first took the partition with it after the reset count from H on, the epoch's reset already applied
         at their start: (P, H) is the reprocess's to count). A partition whose point is not known is left out."""
         cell = cell_name(self.counter, reset.epoch)
         ends: dict[tuple[str, int], int] = {}
@@ -418,7 +418,7 @@ class Backfill:
             return EXIT_USAGE
         since = next((h.reprocess_from for h in plan.values() if h.reprocess_from), None)
         live: dict[tuple[str, int], int] = {}
-        if self.counters[self.counter].since is not None and any(h.offset is None for h in plan.values()):
+        if any(h.offset is None for h in plan.values()):
             found = await self._wait_for_handovers(client, sorted(plan), wait_s)
             if found is None:
                 return EXIT_FAILED
@@ -451,13 +451,12 @@ class Backfill:
                 return EXIT_FAILED
             if not await self._checked(client, since_required=False):
                 return EXIT_USAGE
-            live: dict[tuple[str, int], int] = {}
-            if self.counters[self.counter].since is not None:
-                # The hand-overs first: a partition taken after the reset would count from H > P on.
-                found = await self._wait_for_handovers(client, partitions, wait_s)
-                if found is None:
-                    return EXIT_FAILED
-                live = found
+            # The hand-overs first (every counter has them, with since or without): a partition first taken with
+            # the counter after the reset is counted live from H > P on, and the reprocess counts up to H there.
+            found = await self._wait_for_handovers(client, partitions, wait_s)
+            if found is None:
+                return EXIT_FAILED
+            live = found
             # The starts first: a time after the reset would otherwise fall past its control records.
             starts = await self._starts(partitions, since)
             counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1)
