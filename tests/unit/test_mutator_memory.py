@@ -153,13 +153,14 @@ kind = "count"
 key = ["u"]
 bucket = { field = "ts", size = "1h", format = "epoch_seconds" }
 
+""" + (_TOTAL := """
 [[counter]]
 name = "total"
 topics = ["t"]
 kind = "sum"
 key = ["u"]
 value = "v"
-"""
+""")
 
 _QUANTILES = """
 [[counter]]
@@ -172,26 +173,21 @@ k = {k}
 """
 
 
-_RETRIED = """
-[[counter]]
-name = "total"
-topics = ["t"]
-kind = "sum"
-key = ["u"]
-value = "v"
-event_id = "id"
-"""
+def _estimate_and_growth(*args: str) -> tuple[int, int]:
+    """The estimate and the resident growth of a fresh process running _MEASURE with ``args``."""
+    done = subprocess.run([sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True, check=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
+    estimate, grown = map(int, done.stdout.split())
+    return estimate, grown
 
 
 @pytest.mark.parametrize("id_bytes", [36, 990])
 def test_the_estimate_follows_resident_memory_whatever_the_event_ids(id_bytes: int) -> None:
     """The publisher-retry window of 60,000 records holds an id of each, as long as its publisher made it: the
-    estimate within 0.6× to 1.6× what the process grew by (ids near max_key_bytes were estimated at a fifth of
-    what they take), one key throughout (key_bytes 0) so that the ids are what grows."""
-    done = subprocess.run([sys.executable, "-c", _MEASURE, _RETRIED, "60000", "0", "batch", "60000", str(id_bytes)],
-                          capture_output=True, text=True, check=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
-    estimate, grown = map(int, done.stdout.split())
+    estimate within 0.6× to 1.6× what the process grew by (ids near max_key_bytes were estimated at a seventh
+    of what they take), one key throughout (key_bytes 0) so that the ids are what grows."""
+    estimate, grown = _estimate_and_growth(_TOTAL + 'event_id = "id"\n', "60000", "0", "batch", "60000",
+                                           str(id_bytes))
     assert 0.6 <= estimate / grown <= 1.6, (estimate, grown, estimate / grown)
 
 
@@ -207,8 +203,5 @@ def test_the_estimate_follows_resident_memory_whatever_the_keys_and_sketches(tex
     """Rotation bounds memory only as well as the estimate follows it: 60,000 new instances per counter, the
     estimate within 0.6× to 1.6× what the process grew by (long keys were estimated at a fifth of it, and a
     quantiles sketch of k = 65,535 at a fifteenth)."""
-    done = subprocess.run([sys.executable, "-c", _MEASURE, text, "60000", str(key_bytes), path],
-                          capture_output=True, text=True, check=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
-    estimate, grown = map(int, done.stdout.split())
+    estimate, grown = _estimate_and_growth(text, "60000", str(key_bytes), path)
     assert 0.6 <= estimate / grown <= 1.6, (estimate, grown, estimate / grown)
