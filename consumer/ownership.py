@@ -136,7 +136,7 @@ class Ownership:
         # Counters with ``since`` by topic, and their hand-over offsets by partition once learned (they never
         # change once recorded: consumer.handovers); a partition is in _starts once every counter of its topic
         # has a hand-over there, with or without since.
-        self._since = {topic: [c.name for c in counters.for_topic(topic) if c.since is not None]
+        self._since = {topic: frozenset(c.name for c in counters.for_topic(topic) if c.since is not None)
                        for topic in {t for c in counters for t in c.topics}}
         self._starts: dict[TopicPartition, dict[str, int]] = {}
         self._defined = frozenset(c.name for c in counters)
@@ -287,7 +287,7 @@ class Ownership:
             # it still owns the partition), from which the live mutators count it, so that a consumer without it
             # refuses the partition. A counter with ``since`` is counted below its hand-over by its backfill, so
             # it is where this mutator starts; another is counted from the window this takeover replays.
-            since = set(self._since.get(tp.topic, ()))
+            since = self._since.get(tp.topic, frozenset())
             proposals = {name: claimed.start_offset if name in since else claimed.counted_from for name in counting}
             try:
                 starts = await self.retry("handover", tp, functools.partial(

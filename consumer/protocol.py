@@ -222,9 +222,7 @@ class Claim:
         """The first offset the takeover counts: the window the previous owner left open, replayed by
         :func:`finish_take_over`, else the start offset."""
         row = self.row
-        if row is not None and row.window_open and row.window_mutator is not None and row.window_born_us is not None:
-            return row.committed_offset + 1
-        return self.start_offset
+        return row.committed_offset + 1 if row is not None and row.window_to_replay is not None else self.start_offset
 
     @property
     def finished(self) -> bool:
@@ -428,10 +426,10 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
         done = tuple(dict.fromkeys(m for m in (row.window_mutator, row.owner) if m is not None and m != new.id))
         return Takeover(claimed.start_offset, 0, 0, done, row.owner)
     replayed_records = replayed_instances = 0
-    if row.window_open and row.window_mutator is not None and row.window_born_us is not None:
+    if (window := row.window_to_replay) is not None:
         replayed_records, replayed_instances = await _replay_window(
-            store, source, applier_factory(), pid, row.window_mutator, row.window_born_us, row.flush_seq,
-            row.committed_offset, row.intent_offset, on_invalid, accept_lost)
+            store, source, applier_factory(), pid, *window, row.flush_seq, row.committed_offset, row.intent_offset,
+            on_invalid, accept_lost)
     # Retire before closing: once the close renames the window, no later claimant would know W any more.
     # Retiring first is safe: the replay above is acknowledged, retiring is set-once, and a repeated replay
     # writes at born_us(W) + seq, below the retire time, so the GC's deletion hides it.

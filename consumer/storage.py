@@ -32,6 +32,14 @@ class PartitionRow:
         """True when a flush may have been interrupted: its shards may be only partly written."""
         return self.intent_offset > self.committed_offset
 
+    @property
+    def window_to_replay(self) -> tuple[uuid.UUID, int] | None:
+        """The writer of an open window (its mutator and birth time), which a takeover replays; None when there
+        is none to replay."""
+        if self.window_open and self.window_mutator is not None and self.window_born_us is not None:
+            return self.window_mutator, self.window_born_us
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class MutatorEntry:
