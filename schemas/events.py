@@ -520,7 +520,7 @@ def _instant(seconds: float) -> str:
 _LEAP_SECOND = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}):60(?:[.,][0-9]+)?")
 
 
-def _rfc3339_variant(text: str) -> datetime | None:
+def rfc3339_variant(text: str) -> datetime | None:
     """A time in the RFC 3339 forms Python's ISO-8601 parser refuses, or None: a lowercase ``z``, and a leap second,
     counted as the last microsecond of its minute (POSIX time has no second for it: it is never a bucket's own)."""
     fixed = text[:-1] + "Z" if text.endswith("z") else text
@@ -566,7 +566,7 @@ def _seconds_reader(path: str, fmt: str) -> Callable[[Any], float | int]:
             try:
                 when = datetime.fromisoformat(v)
             except ValueError:
-                when = _rfc3339_variant(v)
+                when = rfc3339_variant(v)
             if when is None:
                 raise ValueOutOfRangeError(path, f"{_short(v)} is not an ISO-8601 timestamp")
             if when.tzinfo is None:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError, MalformedInstanceKeyError
-from schemas.events import decode_instance_key, encode_instance_key
+from schemas.events import decode_instance_key, encode_instance_key, rfc3339_variant
 from schemas.kinds import State, merge_states
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -74,6 +74,12 @@ def parse_instant(text: str, now: float | None = None) -> int:
     try:
         when = datetime.fromisoformat(given.replace("z", "Z"))
     except ValueError:
+        # A leap second (23:59:60Z) as an event's time gives: the last microsecond of its minute, so a range
+        # bound at it is read as at the next whole second (whole_seconds), the bucket holding such an event
+        # before it.
+        leap = rfc3339_variant(given)
+        if leap is not None:
+            return _readable(text, whole_seconds(leap))
         raise TimeRangeError(f"{text!r} is not a time: give ISO-8601 with an offset (2026-11-22T10:00Z), a date, "
                              "now, or now-6h / -7d") from None
     if when.tzinfo is None:

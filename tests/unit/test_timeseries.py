@@ -152,6 +152,22 @@ def test_instants_are_read_as_a_user_writes_them(text: str, seconds: int) -> Non
     assert parse_instant(text, now=1_000_000.5) == seconds
 
 
+def test_a_leap_second_bounds_a_range_as_the_event_times_it_names_are_bucketed() -> None:
+    """A leap second is a time an event may carry (counted in the last microsecond of its minute), so a range
+    bound may name it too: read as the next whole second, the bucket holding such an event before it. Second 60
+    of any other minute is refused, as for events."""
+    new_year = int(datetime(2017, 1, 1, tzinfo=UTC).timestamp())
+    for text in ("2016-12-31T23:59:60Z", "2016-12-31T23:59:60.25z", "2017-01-01T05:29:60+05:30"):
+        assert parse_instant(text) == new_year, text
+    hourly = parse_definitions('[[counter]]\nname = "views"\ntopics = ["t"]\nkind = "count"\nkey = ["page"]\n'
+                               'bucket = { field = "ts", size = "1h" }\n')
+    event = {"page": "p", "ts": "2016-12-31T23:59:60Z"}
+    routed = {u.key for u in EventRouter(hourly).route("t", json.dumps(event).encode())}
+    assert routed == {bucket_key(hourly["views"], "p", new_year - HOUR)}
+    with pytest.raises(TimeRangeError, match="is not a time"):
+        parse_instant("2016-12-31T23:58:60Z")
+
+
 @pytest.mark.parametrize("text", ["yesterday", "2026-11-22T10:00", "now-6", "now-0h", "", "6h"])
 def test_instants_that_cannot_be_read_are_refused(text: str) -> None:
     """A time without an offset, a relative time without a unit, or words: refused with what to give."""

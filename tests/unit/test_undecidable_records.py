@@ -30,7 +30,7 @@ key = ["page"]
 bucket = { field = "at", size = "1h" }
 """
 
-# A leap second takes the parser's slower way (events._rfc3339_variant), made to raise below.
+# A leap second takes the parser's slower way (events.rfc3339_variant), made to raise below.
 RECORDS = [Record(0, b'{"page": "home", "at": "2016-12-31T22:00:00Z"}', None),
            Record(1, b'{"page": "home", "at": "2016-12-31T23:59:60Z"}', None),
            Record(2, b'{"page": "home", "at": "2016-12-31T23:30:00Z"}', None)]
@@ -47,7 +47,7 @@ def _defect(text: str) -> None:
 @pytest.mark.parametrize("path", ["batch", "router"])
 def test_a_record_whose_decision_raises_is_a_dead_letter_and_the_next_is_counted(
         path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(events, "_rfc3339_variant", _defect)
+    monkeypatch.setattr(events, "rfc3339_variant", _defect)
     mutator = _mutator()
     said = METRICS.registry.get_sample_value("countersink_records_undecidable_total", {"topic": "clicks"}) or 0.0
     if path == "batch":
@@ -81,7 +81,7 @@ def test_what_is_not_the_records_still_raises(error: BaseException, monkeypatch:
     def raising(text: str) -> None:
         raise error
 
-    monkeypatch.setattr(events, "_rfc3339_variant", raising)
+    monkeypatch.setattr(events, "rfc3339_variant", raising)
     for apply in (lambda m: m.apply_batch(RECORDS), lambda m: [m.apply(r) for r in RECORDS]):
         with pytest.raises(type(error)):
             apply(_mutator())
