@@ -357,7 +357,9 @@ async def test_a_consumer_without_a_counter_added_without_since_is_refused_where
     partition it counts; a consumer still running the definitions without it is then refused (exit 2, one
     line naming the counter) before it counts anything, instead of counting on without it (it did: shares_traded
     lost those events, silently). shares_traded then equals the sum over the events published from where the
-    first consumer with it started, and trades_count the count of them all, computed from the events alone."""
+    first consumer with it started, and trades_count the count of them all, computed from the events alone.
+    since added to its definition later changes neither (a backfill of it is refused), and a counter dropped on
+    purpose lets the consumers without it count on."""
     topic = await topic_factory(partitions=PARTITIONS)
     group = f"n{os.urandom(4).hex()}"
     before_file, after_file = tmp_path / "before.toml", tmp_path / "after.toml"
@@ -392,6 +394,23 @@ async def test_a_consumer_without_a_counter_added_without_since_is_refused_where
 
     await counted_with(after_file, [])
     assert await _values(cassandra_settings, "shares_traded", symbols) == dict(_sum(batches[1][1], batches[2][1]).qty)
+    assert await _values(cassandra_settings, "trades_count", symbols) == dict(_sum(*(t for _, t in batches)).count)
+
+    # since added to its definition afterwards: it was fixed when the counter was first counted. A backfill is
+    # refused (it would count again what the live mutators counted from their hand-overs), and the consumers
+    # with the new file count on from where they are, nothing again from the log's start.
+    since_file = tmp_path / "since.toml"
+    since_file.write_text((COUNT + SHARES).replace("{topic}", topic))
+    backfill = _command(kafka_settings, cassandra_settings, {**options, "counters_file": since_file}, "backfill",
+                        "shares_traded")
+    out, err = await asyncio.to_thread(backfill.communicate, timeout=120)
+    assert backfill.returncode == 2, (out + err).decode(errors="replace")
+    assert "was first counted without since" in (out + err).decode(), (out + err).decode(errors="replace")
+    later = make_events(300, symbols=5, duplicates=5, seed=58)
+    batches.append(later)
+    symbols |= set(later[1].count)
+    await counted_with(since_file, later[0])
+    assert await _values(cassandra_settings, "shares_traded", symbols) == dict(_sum(*(t for _, t in batches[1:])).qty)
     assert await _values(cassandra_settings, "trades_count", symbols) == dict(_sum(*(t for _, t in batches)).count)
 
     # Removed on purpose, as docs/operations.md says: dropped first, then consumers without it count on.
