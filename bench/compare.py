@@ -64,9 +64,10 @@ async def run(args: argparse.Namespace) -> int:
                 cassandra = base.model_copy(update={"keyspace": f"compare_{repeat}_{number}"})
                 async with CassandraClient(cassandra, use_keyspace=False) as client:
                     await client.ensure_schema()
-                result = await pipeline.countersink_rate(kafka, cassandra, args.partitions, args.events,
-                                                         f"compare-{repeat}-{number}", jvms, **settings)
-                problems = await pipeline.check_values(cassandra, truth, args.check)
+                group = f"compare-{repeat}-{number}"
+                result = await pipeline.countersink_rate(kafka, cassandra, args.partitions, args.events, group,
+                                                         jvms, **settings)
+                problems = await pipeline.check_values(cassandra, truth, args.check, group)
                 mismatched += len(problems)
                 servers_cpu = ", ".join(f"{name} {cpu / args.events * 1e6:.1f}"
                                         for name, cpu in result.server_cpu_s.items())

@@ -87,13 +87,17 @@ def say(message: str) -> None:
 MAIN_GROUP = "bench-countersink"
 
 
+def counter_prefix(group: str) -> str:
+    """What :func:`named_for` puts before each counter's name for ``group``: nothing for the main run's."""
+    if group == MAIN_GROUP:
+        return ""
+    return "run_" + re.sub(r"[^a-z0-9]+", "_", group.removeprefix(MAIN_GROUP).lower()).strip("_") + "_"
+
+
 def named_for(text: str, group: str) -> str:
     """Definitions ``text`` with each counter renamed for ``group`` (``run_spacing_4_trades``), unless it is
     the main run's: the registry refuses a second group on a counter, and it would count the log again."""
-    if group == MAIN_GROUP:
-        return text
-    prefix = "run_" + re.sub(r"[^a-z0-9]+", "_", group.removeprefix(MAIN_GROUP).lower()).strip("_") + "_"
-    return text.replace('name = "', f'name = "{prefix}')
+    return text.replace('name = "', f'name = "{counter_prefix(group)}')
 
 
 def definitions(topic: str) -> str:
@@ -690,14 +694,16 @@ async def wait_until_window_committed(cassandra: CassandraSettings, group: str, 
     raise RuntimeError(f"{group}: the last flush window of {topic} was not recorded complete within {within_s}s")
 
 
-async def check_values(cassandra: CassandraSettings, expected: dict[str, tuple[int, int]], sample: int
-                       ) -> list[str]:
-    """Compare count and sum of a sample of symbols with the truth from what was published."""
+async def check_values(cassandra: CassandraSettings, expected: dict[str, tuple[int, int]], sample: int,
+                       group: str = MAIN_GROUP) -> list[str]:
+    """Compare count and sum of a sample of symbols with the truth from what was published, as counted by the
+    run of ``group`` (under the names :func:`named_for` gave its counters)."""
     problems = []
+    prefix = counter_prefix(group)
     async with CassandraClient(cassandra) as client:
         for symbol in sorted(expected)[:sample]:
             count, qty = expected[symbol]
-            for counter, want in (("trades", count), ("shares", qty)):
+            for counter, want in ((prefix + "trades", count), (prefix + "shares", qty)):
                 state = await read_state(client, counter, symbol)
                 got = None if state is None else state.value()
                 if got != want:
