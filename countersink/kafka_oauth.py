@@ -24,6 +24,7 @@ from aiokafka.abc import AbstractTokenProvider
 from aiokafka.errors import KafkaError
 
 from countersink.logs import get_logger
+from countersink.redaction import server_words, shown_url
 from countersink.settings import KafkaSettings
 
 log = get_logger(__name__)
@@ -31,7 +32,6 @@ log = get_logger(__name__)
 REFRESH_FRACTION = 0.8  # of a token's lifetime, after which the next connection gets a new one
 FALLBACK_LIFETIME_S = 60.0  # a token with neither expires_in nor an exp claim is used this long
 MAX_ANSWER_BYTES = 64 * 1024  # a token endpoint's answer is untrusted input: read at most this much
-MAX_REASON_CHARS = 200  # of the endpoint's error description, in our one-line error
 
 
 class TokenEndpointError(KafkaError):  # type: ignore[misc]  # aiokafka ships no type hints
@@ -94,6 +94,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
                 and settings.sasl_oauth_client_secret):
             raise ValueError("OAUTHBEARER needs sasl_oauth_token_url, sasl_oauth_client_id, sasl_oauth_client_secret")
         self._url = settings.sasl_oauth_token_url
+        self._shown_url = shown_url(self._url)  # its query may hold a credential: never logged
         self._client_id = settings.sasl_oauth_client_id
         self._secret = settings.sasl_oauth_client_secret
         self._scope = settings.sasl_oauth_scope
@@ -105,7 +106,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
         self.fetched = 0  # tokens fetched so far (the tests count refreshes with it)
 
     def __repr__(self) -> str:
-        return f"ClientCredentialsTokens(url={self._url!r}, client_id={self._client_id!r})"
+        return f"ClientCredentialsTokens(url={self._shown_url!r}, client_id={self._client_id!r})"
 
     async def token(self) -> str:
         """A token that is not yet due, fetched now if needed. Raises :class:`TokenRefusedError` or
@@ -121,7 +122,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
             except TokenEndpointError as exc:
                 if held is None or held.expired(self._clock()):
                     raise
-                log.warning("kafka_token_refresh_failed", token_url=self._url, client_id=self._client_id,
+                log.warning("kafka_token_refresh_failed", token_url=self._shown_url, client_id=self._client_id,
                             error=str(exc), expires_in_s=round(held.fetched_at + held.lifetime_s - self._clock(), 1))
                 return held.value
             return self._token.value
@@ -142,7 +143,7 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
         # RFC 6749 §2.3.1: id and secret are form-encoded, then sent with HTTP Basic authentication.
         pair = f"{_form_encode(self._client_id)}:{_form_encode(self._secret.get_secret_value())}"
         headers = {"Accept": "application/json", "Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
-        where = f"the token endpoint {self._url}"
+        where = f"the token endpoint {self._shown_url}"
         started = self._clock()
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as session, \
@@ -157,7 +158,8 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
             raise TokenRefusedError(f"TLS with {where} failed: {_ssl_reason(exc)} (check "
                                     "COUNTERSINK_KAFKA__SASL_OAUTH_CAFILE)") from None
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise TokenEndpointError(f"cannot reach {where}: {type(exc).__name__} {exc}".rstrip()) from None
+            reason = self._clean(str(exc).replace(self._url, self._shown_url))
+            raise TokenEndpointError(f"cannot reach {where}: {type(exc).__name__} {reason}".rstrip()) from None
         if len(body) > MAX_ANSWER_BYTES:
             raise TokenEndpointError(f"{where} answered more than {MAX_ANSWER_BYTES} bytes")
         answer_json = _json_object(body)
@@ -175,13 +177,13 @@ class ClientCredentialsTokens(AbstractTokenProvider):  # type: ignore[misc]  # a
             raise TokenEndpointError(f"{where} answered without a usable access_token")
         lifetime = token_lifetime(answer_json, time.time())
         self.fetched += 1
-        log.debug("kafka_token_fetched", token_url=self._url, client_id=self._client_id, lifetime_s=lifetime)
+        log.debug("kafka_token_fetched", token_url=self._shown_url, client_id=self._client_id, lifetime_s=lifetime)
         return Token(value, lifetime, started)
 
     def _clean(self, text: str) -> str:
-        """The endpoint's own words, bounded to one printable line and never repeating the secret."""
-        text = "".join(c if c.isprintable() else " " for c in text)[:MAX_REASON_CHARS]
-        return text.replace(self._secret.get_secret_value(), "**********") if self._secret.get_secret_value() else text
+        """The endpoint's own words, bounded to one printable line and never repeating the secret, in any form
+        it was sent in (form-encoded, paired with the id, base64 behind Basic: an endpoint may echo them)."""
+        return server_words(text, [(self._client_id, self._secret.get_secret_value())])
 
 
 def _form_encode(text: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Hashable, Iterable
 from typing import Any
 
 from countersink.logs import get_logger
+from countersink.redaction import server_words
 from countersink.settings import SchemaRegistrySettings
 from schemas.definitions import CounterSet
 from schemas.errors import CountersinkError, InvalidEventError
@@ -74,6 +75,11 @@ class SchemaRegistryClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _words(self, text: object) -> str:
+        """The registry's (or the HTTP client's) reason, one bounded line without the password in any form."""
+        password = self.settings.password.get_secret_value() if self.settings.password else None
+        return server_words(text, [(self.settings.username, password)])
+
     def _ssl(self) -> ssl.SSLContext | bool:
         if not self.url.startswith("https://"):
             return False
@@ -113,7 +119,7 @@ class SchemaRegistryClient:
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise SchemaRegistryUnavailableError(f"schema registry {self.url} cannot be reached: "
-                                                 f"{type(exc).__name__}: {exc}") from exc
+                                                 f"{type(exc).__name__}: {self._words(exc)}") from exc
         if status >= 500 or status == 429:
             raise SchemaRegistryUnavailableError(f"schema registry {self.url} answered {status}")
         if len(text) > limit:  # a schema (escaped in JSON) past COUNTERSINK_SCHEMA_REGISTRY__MAX_SCHEMA_BYTES
@@ -148,10 +154,15 @@ class SchemaRegistryClient:
         if schema_type != "AVRO":
             body["schemaType"] = schema_type
         status, doc = await self._call("POST", f"/subjects/{quote(subject, safe='')}/versions", body)
+        if status in (401, 403):
+            # Its reason is not quoted: a registry (or a proxy before it) may echo the credentials it refused.
+            raise SchemaRegistryRefusedError(
+                f"schema registry {self.url} refused the credentials ({status}) to register subject {subject!r}: "
+                "check COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD, and what that user may do")
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("id"), int):
             message = doc.get("message") if isinstance(doc, dict) else None
             raise SchemaRegistryRefusedError(f"schema registry refused the schema of subject {subject!r} "
-                                             f"({status}): {message}")
+                                             f"({status}): {self._words(message)}")
         return int(doc["id"])
 
 

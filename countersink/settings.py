@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from countersink.redaction import shown_url
 from schemas import cql
 from schemas.errors import CountersinkError
 
@@ -114,7 +114,9 @@ class KafkaSettings(_Section):
     sasl_password: SecretStr | None = None
     # OAUTHBEARER: access tokens from an OAuth 2.0 / OIDC token endpoint, client credentials grant (the client
     # id and secret sent with HTTP Basic authentication), each token used until 80% of its lifetime has passed.
-    sasl_oauth_token_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#@]+([/?#]\S*)?$", max_length=2000)
+    # No "@" anywhere: a password holding "/" would end the host early and pass a check of the host alone.
+    sasl_oauth_token_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#@]+([/?#][^\s@]*)?$",
+                                             max_length=2000)
     sasl_oauth_client_id: str | None = None
     sasl_oauth_client_secret: SecretStr | None = None
     sasl_oauth_scope: str | None = None
@@ -199,7 +201,8 @@ class KafkaSettings(_Section):
                 "user": self.sasl_oauth_client_id if self.oauth else self.sasl_username,
                 "mechanism": self.sasl_mechanism}))
         if self._oauth_over_http:
-            choices.append(("kafka_token_endpoint_without_tls", {"token_url": self.sasl_oauth_token_url,
+            shown = shown_url(self.sasl_oauth_token_url or "")  # its query may hold a credential
+            choices.append(("kafka_token_endpoint_without_tls", {"token_url": shown,
                                                                  "client_id": self.sasl_oauth_client_id}))
         if self.security_protocol in (KafkaSecurity.SSL, KafkaSecurity.SASL_SSL) and not self.ssl_check_hostname:
             choices.append(("kafka_host_name_not_checked", {"bootstrap_servers": list(self.bootstrap_servers)}))
@@ -518,9 +521,13 @@ class SchemaRegistrySettings(_Section):
     @field_validator("url")
     @classmethod
     def _no_credentials_in_url(cls, v: str | None) -> str | None:
-        if v is not None and "@" in urllib.parse.urlsplit(v).netloc:
+        # "@" anywhere, not in the host part alone: a password holding "/" ends urlsplit's host early.
+        if v is not None and "@" in v:
             raise ValueError("the url holds a user name or password (user:password@host), which would be logged "
                              "with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD")
+        if v is not None and ("?" in v or "#" in v):
+            raise ValueError("the url is the registry's base, to which countersink adds paths: give it without a "
+                             "query or fragment")
         return v
 
     @model_validator(mode="after")

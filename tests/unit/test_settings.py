@@ -86,18 +86,23 @@ def test_sasl_without_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize("url", ["http://reg:hunter2-reg@127.0.0.1:8081", "https://hunter2-reg@registry/apis?x=1",
-                                 "https://reg:hunter2-reg@registry"])
+                                 "https://reg:hunter2-reg@registry", "https://reg:hunter2/reg@registry/apis"])
 def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     """The registry's URL is logged and shown by serve's /readyz: a user name or password in it is refused,
-    and the refusal does not repeat them; an @ past the host (a path or query) is the URL's own business."""
+    and the refusal does not repeat them. Any @ is refused, past the host too: a password holding "/" ends
+    the host there (https://reg:hunter2/reg@registry). A query has no place in the registry's base URL
+    either (countersink adds paths to it)."""
     monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", url)
     with pytest.raises(ValidationError, match="holds a user name or password") as refused:
         Settings()
     lines = settings_problems(refused.value)
     assert lines == ["COUNTERSINK_SCHEMA_REGISTRY__URL: the url holds a user name or password (user:password@host), "
                      "which would be logged with it: give them as COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD"]
-    monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", "https://registry/apis/@v7?by=a@b")
-    assert Settings().schema_registry.url == "https://registry/apis/@v7?by=a@b"
+    monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", "https://registry/apis?by=x")
+    with pytest.raises(ValidationError, match="without a query or fragment"):
+        Settings()
+    monkeypatch.setenv("COUNTERSINK_SCHEMA_REGISTRY__URL", "https://registry:8081/apis/ccompat/v7")
+    assert Settings().schema_registry.url == "https://registry:8081/apis/ccompat/v7"
 
 
 @pytest.mark.parametrize(("variable", "value", "reason"), [
