@@ -15,7 +15,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -587,6 +596,7 @@ class Settings(BaseSettings):
     log_level: str = Field(default="INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     # https://no-color.org: the cross-tool NO_COLOR variable (no prefix); set and not empty, console logs are plain.
     no_color_variable: str = Field(default="", validation_alias="NO_COLOR", max_length=1000)
+    _env_paths: list[Path] = PrivateAttr(default_factory=list)  # the .env files read
 
     def __init__(self, **values: Any) -> None:
         # A misspelt variable would otherwise fall back to its default in silence: refuse it, as a bad value is.
@@ -606,15 +616,38 @@ class Settings(BaseSettings):
                 InitErrorDetails(type=PydanticCustomError(kind, problem), loc=(where,), input=None)
                 for kind, where, problem in problems])
         super().__init__(**values)
+        self._env_paths = _env_files(env_file)
 
     @property
     def no_color(self) -> bool:
         return bool(self.no_color_variable)
 
     def insecure_choices(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every security the Kafka and Cassandra settings give up, each a WARNING log event and its fields:
-        credentials sent without TLS (allowed by ``allow_insecure``), a certificate or host name unchecked."""
-        return [*self.kafka.insecure_choices(), *self.cassandra.insecure_choices()]
+        """Every security the settings give up, each a WARNING log event and its fields: credentials sent
+        without TLS (allowed by ``allow_insecure``), a certificate or host name unchecked, a file of secrets
+        that other users may read."""
+        return [*self.kafka.insecure_choices(), *self.cassandra.insecure_choices(), *self._readable_secrets()]
+
+    def _readable_secrets(self) -> list[tuple[str, dict[str, Any]]]:
+        # Warned of, not refused (as a .env others may write is): the process still runs as configured, but
+        # anyone on the host who reads the file holds what it guards. A Kubernetes Secret mounted as a file is
+        # 0644 unless its volume's defaultMode says otherwise.
+        files = [(".env", path) for path in self._env_paths if _holds_secrets(path)]
+        files += [(f"{PREFIX}{section.upper()}__{name.upper()}", path) for section, name, path in (
+            ("kafka", "ssl_keyfile", self.kafka.ssl_keyfile),
+            ("cassandra", "ssl_private_key", self.cassandra.ssl_private_key),
+            ("serve", "tls_key", self.serve.tls_key), ("serve", "tokens_file", self.serve.tokens_file),
+            ("serve", "admin_tokens_file", self.serve.admin_tokens_file)) if path is not None]
+        choices = []
+        for setting, path in files:
+            try:
+                mode = Path(path).stat().st_mode
+            except OSError:
+                continue  # not there: the setting's own check says so
+            if mode & 0o044:
+                choices.append(("secret_file_readable_by_others", {
+                    "setting": setting, "path": str(path), "mode": f"{mode & 0o777:o}", "fix": f"chmod go-r {path}"}))
+        return choices
 
     # Names of levels and formats are accepted in any case: COUNTERSINK_LOG_LEVEL=debug.
     _level_upper = field_validator("log_level", mode="before")(_upper)
@@ -700,6 +733,17 @@ def untrusted_env_files(files: Iterable[Path]) -> list[tuple[str, str]]:
             problems.append((str(path), f"may be written by other users (mode "
                                                  f"{status.st_mode & 0o777:o}); chmod go-w {path}"))
     return problems
+
+
+# Settings whose values are secrets: a .env holding one of them is a file of secrets.
+_SECRET_NAMES = ("PASSWORD", "SECRET", "TOKENS")
+
+
+def _holds_secrets(path: Path) -> bool:
+    from dotenv import dotenv_values
+
+    return any(value and any(word in name.upper() for word in _SECRET_NAMES)
+               for name, value in dotenv_values(path).items())
 
 
 def _dotenv_names(env_file: Any) -> list[str]:

@@ -128,3 +128,28 @@ def test_a_command_refuses_to_start_or_warns_at_start() -> None:
                                                                            "warning")]
     assert allowed.returncode == 1  # nothing listens there
     assert "pw-of-cassandra" not in allowed.stderr + refused.stderr
+
+
+def test_a_file_of_secrets_other_users_may_read_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .env holding a secret, a key or a tokens file that group or others may read is a WARNING naming the
+    setting, the file, its mode and the fix (never the secret); 0600 files and a .env without secrets are not."""
+    env_file, tokens, key = tmp_path / ".env", tmp_path / "tokens", tmp_path / "serve-key.pem"
+    env_file.write_text("COUNTERSINK_CASSANDRA__USERNAME=app\nCOUNTERSINK_CASSANDRA__PASSWORD=pw-of-cassandra\n")
+    tokens.write_text("a-token-of-sixteen-chars-or-more\n")
+    key.write_text("not parsed here\n")
+    for path, mode in ((env_file, 0o640), (tokens, 0o604), (key, 0o600)):
+        path.chmod(mode)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COUNTERSINK_CASSANDRA__ALLOW_INSECURE", "true")
+    monkeypatch.setenv("COUNTERSINK_SERVE__TOKENS_FILE", str(tokens))
+    monkeypatch.setenv("COUNTERSINK_SERVE__TLS_KEY", str(key))
+    monkeypatch.setenv("COUNTERSINK_SERVE__TLS_CERT", str(key))
+    readable = [fields for event, fields in Settings().insecure_choices() if event == "secret_file_readable_by_others"]
+    assert readable == [
+        {"setting": ".env", "path": ".env", "mode": "640", "fix": "chmod go-r .env"},
+        {"setting": "COUNTERSINK_SERVE__TOKENS_FILE", "path": str(tokens), "mode": "604",
+         "fix": f"chmod go-r {tokens}"}]
+    assert "pw-of" not in repr(readable)
+    env_file.write_text("COUNTERSINK_LOG_LEVEL=INFO\n")  # no secret in it: its mode is its own business
+    tokens.chmod(0o600)
+    assert [event for event, _ in Settings().insecure_choices() if event == "secret_file_readable_by_others"] == []
