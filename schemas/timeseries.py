@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import math
 import re
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -243,7 +244,8 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
         shape = " | ".join(names) if names else "the empty text"
         hint = ""
         if len(definition.key) == 1 and definition.bucket is None:
-            hint = f": {doing} {encode_instance_key(['|'.join(fields)])!r} for one field holding a |"
+            # Quoted as a shell takes it (repr() doubled the backslash: the key it named was refused again).
+            hint = f": {doing} {shlex.quote(encode_instance_key(['|'.join(fields)]))} for one field holding a |"
         return (f"counter {definition.name!r} has instance keys of {len(names) or 1} field"
                 f"{'s' if len(names) > 1 else ''} ({shape}), not {key!r} ({len(fields)}): a | inside a field is "
                 f"written \\|{hint}")
