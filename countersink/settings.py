@@ -280,7 +280,8 @@ class CassandraSettings(_Section):
     @classmethod
     def _hosts(cls, points: list[str]) -> list[str]:
         for at, point in enumerate(points, 1):
-            if not _HOST.fullmatch(point) and not _BARE_IPV6.fullmatch(point):
+            # An IPv6 address holds two colons at least: one alone is a port (127.0.0.1:9042).
+            if not _HOST.fullmatch(point) and not (_BARE_IPV6.fullmatch(point) and point.count(":") >= 2):
                 raise ValueError(f"contact point {at} of {len(points)} is not a host name or an address (no port, "
                                  "user or password: the port is COUNTERSINK_CASSANDRA__PORT)")
         return points

@@ -125,6 +125,8 @@ def test_a_registry_url_with_credentials_is_refused_without_them(monkeypatch: py
     # Credentials written into an address: refused, and never echoed (an error naming the server quoted them).
     ("COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS", "user:hunter2@kafka-1:9092", "no user or password"),
     ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "c1,user:hunter2@c2", "contact point 2 of 2 is not a host name"),
+    # A port, which the driver would have joined to COUNTERSINK_CASSANDRA__PORT's (127.0.0.1:9042:9042).
+    ("COUNTERSINK_CASSANDRA__CONTACT_POINTS", "127.0.0.1:9042", "the port is COUNTERSINK_CASSANDRA__PORT"),
 ])
 def test_numbers_past_any_use_and_empty_server_lists_are_refused_at_start(
         monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str) -> None:
