@@ -170,6 +170,7 @@ class ConsumerService:
             await gc_age()
 
         self.waiting_for_topics: list[str] = []
+        self.waiting_for_server = ""  # Cassandra or Kafka while the start waits for it to answer
         self.refused_counters: set[str] = set()  # dropped from the registry since the start: never written
         # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
         # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
@@ -203,12 +204,17 @@ class ConsumerService:
         if self._started:
             return
         timeout_s = self.config.startup_timeout_s
+        if self.config.health_port:
+            # Before anything is waited for, so that /readyz says what (a probe finding the port closed cannot
+            # tell a process waiting for its servers from one that is gone).
+            await self.health.start()
+        self.waiting_for_server = "Cassandra"
         await wait_until_reachable("cassandra", self._prepare_cassandra, timeout_s=timeout_s, stop=self._stopping)
+        self.waiting_for_server = "Kafka"
         await wait_until_reachable("kafka", functools.partial(
             ensure_topics, self.settings.kafka, {self.config.dead_letter_topic: self.config.dead_letter_partitions},
             replication=self.config.dead_letter_replication_factor), timeout_s=timeout_s, stop=self._stopping)
-        if self.config.health_port:
-            await self.health.start()  # before the topics are waited for, so that /readyz can say so
+        self.waiting_for_server = ""
         await self._wait_for_topics()
         # Refused before the group is joined (not retriable): CompactedTopicError names the topics and counters.
         policies: dict[str, str] = {}
@@ -263,6 +269,8 @@ class ConsumerService:
             return f"a rebalance callback failed, exiting: {self.rebalance_error!r}"
         if self.refused:
             return f"topics refused: {', '.join(sorted({tp.topic for tp in self.refused}))} (compacted)"
+        if self.waiting_for_server:
+            return f"waiting for {self.waiting_for_server} to answer"
         if self.schema_wait is not None:
             return f"waiting for the schema registry: {self.schema_wait}"
         if self.waiting_for_topics:

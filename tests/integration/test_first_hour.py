@@ -134,13 +134,15 @@ async def test_a_consumer_waits_unready_for_missing_topics_then_counts(
     process = spawn([sys.executable, "-m", "countersink.cli", "consume", "--counters", str(counters)], env, log)
     try:
         deadline = time.monotonic() + 60
-        # "not ready: starting" until it has asked the broker for its topics.
+        # Waiting for its servers to answer until it has asked the broker for its topics.
         waiting = (503, f"not ready: waiting for topics: {topic}")
         while True:
             status, body = await asyncio.to_thread(readyz, port)
             if (status, body.strip()) == waiting:
                 break
-            assert (status, body) in ((0, ""), (503, "not ready: starting\n")), (status, body)  # 0: not listening
+            before = ((0, ""), (503, "not ready: waiting for Cassandra to answer\n"),
+                      (503, "not ready: waiting for Kafka to answer\n"))
+            assert (status, body) in before, (status, body)  # 0: not listening yet
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, f"{status} {body}\n{log.read_text()}"
             await asyncio.sleep(0.3)

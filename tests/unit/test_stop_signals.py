@@ -143,6 +143,43 @@ def test_a_consumer_waiting_for_servers_that_are_down_stops_at_once_on_sigterm(t
     assert "consumer_stopped_before_start" in output
 
 
+def test_a_consumer_waiting_for_its_servers_answers_readyz_saying_so(tmp_path: Path) -> None:
+    """While the start waits for Cassandra (up to startup_timeout_s), the health port is open and /readyz answers
+    503 naming what it waits for (a closed port looked like a process that is gone); a SIGTERM still ends the
+    wait with exit 0."""
+    import os
+    import time
+    import urllib.error
+    import urllib.request
+
+    from stack.servers import free_port
+
+    port = free_port()
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-c", RUN_CLI, "consume", "--counters", str(_counters(tmp_path))],
+                                   cwd=REPO, env={**os.environ, **DOWN, "COUNTERSINK_CONSUMER__HEALTH_PORT": str(port)},
+                                   stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline, answer = time.monotonic() + 60, None
+        while answer != (503, "not ready: waiting for Cassandra to answer\n"):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, (answer, log.read_text())
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+                    answer = (response.status, response.read().decode())
+            except urllib.error.HTTPError as refused:
+                answer = (refused.code, refused.read().decode())
+            except OSError:
+                time.sleep(0.1)  # not listening yet
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_serve_waiting_for_cassandra_stops_at_once_on_sigterm(tmp_path: Path) -> None:
     """``serve`` started while Cassandra is down waits for it (no traceback, no exit 1) and stops at once on a
     SIGTERM."""
