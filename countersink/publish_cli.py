@@ -302,7 +302,7 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
     finally:
         progress.close()
         await producer.stop()
-    print(f"published {acks.count} records to {topic}")
+    print(f"published {acks.count} record{'' if acks.count == 1 else 's'} to {topic}")
     return 0
 
 

@@ -116,7 +116,8 @@ def _render(value: object) -> str:
             for item in value.items)
         return f"{items or '(none)'} (of {value.total_weight})"
     if isinstance(value, MomentsValue):
-        return (f"mean {value.mean}, stddev {value.stddev}, variance {value.variance} ({value.count} values)"
+        values = f"{value.count} value{'' if value.count == 1 else 's'}"
+        return (f"mean {value.mean}, stddev {value.stddev}, variance {value.variance} ({values})"
                 if value.count else "(nothing counted)")
     plain = to_jsonable(value)
     return json.dumps(plain) if isinstance(plain, dict | list) else str(plain)

@@ -107,9 +107,10 @@ async def create_topics(settings: Settings, topics: list[str], partitions: int, 
         await admin.close()
     for topic in topics:
         if topic in missing:
-            print(f"created {topic} ({partitions} partitions)")
+            print(f"created {topic} ({partitions} partition{'' if partitions == 1 else 's'})")
         else:
-            print(f"exists  {topic} ({described.get(topic, '?')} partitions)")
+            count = described.get(topic, "?")
+            print(f"exists  {topic} ({count} partition{'' if count == 1 else 's'})")
     if counters is None or not plain:
         return 0
     try:
