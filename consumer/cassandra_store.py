@@ -277,6 +277,13 @@ class CassandraStore:
         await self._lwt("UPDATE mutators SET start_offset = ?, counters = ? WHERE id = ? IF EXISTS",
                         [start_offset, sorted(counters), mutator])
 
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
+        # At the replay's level: it decides where a counter is counted from (consumer.ownership).
+        rows = as_dicts(await self.client.execute("SELECT counters FROM mutators WHERE id = ?", [mutator],
+                                                  consistency=self.read_cl))
+        # An empty set is stored as null: it reads as "recorded none", which takes nothing for granted.
+        return None if not rows or not rows[0]["counters"] else frozenset(rows[0]["counters"])
+
     async def read_gc_cutoff(self) -> int:
         # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the
         # cutoff (at a quorum at least: gc_worker.store) as the GC's read of the registry meets the registration.

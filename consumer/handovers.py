@@ -52,10 +52,11 @@ class HandoverRefusedError(CountersinkError):
         self.topic, self.partition, self.counters = topic, partition, tuple(counters)
         names = ", ".join(self.counters)
         drops = " and ".join(f"countersink drop {name}" for name in self.counters)
-        self.line = (f"{topic}/{partition} is counted for {names} (a hand-over is recorded), which this process's "
-                     f"definitions lack: its records there would be lost for {names}. Run it with the definitions "
-                     f"that have {names} (a rolling restart not done yet), or, to stop counting it, drop it first "
-                     f"({drops}: its values are deleted)")
+        self.line = (f"{topic}/{partition} is counted for {names} (a hand-over is recorded), which this process "
+                     f"does not count (its definitions lack it, or it was dropped since the process started): its "
+                     f"records there would be lost for {names}. Run it with the definitions that have {names} (a "
+                     f"rolling restart not done yet), or, to stop counting it, drop it first ({drops}: its values "
+                     "are deleted)")
         super().__init__(self.line)
 
 

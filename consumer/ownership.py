@@ -20,7 +20,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -140,6 +140,14 @@ class Ownership:
                        for topic in {t for c in counters for t in c.topics}}
         self._starts: dict[TopicPartition, dict[str, int]] = {}
         self._defined = frozenset(c.name for c in counters)
+        # Counters dropped from the registry since the start (the service adds them as it finds them): this
+        # process writes none of them, so it counts none of them. Each is a counter it lacks: it records no
+        # hand-over of one, and a hand-over of one defined anew under that name (once the drop is forgotten)
+        # makes it refuse the partition, as for a counter its definitions never had.
+        self.dropped: set[str] = set()
+        # When each counter was recorded in the counter registry (epoch microseconds), set once the process has
+        # registered its definitions: a mutator born before a counter was recorded never counted it.
+        self.registered_us: dict[str, int] = {}
         # Set when a claimed partition holds a hand-over of a counter these definitions lack: the process must
         # exit (the loop raises it); nothing was applied or written for that partition.
         self.refusal: HandoverRefusedError | None = None
@@ -230,8 +238,24 @@ class Ownership:
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
 
+    async def _replayed_for(self, tp: TopicPartition, claimed: Claim, counters: Sequence[str]) -> frozenset[str]:
+        """Those of ``counters`` (without ``since``) that the window this takeover replays counts: the ones its
+        writer W counted. The replay rewrites W's shards, at W's timestamps; for a counter W counted, what it adds
+        is what W would have written, so the counter is counted from the window's start (a counter counted
+        before hand-overs were recorded is then counted on without a gap). A counter W did not count (born before
+        the counter was recorded, or running definitions without it) is counted from the start offset: written
+        into W's shards it would be new bytes at W's timestamps, which a GC fold of W (retired, its window
+        replayed again) or a drop of the name before it was defined anew hides."""
+        window = None if claimed.row is None else claimed.row.window_to_replay
+        if window is None or not counters or claimed.counted_from >= claimed.start_offset:
+            return frozenset(counters)  # nothing is replayed: counted from the start offset either way
+        writer, writer_born_us = window
+        counted = await self.retry("writer_counters", tp, functools.partial(self.store.read_counted, writer))
+        return frozenset(name for name in counters if writer_born_us > self.registered_us.get(name, -1)
+                         and (counted is None or name in counted))
+
     def _counting(self, topic: str) -> list[str]:
-        return [c.name for c in self.counters.for_topic(topic)]
+        return [c.name for c in self.counters.for_topic(topic) if c.name not in self.dropped]
 
     async def _claim(self, tp: TopicPartition, from_owner: uuid.UUID | None) -> Claim:
         """Claim ``tp`` for a fresh mutator, retrying while the servers are away. Each attempt goes on with the
@@ -276,7 +300,7 @@ class Ownership:
         # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
         # records from the hand-over on (consumer.handovers).
         foreign = await self.retry("handovers", tp, functools.partial(
-            self.handovers.foreign, self.config.group_id, tp.topic, tp.partition, self._defined))
+            self.handovers.foreign, self.config.group_id, tp.topic, tp.partition, self._defined - self.dropped))
         if foreign:
             self.refuse(tp, mutator, HandoverRefusedError(tp.topic, tp.partition, foreign))
             return
@@ -288,7 +312,9 @@ class Ownership:
             # refuses the partition. A counter with ``since`` is counted below its hand-over by its backfill, so
             # it is where this mutator starts; another is counted from the window this takeover replays.
             since = self._since.get(tp.topic, frozenset())
-            proposals = {name: claimed.start_offset if name in since else claimed.counted_from for name in counting}
+            replayed_for = await self._replayed_for(tp, claimed, [name for name in counting if name not in since])
+            proposals = {name: claimed.counted_from if name in replayed_for else claimed.start_offset
+                         for name in counting}
             try:
                 starts = await self.retry("handover", tp, functools.partial(
                     learn_handovers, self.handovers, self.store, mutator.pid, proposals, mutator.id))

@@ -297,7 +297,8 @@ class ConsumerService:
         await self.cassandra.ensure_schema()
         # Before anything is counted: a changed meaning under a recorded name is refused (not retriable).
         # One group per keyspace: a counter recorded for another group is refused too.
-        await self.registry.register(self.counters, self.host, self.config.group_id)
+        # When each counter was recorded decides where a takeover counts one it adds (consumer.ownership).
+        self.ownership.registered_us = await self.registry.register(self.counters, self.host, self.config.group_id)
         self._registry_checked_at = time.monotonic()
 
     def request_stop(self) -> None:
@@ -421,6 +422,7 @@ class ConsumerService:
                       action="no longer written; the other counters go on. Remove it from the definitions file "
                       "before the next start, which refuses it")
         self.refused_counters.update(refused)
+        self.ownership.dropped.update(refused)  # its claims from now on: neither counted nor handed over
         if refused and isinstance(self.store, CassandraStore):
             self.store.refused.update(refused)
         self._registry_checked_at = started  # the read began after this: as old as the look may be

@@ -123,6 +123,11 @@ class Store(Protocol):
         which mutator applied a record, and whether that one counted a counter (added since, or not)."""
         ...
 
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
+        """The counters ``mutator`` recorded it counts (:meth:`record_start`); None when it recorded none (a
+        version before they were recorded, or a record that failed): it may have counted any."""
+        ...
+
     async def read_gc_cutoff(self) -> int:
         """The highest cutoff a GC run recorded before it read the registry (-1 when none did): a mutator
         registered now but born at or below it may have rows a run already takes for a final mutator's."""

@@ -44,7 +44,7 @@ class CounterRegistry:
         self._table_exists = False
 
     async def register(self, counters: CounterSet, registered_by: str, group: str | None = None,
-                       backfill: Collection[str] = ()) -> None:
+                       backfill: Collection[str] = ()) -> dict[str, int]:
         """Record each counter not recorded yet, with ``group`` (the consumer group counting it). Raises,
         nothing being overwritten: :class:`CounterDroppedError` naming every counter dropped; else
         :class:`DefinitionChangedError` naming every counter whose recorded meaning differs; else
@@ -52,23 +52,29 @@ class CounterRegistry:
 
         ``group`` None checks no group (a tool recording definitions, not counting them). ``backfill`` names
         counters this process counts as a declared backfill, a second reader of the log that hands over to the
-        recorded group at an offset: their group may differ, and is not adopted."""
+        recorded group at an offset: their group may differ, and is not adopted.
+
+        Returns when each counter was recorded (epoch microseconds: now, or by whoever recorded it first)."""
         # Looked at first, recorded after: a consumer refused for one counter records none of its new ones (they
         # would stay recorded for a group that never counted them).
         await self._judge(counters, group, backfill, {d.name: await self.record(d.name) for d in counters},
                           adopt=False)
         answers: dict[str, dict[str, Any] | None] = {}
+        registered: dict[str, int] = {}
         formats = {d.name: None if d.name in backfill else registry.formats_record(counters, d) for d in counters}
         for definition in counters:
+            now_us = time.time_ns() // 1000
             result = await self.client.execute(
                 "INSERT INTO counters (name, kind, fingerprint, definition, registered_us, registered_by, "
                 "consumer_group, topic_formats) VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
                 [definition.name, definition.kind, registry.fingerprint(definition), registry.to_record(definition),
-                 time.time_ns() // 1000, registered_by, None if definition.name in backfill else group,
-                 formats[definition.name]],
+                 now_us, registered_by, None if definition.name in backfill else group, formats[definition.name]],
                 idempotent=False)  # a conditional write is never retried blindly by the driver
             rows = as_dicts(result)
             answers[definition.name] = None if not rows or rows[0].get("[applied]") else rows[0]
+            found = answers[definition.name]
+            registered[definition.name] = now_us if found is None or found.get("registered_us") is None else int(
+                found["registered_us"])
         # Again with what each insert found: a consumer starting at the same moment may have recorded first.
         await self._judge(counters, group, backfill, answers, adopt=True)
         # The topics' formats as this consumer decodes them, over a record made before formats were recorded or
@@ -78,6 +84,7 @@ class CounterRegistry:
             if row is not None and formats[name] is not None and row.get("topic_formats") != formats[name]:
                 await self.client.execute("UPDATE counters SET topic_formats = ? WHERE name = ? IF EXISTS",
                                           [formats[name], name], idempotent=False)
+        return registered
 
     async def check(self, counters: CounterSet) -> None:
         """Raise as :meth:`register` does for counters of ``counters`` dropped, or recorded with another meaning;

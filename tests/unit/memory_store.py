@@ -363,6 +363,10 @@ class MemoryStore:
         self.recorded_starts[mutator] = start_offset
         self.recorded_counters[mutator] = counters
 
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
+        await self._read("read_counted", mutator)
+        return self.recorded_counters.get(mutator) or None
+
     # -------------------------------------------------------------------------------- what the GC uses
 
     async def read_registry(self) -> list[RegistryEntry]:
