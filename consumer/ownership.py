@@ -310,7 +310,8 @@ class Ownership:
             # topic has a hand-over here, recorded once (proposed by the first that gets here, confirmed while
             # it still owns the partition), from which the live mutators count it, so that a consumer without it
             # refuses the partition. A counter with ``since`` is counted below its hand-over by its backfill, so
-            # it is where this mutator starts; another is counted from the window this takeover replays.
+            # it is where this mutator starts; another is counted from the window this takeover replays when that
+            # window's writer counted it (_replayed_for), else from where this mutator starts.
             since = self._since.get(tp.topic, frozenset())
             replayed_for = await self._replayed_for(tp, claimed, [name for name in counting if name not in since])
             proposals = {name: claimed.counted_from if name in replayed_for else claimed.start_offset
