@@ -14,7 +14,7 @@ from pathlib import Path
 
 from consumer.dead_letters import DeadLetterLoopError
 from consumer.handovers import HandoverRefusedError
-from consumer.service import ConsumerService, RebalanceFailedError
+from consumer.service import ConsumerService, CounterRedefinedError, RebalanceFailedError
 from countersink.cli import load_definitions_or_refuse, run_async, setting_default, stop_on_signals
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
@@ -108,8 +108,15 @@ async def consume(settings: Settings, counters: object) -> int:
             raise
         tune_garbage_collector()
         code = 0
+        last_flush = True
         try:
             await service.run()
+        except CounterRedefinedError as exc:
+            # Its partitions are left as after a crash: a last flush would move past records without the new
+            # counter. Their next owners replay what it applied since its last flush, with the new definitions.
+            log.error("counter_redefined", error=str(exc),
+                      action="exiting without a last flush: its partitions are taken over as after a crash")
+            code, last_flush = 2, False
         except RebalanceFailedError:
             code = 1  # rebalance_failed says why
         except HandoverRefusedError as exc:
@@ -120,7 +127,8 @@ async def consume(settings: Settings, counters: object) -> int:
             code = 2
         finally:
             try:
-                await asyncio.wait_for(service.stop(), settings.consumer.shutdown_timeout_s)
+                await asyncio.wait_for(service.stop() if last_flush else service.close(),
+                                       settings.consumer.shutdown_timeout_s)
             except TimeoutError:
                 log.error("shutdown_timed_out", seconds=settings.consumer.shutdown_timeout_s)
                 return 1

@@ -239,20 +239,25 @@ class Ownership:
         return mutator
 
     async def _replayed_for(self, tp: TopicPartition, claimed: Claim, counters: Sequence[str]) -> frozenset[str]:
-        """Those of ``counters`` (without ``since``) that the window this takeover replays counts: the ones its
-        writer W counted. The replay rewrites W's shards, at W's timestamps; for a counter W counted, what it adds
-        is what W would have written, so the counter is counted from the window's start (a counter counted
-        before hand-overs were recorded is then counted on without a gap). A counter W did not count (born before
-        the counter was recorded, or running definitions without it) is counted from the start offset: written
-        into W's shards it would be new bytes at W's timestamps, which a GC fold of W (retired, its window
-        replayed again) or a drop of the name before it was defined anew hides."""
+        """Those of ``counters`` (without ``since``, none with a confirmed hand-over yet) that the window this
+        takeover replays counts: the ones its writer W counted. The replay rewrites W's shards, at W's
+        timestamps; for a counter W counted, what it adds is what W would have written, so the counter is
+        counted from the window's start (a counter counted before hand-overs were recorded is then counted on
+        without a gap). A counter W did not count is counted from the start offset: written into W's shards it
+        would be new bytes at W's timestamps, which a GC fold of W (retired, its window replayed again) or the
+        drop of an earlier counter of that name hides. W did not count a counter its recorded counters lack, nor
+        one recorded in the registry after W was born (W counted an earlier counter of that name, dropped and
+        released since: a process registers its counters before any of its mutators is born). W that recorded
+        none (a version before they were recorded, or a record that failed) may have counted any."""
         window = None if claimed.row is None else claimed.row.window_to_replay
         if window is None or not counters or claimed.counted_from >= claimed.start_offset:
             return frozenset(counters)  # nothing is replayed: counted from the start offset either way
         writer, writer_born_us = window
         counted = await self.retry("writer_counters", tp, functools.partial(self.store.read_counted, writer))
-        return frozenset(name for name in counters if writer_born_us > self.registered_us.get(name, -1)
-                         and (counted is None or name in counted))
+        if counted is None:
+            return frozenset(counters)
+        return frozenset(name for name in counters
+                         if name in counted and writer_born_us > self.registered_us.get(name, -1))
 
     def _counting(self, topic: str) -> list[str]:
         return [c.name for c in self.counters.for_topic(topic) if c.name not in self.dropped]

@@ -49,7 +49,7 @@ from countersink.kafka import (
 )
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.registry import CounterRegistry
+from countersink.registry import REDEFINED, CounterRegistry
 from countersink.resets import CassandraResets
 from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError, schema_cache
@@ -61,6 +61,13 @@ from schemas.errors import CompactedTopicError, CountersinkError
 from schemas.events import EventRouter
 
 log = get_logger(__name__)
+
+
+class CounterRedefinedError(CountersinkError):
+    """Raised when a counter this process counts was dropped and defined again while it did not look (frozen
+    through the drop, its release and the new definition): it holds partitions where the new counter is counted,
+    and any flush of them would move past records without it. It exits without a last flush (the next owners
+    replay what it applied since its last one, with the new definitions)."""
 
 
 class RebalanceFailedError(CountersinkError):
@@ -172,6 +179,7 @@ class ConsumerService:
         self.waiting_for_topics: list[str] = []
         self.waiting_for_server = ""  # Cassandra or Kafka while the start waits for it to answer
         self.refused_counters: set[str] = set()  # dropped from the registry since the start: never written
+        self.redefined: CounterRedefinedError | None = None  # set by a registry look: the loop raises it
         # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
         # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
         self.refused: dict[TopicPartition, str] = {}
@@ -327,6 +335,8 @@ class ConsumerService:
         while not self._stopping.is_set():
             if self.ownership.refusal is not None:
                 raise self.ownership.refusal  # exit 2: a partition is counted for a counter these definitions lack
+            if self.redefined is not None:
+                raise self.redefined  # exit 2, with no last flush
             if self.rebalance_error is not None:
                 raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
                     self.rebalance_error)
@@ -407,7 +417,7 @@ class ConsumerService:
         started = time.monotonic()
         counted = [c.name for c in self.counters if c.name not in self.refused_counters]
         try:
-            refused = await self.registry.refused(counted)
+            refused = await self.registry.refused(counted, self.ownership.registered_us)
         except Exception as exc:
             if not self._registry_check_failed:
                 log.warning("registry_check_failed", error=str(exc) or type(exc).__name__,
@@ -417,14 +427,20 @@ class ConsumerService:
         if self._registry_check_failed:
             log.info("registry_check_recovered")
         self._registry_check_failed = False
+        redefined = {name: why for name, why in refused.items() if REDEFINED in why}
         for name, why in refused.items():
-            log.error("counter_dropped", counter=name, error=why,
-                      action="no longer written; the other counters go on. Remove it from the definitions file "
-                      "before the next start, which refuses it")
+            if name not in redefined:
+                log.error("counter_dropped", counter=name, error=why,
+                          action="no longer written; the other counters go on. Remove it from the definitions file "
+                          "before the next start, which refuses it")
         self.refused_counters.update(refused)
         self.ownership.dropped.update(refused)  # its claims from now on: neither counted nor handed over
         if refused and isinstance(self.store, CassandraStore):
             self.store.refused.update(refused)
+        if redefined:
+            # No flush starts on this look (the registry is not taken as read): the loop exits at once.
+            self.redefined = CounterRedefinedError("; ".join(redefined.values()))
+            return
         self._registry_checked_at = started  # the read began after this: as old as the look may be
 
     async def _check_for_lost_records(self, tp: TopicPartition, mutator: Mutator) -> bool:

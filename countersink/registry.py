@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from countersink.cassandra import CassandraClient, as_dicts
@@ -73,8 +73,10 @@ class CounterRegistry:
             rows = as_dicts(result)
             answers[definition.name] = None if not rows or rows[0].get("[applied]") else rows[0]
             found = answers[definition.name]
-            registered[definition.name] = now_us if found is None or found.get("registered_us") is None else int(
-                found["registered_us"])
+            if found is None:
+                registered[definition.name] = now_us
+            elif found.get("registered_us") is not None:  # a record older than its time: left out
+                registered[definition.name] = int(found["registered_us"])
         # Again with what each insert found: a consumer starting at the same moment may have recorded first.
         await self._judge(counters, group, backfill, answers, adopt=True)
         # The topics' formats as this consumer decodes them, over a record made before formats were recorded or
@@ -179,11 +181,15 @@ class CounterRegistry:
         rows = as_dicts(await self.client.execute("SELECT * FROM counters", consistency=self.consistency))
         return {row["name"]: row.get("consumer_group") for row in rows if row.get("dropped_us") is None}
 
-    async def refused(self, names: Iterable[str]) -> dict[str, str]:
-        """Of ``names``, the counters a consumer must stop writing, each with why: dropped, or no longer in
-        the registry at all (a drop released since). One read of the whole registry (a row per counter)."""
+    async def refused(self, names: Iterable[str], registered_us: Mapping[str, int] | None = None
+                      ) -> dict[str, str]:
+        """Of ``names``, the counters a consumer must stop writing, each with why: dropped, no longer in the
+        registry at all (a drop released since), or recorded again since ``registered_us`` (when each was
+        recorded as the consumer registered it: dropped, released and defined anew while it did not look, a
+        process frozen through it all). One read of the whole registry (a row per counter)."""
         rows = {row["name"]: row for row in as_dicts(await self.client.execute(
-            "SELECT name, kind, dropped_us, dropped_by FROM counters", consistency=self.consistency))}
+            "SELECT name, kind, dropped_us, dropped_by, registered_us, registered_by FROM counters",
+            consistency=self.consistency))}
         why: dict[str, str] = {}
         for name in names:
             row = rows.get(name)
@@ -191,6 +197,9 @@ class CounterRegistry:
                 why[name] = f"counter {name!r} is no longer in the counter registry (dropped, and released since)"
             elif row.get("dropped_us") is not None:
                 why[name] = dropped_reason(self.client.keyspace, name, row)
+            elif (registered_us is not None and name in registered_us and row.get("registered_us") is not None
+                  and int(row["registered_us"]) != registered_us[name]):
+                why[name] = redefined_reason(name, row)
         return why
 
     async def counters(self) -> CounterSet | None:
@@ -255,6 +264,17 @@ def dropped_reason(keyspace: str, name: str, row: dict[str, Any]) -> str:
     return (f"counter {name!r} was dropped from keyspace {keyspace!r} at {_instant(int(row['dropped_us']))} by "
             f"{row.get('dropped_by')}: remove it from the definitions file. A new definition under this name needs "
             f"the drop released first (countersink drop {name} --yes --forget)")
+
+
+# The start of :func:`redefined_reason`: a consumer exits on it rather than counting on (consumer.service).
+REDEFINED = "was dropped and defined again"
+
+
+def redefined_reason(name: str, row: dict[str, Any]) -> str:
+    """Why a counter recorded again since a consumer registered it is refused, and what to do."""
+    return (f"counter {name!r} {REDEFINED} (recorded anew at {_instant(int(row['registered_us']))} by "
+            f"{row.get('registered_by')}) since this process started, which did not see it: restart the process "
+            "with the definitions file in force")
 
 
 def group_reason(keyspace: str, group: str, other_groups: dict[str, list[str]]) -> str:

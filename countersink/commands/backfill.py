@@ -345,14 +345,8 @@ class Backfill:
         definition = self.counters[self.counter]
         async with CassandraClient(self.settings.cassandra, app="countersink-backfill") as client:
             resets = await read_resets(client, self.counter, self.settings.cassandra.replay_read_consistency)
-            epoch = current_epochs(resets).all_keys.get(self.counter, 0)
-            if epoch:
-                reset = next(r for r in resets if r.epoch == epoch)
-                plan = await read_handovers(client, self.group, cell_name(self.counter, epoch))
-                # A plan left by a reprocess that lost its epoch to another reset is not this reset's.
-                if plan and all(h.reset_id in (None, reset.reset_id) for h in plan.values()):
-                    return await self._resume_reprocess(client, reset, plan, wait_s)
-            # The epoch a reprocess stopped before its reset would have taken (per-key resets take epochs too).
+            # First the epoch a reprocess stopped before its reset would have taken (per-key resets take epochs
+            # too): said whatever else is resumed (an earlier reprocess, finished or not, is the current epoch's).
             planned = max((r.epoch for r in resets), default=0) + 1
             stopped = await read_handovers(client, self.group, cell_name(self.counter, planned))
             if stopped:
@@ -365,6 +359,13 @@ class Backfill:
                     log.error("backfill_refused", counter=self.counter, error=why)
                     return EXIT_USAGE
                 log.warning("reprocess_not_started", counter=self.counter, error=why)
+            epoch = current_epochs(resets).all_keys.get(self.counter, 0)
+            if epoch:
+                reset = next(r for r in resets if r.epoch == epoch)
+                plan = await read_handovers(client, self.group, cell_name(self.counter, epoch))
+                # A plan left by a reprocess that lost its epoch to another reset is not this reset's.
+                if plan and all(h.reset_id in (None, reset.reset_id) for h in plan.values()):
+                    return await self._resume_reprocess(client, reset, plan, wait_s)
             if definition.since is None:
                 log.error("usage_refused", error=f"{self.counter!r} has no since in {self.counters.source}: there is "
                           "nothing before its hand-over to count (countersink reprocess counts again from a time)")

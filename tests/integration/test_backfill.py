@@ -569,3 +569,78 @@ async def test_a_consumer_that_found_a_counter_dropped_refuses_it_once_it_is_def
             event = json.loads(record.value)
             shares[event["symbol"]] = shares.get(event["symbol"], 0) + event["qty"]
     assert await _values(cassandra_settings, "shares_traded", set(shares)) == {s: q for s, q in shares.items() if q}
+
+
+async def test_a_consumer_frozen_through_a_drop_and_a_new_definition_exits_without_counting_it(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """A consumer counting shares_traded is frozen (SIGSTOP) while shares_traded is dropped, forgotten and
+    defined again by another consumer. Resumed, its registry looks had missed it all: it took the name for its
+    own and counted on without writing the new counter, or wrote it with the old meaning. Now its first look
+    sees the name recorded anew since it started: it exits 2 (counter_redefined) without a last flush, and
+    shares_traded equals the records from each partition's hand-over on, read back from the topic."""
+    topic = await topic_factory(partitions=PARTITIONS)
+    group = f"z{os.urandom(4).hex()}"
+    definitions = tmp_path / "counters.toml"
+    definitions.write_text((COUNT + SHARES.replace('since = "earliest"\n', "")).replace("{topic}", topic))
+    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+                                  "registry_check_s": 1.0}
+    batches = [make_events(n, symbols=5, seed=seed)[0] for seed, n in enumerate((400, 300, 300, 200), 81)]
+
+    async def flushed() -> None:
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: PARTITIONS}),
+                                 within_s=120)
+
+    await publish(kafka_settings, topic, batches[0])
+    old_log = tmp_path / "old.log"
+    old = start_consumer(kafka_settings, cassandra_settings, old_log, counters_file=definitions, **options)
+    try:
+        await wait_until_started(old_log, old)
+        await flushed()
+        old.send_signal(signal.SIGSTOP)
+        for forget in ([], ["--forget"]):
+            await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
+                                                      "shares_traded", "--yes", *forget))
+        await publish(kafka_settings, topic, batches[1])
+        new_log = tmp_path / "new.log"
+        new = start_consumer(kafka_settings, cassandra_settings, new_log, counters_file=definitions, **options)
+        try:
+            await wait_until_started(new_log, new)
+            await flushed()
+            old.send_signal(signal.SIGCONT)
+            await publish(kafka_settings, topic, batches[2])
+            assert await asyncio.to_thread(old.wait, 90) == 2, old_log.read_text()[-3000:]
+            await flushed()
+        finally:
+            new.send_signal(signal.SIGTERM)
+            assert new.wait(timeout=60) == 0
+    finally:
+        if old.poll() is None:
+            old.send_signal(signal.SIGCONT)
+            old.kill()
+            old.wait()
+    redefined = [json.loads(line) for line in old_log.read_text().splitlines() if '"counter_redefined"' in line]
+    assert len(redefined) == 1, old_log.read_text()[-3000:]
+    assert "'shares_traded' was dropped and defined again" in redefined[0]["error"], redefined
+
+    await publish(kafka_settings, topic, batches[3])
+    third = start_consumer(kafka_settings, cassandra_settings, tmp_path / "third.log", counters_file=definitions,
+                           **options)
+    try:
+        await wait_until_started(tmp_path / "third.log", third)
+        await flushed()
+    finally:
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=60) == 0
+    async with CassandraClient(cassandra_settings) as client:
+        handovers = await read_handovers(client, group, "shares_traded")
+    records = await read_topic(kafka_settings, topic, sum(len(b) for b in batches))
+    shares: dict[str, int] = {}
+    for record in records:
+        handover = handovers[(topic, record.partition)].offset
+        assert handover is not None
+        if record.offset >= handover:
+            event = json.loads(record.value)
+            shares[event["symbol"]] = shares.get(event["symbol"], 0) + event["qty"]
+    assert await _values(cassandra_settings, "shares_traded", set(shares)) == {s: q for s, q in shares.items() if q}

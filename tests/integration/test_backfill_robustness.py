@@ -166,8 +166,9 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
 ) -> None:
     """shares_traded has since = "earliest". A reprocess before a live consumer recorded its hand-overs waits
     for them and refuses after --wait-s, resetting nothing. Then, with a live consumer running, a reprocess
-    from a time T is stopped after each step of its setup in turn (plan recorded, reset recorded, control
-    records published, their positions recorded, the first partition's end recorded): ``countersink
+    from a time T is stopped after each step of its setup in turn (reset recorded, plan recorded (after the first
+    reprocess finished), control records published, their positions recorded, the first partition's end
+    recorded): ``countersink
     backfill`` resumes it where its plan and the reset's points are recorded (by the reprocess, or by the live
     consumers that met its control records), refuses (exit 2, one line
     naming the reprocess to run again) where the reset is recorded but its points are not, nothing marked
@@ -220,7 +221,8 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
         # Stopped once its control records are published, it is resumed: the live consumers record where they
         # met them (waited for below, so the round does not race their next flush).
         resumed = {"published", "positions", f"end {topic}/0"}
-        for round_, step in enumerate(["planned", "reset", "published", "positions", f"end {topic}/0"], start=1):
+        # "planned" after a finished reprocess too: the current epoch's plan (finished) must not hide it.
+        for round_, step in enumerate(["reset", "planned", "published", "positions", f"end {topic}/0"], start=1):
             events, truth = batches[round_]
             await publish(kafka_settings, topic, events)
             after.qty.update(truth.qty)
