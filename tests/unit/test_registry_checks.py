@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import cast
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from structlog.testing import capture_logs
 
-from consumer.service import ConsumerService
-from countersink.registry import CounterRegistry
+from consumer.service import ConsumerService, CounterRedefinedError
+from countersink.registry import REDEFINED, CounterRegistry
 from countersink.settings import ConsumerSettings, Settings
 from tests.unit.memory_store import MemoryLog, MemoryStore
 from tests.unit.test_protocol_model import COUNTERS, DeadLetterTopic
@@ -25,8 +27,9 @@ class Registry:
         self.answer: dict[str, str] | Exception = {}
         self.asked = 0
 
-    async def refused(self, names: list[str]) -> dict[str, str]:
+    async def refused(self, names: list[str], registered_us: Mapping[str, int] | None = None) -> dict[str, str]:
         self.asked += 1
+        self.registered_us = registered_us
         await asyncio.sleep(0)
         if isinstance(self.answer, Exception):
             raise self.answer
@@ -92,3 +95,24 @@ async def test_a_dropped_counter_is_refused_once_and_an_unreadable_registry_stop
     assert not service._registry_fresh()
     await _settle(service)
     assert service._registry_fresh()
+
+
+async def test_a_counter_recorded_anew_since_the_start_stops_the_consumer_before_any_flush() -> None:
+    """A look that finds a counter recorded again since this process registered it (dropped, released and
+    defined anew while it was frozen) leaves the registry unread for flushes and makes the loop exit
+    (CounterRedefinedError); the look asks with the registration times of the start."""
+    registry = Registry()
+    service = _service(registry)
+    service.ownership.registered_us = {"trades": 5}
+    name = next(iter(COUNTERS)).name
+    registry.answer = {name: f"counter {name!r} {REDEFINED} (recorded anew at ...)"}
+    with capture_logs() as logs:
+        assert not service._registry_fresh()
+        await _settle(service)
+    assert registry.registered_us == {"trades": 5}
+    assert isinstance(service.redefined, CounterRedefinedError)
+    assert not service._registry_fresh()  # no flush starts on that look
+    assert name in service.ownership.dropped
+    assert [entry for entry in logs if entry["event"] == "counter_dropped"] == []
+    with pytest.raises(CounterRedefinedError, match="dropped and defined again"):
+        await service._consume()
