@@ -42,13 +42,16 @@ class Owned:
 async def claim_all(book: CassandraHandovers, counters: int, partitions: int,
                     owners: dict[int, uuid.UUID]) -> tuple[float, list[str]]:
     failures: list[str] = []
-    proposals = {f"c{i}": 100 for i in range(counters)}
+    names = [f"c{i}" for i in range(counters)]
+
+    async def proposals(missing: Sequence[str]) -> dict[str, int]:
+        return dict.fromkeys(missing, 100)
 
     async def claim(partition: int) -> None:
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 await learn_handovers(book, Owned(owners), PartitionId("g", "t", partition),  # type: ignore[arg-type]
-                                      proposals, owners[partition])
+                                      names, proposals, owners[partition])
                 return
             except Exception as exc:
                 failures.append(type(exc).__name__)

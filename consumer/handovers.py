@@ -28,15 +28,16 @@ the claims: a mutator *proposes* its start (INSERT ... IF NOT EXISTS), then read
 may have looked before the proposal landed; the mutator is then fenced (it writes nothing) and its proposal
 stays unconfirmed, to be superseded by the next mutator with the counter, which counts it from past everything
 the claimant in between flushed (a counter without ``since`` from the start of the window that claimant left
-open, which it replays with the counter). A claim after the confirming read looks after the proposal, and sees
-it. Only a confirmed H is counted from, by the live mutators and by the backfill.
+open, when that claimant counted it, replayed with the counter; else from where the next mutator starts). A
+claim after the confirming read looks after the proposal, and sees it. Only a confirmed H is counted from, by
+the live mutators and by the backfill.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from consumer.protocol import FencedError
@@ -97,16 +98,20 @@ class HandoverBook(Protocol):
         ...
 
 
-async def learn_handovers(book: HandoverBook, store: Store, pid: PartitionId, proposals: Mapping[str, int],
+async def learn_handovers(book: HandoverBook, store: Store, pid: PartitionId, counters: Sequence[str],
+                          proposals: Callable[[Sequence[str]], Awaitable[Mapping[str, int]]],
                           mutator: uuid.UUID) -> dict[str, int]:
-    """The confirmed hand-over of each counter of ``proposals`` in ``pid``'s partition, proposing its offset there
-    (where the claiming ``mutator`` counts it from) where none is confirmed (module docstring). Raises
-    :class:`FencedError` when ``mutator`` lost the partition before its proposal was confirmed. Safe to retry
-    after any error."""
+    """The confirmed hand-over of each of ``counters`` in ``pid``'s partition, proposing an offset there where
+    none is confirmed (module docstring): where the claiming ``mutator`` counts it from, as ``proposals`` gives
+    it for the counters without one (asked only then: it may read). Raises :class:`FencedError` when ``mutator``
+    lost the partition before its proposal was confirmed. Safe to retry after any error."""
     where = (pid.consumer_group, pid.topic, pid.partition)
     # Confirmed hand-overs never change: the common case (every counter recorded long ago) is this one read.
-    found = await book.confirmed(*where, list(proposals))
-    for counter, start in [(c, offset) for c, offset in proposals.items() if c not in found]:
+    found = await book.confirmed(*where, list(counters))
+    missing = [counter for counter in counters if counter not in found]
+    offsets = await proposals(missing) if missing else {}
+    for counter in missing:
+        start = offsets[counter]
         recorded = await book.propose(*where, counter, start, mutator)
         while not recorded.confirmed:
             if recorded.mutator != mutator:

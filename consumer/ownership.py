@@ -238,7 +238,7 @@ class Ownership:
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
 
-    async def _replayed_for(self, tp: TopicPartition, claimed: Claim, counters: Sequence[str]) -> frozenset[str]:
+    async def _replayed_for(self, claimed: Claim, counters: Sequence[str]) -> frozenset[str]:
         """Those of ``counters`` (without ``since``, none with a confirmed hand-over yet) that the window this
         takeover replays counts: the ones its writer W counted. The replay rewrites W's shards, at W's
         timestamps; for a counter W counted, what it adds is what W would have written, so the counter is
@@ -250,10 +250,10 @@ class Ownership:
         released since: a process registers its counters before any of its mutators is born). W that recorded
         none (a version before they were recorded, or a record that failed) may have counted any."""
         window = None if claimed.row is None else claimed.row.window_to_replay
-        if window is None or not counters or claimed.counted_from >= claimed.start_offset:
+        if window is None or not counters:
             return frozenset(counters)  # nothing is replayed: counted from the start offset either way
         writer, writer_born_us = window
-        counted = await self.retry("writer_counters", tp, functools.partial(self.store.read_counted, writer))
+        counted = await self.store.read_counted(writer)
         if counted is None:
             return frozenset(counters)
         return frozenset(name for name in counters
@@ -318,12 +318,16 @@ class Ownership:
             # it is where this mutator starts; another is counted from the window this takeover replays when that
             # window's writer counted it (_replayed_for), else from where this mutator starts.
             since = self._since.get(tp.topic, frozenset())
-            replayed_for = await self._replayed_for(tp, claimed, [name for name in counting if name not in since])
-            proposals = {name: claimed.counted_from if name in replayed_for else claimed.start_offset
-                         for name in counting}
+
+            async def proposals(missing: Sequence[str]) -> dict[str, int]:
+                # Asked only for counters without a confirmed hand-over: the writer's counters are read then.
+                replayed_for = await self._replayed_for(claimed, [name for name in missing if name not in since])
+                return {name: claimed.counted_from if name in replayed_for else claimed.start_offset
+                        for name in missing}
+
             try:
                 starts = await self.retry("handover", tp, functools.partial(
-                    learn_handovers, self.handovers, self.store, mutator.pid, proposals, mutator.id))
+                    learn_handovers, self.handovers, self.store, mutator.pid, counting, proposals, mutator.id))
             except FencedError as exc:
                 mutator.fenced = True
                 self.warming.discard(mutator.id)

@@ -49,7 +49,7 @@ from countersink.kafka import (
 )
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
-from countersink.registry import REDEFINED, CounterRegistry
+from countersink.registry import CounterRegistry
 from countersink.resets import CassandraResets
 from countersink.retry import Backoff, StopRequested, is_retriable, pause_unless_stopped, wait_until_reachable
 from countersink.schema_registry import SchemaLoader, SchemaRegistryUnavailableError, schema_cache
@@ -178,7 +178,6 @@ class ConsumerService:
 
         self.waiting_for_topics: list[str] = []
         self.waiting_for_server = ""  # Cassandra or Kafka while the start waits for it to answer
-        self.refused_counters: set[str] = set()  # dropped from the registry since the start: never written
         self.redefined: CounterRedefinedError | None = None  # set by a registry look: the loop raises it
         # Partitions assigned but not counted: their topic became compacted and a counter on it drops publisher
         # retries by event id (consumer.cleanup_policies). Unready until they are revoked or the topic is fixed.
@@ -415,9 +414,10 @@ class ConsumerService:
         """Read the registry for counters dropped since the start. One found is refused from then on: the store
         writes none of its states (``counter_dropped`` says so once), and the other counters go on."""
         started = time.monotonic()
-        counted = [c.name for c in self.counters if c.name not in self.refused_counters]
+        # Those dropped since the start are never written again (Ownership.dropped, the store's refused).
+        counted = [c.name for c in self.counters if c.name not in self.ownership.dropped]
         try:
-            refused = await self.registry.refused(counted, self.ownership.registered_us)
+            dropped, redefined = await self.registry.look(counted, self.ownership.registered_us)
         except Exception as exc:
             if not self._registry_check_failed:
                 log.warning("registry_check_failed", error=str(exc) or type(exc).__name__,
@@ -427,13 +427,11 @@ class ConsumerService:
         if self._registry_check_failed:
             log.info("registry_check_recovered")
         self._registry_check_failed = False
-        redefined = {name: why for name, why in refused.items() if REDEFINED in why}
-        for name, why in refused.items():
-            if name not in redefined:
-                log.error("counter_dropped", counter=name, error=why,
-                          action="no longer written; the other counters go on. Remove it from the definitions file "
-                          "before the next start, which refuses it")
-        self.refused_counters.update(refused)
+        for name, why in dropped.items():
+            log.error("counter_dropped", counter=name, error=why,
+                      action="no longer written; the other counters go on. Remove it from the definitions file "
+                      "before the next start, which refuses it")
+        refused = {**dropped, **redefined}
         self.ownership.dropped.update(refused)  # its claims from now on: neither counted nor handed over
         if refused and isinstance(self.store, CassandraStore):
             self.store.refused.update(refused)

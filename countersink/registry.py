@@ -181,26 +181,34 @@ class CounterRegistry:
         rows = as_dicts(await self.client.execute("SELECT * FROM counters", consistency=self.consistency))
         return {row["name"]: row.get("consumer_group") for row in rows if row.get("dropped_us") is None}
 
-    async def refused(self, names: Iterable[str], registered_us: Mapping[str, int] | None = None
-                      ) -> dict[str, str]:
-        """Of ``names``, the counters a consumer must stop writing, each with why: dropped, no longer in the
-        registry at all (a drop released since), or recorded again since ``registered_us`` (when each was
-        recorded as the consumer registered it: dropped, released and defined anew while it did not look, a
-        process frozen through it all). One read of the whole registry (a row per counter)."""
+    async def refused(self, names: Iterable[str]) -> dict[str, str]:
+        """Of ``names``, the counters a consumer must stop writing, each with why: dropped, or no longer in
+        the registry at all (a drop released since). One read of the whole registry (a row per counter)."""
+        dropped, _ = await self.look(names)
+        return dropped
+
+    async def look(self, names: Iterable[str], registered_us: Mapping[str, int] | None = None
+                   ) -> tuple[dict[str, str], dict[str, str]]:
+        """Of ``names``, the counters a consumer must stop writing, each with why, in two parts: those dropped
+        (or no longer in the registry at all: a drop released since), and those recorded again since
+        ``registered_us`` (when each was recorded as the consumer registered it: dropped, released and defined
+        anew while it did not look, a process frozen through it all). One read of the whole registry (a row
+        per counter)."""
         rows = {row["name"]: row for row in as_dicts(await self.client.execute(
             "SELECT name, kind, dropped_us, dropped_by, registered_us, registered_by FROM counters",
             consistency=self.consistency))}
-        why: dict[str, str] = {}
+        dropped: dict[str, str] = {}
+        redefined: dict[str, str] = {}
         for name in names:
             row = rows.get(name)
             if row is None or row.get("kind") is None:
-                why[name] = f"counter {name!r} is no longer in the counter registry (dropped, and released since)"
+                dropped[name] = f"counter {name!r} is no longer in the counter registry (dropped, and released since)"
             elif row.get("dropped_us") is not None:
-                why[name] = dropped_reason(self.client.keyspace, name, row)
+                dropped[name] = dropped_reason(self.client.keyspace, name, row)
             elif (registered_us is not None and name in registered_us and row.get("registered_us") is not None
                   and int(row["registered_us"]) != registered_us[name]):
-                why[name] = redefined_reason(name, row)
-        return why
+                redefined[name] = redefined_reason(name, row)
+        return dropped, redefined
 
     async def counters(self) -> CounterSet | None:
         """Every recorded counter; None while no consumer has recorded any (a keyspace from before the
@@ -266,13 +274,10 @@ def dropped_reason(keyspace: str, name: str, row: dict[str, Any]) -> str:
             f"the drop released first (countersink drop {name} --yes --forget)")
 
 
-# The start of :func:`redefined_reason`: a consumer exits on it rather than counting on (consumer.service).
-REDEFINED = "was dropped and defined again"
-
-
 def redefined_reason(name: str, row: dict[str, Any]) -> str:
     """Why a counter recorded again since a consumer registered it is refused, and what to do."""
-    return (f"counter {name!r} {REDEFINED} (recorded anew at {_instant(int(row['registered_us']))} by "
+    recorded = _instant(int(row["registered_us"]))
+    return (f"counter {name!r} was dropped and defined again (recorded anew at {recorded} by "
             f"{row.get('registered_by')}) since this process started, which did not see it: restart the process "
             "with the definitions file in force")
 

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from structlog.testing import capture_logs
 
 from consumer.service import ConsumerService, CounterRedefinedError
-from countersink.registry import REDEFINED, CounterRegistry
+from countersink.registry import CounterRegistry
 from countersink.settings import ConsumerSettings, Settings
 from tests.unit.memory_store import MemoryLog, MemoryStore
 from tests.unit.test_protocol_model import COUNTERS, DeadLetterTopic
@@ -24,16 +24,19 @@ class Registry:
     """The registry as the consumer asks it: what to refuse, or an error while Cassandra is away."""
 
     def __init__(self) -> None:
-        self.answer: dict[str, str] | Exception = {}
+        self.answer: dict[str, str] | Exception = {}  # the counters dropped, with why
+        self.redefined: dict[str, str] = {}  # the counters recorded again since the start, with why
         self.asked = 0
 
-    async def refused(self, names: list[str], registered_us: Mapping[str, int] | None = None) -> dict[str, str]:
+    async def look(self, names: list[str], registered_us: Mapping[str, int] | None = None
+                   ) -> tuple[dict[str, str], dict[str, str]]:
         self.asked += 1
         self.registered_us = registered_us
         await asyncio.sleep(0)
         if isinstance(self.answer, Exception):
             raise self.answer
-        return {name: why for name, why in self.answer.items() if name in names}
+        return ({name: why for name, why in self.answer.items() if name in names},
+                {name: why for name, why in self.redefined.items() if name in names})
 
 
 def _service(registry: Registry) -> ConsumerService:
@@ -81,7 +84,7 @@ async def test_a_dropped_counter_is_refused_once_and_an_unreadable_registry_stop
     with capture_logs() as logs:
         assert not service._registry_fresh()
         await _settle(service)
-        assert service.refused_counters == {name}
+        assert service.ownership.dropped == {name}
         service._registry_checked_at -= 11
         service._registry_look_started -= 2
         registry.answer = ConnectionError("cassandra is away")
@@ -105,7 +108,7 @@ async def test_a_counter_recorded_anew_since_the_start_stops_the_consumer_before
     service = _service(registry)
     service.ownership.registered_us = {"trades": 5}
     name = next(iter(COUNTERS)).name
-    registry.answer = {name: f"counter {name!r} {REDEFINED} (recorded anew at ...)"}
+    registry.redefined = {name: f"counter {name!r} was dropped and defined again (recorded anew at ...)"}
     with capture_logs() as logs:
         assert not service._registry_fresh()
         await _settle(service)
