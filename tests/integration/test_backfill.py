@@ -497,6 +497,48 @@ async def test_a_counter_dropped_forgotten_and_added_again_is_backfilled_anew(
     assert await _values(cassandra_settings, "trades_count", symbols) == dict(everything.count)
 
 
+def _without_since(topic: str, group: str, tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """The definitions (trades_count, and shares_traded without since) and consumer options, registry looks each
+    second, of the tests that drop shares_traded and define it again."""
+    definitions = tmp_path / "counters.toml"
+    definitions.write_text((COUNT + SHARES.replace('since = "earliest"\n', "")).replace("{topic}", topic))
+    return definitions, {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+                         "registry_check_s": 1.0}
+
+
+async def _drop_and_forget(kafka: KafkaSettings, cassandra: CassandraSettings, options: dict[str, object]) -> None:
+    """``countersink drop shares_traded --yes``, then again with ``--forget``: the name is free for a new
+    definition."""
+    for forget in ([], ["--forget"]):
+        await asyncio.to_thread(_finish, _command(kafka, cassandra, options, "drop", "shares_traded", "--yes",
+                                                  *forget))
+
+
+async def _count_to_the_end_from_the_handovers(
+    kafka: KafkaSettings, cassandra: CassandraSettings, topic: str, group: str, definitions: Path,
+    options: dict[str, object], log: Path, published: int,
+) -> None:
+    """A consumer with ``definitions`` counts the topic to its end and stops; shares_traded then equals the sum
+    of the records from each partition's hand-over on, read back from the topic."""
+    last = start_consumer(kafka, cassandra, log, counters_file=definitions, **options)
+    try:
+        await wait_until_started(log, last)
+        await wait_until_flushed(cassandra, group, await end_offsets(kafka, {topic: PARTITIONS}), within_s=120)
+    finally:
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(timeout=60) == 0
+    async with CassandraClient(cassandra) as client:
+        handovers = await read_handovers(client, group, "shares_traded")
+    shares: dict[str, int] = {}
+    for record in await read_topic(kafka, topic, published):
+        handover = handovers[(topic, record.partition)].offset
+        assert handover is not None
+        if record.offset >= handover:
+            event = json.loads(record.value)
+            shares[event["symbol"]] = shares.get(event["symbol"], 0) + event["qty"]
+    assert await _values(cassandra, "shares_traded", set(shares)) == {s: q for s, q in shares.items() if q}
+
+
 async def test_a_consumer_that_found_a_counter_dropped_refuses_it_once_it_is_defined_again(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
@@ -509,10 +551,7 @@ async def test_a_consumer_that_found_a_counter_dropped_refuses_it_once_it_is_def
     equals the sum of the records from each partition's hand-over on, read back from the topic."""
     topic = await topic_factory(partitions=PARTITIONS)
     group = f"d{os.urandom(4).hex()}"
-    definitions = tmp_path / "counters.toml"
-    definitions.write_text((COUNT + SHARES.replace('since = "earliest"\n', "")).replace("{topic}", topic))
-    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
-                                  "registry_check_s": 1.0}
+    definitions, options = _without_since(topic, group, tmp_path)
     batches = [make_events(n, symbols=5, seed=seed)[0] for seed, n in enumerate((400, 300, 300, 200), 71)]
 
     async def flushed() -> None:
@@ -525,9 +564,7 @@ async def test_a_consumer_that_found_a_counter_dropped_refuses_it_once_it_is_def
     try:
         await wait_until_started(old_log, old)
         await flushed()
-        for forget in ([], ["--forget"]):
-            await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
-                                                      "shares_traded", "--yes", *forget))
+        await _drop_and_forget(kafka_settings, cassandra_settings, options)
         assert '"counter_dropped"' in old_log.read_text()
         await publish(kafka_settings, topic, batches[1])
         new_log = tmp_path / "new.log"
@@ -550,25 +587,8 @@ async def test_a_consumer_that_found_a_counter_dropped_refuses_it_once_it_is_def
     assert "shares_traded" in refused[0]["error"], refused
 
     await publish(kafka_settings, topic, batches[3])
-    third = start_consumer(kafka_settings, cassandra_settings, tmp_path / "third.log", counters_file=definitions,
-                           **options)
-    try:
-        await wait_until_started(tmp_path / "third.log", third)
-        await flushed()
-    finally:
-        third.send_signal(signal.SIGTERM)
-        assert third.wait(timeout=60) == 0
-    async with CassandraClient(cassandra_settings) as client:
-        handovers = await read_handovers(client, group, "shares_traded")
-    records = await read_topic(kafka_settings, topic, sum(len(b) for b in batches))
-    shares: dict[str, int] = {}
-    for record in records:
-        handover = handovers[(topic, record.partition)].offset
-        assert handover is not None
-        if record.offset >= handover:
-            event = json.loads(record.value)
-            shares[event["symbol"]] = shares.get(event["symbol"], 0) + event["qty"]
-    assert await _values(cassandra_settings, "shares_traded", set(shares)) == {s: q for s, q in shares.items() if q}
+    await _count_to_the_end_from_the_handovers(kafka_settings, cassandra_settings, topic, group, definitions, options,
+                                               tmp_path / "third.log", sum(len(b) for b in batches))
 
 
 async def test_a_consumer_frozen_through_a_drop_and_a_new_definition_exits_without_counting_it(
@@ -582,10 +602,7 @@ async def test_a_consumer_frozen_through_a_drop_and_a_new_definition_exits_witho
     shares_traded equals the records from each partition's hand-over on, read back from the topic."""
     topic = await topic_factory(partitions=PARTITIONS)
     group = f"z{os.urandom(4).hex()}"
-    definitions = tmp_path / "counters.toml"
-    definitions.write_text((COUNT + SHARES.replace('since = "earliest"\n', "")).replace("{topic}", topic))
-    options: dict[str, object] = {"flush_interval_s": 0.2, "dead_letter_topic": f"dlq-{group}", "group_id": group,
-                                  "registry_check_s": 1.0}
+    definitions, options = _without_since(topic, group, tmp_path)
     batches = [make_events(n, symbols=5, seed=seed)[0] for seed, n in enumerate((400, 300, 300, 200), 81)]
 
     async def flushed() -> None:
@@ -599,9 +616,7 @@ async def test_a_consumer_frozen_through_a_drop_and_a_new_definition_exits_witho
         await wait_until_started(old_log, old)
         await flushed()
         old.send_signal(signal.SIGSTOP)
-        for forget in ([], ["--forget"]):
-            await asyncio.to_thread(_finish, _command(kafka_settings, cassandra_settings, options, "drop",
-                                                      "shares_traded", "--yes", *forget))
+        await _drop_and_forget(kafka_settings, cassandra_settings, options)
         await publish(kafka_settings, topic, batches[1])
         new_log = tmp_path / "new.log"
         new = start_consumer(kafka_settings, cassandra_settings, new_log, counters_file=definitions, **options)
@@ -625,22 +640,5 @@ async def test_a_consumer_frozen_through_a_drop_and_a_new_definition_exits_witho
     assert "'shares_traded' was dropped and defined again" in redefined[0]["error"], redefined
 
     await publish(kafka_settings, topic, batches[3])
-    third = start_consumer(kafka_settings, cassandra_settings, tmp_path / "third.log", counters_file=definitions,
-                           **options)
-    try:
-        await wait_until_started(tmp_path / "third.log", third)
-        await flushed()
-    finally:
-        third.send_signal(signal.SIGTERM)
-        assert third.wait(timeout=60) == 0
-    async with CassandraClient(cassandra_settings) as client:
-        handovers = await read_handovers(client, group, "shares_traded")
-    records = await read_topic(kafka_settings, topic, sum(len(b) for b in batches))
-    shares: dict[str, int] = {}
-    for record in records:
-        handover = handovers[(topic, record.partition)].offset
-        assert handover is not None
-        if record.offset >= handover:
-            event = json.loads(record.value)
-            shares[event["symbol"]] = shares.get(event["symbol"], 0) + event["qty"]
-    assert await _values(cassandra_settings, "shares_traded", set(shares)) == {s: q for s, q in shares.items() if q}
+    await _count_to_the_end_from_the_handovers(kafka_settings, cassandra_settings, topic, group, definitions, options,
+                                               tmp_path / "third.log", sum(len(b) for b in batches))
