@@ -58,8 +58,10 @@ def thread_cpu_s() -> tuple[float, float]:
     return main, other
 
 
-def flush_writes(keys: int, seq: int) -> list[ShardWrite]:
-    return [ShardWrite(counter, f"/p/{k}|2025-11-26T07:00Z", seq.to_bytes(4, "big") * (size // 4), seq, seq == 1)
+def flush_writes(keys: int, seq: int, bucketed: bool = True) -> list[ShardWrite]:
+    """A flush of ``keys`` page-view keys, each of one hour's bucket (``bucketed``) or of none."""
+    suffix = "|2025-11-26T07:00Z" if bucketed else ""
+    return [ShardWrite(counter, f"/p/{k}{suffix}", seq.to_bytes(4, "big") * (size // 4), seq, seq == 1)
             for k in range(keys) for counter, size in STATE_BYTES.items()]
 
 
@@ -112,10 +114,11 @@ async def _drop_keyspace(client_type: type[Any], settings: CassandraSettings) ->
         await admin.execute(f"DROP KEYSPACE IF EXISTS {settings.keyspace}", prepared=False)
 
 
-async def measure(stores: Mapping[K, Any], keys: int, rounds: int, seed: int, pid: int
+async def measure(stores: Mapping[K, Any], keys: int, rounds: int, seed: int, pid: int, bucketed: bool = True
                   ) -> dict[K, dict[str, list[float]]]:
-    """One flush of ``keys`` rows (:func:`flush_writes`) through each store's ``write_shards`` per round, the
-    stores in an order shuffled each round, the first round unmeasured (it warms every keyspace up). Per store,
+    """One flush of ``keys`` rows (:func:`flush_writes`, ``bucketed`` or not) through each store's
+    ``write_shards`` per round, the stores in an order shuffled each round, the first round unmeasured (it warms
+    every keyspace up). Per store,
     the CPU seconds of each measured flush: the event loop's thread, the driver's threads, Cassandra's (process
     ``pid``). The collector is set as the consumer sets it meanwhile."""
     figures: dict[K, dict[str, list[float]]] = {name: {"loop": [], "driver": [], "cassandra": []} for name in stores}
@@ -128,7 +131,7 @@ async def measure(stores: Mapping[K, Any], keys: int, rounds: int, seed: int, pi
             order = list(stores)
             rng.shuffle(order)
             for name in order:
-                writes = flush_writes(keys, seq)
+                writes = flush_writes(keys, seq, bucketed)
                 (loop_before, driver_before), cassandra_before = thread_cpu_s(), cpu_s(pid)
                 await stores[name].write_shards(mutator, 1_000, 1_000 + seq, writes, source=b"flushreq")
                 (loop_after, driver_after), cassandra_after = thread_cpu_s(), cpu_s(pid)

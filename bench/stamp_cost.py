@@ -45,7 +45,7 @@ class UnstampedStore(CassandraStore):
 
 STATIC_STAMPS = "static_stamps"
 STATIC_STAMPED_CQL = ("UPDATE shards SET states = states + ?, static_stamps[?] = ? "
-                      "WHERE key = ? AND born_us = ? AND mutator = ?")
+                      "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?")
 
 
 class StaticStampsStore(CassandraStore):
@@ -58,9 +58,9 @@ class StaticStampsStore(CassandraStore):
         for (states_cql, states), (stamp_cql, stamp) in zip(group[::2], group[1::2], strict=True):
             if "SET stamps" not in stamp_cql or "TTL" in states_cql:
                 raise ValueError("the static-stamps prototype writes rows without retention only")
-            cells, partition, born_us, mutator = states
+            cells, part, key, born_us, mutator = states
             source, stamp = stamp[0], stamp[1]
-            merged.append((STATIC_STAMPED_CQL, [cells, source, stamp, partition, born_us, mutator]))
+            merged.append((STATIC_STAMPED_CQL, [cells, source, stamp, part, key, born_us, mutator]))
         return super()._shard_call(merged, timestamp_us)
 
 

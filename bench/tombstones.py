@@ -42,7 +42,7 @@ from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, Consistency
 from gc_worker.collector import Collector
 from gc_worker.store import CassandraGcStore
-from schemas.cql import partition_key, stamp_source
+from schemas.cql import shard_slice, stamp_source
 from schemas.kinds import new_state
 from schemas.kinds.base import KindSpec
 
@@ -116,7 +116,7 @@ class Bench:
             tag = uuid.uuid4().hex
             # Unprepared, so that the traced session records this text and its tag.
             await self.client.execute(
-                f"SELECT * FROM shards WHERE key = ? /* {tag} */", [partition_key(key)],  # noqa: S608
+                f"SELECT * FROM shards WHERE part = ? AND key = ? /* {tag} */", list(shard_slice(key)),  # noqa: S608
                 consistency=Consistency.ONE, prepared=False, tracing=True)
             timings = []
             for _ in range(self.args.reads):

@@ -2,7 +2,7 @@
 
     python -m bench.versions formats --against COMMIT [--events N] [--symbols N] [--rounds N]
     python -m bench.versions shapes --against COMMIT [--events N] [--symbols N] [--rounds N] [--only TEXT]
-    python -m bench.versions flushes --against COMMIT [--cassandra HOST:PORT] [--keys N] [--rounds N]
+    python -m bench.versions flushes --against COMMIT [--cassandra HOST:PORT] [--keys N] [--rounds N] [--without-bucket]
 
 On a shared machine two runs a minute apart differ by more than most changes measured; the same run does not.
 The commit's packages are written out with ``git archive`` into a temporary folder and imported beside the
@@ -104,8 +104,8 @@ def shapes(versions: dict[str, list[ModuleType]], events: int, symbols: int, rou
     return "\n".join(lines)
 
 
-async def _flushes(versions: dict[str, list[ModuleType]], host: str, port: int, keys: int, rounds: int
-                   ) -> dict[str, dict[str, list[float]]]:
+async def _flushes(versions: dict[str, list[ModuleType]], host: str, port: int, keys: int, rounds: int,
+                   bucketed: bool) -> dict[str, dict[str, list[float]]]:
     newest = versions[list(versions)[-1]][0]
     stores: dict[str, Any] = {}
     try:
@@ -113,19 +113,21 @@ async def _flushes(versions: dict[str, list[ModuleType]], host: str, port: int, 
             settings = flush_requests.settings_for(host, port, f"flushver_{i}_{random.getrandbits(32):08x}", 10)
             stores[version] = await newest.open_store(settings, client_module.CassandraClient,
                                                       store_module.CassandraStore)
-        return await newest.measure(stores, keys, rounds, 7, newest.cassandra_pid(port))
+        return await newest.measure(stores, keys, rounds, 7, newest.cassandra_pid(port), bucketed)
     finally:
         for store in stores.values():
             await newest.close_store(store)
 
 
-def flushes(versions: dict[str, list[ModuleType]], cassandra: str, keys: int, rounds: int) -> str:
+def flushes(versions: dict[str, list[ModuleType]], cassandra: str, keys: int, rounds: int, bucketed: bool = True
+            ) -> str:
     host, port = cassandra.rsplit(":", 1)
-    figures = asyncio.run(_flushes(versions, host, int(port), keys, rounds))
+    figures = asyncio.run(_flushes(versions, host, int(port), keys, rounds, bucketed))
     medians = {v: {name: statistics.median(values) / keys * 1e6 for name, values in measured.items()}
                for v, measured in figures.items()}
     first = next(iter(medians.values()))
-    lines = [f"{keys} page-view rows a flush, write_batch_rows 10, median of {rounds} rounds", "",
+    lines = [f"{keys} page-view rows a flush ({'one hour' if bucketed else 'no'} bucket), write_batch_rows 10, "
+             f"median of {rounds} rounds", "",
              "| version | client CPU µs per row: event loop | driver | × first: client | "
              "Cassandra CPU µs per row | × first |", "|---|---:|---:|---:|---:|---:|"]
     for version, m in medians.items():
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cassandra", default="127.0.0.1:9042",
                         help="flushes: HOST:PORT of a Cassandra on this machine")
     parser.add_argument("--keys", type=int, default=20_000, help="flushes: rows per flush")
+    parser.add_argument("--without-bucket", action="store_true", help="flushes: keys of no time bucket")
     args = parser.parse_args(argv)
     if args.against.startswith("-"):
         parser.error("--against names a commit")
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "formats":
         print(formats(versions, args.events or 40_000, args.symbols or 500, args.rounds))
     elif args.what == "flushes":
-        print(flushes(versions, args.cassandra, args.keys, args.rounds))
+        print(flushes(versions, args.cassandra, args.keys, args.rounds, not args.without_bucket))
     else:
         print(shapes(versions, args.events or 72_000, args.symbols or 10_000, args.rounds, args.only))
     return 0

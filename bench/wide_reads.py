@@ -54,7 +54,7 @@ from countersink.reader import CounterReader, read_blobs_of, read_stamps, read_s
 from countersink.resets import EpochsCache, read_epochs
 from countersink.settings import CassandraSettings, ServeSettings
 from countersink.state_cache import StateCache
-from schemas.cql import shard_of_cell, stamp_source
+from schemas.cql import TALLY_ROW, shard_of_cell, shard_slice, stamp_source
 from schemas.definitions import CounterDefinition, parse_definitions
 from schemas.kinds import KindSpec, State, merge_states, new_state, state_from_bytes
 from schemas.timeseries import bucket_key
@@ -183,8 +183,9 @@ class Shards:
         await _bounded(flushes)
         # What the GC leaves when it has folded retired mutators: a tally, which Cassandra repeats on every row.
         for kind in TALLIED:
-            await self.store.client.execute("UPDATE shards SET tallies = tallies + ? WHERE key = ?",
-                                            [{f"wide_{kind}": self.pools[kind][-1]}, f"{kind}-{self.widest}-tallied"])
+            await self.store.client.execute(
+                "UPDATE shards SET tallies = tallies + ? WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+                [{f"wide_{kind}": self.pools[kind][-1]}, *shard_slice(f"{kind}-{self.widest}-tallied"), *TALLY_ROW])
 
     async def rewrite(self, kind: str, every: int) -> None:
         """Every ``every``-th shard of the widest ``-flushed`` instance of ``kind`` flushed again, with other
@@ -203,13 +204,13 @@ async def previous_read_state(client: CassandraClient, counter: str, key: str) -
     row, every state decoded on its own, then merged. Kept to compare with, in the same run."""
     rows = as_dicts(await client.execute(
         "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "
-        "ttl(states[?]) AS state_ttl FROM shards WHERE key IN (?)", [counter] * 4 + [key],
+        "ttl(states[?]) AS state_ttl FROM shards WHERE part = ? AND key = ?", [counter] * 4 + [*shard_slice(key)],
         consistency=client.settings.read_consistency))
     grace = client.settings.retention_grace_s
     if any(ttl is not None and ttl <= grace for row in rows for ttl in (row["tally_ttl"], row["state_ttl"])):
         return None
-    blobs = ([rows[0]["tally"]] if rows else []) + [shard_of_cell(row["cell"])[0] for row in rows
-                                                    if row["cell"] is not None]
+    blobs = ([rows[0]["tally"]] if rows and rows[0]["tally"] is not None else []) + [
+        shard_of_cell(row["cell"])[0] for row in rows if row["cell"] is not None]
     return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
 
 
@@ -332,8 +333,8 @@ async def wide_latencies(cassandra: CassandraSettings, rounds: int, shards: tupl
 
         def ids_only(kind: str, n: int) -> Callable[[], Awaitable[None]]:
             async def read() -> None:
-                result = await client.execute("SELECT mutator FROM shards WHERE key = ?", [f"{kind}-{n}"],
-                                              consistency=level)
+                result = await client.execute("SELECT mutator FROM shards WHERE part = ? AND key = ?",
+                                              list(shard_slice(f"{kind}-{n}")), consistency=level)
                 if len([row.as_tuple() for row in result]) < n:
                     raise RuntimeError(f"fewer than {n} rows of {kind}-{n}")
             return read

@@ -15,11 +15,12 @@ from countersink.metrics import METRICS
 from schemas.cql import (
     STAMP_ROW,
     STAMP_TTL_S,
-    key_of_partition,
-    partition_key,
+    partition_groups,
     row_ttl,
     shard_cell,
     shard_of_cell,
+    shard_slice,
+    slice_key,
     work_chunk,
 )
 from schemas.resets import split_cell
@@ -30,12 +31,19 @@ def _uuid(value: object) -> uuid.UUID | None:
     return None if value is None else uuid.UUID(str(value))
 
 
-# Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare.
+# Under Cassandra's default batch_size_warn_threshold (5 KiB) with room to spare: what rows of several
+# partitions go in one request.
 _BATCH_BYTES = 4096
+# A partition's rows go in single-partition batches (one mutation: Cassandra checks no size threshold on
+# them) of at most this many rows and bytes: far below the largest mutation Cassandra takes (half a commit log
+# segment, 16 MiB by default) and small enough to be applied well within a write timeout on a busy node
+# (docs/benchmarks.md, "Rows holding many keys": 1,000-row batches timed out there, 250-row ones did not).
+_PARTITION_BATCH_ROWS = 250
+_PARTITION_BATCH_BYTES = 512 * 1024
 # What a cell adds beyond its name and value bytes (cell header, and the row's mutator id and timestamp
 # shared out), roughly.
 _CELL_OVERHEAD_BYTES = 32
-# What a partition's stamp adds to a batch (schemas.cql: its row, a source and a timestamp).
+# What a key's stamp adds to a batch (schemas.cql: its row, a source and a timestamp).
 _STAMP_BYTES = 48
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
@@ -43,11 +51,20 @@ _WORK_CHUNK_INSTANCES = 1000
 # A flushed row's statements, bound for every row of every flush: what is the same for all of them (the
 # flush's timestamp, the stamps row, a stamp's TTL without retention) is in the batch or the text, not bound
 # each time (python -m bench.versions flushes).
-_SHARD_CQL = "UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
-_EXPIRING_SHARD_CQL = "UPDATE shards USING TTL ? SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?"
-_STAMP_ROW_WHERE = f"WHERE key = ? AND born_us = {STAMP_ROW[0]:d} AND mutator = {STAMP_ROW[1]}"  # constants
-_STAMP_CQL = f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {_STAMP_ROW_WHERE}"  # noqa: S608
-_EXPIRING_STAMP_CQL = f"UPDATE shards USING TTL ? SET stamps[?] = ? {_STAMP_ROW_WHERE}"  # noqa: S608
+# A key of a bucket binds its partition and its text; any other key is its partition alone, under the empty
+# text (schemas.cql.shard_slice), which is in the statements' text: one value less to bind, twice a row.
+_ROW_WHERE = {True: "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+              False: "WHERE part = ? AND key = '' AND born_us = ? AND mutator = ?"}
+_STAMP_ROW_WHERE = {bucketed: where.replace("born_us = ? AND mutator = ?",
+                                            f"born_us = {STAMP_ROW[0]:d} AND mutator = {STAMP_ROW[1]}")
+                    for bucketed, where in _ROW_WHERE.items()}
+_SHARD_CQL = {b: f"UPDATE shards SET states = states + ? {w}" for b, w in _ROW_WHERE.items()}  # noqa: S608
+_EXPIRING_SHARD_CQL = {b: f"UPDATE shards USING TTL ? SET states = states + ? {w}"  # noqa: S608
+                       for b, w in _ROW_WHERE.items()}
+_STAMP_CQL = {b: f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {w}"  # noqa: S608
+              for b, w in _STAMP_ROW_WHERE.items()}
+_EXPIRING_STAMP_CQL = {b: f"UPDATE shards USING TTL ? SET stamps[?] = ? {w}"  # noqa: S608
+                       for b, w in _STAMP_ROW_WHERE.items()}
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
 # client pays for one request. Far below the IN-list limits Cassandra warns about.
 _READ_KEYS_PER_REQUEST = 50
@@ -144,8 +161,8 @@ class CassandraStore:
                            writes: Sequence[ShardWrite], *, source: bytes) -> None:
         # The counters of one key go to one row (one cell each, added to the map: no tombstone, and a counter
         # not written keeps its cell). A row is what Cassandra's work follows, far more than its bytes.
-        # The partition's stamp of this source goes in the same batch (one mutation per partition: a replica
-        # holding the states holds their stamp), at the same timestamp (schemas.cql).
+        # The key's stamp of this source goes in the same batch as its row (one mutation per partition: a
+        # replica holding the states holds their stamp), at the same timestamp (schemas.cql).
         mutator_text = str(mutator)  # the driver takes a uuid column's text; a UUID object costs more to bind
         work_cql = "INSERT INTO mutator_work (mutator, chunk, instances) VALUES (?, ?, ?)"
         # A bucket with retention: every row of it expires at its expiry plus the grace (readers hide it from
@@ -166,27 +183,60 @@ class CassandraStore:
             rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,
                                                                                             write.through_offset)
         calls: list[Callable[[], Awaitable[object]]] = []
-        # Rows of different keys go several to a request (an unlogged batch): one request per row costs the
-        # client and the server more than the row itself. Each row is still its own mutation (no atomicity
-        # across them is needed or assumed), and the batch stays under Cassandra's warning thresholds for size
-        # and for partitions per unlogged batch.
+        # A partition's rows are one single-partition batch (a few hundred rows at most): one mutation and one
+        # request for all of them. Partitions of a row or a few go several to a request (an unlogged batch): one
+        # request per row costs the client and the server more than the row itself. Each partition is still its
+        # own mutation (no atomicity across them is needed or assumed), and such a batch stays under Cassandra's
+        # warning thresholds for size and for partitions per unlogged batch.
         group: list[tuple[str, list[object]]] = []
-        group_bytes = group_rows = 0
+        group_bytes = group_parts = 0
+        # The rows of keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): the
+        # size of each row, and its two statements (its states, its stamp) one after the other.
+        parts: dict[str, tuple[list[int], list[tuple[str, list[object]]]]] = {}
         for (key, expires_at), cells in rows.items():
-            row_bytes = len(key.encode()) + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
-            if group and (group_rows >= self.batch_rows or group_bytes + row_bytes > _BATCH_BYTES):
-                calls.append(self._shard_call(group, timestamp_us))
-                group, group_bytes, group_rows = [], 0, 0
-            partition = partition_key(key)
+            part, stored = shard_slice(key)
+            size = len(key) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
+            bucketed = stored != ""
+            place = [part, stored] if bucketed else [part]
             if expires_at is None:
-                group.append((_SHARD_CQL, [cells, partition, born_us, mutator_text]))
-                group.append((_STAMP_CQL, [source, timestamp_us, partition]))
+                statements = [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
+                              (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
             else:
                 ttl_s = ttls[expires_at]
-                group.append((_EXPIRING_SHARD_CQL, [ttl_s, cells, partition, born_us, mutator_text]))
-                group.append((_EXPIRING_STAMP_CQL, [ttl_s, source, timestamp_us, partition]))
-            group_bytes += row_bytes + _STAMP_BYTES
-            group_rows += 1
+                statements = [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
+                              (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
+            if bucketed:
+                of_part = parts.get(part)
+                if of_part is None:
+                    of_part = parts[part] = ([], [])
+                of_part[0].append(size)
+                of_part[1].extend(statements)
+                continue
+            # A key of a partition of its own (a row, or one per expiry): straight into a shared batch.
+            if group and (group_parts >= self.batch_rows or group_bytes + size > _BATCH_BYTES):
+                calls.append(self._shard_call(group, timestamp_us))
+                group, group_bytes, group_parts = [], 0, 0
+            group.extend(statements)
+            group_bytes += size
+            group_parts += 1
+        for sizes, statements in parts.values():
+            part_bytes = sum(sizes)
+            if len(sizes) > 1 and (len(sizes) >= self.batch_rows or part_bytes > _BATCH_BYTES):
+                first = batch_bytes = 0
+                for row, size in enumerate(sizes):
+                    if row > first and (row - first >= _PARTITION_BATCH_ROWS
+                                        or batch_bytes + size > _PARTITION_BATCH_BYTES):
+                        calls.append(self._shard_call(statements[2 * first:2 * row], timestamp_us))
+                        first, batch_bytes = row, 0
+                    batch_bytes += size
+                calls.append(self._shard_call(statements[2 * first:], timestamp_us))
+                continue
+            if group and (group_parts >= self.batch_rows or group_bytes + part_bytes > _BATCH_BYTES):
+                calls.append(self._shard_call(group, timestamp_us))
+                group, group_bytes, group_parts = [], 0, 0
+            group.extend(statements)
+            group_bytes += part_bytes
+            group_parts += 1
         if group:
             calls.append(self._shard_call(group, timestamp_us))
         # The GC's work list: the instances new to this mutator, a few thousand to a row. Their number follows
@@ -228,8 +278,8 @@ class CassandraStore:
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None:
         result = await self.client.execute(
-            "SELECT states[?] AS cell FROM shards WHERE key = ? AND born_us = ? AND mutator = ?",
-            [counter, partition_key(key), born_us, mutator], consistency=self.read_cl)
+            "SELECT states[?] AS cell FROM shards WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+            [counter, *shard_slice(key), born_us, mutator], consistency=self.read_cl)
         rows = as_dicts(result)
         if not rows or rows[0]["cell"] is None:
             return None
@@ -237,25 +287,24 @@ class CassandraStore:
 
     async def read_shards(self, mutator: uuid.UUID, born_us: int, instances: Sequence[tuple[str, str]]
                           ) -> dict[tuple[str, str], StoredShard | None]:
-        # Keys go _READ_KEYS_PER_REQUEST to a request (IN on the partition key), each row with the cells of
-        # every counter of the key: a takeover replaying a window of tens of thousands of instances would
-        # otherwise spend most of its time on per-request overhead. The requests run concurrently, a bounded
-        # number at a time.
-        keys = list(dict.fromkeys(partition_key(key) for _, key in instances))
+        # Keys go _READ_KEYS_PER_REQUEST to a request (IN on the partition and the key: schemas.cql's
+        # partition_groups), each row with the cells of every counter of the key: a takeover replaying a window of
+        # tens of thousands of instances would otherwise spend most of its time on per-request overhead. The
+        # requests run concurrently, a bounded number at a time.
         found: dict[tuple[str, str], StoredShard | None] = dict.fromkeys(instances)
 
-        async def read(chunk: list[str]) -> None:
+        async def read(parts: list[str], keys: list[str]) -> None:
             result = await self.client.execute(
-                "SELECT key, states FROM shards WHERE key IN ? AND born_us = ? AND mutator = ?",
-                [chunk, born_us, mutator], consistency=self.read_cl)
+                "SELECT part, key, states FROM shards WHERE part IN ? AND key IN ? AND born_us = ? AND mutator = ?",
+                [parts, keys, born_us, mutator], consistency=self.read_cl)
             for row in as_dicts(result):
-                key = key_of_partition(row["key"])
+                key = slice_key(row["part"], row["key"])
                 for counter, cell in (row["states"] or {}).items():
                     if (counter, key) in found:
                         found[(counter, key)] = StoredShard(*shard_of_cell(cell))
 
-        await self._run_bounded([functools.partial(read, keys[i:i + _READ_KEYS_PER_REQUEST])
-                                 for i in range(0, len(keys), _READ_KEYS_PER_REQUEST)])
+        groups = partition_groups([key for _, key in instances], _READ_KEYS_PER_REQUEST)
+        await self._run_bounded([functools.partial(read, parts, keys) for parts, keys in groups])
         return found
 
     async def register_mutator(self, record: MutatorEntry) -> bool:

@@ -13,7 +13,7 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, overload
@@ -24,16 +24,16 @@ from countersink.resets import EpochsCache, read_epochs
 from countersink.settings import Consistency
 from countersink.state_cache import Row, ShardRow, Stamps, StateCache
 from schemas import timeseries
-from schemas.cql import STAMP_ROW, key_of_partition, partition_key, shard_of_cell
+from schemas.cql import STAMP_ROW, TALLY_ROW, partition_groups, shard_of_cell, shard_slice, slice_key
 from schemas.definitions import CounterDefinition
 from schemas.errors import CountersinkError
 from schemas.kinds import State, merge_blobs, merge_states, state_from_bytes
 from schemas.resets import Epochs, cell_name
 from schemas.timeseries import SeriesPoint, TimeRangeError
 
-# Counters sharing a key share its partition (schemas.cql): every read selects its own counter's cells.
+# Counters sharing a key share its slice (schemas.cql): every read selects its own counter's cells.
 _INSTANCE = "SELECT tallies[?] AS tally, born_us, mutator, states[?] AS cell, writetime(states[?]) AS written_us, " \
-            "ttl(tallies[?]) AS tally_ttl, ttl(states[?]) AS state_ttl FROM shards WHERE key = ?"
+            "ttl(tallies[?]) AS tally_ttl, ttl(states[?]) AS state_ttl FROM shards WHERE part = ? AND key = ?"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ async def read_states(
 _KEYS_PER_READ = 24
 # The columns of a read of several instances, by position: rows are read as tuples, not dicts (a wide
 # instance is hundreds of rows).
-_KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS, _BORN, _MUTATOR, _WRITTEN = range(9)
+_PART, _KEY, _TALLY, _CELL, _TALLY_TTL, _STATE_TTL, _STAMPS, _BORN, _MUTATOR, _WRITTEN = range(10)
 
 
 @dataclasses.dataclass(slots=True)
@@ -142,36 +142,45 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
         cells.setdefault(epochs.cell(counter, key), []).append(key)
     grace, sent = client.settings.retention_grace_s, time.time() - 1
     out: dict[str, StoredInstance] = {key: StoredInstance() for key in keys}
-    retention: dict[str, _Retention] = {}  # of each partition read
-    for cell, of_cell in cells.items():
-        marks = ", ".join("?" * len(of_cell))  # bind markers only: the keys are bound values
-        extra = ", born_us, mutator, maxwritetime(states)" if rows else ""
+    retention: dict[str, _Retention] = {}  # of each key read
+    extra = ", born_us, mutator, maxwritetime(states)" if rows else ""
+
+    async def read(cell: str, parts: list[str], stored: list[str]) -> None:
         result = await client.execute(
-            "SELECT key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
-            f"ttl(states[?]) AS state_ttl, stamps{extra} FROM shards WHERE key IN ({marks})",
-            [cell] * 4 + [partition_key(key) for key in of_cell], consistency=level)
-        partition = ""  # no partition is "" (Cassandra refuses an empty key; the keyless instance's is "\\")
+            "SELECT part, key, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
+            f"ttl(states[?]) AS state_ttl, stamps{extra} FROM shards WHERE part IN ? AND key IN ?",
+            [cell] * 4 + [parts, stored], consistency=level)
+        place: tuple[str, str] | None = None
         found, kept = StoredInstance(), _Retention(grace, sent)
         for row in result:
             values = row.as_tuple()
-            if values[_KEY] != partition:
-                # A partition's rows come together; the static tally is repeated on each of them: take it once.
-                partition = values[_KEY]
-                found = out.setdefault(key_of_partition(partition), StoredInstance())
-                kept = retention[partition] = _Retention(grace, sent)
+            if (values[_PART], values[_KEY]) != place:  # a key's rows come together, its tally row first
+                place = (values[_PART], values[_KEY])
+                key = slice_key(*place)
+                found = out.setdefault(key, StoredInstance())
+                kept = retention[key] = _Retention(grace, sent)
                 if rows:
                     found.rows = []
-                if values[_TALLY] is not None and not found.blobs:
-                    found.blobs.append(values[_TALLY])
+            if values[_TALLY] is not None:  # the key's tally row (schemas.cql.TALLY_ROW), its first
+                found.blobs.insert(0, values[_TALLY])
             kept.see(values[_TALLY_TTL], values[_STATE_TTL])
             if values[_CELL] is not None:  # rows of the key's other counters come without a cell of this one
                 found.blobs.append(shard_of_cell(values[_CELL])[0])
                 if found.rows is not None:
                     found.rows.append(ShardRow((values[_BORN], values[_MUTATOR]), values[_WRITTEN]))
-            elif values[_STAMPS] is not None:  # the partition's stamps row (schemas.cql), its last
+            elif values[_STAMPS] is not None:  # the key's stamps row (schemas.cql), its last
                 found.stamps = values[_STAMPS] or None
-    for partition, seen in retention.items():
-        found = out[key_of_partition(partition)]
+
+    # Keys alone in their partition (all but a bucket's) one request for all; a partition holding several of
+    # them one request of its own, at the same time (schemas.cql.partition_groups).
+    requests = [(cell, parts, stored) for cell, of_cell in cells.items()
+                for parts, stored in partition_groups(of_cell, max(len(of_cell), 1))]
+    if len(requests) == 1:
+        await read(*requests[0])
+    else:
+        await _all(read(*request) for request in requests)
+    for key, seen in retention.items():
+        found = out[key]
         found.hidden_at = seen.hidden_at
         if seen.hidden:
             found.blobs = []
@@ -180,17 +189,38 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
 
 async def read_stamps(client: CassandraClient, keys: Sequence[str], consistency: Consistency | None = None
                       ) -> dict[str, Stamps | None]:
-    """The stamps of several instances' partitions (schemas.cql), in one request: one small row each."""
-    marks = ", ".join("?" * len(keys))
-    result = await client.execute(
-        f"SELECT key, stamps FROM shards WHERE key IN ({marks}) AND born_us = ? AND mutator = ?",  # noqa: S608
-        [*(partition_key(key) for key in keys), *STAMP_ROW],
-        consistency=consistency or client.settings.read_consistency)
+    """The stamps of several instances (schemas.cql), in one request (or one per partition holding several of
+    them, a few): one small row each."""
     out: dict[str, Stamps | None] = dict.fromkeys(keys)
-    for row in result:
-        values = row.as_tuple()
-        out[key_of_partition(values[0])] = values[1] or None
+
+    async def read(parts: list[str], stored: list[str]) -> None:
+        result = await client.execute(
+            "SELECT part, key, stamps FROM shards WHERE part IN ? AND key IN ? AND born_us = ? AND mutator = ?",
+            [parts, stored, *STAMP_ROW], consistency=consistency or client.settings.read_consistency)
+        for row in result:
+            values = row.as_tuple()
+            out[slice_key(values[0], values[1])] = values[2] or None
+
+    groups = partition_groups(keys, max(len(keys), 1))
+    if len(groups) == 1:
+        await read(*groups[0])
+    else:
+        await _all(read(parts, stored) for parts, stored in groups)
     return out
+
+
+async def _all(reads: Iterable[Awaitable[Any]]) -> list[Any]:
+    """The results of ``reads``, all awaited at once; when one fails, the others are cancelled (and awaited)
+    before the failure is raised: a failed read leaves no other (of a wide partition, perhaps) running
+    unaccounted."""
+    tasks = [asyncio.ensure_future(read) for read in reads]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def read_states_of(client: CassandraClient, counter: str, keys: Sequence[str],
@@ -233,16 +263,9 @@ async def read_state(
 
 
 async def _together(first: Awaitable[Any], second: Awaitable[Any]) -> tuple[Any, Any]:
-    """Both results, the two awaited at once; when one fails, the other is cancelled (and awaited) before the
-    failure is raised: a failed look-up of the resets leaves no read of a wide partition running unaccounted."""
-    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
-    try:
-        done = await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    """Both results, the two awaited at once (:func:`_all`): a failed look-up of the resets leaves no read of a
+    wide partition running unaccounted."""
+    done = await _all((first, second))
     return done[0], done[1]
 
 
@@ -350,20 +373,21 @@ async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str
     so what is merged is what those stamps say, whichever replicas answer each request); None when
     that does not account for what changed, or a row read is past its retention (the whole read then decides
     what to hide)."""
-    marks = ", ".join(["(?, ?)"] * len(rows))  # bind markers only: the rows are bound values
+    marks = ", ".join(["(?, ?)"] * (len(rows) + 1))  # bind markers only: the rows and the tally row, bound
     retention = _Retention(client.settings.retention_grace_s, time.time() - 1)
     result = await client.execute(
         "SELECT born_us, mutator, tallies[?] AS tally, states[?] AS cell, ttl(tallies[?]) AS tally_ttl, "  # noqa: S608
         "ttl(states[?]) AS state_ttl, maxwritetime(states) AS written_us FROM shards "
-        f"WHERE key = ? AND (born_us, mutator) IN ({marks})",
-        [cell] * 4 + [partition_key(key)] + [value for row in rows for value in row],
+        f"WHERE part = ? AND key = ? AND (born_us, mutator) IN ({marks})",
+        [cell] * 4 + [*shard_slice(key)] + [value for row in (TALLY_ROW, *rows) for value in row],
         consistency=consistency or client.settings.read_consistency)
     tally: bytes | None = None
     read: dict[Row, ShardRow] = {}
     cells: dict[Row, bytes] = {}
     for found in result:
         born, mutator, row_tally, cell_bytes, tally_ttl, state_ttl, written = found.as_tuple()
-        tally = row_tally
+        if born == TALLY_ROW[0]:
+            tally = row_tally
         retention.see(tally_ttl, state_ttl)
         if retention.hidden:
             return None
@@ -371,7 +395,7 @@ async def _patch(client: CassandraClient, cache: StateCache, cell: str, key: str
             read[(born, mutator)] = ShardRow((born, mutator), written)
             cells[(born, mutator)] = shard_of_cell(cell_bytes)[0]
     if not read:
-        return None  # the static tally comes only with a row: without one, nothing says what it is now
+        return None  # none of the rows that changed holds a cell of the counter now: read the instance whole
     return cache.patched(cell, key, tally, read, cells, stamps, retention.hidden_at, sent)
 
 
@@ -511,20 +535,20 @@ class CounterReader:
 
     async def explain(self, counter: str, key: str) -> Explanation:
         cell = (await read_epochs(self.client, counter)).cell(counter, key)  # its current epoch's
-        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 5 + [partition_key(key)],
+        rows = as_dicts(await self.client.execute(_INSTANCE, [cell] * 5 + [*shard_slice(key)],
                                                   consistency=self.consistency))
         retention = _Retention(self.client.settings.retention_grace_s, time.time() - 1)
         for row in rows:
             retention.see(row["tally_ttl"], row["state_ttl"])
         if retention.hidden:
             rows = []  # a bucket past its retention: absent, as every other read has it
-        tally_blob = rows[0]["tally"] if rows else None
+        tally_blob = rows[0]["tally"] if rows else None  # the tally row comes first (schemas.cql.TALLY_ROW)
         tally = state_from_bytes(tally_blob) if tally_blob is not None else None
         # Each cell decoded once: its state is shown and merged (merging leaves its inputs unchanged).
         cells = []
         for row in rows:
             if row["cell"] is None:
-                continue  # a partition holding only tallies, or a row of another counter of the key
+                continue  # the tally row, the stamps row, or a row of another counter of the key
             blob, through_offset = shard_of_cell(row["cell"])
             cells.append((row, uuid.UUID(str(row["mutator"])), state_from_bytes(blob), through_offset))
         infos = await asyncio.gather(*(self._first_row(
@@ -583,17 +607,18 @@ class CounterReader:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
             # row returned, so no key is skipped.
             result = await self.client.execute(
-                f"SELECT key, {columns} FROM shards", [c for cell in cells for c in (cell,) * 4],  # noqa: S608
+                f"SELECT part, key, {columns} FROM shards", [c for cell in cells for c in (cell,) * 4],  # noqa: S608
                 consistency=self.consistency, page_size=limit - len(keys), page_state=page)
             for row in as_dicts(result):
-                index = cells.index(epochs.cell(counter, key_of_partition(row["key"])))
+                key = slice_key(row["part"], row["key"])
+                index = cells.index(epochs.cell(counter, key))
                 # (A bucket past its retention, its rows expiring within the grace, is absent, as reads have it.)
                 retention = _Retention(grace, 0.0)
                 retention.see(row[f"tt{index}"], row[f"ct{index}"])
-                if row["key"] != last and not retention.hidden and (row[f"t{index}"] is not None
-                                                                    or row[f"c{index}"] is not None):
-                    keys.append(key_of_partition(row["key"]))
-                    last = row["key"]  # the partition, as the walk meets it
+                if key != last and not retention.hidden and (row[f"t{index}"] is not None
+                                                             or row[f"c{index}"] is not None):
+                    keys.append(key)
+                    last = key
             page = result.page_state() if result.has_more_pages() else None
             if page is None:
                 break

@@ -7,7 +7,7 @@ mutators not yet registered will be born) cut the time line into *gaps*, and eve
 gap belongs to a final mutator, now and later. For every final mutator not yet collected, the GC pages through the
 instances it wrote (``mutator_work``) and folds each key they name once: read the key's partition (at CL ALL
 by default), fold every row inside a gap into the tallies of the counters it holds, and write the new
-tallies and one range tombstone per gap it found rows in (``DELETE ... WHERE key = ? AND born_us > a AND
+tallies and one range tombstone per gap it found rows in (``DELETE ... WHERE part = ? AND key = ? AND born_us > a AND
 born_us < b``) in one single-partition batch ``USING TIMESTAMP T``, T the latest retire time of all final
 mutators. (A final mutator born at the very microsecond of a live one sits on a bound: its row is folded too,
 and deleted on its own.) Cassandra applies such a batch atomically and

@@ -10,7 +10,15 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.gc_runs import RUNS_PARTITION
 from countersink.settings import Consistency
 from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
-from schemas.cql import GC_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, instances_of_work, partition_key, shard_of_cell
+from schemas.cql import (
+    GC_STAMP_SOURCE,
+    STAMP_ROW,
+    STAMP_TTL_S,
+    TALLY_ROW,
+    instances_of_work,
+    shard_of_cell,
+    shard_slice,
+)
 from schemas.errors import CountersinkError
 
 _PAGE = 1000
@@ -22,6 +30,11 @@ def _uuid(value: object) -> uuid.UUID:
 
 
 # Levels that reach a quorum (of the data centre, for LOCAL_QUORUM: claimants there read at LOCAL_SERIAL).
+# A key's tally row (schemas.cql.TALLY_ROW), its partition and key bound.
+_TALLY_ROW_WHERE = f"WHERE part = ? AND key = ? AND born_us = {TALLY_ROW[0]:d} AND mutator = {TALLY_ROW[1]}"
+_READ_TALLIES = f"SELECT tallies, writetime(tallies) AS tally_us FROM shards {_TALLY_ROW_WHERE}"  # noqa: S608
+_TALLY = f"UPDATE shards SET tallies[?] = ? {_TALLY_ROW_WHERE}"  # noqa: S608
+_EXPIRING_TALLY = f"UPDATE shards USING TTL ? SET tallies[?] = ? {_TALLY_ROW_WHERE}"  # noqa: S608
 _QUORUMS = frozenset({Consistency.QUORUM, Consistency.ALL, Consistency.EACH_QUORUM, Consistency.LOCAL_QUORUM})
 
 
@@ -87,23 +100,22 @@ class CassandraGcStore:
         tally_ttls: dict[str, int | None] = {}
         shards = []
         pages = 0
-        # Maps come back in key order, and writetime() and ttl() of a map list its cells in that order.
+        # Maps come back in key order, and writetime() and ttl() of a map list its cells in that order. The
+        # tally row is the first of the key's slice (schemas.cql.TALLY_ROW): the first page's, read with it.
         async for rows in self._pages(
                 "SELECT born_us, mutator, states, writetime(states) AS state_us, ttl(states) AS state_ttl, "
-                "tallies, writetime(tallies) AS tally_us, ttl(tallies) AS tally_ttl FROM shards WHERE key = ?",
-                [partition_key(key)], self.instance_cl):
+                "tallies, writetime(tallies) AS tally_us, ttl(tallies) AS tally_ttl FROM shards "
+                "WHERE part = ? AND key = ?",
+                list(shard_slice(key)), self.instance_cl):
             pages += 1
-            if pages == 1 and rows:
-                # Every row carries the static tallies as of its own request: keep the first request's, which
-                # the collector checks against a read of the tallies after the last page.
-                first: dict[str, Any] = rows[0]
-                for (counter, tally), write_us, ttl in zip((first["tallies"] or {}).items(), first["tally_us"] or (),
-                                                           first["tally_ttl"] or (), strict=True):
-                    tallies[counter], tally_write_us[counter], tally_ttls[counter] = tally, int(write_us), ttl
             for found in rows:
                 row: dict[str, Any] = found
-                if row["mutator"] is None or not row["states"]:
-                    continue  # a partition holding only tallies
+                if row["tallies"]:
+                    for (counter, tally), write_us, ttl in zip(row["tallies"].items(), row["tally_us"] or (),
+                                                               row["tally_ttl"] or (), strict=True):
+                        tallies[counter], tally_write_us[counter], tally_ttls[counter] = tally, int(write_us), ttl
+                if row["born_us"] == TALLY_ROW[0] or not row["states"]:
+                    continue  # the tally row, or the stamps row
                 cells = row["states"]
                 shards.append(ShardView(
                     _uuid(row["mutator"]), int(row["born_us"]),
@@ -113,10 +125,9 @@ class CassandraGcStore:
         return KeyView(tallies, tally_write_us, tuple(shards), pages, tally_ttls)
 
     async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
-        # The static columns come with any row of the partition (or alone, if it has no shard rows).
         rows = as_dicts(await self.client.execute(
-            "SELECT tallies, writetime(tallies) AS tally_us FROM shards WHERE key = ? LIMIT 1",
-            [partition_key(key)], consistency=self.instance_cl))
+            _READ_TALLIES,
+            list(shard_slice(key)), consistency=self.instance_cl))
         if not rows or not rows[0]["tallies"]:
             return {}, {}
         tallies = rows[0]["tallies"]
@@ -126,26 +137,28 @@ class CassandraGcStore:
                    rows: Sequence[Row], timestamp_us: int) -> None:
         # One partition: Cassandra applies an unlogged batch on it atomically and in isolation. Every statement
         # takes the batch's timestamp, so repeating it changes nothing. The rows go by range tombstones over
-        # birth times, each covering the last one written over the same births (schemas.cql).
-        key = partition_key(key)
+        # birth times, each covering the last one written over the same births (schemas.cql), all above the
+        # tally row.
+        part, key = shard_slice(key)
         statements: list[tuple[str, Sequence[object]]] = [
-            ("UPDATE shards SET tallies[?] = ? WHERE key = ?", [counter, tally, key]) if ttl_s is None
-            else ("UPDATE shards USING TTL ? SET tallies[?] = ? WHERE key = ?", [max(ttl_s, 1), counter, tally, key])
+            (_TALLY, [counter, tally, part, key]) if ttl_s is None
+            else (_EXPIRING_TALLY, [max(ttl_s, 1), counter, tally, part, key])
             for counter, (tally, ttl_s) in tallies.items()]
         statements.extend(
-            ("DELETE FROM shards WHERE key = ? AND born_us < ?", [key, before]) if after is None
-            else ("DELETE FROM shards WHERE key = ? AND born_us > ? AND born_us < ?", [key, after, before])
+            ("DELETE FROM shards WHERE part = ? AND key = ? AND born_us > ? AND born_us < ?",
+             [part, key, TALLY_ROW[0] if after is None else after, before])
             for after, before in ranges)
-        statements.extend(("DELETE FROM shards WHERE key = ? AND born_us = ? AND mutator = ?", [key, born, mutator])
-                          for born, mutator in rows)
-        # The partition's stamp of the GC (schemas.cql): a merge of sketches kept from before the fold is not the
+        statements.extend(("DELETE FROM shards WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+                           [part, key, born, mutator]) for born, mutator in rows)
+        # The key's stamp of the GC (schemas.cql): a merge of sketches kept from before the fold is not the
         # merge a read makes after it. Its row expires with the tallies, if they do.
         # It outlives every tally it stamps (a stamp that expires before a tally it changed could bring the stamps
         # back to what a kept merge was read with).
         ttls = [ttl_s for _, ttl_s in tallies.values()]
         stamp_ttl_s = STAMP_TTL_S if None in ttls or not ttls else max(1, *(t for t in ttls if t is not None))
-        statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?",
-                           [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, key, *STAMP_ROW]))
+        statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? "
+                           "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+                           [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, part, key, *STAMP_ROW]))
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def record_cutoff(self, cutoff_us: int) -> None:

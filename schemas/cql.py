@@ -1,36 +1,45 @@
 """countersink's tables in Cassandra. Pure text: the I/O layer executes these statements.
 
-One key (``IBM``) is one partition of ``shards``, shared by every counter with that key. Each mutator that
-counted the key has one row there, clustered by its birth time and then its id, holding its whole state of
-each of its counters as one cell of ``states`` (keyed by counter name); the static ``tallies`` hold, per
-counter, what the GC has folded. The value of an
-instance (``shares_traded`` / ``IBM``) is ``merge(tallies[counter], states[counter] of every row)``, read with
-one single-partition query. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the
-state's bytes.
+An instance key (``IBM``, ``/home|2026-11-22T10:00Z``) owns a slice of ``shards``, clustered by the key and
+shared by every counter with that key. Each mutator that counted the key has one row there, clustered by its
+birth time and then its id, holding its whole state of each of its counters as one cell of ``states`` (keyed
+by counter name); the key's tally row (:data:`TALLY_ROW`, first of its slice) holds in ``tallies``, per
+counter, what the GC has folded. The value of an instance (``shares_traded`` / ``IBM``) is
+``merge(tallies[counter], states[counter] of every row)``, read with one single-partition query of the key's
+slice. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the state's bytes.
 
-The partition's ``stamps`` say when its states last changed, without their bytes: a row of their own at the
-end of the partition (:data:`STAMP_ROW`, after every mutator's: the GC's ranges end below it), a cell per source
+Where a key's slice is, is :func:`shard_slice`: a key of a time bucket shares a partition
+with the keys of the same bucket whose digest falls in the same of :data:`SHARD_SLOTS` slots; any other key
+has a partition of its own. A flush writes the rows of one partition as one single-partition batch: one
+mutation and one request for many rows, which is what Cassandra's CPU and the client's follow far more than
+rows (docs/benchmarks.md, "Rows holding many keys"). A bucket bounds what a partition holds (the bucket's keys
+over the slots); a key without a bucket would make an unbounded partition of any fixed number of slots, so it
+keeps its own.
+
+The key's stamps say when its states last changed, without their bytes: a row of their own at the end of the
+key's slice (:data:`STAMP_ROW`, after every mutator's: the GC's ranges end below it), a cell per source
 (:func:`stamp_source`: a consumer group's topic partition, whichever mutator owns it), written in the same
 batch as the states it stamps (one mutation per partition: a replica holding the states holds their stamp),
 with the same write timestamp, holding that timestamp. A mutator's timestamps grow with its flushes, and a
-mutator's birth is above every timestamp of the partition's earlier owners (``consumer.protocol.Claimant``),
+mutator's birth is above every timestamp of the key's earlier owners (``consumer.protocol.Claimant``),
 so the newest write of a source is its newest stamp, and any write that changes a state changes the
-partition's stamps. ``serve`` reads that one row to learn that the merge it kept is still the instance's
+key's stamps. ``serve`` reads that one row to learn that the merge it kept is still the instance's
 (``countersink.state_cache``): a few hundred small cells instead of hundreds of rows of sketches. A read of
-the whole partition returns the stamps with the states (the same replicas' data), which is what the cache
+the whole slice returns the stamps with the states (the same replicas' data), which is what the cache
 keeps beside its merge.
-The keyless instance (key ``""``) lives in partition ``\\`` (:func:`partition_key`): Cassandra refuses an empty
+The keyless instance (key ``""``) is partition ``\\`` (:func:`partition_key`): Cassandra refuses an empty
 partition key, and a lone escape is a key no event can produce.
 
 Counters that share a topic and a key are written together: one row per key per flush instead of one per
-counter, which is what Cassandra's CPU follows (``python -m bench.layouts``).
+counter (``python -m bench.layouts``).
 
 Rows are ordered by birth so that the GC removes what it folded with range tombstones over birth times
-(``born_us > a AND born_us < b``, between the births of mutators still live), not a tombstone per cell or
-per row: each run's ranges cover the previous runs' at a later timestamp, so a read meets a couple of range
-markers whatever the number of partitions, counters and rotations (``python -m bench.tombstones``).
-Schema 2 deleted a cell per counter and mutator: a key written from 12 partitions by 3 counters carried
-8,640 tombstones after ten days of hourly rotation.
+(``born_us > a AND born_us < b``, between the births of mutators still live, above the tally row), not a
+tombstone per cell or per row: each run's ranges cover the previous runs' at a later timestamp, so a read meets
+a couple of range markers whatever the number of partitions, counters and rotations
+(``python -m bench.tombstones``). Schema 2 deleted a cell per counter and mutator: a key written from 12
+partitions by 3 counters carried 8,640 tombstones after ten days of hourly rotation. Schema 3 gave every key a
+partition of its own, tallies in a static column.
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ import json
 import re
 import struct
 import uuid
+import zlib
 from collections.abc import Sequence
 
 from schemas.errors import CorruptStateError, CountersinkError, MalformedInstanceKeyError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 GC_RUNS_TTL_S = 30 * 24 * 3600  # how long the record of each GC run is kept
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -83,7 +93,7 @@ def partition_key(key: str) -> str:
 
 
 def key_of_partition(partition: str) -> str:
-    """The instance key stored in a ``shards`` partition."""
+    """The instance key stored as ``partition`` in ``shards.key``."""
     return "" if partition == _KEYLESS_PARTITION else partition
 
 
@@ -99,8 +109,77 @@ def shard_of_cell(cell: bytes) -> tuple[bytes, int]:
     return cell[_OFFSET.size:], _OFFSET.unpack_from(cell)[0]
 
 
-# The row of a partition's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
+# Slots per time bucket (schema 4): a bucket's keys share this many partitions. Sixteen made a flush's rows
+# cost Cassandra 0.4-0.6x what a partition per key did (docs/benchmarks.md, "Rows holding many keys"); a slot
+# is one replica set, so an hour's writes load at most this many of them. Changing it moves every bucketed key:
+# it is part of the schema version.
+SHARD_SLOTS = 16
+# A bucket's start ends the instance key of a bucketed counter (schemas.timeseries.bucket_key).
+_BUCKET_START = re.compile(r"[0-9]{4,5}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}Z")
+
+
+def shard_slice(key: str) -> tuple[str, str]:
+    """Where instance key ``key``'s rows are in ``shards``: its partition (``part``) and its clustering key
+    (``key``). A key ending in a bucket's start is in the partition of that bucket and of the slot of the key's
+    digest, under its own text; any other key is a partition of its own (its text, as :func:`partition_key`
+    stores it), under the empty text. Any function of the key alone would be correct, as long as no two keys
+    share a place; this one groups what one flush writes (the keys of the buckets it counts in), bounds what a
+    partition holds (a bucket's keys over the slots), and reads a key without a bucket as schema 3 did, one
+    partition named in a request. No two keys share a place: a bucket's key is never empty. :func:`slice_key`
+    is its inverse.
+
+    Raises :class:`MalformedInstanceKeyError` as :func:`partition_key` does.
+    """
+    stored = partition_key(key)
+    # (Asked for every row of every flush: the shape checked first, in a few character comparisons.)
+    bucket = key[key.rfind("|") + 1:] if key[-4:-3] == ":" and key[-1:] == "Z" else ""
+    if len(bucket) not in (17, 18) or bucket[-10] != "-" or not _BUCKET_START.fullmatch(bucket):
+        return stored, ""
+    return f"{bucket}#{zlib.crc32(key.encode()) % SHARD_SLOTS:d}", stored
+
+
+def slice_key(part: str, key: str) -> str:
+    """The instance key whose rows are at ``part`` and ``key`` (:func:`shard_slice`)."""
+    return key_of_partition(part if key == "" else key)
+
+
+def partition_groups(keys: Sequence[str], per_request: int) -> list[tuple[list[str], list[str]]]:
+    """Requests reading the slices of ``keys`` (instance keys), as ``(parts, clustering keys)`` pairs to select
+    with ``part IN ? AND key IN ?``, each naming at most ``per_request`` keys: the keys of a partition holding
+    several of them together; keys without a bucket as their partitions and the empty key; the other keys of
+    buckets, their partitions and keys (Cassandra reads every pair of the two lists, and a key is in its own
+    partition only: the other pairs find nothing, so those requests are kept small)."""
+    by_part: dict[str, list[str]] = {}
+    for key in dict.fromkeys(keys):
+        part, stored = shard_slice(key)
+        by_part.setdefault(part, []).append(stored)
+    groups: list[tuple[list[str], list[str]]] = []
+    whole: list[str] = []
+    alone: list[tuple[str, str]] = []
+    for part, of_part in by_part.items():
+        if of_part == [""]:
+            whole.append(part)
+        elif len(of_part) == 1:
+            alone.append((part, of_part[0]))
+        else:
+            groups.extend(([part], of_part[i:i + per_request]) for i in range(0, len(of_part), per_request))
+    groups.extend((whole[i:i + per_request], [""]) for i in range(0, len(whole), per_request))
+    pairs = max(1, min(per_request, _CROSSED_KEYS))
+    for i in range(0, len(alone), pairs):
+        chunk = alone[i:i + pairs]
+        groups.append(([part for part, _ in chunk], [stored for _, stored in chunk]))
+    return groups
+
+
+# Keys of different buckets' partitions read in one request: it reads every partition for every key, so their
+# number squared.
+_CROSSED_KEYS = 12
+
+
+# The row of a key's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
 STAMP_ROW = (2**63 - 1, uuid.UUID(int=0))
+# The row of a key's tallies: before every mutator's row, and below every range the GC deletes.
+TALLY_ROW = (-(2**63), uuid.UUID(int=0))
 # The sources of the stamps a drop's sweep and a GC fold write: not 8 bytes, so no consumer's. A fold keeps every
 # value, but a merge of sketches depends on their grouping (KLL compacts at random, frequent items by order): a
 # kept merge of the shards before it is not what a read after it merges.
@@ -247,13 +326,14 @@ def create_tables(keyspace: str) -> list[str]:
     overwrite_heavy = "compaction = {'class': 'UnifiedCompactionStrategy', 'scaling_parameters': 'L4'}"
     return [
         f"""CREATE TABLE IF NOT EXISTS {ks}.shards (
+            part text,
             key text,
             born_us bigint,
             mutator uuid,
-            tallies map<text, blob> STATIC,
+            tallies map<text, blob>,
             states map<text, blob>,
             stamps map<blob, bigint>,
-            PRIMARY KEY ((key), born_us, mutator)
+            PRIMARY KEY ((part), key, born_us, mutator)
         ) WITH {overwrite_heavy} AND {SHARDS_READ_REPAIR}""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.partitions (
             consumer_group text,
@@ -388,9 +468,6 @@ def create_tables(keyspace: str) -> list[str]:
 # consumer group (one group per keyspace), its drop marker (a dropped counter's name stays refused) and the
 # formats of its topics as the consumer last started with them (what a trace without a definitions file decodes).
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    # When each source last wrote the partition (stamp_source): serve's cache checks them instead of reading
-    # every shard. (Its read_repair is set by ensure_schema: SHARDS_OPTIONS.)
-    "shards": (("stamps", "map<blob, bigint>"),),
     # The highest cutoff a GC run recorded before reading the registry (gc_worker.collector, Claimant).
     "gc_runs": (("cutoff_us", "bigint static"),),
     "counters": (("consumer_group", "text"), ("dropped_us", "bigint"), ("dropped_by", "text"),

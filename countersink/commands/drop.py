@@ -41,7 +41,7 @@ from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, s
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry, DroppedCounter
 from countersink.settings import Settings
-from schemas.cql import DROP_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, key_of_partition
+from schemas.cql import DROP_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, TALLY_ROW, slice_key
 from schemas.resets import later_cells, split_cell
 
 log = get_logger(__name__)
@@ -50,9 +50,10 @@ PROGRESS_EVERY_S = 5.0
 # A cell is deleted at a timestamp above its row's newest write (and at least when it is sent): a mutator whose
 # clock runs ahead writes at born_us + flush later than the sweep's own clock, and a delete stamped by that clock
 # left its cells visible, to be read and folded into the tally of a name defined anew.
-_CELL_DELETE = "DELETE states[?] FROM shards USING TIMESTAMP ? WHERE key = ? AND born_us = ? AND mutator = ?"
-_TALLY_DELETE = "DELETE tallies[?] FROM shards WHERE key = ?"
-_STAMP = "UPDATE shards USING TTL ? SET stamps[?] = ? WHERE key = ? AND born_us = ? AND mutator = ?"
+_ROW = "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?"
+_CELL_DELETE = f"DELETE states[?] FROM shards USING TIMESTAMP ? {_ROW}"
+_TALLY_DELETE = f"DELETE tallies[?] FROM shards {_ROW}"
+_STAMP = f"UPDATE shards USING TTL ? SET stamps[?] = ? {_ROW}"  # noqa: S608
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,38 +205,39 @@ async def sweep(client: CassandraClient, name: str, batch: int, stopping: asynci
     after each page, and whether it was the last."""
     progress = DropProgress()
     page: bytes | None = None
-    tallied: str | None = None  # the last key whose tallies were deleted: its rows follow one another
+    tallied: tuple[str, str] | None = None  # the last key whose tallies were deleted: its rows follow one another
     later = later_cells(name)  # the cells of its epochs after resets
     while not stopping.is_set():
         result = await client.execute(
-            "SELECT key, born_us, mutator, tallies[?] AS tally, states[?] AS cell, tallies[?..?] AS later_tallies, "
-            "states[?..?] AS later_cells, maxwritetime(states) AS written_us FROM shards", [name, name, *later, *later],
+            "SELECT part, key, born_us, mutator, tallies[?] AS tally, states[?] AS cell, "
+            "tallies[?..?] AS later_tallies, states[?..?] AS later_cells, maxwritetime(states) AS written_us "
+            "FROM shards", [name, name, *later, *later],
             page_size=batch, page_state=page)
-        # By partition: its deletes and its stamp in one single-partition batch, which Cassandra applies
+        # By key: its deletes and its stamp in one single-partition batch, which Cassandra applies
         # atomically: a serve that kept a merge of the counter reads the states again (schemas.cql), whatever
         # point the sweep is stopped at.
-        deletes: dict[str, list[tuple[str, list[object]]]] = {}
+        deletes: dict[tuple[str, str], list[tuple[str, list[object]]]] = {}
         for row in as_dicts(result):
             progress.rows_scanned += 1
-            key = row["key"]
+            slice_of = (row["part"], row["key"])  # schemas.cql.shard_slice
             tallies = ([name] if row["tally"] is not None else []) + sorted(row["later_tallies"] or ())
             cells = ([name] if row["cell"] is not None else []) + sorted(row["later_cells"] or ())
-            if (tallies or cells) and key != tallied:
-                tallied = key
+            if (tallies or cells) and slice_of != tallied:
+                tallied = slice_of
                 # The tallies of every epoch the key holds, whether this read saw one or not: a GC fold read
                 # before this sweep may land after it, at an earlier timestamp (its mutators' last retirement),
                 # and bring back a tally this read did not see; the sweep's deletes hide it.
-                deletes.setdefault(key, []).extend((_TALLY_DELETE, [cell, key]) for cell in sorted(
-                    {name, *tallies, *cells}))
+                deletes.setdefault(slice_of, []).extend(
+                    (_TALLY_DELETE, [cell, *slice_of, *TALLY_ROW]) for cell in sorted({name, *tallies, *cells}))
                 progress.tallies_deleted += len(tallies)
-                progress.keys.add(key_of_partition(key))
-            if cells and row["born_us"] is not None:
+                progress.keys.add(slice_key(*slice_of))
+            if cells:
                 at_us = max(time.time_ns() // 1000, int(row["written_us"] or 0) + 1)
-                deletes.setdefault(key, []).extend(
-                    (_CELL_DELETE, [cell, at_us, key, row["born_us"], row["mutator"]]) for cell in cells)
+                deletes.setdefault(slice_of, []).extend(
+                    (_CELL_DELETE, [cell, at_us, *slice_of, row["born_us"], row["mutator"]]) for cell in cells)
                 progress.cells_deleted += len(cells)
-                progress.keys.add(key_of_partition(key))
-        await asyncio.gather(*(_delete(client, key, statements) for key, statements in deletes.items()))
+                progress.keys.add(slice_key(*slice_of))
+        await asyncio.gather(*(_delete(client, slice_of, statements) for slice_of, statements in deletes.items()))
         page = result.page_state() if result.has_more_pages() else None
         report(progress, page is None)
         if page is None:
@@ -262,16 +264,17 @@ _DELETES_PER_BATCH = 100
 _last_stamp_us = 0
 
 
-async def _delete(client: CassandraClient, key: str, statements: list[tuple[str, list[object]]]) -> None:
-    """One partition's deletes, each batch of them with a stamp of its own, timestamped when it is sent: later
-    than any write of a mutator born before it."""
+async def _delete(client: CassandraClient, slice_of: tuple[str, str],
+                  statements: list[tuple[str, list[object]]]) -> None:
+    """One key's deletes (``slice_of``: its place, schemas.cql.shard_slice), each batch of them with a stamp of
+    its own, timestamped when it is sent: later than any write of a mutator born before it."""
     global _last_stamp_us
     for start in range(0, len(statements), _DELETES_PER_BATCH):
         # Each batch's stamp differs from the last (a serve that read between two batches reads again).
         _last_stamp_us = now_us = max(time.time_ns() // 1000, _last_stamp_us + 1)
         await client.execute_batch(
             [*statements[start:start + _DELETES_PER_BATCH],
-             (_STAMP, [STAMP_TTL_S, DROP_STAMP_SOURCE, now_us, key, *STAMP_ROW])], timestamp_us=now_us)
+             (_STAMP, [STAMP_TTL_S, DROP_STAMP_SOURCE, now_us, *slice_of, *STAMP_ROW])], timestamp_us=now_us)
 
 
 def _instant(epoch_us: int) -> str:

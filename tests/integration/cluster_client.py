@@ -18,8 +18,8 @@ import uuid
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.settings import CassandraSettings, Consistency
 
-INSERT = "UPDATE shards SET states = states + ? WHERE key = ? AND born_us = 1 AND mutator = ?"
-READ = "SELECT count(*) AS n FROM shards WHERE key = ?"
+INSERT = "UPDATE shards SET states = states + ? WHERE part = ? AND key = '' AND born_us = 1 AND mutator = ?"
+READ = "SELECT count(*) AS n FROM shards WHERE part = ?"
 
 
 def report(**fields: object) -> None:

@@ -24,6 +24,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.registry import CounterRegistry
 from countersink.serve import ReadApi
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, ServeSettings, Settings
+from schemas.cql import TALLY_ROW, shard_slice, slice_key
 from schemas.definitions import load_definitions, parse_definitions
 from schemas.errors import CounterDroppedError, GroupMismatchError
 from schemas.resets import split_cell
@@ -257,7 +258,8 @@ async def test_drop_deletes_every_epoch_and_forget_its_resets_so_the_name_starts
                                  [ShardWrite(cell, key, one(), 1, True) for cell in cells for key in ("a", "b")],
                                  source=b"src")
         for cell in ("hits@1", "hits2@1"):
-            await client.execute("UPDATE shards SET tallies[?] = ? WHERE key = ?", [cell, one(), "a"])
+            await client.execute("UPDATE shards SET tallies[?] = ? WHERE part = ? AND key = ? AND born_us = ? "
+                                 "AND mutator = ?", [cell, one(), *shard_slice("a"), *TALLY_ROW])
         for epoch in (1, 2):
             await client.execute("INSERT INTO resets (counter, epoch, id, keys) VALUES (?, ?, ?, ?)",
                                  ["hits", epoch, f"hits.{epoch}.x", {"a"}])
@@ -271,8 +273,9 @@ async def test_drop_deletes_every_epoch_and_forget_its_resets_so_the_name_starts
     assert "deleted 6 shard cells and 1 tallies in 2 keys" in dropped.stdout, dropped.stdout
     assert "deleted its 2 resets" in dropped.stdout, dropped.stdout
     async with CassandraClient(cassandra_settings) as client:
-        rows = as_dicts(await client.execute("SELECT key, born_us, tallies, states FROM shards", page_size=10_000))
-        kept = {(row["key"], cell) for row in rows if row["born_us"] is not None and row["born_us"] < 2**62
+        rows = as_dicts(await client.execute("SELECT part, key, born_us, tallies, states FROM shards",
+                                             page_size=10_000))
+        kept = {(slice_key(row["part"], row["key"]), cell) for row in rows if row["born_us"] < 2**62
                 for cell in row["states"] or ()}
         assert kept == {(key, cell) for key in ("a", "b") for cell in ("hits2", "hits_a", "hits2@1")}
         assert {cell for row in rows for cell in row["tallies"] or ()} == {"hits2@1"}

@@ -18,7 +18,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_producer
 from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
-from schemas.cql import LAST_EXPIRY_S
+from schemas.cql import LAST_EXPIRY_S, shard_slice
 from schemas.definitions import parse_definitions
 from schemas.timeseries import BUCKET_FORMAT
 from stack.loading import end_offsets, wait_until_flushed
@@ -107,9 +107,9 @@ async def test_times_storage_cannot_keep_are_refused_and_a_decade_of_retention_s
         assert await reader.get("decade", _key(DEC_2037)) == 1
         assert await reader.get("decade", _key(now)) == 1
         rows = as_dicts(await client.execute(
-            "SELECT states['decade'] AS state, ttl(states['decade']) AS ttl FROM shards WHERE key = ?",
-            [_key(DEC_2037)]))
-        shards = [row for row in rows if row["state"] is not None]  # not the partition's stamps row (schemas.cql)
+            "SELECT states['decade'] AS state, ttl(states['decade']) AS ttl FROM shards WHERE part = ? AND key = ?",
+            list(shard_slice(_key(DEC_2037)))))
+        shards = [row for row in rows if row["state"] is not None]  # not the key's stamps row (schemas.cql)
         assert shards
         assert all(0 < row["ttl"] <= LAST_EXPIRY_S - now for row in shards)
         assert await _total(reader, "month", [now, now + 1]) == 2

@@ -27,7 +27,7 @@ from countersink.reader import CounterReader
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from gc_worker.collector import Collector
 from gc_worker.store import CassandraGcStore
-from schemas.cql import STAMP_ROW, shard_of_cell
+from schemas.cql import STAMP_ROW, TALLY_ROW, shard_of_cell, shard_slice
 from schemas.definitions import parse_definitions
 from schemas.events import EventRouter
 from schemas.kinds import state_from_bytes
@@ -45,11 +45,12 @@ def _key(bucket_start: int) -> str:
 
 
 async def _rows(client: CassandraClient, key: str, stamps: bool = False) -> list[dict[str, object]]:
-    """The key's rows of mutators, and its stamps row (schemas.cql) with ``stamps``."""
+    """The key's rows of mutators, and its tally and stamps rows (schemas.cql) with ``stamps``."""
     rows = as_dicts(await client.execute(
         "SELECT mutator, states['views'] AS cell, ttl(states['views']) AS state_ttl, tallies['views'] AS tally, "
-        "ttl(tallies['views']) AS tally_ttl FROM shards WHERE key = ?", [key]))
-    return [row for row in rows if stamps or row["mutator"] != str(STAMP_ROW[1])]
+        "ttl(tallies['views']) AS tally_ttl, born_us FROM shards WHERE part = ? AND key = ?", list(shard_slice(key))))
+    return [{name: value for name, value in row.items() if name != "born_us"} for row in rows
+            if stamps or row["born_us"] not in (TALLY_ROW[0], STAMP_ROW[0])]
 
 
 def _late() -> float:
@@ -129,7 +130,8 @@ retain = "2m"
         await asyncio.sleep(MIN_LIFETIME_US / 1e6 + 1.0)  # past retire times (born + 1 s at the least) and the grace
         await Collector(CassandraGcStore(client), 500_000, retriable=(CassandraUnavailableError,)
                         ).run(time.time_ns() // 1000)
-        folded = await _rows(client, _key(live), stamps=True)  # the stamps row alone is left, with the tally
+        folded = await _rows(client, _key(live), stamps=True)  # the tally row and the stamps row alone are left
+        assert len(folded) == 2
         assert folded[0]["tally"] is not None
         assert GRACE_S < folded[0]["tally_ttl"] <= 3 * MINUTE + GRACE_S  # type: ignore[operator]
         assert await reader.get("views", _key(live)) == 5

@@ -417,8 +417,8 @@ async def test_a_select_only_role_serves_reads_and_cannot_write(
     async with CassandraClient(secure_stack.cassandra_settings("countersink_reader", granted_keyspace)) as reader:
         await reader.execute("SELECT key FROM shards LIMIT 1")
         with pytest.raises(CassandraError, match="countersink_reader has no MODIFY permission"):
-            await reader.execute("UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?",
-                                 [{"trades_count": b"\x00"}, "X", 1, uuid.uuid4()])
+            await reader.execute("UPDATE shards SET states = states + ? WHERE part = ? AND key = ? AND born_us = ? "
+                                 "AND mutator = ?", [{"trades_count": b"\x00"}, "X", "", 1, uuid.uuid4()])
     async with CassandraClient(secure_stack.cassandra_settings("countersink_consumer", granted_keyspace)) as consumer:
         with pytest.raises(CassandraError, match=r"countersink_consumer has no (ALTER|CREATE) permission"):
             await consumer.execute("CREATE TABLE extra (k int PRIMARY KEY)", prepared=False)
@@ -473,8 +473,8 @@ async def test_serve_resets_with_its_admin_role_which_writes_only_the_resets_tab
     assert sorted(p["partition"] for p in done["positions"]) == [0, 1]
     async with CassandraClient(secure_stack.cassandra_settings("countersink_serve_admin", granted_keyspace)) as admin:
         with pytest.raises(CassandraError, match="countersink_serve_admin has no MODIFY permission"):
-            await admin.execute("UPDATE shards SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?",
-                                [{"trades_count": b"\x00"}, "X", 1, uuid.uuid4()])
+            await admin.execute("UPDATE shards SET states = states + ? WHERE part = ? AND key = ? AND born_us = ? "
+                                "AND mutator = ?", [{"trades_count": b"\x00"}, "X", "", 1, uuid.uuid4()])
     assert admin_token not in serve.text()
     assert password not in serve.text()
 

@@ -47,10 +47,11 @@ async def test_cassandra_schema_rows_at_quorum_and_lwt(cassandra_settings: Cassa
     mutator = uuid.uuid4()
     async with CassandraClient(cassandra_settings) as client:
         await client.execute(
-            "UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE key = ? AND born_us = ? AND mutator = ?",
-            [1_000, {"likes": b"\x01\x01state"}, "post-1", 900, mutator], consistency=Consistency.QUORUM)
+            "UPDATE shards USING TIMESTAMP ? SET states = states + ? WHERE part = ? AND key = ? AND born_us = ? "
+            "AND mutator = ?", [1_000, {"likes": b"\x01\x01state"}, "post-1", "", 900, mutator],
+            consistency=Consistency.QUORUM)
         result = await client.execute(
-            "SELECT mutator, states[?] AS state, writetime(states[?]) AS ts FROM shards WHERE key = ?",
+            "SELECT mutator, states[?] AS state, writetime(states[?]) AS ts FROM shards WHERE part = ?",
             ["likes", "likes", "post-1"], consistency=Consistency.QUORUM)
         # The driver returns uuid columns as text; countersink's store converts them where it reads them.
         expected = {"mutator": str(mutator), "state": b"\x01\x01state", "ts": 1_000}
@@ -139,9 +140,12 @@ async def test_a_keyspace_of_an_older_schema_is_refused_with_what_to_do(cassandr
     async with CassandraClient(cassandra_settings) as client:
         await client.ensure_schema()
         await client.execute("UPDATE schema_meta SET version = 1 WHERE name = 'countersink'")
-        with pytest.raises(SchemaVersionError, match=rf"{cassandra_settings.keyspace}.*schema 1.*needs 3.*drop"):
+        with pytest.raises(SchemaVersionError, match=rf"{cassandra_settings.keyspace}.*schema 1.*needs 4.*drop"):
             await client.ensure_schema()
-        # Schema 2 (shards clustered by mutator alone, a tombstone per folded cell) is refused the same way.
-        await client.execute("UPDATE schema_meta SET version = 2 WHERE name = 'countersink'")
-        with pytest.raises(SchemaVersionError, match=rf"{cassandra_settings.keyspace}.*schema 2.*needs 3.*drop"):
-            await client.ensure_schema()
+        # Schema 2 (shards clustered by mutator alone, a tombstone per folded cell) and schema 3 (a partition per
+        # key, tallies static) are refused the same way.
+        for older in (2, 3):
+            await client.execute("UPDATE schema_meta SET version = ? WHERE name = 'countersink'", [older])
+            with pytest.raises(SchemaVersionError,
+                               match=rf"{cassandra_settings.keyspace}.*schema {older}.*needs 4.*drop"):
+                await client.ensure_schema()

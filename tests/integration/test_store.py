@@ -14,7 +14,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings
 from gc_worker.store import CassandraGcStore
-from schemas.cql import STAMP_ROW, STAMP_TTL_S
+from schemas.cql import STAMP_ROW, STAMP_TTL_S, shard_slice
 from schemas.kinds import KindSpec, new_state
 
 pytestmark = pytest.mark.integration
@@ -97,10 +97,10 @@ async def test_a_flush_writes_states_and_stamps_at_its_timestamp_with_their_ttls
         for key in ("AAPL", "MSFT"):
             states = as_dicts(await client.execute(
                 "SELECT maxwritetime(states) AS ts, ttl(states) AS ttls FROM shards "
-                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, 40, mutator]))
+                "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?", [*shard_slice(key), 40, mutator]))
             stamps = as_dicts(await client.execute(
                 "SELECT stamps, maxwritetime(stamps) AS ts, ttl(stamps) AS ttls FROM shards "
-                "WHERE key = ? AND born_us = ? AND mutator = ?", [key, *STAMP_ROW]))
+                "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?", [*shard_slice(key), *STAMP_ROW]))
             rows[key] = (states[0], stamps[0])
     for key, (states, stamps) in rows.items():
         assert states["ts"] == stamps["ts"] == 1_234_567, key
@@ -125,10 +125,10 @@ async def test_a_level_beyond_the_keyspaces_replicas_is_refused_not_retried(
                                                   source=b"src")
         with pytest.raises(ConsistencyUnreachableError,
                            match=r"^consistency THREE waits for 3 replicas; keyspace \w+ keeps 1 ") as refused:
-            await client.execute("SELECT key FROM shards WHERE key = ?", ["k"], consistency=Consistency.THREE)
+            await client.execute("SELECT key FROM shards WHERE part = ?", ["k"], consistency=Consistency.THREE)
         assert not isinstance(refused.value, CassandraUnavailableError)  # not retriable
         with pytest.raises(ConsistencyUnreachableError, match=r"^consistency TWO waits for 2 replicas"):
-            await client.execute_batch([("DELETE FROM shards WHERE key = ?", ["nothing"])],
+            await client.execute_batch([("DELETE FROM shards WHERE part = ?", ["nothing"])],
                                        consistency=Consistency.TWO)
-        assert as_dicts(await client.execute("SELECT key FROM shards WHERE key = ?", ["k"],
+        assert as_dicts(await client.execute("SELECT key FROM shards WHERE part = ?", ["k"],
                                              consistency=Consistency.ONE))

@@ -36,7 +36,7 @@ async def test_a_read_scans_a_bounded_number_of_tombstones_however_many_rotation
                 measured.extend(points)
     assert [(p.rotation, p.key) for p in measured] == [
         (10, "hot key"), (10, "keyless"), (ROTATIONS, "hot key"), (ROTATIONS, "keyless")]
-    # The live rows: each partition's current mutator, the static row of the tallies and the stamps row.
+    # The live rows: each partition's current mutator, the tally row and the stamps row.
     assert {p.live_rows for p in measured} == {PARTITIONS + 2}
     assert all(p.tombstones is not None and p.tombstones <= 2 for p in measured), [
         (p.rotation, p.key, p.tombstones) for p in measured]

@@ -16,6 +16,7 @@ from countersink.cassandra import CassandraClient
 from countersink.reader import CounterReader, read_state
 from countersink.settings import CassandraSettings
 from countersink.state_cache import StateCache
+from schemas.cql import TALLY_ROW, shard_slice
 from schemas.kinds import KindSpec, State, new_state, state_from_bytes
 from tests.integration.serve_support import running_serve
 
@@ -69,8 +70,8 @@ async def test_256_shards_read_as_the_merge_of_what_was_written(cassandra_settin
         written: dict[str, list[bytes]] = {}
         for kind in SPECS:
             tally = _state(kind, -1, rng).to_bytes()
-            await client.execute("UPDATE shards SET tallies = tallies + ? WHERE key = ?",
-                                 [{f"wide_{kind}": tally}, f"{kind}-wide"])
+            await client.execute("UPDATE shards SET tallies = tallies + ? WHERE part = ? AND key = ? AND born_us = ? "
+                                 "AND mutator = ?", [{f"wide_{kind}": tally}, *shard_slice(f"{kind}-wide"), *TALLY_ROW])
             written[kind] = [tally]
             for i, mutator in enumerate(mutators):
                 blob = _state(kind, i, rng).to_bytes()

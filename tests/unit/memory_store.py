@@ -87,7 +87,7 @@ class ShardRow:
 
 @dataclasses.dataclass(frozen=True)
 class RangeTombstone:
-    """``DELETE FROM shards USING TIMESTAMP ts WHERE key = ? AND born_us > after AND born_us < before``."""
+    """``DELETE FROM shards USING TIMESTAMP ts WHERE part = ? AND key = ? AND born_us > after AND born_us < before``."""
 
     after: int | None
     before: int

@@ -114,12 +114,12 @@ def test_a_flush_never_asks_for_an_expiry_past_what_cassandra_stores(monkeypatch
               ShardWrite("forever", "home", b"s", 1, False)]
     born_us = in_2028 * 1_000_000
     asyncio.run(CassandraStore(client).write_shards(uuid.uuid4(), born_us, 1, writes, source=b"test"))  # type: ignore[arg-type]
-    # Each row of states and its partition's stamp (the same TTL, or a stamp's own for the row without one).
+    # Each row of states and its key's stamp (the same TTL, or a stamp's own for the row without one).
     ttls = sorted(params[0] for cql, params in client.statements if "USING TTL ?" in cql)
     assert ttls == sorted([30 * DAY + 3600, 30 * DAY + 3600, LAST_EXPIRY_S - in_2028, LAST_EXPIRY_S - in_2028])
     assert [cql for cql, _ in client.statements if "USING TTL ?" not in cql and "SET stamps" in cql] == [
-        f"UPDATE shards USING TTL {STAMP_TTL_S} SET stamps[?] = ? WHERE key = ? AND born_us = {STAMP_ROW[0]} "
-        f"AND mutator = {STAMP_ROW[1]}"]
+        f"UPDATE shards USING TTL {STAMP_TTL_S} SET stamps[?] = ? WHERE part = ? AND key = '' "
+        f"AND born_us = {STAMP_ROW[0]} AND mutator = {STAMP_ROW[1]}"]
     assert sum("USING TTL" not in cql for cql, _ in client.statements) == 1  # the states kept forever
     assert client.stamps == 3
 

@@ -1,5 +1,6 @@
-"""How a flush's shard rows are grouped into requests: the counters of one key in one row, several keys per
-unlogged batch, within Cassandra's warning thresholds (10 partitions, 5 KiB), every row sent exactly once."""
+"""How a flush's shard rows are grouped into requests: the counters of one key in one row, the rows of one
+partition (a bucket's slot) in single-partition batches, partitions of a row or a few several per unlogged batch
+within Cassandra's warning thresholds (10 partitions, 5 KiB), every row sent exactly once."""
 
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
 from schemas.cql import (
+    SHARD_SLOTS,
     STAMP_ROW,
     STAMP_TTL_S,
     instances_of_work,
     key_of_partition,
+    partition_groups,
     partition_key,
     shard_cell,
     shard_of_cell,
+    shard_slice,
+    slice_key,
 )
 from schemas.errors import CorruptStateError, MalformedInstanceKeyError
 from schemas.events import encode_instance_key
@@ -78,20 +83,34 @@ def test_each_partition_written_is_stamped_in_the_same_request() -> None:
         assert len(stamps) == len(states)
         for (stamp_cql, stamp), (state_cql, state) in zip(stamps, states, strict=True):
             assert stamp_row in stamp_cql
-            assert stamp[-3:] == [b"src", 1, state[-3]]  # the source's cell, the timestamp, the partition
+            assert place_of(stamp_cql, stamp) == place_of(state_cql, state)  # the key's place
+            end = len(stamp) - bound_place(stamp_cql)
+            assert stamp[end - 2:end] == [b"src", 1]  # the source's cell, the timestamp
             if "TTL ?" in state_cql:
                 assert ("TTL ?" in stamp_cql, stamp[0]) == (True, state[0])  # the row's TTL
             else:
                 assert f"TTL {STAMP_TTL_S} " in stamp_cql  # a stamp's own
-                assert len(stamp) == 3
+                assert len(stamp) == 2 + bound_place(stamp_cql)
 
 
-def key_of(params: Sequence[Any]) -> str:
-    return params[-3]
+def place_of(cql: str, params: Sequence[Any]) -> tuple[str, str]:
+    """The partition and clustering key a statement writes: bound, or the empty key in its text (a key without
+    a bucket); a row's states end with its birth and mutator, a stamp with the place."""
+    end = len(params) - (2 if "SET states" in cql else 0)
+    return (params[end - 1], "") if "key = ''" in cql else (params[end - 2], params[end - 1])
 
 
-def cells_of(params: Sequence[Any]) -> dict[str, bytes]:
-    return params[-4]
+def key_of(cql: str, params: Sequence[Any]) -> str:
+    return slice_key(*place_of(cql, params))
+
+
+def bound_place(cql: str) -> int:
+    """How many values of a statement's place are bound: its partition, and the key of a bucket."""
+    return 1 if "key = ''" in cql else 2
+
+
+def cells_of(cql: str, params: Sequence[Any]) -> dict[str, bytes]:
+    return params[len(params) - 3 - bound_place(cql)]  # the cells, the place, the birth and the mutator
 
 
 def write(i: int, state_bytes: int = 40) -> ShardWrite:
@@ -102,14 +121,15 @@ def test_rows_go_ten_to_a_request_and_each_exactly_once() -> None:
     """Shard rows go ten to a request, each exactly once."""
     requests = shard_requests([write(i) for i in range(95)])
     assert [len(r) for r in requests] == [10] * 9 + [5]
-    assert sorted(key_of(params) for r in requests for _, params in r) == [f"S{i:06d}" for i in range(95)]
+    assert sorted(key_of(cql, params) for r in requests for cql, params in r) == [f"S{i:06d}" for i in range(95)]
 
 
 def test_a_batch_stays_under_four_kib() -> None:
     """A batch of shard rows stays under 4 KiB."""
     requests = shard_requests([write(i, state_bytes=1500) for i in range(7)])
     assert [len(r) for r in requests] == [2, 2, 2, 1]
-    assert all(sum(len(cell) for _, params in r for cell in cells_of(params).values()) <= 4096 for r in requests)
+    assert all(sum(len(cell) for cql, params in r for cell in cells_of(cql, params).values()) <= 4096
+               for r in requests)
 
 
 def test_a_large_state_goes_alone() -> None:
@@ -129,9 +149,9 @@ def test_the_counters_of_one_key_share_one_row() -> None:
               for counter, offset in (("trades", 7), ("shares", 8), ("buyers", 9))]
     writes.append(ShardWrite("trades", "MSFT", b"t", 7, True))
     requests = shard_requests(writes)
-    statements = [params for r in requests for _, params in r]
-    assert sorted(key_of(p) for p in statements) == ["IBM", "MSFT"]
-    ibm = next(cells_of(p) for p in statements if key_of(p) == "IBM")
+    statements = [statement for r in requests for statement in r]
+    assert sorted(key_of(*s) for s in statements) == ["IBM", "MSFT"]
+    ibm = next(cells_of(*s) for s in statements if key_of(*s) == "IBM")
     assert {counter: shard_of_cell(cell) for counter, cell in ibm.items()} == {
         "trades": (b"trades", 7), "shares": (b"shares", 8), "buyers": (b"buyers", 9)}
 
@@ -143,9 +163,9 @@ def test_counters_of_one_key_with_different_expiries_get_their_own_ttls() -> Non
               ShardWrite("daily", "IBM", b"d", 1, False, far + 3600)]
     statements = [(cql, params) for r in shard_requests(writes) for cql, params in r]
     assert len(statements) == 3
-    plain = [params for cql, params in statements if "TTL" not in cql]
-    assert [set(cells_of(p)) for p in plain] == [{"kept"}]
-    ttls = {next(iter(cells_of(p))): p[0] for cql, p in statements if "TTL" in cql}
+    plain = [(cql, params) for cql, params in statements if "TTL" not in cql]
+    assert [set(cells_of(*s)) for s in plain] == [{"kept"}]
+    ttls = {next(iter(cells_of(cql, p))): p[0] for cql, p in statements if "TTL" in cql}
     assert set(ttls) == {"hourly", "daily"}
     assert ttls["daily"] - ttls["hourly"] == 3600
 
@@ -179,22 +199,76 @@ def test_cells_and_work_rows_refuse_corrupt_bytes() -> None:
         instances_of_work(b"\xff")
 
 
-@given(st.lists(st.lists(st.text(max_size=4), max_size=3), min_size=2, max_size=6, unique_by=encode_instance_key))
-def test_every_instance_key_has_its_own_non_empty_partition(components: list[list[str]]) -> None:
-    """Cassandra refuses an empty partition key: every instance key, the keyless "" included, maps to a
-    non-empty partition, no two keys to the same one, and back."""
-    keys = [encode_instance_key(parts) for parts in components]
-    partitions = [partition_key(key) for key in keys]
-    assert all(partitions)
-    assert len(set(partitions)) == len(keys)
-    assert [key_of_partition(p) for p in partitions] == keys
+_BUCKETS = st.sampled_from(["2026-11-22T10:00Z", "2026-11-22T11:00Z", "0001-01-01T00:00Z", "10000-01-01T00:00Z"])
+
+
+def _instance_key(components: tuple[list[str], str | None]) -> str:
+    parts, bucket = components
+    return encode_instance_key([*parts, bucket] if bucket else parts)
+
+
+@given(st.lists(st.tuples(st.lists(st.text(max_size=4), max_size=3), st.none() | _BUCKETS), min_size=2,
+                max_size=8, unique_by=_instance_key))
+def test_every_instance_key_has_its_own_place_in_a_non_empty_partition(
+        components: list[tuple[list[str], str | None]]) -> None:
+    """Cassandra refuses an empty partition key: every instance key, the keyless "" included, bucketed or not,
+    maps to a non-empty partition, no two keys to the same place (partition and clustering key), and back; a
+    bucket's keys to that bucket's slots, any other key to a partition of its own."""
+    keys = [_instance_key(c) for c in components]
+    places = [shard_slice(key) for key in keys]
+    assert all(part for part, _ in places)
+    assert len(set(places)) == len(keys)
+    assert [slice_key(*place) for place in places] == keys
+    for (parts, bucket), (part, stored) in zip(components, places, strict=True):
+        if bucket is not None:
+            assert part.rsplit("#", 1)[0] == bucket
+            assert 0 <= int(part.rsplit("#", 1)[1]) < SHARD_SLOTS
+            assert stored == partition_key(encode_instance_key([*parts, bucket]))
+        elif not encode_instance_key(parts).endswith("Z"):  # (a key may end like a bucket without being one)
+            assert (part, stored) == (partition_key(encode_instance_key(parts)), "")
+
+
+@given(st.lists(st.tuples(st.text(max_size=3), st.none() | _BUCKETS), max_size=60, unique=True),
+       st.integers(min_value=1, max_value=30))
+def test_the_reads_of_many_keys_name_each_key_once_and_its_place(keys: list[tuple[str, str | None]],
+                                                                per_request: int) -> None:
+    """partition_groups' requests (``part IN ? AND key IN ?``) cover every key's place, name each key once
+    and at most per_request keys each, and cross the partitions of keys alone in theirs by a dozen at most."""
+    instance_keys = [encode_instance_key([text, bucket] if bucket else [text]) for text, bucket in keys]
+    groups = partition_groups(instance_keys, per_request)
+    named = [(part, stored) for parts, stored_keys in groups for part in parts for stored in stored_keys]
+    assert {shard_slice(key) for key in instance_keys} <= set(named)
+    assert sum(len(stored) if stored != [""] else len(parts) for parts, stored in groups) == len(instance_keys)
+    for parts, stored in groups:
+        assert max(len(parts), len(stored)) <= per_request
+        assert len(parts) == 1 or len(stored) == 1 or max(len(parts), len(stored)) <= 12
+
+
+def test_the_rows_of_a_buckets_slot_go_in_single_partition_batches() -> None:
+    """A flush's rows of one bucket share its slots' partitions: each partition of many rows is its own batches
+    (250 rows at most, each row with its stamp, every statement naming that partition); partitions of a row or
+    a few share unlogged batches of ten partitions at most; every row is sent once."""
+    keys = [f"page{i}|2026-11-22T10:00Z" for i in range(8000)] + [f"S{i}" for i in range(15)]
+    requests = all_requests([ShardWrite("views", key, b"v", 1, True) for key in keys])
+    shard_batches = [r for r in requests if any("SET states" in cql for cql, _ in r)]
+    sent = [key_of(cql, params) for r in shard_batches for cql, params in r if "SET states" in cql]
+    assert sorted(sent) == sorted(keys)
+    def parts(request: list[tuple[str, Sequence[Any]]]) -> set[str]:
+        return {place_of(cql, params)[0] for cql, params in request}
+
+    single = [r for r in shard_batches if len(parts(r)) == 1 and len(r) > 2]
+    assert set.union(*map(parts, single)) == {f"2026-11-22T10:00Z#{slot}" for slot in range(SHARD_SLOTS)}
+    assert all(len(r) <= 2 * 250 for r in single)
+    assert sum(len(r) for r in single) == 2 * 8000  # every bucketed row and its stamp in its slot's batches
+    assert all(len(parts(r)) <= 10 for r in shard_batches if r not in single)
 
 
 def test_the_keyless_instance_is_written_to_its_own_partition() -> None:
     """A counter with no key fields is written to partition "\\", beside a keyed counter's row; the one
     string that would alias it is not an instance key."""
     requests = shard_requests([ShardWrite("all_trades", "", b"a", 3, True), ShardWrite("trades", "IBM", b"t", 3, True)])
-    assert sorted(key_of(params) for r in requests for _, params in r) == ["IBM", "\\"]
+    assert sorted(place_of(*s) for r in requests for s in r) == [("IBM", ""), ("\\", "")]
+    assert sorted(key_of(*s) for r in requests for s in r) == ["", "IBM"]
     assert key_of_partition("\\") == ""
     with pytest.raises(MalformedInstanceKeyError):
         partition_key("\\")
