@@ -188,8 +188,7 @@ class CassandraStore:
         # request per row costs the client and the server more than the row itself. Each partition is still its
         # own mutation (no atomicity across them is needed or assumed), and such a batch stays under Cassandra's
         # warning thresholds for size and for partitions per unlogged batch.
-        group: list[tuple[str, list[object]]] = []
-        group_bytes = group_parts = 0
+        shared: list[tuple[int, list[tuple[str, list[object]]]]] = []  # each partition sent so: bytes, statements
         # The rows of keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): the
         # size of each row, and its two statements (its states, its stamp) one after the other.
         parts: dict[str, tuple[list[int], list[tuple[str, list[object]]]]] = {}
@@ -212,13 +211,7 @@ class CassandraStore:
                 of_part[0].append(size)
                 of_part[1].extend(statements)
                 continue
-            # A key of a partition of its own (a row, or one per expiry): straight into a shared batch.
-            if group and (group_parts >= self.batch_rows or group_bytes + size > _BATCH_BYTES):
-                calls.append(self._shard_call(group, timestamp_us))
-                group, group_bytes, group_parts = [], 0, 0
-            group.extend(statements)
-            group_bytes += size
-            group_parts += 1
+            shared.append((size, statements))  # a key of a partition of its own (a row, or one per expiry)
         for sizes, statements in parts.values():
             part_bytes = sum(sizes)
             if len(sizes) > 1 and (len(sizes) >= self.batch_rows or part_bytes > _BATCH_BYTES):
@@ -230,7 +223,11 @@ class CassandraStore:
                         first, batch_bytes = row, 0
                     batch_bytes += size
                 calls.append(self._shard_call(statements[2 * first:], timestamp_us))
-                continue
+            else:
+                shared.append((part_bytes, statements))
+        group: list[tuple[str, list[object]]] = []
+        group_bytes = group_parts = 0
+        for part_bytes, statements in shared:
             if group and (group_parts >= self.batch_rows or group_bytes + part_bytes > _BATCH_BYTES):
                 calls.append(self._shard_call(group, timestamp_us))
                 group, group_bytes, group_parts = [], 0, 0
