@@ -44,8 +44,7 @@ class UnstampedStore(CassandraStore):
 
 
 STATIC_STAMPS = "static_stamps"
-STATIC_STAMPED_CQL = ("UPDATE shards SET states = states + ?, static_stamps[?] = ? "
-                      "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?")
+STATIC_STAMPED_CQL = "UPDATE shards SET states = states + ?, static_stamps[?] = ? "  # then the row's WHERE
 
 
 class StaticStampsStore(CassandraStore):
@@ -58,9 +57,10 @@ class StaticStampsStore(CassandraStore):
         for (states_cql, states), (stamp_cql, stamp) in zip(group[::2], group[1::2], strict=True):
             if "SET stamps" not in stamp_cql or "TTL" in states_cql:
                 raise ValueError("the static-stamps prototype writes rows without retention only")
-            cells, part, key, born_us, mutator = states
+            cells, *place, born_us, mutator = states  # the partition, and the key of a bucket (schemas.cql)
             source, stamp = stamp[0], stamp[1]
-            merged.append((STATIC_STAMPED_CQL, [cells, source, stamp, part, key, born_us, mutator]))
+            merged.append((STATIC_STAMPED_CQL + states_cql[states_cql.index("WHERE"):],
+                           [cells, source, stamp, *place, born_us, mutator]))
         return super()._shard_call(merged, timestamp_us)
 
 

@@ -35,9 +35,10 @@ def _uuid(value: object) -> uuid.UUID | None:
 # partitions go in one request.
 _BATCH_BYTES = 4096
 # A partition's rows go in single-partition batches (one mutation: Cassandra checks no size threshold on
-# them) of at most this many rows and bytes: far below the largest mutation Cassandra takes (half a commit log
-# segment, 16 MiB by default) and small enough to be applied well within a write timeout on a busy node
-# (docs/benchmarks.md, "Rows holding many keys": 1,000-row batches timed out there, 250-row ones did not).
+# them) of at most this many keys (a row each, most of them) and bytes: far below the largest mutation
+# Cassandra takes (half a commit log segment, 16 MiB by default) and small enough to be applied well within a
+# write timeout on a busy node (docs/benchmarks.md, "Rows holding many keys": 1,000-row batches timed out
+# there, 250-row ones did not).
 _PARTITION_BATCH_ROWS = 250
 _PARTITION_BATCH_BYTES = 512 * 1024
 # What a cell adds beyond its name and value bytes (cell header, and the row's mutator id and timestamp
@@ -178,53 +179,57 @@ class CassandraStore:
                 if write.expires_at is not None and ttls[write.expires_at] is None:
                     METRICS.expired_writes_skipped.labels(write.counter).inc()
             writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]
-        rows: dict[tuple[str, int | None], dict[str, bytes]] = {}
+        # A key's rows: one per expiry its counters have (a cell per counter), most keys one.
+        rows: dict[str, dict[int | None, dict[str, bytes]]] = {}
         for write in writes:
-            rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,
-                                                                                            write.through_offset)
+            rows.setdefault(write.key, {}).setdefault(write.expires_at, {})[write.counter] = shard_cell(
+                write.state, write.through_offset)
         calls: list[Callable[[], Awaitable[object]]] = []
         # A partition's rows are one single-partition batch (a few hundred rows at most): one mutation and one
         # request for all of them. Partitions of a row or a few go several to a request (an unlogged batch): one
         # request per row costs the client and the server more than the row itself. Each partition is still its
         # own mutation (no atomicity across them is needed or assumed), and such a batch stays under Cassandra's
-        # warning thresholds for size and for partitions per unlogged batch.
+        # warning thresholds for size and for partitions per unlogged batch. A key's rows and stamps are never
+        # split between requests: its stamps are the same value in each, and serve, having read the key between
+        # two such requests, would keep a merge missing the second under stamps that the second does not change.
         shared: list[tuple[int, list[tuple[str, list[object]]]]] = []  # each partition sent so: bytes, statements
-        # The rows of keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): the
-        # size of each row, and its two statements (its states, its stamp) one after the other.
-        parts: dict[str, tuple[list[int], list[tuple[str, list[object]]]]] = {}
-        for (key, expires_at), cells in rows.items():
+        # The keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): each key's
+        # bytes and statements (its states and its stamp, for each of its rows).
+        parts: dict[str, list[tuple[int, list[tuple[str, list[object]]]]]] = {}
+        for key, by_expiry in rows.items():
             part, stored = shard_slice(key)
-            size = len(key) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES for c, v in cells.items())
             bucketed = stored != ""
             place = [part, stored] if bucketed else [part]
-            if expires_at is None:
-                statements = [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
-                              (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
-            else:
-                ttl_s = ttls[expires_at]
-                statements = [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
-                              (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
+            size, statements = 0, []
+            for expires_at, cells in by_expiry.items():
+                size += len(key.encode()) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES
+                                                               for c, v in cells.items())
+                if expires_at is None:
+                    statements += [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
+                                   (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
+                else:
+                    ttl_s = ttls[expires_at]
+                    statements += [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
+                                   (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
             if bucketed:
-                of_part = parts.get(part)
-                if of_part is None:
-                    of_part = parts[part] = ([], [])
-                of_part[0].append(size)
-                of_part[1].extend(statements)
-                continue
-            shared.append((size, statements))  # a key of a partition of its own (a row, or one per expiry)
-        for sizes, statements in parts.values():
-            part_bytes = sum(sizes)
-            if len(sizes) > 1 and (len(sizes) >= self.batch_rows or part_bytes > _BATCH_BYTES):
-                first = batch_bytes = 0
-                for row, size in enumerate(sizes):
-                    if row > first and (row - first >= _PARTITION_BATCH_ROWS
-                                        or batch_bytes + size > _PARTITION_BATCH_BYTES):
-                        calls.append(self._shard_call(statements[2 * first:2 * row], timestamp_us))
-                        first, batch_bytes = row, 0
-                    batch_bytes += size
-                calls.append(self._shard_call(statements[2 * first:], timestamp_us))
+                parts.setdefault(part, []).append((size, statements))
             else:
-                shared.append((part_bytes, statements))
+                shared.append((size, statements))  # a key of a partition of its own
+        for of_part in parts.values():
+            part_bytes = sum(size for size, _ in of_part)
+            if len(of_part) > 1 and (len(of_part) >= self.batch_rows or part_bytes > _BATCH_BYTES):
+                batch: list[tuple[str, list[object]]] = []
+                batch_bytes = batch_keys = 0
+                for size, statements in of_part:
+                    if batch and (batch_keys >= _PARTITION_BATCH_ROWS or batch_bytes + size > _PARTITION_BATCH_BYTES):
+                        calls.append(self._shard_call(batch, timestamp_us))
+                        batch, batch_bytes, batch_keys = [], 0, 0
+                    batch.extend(statements)
+                    batch_bytes += size
+                    batch_keys += 1
+                calls.append(self._shard_call(batch, timestamp_us))
+            else:
+                shared.append((part_bytes, [statement for _, statements in of_part for statement in statements]))
         group: list[tuple[str, list[object]]] = []
         group_bytes = group_parts = 0
         for part_bytes, statements in shared:
@@ -246,7 +251,7 @@ class CassandraStore:
         # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
         # (idempotent) set after a failure.
         await self._run_bounded(calls)
-        METRICS.shard_rows_written.inc(len(rows))
+        METRICS.shard_rows_written.inc(sum(len(by_expiry) for by_expiry in rows.values()))
 
     async def _run_bounded(self, calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
         """Run ``calls`` on a fixed number of workers, not one task each: a flush or replay of a hundred

@@ -263,6 +263,29 @@ def test_the_rows_of_a_buckets_slot_go_in_single_partition_batches() -> None:
     assert all(len(parts(r)) <= 10 for r in shard_batches if r not in single)
 
 
+@pytest.mark.parametrize(("keys", "batch_rows"), [(6000, 10), (40, 4)])
+def test_a_keys_rows_of_different_expiries_travel_in_one_request(keys: int, batch_rows: int) -> None:
+    """A key whose counters expire at different times has a row (and a stamp) per expiry: all of them go in one
+    request, in a bucket's partition split at 250 keys as in batches shared by keys of partitions of their own
+    (the same stamp in each: a read between two requests would see the first and keep it under stamps the
+    second does not change)."""
+    far = int(time.time()) + 86_400
+    names = [f"p{i}|2026-11-22T10:00Z" for i in range(keys)] + [f"S{i}" for i in range(keys)]
+    writes = [ShardWrite(counter, key, b"s", 1, True, expiry) for key in names
+              for counter, expiry in (("kept", None), ("hourly", far), ("daily", far + 3600))]
+    requests = all_requests(writes, batch_rows)
+    where: dict[str, set[int]] = {}
+    for index, request in enumerate(requests):
+        for cql, params in request:
+            if "SET states" in cql or "SET stamps" in cql:
+                where.setdefault(key_of(cql, params) if "SET states" in cql else slice_key(*place_of(cql, params)),
+                                 set()).add(index)
+    assert set(where) == set(names)
+    assert all(len(at) == 1 for at in where.values())
+    assert max(len(r) for r in requests) <= 250 * 3 * 2
+    assert sum("SET states" in cql for r in requests for cql, _ in r) == 3 * len(names)
+
+
 def test_the_keyless_instance_is_written_to_its_own_partition() -> None:
     """A counter with no key fields is written to partition "\\", beside a keyed counter's row; the one
     string that would alias it is not an instance key."""
