@@ -8,13 +8,14 @@ counter, what the GC has folded. The value of an instance (``shares_traded`` / `
 ``merge(tallies[counter], states[counter] of every row)``, read with one single-partition query of the key's
 slice. Each ``states`` cell is :func:`shard_cell`: the last offset it covers, then the state's bytes.
 
-Where a key's slice is, is :func:`shard_slice`: a key of a time bucket shares a partition
-with the keys of the same bucket whose digest falls in the same of :data:`SHARD_SLOTS` slots; any other key
-has a partition of its own. A flush writes the rows of one partition as one single-partition batch: one
-mutation and one request for many rows, which is what Cassandra's CPU and the client's follow far more than
-rows (docs/benchmarks.md, "Rows holding many keys"). A bucket bounds what a partition holds (the bucket's keys
-over the slots); a key without a bucket would make an unbounded partition of any fixed number of slots, so it
-keeps its own.
+Where a key's slice is, is :func:`shard_slice`: a key of a time bucket shares a partition with the keys of the
+same bucket whose digest falls in the same of :data:`SHARD_SLOTS` slots, clustered under its own text; any other
+key is the partition its text names, clustered under the empty text. A flush writes the rows of one partition as
+one single-partition batch: one mutation and one request for many rows, which is what Cassandra's CPU and the
+client's follow far more than rows (docs/benchmarks.md, "Rows holding many keys"). A bucket bounds what a
+partition holds (the bucket's keys over the slots); keys without a bucket would make unbounded partitions of any
+fixed number of slots, so each is named by its own text (which may also name a bucket's slot,
+``2026-11-22T10:00Z#3``: the two keys still have places of their own, the empty clustering key being no bucket's).
 
 The key's stamps say when its states last changed, without their bytes: a row of their own at the end of the
 key's slice (:data:`STAMP_ROW`, after every mutator's: the GC's ranges end below it), a cell per source
@@ -121,7 +122,7 @@ _BUCKET_START = re.compile(r"[0-9]{4,5}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}Z")
 def shard_slice(key: str) -> tuple[str, str]:
     """Where instance key ``key``'s rows are in ``shards``: its partition (``part``) and its clustering key
     (``key``). A key ending in a bucket's start is in the partition of that bucket and of the slot of the key's
-    digest, under its own text; any other key is a partition of its own (its text, as :func:`partition_key`
+    digest, under its own text; any other key is in the partition its text names (as :func:`partition_key`
     stores it), under the empty text. Any function of the key alone would be correct, as long as no two keys
     share a place; this one groups what one flush writes (the keys of the buckets it counts in), bounds what a
     partition holds (a bucket's keys over the slots), and reads a key without a bucket as schema 3 did, one
