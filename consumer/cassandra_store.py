@@ -7,6 +7,7 @@ import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
@@ -180,10 +181,10 @@ class CassandraStore:
                     METRICS.expired_writes_skipped.labels(write.counter).inc()
             writes = [w for w in writes if w.expires_at is None or ttls[w.expires_at] is not None]
         # A key's rows: one per expiry its counters have (a cell per counter), most keys one.
-        rows: dict[str, dict[int | None, dict[str, bytes]]] = {}
+        rows: dict[tuple[str, int | None], dict[str, bytes]] = {}
         for write in writes:
-            rows.setdefault(write.key, {}).setdefault(write.expires_at, {})[write.counter] = shard_cell(
-                write.state, write.through_offset)
+            rows.setdefault((write.key, write.expires_at), {})[write.counter] = shard_cell(write.state,
+                                                                                            write.through_offset)
         calls: list[Callable[[], Awaitable[object]]] = []
         # A partition's rows are one single-partition batch (a few hundred rows at most): one mutation and one
         # request for all of them. Partitions of a row or a few go several to a request (an unlogged batch): one
@@ -192,29 +193,35 @@ class CassandraStore:
         # warning thresholds for size and for partitions per unlogged batch. A key's rows and stamps are never
         # split between requests: its stamps are the same value in each, and serve, having read the key between
         # two such requests, would keep a merge missing the second under stamps that the second does not change.
-        shared: list[tuple[int, list[tuple[str, list[object]]]]] = []  # each partition sent so: bytes, statements
+        shared: list[list[Any]] = []  # each partition sent several to a batch: [bytes, statements]
         # The keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): each key's
-        # bytes and statements (its states and its stamp, for each of its rows).
-        parts: dict[str, list[tuple[int, list[tuple[str, list[object]]]]]] = {}
-        for key, by_expiry in rows.items():
+        # bytes and statements (its states and its stamp, for each of its rows), gathered in one list (a key's
+        # second row, of another expiry, joins its first).
+        parts: dict[str, list[list[Any]]] = {}
+        keys: dict[str, list[Any]] = {}
+        for (key, expires_at), cells in rows.items():
             part, stored = shard_slice(key)
             bucketed = stored != ""
             place = [part, stored] if bucketed else [part]
-            size, statements = 0, []
-            for expires_at, cells in by_expiry.items():
-                size += len(key.encode()) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES
-                                                               for c, v in cells.items())
-                if expires_at is None:
-                    statements += [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
-                                   (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
-                else:
-                    ttl_s = ttls[expires_at]
-                    statements += [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
-                                   (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
-            if bucketed:
-                parts.setdefault(part, []).append((size, statements))
+            size = len(key.encode()) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES
+                                                          for c, v in cells.items())
+            if expires_at is None:
+                statements = [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
+                              (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
             else:
-                shared.append((size, statements))  # a key of a partition of its own
+                ttl_s = ttls[expires_at]
+                statements = [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
+                              (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
+            unit = keys.get(key)
+            if unit is not None:
+                unit[0] += size
+                unit[1] += statements
+                continue
+            keys[key] = unit = [size, statements]
+            if bucketed:
+                parts.setdefault(part, []).append(unit)
+            else:
+                shared.append(unit)  # a key of a partition of its own
         for of_part in parts.values():
             part_bytes = sum(size for size, _ in of_part)
             if len(of_part) > 1 and (len(of_part) >= self.batch_rows or part_bytes > _BATCH_BYTES):
@@ -229,7 +236,7 @@ class CassandraStore:
                     batch_keys += 1
                 calls.append(self._shard_call(batch, timestamp_us))
             else:
-                shared.append((part_bytes, [statement for _, statements in of_part for statement in statements]))
+                shared.append([part_bytes, [statement for _, statements in of_part for statement in statements]])
         group: list[tuple[str, list[object]]] = []
         group_bytes = group_parts = 0
         for part_bytes, statements in shared:
@@ -251,7 +258,7 @@ class CassandraStore:
         # Every write must be acknowledged before the next flush opens a window; the caller retries the whole
         # (idempotent) set after a failure.
         await self._run_bounded(calls)
-        METRICS.shard_rows_written.inc(sum(len(by_expiry) for by_expiry in rows.values()))
+        METRICS.shard_rows_written.inc(len(rows))
 
     async def _run_bounded(self, calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
         """Run ``calls`` on a fixed number of workers, not one task each: a flush or replay of a hundred
