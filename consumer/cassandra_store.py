@@ -14,6 +14,7 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.gc_runs import RUNS_PARTITION
 from countersink.metrics import METRICS
 from schemas.cql import (
+    SHARD_ROW_WHERE,
     STAMP_ROW,
     STAMP_TTL_S,
     partition_groups,
@@ -55,8 +56,7 @@ _WORK_CHUNK_INSTANCES = 1000
 # each time (python -m bench.versions flushes).
 # A key of a bucket binds its partition and its text; any other key is its partition alone, under the empty
 # text (schemas.cql.shard_slice), which is in the statements' text: one value less to bind, twice a row.
-_ROW_WHERE = {True: "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
-              False: "WHERE part = ? AND key = '' AND born_us = ? AND mutator = ?"}
+_ROW_WHERE = {True: SHARD_ROW_WHERE, False: SHARD_ROW_WHERE.replace("key = ?", "key = ''")}
 _STAMP_ROW_WHERE = {bucketed: where.replace("born_us = ? AND mutator = ?",
                                             f"born_us = {STAMP_ROW[0]:d} AND mutator = {STAMP_ROW[1]}")
                     for bucketed, where in _ROW_WHERE.items()}
@@ -287,7 +287,7 @@ class CassandraStore:
 
     async def read_shard(self, counter: str, key: str, mutator: uuid.UUID, born_us: int) -> StoredShard | None:
         result = await self.client.execute(
-            "SELECT states[?] AS cell FROM shards WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
+            f"SELECT states[?] AS cell FROM shards {SHARD_ROW_WHERE}",  # noqa: S608
             [counter, *shard_slice(key), born_us, mutator], consistency=self.read_cl)
         rows = as_dicts(result)
         if not rows or rows[0]["cell"] is None:

@@ -13,7 +13,7 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, overload
@@ -175,10 +175,7 @@ async def read_instances(client: CassandraClient, counter: str, keys: Sequence[s
     # them one request of its own, at the same time (schemas.cql.partition_groups).
     requests = [(cell, parts, stored) for cell, of_cell in cells.items()
                 for parts, stored in partition_groups(of_cell, max(len(of_cell), 1))]
-    if len(requests) == 1:
-        await read(*requests[0])
-    else:
-        await _all(read(*request) for request in requests)
+    await _all([read(*request) for request in requests])
     for key, seen in retention.items():
         found = out[key]
         found.hidden_at = seen.hidden_at
@@ -201,18 +198,16 @@ async def read_stamps(client: CassandraClient, keys: Sequence[str], consistency:
             values = row.as_tuple()
             out[slice_key(values[0], values[1])] = values[2] or None
 
-    groups = partition_groups(keys, max(len(keys), 1))
-    if len(groups) == 1:
-        await read(*groups[0])
-    else:
-        await _all(read(parts, stored) for parts, stored in groups)
+    await _all([read(parts, stored) for parts, stored in partition_groups(keys, max(len(keys), 1))])
     return out
 
 
-async def _all(reads: Iterable[Awaitable[Any]]) -> list[Any]:
-    """The results of ``reads``, all awaited at once; when one fails, the others are cancelled (and awaited)
-    before the failure is raised: a failed read leaves no other (of a wide partition, perhaps) running
-    unaccounted."""
+async def _all(reads: Sequence[Awaitable[Any]]) -> list[Any]:
+    """The results of ``reads``, all awaited at once (one alone is awaited as it is, no task made); when one
+    fails, the others are cancelled (and awaited) before the failure is raised: a failed read leaves no other
+    (of a wide partition, perhaps) running unaccounted."""
+    if len(reads) == 1:
+        return [await reads[0]]
     tasks = [asyncio.ensure_future(read) for read in reads]
     try:
         return list(await asyncio.gather(*tasks))

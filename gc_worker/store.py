@@ -12,6 +12,8 @@ from countersink.settings import Consistency
 from gc_worker.collector import Instance, KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.cql import (
     GC_STAMP_SOURCE,
+    SET_STAMP,
+    SHARD_ROW_WHERE,
     STAMP_ROW,
     STAMP_TTL_S,
     TALLY_ROW,
@@ -29,12 +31,12 @@ def _uuid(value: object) -> uuid.UUID:
     return uuid.UUID(str(value))  # the driver returns uuid columns as text
 
 
-# Levels that reach a quorum (of the data centre, for LOCAL_QUORUM: claimants there read at LOCAL_SERIAL).
 # A key's tally row (schemas.cql.TALLY_ROW), its partition and key bound.
 _TALLY_ROW_WHERE = f"WHERE part = ? AND key = ? AND born_us = {TALLY_ROW[0]:d} AND mutator = {TALLY_ROW[1]}"
 _READ_TALLIES = f"SELECT tallies, writetime(tallies) AS tally_us FROM shards {_TALLY_ROW_WHERE}"  # noqa: S608
 _TALLY = f"UPDATE shards SET tallies[?] = ? {_TALLY_ROW_WHERE}"  # noqa: S608
 _EXPIRING_TALLY = f"UPDATE shards USING TTL ? SET tallies[?] = ? {_TALLY_ROW_WHERE}"  # noqa: S608
+# Levels that reach a quorum (of the data centre, for LOCAL_QUORUM: claimants there read at LOCAL_SERIAL).
 _QUORUMS = frozenset({Consistency.QUORUM, Consistency.ALL, Consistency.EACH_QUORUM, Consistency.LOCAL_QUORUM})
 
 
@@ -125,9 +127,7 @@ class CassandraGcStore:
         return KeyView(tallies, tally_write_us, tuple(shards), pages, tally_ttls)
 
     async def read_tallies(self, key: str) -> tuple[Mapping[str, bytes], Mapping[str, int]]:
-        rows = as_dicts(await self.client.execute(
-            _READ_TALLIES,
-            list(shard_slice(key)), consistency=self.instance_cl))
+        rows = as_dicts(await self.client.execute(_READ_TALLIES, list(shard_slice(key)), consistency=self.instance_cl))
         if not rows or not rows[0]["tallies"]:
             return {}, {}
         tallies = rows[0]["tallies"]
@@ -148,17 +148,15 @@ class CassandraGcStore:
             ("DELETE FROM shards WHERE part = ? AND key = ? AND born_us > ? AND born_us < ?",
              [part, key, TALLY_ROW[0] if after is None else after, before])
             for after, before in ranges)
-        statements.extend(("DELETE FROM shards WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
-                           [part, key, born, mutator]) for born, mutator in rows)
+        statements.extend((f"DELETE FROM shards {SHARD_ROW_WHERE}", [part, key, born, mutator])  # noqa: S608
+                          for born, mutator in rows)
         # The key's stamp of the GC (schemas.cql): a merge of sketches kept from before the fold is not the
         # merge a read makes after it. Its row expires with the tallies, if they do.
         # It outlives every tally it stamps (a stamp that expires before a tally it changed could bring the stamps
         # back to what a kept merge was read with).
         ttls = [ttl_s for _, ttl_s in tallies.values()]
         stamp_ttl_s = STAMP_TTL_S if None in ttls or not ttls else max(1, *(t for t in ttls if t is not None))
-        statements.append(("UPDATE shards USING TTL ? SET stamps[?] = ? "
-                           "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?",
-                           [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, part, key, *STAMP_ROW]))
+        statements.append((SET_STAMP, [stamp_ttl_s, GC_STAMP_SOURCE, timestamp_us, part, key, *STAMP_ROW]))
         await self.client.execute_batch(statements, consistency=self.write_cl, timestamp_us=timestamp_us)
 
     async def record_cutoff(self, cutoff_us: int) -> None:

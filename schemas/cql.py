@@ -177,6 +177,12 @@ def partition_groups(keys: Sequence[str], per_request: int) -> list[tuple[list[s
 _CROSSED_KEYS = 12
 
 
+# One row of ``shards``, every column of its primary key bound (:func:`shard_slice`'s two, then its birth and
+# mutator); and a stamp set there, by a drop's sweep or a GC fold (its TTL, source and timestamp bound first).
+SHARD_ROW_WHERE = "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?"
+SET_STAMP = f"UPDATE shards USING TTL ? SET stamps[?] = ? {SHARD_ROW_WHERE}"  # noqa: S608
+
+
 # The row of a key's stamps (born_us, mutator): after every mutator's row, since births are clock readings.
 STAMP_ROW = (2**63 - 1, uuid.UUID(int=0))
 # The row of a key's tallies: before every mutator's row, and below every range the GC deletes.

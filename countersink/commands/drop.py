@@ -41,7 +41,7 @@ from countersink.cli import EXIT_USAGE, counter_name, positive_int, run_async, s
 from countersink.logs import get_logger
 from countersink.registry import CounterRegistry, DroppedCounter
 from countersink.settings import Settings
-from schemas.cql import DROP_STAMP_SOURCE, STAMP_ROW, STAMP_TTL_S, TALLY_ROW, slice_key
+from schemas.cql import DROP_STAMP_SOURCE, SET_STAMP, SHARD_ROW_WHERE, STAMP_ROW, STAMP_TTL_S, TALLY_ROW, slice_key
 from schemas.resets import later_cells, split_cell
 
 log = get_logger(__name__)
@@ -50,10 +50,8 @@ PROGRESS_EVERY_S = 5.0
 # A cell is deleted at a timestamp above its row's newest write (and at least when it is sent): a mutator whose
 # clock runs ahead writes at born_us + flush later than the sweep's own clock, and a delete stamped by that clock
 # left its cells visible, to be read and folded into the tally of a name defined anew.
-_ROW = "WHERE part = ? AND key = ? AND born_us = ? AND mutator = ?"
-_CELL_DELETE = f"DELETE states[?] FROM shards USING TIMESTAMP ? {_ROW}"
-_TALLY_DELETE = f"DELETE tallies[?] FROM shards {_ROW}"
-_STAMP = f"UPDATE shards USING TTL ? SET stamps[?] = ? {_ROW}"  # noqa: S608
+_CELL_DELETE = f"DELETE states[?] FROM shards USING TIMESTAMP ? {SHARD_ROW_WHERE}"
+_TALLY_DELETE = f"DELETE tallies[?] FROM shards {SHARD_ROW_WHERE}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -274,7 +272,7 @@ async def _delete(client: CassandraClient, slice_of: tuple[str, str],
         _last_stamp_us = now_us = max(time.time_ns() // 1000, _last_stamp_us + 1)
         await client.execute_batch(
             [*statements[start:start + _DELETES_PER_BATCH],
-             (_STAMP, [STAMP_TTL_S, DROP_STAMP_SOURCE, now_us, *slice_of, *STAMP_ROW])], timestamp_us=now_us)
+             (SET_STAMP, [STAMP_TTL_S, DROP_STAMP_SOURCE, now_us, *slice_of, *STAMP_ROW])], timestamp_us=now_us)
 
 
 def _instant(epoch_us: int) -> str:
