@@ -598,26 +598,48 @@ class CounterReader:
         columns = ", ".join(f"tallies[?] AS t{i}, states[?] AS c{i}, ttl(tallies[?]) AS tt{i}, ttl(states[?]) AS ct{i}"
                             for i in range(len(cells)))
         grace = self.client.settings.retention_grace_s
-        while len(keys) < limit:
-            # A page never holds more rows than keys still wanted: the next page starts right after the last
-            # row returned, so no key is skipped.
+
+        async def walk(rows: int, state: bytes | None) -> tuple[list[str], bytes | None]:
+            """The keys listed in the next ``rows`` rows from ``state``, and the state after them."""
             result = await self.client.execute(
                 f"SELECT part, key, {columns} FROM shards", [c for cell in cells for c in (cell,) * 4],  # noqa: S608
-                consistency=self.consistency, page_size=limit - len(keys), page_state=page)
+                consistency=self.consistency, page_size=rows, page_state=state)
+            found: list[str] = []
             for row in as_dicts(result):
                 key = slice_key(row["part"], row["key"])
                 index = cells.index(epochs.cell(counter, key))
                 # (A bucket past its retention, its rows expiring within the grace, is absent, as reads have it.)
                 retention = _Retention(grace, 0.0)
                 retention.see(row[f"tt{index}"], row[f"ct{index}"])
-                if key != last and not retention.hidden and (row[f"t{index}"] is not None
-                                                             or row[f"c{index}"] is not None):
+                if not retention.hidden and (row[f"t{index}"] is not None or row[f"c{index}"] is not None):
+                    found.append(key)
+            return found, result.page_state() if result.has_more_pages() else None
+
+        while len(keys) < limit:
+            # A page never holds more rows than keys still wanted: the next page starts right after the last
+            # row returned, so no key is skipped.
+            found, page = await walk(limit - len(keys), page)
+            for key in found:
+                if key != last:
                     keys.append(key)
                     last = key
-            page = result.page_state() if result.has_more_pages() else None
             if page is None:
                 break
+        # Offer a next page only if it holds a key: look ahead (without moving the token) past the rows of keys
+        # this counter does not have, and past the last key's remaining rows.
+        ahead = page
+        while ahead is not None:
+            found, ahead = await walk(_LIST_LOOKAHEAD_ROWS, ahead)
+            if any(key != last for key in found):
+                break
+        else:
+            page = None
         return sorted(keys), None if page is None else _join_token(last, page)
+
+
+# Rows per request while looking ahead for the next page's first key (it reads no more rows than the next page
+# would before that key).
+_LIST_LOOKAHEAD_ROWS = 100
 
 
 def _join_token(last: str | None, page: bytes) -> bytes:

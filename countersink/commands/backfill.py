@@ -367,8 +367,9 @@ class Backfill:
                 if plan and all(h.reset_id in (None, reset.reset_id) for h in plan.values()):
                     return await self._resume_reprocess(client, reset, plan, wait_s)
             if definition.since is None:
-                log.error("usage_refused", error=f"{self.counter!r} has no since in {self.counters.source}: there is "
-                          "nothing before its hand-over to count (countersink reprocess counts again from a time)")
+                log.error("backfill_refused", counter=self.counter,
+                          error=f"{self.counter!r} has no since in {self.counters.source}: there is nothing before "
+                          "its hand-over to count (countersink reprocess counts again from a time)")
                 return EXIT_USAGE
             if not await self._checked(client, since_required=True):
                 return EXIT_USAGE

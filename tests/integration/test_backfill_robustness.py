@@ -314,6 +314,22 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     assert refusals[0].startswith(f"topic {topic!r} is now another topic")
 
 
+async def test_a_backfill_of_a_counter_without_since_is_refused_as_a_backfill(
+    cassandra_settings: CassandraSettings, tmp_path: Path,
+) -> None:
+    """A counter whose file has no since has nothing before its hand-over to backfill: refused in one
+    ``backfill_refused`` line naming the counter, exit 2, nothing written."""
+    counters_file = tmp_path / "without_since.toml"
+    counters_file.write_text(SHARES.replace("{topic}", "trades_without_since").replace('since = "{since}"\n', ""))
+    settings = Settings(cassandra=cassandra_settings, consumer=ConsumerSettings(
+        counters_file=counters_file, group_id="backfill-without-since"))
+    with capture_logs() as logs:
+        assert await Backfill(settings, load_definitions(counters_file), "shares_traded").backfill(1) == EXIT_USAGE
+    assert [(e["event"], e.get("counter"), e["error"]) for e in logs if e.get("log_level") == "error"] == [
+        ("backfill_refused", "shares_traded", f"'shares_traded' has no since in {counters_file}: there is nothing "
+         "before its hand-over to count (countersink reprocess counts again from a time)")]
+
+
 async def test_a_backfill_taken_over_by_another_run_of_it_stops_with_one_clear_line(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -62,7 +62,7 @@ async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> No
 async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings: CassandraSettings) -> None:
     """list_instances returns at most ``limit`` keys and a page token; following the tokens yields every key
     of the counter exactly once, though each key has several rows (three mutators) and counters share keys,
-    and none that only another counter has."""
+    and none that only another counter has; a page token is offered only when another key follows."""
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
         for _ in range(3):
@@ -72,18 +72,21 @@ async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings
         await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("views", f"v{i:02d}", b"\x02\x01\x01", 0, True)
                                                       for i in range(9)], source=b"test")
         reader = CounterReader(client)
-        seen: list[str] = []
-        pages = 0
-        page = None
-        while True:
-            keys, page = await reader.list_instances("likes", limit=5, page=page)
-            assert len(keys) <= 5
-            seen.extend(keys)
-            pages += 1
-            if page is None:
-                break
-    assert sorted(seen) == [f"k{i:02d}" for i in range(23)]
-    assert pages >= 5
+        for limit, expected_pages in ((5, 5), (23, 1), (1, 23)):
+            seen: list[str] = []
+            pages = 0
+            page = None
+            while True:
+                keys, page = await reader.list_instances("likes", limit=limit, page=page)
+                # Every page offered holds a key: the last key's remaining rows and the rows of keys only
+                # "views" has do not make an empty page.
+                assert 1 <= len(keys) <= limit
+                seen.extend(keys)
+                pages += 1
+                if page is None:
+                    break
+            assert sorted(seen) == [f"k{i:02d}" for i in range(23)]
+            assert pages == expected_pages
 
 
 async def test_command_line_get_and_explain_json(cassandra_settings: CassandraSettings) -> None:
