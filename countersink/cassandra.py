@@ -29,6 +29,9 @@ from schemas.errors import CountersinkError
 
 log = get_logger(__name__)
 
+# The driver's words when the first connection closes before a CQL answer.
+_CLOSED_ON_HELLO = "Connection closed prematurely"
+
 
 class CassandraError(CountersinkError):
     """Raised when a Cassandra request fails for a reason that retrying will not fix."""
@@ -181,8 +184,12 @@ class CassandraClient:
                 "`countersink schema`"
             ) from exc
         except (acsylla.errors.CassException, OSError) as exc:
+            # Something that is not a native transport answered (a web server, a node expecting TLS).
+            check = (" (what listens there closed the connection on CQL's first bytes: check that the port is "
+                     "Cassandra's native transport port, and COUNTERSINK_CASSANDRA__SSL_ENABLED if the node expects "
+                     "TLS)" if _CLOSED_ON_HELLO in str(exc) else "")
             raise CassandraUnavailableError(
-                f"cannot connect to Cassandra at {self._where()}: {type(exc).__name__}: {exc}"
+                f"cannot connect to Cassandra at {self._where()}: {type(exc).__name__}: {exc}{check}"
             ) from exc
         log.info("cassandra_connected", contact_points=list(self.settings.contact_points), keyspace=self.keyspace)
 
@@ -496,6 +503,12 @@ def _read_pem(path: Path, setting: str) -> str:
                              f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
     if "-----BEGIN " not in text:
         raise CassandraError(f"COUNTERSINK_CASSANDRA__{setting.upper()}: {path} is not a PEM file")
+    # PKCS #8's "ENCRYPTED PRIVATE KEY", or OpenSSL's older "Proc-Type: 4,ENCRYPTED" header. The driver is given
+    # no pass phrase, and says only that the key is invalid.
+    if setting == "ssl_private_key" and ("-----BEGIN ENCRYPTED " in text or "Proc-Type: 4,ENCRYPTED" in text):
+        raise CassandraError(f"COUNTERSINK_CASSANDRA__SSL_PRIVATE_KEY: {path} is encrypted, and countersink reads "
+                             "only an unencrypted key: write it decrypted (openssl pkey -in KEY -out PLAIN_KEY) to a "
+                             "file only this user can read")
     return text
 
 

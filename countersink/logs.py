@@ -145,15 +145,17 @@ def _size(value: object) -> str:
     return f"<{len(value)} bytes>" if isinstance(value, bytes | bytearray) else "<redacted>"
 
 
-_CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect")
+_CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect"
+                               r"|Error decoding/consuming message|Socket read error")
 
 
 class _DropShardingNotice(logging.Filter):
     """The Cassandra driver reports, at ERROR and on every connection, that the server does not describe
     ScyllaDB shards. Apache Cassandra never does: it is not an error, and it drowned real ones.
 
-    It also reports a first connection that failed (refused credentials, an untrusted certificate), which
-    the error countersink raises says once, with what to check: a failed start stays one line."""
+    It also reports a first connection that failed (refused credentials, an untrusted certificate, a node that
+    answers no CQL or expects TLS), which the error countersink raises says once, with what to check: a failed
+    start stays one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

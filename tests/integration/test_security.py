@@ -337,6 +337,9 @@ def _refusals() -> list[Refusal]:
                 {"username": "nobody_here"}, "Cassandra refused the credentials (user 'nobody_here'"),
         Refusal("cassandra-other-ca", ["schema", "--wait", "60"], "countersink_schema", {},
                 {"ssl_trusted_cert": other_ca}, "TLS with Cassandra at 127.0.0.1:"),
+        Refusal("cassandra-without-tls", ["get", "trades_count", "X"], "countersink_reader", {},
+                {"ssl_enabled": "false", "allow_insecure": "true"},
+                "COUNTERSINK_CASSANDRA__SSL_ENABLED if the node expects TLS"),
         Refusal("cassandra-other-ca-serve", ["serve", "--host", "127.0.0.1", "--port", "0"], "countersink_reader", {},
                 {"ssl_trusted_cert": other_ca}, "certificate"),
         Refusal("consume-cassandra-wrong-password", consume, "countersink_consumer", {},
@@ -386,11 +389,16 @@ async def test_a_refused_connection_ends_the_process_with_one_line(
     if refusal.kafka.get("security_protocol") == "SSL":
         for name in ("SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD"):
             env.pop(f"COUNTERSINK_KAFKA__{name}")
+    if refusal.cassandra.get("ssl_enabled") == "false":  # a client without TLS at all, to a node with it only
+        for name in ("SSL_TRUSTED_CERT", "SSL_CERT", "SSL_PRIVATE_KEY"):
+            env.pop(f"COUNTERSINK_CASSANDRA__{name}", None)
     finished = await run_command(refusal.name, [placed(arg) for arg in refusal.command], env, within_s=60)
     assert finished.returncode != 0, finished.output
     assert "Traceback" not in finished.output
     assert finished.seconds < 30, f"took {finished.seconds:.0f}s: a refusal must not be retried"
     problems = finished.problem_lines()
+    if refusal.cassandra.get("allow_insecure") == "true":  # the warning that insecure was allowed, as asked
+        problems = [line for line in problems if '"cassandra_credentials_without_tls"' not in line]
     assert len(problems) == 1, finished.output
     assert refusal.says in problems[0], problems[0]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 import uuid
@@ -14,6 +15,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from countersink.cassandra import CassandraClient, CassandraUnavailableError, as_dicts
 from countersink.kafka import make_consumer, make_producer
+from countersink.logs import quiet_driver_noise
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 from schemas.cql import SchemaVersionError
@@ -76,6 +78,36 @@ async def test_cassandra_down_is_a_named_retriable_error(base_cassandra_settings
         await CassandraClient(settings).start()
     assert caught.value.retriable is True
     assert time.monotonic() - started < 15
+
+
+async def test_a_port_that_does_not_speak_cql_is_one_line_that_says_what_to_check(
+    base_cassandra_settings: CassandraSettings, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Something other than Cassandra's native transport at the address (a web server, a TLS-only node to a
+    client without TLS) closes the connection: one retriable error that names the port and TLS to check, and
+    not the driver's own "Error decoding" line before it."""
+
+    async def answer_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = base_cassandra_settings.model_copy(update={"contact_points": ["127.0.0.1"], "port": port,
+                                                          "connect_timeout_s": 2.0})
+    quiet_driver_noise()
+    try:
+        with caplog.at_level(logging.INFO), pytest.raises(CassandraUnavailableError) as caught:
+            await CassandraClient(settings).start()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert caught.value.retriable is True
+    assert f"127.0.0.1:{port}" in str(caught.value)
+    assert "COUNTERSINK_CASSANDRA__SSL_ENABLED" in str(caught.value)
+    assert [r.getMessage() for r in caplog.records if r.name == "acsylla"] == []
 
 
 async def test_kafka_down_is_a_connection_error(kafka_settings: KafkaSettings) -> None:
