@@ -19,7 +19,7 @@ from countersink.cli import load_definitions_or_refuse, run_async, setting_defau
 from countersink.consistency import ConsistencyError
 from countersink.logs import get_logger
 from countersink.retry import StopRequested
-from countersink.schema_registry import SchemaRegistryNotConfiguredError
+from countersink.schema_registry import SchemaRegistryNotConfiguredError, SchemaRegistryRefusedError
 from countersink.settings import Settings, given_options, with_options
 from schemas.errors import CompactedTopicError, CounterDroppedError, DefinitionChangedError, GroupMismatchError
 
@@ -119,6 +119,11 @@ async def consume(settings: Settings, counters: object) -> int:
             code, last_flush = 2, False
         except RebalanceFailedError:
             code = 1  # rebalance_failed says why
+        except SchemaRegistryRefusedError as exc:
+            # Wrong credentials, or a user the registry lets read no schema: no retry fixes that. What was applied
+            # before is flushed as at any stop; the batch that needed the schema was not applied.
+            log.error("schema_registry_refused", error=str(exc))
+            code = 2
         except HandoverRefusedError as exc:
             # One line: which counter is counted here that these definitions lack, and what to do. The other
             # partitions are released as at any stop; the refused one was never counted, and its next owner takes

@@ -133,12 +133,20 @@ class SchemaRegistryClient:
             raise SchemaRegistryUnavailableError(f"schema registry {self.url} answered {status} with no JSON") from exc
         return status, doc
 
+    def _refused_credentials(self, status: int, what: str) -> SchemaRegistryRefusedError:
+        # Its reason is not quoted: a registry (or a proxy before it) may echo the credentials it refused.
+        return SchemaRegistryRefusedError(
+            f"schema registry {self.url} refused the credentials ({status}) {what}: check "
+            "COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD, and what that user may do")
+
     async def schema_by_id(self, schema_id: int) -> tuple[str, str] | None:
         """(schema type: AVRO, PROTOBUF or JSON; schema text) of ``schema_id``; None when the registry does not
         know the id."""
         status, doc = await self._call("GET", f"/schemas/ids/{int(schema_id)}")
         if status == 404:
             return None
+        if status in (401, 403):
+            raise self._refused_credentials(status, f"to read schema id {schema_id}")
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
             raise SchemaRegistryRefusedError(f"schema registry answered {status} for schema id {schema_id}")
         if doc.get("references"):
@@ -155,10 +163,7 @@ class SchemaRegistryClient:
             body["schemaType"] = schema_type
         status, doc = await self._call("POST", f"/subjects/{quote(subject, safe='')}/versions", body)
         if status in (401, 403):
-            # Its reason is not quoted: a registry (or a proxy before it) may echo the credentials it refused.
-            raise SchemaRegistryRefusedError(
-                f"schema registry {self.url} refused the credentials ({status}) to register subject {subject!r}: "
-                "check COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD, and what that user may do")
+            raise self._refused_credentials(status, f"to register subject {subject!r}")
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("id"), int):
             message = doc.get("message") if isinstance(doc, dict) else None
             raise SchemaRegistryRefusedError(f"schema registry refused the schema of subject {subject!r} "

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from pydantic import SecretStr
+from structlog.testing import capture_logs
 
+from consumer.cli import consume
 from consumer.service import ConsumerService
 from countersink.cassandra import CassandraClient
 from countersink.kafka import make_admin
@@ -348,6 +352,45 @@ async def test_a_stop_while_waiting_for_the_registry_is_prompt(
     finally:
         service.request_stop()
         await service.stop()
+
+
+async def test_a_registry_refusing_the_credentials_ends_the_consumer_with_one_line(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any, tmp_path: Path,
+) -> None:
+    """A registry (or a proxy before it) answering 401 to a schema look-up: no retry fixes the credentials, so
+    the consumer stops at once, exit 2, with one line naming the settings to check and not what the registry
+    answered (it may echo the password). Nothing of the batch is counted nor dead-lettered."""
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error_code": 401, "message": "Unauthorized: " + request.headers.get(
+            "Authorization", "")}, status=401)
+
+    app = web.Application()
+    app.router.add_route("*", "/{rest:.*}", refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        topic = await topic_factory("avro", partitions=1)
+        await publish(kafka_settings, topic, [frame(1, b"\x02a\x02")])
+        counters = _views_by_page(tmp_path, topic)
+        group = f"g{os.urandom(4).hex()}"
+        settings = _settings(kafka_settings, cassandra_settings, group, counters, f"http://127.0.0.1:{port}")
+        settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(update={
+            "username": "reader", "password": SecretStr("not-the-password"), "allow_insecure": True})})
+        with capture_logs() as logs:
+            code = await asyncio.wait_for(consume(settings, load_definitions(counters)), 120)
+    finally:
+        await runner.cleanup()
+    assert code == 2
+    errors = [entry for entry in logs if entry["log_level"] == "error"]
+    assert [(e["event"], e["error"]) for e in errors] == [("schema_registry_refused", (
+        f"schema registry http://127.0.0.1:{port} refused the credentials (401) to read schema id 1: check "
+        "COUNTERSINK_SCHEMA_REGISTRY__USERNAME and __PASSWORD, and what that user may do"))]
+    assert "not-the-password" not in repr(logs)
+    assert await _values(cassandra_settings, {"views_by_page": {"a": 0}}) == {"views_by_page": {"a": None}}
+    assert await read_topic(kafka_settings, f"dlq-{group}", 1, within_s=1) == []
 
 
 def _documented_example() -> dict[str, list[str]]:

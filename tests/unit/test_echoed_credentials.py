@@ -100,6 +100,13 @@ async def test_a_registry_refusing_the_credentials_is_not_quoted(echoing: Callab
                 await client.register("revc-value", "AVRO", '"string"')
         assert expected in str(refused.value), refused.value
         assert_hidden(str(refused.value))
+    settings = SchemaRegistrySettings(url=echoing("unauthorized"), username=USER, password=SECRET,
+                                      allow_insecure=True)  # type: ignore[arg-type]
+    async with SchemaRegistryClient(settings) as client:  # a consumer's look-up of a record's schema
+        with pytest.raises(SchemaRegistryRefusedError) as refused:
+            await client.schema_by_id(7)
+    assert "refused the credentials (401) to read schema id 7" in str(refused.value), refused.value
+    assert_hidden(str(refused.value))
 
 
 def test_a_password_cut_by_the_length_bound_leaves_no_part_behind() -> None:
