@@ -288,6 +288,19 @@ def test_a_counter_reading_the_dead_letter_topic_is_refused_before_any_connectio
     assert "settings_refused" not in elsewhere.stderr
 
 
+def test_a_row_size_problem_is_listed_with_a_field_problem_of_another_counter() -> None:
+    """The counters that pass their own checks are checked for row sizes too, whatever another counter's
+    problems: one round of mending, not two."""
+    with pytest.raises(DefinitionError) as info:
+        parse_definitions('[[counter]]\nname = "top_users"\ntopics = ["t"]\nkind = "top_k"\nkey = "s"\n'
+                          'value = "u"\nmax_map_size = 8192\n[[counter]]\nname = "traders"\ntopics = ["t"]\n'
+                          'kind = "distinct"\nkey = "site"\nvalue = "u"\nlg_k = 21\n'
+                          '[[counter]]\nname = "B"\ntopics = ["t"]\nkind = "count"\n', "f.toml")
+    problems = info.value.problems
+    assert [(p.counter, p.field) for p in problems] == [("'B' (#3)", "name"), ("'top_users'", "")]
+    assert "with 'traders', sharing rows of topic 't'" in problems[1].reason
+
+
 def test_definition_error_carries_every_problem() -> None:
     """``DefinitionError.problems`` holds one entry per problem; the error itself is the first."""
     with pytest.raises(DefinitionError) as info:
