@@ -120,10 +120,12 @@ async def consume(settings: Settings, counters: object) -> int:
         except RebalanceFailedError:
             code = 1  # rebalance_failed says why
         except SchemaRegistryRefusedError as exc:
-            # Wrong credentials, or a user the registry lets read no schema: no retry fixes that. What was applied
-            # before is flushed as at any stop; the batch that needed the schema was not applied.
+            # Wrong credentials, or a user the registry lets read no schema: no retry fixes that (exit 1, as a
+            # refused Kafka or Cassandra login). What was applied is flushed as at any stop: the batch that needed
+            # the schema was not applied, and a takeover that needed it is abandoned (its partition's next owner
+            # replays it).
             log.error("schema_registry_refused", error=str(exc))
-            code = 2
+            code = 1
         except HandoverRefusedError as exc:
             # One line: which counter is counted here that these definitions lack, and what to do. The other
             # partitions are released as at any stop; the refused one was never counted, and its next owner takes

@@ -20,7 +20,7 @@ from typing import Any
 import acsylla
 
 from countersink.consistency import beyond_replicas, may_exceed_replicas, replication_factors
-from countersink.logs import get_logger
+from countersink.logs import cassandra_session_starting, get_logger
 from countersink.metrics import METRICS
 from countersink.settings import CassandraSettings, Consistency
 from schemas import cql
@@ -158,13 +158,14 @@ class CassandraClient:
             return
         try:
             self._timeouts_counted = {"connection": 0, "request": 0}  # a new session counts from 0
-            creating = asyncio.ensure_future(
-                self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None))
-            try:
-                self._session = await asyncio.shield(creating)
-            except asyncio.CancelledError:
-                await _close_when_created(creating)
-                raise
+            with cassandra_session_starting():
+                creating = asyncio.ensure_future(
+                    self._cluster().create_session(keyspace=self.keyspace if self._use_keyspace else None))
+                try:
+                    self._session = await asyncio.shield(creating)
+                except asyncio.CancelledError:
+                    await _close_when_created(creating)
+                    raise
         except acsylla.errors.CassErrorServerBadCredentials as exc:
             user = f"user {self.settings.username!r}" if self.settings.username else "no user name"
             raise CassandraError(

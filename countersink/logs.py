@@ -11,10 +11,11 @@ same ``timestamp``, ``level`` and ``event`` keys. On a terminal, colours follow 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -145,8 +146,23 @@ def _size(value: object) -> str:
     return f"<{len(value)} bytes>" if isinstance(value, bytes | bytearray) else "<redacted>"
 
 
-_CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect"
-                               r"|Error decoding/consuming message|Socket read error")
+_CONNECT_FAILURES = re.compile(r"Unable to establish a control connection|Connection pool was unable to connect")
+# What the driver says of a connection that closed or sent what it cannot read: while a session is being
+# created, the error countersink raises says it (with what to check); later, a node lost mid-run, it is the
+# only line that does, and is kept.
+_CONNECTION_LOST = re.compile(r"Error decoding/consuming message|Socket read error")
+_sessions_starting = 0  # CassandraClient.start()s under way in this process
+
+
+@contextlib.contextmanager
+def cassandra_session_starting() -> Iterator[None]:
+    """While the block runs, the driver's lines of a lost connection belong to a start, whose error says it."""
+    global _sessions_starting
+    _sessions_starting += 1
+    try:
+        yield
+    finally:
+        _sessions_starting -= 1
 
 
 class _DropShardingNotice(logging.Filter):
@@ -161,8 +177,9 @@ class _DropShardingNotice(logging.Filter):
         message = record.getMessage()
         # Refused connections are also said, with the address, by countersink's own error or waiting line.
         return "sharding info" not in message and not (
-            record.levelno < logging.CRITICAL and _CONNECT_FAILURES.search(message) is not None
-            and not _debug)
+            record.levelno < logging.CRITICAL and not _debug and (
+                _CONNECT_FAILURES.search(message) is not None
+                or (_sessions_starting > 0 and _CONNECTION_LOST.search(message) is not None)))
 
 
 def quiet_driver_noise() -> None:

@@ -625,20 +625,22 @@ class CounterReader:
                     last = key
             if page is None:
                 break
-        # Offer a next page only if it holds a key: look ahead (without moving the token) past the rows of keys
-        # this counter does not have, and past the last key's remaining rows.
+        # Offer a next page only if it holds a key: look ahead past the rows of keys this counter does not have,
+        # and past the last key's remaining rows. The token resumes at the look-ahead's last request, which found
+        # that key: the next page does not read those rows again.
         ahead = page
         while ahead is not None:
-            found, ahead = await walk(_LIST_LOOKAHEAD_ROWS, ahead)
+            found, after = await walk(_LIST_LOOKAHEAD_ROWS, ahead)
             if any(key != last for key in found):
+                page = ahead
                 break
+            ahead = after
         else:
             page = None
         return sorted(keys), None if page is None else _join_token(last, page)
 
 
-# Rows per request while looking ahead for the next page's first key (it reads no more rows than the next page
-# would before that key).
+# Rows per request while looking ahead for the next page's first key.
 _LIST_LOOKAHEAD_ROWS = 100
 
 

@@ -148,7 +148,8 @@ class SchemaRegistryClient:
         if status in (401, 403):
             raise self._refused_credentials(status, f"to read schema id {schema_id}")
         if status != 200 or not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
-            raise SchemaRegistryRefusedError(f"schema registry answered {status} for schema id {schema_id}")
+            what = f"answered {status}" if status != 200 else "answered 200 without a schema"
+            raise SchemaRegistryRefusedError(f"schema registry {self.url} {what} for schema id {schema_id}")
         if doc.get("references"):
             raise SchemaError("schemas with references are not supported")
         return str(doc.get("schemaType") or "AVRO"), doc["schema"]

@@ -94,7 +94,7 @@ from countersink.resets import (
     took_effect,
 )
 from countersink.retry import StopRequested, wait_until_reachable
-from countersink.schema_registry import SchemaRegistryUnavailableError
+from countersink.schema_registry import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
 from countersink.settings import (
     CassandraSettings,
     Consistency,
@@ -433,6 +433,9 @@ class ReadApi:
         except KafkaSecurityError as exc:  # a grant or a setting of serve's to fix: no retry helps
             log.error("trace_failed", topic=query.topic, error=str(exc))
             raise _problem(web.HTTPServiceUnavailable, f"serve cannot read Kafka: {exc}") from None
+        except SchemaRegistryRefusedError as exc:  # the same, of the registry (its words are never quoted)
+            log.error("trace_failed", topic=query.topic, error=str(exc))
+            raise _problem(web.HTTPServiceUnavailable, f"serve cannot read the schema registry: {exc}") from None
         except TimeoutError:
             raise _problem(web.HTTPGatewayTimeout, f"the trace did not finish within {TRACE_TIMEOUT_S} s") from None
         return web.json_response({"topic": query.topic, "notes": result.notes,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import countersink.reader as reader_module
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import MutatorEntry, PartitionId, ShardWrite
 from countersink.cassandra import CassandraClient
@@ -59,7 +60,10 @@ async def test_get_explain_and_list(cassandra_settings: CassandraSettings) -> No
         assert (keys, page) == (["IBM"], None)
 
 
-async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings: CassandraSettings) -> None:
+@pytest.mark.parametrize("lookahead_rows", [100, 2])
+async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings: CassandraSettings,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              lookahead_rows: int) -> None:
     """list_instances returns at most ``limit`` keys and a page token; following the tokens yields every key
     of the counter exactly once, though each key has several rows (three mutators) and counters share keys,
     and none that only another counter has; a page token is offered only when another key follows."""
@@ -71,8 +75,15 @@ async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings
                                      source=b"test")
         await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("views", f"v{i:02d}", b"\x02\x01\x01", 0, True)
                                                       for i in range(9)], source=b"test")
+        # Keys of an hour's bucket share a few partitions (schemas.cql.shard_slice), each key a slice of them.
+        hour = "2026-11-22T10:00Z"
+        await store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite(counter, f"b{i:02d}|{hour}", b"\x02\x01\x01", 0, True)
+                                                      for counter in ("likes", "views") for i in range(12)],
+                                 source=b"test")
+        # A look-ahead of two rows a request crosses other keys' rows in several.
+        monkeypatch.setattr(reader_module, "_LIST_LOOKAHEAD_ROWS", lookahead_rows)
         reader = CounterReader(client)
-        for limit, expected_pages in ((5, 5), (23, 1), (1, 23)):
+        for limit, expected_pages in ((5, 7), (35, 1), (1, 35)):
             seen: list[str] = []
             pages = 0
             page = None
@@ -85,7 +96,7 @@ async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings
                 pages += 1
                 if page is None:
                     break
-            assert sorted(seen) == [f"k{i:02d}" for i in range(23)]
+            assert sorted(seen) == sorted([f"k{i:02d}" for i in range(23)] + [f"b{i:02d}|{hour}" for i in range(12)])
             assert pages == expected_pages
 
 

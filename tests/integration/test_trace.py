@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
@@ -383,3 +384,31 @@ async def test_trace_decodes_avro_and_protobuf_records_as_the_consumer_does(
         (lost,) = await traced(avro, offset=(0, 5))
         assert lost["views_by_page"].outcome == "dead_lettered"
         assert "UnknownSchemaError" in (lost["views_by_page"].reason or ""), lost
+
+        # serve's trace with a registry that refuses its credentials: 503 naming the registry and what to check
+        # (it was a 500), never the registry's words.
+        async def refuse(request: web.Request) -> web.Response:
+            return web.json_response({"message": "Unauthorized: " + request.headers.get("Authorization", "")},
+                                     status=401)
+
+        app = web.Application()
+        app.router.add_route("*", "/{rest:.*}", refuse)
+        refusing = TestServer(app)
+        await refusing.start_server()
+        try:
+            refused = settings.model_copy(update={"schema_registry": SchemaRegistrySettings(
+                url=str(refusing.make_url("")).rstrip("/"), username="reader", password=SecretStr("not-it"),
+                allow_insecure=True)})
+            token = secrets.token_urlsafe(24)
+            api = ReadApi(client, ServeSettings(tokens=SecretStr(token)), registry=CounterRegistry(client),
+                          tracing=refused)
+            async with TestClient(TestServer(api.app())) as http:
+                answer = await http.get(f"/trace/{avro}", params={"offset": "0:1"},
+                                        headers={"Authorization": f"Bearer {token}"})
+                detail = (await answer.json())["detail"]
+        finally:
+            await refusing.close()
+        assert answer.status == 503, detail
+        assert detail.startswith("serve cannot read the schema registry: schema registry http://127.0.0.1:"), detail
+        assert "refused the credentials (401) to read schema id" in detail
+        assert "not-it" not in detail

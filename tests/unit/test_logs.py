@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from countersink.logs import configure_logging, get_logger
+from countersink.logs import cassandra_session_starting, configure_logging, get_logger
 from tests.terminal import TextTerminal
 
 
@@ -133,3 +133,21 @@ def test_records_are_not_logged_at_debug(restore_logging: None) -> None:
                      "Response from 127.0.0.1:9092 5: FetchResponse_v4(<redacted>)",
                      "Sending (key=<6 bytes> value=<31 bytes>) to events-0"]
     assert "4111" not in stream.getvalue()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_lost_connection_is_said_by_the_driver_except_while_a_session_starts() -> None:
+    """A session that cannot start is one line, countersink's error (the driver's own lines of the connection it
+    lost are dropped then); a node lost mid-run is said by the driver's line, the only one that says it."""
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    driver = logging.getLogger("acsylla")
+    with cassandra_session_starting():
+        driver.error("Socket read error 'connection reset by peer'")
+        driver.error("Error decoding/consuming message")
+    assert out.getvalue() == ""
+    driver.error("Socket read error 'connection reset by peer'")
+    driver.error("Unable to establish a control connection to host 127.0.0.1 because of the following error")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["logger"], line["event"]) for line in lines] == [
+        ("acsylla", "Socket read error 'connection reset by peer'")]
