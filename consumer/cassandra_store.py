@@ -67,9 +67,40 @@ _STAMP_CQL = {b: f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {w}
               for b, w in _STAMP_ROW_WHERE.items()}
 _EXPIRING_STAMP_CQL = {b: f"UPDATE shards USING TTL ? SET stamps[?] = ? {w}"  # noqa: S608
                        for b, w in _STAMP_ROW_WHERE.items()}
+# The stamps of a single-partition batch's keys, one statement for all of them (their stamps rows all get the
+# same cell): half the statements of the batch to bind, send and apply. None: without a TTL of their own.
+_STAMPS_OF_KEYS_CQL = {ttl: f"UPDATE shards USING TTL {'?' if ttl else STAMP_TTL_S} SET stamps[?] = ? "  # noqa: S608
+                       f"{_STAMP_ROW_WHERE[True].replace('key = ?', 'key IN ?')}" for ttl in (True, False)}
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the
 # client pays for one request. Far below the IN-list limits Cassandra warns about.
 _READ_KEYS_PER_REQUEST = 50
+
+
+def _with_stamps(part: str, unit: list[Any], source: bytes, timestamp_us: int) -> list[tuple[str, list[object]]]:
+    """The statements of a bucket's key's unit (see ``write_shards``) sent with other partitions: its states and a
+    stamp, for each of its rows."""
+    _, states, ttls, stored = unit
+    statements: list[tuple[str, list[object]]] = []
+    for row_states, ttl_s in zip(states, ttls, strict=True):
+        statements += (row_states, (_STAMP_CQL[True], [source, timestamp_us, part, stored]) if ttl_s is None else
+                       (_EXPIRING_STAMP_CQL[True], [ttl_s, source, timestamp_us, part, stored]))
+    return statements
+
+
+def _partition_batch(part: str, units: list[list[Any]], source: bytes, timestamp_us: int
+                     ) -> list[tuple[str, list[object]]]:
+    """The statements of a single-partition batch of keys' units: their states, then their stamps, one
+    statement per TTL naming every key stamped with it."""
+    statements: list[tuple[str, list[object]]] = []
+    stamped: dict[int | None, list[str]] = {}
+    for _, states, ttls, stored in units:
+        statements += states
+        for ttl_s in ttls:
+            stamped.setdefault(ttl_s, []).append(stored)
+    for ttl_s, stored in stamped.items():
+        statements.append((_STAMPS_OF_KEYS_CQL[False], [source, timestamp_us, part, stored]) if ttl_s is None else
+                          (_STAMPS_OF_KEYS_CQL[True], [ttl_s, source, timestamp_us, part, stored]))
+    return statements
 
 
 class CassandraStore:
@@ -193,50 +224,58 @@ class CassandraStore:
         # warning thresholds for size and for partitions per unlogged batch. A key's rows and stamps are never
         # split between requests: its stamps are the same value in each, and serve, having read the key between
         # two such requests, would keep a merge missing the second under stamps that the second does not change.
-        shared: list[list[Any]] = []  # each partition sent several to a batch: [bytes, statements]
         # The keys of a bucket by partition (schemas.cql.shard_slice: a bucket's keys share a few): each key's
-        # bytes and statements (its states and its stamp, for each of its rows), gathered in one list (a key's
-        # second row, of another expiry, joins its first).
+        # bytes, its states' statements (one per row) and its stamps' TTLs (one per row: None without), gathered
+        # in one unit (a key's second row, of another expiry, joins its first), and its clustering key; a
+        # single-partition batch stamps all its keys in one statement. The keys of a partition of their own are
+        # sent several to a batch, each as [bytes, statements] (its states and its stamp, for each of its rows).
         parts: dict[str, list[list[Any]]] = {}
+        shared: list[list[Any]] = []
         keys: dict[str, list[Any]] = {}
         for (key, expires_at), cells in rows.items():
             part, stored = shard_slice(key)
-            bucketed = stored != ""
-            place = [part, stored] if bucketed else [part]
             size = len(key.encode()) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES
                                                           for c, v in cells.items())
-            if expires_at is None:
-                statements = [(_SHARD_CQL[bucketed], [cells, *place, born_us, mutator_text]),
-                              (_STAMP_CQL[bucketed], [source, timestamp_us, *place])]
-            else:
-                ttl_s = ttls[expires_at]
-                statements = [(_EXPIRING_SHARD_CQL[bucketed], [ttl_s, cells, *place, born_us, mutator_text]),
-                              (_EXPIRING_STAMP_CQL[bucketed], [ttl_s, source, timestamp_us, *place])]
+            ttl_s = None if expires_at is None else ttls[expires_at]
             unit = keys.get(key)
-            if unit is not None:
-                unit[0] += size
-                unit[1] += statements
+            if stored == "":
+                row = ((_SHARD_CQL[False], [cells, part, born_us, mutator_text]),
+                       (_STAMP_CQL[False], [source, timestamp_us, part])) if ttl_s is None else (
+                       (_EXPIRING_SHARD_CQL[False], [ttl_s, cells, part, born_us, mutator_text]),
+                       (_EXPIRING_STAMP_CQL[False], [ttl_s, source, timestamp_us, part]))
+                if unit is None:
+                    keys[key] = unit = [size, [*row]]
+                    shared.append(unit)
+                else:
+                    unit[0] += size
+                    unit[1] += row
                 continue
-            keys[key] = unit = [size, statements]
-            if bucketed:
+            states = ((_SHARD_CQL[True], [cells, part, stored, born_us, mutator_text]) if ttl_s is None else
+                      (_EXPIRING_SHARD_CQL[True], [ttl_s, cells, part, stored, born_us, mutator_text]))
+            if unit is None:
+                keys[key] = unit = [size, [states], [ttl_s], stored]
                 parts.setdefault(part, []).append(unit)
             else:
-                shared.append(unit)  # a key of a partition of its own
-        for of_part in parts.values():
-            part_bytes = sum(size for size, _ in of_part)
+                unit[0] += size
+                unit[1].append(states)
+                unit[2].append(ttl_s)
+        for part, of_part in parts.items():
+            part_bytes = sum(unit[0] for unit in of_part)
             if len(of_part) > 1 and (len(of_part) >= self.batch_rows or part_bytes > _BATCH_BYTES):
-                batch: list[tuple[str, list[object]]] = []
-                batch_bytes = batch_keys = 0
-                for size, statements in of_part:
-                    if batch and (batch_keys >= _PARTITION_BATCH_ROWS or batch_bytes + size > _PARTITION_BATCH_BYTES):
-                        calls.append(self._shard_call(batch, timestamp_us))
-                        batch, batch_bytes, batch_keys = [], 0, 0
-                    batch.extend(statements)
-                    batch_bytes += size
-                    batch_keys += 1
-                calls.append(self._shard_call(batch, timestamp_us))
+                batch: list[list[Any]] = []
+                batch_bytes = 0
+                for unit in of_part:
+                    full = len(batch) >= _PARTITION_BATCH_ROWS or batch_bytes + unit[0] > _PARTITION_BATCH_BYTES
+                    if batch and full:
+                        calls.append(self._shard_call(_partition_batch(part, batch, source, timestamp_us),
+                                                      timestamp_us))
+                        batch, batch_bytes = [], 0
+                    batch.append(unit)
+                    batch_bytes += unit[0]
+                calls.append(self._shard_call(_partition_batch(part, batch, source, timestamp_us), timestamp_us))
             else:
-                shared.append([part_bytes, [statement for _, statements in of_part for statement in statements]])
+                shared.append([part_bytes, [statement for unit in of_part
+                                            for statement in _with_stamps(part, unit, source, timestamp_us)]])
         group: list[tuple[str, list[object]]] = []
         group_bytes = group_parts = 0
         for part_bytes, statements in shared:

@@ -13,13 +13,13 @@ import pytest
 from consumer.cassandra_store import CassandraStore
 from consumer.protocol import Claimant
 from consumer.storage import MutatorEntry, PartitionId, ShardWrite
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, as_dicts
 from countersink.commands.drop import sweep
 from countersink.reader import CounterReader, read_stamps, read_state
 from countersink.resets import RESET_SETTLE_S, EpochsCache, reset_counter
 from countersink.settings import CassandraSettings, Consistency, KafkaSettings
 from countersink.state_cache import StateCache
-from schemas.cql import stamp_source
+from schemas.cql import STAMP_ROW, STAMP_TTL_S, shard_slice, stamp_source
 from schemas.definitions import parse_definitions
 from schemas.kinds import KindSpec, new_state
 from schemas.timeseries import bucket_key
@@ -123,6 +123,45 @@ async def test_a_bucket_past_its_retention_is_hidden_through_the_cache(cassandra
         await asyncio.sleep(max(0.0, expires - time.time()) + 1.5)
         assert await read_state(client, "hourly", "home|h", cache=cache) is None
         assert await read_state(client, "hourly", "home|h") is None
+
+
+async def test_every_key_of_a_slots_batch_is_stamped_with_its_rows_ttls(cassandra_settings: CassandraSettings) -> None:
+    """An hour's keys flushed together share their slots' partitions, whose batches stamp all their keys in one
+    statement a TTL: each key's stamps row holds the source's cell at the flush's timestamp, expiring with its
+    latest row (a stamp's own TTL for a key with a row that does not expire), and a kept merge of any of them
+    is read anew once another flush stamps it."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        hour = "2026-11-22T10:00Z"
+        far = int(time.time()) + 2 * 86_400
+        pages = [f"/p{i}|{hour}" for i in range(400)]  # about 25 keys a slot: each slot is its own batches
+        writes = [ShardWrite("views", key, _sum(i), 1, True, far) for i, key in enumerate(pages)]
+        writes += [ShardWrite("kept", key, _sum(1), 1, True) for key in pages[:50]]
+        written_s = int(time.time())
+        await store.write_shards(uuid.uuid4(), 1_000, 1_001, writes, source=b"src")
+        assert await read_stamps(client, pages) == {key: {b"src": 1_001} for key in pages}
+        ttls = {}
+        for key in (pages[0], pages[49], pages[50], pages[399]):
+            part, stored = shard_slice(key)
+            (row,) = as_dicts(await client.execute(
+                "SELECT stamps, ttl(stamps) AS ttls FROM shards WHERE part = ? AND key = ? AND born_us = ? "
+                "AND mutator = ?", [part, stored, *STAMP_ROW]))
+            assert row["stamps"] == {b"src": 1_001}
+            (ttls[key],) = row["ttls"]
+        retention = far + client.settings.retention_grace_s - written_s
+        for key in (pages[50], pages[399]):  # the bucket's rows alone: their TTL
+            assert retention - 60 < ttls[key] <= retention, ttls
+        # A row that does not expire too: its stamp's own TTL, the later of the two (both written at the flush's
+        # timestamp, Cassandra keeps the cell that lives longer).
+        assert retention < STAMP_TTL_S
+        for key in (pages[0], pages[49]):
+            assert STAMP_TTL_S - 60 < ttls[key] <= STAMP_TTL_S, ttls
+        cache = StateCache(1 << 20)
+        assert (await read_state(client, "views", pages[399], cache=cache)).value() == 399  # type: ignore[union-attr]
+        await store.write_shards(uuid.uuid4(), 2_000, 2_001, [ShardWrite("views", key, _sum(1), 1, True, far)
+                                                              for key in pages], source=b"other")
+        assert (await read_state(client, "views", pages[399], cache=cache)).value() == 400  # type: ignore[union-attr]
+        assert cache.checked_hits == 0
 
 
 async def test_a_dropped_counters_keys_are_read_anew_through_the_cache(cassandra_settings: CassandraSettings) -> None:

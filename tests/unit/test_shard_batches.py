@@ -104,6 +104,13 @@ def key_of(cql: str, params: Sequence[Any]) -> str:
     return slice_key(*place_of(cql, params))
 
 
+def stamped(cql: str, params: Sequence[Any]) -> list[str]:
+    """The keys a stamp statement stamps: one, or every key of a single-partition batch (``key IN ?``)."""
+    if "key IN ?" in cql:
+        return [slice_key(params[-2], stored) for stored in params[-1]]
+    return [slice_key(*place_of(cql, params))]
+
+
 def bound_place(cql: str) -> int:
     """How many values of a statement's place are bound: its partition, and the key of a bucket."""
     return 1 if "key = ''" in cql else 2
@@ -258,8 +265,17 @@ def test_the_rows_of_a_buckets_slot_go_in_single_partition_batches() -> None:
 
     single = [r for r in shard_batches if len(parts(r)) == 1 and len(r) > 2]
     assert set.union(*map(parts, single)) == {f"2026-11-22T10:00Z#{slot}" for slot in range(SHARD_SLOTS)}
-    assert all(len(r) <= 2 * 250 for r in single)
-    assert sum(len(r) for r in single) == 2 * 8000  # every bucketed row and its stamp in its slot's batches
+    for request in single:
+        states = [key_of(cql, params) for cql, params in request if "SET states" in cql]
+        stamps = [(cql, params) for cql, params in request if "SET stamps" in cql]
+        assert len(states) <= 250
+        # one statement stamps every key of the batch: the source's cell, the flush's timestamp, a stamp's TTL
+        ((cql, params),) = stamps
+        assert f"TTL {STAMP_TTL_S} " in cql
+        assert "key IN ?" in cql
+        assert params[:2] == [b"src", 1]
+        assert stamped(cql, params) == states
+    assert sum(len(r) - 1 for r in single) == 8000  # every bucketed row in its slot's batches
     assert all(len(parts(r)) <= 10 for r in shard_batches if r not in single)
 
 
@@ -275,13 +291,21 @@ def test_a_keys_rows_of_different_expiries_travel_in_one_request(keys: int, batc
               for counter, expiry in (("kept", None), ("hourly", far), ("daily", far + 3600))]
     requests = all_requests(writes, batch_rows)
     where: dict[str, set[int]] = {}
+    stamps: dict[str, list[int | None]] = {}  # each key's stamps' TTLs (None: a stamp's own)
     for index, request in enumerate(requests):
         for cql, params in request:
-            if "SET states" in cql or "SET stamps" in cql:
-                where.setdefault(key_of(cql, params) if "SET states" in cql else slice_key(*place_of(cql, params)),
-                                 set()).add(index)
+            if "SET states" in cql:
+                where.setdefault(key_of(cql, params), set()).add(index)
+            elif "SET stamps" in cql:
+                for key in stamped(cql, params):
+                    where.setdefault(key, set()).add(index)
+                    stamps.setdefault(key, []).append(params[0] if "TTL ?" in cql else None)
     assert set(where) == set(names)
     assert all(len(at) == 1 for at in where.values())
+    for at in stamps.values():  # a stamp per row, with the row's TTL: a stamp's own, the hour's, the day's
+        assert (at.count(None), len(at)) == (1, 3)
+        hourly, daily = sorted(ttl for ttl in at if ttl is not None)
+        assert (daily - hourly, hourly > 86_000) == (3600, True)
     assert max(len(r) for r in requests) <= 250 * 3 * 2
     assert sum("SET states" in cql for r in requests for cql, _ in r) == 3 * len(names)
 
