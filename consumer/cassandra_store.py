@@ -51,6 +51,8 @@ _STAMP_BYTES = 48
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
 _WORK_CHUNK_INSTANCES = 1000
+# Keys whose place in shards a store keeps (CassandraStore._slices).
+_SLICES_KEPT = 50_000
 # A flushed row's statements, bound for every row of every flush: what is the same for all of them (the
 # flush's timestamp, the stamps row, a stamp's TTL without retention) is in the batch or the text, not bound
 # each time (python -m bench.versions flushes).
@@ -116,6 +118,9 @@ class CassandraStore:
         # Counters dropped from the registry while this consumer runs: no write of theirs leaves this store
         # (flushes and replays alike), so a consumer still holding the old definitions never writes them back.
         self.refused: set[str] = set()
+        # Each key's place (schemas.cql.shard_slice), kept: a flush writes mostly keys the last one wrote. Bounded
+        # (emptied when full), a few MiB at most.
+        self._slices: dict[str, tuple[str, str]] = {}
 
     def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
                     ) -> Callable[[], Awaitable[object]]:
@@ -232,10 +237,17 @@ class CassandraStore:
         parts: dict[str, list[list[Any]]] = {}
         shared: list[list[Any]] = []
         keys: dict[str, list[Any]] = {}
+        slices = self._slices
         for (key, expires_at), cells in rows.items():
-            part, stored = shard_slice(key)
-            size = len(key.encode()) + _STAMP_BYTES + sum(len(c) + len(v) + _CELL_OVERHEAD_BYTES
-                                                          for c, v in cells.items())
+            where = slices.get(key)
+            if where is None:
+                if len(slices) >= _SLICES_KEPT:
+                    slices.clear()
+                slices[key] = where = shard_slice(key)
+            part, stored = where
+            # (Counter names are ASCII: their length is their size.)
+            size = (len(key.encode()) + _STAMP_BYTES + sum(map(len, cells)) + sum(map(len, cells.values()))
+                    + _CELL_OVERHEAD_BYTES * len(cells))
             ttl_s = None if expires_at is None else ttls[expires_at]
             unit = keys.get(key)
             if stored == "":

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import consumer.cassandra_store as store_module
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
@@ -330,3 +331,21 @@ def test_the_rows_written_are_counted_one_per_key_not_per_shard() -> None:
     requests = shard_requests(writes)
     assert sum(len(r) for r in requests) == 25
     assert METRICS.shard_rows_written._value.get() - before == 25
+
+
+def test_the_places_a_store_keeps_are_bounded_and_each_key_is_written_at_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store keeps the places of the keys it wrote (a flush writes mostly the last one's keys), emptied when
+    full: every flush writes each key at its place whatever was kept."""
+    monkeypatch.setattr(store_module, "_SLICES_KEPT", 5)
+    client = RecordingClient(10)
+    store = CassandraStore(client)  # type: ignore[arg-type]
+    keys = [f"p{i}|2026-11-22T10:00Z" for i in range(12)] + [f"S{i}" for i in range(12)]
+    for flush in range(3):
+        client.requests.clear()
+        asyncio.run(store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("v", key, b"s", flush, True) for key in keys],
+                                       source=b"src"))
+        assert len(store._slices) <= 5
+        written = [(key_of(cql, params), place_of(cql, params)) for request in client.requests
+                   for cql, params in request if "SET states" in cql]
+        assert sorted(written) == sorted((key, shard_slice(key)) for key in keys)
