@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +54,9 @@ _STAMP_BYTES = 48
 _WORK_CHUNK_INSTANCES = 1000
 # Keys whose place in shards a store keeps (CassandraStore._slices).
 _SLICES_KEPT = 50_000
+# Keys one stamps statement names (key IN ?): Cassandra's in_select_cartesian_product guardrail, off by default,
+# also counts an UPDATE's clustering keys, and 25 is the warning threshold its documentation suggests.
+_STAMPED_KEYS_PER_STATEMENT = 25
 # A flushed row's statements, bound for every row of every flush: what is the same for all of them (the
 # flush's timestamp, the stamps row, a stamp's TTL without retention) is in the batch or the text, not bound
 # each time (python -m bench.versions flushes).
@@ -100,8 +104,10 @@ def _partition_batch(part: str, units: list[list[Any]], source: bytes, timestamp
         for ttl_s in ttls:
             stamped.setdefault(ttl_s, []).append(stored)
     for ttl_s, stored in stamped.items():
-        statements.append((_STAMPS_OF_KEYS_CQL[False], [source, timestamp_us, part, stored]) if ttl_s is None else
-                          (_STAMPS_OF_KEYS_CQL[True], [ttl_s, source, timestamp_us, part, stored]))
+        for start in range(0, len(stored), _STAMPED_KEYS_PER_STATEMENT):
+            named = stored[start:start + _STAMPED_KEYS_PER_STATEMENT]
+            statements.append((_STAMPS_OF_KEYS_CQL[False], [source, timestamp_us, part, named]) if ttl_s is None
+                              else (_STAMPS_OF_KEYS_CQL[True], [ttl_s, source, timestamp_us, part, named]))
     return statements
 
 
@@ -237,13 +243,15 @@ class CassandraStore:
         parts: dict[str, list[list[Any]]] = {}
         shared: list[list[Any]] = []
         keys: dict[str, list[Any]] = {}
-        slices = self._slices
+        # (A flush of more keys than are kept would empty them over and over: it looks every key up.)
+        slices = self._slices if len(rows) <= _SLICES_KEPT else {}
         for (key, expires_at), cells in rows.items():
             where = slices.get(key)
             if where is None:
                 if len(slices) >= _SLICES_KEPT:
                     slices.clear()
-                slices[key] = where = shard_slice(key)
+                part, stored = shard_slice(key)
+                slices[key] = where = sys.intern(part), stored  # a bucket's parts: a few strings, not one a key
             part, stored = where
             # (Counter names are ASCII: their length is their size.)
             size = (len(key.encode()) + _STAMP_BYTES + sum(map(len, cells)) + sum(map(len, cells.values()))

@@ -270,13 +270,16 @@ def test_the_rows_of_a_buckets_slot_go_in_single_partition_batches() -> None:
         states = [key_of(cql, params) for cql, params in request if "SET states" in cql]
         stamps = [(cql, params) for cql, params in request if "SET stamps" in cql]
         assert len(states) <= 250
-        # one statement stamps every key of the batch: the source's cell, the flush's timestamp, a stamp's TTL
-        ((cql, params),) = stamps
-        assert f"TTL {STAMP_TTL_S} " in cql
-        assert "key IN ?" in cql
-        assert params[:2] == [b"src", 1]
-        assert stamped(cql, params) == states
-    assert sum(len(r) - 1 for r in single) == 8000  # every bucketed row in its slot's batches
+        # statements of 25 keys at most stamp every key of the batch: the source's cell, the flush's timestamp,
+        # a stamp's TTL
+        assert len(stamps) == -(-len(states) // 25)
+        for cql, params in stamps:
+            assert f"TTL {STAMP_TTL_S} " in cql
+            assert "key IN ?" in cql
+            assert params[:2] == [b"src", 1]
+            assert len(params[-1]) <= 25
+        assert [key for cql, params in stamps for key in stamped(cql, params)] == states
+    assert sum(key_of(cql, params) != "" for r in single for cql, params in r if "SET states" in cql) == 8000
     assert all(len(parts(r)) <= 10 for r in shard_batches if r not in single)
 
 
@@ -302,6 +305,7 @@ def test_a_keys_rows_of_different_expiries_travel_in_one_request(keys: int, batc
                     where.setdefault(key, set()).add(index)
                     stamps.setdefault(key, []).append(params[0] if "TTL ?" in cql else None)
     assert set(where) == set(names)
+    assert set(stamps) == set(names)  # every key stamped
     assert all(len(at) == 1 for at in where.values())
     for at in stamps.values():  # a stamp per row, with the row's TTL: a stamp's own, the hour's, the day's
         assert (at.count(None), len(at)) == (1, 3)
