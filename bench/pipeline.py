@@ -261,9 +261,10 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_consumer(env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
+def start_consumer(env: dict[str, str], log_name: str, tree: Path = ROOT) -> subprocess.Popen[bytes]:
+    """A consumer process of the source tree ``tree`` (another version's, written out: bench.consumer_versions)."""
     with open(STACK / log_name, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=ROOT, env=env, stdout=log, stderr=log)
+        return subprocess.Popen([sys.executable, "-m", "consumer"], cwd=tree, env=env, stdout=log, stderr=log)
 
 
 def sample_stacks(pid: int, to: Path) -> subprocess.Popen[bytes]:
@@ -310,11 +311,13 @@ class ConsumerRun:
 async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, partitions: int, total: int,
                            group: str, servers_by_name: dict[str, int], profile_to: Path | None = None,
                            processes: int = 1, topic: str = TOPIC, counters_text: str | None = None,
-                           cassandra_options: dict[str, object] | None = None, **consumer: object) -> ConsumerRun:
+                           cassandra_options: dict[str, object] | None = None, tree: Path = ROOT,
+                           **consumer: object) -> ConsumerRun:
     """Events per second until the last record of every partition of ``topic`` is flushed, and what it cost.
     With ``processes`` > 1, that many consumers in one group share the partitions (figures are their sums).
     ``counters_text``: the definitions (the trades' three by default), renamed for ``group``;
-    ``cassandra_options``: Cassandra settings of the consumers (``{"write_batch_rows": 20}``)."""
+    ``cassandra_options``: Cassandra settings of the consumers (``{"write_batch_rows": 20}``); ``tree``: the
+    source tree the consumers run from."""
     counters = STACK / "counters.toml"
     counters.write_text(named_for(counters_text if counters_text is not None else definitions(topic), group))
     ports = [servers.free_port() for _ in range(processes)]
@@ -329,7 +332,7 @@ async def countersink_rate(kafka: KafkaSettings, cassandra: CassandraSettings, p
             env["COUNTERSINK_LOG_LEVEL"] = os.environ.get("BENCH_CONSUMER_LOG_LEVEL", "WARNING")
             env.update({f"COUNTERSINK_CASSANDRA__{name.upper()}": str(value)
                         for name, value in (cassandra_options or {}).items()})
-            running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log"))
+            running.append(start_consumer(env, f"{group}-{n}.log" if processes > 1 else f"{group}.log", tree))
         sampler = None if profile_to is None else sample_stacks(running[0].pid, profile_to)
         try:
             await wait_until_flushed(cassandra, group, ends, 1800,
