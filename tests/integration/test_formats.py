@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
@@ -367,11 +368,9 @@ async def test_a_registry_refusing_the_credentials_ends_the_consumer_with_one_li
 
     app = web.Application()
     app.router.add_route("*", "/{rest:.*}", refuse)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    refusing = TestServer(app, host="127.0.0.1")
+    await refusing.start_server()
+    port = refusing.port
     try:
         topic = await topic_factory("avro", partitions=1)
         await publish(kafka_settings, topic, [frame(1, b"\x02a\x02")])
@@ -383,7 +382,7 @@ async def test_a_registry_refusing_the_credentials_ends_the_consumer_with_one_li
         with capture_logs() as logs:
             code = await asyncio.wait_for(consume(settings, load_definitions(counters)), 120)
     finally:
-        await runner.cleanup()
+        await refusing.close()
     assert code == 1
     errors = [entry for entry in logs if entry["log_level"] == "error"]
     assert [(e["event"], e["error"]) for e in errors] == [("schema_registry_refused", (
