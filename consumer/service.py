@@ -332,10 +332,12 @@ class ConsumerService:
 
     async def _consume(self) -> None:
         while not self._stopping.is_set():
-            if self.ownership.refusal is not None:
-                raise self.ownership.refusal  # exit 2: a partition is counted for a counter these definitions lack
+            # A counter redefined first: the look that finds it also marks it dropped, which makes a takeover
+            # running meanwhile refuse its partition, and that refusal's exit flushes the other partitions.
             if self.redefined is not None:
                 raise self.redefined  # exit 2, with no last flush
+            if self.ownership.refusal is not None:
+                raise self.ownership.refusal  # exit 2: a partition is counted for a counter these definitions lack
             if self.rebalance_error is not None:
                 raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
                     self.rebalance_error)

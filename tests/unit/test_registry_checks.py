@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from structlog.testing import capture_logs
 
+from consumer.handovers import HandoverRefusedError
 from consumer.service import ConsumerService, CounterRedefinedError
 from countersink.registry import CounterRegistry
 from countersink.settings import ConsumerSettings, Settings
@@ -117,5 +118,20 @@ async def test_a_counter_recorded_anew_since_the_start_stops_the_consumer_before
     assert not service._registry_fresh()  # no flush starts on that look
     assert name in service.ownership.dropped
     assert [entry for entry in logs if entry["event"] == "counter_dropped"] == []
+    with pytest.raises(CounterRedefinedError, match="dropped and defined again"):
+        await service._consume()
+
+
+async def test_a_partition_refused_for_a_counter_found_redefined_still_exits_as_redefined() -> None:
+    """The look that finds a counter redefined marks it dropped too, and a takeover running meanwhile refuses a
+    partition where the new definition's hand-over is recorded: the loop exits for the redefinition (no last
+    flush), not for the refusal (which flushes the other partitions with the old meaning)."""
+    registry = Registry()
+    service = _service(registry)
+    name = next(iter(COUNTERS)).name
+    registry.redefined = {name: f"counter {name!r} was dropped and defined again (recorded anew at ...)"}
+    service._registry_fresh()
+    await _settle(service)
+    service.ownership.refusal = HandoverRefusedError("trades", 0, [name])
     with pytest.raises(CounterRedefinedError, match="dropped and defined again"):
         await service._consume()
