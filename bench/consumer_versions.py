@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -29,6 +28,7 @@ from bench.versions import _archive
 from countersink.cassandra import CassandraClient
 from countersink.kafka import ensure_topics, make_admin
 from countersink.settings import CassandraSettings, KafkaSettings
+from stack import servers
 
 KEYSPACE = "consumer_versions"
 PARTITIONS = 12
@@ -36,11 +36,8 @@ PARTITIONS = 12
 
 def _server_pids() -> dict[str, int]:
     """The development stack's Kafka and Cassandra processes, when it runs: their CPU is read around each run."""
-    state = pipeline.ROOT / ".stack" / "state.json"
-    if not state.exists():
-        return {}
-    entries = json.loads(state.read_text())
-    return {name.capitalize(): int(entries[name]["pid"]) for name in ("kafka", "cassandra") if name in entries}
+    entries = servers.load_state()
+    return {name.capitalize(): int(str(entries[name]["pid"])) for name in ("kafka", "cassandra") if name in entries}
 
 
 async def _fresh_topic(kafka: KafkaSettings) -> None:

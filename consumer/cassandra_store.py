@@ -73,8 +73,9 @@ _STAMP_CQL = {b: f"UPDATE shards USING TTL {STAMP_TTL_S:d} SET stamps[?] = ? {w}
               for b, w in _STAMP_ROW_WHERE.items()}
 _EXPIRING_STAMP_CQL = {b: f"UPDATE shards USING TTL ? SET stamps[?] = ? {w}"  # noqa: S608
                        for b, w in _STAMP_ROW_WHERE.items()}
-# The stamps of a single-partition batch's keys, one statement for all of them (their stamps rows all get the
-# same cell): half the statements of the batch to bind, send and apply. None: without a TTL of their own.
+# The stamps of a single-partition batch's keys, one statement for many of them (their stamps rows all get the
+# same cell): half the statements of the batch to bind, send and apply. By whether the TTL is bound (a row's) or
+# a stamp's own.
 _STAMPS_OF_KEYS_CQL = {ttl: f"UPDATE shards USING TTL {'?' if ttl else STAMP_TTL_S} SET stamps[?] = ? "  # noqa: S608
                        f"{_STAMP_ROW_WHERE[True].replace('key = ?', 'key IN ?')}" for ttl in (True, False)}
 # Keys per shard read of a replay: Cassandra's coordinator reads them as separate partitions, but the

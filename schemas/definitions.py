@@ -500,24 +500,23 @@ def parse_definitions(text: str, source: str = "<string>", *, max_row_bytes: int
             continue
         if counter.name in names:
             problems.append(DefinitionError(source, _label(entry, i), "name", "duplicate counter name"))
+            continue
         names.add(counter.name)
         counters.append(counter)
     from schemas import shard_rows  # it reads the router's limits, and the router reads definitions
 
-    limit = shard_rows.DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes
+    # The row sizes of the counters that pass their own checks are checked whatever the others' problems: a file
+    # is mended in one round.
+    counter_set = CounterSet(tuple(counters), source, formats, base)
+    try:
+        shard_rows.check_rows(counter_set, shard_rows.DEFAULT_MAX_ROW_BYTES if max_row_bytes is None else max_row_bytes)
+    except DefinitionError as exc:
+        if not problems:
+            raise
+        problems += exc.problems
     if problems:
-        # The sizes of the counters that are otherwise fine are checked too: a file is mended in one round.
-        named: dict[str, CounterDefinition] = {}
-        for counter in counters:
-            named.setdefault(counter.name, counter)  # a duplicate's problem is said already
-        try:
-            shard_rows.check_rows(CounterSet(tuple(named.values()), source, formats, base), limit)
-        except DefinitionError as exc:
-            problems += exc.problems
         first, *more = problems
         raise DefinitionError(first.source, first.counter, first.field, first.reason, tuple(more))
-    counter_set = CounterSet(tuple(counters), source, formats, base)
-    shard_rows.check_rows(counter_set, limit)
     return counter_set
 
 
