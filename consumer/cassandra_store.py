@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -52,8 +51,6 @@ _STAMP_BYTES = 48
 # Instances per work-list row: a few tens of KiB with keys of a few tens of bytes (keys are bounded, so a row
 # stays far below Cassandra's mutation size limits).
 _WORK_CHUNK_INSTANCES = 1000
-# Keys whose place in shards a store keeps (CassandraStore._slices).
-_SLICES_KEPT = 50_000
 # Keys one stamps statement names (key IN ?): Cassandra's in_select_cartesian_product guardrail, off by default,
 # also counts an UPDATE's clustering keys, and 25 is the warning threshold its documentation suggests.
 _STAMPED_KEYS_PER_STATEMENT = 25
@@ -125,9 +122,6 @@ class CassandraStore:
         # Counters dropped from the registry while this consumer runs: no write of theirs leaves this store
         # (flushes and replays alike), so a consumer still holding the old definitions never writes them back.
         self.refused: set[str] = set()
-        # Each key's place (schemas.cql.shard_slice), kept: a flush writes mostly keys the last one wrote. Bounded
-        # (emptied when full), a few MiB at most.
-        self._slices: dict[str, tuple[str, str]] = {}
 
     def _shard_call(self, group: list[tuple[str, list[object]]], timestamp_us: int
                     ) -> Callable[[], Awaitable[object]]:
@@ -244,19 +238,12 @@ class CassandraStore:
         parts: dict[str, list[list[Any]]] = {}
         shared: list[list[Any]] = []
         keys: dict[str, list[Any]] = {}
-        # (A flush of more keys than are kept would empty them over and over: it looks every key up.)
-        slices = self._slices if len(rows) <= _SLICES_KEPT else {}
         for (key, expires_at), cells in rows.items():
-            where = slices.get(key)
-            if where is None:
-                if len(slices) >= _SLICES_KEPT:
-                    slices.clear()
-                part, stored = shard_slice(key)
-                slices[key] = where = sys.intern(part), stored  # a bucket's parts: a few strings, not one a key
-            part, stored = where
-            # (Counter names are ASCII: their length is their size.)
-            size = (len(key.encode()) + _STAMP_BYTES + sum(map(len, cells)) + sum(map(len, cells.values()))
-                    + _CELL_OVERHEAD_BYTES * len(cells))
+            part, stored = shard_slice(key)
+            # (Counter names are ASCII: their length is their size. Summed in a loop: most rows hold a cell or two.)
+            size = (len(key) if key.isascii() else len(key.encode())) + _STAMP_BYTES
+            for name, cell in cells.items():
+                size += len(name) + len(cell) + _CELL_OVERHEAD_BYTES
             ttl_s = None if expires_at is None else ttls[expires_at]
             unit = keys.get(key)
             if stored == "":

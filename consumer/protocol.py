@@ -93,12 +93,22 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
     # In no particular order: the store groups them by key (sorting them cost more than building them). Each
     # state goes to the cell of its instance's epoch (the counter's own name until a reset).
     # ``recorded`` holds cells: after a reset, an instance's new cell goes to the GC's work list too.
-    writes = [
-        ShardWrite(cell, key, states[(counter, key)].to_bytes(), intent, (cell, key) not in recorded,
-                   expires_at(counter, key) if counter in retained else None)
-        for counter, key in flushing
-        for cell in (epochs.cell(counter, key) if epochs.applied else counter,)
-    ]
+    by_epoch = bool(epochs.applied)  # (a reset applied while this flush is in flight belongs to the next)
+    if by_epoch:
+        writes = [
+            ShardWrite(cell, key, states[(counter, key)].to_bytes(), intent, (cell, key) not in recorded,
+                       expires_at(counter, key) if counter in retained else None)
+            for counter, key in flushing
+            for cell in (epochs.cell(counter, key),)
+        ]
+    else:
+        # No reset applied (nearly always): each instance's cell is its counter's name, so its identity is its
+        # cell's (a flush writes a row or more per event applied: no tuple more per write than needed).
+        writes = [
+            ShardWrite(ident[0], ident[1], states[ident].to_bytes(), intent, ident not in recorded,
+                       expires_at(*ident) if ident[0] in retained else None)
+            for ident in flushing
+        ]
     positions, mutator.positions = mutator.positions, []
     mutator.window_committed = False
     try:
@@ -115,7 +125,10 @@ async def flush(store: Store, mutator: Mutator, now_us: int) -> int:
         mutator.dirty |= {ident for ident in flushing if ident in states}
         mutator.positions[:0] = positions
         raise
-    mutator.recorded.update((write.counter, write.key) for write in writes)
+    if by_epoch:
+        mutator.recorded.update((write.counter, write.key) for write in writes)
+    else:
+        mutator.recorded |= flushing
     mutator.flush_seq = seq
     mutator.flushed_through = intent
     mutator.window_seq = None

@@ -5,8 +5,12 @@ within Cassandra's warning thresholds (10 partitions, 5 KiB), every row sent exa
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import re
 import time
 import uuid
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import consumer.cassandra_store as store_module
+import schemas.cql as cql_module
 from consumer.cassandra_store import CassandraStore
 from consumer.storage import ShardWrite
 from countersink.settings import CassandraSettings
@@ -30,6 +34,7 @@ from schemas.cql import (
     shard_of_cell,
     shard_slice,
     slice_key,
+    work_chunk,
 )
 from schemas.errors import CorruptStateError, MalformedInstanceKeyError
 from schemas.events import encode_instance_key
@@ -196,6 +201,15 @@ def test_the_work_list_is_a_row_per_thousand_new_instances_named_by_content() ->
     assert len({params[1] for _, params in rows}) == 3
 
 
+@given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=40)), max_size=6))
+def test_a_work_row_is_named_as_earlier_versions_named_it(instances: list[tuple[str, str]]) -> None:
+    """A work row's bytes, and so its name, are those earlier versions wrote (json.dumps, compact, non-ASCII as
+    itself): a replay by a newer consumer of a window an older one flushed names the same row."""
+    body = json.dumps(instances, ensure_ascii=False, separators=(",", ":")).encode()
+    assert work_chunk(instances) == (hashlib.blake2b(body, digest_size=16).digest(), body)
+    assert instances_of_work(body) == instances
+
+
 def test_cells_and_work_rows_refuse_corrupt_bytes() -> None:
     """A truncated shard cell or an undecodable work row is a CorruptStateError, not a wrong number."""
     assert shard_of_cell(shard_cell(b"\x02\x01", -1)) == (b"\x02\x01", -1)
@@ -337,19 +351,26 @@ def test_the_rows_written_are_counted_one_per_key_not_per_shard() -> None:
     assert METRICS.shard_rows_written._value.get() - before == 25
 
 
-def test_the_places_a_store_keeps_are_bounded_and_each_key_is_written_at_its_own(
+def test_the_bucket_partitions_shard_slice_keeps_are_bounded_and_each_key_is_written_at_its_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store keeps the places of the keys it wrote (a flush writes mostly the last one's keys), emptied when
-    full: every flush writes each key at its place whatever was kept."""
-    monkeypatch.setattr(store_module, "_SLICES_KEPT", 5)
+    """shard_slice keeps the slots' partitions of the buckets it met (a flush meets a few), emptied when full:
+    every flush writes each key at its place (a bucket's start, then the slot of the key's digest) whatever
+    was kept, and a key whose end only looks like a bucket's start is a partition of its own."""
+    monkeypatch.setattr(cql_module, "_BUCKETS_KEPT", 3)
+    monkeypatch.setattr(cql_module, "_BUCKET_PARTS", {})
     client = RecordingClient(10)
     store = CassandraStore(client)  # type: ignore[arg-type]
-    keys = [f"p{i}|2026-11-22T10:00Z" for i in range(12)] + [f"S{i}" for i in range(12)]
+    keys = ([f"p{i}|2026-11-22T{i % 7:02d}:00Z" for i in range(12)] + [f"S{i}" for i in range(12)]
+            + ["q|2026-11-22T10:00Z|x", "q|2026-1a-22T10:00Z", "q|12026-11-22T10:00Z", "2026-11-22T10:00Z"])
+    expected = {key: (f"{bucket}#{zlib.crc32(key.encode()) % SHARD_SLOTS}", key)
+                if re.fullmatch(r"\d{4,5}-\d\d-\d\dT\d\d:\d\dZ", bucket) else (key, "")
+                for key in keys for bucket in (key[key.rfind("|") + 1:],)}
+    assert sum(place[1] != "" for place in expected.values()) == 14
     for flush in range(3):
         client.requests.clear()
         asyncio.run(store.write_shards(uuid.uuid4(), 0, 1, [ShardWrite("v", key, b"s", flush, True) for key in keys],
                                        source=b"src"))
-        assert len(store._slices) <= 5
+        assert len(cql_module._BUCKET_PARTS) <= 3
         written = [(key_of(cql, params), place_of(cql, params)) for request in client.requests
                    for cql, params in request if "SET states" in cql]
-        assert sorted(written) == sorted((key, shard_slice(key)) for key in keys)
+        assert sorted(written) == sorted(expected.items())
