@@ -41,7 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from schemas.kinds import State, count, merge_blobs, merge_states, quantiles, state_from_bytes, top_k
+from schemas.kinds import State, count, merge_blobs, merge_checked, quantiles, state_to_merge, top_k
 from schemas.kinds import sum as sum_kind
 
 Stamps = dict[bytes, int]  # a partition's stamps: source -> write timestamp (compared whole, never changed)
@@ -220,12 +220,12 @@ class StateCache:
         else:
             known = ({} if entry is None or entry.states is None or entry.blobs is None
                      else dict(zip(entry.blobs, entry.states, strict=True)))
-            states = tuple(known.get(blob) or state_from_bytes(blob) for blob in read)
+            states = tuple(known.get(blob) or state_to_merge(blob) for blob in read)
             if known:
                 self.partial += not patching
             else:
                 self.misses += not patching
-            merged = merge_states(states)
+            merged = merge_checked(states)
         if merged is None:  # not reached: blobs is not empty
             return None
         self._drop(ident)

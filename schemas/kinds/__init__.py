@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
-from schemas.errors import CorruptStateError, IncompatibleStateError, UnknownStateTagError
+from schemas.errors import CorruptStateError, CountersinkError, IncompatibleStateError, UnknownStateTagError
 from schemas.kinds import count, distinct, max, mean, min, quantiles, sum, top_k, variance
 from schemas.kinds.base import KindSpec, NumberMode, State
 
@@ -26,10 +26,12 @@ __all__ = [
     "State",
     "kind_of_bytes",
     "merge_blobs",
+    "merge_checked",
     "merge_states",
     "merge_stored",
     "new_state",
     "state_from_bytes",
+    "state_to_merge",
 ]
 
 
@@ -68,20 +70,48 @@ def kind_of_bytes(data: bytes) -> str:
     return next(name for name, m in KINDS.items() if m is module)
 
 
-def state_from_bytes(data: bytes) -> State:
-    """Decode stored bytes of any kind and any supported version."""
+def _module_of(data: bytes) -> KindModule:
     if len(data) < 2:
         raise CorruptStateError(f"state of {len(data)} bytes has no header")
     module = _BY_TAG.get(data[0])
     if module is None:
         raise UnknownStateTagError(f"state tag {data[0]} belongs to no known kind")
-    return module.state_from_bytes(data)
+    return module
+
+
+def state_from_bytes(data: bytes) -> State:
+    """Decode stored bytes of any kind and any supported version."""
+    return _module_of(data).state_from_bytes(data)
+
+
+def state_to_merge(data: bytes) -> State:
+    """Decode stored bytes to merge them with others (:func:`merge_checked`): :func:`state_from_bytes` less the
+    checks a kind makes of every item a sketch holds (:meth:`State.check`: each quantiles sketch's sorted view,
+    each top-k item's text), which the merge gets once. A read of 256 shards then checks one sketch, not 256.
+    Never for a state applied to or written back whole (a takeover's replay decodes with every check)."""
+    module = _module_of(data)
+    return getattr(module, "state_to_merge", module.state_from_bytes)(data)
+
+
+def merge_checked(states: Sequence[State]) -> State | None:
+    """:func:`merge_states` of states decoded by :func:`state_to_merge`, the merge checked
+    (:meth:`State.check`): :class:`CorruptStateError` when a sketch does not merge or an item kept does not
+    list, as their decoding would have said. None when there are none."""
+    try:
+        merged = merge_states(states)
+        if merged is not None:
+            merged.check()
+        return merged
+    except (CountersinkError, MemoryError):
+        raise
+    except Exception as exc:  # the C++ libraries raise several types; all mean a bad body
+        raise CorruptStateError(f"stored states do not merge: {exc}") from exc
 
 
 def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
     """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
     kinds never merge: :class:`IncompatibleStateError`."""
-    return merge_states([state_from_bytes(blob) for blob in blobs if blob is not None])
+    return merge_checked([state_to_merge(blob) for blob in blobs if blob is not None])
 
 
 def merge_blobs(blobs: Sequence[bytes]) -> State | None:

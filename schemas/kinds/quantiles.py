@@ -70,6 +70,16 @@ class QuantilesState(State):
     def copy(self) -> Self:
         return type(self)(ds.kll_doubles_sketch.deserialize(self._sketch.serialize()))
 
+    def check(self) -> None:
+        sketch = self._sketch
+        try:
+            if not sketch.is_empty():
+                sketch.get_quantile(0.5)
+                # The reader takes a count that its items' weights do not add up to; a merge refuses it.
+                ds.kll_doubles_sketch(sketch.k).merge(sketch)
+        except Exception as exc:  # the C++ library raises several types; all mean a bad body
+            raise CorruptStateError(f"KLL body does not read: {exc}") from exc
+
     def quantile(self, rank: float) -> float | None:
         """Return the estimated value at ``rank`` (0..1), ``None`` when empty."""
         if self._sketch.is_empty():
@@ -128,6 +138,15 @@ def new(spec: KindSpec) -> QuantilesState:
 
 def state_from_bytes(data: bytes) -> QuantilesState:
     """Decode bytes written by :meth:`QuantilesState.to_bytes`."""
+    state = state_to_merge(data)
+    state.check()
+    return state
+
+
+def state_to_merge(data: bytes) -> QuantilesState:
+    """:func:`state_from_bytes` without reading the sketch's sorted view (:meth:`QuantilesState.check`), for
+    states merged and then checked once (``schemas.kinds.merge_checked``): that check cost 8 µs a sketch of
+    2,000 values, four times its decoding."""
     _, body = split_header(data, TAG, VERSIONS)
     r = Reader(body)
     blob = r.blob(MAX_STATE_BYTES)
@@ -135,8 +154,6 @@ def state_from_bytes(data: bytes) -> QuantilesState:
     _check_kll_preamble(blob)
     try:
         sketch = ds.kll_doubles_sketch.deserialize(blob)
-        if not sketch.is_empty():
-            sketch.get_quantile(0.5)
     except Exception as exc:  # the C++ library raises several types; all mean a bad body
         raise CorruptStateError(f"KLL body does not decode: {exc}") from exc
     if not MIN_K <= sketch.k <= MAX_K:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import CorruptStateError, UnknownStateTagError, UnsupportedStateVersionError
-from schemas.kinds import KINDS, KindSpec, kind_of_bytes, new_state, state_from_bytes
+from schemas.kinds import (
+    KINDS,
+    KindSpec,
+    kind_of_bytes,
+    merge_blobs,
+    merge_stored,
+    new_state,
+    state_from_bytes,
+    state_to_merge,
+)
 from schemas.kinds._codec import Reader, put_blob
 from schemas.kinds.base import MAX_STATE_BYTES
 from tests.golden.make_golden import VECTORS, build
@@ -153,3 +163,89 @@ def test_damaged_sketch_with_valid_checksum_is_corrupt_state_error(kind: str, da
     except CorruptStateError:
         return
     state.value()
+
+
+@pytest.mark.parametrize("kind", ["distinct", "quantiles", "top_k"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_a_damaged_sketch_merged_with_others_is_corrupt_state_error_or_reads(kind: str, data: st.DataObject) -> None:
+    """Reads and the GC decode the states they merge without the checks of every item (state_to_merge) and
+    check the merge once: a sketch damaged before its checksum was taken, merged before or after a sound one,
+    merges and reads, or raises CorruptStateError, never the library's own error."""
+    prefix, blob = _sketch_blob(kind)
+    damaged = bytearray(blob[: data.draw(st.integers(0, len(blob)))])
+    for _ in range(data.draw(st.integers(0, 4)) if damaged else 0):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    out = bytearray(prefix)
+    put_blob(out, bytes(damaged))
+    sound_bytes = bytearray(prefix)
+    put_blob(sound_bytes, blob)
+    blobs = [bytes(sound_bytes), bytes(out)]
+    if data.draw(st.booleans()):
+        blobs.reverse()
+    for merge in (merge_stored, merge_blobs):
+        try:
+            merged = merge(blobs)
+        except CorruptStateError:
+            continue
+        assert merged is not None
+        merged.value()
+        merged.to_bytes()
+
+
+def _damaged(kind: str, damage: Callable[[bytearray], None]) -> tuple[bytes, bytes]:
+    """A sound state of ``kind`` and the same with its sketch damaged by ``damage``, checksum taken after."""
+    state = new_state(KindSpec(kind))
+    for i in range(300):
+        state.apply(float(i) if kind == "quantiles" else f"item-{i % 40:02d}")
+    raw = state.to_bytes()
+    prefix, blob = _sketch_blob_of(raw, kind)
+    damaged = bytearray(blob)
+    damage(damaged)
+    out = bytearray(prefix)
+    put_blob(out, bytes(damaged))
+    return raw, bytes(out)
+
+
+def _sketch_blob_of(raw: bytes, kind: str) -> tuple[bytes, bytes]:
+    reader = Reader(raw[2:])
+    prefix = raw[:2]
+    if kind == "top_k":
+        prefix += bytes((reader.uvarint(),))
+    return prefix, reader.blob(MAX_STATE_BYTES)
+
+
+def test_a_kll_sketch_whose_count_its_weights_do_not_make_is_corrupt_read_alone_or_merged() -> None:
+    """A KLL count (bytes 8 to 15 of its preamble) that its items' weights do not add up to decodes in the
+    library and reads a wrong count; countersink refuses it, decoded alone (as a takeover's replay does) or
+    merged, in either order (as reads and the GC do), as CorruptStateError, not the library's RuntimeError."""
+    def count_damaged(blob: bytearray) -> None:
+        blob[12] = 236
+
+    sound, damaged = _damaged("quantiles", count_damaged)
+    with pytest.raises(CorruptStateError):
+        state_from_bytes(damaged)
+    state_to_merge(damaged)  # the check is the merge's
+    for blobs in ([damaged], [sound, damaged], [damaged, sound]):
+        with pytest.raises(CorruptStateError):
+            merge_stored(blobs)
+        with pytest.raises(CorruptStateError):
+            merge_blobs(blobs)
+    assert merge_stored([sound, sound]).value().count == 600  # type: ignore[union-attr]
+
+
+def test_a_top_k_item_that_is_not_utf8_is_corrupt_when_decoded_alone_or_kept_by_a_merge() -> None:
+    """The frequent-items reader does not check that items are UTF-8; listing them does. A state decoded alone
+    lists them at once; the states of a merge are listed once merged, so an item the merge keeps fails it."""
+    def spoil_an_item(blob: bytearray) -> None:
+        at = bytes(blob).index(b"item-07")
+        blob[at:at + 7] = b"\xff\xfe-07\xc3("
+
+    sound, damaged = _damaged("top_k", spoil_an_item)
+    with pytest.raises(CorruptStateError):
+        state_from_bytes(damaged)
+    state_to_merge(damaged)
+    for blobs in ([damaged], [sound, damaged], [damaged, sound]):
+        with pytest.raises(CorruptStateError):
+            merge_stored(blobs)
+    assert [item.item for item in merge_stored([sound, sound]).value().items][:1] == ["item-00"]  # type: ignore[union-attr]
