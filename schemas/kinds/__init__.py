@@ -7,7 +7,7 @@ to its module; :func:`new_state` and :func:`state_from_bytes` dispatch through i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
@@ -52,6 +52,10 @@ _MODULES: tuple[ModuleType, ...] = (count, sum, min, max, mean, variance, distin
 
 KINDS: dict[str, KindModule] = {m.__name__.rsplit(".", 1)[1]: m for m in _MODULES}
 _BY_TAG: dict[int, KindModule] = {m.TAG: m for m in KINDS.values()}
+# Each kind's decoding for a merge (state_to_merge): its own when it has one, else its decoding.
+_TO_MERGE: dict[int, Callable[[bytes], State]] = {
+    m.TAG: getattr(m, "state_to_merge", m.state_from_bytes) for m in KINDS.values()
+}
 
 
 def new_state(definition: CounterDefinition | KindSpec) -> State:
@@ -89,8 +93,7 @@ def state_to_merge(data: bytes) -> State:
     checks a kind makes of every item a sketch holds (:meth:`State.check`: each quantiles sketch's sorted view,
     each top-k item's text), which the merge gets once. A read of 256 shards then checks one sketch, not 256.
     Never for a state applied to or written back whole (a takeover's replay decodes with every check)."""
-    module = _module_of(data)
-    return getattr(module, "state_to_merge", module.state_from_bytes)(data)
+    return _TO_MERGE[_module_of(data).TAG](data)
 
 
 def merge_checked(states: Sequence[State]) -> State | None:
