@@ -139,7 +139,11 @@ def _sketch_blob(kind: str) -> tuple[bytes, bytes]:
     state = new_state(KindSpec(kind))
     for i in range(300):
         state.apply(float(i) if kind == "quantiles" else str(i))
-    raw = state.to_bytes()
+    return _sketch_blob_of(state.to_bytes(), kind)
+
+
+def _sketch_blob_of(raw: bytes, kind: str) -> tuple[bytes, bytes]:
+    """A stored sketch state's bytes before its blob (header, top-k's ``top``), and the blob itself."""
     reader = Reader(raw[2:])
     prefix = raw[:2]
     if kind == "top_k":
@@ -147,19 +151,27 @@ def _sketch_blob(kind: str) -> tuple[bytes, bytes]:
     return prefix, reader.blob(MAX_STATE_BYTES)
 
 
+def _drawn_damage(kind: str, data: st.DataObject) -> tuple[bytes, bytes]:
+    """A sound state of ``kind`` and the same with its sketch cut and up to four bytes changed (drawn), its
+    checksum taken after."""
+    prefix, blob = _sketch_blob(kind)
+    damaged = bytearray(blob[: data.draw(st.integers(0, len(blob)))])
+    for _ in range(data.draw(st.integers(0, 4)) if damaged else 0):
+        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    out, sound = bytearray(prefix), bytearray(prefix)
+    put_blob(out, bytes(damaged))
+    put_blob(sound, blob)
+    return bytes(sound), bytes(out)
+
+
 @pytest.mark.parametrize("kind", ["distinct", "quantiles", "top_k"])
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_damaged_sketch_with_valid_checksum_is_corrupt_state_error(kind: str, data: st.DataObject) -> None:
     """A sketch blob damaged before its checksum was taken decodes or raises CorruptStateError."""
-    prefix, blob = _sketch_blob(kind)
-    damaged = bytearray(blob[: data.draw(st.integers(0, len(blob)))])
-    for _ in range(data.draw(st.integers(0, 4)) if damaged else 0):
-        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
-    out = bytearray(prefix)
-    put_blob(out, bytes(damaged))
+    _, damaged = _drawn_damage(kind, data)
     try:
-        state = state_from_bytes(bytes(out))
+        state = state_from_bytes(damaged)
     except CorruptStateError:
         return
     state.value()
@@ -172,15 +184,7 @@ def test_a_damaged_sketch_merged_with_others_is_corrupt_state_error_or_reads(kin
     """Reads and the GC decode the states they merge without the checks of every item (state_to_merge) and
     check the merge once: a sketch damaged before its checksum was taken, merged before or after a sound one,
     merges and reads, or raises CorruptStateError, never the library's own error."""
-    prefix, blob = _sketch_blob(kind)
-    damaged = bytearray(blob[: data.draw(st.integers(0, len(blob)))])
-    for _ in range(data.draw(st.integers(0, 4)) if damaged else 0):
-        damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
-    out = bytearray(prefix)
-    put_blob(out, bytes(damaged))
-    sound_bytes = bytearray(prefix)
-    put_blob(sound_bytes, blob)
-    blobs = [bytes(sound_bytes), bytes(out)]
+    blobs = list(_drawn_damage(kind, data))
     if data.draw(st.booleans()):
         blobs.reverse()
     for merge in (merge_stored, merge_blobs):
@@ -205,14 +209,6 @@ def _damaged(kind: str, damage: Callable[[bytearray], None]) -> tuple[bytes, byt
     out = bytearray(prefix)
     put_blob(out, bytes(damaged))
     return raw, bytes(out)
-
-
-def _sketch_blob_of(raw: bytes, kind: str) -> tuple[bytes, bytes]:
-    reader = Reader(raw[2:])
-    prefix = raw[:2]
-    if kind == "top_k":
-        prefix += bytes((reader.uvarint(),))
-    return prefix, reader.blob(MAX_STATE_BYTES)
 
 
 def test_a_kll_sketch_whose_count_its_weights_do_not_make_is_corrupt_read_alone_or_merged() -> None:
