@@ -113,15 +113,18 @@ def merge_checked(states: Sequence[State]) -> State | None:
 
 def merge_stored(blobs: Iterable[bytes | None]) -> State | None:
     """Merge stored states (``None`` entries skipped) into one; None when there are none. States of different
-    kinds never merge: :class:`IncompatibleStateError`."""
-    return merge_checked([state_to_merge(blob) for blob in blobs if blob is not None])
+    kinds never merge: :class:`IncompatibleStateError`. Each state is decoded with every check: the GC writes
+    this merge back as a tally and deletes the shards, so a damaged shard stops it, even one whose damage the
+    merge would leave out (a top-k item it purges), which :func:`merge_blobs` may let through."""
+    return merge_checked([state_from_bytes(blob) for blob in blobs if blob is not None])
 
 
 def merge_blobs(blobs: Sequence[bytes]) -> State | None:
-    """:func:`merge_stored` of stored states (none ``None``), as a batch: a kind that can merge stored bytes in
-    one pass without a state per blob (``merged_from_bytes``: count, integer sums) does; the others decode each
-    blob and merge them all at once (:meth:`State.merged`: one sketch union for distinct). Same value, same
-    errors as :func:`merge_stored`, which stays the reference."""
+    """:func:`merge_stored` of stored states (none ``None``) for a read, as a batch: a kind that can merge stored
+    bytes in one pass without a state per blob (``merged_from_bytes``: count, integer sums) does; the others
+    decode each blob for the merge (:func:`state_to_merge`) and merge them all at once (:meth:`State.merged`:
+    one sketch union for distinct), the merge checked once (:func:`merge_checked`). Same value as
+    :func:`merge_stored`, which stays the reference; the same errors, but for damage the merge leaves out."""
     if not blobs:
         return None
     first = blobs[0]
@@ -131,7 +134,7 @@ def merge_blobs(blobs: Sequence[bytes]) -> State | None:
         merged: State | None = batch(blobs)
         if merged is not None:
             return merged
-    return merge_stored(blobs)
+    return merge_checked([state_to_merge(blob) for blob in blobs])
 
 
 def merge_states(states: Sequence[State]) -> State | None:

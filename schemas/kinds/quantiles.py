@@ -75,8 +75,6 @@ class QuantilesState(State):
         try:
             if not sketch.is_empty():
                 sketch.get_quantile(0.5)
-                # The reader takes a count that its items' weights do not add up to; a merge refuses it.
-                ds.kll_doubles_sketch(sketch.k).merge(sketch)
         except Exception as exc:  # the C++ library raises several types; all mean a bad body
             raise CorruptStateError(f"KLL body does not read: {exc}") from exc
 
@@ -111,6 +109,8 @@ class QuantilesState(State):
 
 _KLL_FAMILY = 15
 _KLL_MAX_LEVELS = 61
+# More values than any stream gives a sketch (tests/unit/test_state_bounds.py measures sketches up to 2**62).
+_KLL_MAX_COUNT = 2**62
 
 
 def _check_kll_preamble(blob: bytes) -> None:
@@ -129,6 +129,15 @@ def _check_kll_preamble(blob: bytes) -> None:
         offsets = [int.from_bytes(blob[20 + 4 * i : 24 + 4 * i], "little") for i in range(levels)]
         if offsets != sorted(offsets) or len(blob) < 20 + 4 * levels + 16 + 8 * (max(offsets) - offsets[0]):
             raise CorruptStateError("KLL level offsets do not fit the body")
+        # The count must be what the levels weigh (an item of level i stands for 2**i values): the library's
+        # reader takes any count, reads it back as the sketch's, and its merge refuses a count its levels do
+        # not make, or spins without end on one of 2**63 or more.
+        items, stray = divmod(len(blob) - 20 - 4 * levels - 16, 8)
+        ends = [*offsets[1:], offsets[0] + items]
+        weight = sum((end - start) << level for level, (start, end) in enumerate(zip(offsets, ends, strict=True)))
+        count = int.from_bytes(blob[8:16], "little")
+        if stray or count != weight or count > _KLL_MAX_COUNT:
+            raise CorruptStateError("KLL count does not match its levels")
 
 
 def new(spec: KindSpec) -> QuantilesState:

@@ -211,17 +211,22 @@ def _damaged(kind: str, damage: Callable[[bytearray], None]) -> tuple[bytes, byt
     return raw, bytes(out)
 
 
-def test_a_kll_sketch_whose_count_its_weights_do_not_make_is_corrupt_read_alone_or_merged() -> None:
-    """A KLL count (bytes 8 to 15 of its preamble) that its items' weights do not add up to decodes in the
-    library and reads a wrong count; countersink refuses it, decoded alone (as a takeover's replay does) or
-    merged, in either order (as reads and the GC do), as CorruptStateError, not the library's RuntimeError."""
+@pytest.mark.parametrize(("at", "value"), [(12, 236), (8, 0), (15, 128), (15, 255)])
+def test_a_kll_sketch_whose_count_its_levels_do_not_make_is_corrupt_read_alone_or_merged(at: int, value: int
+                                                                                        ) -> None:
+    """A KLL count (bytes 8 to 15 of its preamble) that its levels' weights do not add up to: the library's
+    reader takes it and reads it back as the count (1,013,612,282,156 for the first case), its merge refuses
+    it, and one of 2**63 or more (byte 15 at 128 or above) makes its merge spin without end. Every way a state
+    is decoded (alone, as a takeover's replay does; for a merge, either order, as reads and the GC do) refuses
+    it as CorruptStateError before the library sees it."""
     def count_damaged(blob: bytearray) -> None:
-        blob[12] = 236
+        blob[at] = value
 
     sound, damaged = _damaged("quantiles", count_damaged)
-    with pytest.raises(CorruptStateError):
+    with pytest.raises(CorruptStateError, match="count"):
         state_from_bytes(damaged)
-    state_to_merge(damaged)  # the check is the merge's
+    with pytest.raises(CorruptStateError, match="count"):
+        state_to_merge(damaged)
     for blobs in ([damaged], [sound, damaged], [damaged, sound]):
         with pytest.raises(CorruptStateError):
             merge_stored(blobs)
@@ -230,9 +235,10 @@ def test_a_kll_sketch_whose_count_its_weights_do_not_make_is_corrupt_read_alone_
     assert merge_stored([sound, sound]).value().count == 600  # type: ignore[union-attr]
 
 
-def test_a_top_k_item_that_is_not_utf8_is_corrupt_when_decoded_alone_or_kept_by_a_merge() -> None:
+def test_a_top_k_item_that_is_not_utf8_is_corrupt_alone_and_for_the_gc_and_for_a_read_when_kept() -> None:
     """The frequent-items reader does not check that items are UTF-8; listing them does. A state decoded alone
-    lists them at once; the states of a merge are listed once merged, so an item the merge keeps fails it."""
+    lists them at once, and so does the GC for each state it folds (it deletes the shards after: a damaged one
+    must stop it). A read lists its merge once: an item the merge keeps fails it, one it purges is gone."""
     def spoil_an_item(blob: bytearray) -> None:
         at = bytes(blob).index(b"item-07")
         blob[at:at + 7] = b"\xff\xfe-07\xc3("
@@ -244,4 +250,20 @@ def test_a_top_k_item_that_is_not_utf8_is_corrupt_when_decoded_alone_or_kept_by_
     for blobs in ([damaged], [sound, damaged], [damaged, sound]):
         with pytest.raises(CorruptStateError):
             merge_stored(blobs)
+        with pytest.raises(CorruptStateError):
+            merge_blobs(blobs)
+    # Beside a sketch of more items than its map keeps, which the merge may purge the damaged item for: the GC
+    # still stops; a read refuses the merge or reads one whose items are all text.
+    crowded = new_state(KindSpec("top_k"))
+    for i in range(3000):
+        crowded.apply(f"other-{i % 600}")
+    for blobs in ([damaged, crowded.to_bytes()], [crowded.to_bytes(), damaged]):
+        with pytest.raises(CorruptStateError):
+            merge_stored(blobs)
+        try:
+            merged = merge_blobs(blobs)
+        except CorruptStateError:
+            continue
+        assert merged is not None
+        assert all(item.item.startswith(("other-", "item-")) for item in merged.value().items)  # type: ignore[attr-defined]
     assert [item.item for item in merge_stored([sound, sound]).value().items][:1] == ["item-00"]  # type: ignore[union-attr]
