@@ -12,6 +12,7 @@ laws hold on count/min/max exactly and on quantiles within ``ε``.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Self
 
@@ -111,6 +112,7 @@ _KLL_FAMILY = 15
 _KLL_MAX_LEVELS = 61
 # More values than any stream gives a sketch (tests/unit/test_state_bounds.py measures sketches up to 2**62).
 _KLL_MAX_COUNT = 2**62
+_KLL_COUNT = struct.Struct("<Q")
 
 
 def _check_kll_preamble(blob: bytes) -> None:
@@ -126,16 +128,18 @@ def _check_kll_preamble(blob: bytes) -> None:
         levels = blob[18]
         if not 1 <= levels <= _KLL_MAX_LEVELS or len(blob) < 20 + 4 * levels + 16:
             raise CorruptStateError("KLL level table does not fit the body")
-        offsets = [int.from_bytes(blob[20 + 4 * i : 24 + 4 * i], "little") for i in range(levels)]
-        if offsets != sorted(offsets) or len(blob) < 20 + 4 * levels + 16 + 8 * (max(offsets) - offsets[0]):
+        offsets = struct.unpack_from(f"<{levels}I", blob, 20)
+        if list(offsets) != sorted(offsets) or len(blob) < 20 + 4 * levels + 16 + 8 * (offsets[-1] - offsets[0]):
             raise CorruptStateError("KLL level offsets do not fit the body")
         # The count must be what the levels weigh (an item of level i stands for 2**i values): the library's
         # reader takes any count, reads it back as the sketch's, and its merge refuses a count its levels do
         # not make, or spins without end on one of 2**63 or more.
         items, stray = divmod(len(blob) - 20 - 4 * levels - 16, 8)
-        ends = [*offsets[1:], offsets[0] + items]
-        weight = sum((end - start) << level for level, (start, end) in enumerate(zip(offsets, ends, strict=True)))
-        count = int.from_bytes(blob[8:16], "little")
+        weight, start = 0, offsets[0]
+        for level, end in enumerate((*offsets[1:], offsets[0] + items)):
+            weight += (end - start) << level
+            start = end
+        count = _KLL_COUNT.unpack_from(blob, 8)[0]
         if stray or count != weight or count > _KLL_MAX_COUNT:
             raise CorruptStateError("KLL count does not match its levels")
 
