@@ -61,6 +61,10 @@ class QuantilesState(State):
     def merge(self, other: Self) -> None:
         if other._sketch.is_empty():
             return
+        if int(self._sketch.n) + int(other._sketch.n) > _KLL_MAX_COUNT:
+            # The library's merge adds the counts first and spins without end from 2**63 on; no stream gives
+            # a counter that many values, so sketches that would reach it are damaged (each passed its check).
+            raise CorruptStateError("KLL sketches hold more values together than any stream gives")
         if self._sketch.is_empty() and other._sketch.k == self._sketch.k:
             # The library's merge into an empty sketch may compact again (randomly); a copy keeps
             # new() ⊔ a exactly a.
@@ -110,8 +114,9 @@ class QuantilesState(State):
 
 _KLL_FAMILY = 15
 _KLL_MAX_LEVELS = 61
-# More values than any stream gives a sketch (tests/unit/test_state_bounds.py measures sketches up to 2**62).
-_KLL_MAX_COUNT = 2**62
+# The most values a sketch may hold: the library's merge spins without end from 2**63 on (far more than any
+# stream gives a counter: tests/unit/test_state_bounds.py measures sketches up to 2**62).
+_KLL_MAX_COUNT = 2**63 - 1
 _KLL_COUNT = struct.Struct("<Q")
 
 
@@ -142,6 +147,10 @@ def _check_kll_preamble(blob: bytes) -> None:
         count = _KLL_COUNT.unpack_from(blob, 8)[0]
         if stray or count != weight or count > _KLL_MAX_COUNT:
             raise CorruptStateError("KLL count does not match its levels")
+        # A sketch of n values has at most as many levels as n has bits; the library's merge sizes its work by
+        # the count and fills it by the levels, past its end for a body of more levels than its count makes.
+        if levels > count.bit_length():
+            raise CorruptStateError("KLL has more levels than its count makes")
 
 
 def new(spec: KindSpec) -> QuantilesState:

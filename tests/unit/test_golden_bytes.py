@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from schemas.kinds import (
 )
 from schemas.kinds._codec import Reader, put_blob
 from schemas.kinds.base import MAX_STATE_BYTES
+from schemas.kinds.quantiles import _kll_level_capacity
 from tests.golden.make_golden import VECTORS, build
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -267,3 +269,46 @@ def test_a_top_k_item_that_is_not_utf8_is_corrupt_alone_and_for_the_gc_and_for_a
         assert merged is not None
         assert all(item.item.startswith(("other-", "item-")) for item in merged.value().items)  # type: ignore[attr-defined]
     assert [item.item for item in merge_stored([sound, sound]).value().items][:1] == ["item-00"]  # type: ignore[union-attr]
+
+
+def _crafted_kll(levels: int, values: list[float], k: int = 200) -> bytes:
+    """A stored quantiles state whose KLL body has ``levels`` levels, all but the first empty, holding
+    ``values`` (its count theirs): the library's own layout, built by hand, checksum taken after."""
+    capacity = sum(max(8, _kll_level_capacity(k, depth)) for depth in range(levels))
+    offsets = [capacity - len(values)] + [capacity] * (levels - 1)
+    body = (struct.pack("<BBBBHBBQHBB", 5, 1, 15, 0, k, 8, 0, len(values), k, levels, 0)
+            + struct.pack(f"<{levels}I", *offsets) + struct.pack("<dd", min(values), max(values))
+            + struct.pack(f"<{len(values)}d", *values))
+    out = bytearray(new_state(KindSpec("quantiles", k=k)).to_bytes()[:2])
+    put_blob(out, body)
+    return bytes(out)
+
+
+def test_a_kll_body_of_more_levels_than_its_count_makes_is_corrupt_before_the_library_merges_it() -> None:
+    """The library's merge sizes its work by the count and fills it by the levels: a body of ten values over 30
+    levels passed every check, and merging it wrote past the end of that work (a segfault, in a subprocess:
+    it took the interpreter down). Every decoding refuses it now; the same values on one level decode."""
+    assert state_from_bytes(_crafted_kll(1, [float(i) for i in range(10)])).value().count == 10  # type: ignore[attr-defined]
+    for levels in (5, 30, 61):
+        crafted = _crafted_kll(levels, [float(i) for i in range(10)])
+        for decode in (state_from_bytes, state_to_merge):
+            with pytest.raises(CorruptStateError, match="levels"):
+                decode(crafted)
+        for merge in (merge_stored, merge_blobs):
+            with pytest.raises(CorruptStateError):
+                merge([crafted, crafted])
+
+
+def test_kll_sketches_whose_counts_add_up_past_two_to_the_63_do_not_merge() -> None:
+    """Each of two sketches of 2**62 values passes its check, and the library's merge of them spins without end
+    (it adds the counts first); a merge refuses them instead. Up to that, they merge."""
+    state = new_state(KindSpec("quantiles"))
+    for i in range(600):
+        state.apply(float(i % 977))
+    while int(state._sketch.n) * 2 <= 2**62:  # type: ignore[attr-defined]
+        state.merge(state.copy())
+    half = state.to_bytes()  # 600 * 2**52: two of them stay under 2**63, four do not
+    assert merge_stored([half, half]) is not None
+    for merge in (merge_stored, merge_blobs):
+        with pytest.raises(CorruptStateError, match="more values"):
+            merge([half, half, half, half])
