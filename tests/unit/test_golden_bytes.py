@@ -213,6 +213,14 @@ def _damaged(kind: str, damage: Callable[[bytearray], None]) -> tuple[bytes, byt
     return raw, bytes(out)
 
 
+def _refused_by_every_merge(sound: bytes, damaged: bytes) -> None:
+    """``damaged`` alone, after ``sound`` and before it: CorruptStateError from the GC's merge and a read's."""
+    for blobs in ([damaged], [sound, damaged], [damaged, sound]):
+        for merge in (merge_stored, merge_blobs):
+            with pytest.raises(CorruptStateError):
+                merge(blobs)
+
+
 @pytest.mark.parametrize(("at", "value"), [(12, 236), (8, 0), (15, 128), (15, 255)])
 def test_a_kll_sketch_whose_count_its_levels_do_not_make_is_corrupt_read_alone_or_merged(at: int, value: int
                                                                                         ) -> None:
@@ -229,11 +237,7 @@ def test_a_kll_sketch_whose_count_its_levels_do_not_make_is_corrupt_read_alone_o
         state_from_bytes(damaged)
     with pytest.raises(CorruptStateError, match="count"):
         state_to_merge(damaged)
-    for blobs in ([damaged], [sound, damaged], [damaged, sound]):
-        with pytest.raises(CorruptStateError):
-            merge_stored(blobs)
-        with pytest.raises(CorruptStateError):
-            merge_blobs(blobs)
+    _refused_by_every_merge(sound, damaged)
     assert merge_stored([sound, sound]).value().count == 600  # type: ignore[union-attr]
 
 
@@ -249,11 +253,7 @@ def test_a_top_k_item_that_is_not_utf8_is_corrupt_alone_and_for_the_gc_and_for_a
     with pytest.raises(CorruptStateError):
         state_from_bytes(damaged)
     state_to_merge(damaged)
-    for blobs in ([damaged], [sound, damaged], [damaged, sound]):
-        with pytest.raises(CorruptStateError):
-            merge_stored(blobs)
-        with pytest.raises(CorruptStateError):
-            merge_blobs(blobs)
+    _refused_by_every_merge(sound, damaged)
     # Beside a sketch of more items than its map keeps, which the merge may purge the damaged item for: the GC
     # still stops; a read refuses the merge or reads one whose items are all text.
     crowded = new_state(KindSpec("top_k"))
