@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -274,8 +275,21 @@ async def ensure_topics(settings: KafkaSettings, topics: dict[str, int | None], 
                    for name, count in todo.items()]
         if missing:
             raise_topic_errors(await admin.create_topics(missing))
+            await _until_listed(admin, [topic.name for topic in missing], settings.request_timeout_ms / 1000)
     finally:
         await admin.close()
+
+
+async def _until_listed(admin: AIOKafkaAdminClient, topics: list[str], timeout_s: float) -> None:
+    """Wait until the broker answering metadata lists ``topics``. A topic's creation is answered once the
+    controller has recorded it, and a broker may learn of it a moment later: until then a reset or a producer
+    asking that broker finds no partition of it. A topic still unlisted after ``timeout_s`` is left to the
+    caller's own look-up, which says what it misses."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.02
+    while not set(topics) <= set(await admin.list_topics()) and time.monotonic() < deadline:
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def raise_topic_errors(response: Any) -> None:
