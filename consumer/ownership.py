@@ -225,7 +225,7 @@ class Ownership:
         METRICS.ownership_changes.inc()
         METRICS.live_mutators.set(len(self.mutators))
         if warm and claimed.finished:
-            await record_start(self.store, claimed, self._counting(tp.topic))
+            await self._record_start(tp, claimed)
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
                                                                      self.clock()), started)
             return mutator
@@ -238,6 +238,12 @@ class Ownership:
             self._finish_in_background(tp, mutator, claimed, fresh_applier, started))
         return mutator
 
+    async def _record_start(self, tp: TopicPartition, claimed: Claim) -> None:
+        """Record the new mutator's start and counters, retried while the servers are away: it opens no window
+        before (a takeover replaying its window decides by them which counters that window counts)."""
+        counting = self._counting(tp.topic)
+        await self.retry("start", tp, functools.partial(record_start, self.store, claimed, counting))
+
     async def _replayed_for(self, claimed: Claim, counters: Sequence[str]) -> frozenset[str]:
         """Those of ``counters`` (without ``since``, none with a confirmed hand-over yet) that the window this
         takeover replays counts: the ones its writer W counted. The replay rewrites W's shards, at W's
@@ -248,7 +254,8 @@ class Ownership:
         drop of an earlier counter of that name hides. W did not count a counter its recorded counters lack, nor
         one recorded in the registry after W was born (W counted an earlier counter of that name, dropped and
         released since: a process registers its counters before any of its mutators is born). W that recorded
-        none (a version before they were recorded, or a record that failed) may have counted any."""
+        none may have counted any: a version before they were recorded (now a mutator records them before it
+        opens a window, _record_start)."""
         window = None if claimed.row is None else claimed.row.window_to_replay
         if window is None or not counters:
             return frozenset(counters)  # nothing is replayed: counted from the start offset either way
@@ -300,7 +307,7 @@ class Ownership:
         if tp.topic in recreated:
             self.topic_recreated(tp, mutator, recreated[tp.topic])
             return
-        await record_start(self.store, claimed, self._counting(tp.topic))
+        await self._record_start(tp, claimed)
         # One read per claim, before the mutator applies or writes anything: a hand-over of a counter these
         # definitions lack means newer ones count it here (a rolling deploy), and going on would lose its
         # records from the hand-over on (consumer.handovers).

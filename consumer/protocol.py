@@ -545,14 +545,13 @@ async def _replay_window(
 
 async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) -> None:
     """Record where the claiming mutator starts and the ``counters`` it counts on its topic
-    (:meth:`Store.record_start`), before its first flush: ``countersink trace`` reads them to tell which mutator
-    applied a record (one that started past it did not, whatever its shards hold) and whether it counted a
-    counter added since (the GC folds shards without saying). Nothing in the protocol depends on them, so a
-    failure is logged and the takeover goes on (that mutator's records are then traced as before starts were
-    recorded). A retriable failure (a timeout, whose write may or may not have applied, or a connection lost) is
-    tried again at once, up
-    to :data:`START_ATTEMPTS` in all: the write sets the same values whether it applied or not, and a timeout
-    has already waited."""
+    (:meth:`Store.record_start`), before its first flush. A later takeover of the partition reads them when it
+    replays this mutator's last window: a counter the mutator did not count is not counted from that window
+    (consumer.ownership, ``_replayed_for``). ``countersink trace`` reads them too. So the write is required: it
+    raises when it fails, and the caller retries it (a takeover waits for it as for its other steps) before the
+    mutator opens any window. A retriable failure (a timeout, whose write may or may not have applied, or a
+    connection lost) is tried again at once, up to :data:`START_ATTEMPTS` in all, before it is raised: the
+    write sets the same values whether it applied or not, and a timeout has already waited."""
     counted = frozenset(counters)
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
@@ -561,10 +560,7 @@ async def record_start(store: Store, claimed: Claim, counters: Iterable[str]) ->
         except Exception as exc:
             if attempt < START_ATTEMPTS and is_retriable(exc):
                 continue
-            log.warning("mutator_start_unrecorded", topic=claimed.new.topic, partition=claimed.new.partition,
-                        mutator=str(claimed.new.id), start_offset=claimed.start_offset, attempts=attempt,
-                        error=repr(exc))
-            return
+            raise
 
 
 START_ATTEMPTS = 3

@@ -753,3 +753,30 @@ def test_a_counter_added_without_since_is_not_counted_into_a_window_the_gc_has_f
     did: the records of that window were lost for shares)."""
     model = replayed_again_after_a_fold(AddedWithoutSinceModel)
     assert model.handover == 3
+
+
+class StartRecordedLateStore(PerGroupHistoryStore):
+    """The first mutator's start times out more often than it is tried again at once (three attempts)."""
+
+    start_failures = 4
+
+    async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
+                           ) -> None:
+        if self.start_failures:
+            self.start_failures -= 1
+            raise StoreTimeoutError("record_start timed out")
+        await super().record_start(mutator, start_offset, counters)
+
+
+class StartRecordedLateModel(AddedWithoutSinceModel):
+    store_class = StartRecordedLateStore
+
+
+def test_a_window_is_never_opened_by_a_mutator_whose_counters_are_unrecorded() -> None:
+    """The window rule reads the counters W recorded: W whose start could not be recorded (four timeouts in a row)
+    was taken to have counted any, so shares, which W never counted, was counted from W's window and written
+    into W's shards under the GC's fold of W, and those records read as nothing. W now records its counters
+    before its first window, retrying as long as it takes: shares is counted from the start offset."""
+    model = replayed_again_after_a_fold(StartRecordedLateModel)
+    assert model.store.start_failures == 0
+    assert model.handover == 3

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from consumer.dead_letters import DeadLetters
 from consumer.ownership import Ownership
 from consumer.protocol import flush
+from countersink.cassandra import CassandraError
 from schemas.kinds import state_from_bytes
 from tests.unit.memory_store import BackgroundTask, Fault, MemoryLog, MemoryStore, StoreTimeoutError, Task
 from tests.unit.test_protocol_model import (
@@ -277,25 +278,51 @@ def test_each_claim_records_where_its_mutator_starts() -> None:
     assert store.recorded_counters == {first.id: counted, second.id: counted}
 
 
-def test_a_start_that_cannot_be_recorded_is_logged_and_the_takeover_goes_on() -> None:
-    """Only trace reads a mutator's start: a write of it that fails leaves the partition counted and flushed."""
-    from structlog.testing import capture_logs
+def test_a_start_that_cannot_be_recorded_holds_the_takeover_until_it_is() -> None:
+    """A takeover replaying a mutator's window decides by its recorded counters which of them that window counts:
+    a mutator whose start could not be recorded opens no window. Its takeover retries the write (five timeouts in
+    a row here, past the immediate attempts), and the mutator flushes only once its start is recorded."""
 
-    class Unrecorded(MemoryStore):
+    class UnrecordedFiveTimes(MemoryStore):
+        failures = 0
+
         async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
                                ) -> None:
-            raise StoreTimeoutError("record_start timed out")
+            if self.failures < 5:
+                self.failures += 1
+                assert PID not in self.partitions or self.partitions[PID].intent_offset < 0, "a window opened"
+                raise StoreTimeoutError("record_start timed out")
+            await super().record_start(mutator, start_offset, counters)
 
-    store, log = Unrecorded(), _log(6)
-    with capture_logs() as logs:
-        process = _owned_and_flushed(store, log)
+    store, log = UnrecordedFiveTimes(), _log(6)
+    process = Process(store, log, 1)
+    background = process.run(process.ownership.take([TP]))
+    assert background.error is None
     mutator = process.ownership.applying(TP)
     assert mutator is not None
-    assert [(entry["start_offset"], entry["attempts"]) for entry in logs
-            if entry["event"] == "mutator_start_unrecorded"] == [(0, 3)]
+    assert store.failures == 5
+    assert store.recorded_starts == {mutator.id: 0}
+    assert store.recorded_counters[mutator.id] == frozenset(c.name for c in COUNTERS.for_topic(TP.topic))
+    mutator.apply_batch(log.records[:3])
     process.run(flush(store, mutator, EPOCH_US))
     assert store.partitions[PID].intent_offset == 2
+
+
+def test_a_start_refused_for_good_ends_the_takeover_before_any_window() -> None:
+    """An error that retrying cannot mend (a permission refused, say) ends the takeover with that error: the
+    mutator never flushes a window whose counters a successor could not read."""
+
+    class Refused(MemoryStore):
+        async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
+                               ) -> None:
+            raise CassandraError("User consumer has no MODIFY permission on <table countersink.mutators>")
+
+    store, log = Refused(), _log(6)
+    process = Process(store, log, 1)
+    with pytest.raises(AssertionError, match="no MODIFY permission"):
+        process.run(process.ownership.take([TP]))
     assert store.recorded_starts == {}
+    assert PID not in store.partitions or store.partitions[PID].intent_offset < 0
 
 
 @pytest.mark.parametrize("lost", [StoreTimeoutError("record_start timed out"), ConnectionResetError("reset by peer")],
@@ -323,4 +350,4 @@ def test_a_start_whose_answer_was_lost_is_written_again(lost: Exception) -> None
     mutator = process.ownership.applying(TP)
     assert mutator is not None
     assert store.recorded_starts == {mutator.id: 0}
-    assert not [entry for entry in logs if entry["event"] == "mutator_start_unrecorded"]
+    assert not [entry for entry in logs if entry["event"] == "start_retry"]  # tried again at once, not after a pause
