@@ -14,9 +14,11 @@ from countersink.cassandra import CassandraClient, as_dicts
 from countersink.gc_runs import RUNS_PARTITION
 from countersink.metrics import METRICS
 from schemas.cql import (
+    COUNTED_NONE,
     SHARD_ROW_WHERE,
     STAMP_ROW,
     STAMP_TTL_S,
+    counters_recorded,
     partition_groups,
     row_ttl,
     shard_cell,
@@ -380,14 +382,13 @@ class CassandraStore:
         # retirement and collection) must not bring back a row without a birth, which the GC would take for a live
         # mutator's. The row's other writes are LWTs too.
         await self._lwt("UPDATE mutators SET start_offset = ?, counters = ? WHERE id = ? IF EXISTS",
-                        [start_offset, sorted(counters), mutator])
+                        [start_offset, sorted(counters) or [COUNTED_NONE], mutator])
 
     async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
         # At the replay's level: it decides where a counter is counted from (consumer.ownership).
         rows = as_dicts(await self.client.execute("SELECT counters FROM mutators WHERE id = ?", [mutator],
                                                   consistency=self.read_cl))
-        # An empty set is stored as null: it reads as "recorded none", which takes nothing for granted.
-        return None if not rows or not rows[0]["counters"] else frozenset(rows[0]["counters"])
+        return None if not rows else counters_recorded(rows[0]["counters"])
 
     async def read_gc_cutoff(self) -> int:
         # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the

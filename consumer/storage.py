@@ -119,13 +119,14 @@ class Store(Protocol):
 
     async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str]) -> None:
         """Record the first offset a mutator that claimed its partition applies (its claim's start offset), and
-        the counters it counts there. Nothing in the protocol reads them: ``countersink trace`` does, to tell
-        which mutator applied a record, and whether that one counted a counter (added since, or not)."""
+        the counters it counts there (none: an empty set). A takeover replaying the mutator's window reads them
+        (:meth:`read_counted`), and so does ``countersink trace``, to tell which mutator applied a record, and
+        whether that one counted a counter (added since, or not)."""
         ...
 
     async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
         """The counters ``mutator`` recorded it counts (:meth:`record_start`); None when it recorded none (a
-        version before they were recorded, or a record that failed): it may have counted any."""
+        version before they were recorded, or a registry row the GC has forgotten): it may have counted any."""
         ...
 
     async def read_gc_cutoff(self) -> int:

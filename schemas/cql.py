@@ -52,7 +52,7 @@ import struct
 import sys
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -506,9 +506,9 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "handovers": (("mutator", "uuid"), ("confirmed_us", "bigint"), ("reset_id", "text"), ("reprocess_from", "text")),
     # A reset's idempotency key (POST /counters/{name}/reset's Idempotency-Key): a repeated request answers it.
     "resets": (("request_key", "text"),),
-    # The first offset each mutator applied (consumer.storage.Store.record_start): which mutator applied a record,
-    # for countersink trace.
-    # Where each mutator started, and the counters it counted (consumer.protocol.record_start), for trace.
+    # Where each mutator started and the counters it counts (consumer.protocol.record_start): read by a takeover
+    # replaying its window (which counters that window counts) and by countersink trace. COUNTED_NONE stands for
+    # an empty set, which Cassandra stores as null, the "recorded none" of an earlier version.
     "mutators": (("start_offset", "bigint"), ("counters", "set<text>")),
 }
 
@@ -532,3 +532,16 @@ def read_schema_version(keyspace: str) -> str:
 def record_schema_version(keyspace: str) -> str:
     ks = check_identifier(keyspace)  # validated identifier; the version is our own integer constant
     return f"INSERT INTO {ks}.schema_meta (name, version) VALUES ('countersink', {SCHEMA_VERSION:d})"  # noqa: S608
+
+
+# A mutator's recorded counters when it counts none (mutators.counters): an empty set is stored as null, which
+# reads as "recorded none" (a version before counters were recorded: it may have counted any). No counter has
+# this name, so a reader of either meaning finds in it none of the counters it asks about.
+COUNTED_NONE = ""
+
+
+def counters_recorded(column: Iterable[str] | None) -> frozenset[str] | None:
+    """A mutator's recorded counters from its ``mutators.counters`` column: None when it recorded none."""
+    if not column:
+        return None
+    return frozenset(column) - {COUNTED_NONE}

@@ -48,6 +48,7 @@ from countersink.schema_registry import (
 )
 from countersink.settings import ConsumerSettings, Settings
 from countersink.topic_ids import recreated_topics
+from schemas.cql import counters_recorded
 from schemas.definitions import CounterSet, load_definitions
 from schemas.errors import CountersinkError, InvalidEventError
 from schemas.events import APPLY_TO_HEADER, EventRouter, apply_to
@@ -653,7 +654,7 @@ async def _applier(client: CassandraClient, group: str, topic: str, partition: i
                 if start is None or start > offset:
                     continue
                 candidate = (int(start), int(row["born_us"] or 0), uuid.UUID(str(row["id"])),
-                             None if row.get("counters") is None else frozenset(row["counters"]))
+                             counters_recorded(row.get("counters")))
                 if found is None or candidate[:2] > found[:2]:
                     found = candidate
             if not result.has_more_pages():

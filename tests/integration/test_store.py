@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from consumer.cassandra_store import CassandraStore
-from consumer.storage import ShardWrite, StoredShard
+from consumer.storage import MutatorEntry, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings
@@ -132,3 +132,26 @@ async def test_a_level_beyond_the_keyspaces_replicas_is_refused_not_retried(
                                        consistency=Consistency.TWO)
         assert as_dicts(await client.execute("SELECT key FROM shards WHERE part = ?", ["k"],
                                              consistency=Consistency.ONE))
+
+
+async def test_a_mutators_recorded_counters_read_back_as_written_none_included(
+    cassandra_settings: CassandraSettings,
+) -> None:
+    """What a takeover replaying a mutator's window reads of it: the counters it recorded; an empty set (it
+    counted none), which Cassandra would store as null, reads as empty, not as recorded none; a mutator that
+    recorded nothing, or whose registry row is gone (the record then writes nothing), reads as None."""
+    async with CassandraClient(cassandra_settings) as client:
+        store = CassandraStore(client)
+        some, none_counted, unrecorded = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        for mutator in (some, none_counted, unrecorded):
+            assert await store.register_mutator(MutatorEntry(mutator, "g", "events", 0, "host", 1_000, 2_000))
+        await store.record_start(some, 5, frozenset({"trades", "volume"}))
+        await store.record_start(none_counted, 7, frozenset())
+        gone = uuid.uuid4()
+        await store.record_start(gone, 9, frozenset({"trades"}))  # IF EXISTS: no row is made
+        assert await store.read_counted(some) == frozenset({"trades", "volume"})
+        assert await store.read_counted(none_counted) == frozenset()
+        assert await store.read_counted(unrecorded) is None
+        assert await store.read_counted(gone) is None
+        rows = as_dicts(await client.execute("SELECT id FROM mutators WHERE id = ?", [gone]))
+        assert rows == []

@@ -359,13 +359,14 @@ class MemoryStore:
 
     async def record_start(self, mutator: uuid.UUID, start_offset: int, counters: frozenset[str] = frozenset()
                            ) -> None:
-        # Read by trace alone, never by the protocol: not a step the model schedules.
+        # Not a step the model schedules: a takeover retries it until it is recorded (Ownership._record_start),
+        # before its mutator opens any window (test_lost_answers and test_backfill_model fail it on purpose).
         self.recorded_starts[mutator] = start_offset
         self.recorded_counters[mutator] = counters
 
     async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
         await self._read("read_counted", mutator)
-        return self.recorded_counters.get(mutator) or None
+        return self.recorded_counters.get(mutator)  # an empty set: it counted none (the Cassandra store alike)
 
     # -------------------------------------------------------------------------------- what the GC uses
 

@@ -281,7 +281,8 @@ def test_each_claim_records_where_its_mutator_starts() -> None:
 def test_a_start_that_cannot_be_recorded_holds_the_takeover_until_it_is() -> None:
     """A takeover replaying a mutator's window decides by its recorded counters which of them that window counts:
     a mutator whose start could not be recorded opens no window. Its takeover retries the write (five timeouts in
-    a row here, past the immediate attempts), and the mutator flushes only once its start is recorded."""
+    a row here, past the immediate attempts) and stays pending meanwhile, so that nothing flushes the mutator;
+    once its start is recorded, it flushes."""
 
     class UnrecordedFiveTimes(MemoryStore):
         failures = 0
@@ -290,19 +291,31 @@ def test_a_start_that_cannot_be_recorded_holds_the_takeover_until_it_is() -> Non
                                ) -> None:
             if self.failures < 5:
                 self.failures += 1
-                assert PID not in self.partitions or self.partitions[PID].intent_offset < 0, "a window opened"
                 raise StoreTimeoutError("record_start timed out")
             await super().record_start(mutator, start_offset, counters)
 
     store, log = UnrecordedFiveTimes(), _log(6)
     process = Process(store, log, 1)
-    background = process.run(process.ownership.take([TP]))
-    assert background.error is None
-    mutator = process.ownership.applying(TP)
-    assert mutator is not None
+    taking = Task("take", process.ownership.take([TP]))  # the claim; its takeover goes on in the background
+    while not taking.done:
+        taking.step()
+    assert taking.error is None, taking.error
+    mutator = process.ownership.mutators[TP]
+    finishing = process.background.pop(0).task
+    pauses = 0
+    while not finishing.done:
+        assert finishing.pending is not None
+        if finishing.pending.name == "retry_pause":
+            pauses += 1
+            assert process.ownership.takeover_pending(mutator)  # so Flushing.flush_one passes it by
+            assert store.recorded_starts == {}
+        finishing.step()
+    assert finishing.error is None, finishing.error
+    assert pauses == 1  # three attempts at once, a pause, then two more and the one that is recorded
     assert store.failures == 5
     assert store.recorded_starts == {mutator.id: 0}
     assert store.recorded_counters[mutator.id] == frozenset(c.name for c in COUNTERS.for_topic(TP.topic))
+    assert not process.ownership.takeover_pending(mutator)
     mutator.apply_batch(log.records[:3])
     process.run(flush(store, mutator, EPOCH_US))
     assert store.partitions[PID].intent_offset == 2

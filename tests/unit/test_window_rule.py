@@ -1,0 +1,71 @@
+"""The window rule: a takeover replaying its predecessor W's open window counts a counter from that window only
+if W counted it, as W recorded (``Ownership._replayed_for``); from its own start offset otherwise."""
+
+from __future__ import annotations
+
+import types
+import uuid
+from typing import cast
+
+import pytest
+
+from consumer.protocol import Claim
+from consumer.storage import PartitionRow
+from schemas.cql import COUNTED_NONE, counters_recorded
+from tests.unit.memory_store import MemoryLog, MemoryStore, run
+from tests.unit.test_lost_answers import Process
+
+WRITER = uuid.UUID(int=99)
+WRITER_BORN_US = 1_000
+
+
+def _claim_replaying_the_writers_window() -> Claim:
+    row = PartitionRow(owner=WRITER, window_mutator=WRITER, window_born_us=WRITER_BORN_US, flush_seq=3,
+                       committed_offset=4, intent_offset=9)
+    return cast(Claim, types.SimpleNamespace(row=row))
+
+
+@pytest.mark.parametrize(("recorded", "replayed"), [
+    (frozenset({"trades", "volume"}), {"trades", "volume"}),
+    (frozenset({"trades"}), {"trades"}),
+    # W counted none of the topic's counters (every one dropped while it ran): none is counted from its window
+    (frozenset(), set()),
+    # W recorded none (a version before counters were recorded, or its registry row forgotten by the GC): it may
+    # have counted any counter registered before it was born, and none registered after
+    (None, {"trades"}),
+], ids=["both", "one", "counted-none", "unrecorded"])
+def test_a_window_counts_the_counters_its_writer_counted(recorded: frozenset[str] | None, replayed: set[str]
+                                                          ) -> None:
+    store = MemoryStore()
+    if recorded is not None:
+        store.recorded_counters[WRITER] = recorded
+    ownership = Process(store, MemoryLog([]), 1).ownership
+    ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": WRITER_BORN_US + 1}
+    if recorded is not None and "volume" in recorded:
+        ownership.registered_us["volume"] = WRITER_BORN_US - 1  # W counted an earlier definition of it
+    found = run(ownership._replayed_for(_claim_replaying_the_writers_window(), ["trades", "volume"]))
+    assert found == replayed
+
+
+def test_a_counter_registered_after_the_writer_was_born_is_not_counted_from_its_window() -> None:
+    """W recorded volume, but volume was registered again after W was born (dropped and defined anew): the
+    volume W counted is another counter's."""
+    store = MemoryStore()
+    store.recorded_counters[WRITER] = frozenset({"trades", "volume"})
+    ownership = Process(store, MemoryLog([]), 1).ownership
+    ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": WRITER_BORN_US + 1}
+    assert run(ownership._replayed_for(_claim_replaying_the_writers_window(), ["trades", "volume"])) == {"trades"}
+
+
+@pytest.mark.parametrize(("column", "read"), [
+    (None, None),
+    ([], None),
+    ([COUNTED_NONE], frozenset()),
+    (["trades", "volume"], frozenset({"trades", "volume"})),
+    ({COUNTED_NONE, "trades"}, frozenset({"trades"})),
+])
+def test_the_recorded_counters_column_reads_as_recorded(column: list[str] | None, read: frozenset[str] | None
+                                                         ) -> None:
+    """An empty set is stored as null, which reads as recorded none: a mutator counting none records the name no
+    counter has instead."""
+    assert counters_recorded(column) == read
