@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +25,7 @@ from aiokafka.errors import (
 from countersink import kafka_records
 from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.logs import get_logger
+from countersink.retry import Backoff, retrying
 from countersink.settings import KafkaSecurity, KafkaSettings
 from countersink.tls import load_key_pair
 from schemas.errors import CountersinkError
@@ -285,11 +285,21 @@ async def _until_listed(admin: AIOKafkaAdminClient, topics: list[str], timeout_s
     controller has recorded it, and a broker may learn of it a moment later: until then a reset or a producer
     asking that broker finds no partition of it. A topic still unlisted after ``timeout_s`` is left to the
     caller's own look-up, which says what it misses."""
-    deadline = time.monotonic() + timeout_s
-    pause = 0.02
-    while not set(topics) <= set(await admin.list_topics()) and time.monotonic() < deadline:
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.5)
+
+    async def listed() -> None:
+        if not set(topics) <= set(await admin.list_topics()):
+            raise _NotListedYetError
+
+    with contextlib.suppress(_NotListedYetError):
+        await retrying(listed, backoff=_LISTING_BACKOFF, deadline_s=timeout_s,
+                       retry_on=lambda error: isinstance(error, _NotListedYetError))
+
+
+class _NotListedYetError(Exception):
+    """A topic just created is not listed yet (``_until_listed``)."""
+
+
+_LISTING_BACKOFF = Backoff(first_s=0.02, max_s=0.5)
 
 
 def raise_topic_errors(response: Any) -> None:
