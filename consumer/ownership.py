@@ -254,15 +254,19 @@ class Ownership:
         drop of an earlier counter of that name hides. W did not count a counter its recorded counters lack, nor
         one recorded in the registry after W was born (W counted an earlier counter of that name, dropped and
         released since: a process registers its counters before any of its mutators is born). W that recorded
-        none may have counted any born before it: a version before they were recorded (now a mutator records
-        them before it opens a window, _record_start), or one whose registry row the GC has forgotten."""
+        none may have counted any: a version before they were recorded (now a mutator records them before it
+        opens a window, _record_start), or one whose registry row the GC has forgotten."""
         window = None if claimed.row is None else claimed.row.window_to_replay
         if window is None or not counters:
             return frozenset(counters)  # nothing is replayed: counted from the start offset either way
         writer, writer_born_us = window
         counted = await self.store.read_counted(writer)
+        if counted is None:
+            # Nothing is known of W's counters, nor of when it was born against their registration: a version
+            # before the registry registers them only after its own mutators were born.
+            return frozenset(counters)
         return frozenset(name for name in counters
-                         if (counted is None or name in counted) and writer_born_us > self.registered_us.get(name, -1))
+                         if name in counted and writer_born_us > self.registered_us.get(name, -1))
 
     def _counting(self, topic: str) -> list[str]:
         return [c.name for c in self.counters.for_topic(topic) if c.name not in self.dropped]
