@@ -1,7 +1,7 @@
 """The page views' consumer at two versions, side by side on one loaded topic: a commit's and the working tree's.
 
     python -m bench.consumer_versions --against COMMIT [--events N] [--rounds N] [--kafka HOST:PORT]
-                                      [--cassandra HOST:PORT]
+                                      [--cassandra HOST:PORT] [--retain DURATION]
 
 ``bench.stream2`` runs each stream once on fresh servers, and from one run to the next the page views' consumer
 moves by more than most changes to it. This loads ``--events`` page views of ``bench.stream2``'s shape once
@@ -11,6 +11,8 @@ them with a consumer process started in each version's source tree (the commit's
 consumer group and under counter names of its own, every value checked against the truth. Printed per run and
 as medians: the consumer's CPU per million events and per counter update, Cassandra's CPU per million events
 (when the servers are the development stack's, whose processes ``.stack/state.json`` names), events per second.
+``--retain`` gives each bucketed counter that retention (long enough for the stream's 2025 buckets to be kept:
+``3650d``): its rows are then written with their expiry.
 """
 
 from __future__ import annotations
@@ -52,8 +54,16 @@ async def _fresh_topic(kafka: KafkaSettings) -> None:
     await ensure_topics(kafka, {stream2.TOPIC: PARTITIONS})
 
 
+def with_retention(text: str, retain: str | None) -> str:
+    """The page views' definitions, each bucketed counter given ``retain`` (none: as they are)."""
+    if retain is None:
+        return text
+    return "\n".join(f'{line}\nretain = "{retain}"' if line.startswith("bucket = ") else line
+                     for line in text.split("\n"))
+
+
 async def run(against: str, tree: Path, kafka: KafkaSettings, cassandra: CassandraSettings, events: int,
-              rounds: int) -> str:
+              rounds: int, retain: str | None = None) -> str:
     async with CassandraClient(cassandra, use_keyspace=False) as client:
         await client.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", prepared=False)
         await client.ensure_schema()
@@ -63,7 +73,9 @@ async def run(against: str, tree: Path, kafka: KafkaSettings, cassandra: Cassand
     servers = _server_pids()
     trees = {against: tree, "working tree": pipeline.ROOT}
     runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in trees}
-    lines = [f"{events:,} page views ({truth.updates / events:.2f} counter updates per event), {rounds} rounds", "",
+    kept = "" if retain is None else f", bucketed counters kept {retain}"
+    lines = [f"{events:,} page views ({truth.updates / events:.2f} counter updates per event{kept}), {rounds} rounds",
+             "",
              "| round | version | consumer CPU s per million events | µs per update | Cassandra CPU s per million "
              "events | events/s | values mismatched |", "|---:|---|---:|---:|---:|---:|---:|"]
     for round_ in range(rounds):
@@ -72,7 +84,8 @@ async def run(against: str, tree: Path, kafka: KafkaSettings, cassandra: Cassand
         for name in order:
             group = f"versions-{round_}-{len(runs[name])}-{int(time.time())}"
             consumed = await pipeline.countersink_rate(kafka, cassandra, PARTITIONS, events, group, servers,
-                                                       topic=stream2.TOPIC, counters_text=stream2.definitions(),
+                                                       topic=stream2.TOPIC,
+                                                       counters_text=with_retention(stream2.definitions(), retain),
                                                        tree=trees[name])
             problems = await stream2.check_values(cassandra, truth, stream2.renamed(group))
             figures = (consumed.cpu_s * 1e6 / events, consumed.cpu_s * 1e6 / truth.updates,
@@ -99,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kafka", default="127.0.0.1:9092")
     parser.add_argument("--cassandra", default="127.0.0.1:9042")
+    parser.add_argument("--retain", metavar="DURATION",
+                        help='give each bucketed counter this retention (e.g. 3650d: its rows then expire)')
     args = parser.parse_args(argv)
     if args.against.startswith("-"):
         parser.error("--against names a commit")
@@ -108,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                                   replication="{'class': 'SimpleStrategy', 'replication_factor': 1}")
     with tempfile.TemporaryDirectory(prefix="countersink-consumer-versions-") as folder:
         _archive(args.against, Path(folder))
-        print(asyncio.run(run(args.against, Path(folder), kafka, cassandra, args.events, args.rounds)))
+        print(asyncio.run(run(args.against, Path(folder), kafka, cassandra, args.events, args.rounds,
+                              args.retain)))
     return 0
 
 

@@ -194,9 +194,9 @@ class Bucket(BaseModel):
             raise ValueError(f"bucket size {v!r} does not divide a day evenly")
         return v
 
-    @property
+    @cached_property
     def seconds(self) -> int:
-        """Bucket width in seconds."""
+        """Bucket width in seconds (kept: a flush asks it of every instance of a retained counter it writes)."""
         m = _BUCKET_SIZE.fullmatch(self.size)
         assert m is not None
         return int(m.group(1)) * _BUCKET_UNITS[m.group(2)]
@@ -354,9 +354,9 @@ class CounterDefinition(BaseModel):
                                     f"bucket ({self.bucket.size}) and at most 3650d")
         return self
 
-    @property
+    @cached_property
     def retain_seconds(self) -> int | None:
-        """Retention in seconds, ``None`` for a counter kept forever."""
+        """Retention in seconds, ``None`` for a counter kept forever (kept, as the bucket's width)."""
         if self.retain is None:
             return None
         m = _RETAIN.fullmatch(self.retain)

@@ -9,11 +9,14 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consumer.applying import Applier, Mutator, Outcome, Record, RetryWindow
 from consumer.protocol import claim, finish_take_over, flush
 from consumer.storage import MutatorEntry, PartitionId
 from schemas import registry, timeseries
+from schemas.cql import LAST_EXPIRY_S
 from schemas.definitions import parse_definitions
 from schemas.errors import DefinitionError
 from schemas.events import EventRouter
@@ -136,3 +139,17 @@ def test_a_flush_marks_each_write_with_its_buckets_expiry_and_a_replay_does_too(
     successor = MutatorEntry(uuid.UUID(int=2), "g", "t", 0, "h", born_us=10**9, expires_us=10**15)
     run(finish_take_over(store, log, run(claim(store, successor, -1)), applier, 10**9))  # replays 0..0
     assert sorted(written) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=(LAST_EXPIRY_S - 4 * HOUR) // HOUR), min_size=1,
+                max_size=50), st.sampled_from(["home", "a|b", "x" * 100, ""]))
+def test_a_buckets_expiry_is_its_end_plus_retain_whatever_buckets_came_before(hours: list[int], page: str) -> None:
+    """The expiry of a key's bucket, read from the key (the bucket's start is kept for the buckets seen last: a
+    flush asks it of every retained instance), is the bucket's end plus retain, for buckets seen before or not,
+    and after more distinct buckets than are kept (the test's buckets run into the thousands)."""
+    definition = COUNTERS["views"]
+    for hour in hours:
+        start = hour * HOUR
+        key = timeseries.bucket_key(definition, page.replace("|", "\\|"), start)
+        assert timeseries.expiry(definition, key) == start + HOUR + 2 * HOUR
