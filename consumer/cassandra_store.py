@@ -213,7 +213,8 @@ class CassandraStore:
         if self.refused:  # a write names a cell: the counter's own name, or counter@epoch after a reset
             writes = [w for w in writes if split_cell(w.counter)[0] not in self.refused]
         grace, now_s = self.client.settings.retention_grace_s, int(time.time())
-        ttls = {w.expires_at: row_ttl(w.expires_at + grace, now_s) for w in writes if w.expires_at is not None}
+        # Each expiry's TTL once: a flush's retained instances share a few buckets.
+        ttls = {at: row_ttl(at + grace, now_s) for at in {w.expires_at for w in writes} if at is not None}
         if any(ttl is None for ttl in ttls.values()):
             for write in writes:
                 if write.expires_at is not None and ttls[write.expires_at] is None:
