@@ -17,7 +17,7 @@ from consumer.protocol import claim, finish_take_over, flush
 from consumer.storage import MutatorEntry, PartitionId
 from schemas import registry, timeseries
 from schemas.cql import LAST_EXPIRY_S
-from schemas.definitions import parse_definitions
+from schemas.definitions import CounterDefinition, parse_definitions
 from schemas.errors import DefinitionError
 from schemas.events import EventRouter
 from tests.unit.memory_store import MemoryLog, MemoryStore, run
@@ -63,10 +63,15 @@ def test_retention_is_in_weeks_days_hours_or_minutes_and_part_of_the_meaning() -
     """2w is 14 days, and the same retention as 14d. A bucket's rows expire with the retention they were
     written under, so retention is part of the registry's fingerprint: setting, changing or removing it is a
     changed meaning, written in its largest whole unit."""
-    two_weeks = parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n'
-                                  'bucket = { field = "ts", size = "1d" }\nretain = "2w"\n')["c"]
-    assert two_weeks.retain_seconds == 14 * 86400
-    assert registry.fingerprint(two_weeks) == registry.fingerprint(two_weeks.model_copy(update={"retain": "14d"}))
+    def kept(retain: str) -> CounterDefinition:
+        # Parsed, not copied: a copy would carry the retention in seconds worked out for the original.
+        return parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n'
+                                 f'bucket = {{ field = "ts", size = "1d" }}\nretain = "{retain}"\n')["c"]
+
+    two_weeks, fourteen_days, three_days = kept("2w"), kept("14d"), kept("3d")
+    assert two_weeks.retain_seconds == fourteen_days.retain_seconds == 14 * 86400
+    assert registry.fingerprint(two_weeks) == registry.fingerprint(fourteen_days)
+    assert registry.fingerprint(two_weeks) != registry.fingerprint(three_days)
     forever = COUNTERS["views_forever"].model_copy(update={"name": "views"})
     assert registry.fingerprint(COUNTERS["views"]) != registry.fingerprint(forever)
     assert registry.changes(forever, COUNTERS["views"]) == ['retain: null -> "2h"']
