@@ -258,7 +258,7 @@ def why_no_instance(definition: CounterDefinition, key: str, doing: str = "read"
     if not without_bucket:
         last = fields[-1]
         try:
-            start = calendar.timegm(time.strptime(last, BUCKET_FORMAT))
+            start = _bucket_start_s(last)
         except ValueError:
             start = None
         if start is not None and start < 0:  # no event is counted in a bucket before 1970 (refused as out of range)
@@ -285,9 +285,9 @@ def expiry(definition: CounterDefinition, instance_key: str) -> int | None:
 
 @functools.lru_cache(maxsize=4096)
 def _bucket_start_s(text: str) -> int:
-    """A bucket's start in an instance key, in epoch seconds. Kept for the buckets seen last: a flush asks it of
-    every instance of a retained counter it writes (7 µs by ``time.strptime``), and its instances share a few
-    buckets."""
+    """A bucket's start in an instance key, in epoch seconds (ValueError for text that names none). Kept for the
+    buckets seen last: a flush asks it of every instance of a retained counter it writes (7 µs by
+    ``time.strptime``), and its instances share a few buckets."""
     return calendar.timegm(time.strptime(text, BUCKET_FORMAT))
 
 
