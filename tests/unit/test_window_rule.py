@@ -25,37 +25,28 @@ def _claim_replaying_the_writers_window() -> Claim:
     return cast(Claim, types.SimpleNamespace(row=row))
 
 
-@pytest.mark.parametrize(("recorded", "replayed"), [
-    (frozenset({"trades", "volume"}), {"trades", "volume"}),
-    (frozenset({"trades"}), {"trades"}),
+@pytest.mark.parametrize(("recorded", "volume_registered_us", "replayed"), [
+    (frozenset({"trades", "volume"}), WRITER_BORN_US - 1, {"trades", "volume"}),
+    (frozenset({"trades"}), WRITER_BORN_US - 1, {"trades"}),
+    # W recorded volume, but volume was registered again after W was born (dropped and defined anew): the volume
+    # W counted is another counter's
+    (frozenset({"trades", "volume"}), WRITER_BORN_US + 1, {"trades"}),
     # W counted none of the topic's counters (every one dropped while it ran): none is counted from its window
-    (frozenset(), set()),
+    (frozenset(), WRITER_BORN_US - 1, set()),
     # W recorded none (a version before counters were recorded, or its registry row forgotten by the GC): it may
     # have counted any, even one registered after it was born (a version before the registry counted its
     # counters before they were registered)
-    (None, {"trades", "volume"}),
-], ids=["both", "one", "counted-none", "unrecorded"])
-def test_a_window_counts_the_counters_its_writer_counted(recorded: frozenset[str] | None, replayed: set[str]
-                                                          ) -> None:
+    (None, WRITER_BORN_US + 1, {"trades", "volume"}),
+], ids=["both", "one", "registered-again", "counted-none", "unrecorded"])
+def test_a_window_counts_the_counters_its_writer_counted(recorded: frozenset[str] | None, volume_registered_us: int,
+                                                          replayed: set[str]) -> None:
     store = MemoryStore()
     if recorded is not None:
         store.recorded_counters[WRITER] = recorded
     ownership = Process(store, MemoryLog([]), 1).ownership
-    ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": WRITER_BORN_US + 1}
-    if recorded is not None and "volume" in recorded:
-        ownership.registered_us["volume"] = WRITER_BORN_US - 1  # W counted an earlier definition of it
+    ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": volume_registered_us}
     found = run(ownership._replayed_for(_claim_replaying_the_writers_window(), ["trades", "volume"]))
     assert found == replayed
-
-
-def test_a_counter_registered_after_the_writer_was_born_is_not_counted_from_its_window() -> None:
-    """W recorded volume, but volume was registered again after W was born (dropped and defined anew): the
-    volume W counted is another counter's."""
-    store = MemoryStore()
-    store.recorded_counters[WRITER] = frozenset({"trades", "volume"})
-    ownership = Process(store, MemoryLog([]), 1).ownership
-    ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": WRITER_BORN_US + 1}
-    assert run(ownership._replayed_for(_claim_replaying_the_writers_window(), ["trades", "volume"])) == {"trades"}
 
 
 @pytest.mark.parametrize(("column", "read"), [
