@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from datetime import date, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -154,7 +154,28 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-class Bucket(BaseModel):
+class _DerivedKept(BaseModel):
+    """A frozen model whose values derived from its fields are kept once worked out (``cached_property``).
+
+    ``functools.cached_property`` keeps a value in the instance's ``__dict__``, which ``model_copy`` copies
+    whole: a copy with other fields would answer with the original's values. A copy forgets them.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _derived_names(type(self)):
+            copied.__dict__.pop(name, None)
+        return copied
+
+
+def _derived_names(model: type) -> tuple[str, ...]:
+    return tuple(name for klass in model.__mro__ for name, attribute in vars(klass).items()
+                 if isinstance(attribute, cached_property))
+
+
+class Bucket(_DerivedKept):
     """Event-time bucketing: the bucket start (UTC) becomes the last component of the instance key."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -202,7 +223,7 @@ class Bucket(BaseModel):
         return int(m.group(1)) * _BUCKET_UNITS[m.group(2)]
 
 
-class CounterDefinition(BaseModel):
+class CounterDefinition(_DerivedKept):
     """One counter: which topics feed it, its kind, how an event maps to an instance key and a value.
 
     Frozen, because a definition is the meaning of stored state: to change it, define a new counter.

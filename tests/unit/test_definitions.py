@@ -249,3 +249,21 @@ def test_top_within_what_the_map_tracks_is_read_and_a_recorded_definition_is_rea
     assert parse_definitions(_counter(body + "top = 1000\nmax_map_size = 2048"), source="f")["c"].top == 1000
     recorded = '{"name":"c","topics":["t"],"kind":"top_k","key":["s"],"value":"x","top":1000}'
     assert registry.from_record(recorded).top == 1000
+
+
+def test_a_copy_with_other_fields_works_out_its_own_derived_values() -> None:
+    """A definition keeps the values it derives from its fields (the bucket's width, the retention in seconds,
+    the kind's spec) once asked; a copy with other fields must not answer with the original's."""
+    original = parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "top_k"\nvalue = "page"\ntop = 5\n'
+                                 'bucket = { field = "ts", size = "1h" }\nretain = "2d"\n')["c"]
+    assert (original.retain_seconds, original.bucket and original.bucket.seconds, original.spec.top) == (
+        2 * 86400, 3600, 5)
+    assert original.bucket is not None
+    copied = original.model_copy(update={"retain": "3d", "top": 7,
+                                         "bucket": original.bucket.model_copy(update={"size": "1d"})})
+    assert copied.retain_seconds == 3 * 86400
+    assert copied.spec.top == 7
+    assert copied.bucket is not None
+    assert copied.bucket.seconds == 86400
+    assert original.retain_seconds == 2 * 86400
+    assert original.bucket.seconds == 3600

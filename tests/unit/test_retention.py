@@ -64,7 +64,6 @@ def test_retention_is_in_weeks_days_hours_or_minutes_and_part_of_the_meaning() -
     written under, so retention is part of the registry's fingerprint: setting, changing or removing it is a
     changed meaning, written in its largest whole unit."""
     def kept(retain: str) -> CounterDefinition:
-        # Parsed, not copied: a copy would carry the retention in seconds worked out for the original.
         return parse_definitions('[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\n'
                                  f'bucket = {{ field = "ts", size = "1d" }}\nretain = "{retain}"\n')["c"]
 
