@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import FORGOTTEN, Forgotten, MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.gc_runs import RUNS_PARTITION
 from countersink.metrics import METRICS
@@ -385,11 +385,11 @@ class CassandraStore:
         await self._lwt("UPDATE mutators SET start_offset = ?, counters = ? WHERE id = ? IF EXISTS",
                         [start_offset, sorted(counters) or [COUNTED_NONE], mutator])
 
-    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | Forgotten | None:
         # At the replay's level: it decides where a counter is counted from (consumer.ownership).
         rows = as_dicts(await self.client.execute("SELECT counters FROM mutators WHERE id = ?", [mutator],
                                                   consistency=self.read_cl))
-        return None if not rows else counters_recorded(rows[0]["counters"])
+        return FORGOTTEN if not rows else counters_recorded(rows[0]["counters"])
 
     async def read_gc_cutoff(self) -> int:
         # SERIAL, as the ownership row: a quorum whatever the levels configured, so it meets the GC's write of the

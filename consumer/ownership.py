@@ -42,7 +42,7 @@ from consumer.protocol import (
 )
 from consumer.resetting import NO_RESETS, ResetBook
 from consumer.schedule import Footprint
-from consumer.storage import MutatorEntry, PartitionId, Store
+from consumer.storage import FORGOTTEN, MutatorEntry, PartitionId, Store
 from countersink.logs import get_logger
 from countersink.metrics import METRICS
 from countersink.retry import Backoff, is_retriable, retrying
@@ -255,12 +255,19 @@ class Ownership:
         one recorded in the registry after W was born (W counted an earlier counter of that name, dropped and
         released since: a process registers its counters before any of its mutators is born). W that recorded
         none may have counted any: a version before they were recorded (now a mutator records them before it
-        opens a window, _record_start), or one whose registry row the GC has forgotten."""
+        opens a window, _record_start). Nothing is counted from the window of a W whose registry row the GC
+        has forgotten (below)."""
         window = None if claimed.row is None else claimed.row.window_to_replay
         if window is None or not counters:
             return frozenset(counters)  # nothing is replayed: counted from the start offset either way
         writer, writer_born_us = window
         counted = await self.store.read_counted(writer)
+        if counted is FORGOTTEN:
+            # The GC folded W and forgot it: W was retired, so whoever retired it had replayed this window first
+            # (and died before closing it), and the fold holds what that replay counted. Its tombstone, at W's
+            # retirement, hides whatever is written at W's timestamps now: no counter is counted from the window.
+            # One that replay counted is then counted from the start offset on, its window in the tally already.
+            return frozenset()
         if counted is None:
             # Nothing is known of W's counters, nor of when it was born against their registration: a version
             # before the registry registers them only after its own mutators were born.

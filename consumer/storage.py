@@ -11,9 +11,21 @@ offset (inclusive) a window covers, ``-1`` before the first record. Times are mi
 from __future__ import annotations
 
 import dataclasses
+import enum
 import uuid
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
+
+
+class Forgotten(enum.Enum):
+    """:meth:`Store.read_counted`'s answer for a mutator without a registry row: the GC folded it (retired, so
+    whoever retired it had replayed its last window first) and forgot it, days later. A mutator's row is written
+    before it can claim a partition, so one named by a partition's row had one."""
+
+    ROW = "forgotten"
+
+
+FORGOTTEN = Forgotten.ROW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +136,9 @@ class Store(Protocol):
         whether that one counted a counter (added since, or not)."""
         ...
 
-    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
-        """The counters ``mutator`` recorded it counts (:meth:`record_start`); None when it recorded none (a
-        version before they were recorded, or a registry row the GC has forgotten): it may have counted any."""
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | Forgotten | None:
+        """The counters ``mutator`` recorded it counts (:meth:`record_start`); None when its row recorded none (a
+        version before they were recorded): it may have counted any; :data:`FORGOTTEN` when it has no row."""
         ...
 
     async def read_gc_cutoff(self) -> int:
@@ -135,4 +147,5 @@ class Store(Protocol):
         ...
 
 
-__all__ = ["MutatorEntry", "PartitionId", "PartitionRow", "ShardWrite", "Store", "StoredShard"]
+__all__ = ["FORGOTTEN", "Forgotten", "MutatorEntry", "PartitionId", "PartitionRow", "ShardWrite", "Store",
+           "StoredShard"]

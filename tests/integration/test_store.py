@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from consumer.cassandra_store import CassandraStore
-from consumer.storage import MutatorEntry, ShardWrite, StoredShard
+from consumer.storage import FORGOTTEN, MutatorEntry, ShardWrite, StoredShard
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.reader import read_state
 from countersink.settings import CassandraSettings
@@ -139,7 +139,7 @@ async def test_a_mutators_recorded_counters_read_back_as_written_none_included(
 ) -> None:
     """What a takeover replaying a mutator's window reads of it: the counters it recorded; an empty set (it
     counted none), which Cassandra would store as null, reads as empty, not as recorded none; a mutator that
-    recorded nothing, or whose registry row is gone (the record then writes nothing), reads as None."""
+    recorded nothing reads as None, one whose registry row is gone (the record then writes nothing) as FORGOTTEN."""
     async with CassandraClient(cassandra_settings) as client:
         store = CassandraStore(client)
         some, none_counted, unrecorded = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -152,6 +152,6 @@ async def test_a_mutators_recorded_counters_read_back_as_written_none_included(
         assert await store.read_counted(some) == frozenset({"trades", "volume"})
         assert await store.read_counted(none_counted) == frozenset()
         assert await store.read_counted(unrecorded) is None
-        assert await store.read_counted(gone) is None
+        assert await store.read_counted(gone) is FORGOTTEN
         rows = as_dicts(await client.execute("SELECT id FROM mutators WHERE id = ?", [gone]))
         assert rows == []

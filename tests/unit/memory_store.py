@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Coroutine, Generator, Mapping, Sequen
 from typing import Any
 
 from consumer.applying import Record
-from consumer.storage import MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
+from consumer.storage import FORGOTTEN, Forgotten, MutatorEntry, PartitionId, PartitionRow, ShardWrite, StoredShard
 from gc_worker.collector import KeyView, Range, RegistryEntry, Row, ShardView
 from schemas.cql import GC_STAMP_SOURCE
 from schemas.errors import CountersinkError
@@ -364,8 +364,10 @@ class MemoryStore:
         self.recorded_starts[mutator] = start_offset
         self.recorded_counters[mutator] = counters
 
-    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | None:
+    async def read_counted(self, mutator: uuid.UUID) -> frozenset[str] | Forgotten | None:
         await self._read("read_counted", mutator)
+        if mutator not in self.mutators:
+            return FORGOTTEN
         return self.recorded_counters.get(mutator)  # an empty set: it counted none (the Cassandra store alike)
 
     # -------------------------------------------------------------------------------- what the GC uses

@@ -724,12 +724,12 @@ def test_a_counter_defined_again_is_counted_exactly_beside_processes_that_found_
     run_model(DefinedAgainModel, settings(MODEL_SETTINGS, max_examples=100))
 
 
-def replayed_again_after_a_fold(model_class: type[BackfillModel]) -> BackfillModel:
+def replayed_again_after_a_fold(model_class: type[BackfillModel], *, forgotten: bool = False) -> BackfillModel:
     """A process of the deployment before shares counts three records and dies with its flush's window open; the
     next one replays that window, retires its writer W and is fenced before closing it; the GC folds W's shards
-    (W is retired) and deletes them by a range at a later timestamp; shares is added, and the first process with
-    it replays W's window again: what it would write into W's shards lands at W's timestamps, under the GC's
-    deletion."""
+    (W is retired) and deletes them by a range at a later timestamp (and, ``forgotten``, deletes W's registry row
+    days later, as it forgets a collected mutator); shares is added, and the first process with it replays W's
+    window again: what it would write into W's shards lands at W's timestamps, under the GC's deletion."""
     model = model_class()
     entries = [Event("IBM", 1 + i % 5, f"e{i}") for i in range(12)]
     model.log = MemoryLog([e.to_bytes() for e in entries])
@@ -743,6 +743,10 @@ def replayed_again_after_a_fold(model_class: type[BackfillModel]) -> BackfillMod
     model.new_owner(0, 10**6, Fault.NONE, stop_at=frozenset(("retire_mutator",)))  # replays, retires W: no close
     model.tick(10**9)
     model.start_gc(0, 10**6, Fault.NONE)
+    if forgotten:
+        assert first.mutator.id in model.store.collected
+        del model.store.mutators[first.mutator.id]
+        del model.store.recorded_counters[first.mutator.id]
     model.teardown()
     return model
 
@@ -752,6 +756,14 @@ def test_a_counter_added_without_since_is_not_counted_into_a_window_the_gc_has_f
     writer never counted shares, and shares written into W's shards after the fold would read as nothing (it
     did: the records of that window were lost for shares)."""
     model = replayed_again_after_a_fold(AddedWithoutSinceModel)
+    assert model.handover == 3
+
+
+def test_a_counter_added_without_since_is_not_counted_into_the_window_of_a_writer_the_gc_has_forgotten() -> None:
+    """The same, with W's registry row forgotten by the GC before shares is added: nothing says what W counted, and
+    whatever is written at its timestamps is hidden. shares was taken to have been counted by W, counted from its
+    window into its shards, and those records read as nothing; it is now counted from the start offset."""
+    model = replayed_again_after_a_fold(AddedWithoutSinceModel, forgotten=True)
     assert model.handover == 3
 
 

@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from consumer.protocol import Claim
-from consumer.storage import PartitionRow
+from consumer.storage import FORGOTTEN, Forgotten, MutatorEntry, PartitionRow
 from schemas.cql import COUNTED_NONE, counters_recorded
 from tests.unit.memory_store import MemoryLog, MemoryStore, run
 from tests.unit.test_lost_answers import Process
@@ -33,15 +33,21 @@ def _claim_replaying_the_writers_window() -> Claim:
     (frozenset({"trades", "volume"}), WRITER_BORN_US + 1, {"trades"}),
     # W counted none of the topic's counters (every one dropped while it ran): none is counted from its window
     (frozenset(), WRITER_BORN_US - 1, set()),
-    # W recorded none (a version before counters were recorded, or its registry row forgotten by the GC): it may
-    # have counted any, even one registered after it was born (a version before the registry counted its
-    # counters before they were registered)
+    # W recorded none (a version before counters were recorded): it may have counted any, even one registered
+    # after it was born (a version before the registry counted its counters before they were registered)
     (None, WRITER_BORN_US + 1, {"trades", "volume"}),
-], ids=["both", "one", "registered-again", "counted-none", "unrecorded"])
-def test_a_window_counts_the_counters_its_writer_counted(recorded: frozenset[str] | None, volume_registered_us: int,
-                                                          replayed: set[str]) -> None:
+    # W's registry row is gone: the GC folded W, whose window the takeover that retired it replayed, and forgot it;
+    # whatever is written at W's timestamps now is hidden by the fold's tombstone, so nothing is counted from it
+    (FORGOTTEN, WRITER_BORN_US - 1, set()),
+    (FORGOTTEN, WRITER_BORN_US + 1, set()),
+], ids=["both", "one", "registered-again", "counted-none", "unrecorded", "forgotten", "forgotten-new-counter"])
+def test_a_window_counts_the_counters_its_writer_counted(recorded: frozenset[str] | Forgotten | None,
+                                                          volume_registered_us: int, replayed: set[str]) -> None:
     store = MemoryStore()
-    if recorded is not None:
+    if recorded is not FORGOTTEN:
+        store.mutators[WRITER] = MutatorEntry(WRITER, "g", "trades", 0, "host", WRITER_BORN_US, WRITER_BORN_US + 10**9,
+                                              retired_us=WRITER_BORN_US + 1)
+    if isinstance(recorded, frozenset):
         store.recorded_counters[WRITER] = recorded
     ownership = Process(store, MemoryLog([]), 1).ownership
     ownership.registered_us = {"trades": WRITER_BORN_US - 1, "volume": volume_registered_us}
