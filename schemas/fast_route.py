@@ -50,7 +50,6 @@ the ``countersink.apply-to`` header (a re-published dead letter) takes the route
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -215,7 +214,8 @@ def _record_local(path: str) -> tuple[str, str] | None:
     if part == "partition":
         return "PARTITION", ""
     if part == "header":
-        local = "H_" + "".join(ch if ch.isalnum() else "_" for ch in rest) + f"_{zlib.crc32(rest.encode()):08x}"
+        # Named by the name's bytes in hex: one local per header name, an identifier whatever the name holds.
+        local = "H_" + rest.encode().hex()
         return local, f"{local} = header(headers, {rest!r})"
     if not rest:
         return "KEY", "KEY = None if key is None else text_of(key)"
@@ -518,8 +518,9 @@ class FastRoute:
         order = {definition.name: n for n, definition in enumerate(counters)}
         buckets: dict[tuple[Any, ...], int] = {}
         for g, ((paths, when), members) in enumerate(groups.items()):
-            lines.append(f"        # key group {g}: {', '.join(paths) or '(no key)'}"
-                         + ("" if when is None else f", bucket {when[1]} s of {when[0]}"))
+            # (Paths are the user's text, a header's name any: !a keeps them on the comment's line.)
+            lines.append(f"        # key group {g}: {ascii(', '.join(paths)) if paths else '(no key)'}"
+                         + ("" if when is None else f", bucket {when[1]} s of {when[0]!a}"))
             lines.append(f"        row{g} = None")
             keys = [f"kv{g}_{i}" for i in range(len(paths))]
             lines += [f"        {local} = {attr(path)}" for local, path in zip(keys, paths, strict=True)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -275,6 +276,37 @@ def test_batch_path_equals_record_at_a_time(bodies: list[str], events: list[byte
     counter's refusals of apply. Bucketed, decimal and dotted-path counters among them, on records whose
     timestamps make events late, too far in the future or neither."""
     assert_paths_agree(bodies, events, cuts, window, redelivered, restricted=restricted, stamps=stamps, parts=parts)
+
+
+# Header names that are legal (the rest of the path, dots included) but no identifier: two whose characters differ
+# only in punctuation and share a CRC-32, which once named one local for both; a newline and a carriage return,
+# which once ended a comment of the generated code and made the rest of the name a line of it; a NUL and a digit
+# that is not ASCII, which once made it fail to compile (the consumer did not start).
+ODD_HEADER_NAMES = ["h,,++-!~:", "h;;)=-,;(", "h\n        TS = 7", "a\rb", "a\u0000b", "m\u00b2"]
+
+
+@pytest.mark.parametrize("name", ODD_HEADER_NAMES[2:])
+def test_a_header_of_any_name_is_read_by_the_batch_path_as_by_the_router(name: str) -> None:
+    """A header's name in a key, a bucket's field, a value and a filter: the batch path is built, and agrees."""
+    toml_name = json.dumps(name)[1:-1]
+    bodies = [f'kind = "max"\nkey = ["@header.{toml_name}"]\nvalue = "@timestamp"',
+              f'kind = "count"\nkey = ["sym"]\nbucket = {{ field = "@header.{toml_name}", size = "1h" }}',
+              f'kind = "top_k"\nvalue = "@header.{toml_name}"\nwhere = {{ "@header.{toml_name}" = ["x", "y"] }}']
+    parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]] = [
+        (None, [(name, b"x")]), (None, [(name, b"2026-11-22T10:17:00Z")]), (None, [("other", b"x")]),
+        (None, [(name, b"y"), (name, b"z")])]
+    assert_paths_agree(bodies, [b'{"sym": "IBM"}'] * 8, [3], 3, 1, stamps=[1764140400000], parts=parts)
+
+
+def test_two_header_names_are_two_fields_whatever_their_characters() -> None:
+    assert zlib.crc32(ODD_HEADER_NAMES[0].encode()) == zlib.crc32(ODD_HEADER_NAMES[1].encode())
+    bodies = [f'kind = "count"\nkey = ["@header.{name}"]' for name in ODD_HEADER_NAMES[:2]]
+    parts: list[tuple[bytes | None, list[tuple[str, bytes | None]]]] = [
+        (None, [(ODD_HEADER_NAMES[0], b"x"), (ODD_HEADER_NAMES[1], b"y")])]
+    assert_paths_agree(bodies, [b'{"a": 1}'] * 3, [], 0, 0, parts=parts)
+    batched = mutator(counter_set(bodies), 0)
+    batched.apply_batch([Record(0, b'{"a": 1}', None, None, parts[0][1])])
+    assert sorted(batched.states) == [("c0", "x"), ("c1", "y")]
 
 
 # Events of a mixed topic: three types, each with its own fields, any of them missing, null or wrongly typed.
