@@ -25,7 +25,7 @@ from aiokafka.errors import (
 from countersink import kafka_records
 from countersink.kafka_oauth import ClientCredentialsTokens, TokenEndpointError
 from countersink.logs import get_logger
-from countersink.retry import Backoff, retrying
+from countersink.retry import Backoff, is_retriable, retrying
 from countersink.settings import KafkaSecurity, KafkaSettings
 from countersink.tls import load_key_pair
 from schemas.errors import CountersinkError
@@ -284,15 +284,21 @@ async def _until_listed(admin: AIOKafkaAdminClient, topics: list[str], timeout_s
     """Wait until the broker answering metadata lists ``topics``. A topic's creation is answered once the
     controller has recorded it, and a broker may learn of it a moment later: until then a reset or a producer
     asking that broker finds no partition of it. A topic still unlisted after ``timeout_s`` is left to the
-    caller's own look-up, which says what it misses."""
+    caller's own look-up, which says what it misses. So is a listing that fails as a broker away or slow does:
+    the topics are created, and a listing is no reason to refuse to start."""
+
+    def retried(error: BaseException) -> bool:
+        return isinstance(error, _NotListedYetError) or is_retriable(error)
 
     async def listed() -> None:
         if not set(topics) <= set(await admin.list_topics()):
             raise _NotListedYetError
 
-    with contextlib.suppress(_NotListedYetError):
-        await retrying(listed, backoff=_LISTING_BACKOFF, deadline_s=timeout_s,
-                       retry_on=lambda error: isinstance(error, _NotListedYetError))
+    try:
+        await retrying(listed, backoff=_LISTING_BACKOFF, deadline_s=timeout_s, retry_on=retried)
+    except Exception as exc:
+        if not retried(exc):
+            raise
 
 
 class _NotListedYetError(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from countersink import kafka
 from countersink.settings import KafkaSettings
@@ -53,3 +54,43 @@ async def test_a_topic_never_listed_is_waited_for_no_longer_than_the_request_tim
     monkeypatch.setattr(kafka, "make_admin", lambda settings: admin)
     await kafka.ensure_topics(KafkaSettings(bootstrap_servers=["127.0.0.1:1"], request_timeout_ms=1_000), {"events": 3})
     assert 3 <= admin.listings_after_creation < 20  # backing off, up to half a second a time
+
+
+class FlakyListingAdmin(LaggingAdmin):
+    """Lists its topics at once, but its first listings after the creation fail as a broker away does."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(lag=1)
+        self.failures = failures
+
+    async def list_topics(self) -> list[str]:
+        if self.created and self.failures:
+            self.failures -= 1
+            raise KafkaConnectionError("broker away")
+        return await super().list_topics()
+
+
+@pytest.mark.parametrize("failures", [2, 10**9])
+async def test_a_listing_that_fails_after_the_creation_is_retried_and_never_refuses_the_start(
+        monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    """The topics are created: a listing failing as a broker away does is tried again, and if it never answers,
+    ensure_topics returns all the same, after the request timeout (what misses is the caller's to say)."""
+    admin = FlakyListingAdmin(failures)
+    monkeypatch.setattr(kafka, "make_admin", lambda settings: admin)
+    await kafka.ensure_topics(KafkaSettings(bootstrap_servers=["127.0.0.1:1"], request_timeout_ms=1_000), {"events": 3})
+    assert admin.created == ["events"]
+    assert admin.listings_after_creation == (1 if failures == 2 else 0)
+
+
+async def test_a_listing_refused_for_good_after_the_creation_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = LaggingAdmin(1)
+
+    async def refused() -> list[str]:
+        if admin.created:
+            raise TopicAuthorizationFailedError
+        return []
+
+    monkeypatch.setattr(admin, "list_topics", refused)
+    monkeypatch.setattr(kafka, "make_admin", lambda settings: admin)
+    with pytest.raises(TopicAuthorizationFailedError):
+        await kafka.ensure_topics(KafkaSettings(bootstrap_servers=["127.0.0.1:1"]), {"events": 3})
