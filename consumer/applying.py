@@ -285,6 +285,8 @@ class Applier:
     made: dict[str, tuple[Callable[[], State], int]] = dataclasses.field(default_factory=dict, init=False)
     # The topic's counters kept for a while (retain): only their instances have an expiry.
     retained: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
+    # The topic's counters whose states grow as they fill (GROWING_KINDS): only theirs are measured again.
+    growing: frozenset[str] = dataclasses.field(default=frozenset(), init=False)
     # Records below this offset take the reference path (:meth:`classify`), which keeps ``starts``.
     slow_below: int = dataclasses.field(default=-1, init=False)
 
@@ -297,6 +299,7 @@ class Applier:
             spec = definition.spec
             self.made[definition.name] = (functools.partial(KINDS[spec.kind].new, spec), _size_when_new(spec))
         self.retained = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.retain is not None)
+        self.growing = frozenset(c.name for c in self.counters.for_topic(self.topic) if c.kind in GROWING_KINDS)
         self.fast = FastRoute.build(self.counters, self.topic, router.max_event_bytes, router.max_depth,
                                     router.max_key_bytes, router.max_future_skew_s, router.on_not_applicable,
                                     self.partition, router.on_late)
@@ -683,11 +686,11 @@ class Mutator:
     def remeasure(self, written: Iterable[tuple[str, str]]) -> None:
         """Bring the memory estimate up to date for states just written: each sketch's growth since it was
         last measured (its size when new, the first time)."""
-        counters = self.applier.counters
+        growing, states = self.applier.growing, self.states
         for ident in written:
-            if counters[ident[0]].kind not in GROWING_KINDS:
+            if ident[0] not in growing:
                 continue
-            state = self.states[ident]
+            state = states[ident]
             size = state.size_bytes()
             self.state_bytes += size - self._counted(ident, state)
             self.measured[ident] = size
