@@ -227,7 +227,7 @@ class Ownership:
         if warm and claimed.finished:
             await self._record_start(tp, claimed)
             self._log_taken_over(tp, mutator, await finish_take_over(self.store, self.source, claimed, fresh_applier,
-                                                                     self.clock()), started)
+                                                                     self.clock), started)
             return mutator
         if not warm:
             self.warming.add(entry.id)
@@ -387,7 +387,7 @@ class Ownership:
 
     async def _finish_take_over(self, tp: TopicPartition, claimed: Claim, applier_factory: Callable[[], Applier],
                                 accept_lost: bool) -> Takeover:
-        return await finish_take_over(self.store, self.source, claimed, applier_factory, self.clock(),
+        return await finish_take_over(self.store, self.source, claimed, applier_factory, self.clock,
                                       on_invalid=functools.partial(self.dead_letters.send, tp),
                                       accept_lost=accept_lost)
 

@@ -413,12 +413,13 @@ InvalidRecordHandler = Callable[[KafkaRecord, InvalidEventError], Awaitable[None
 
 
 async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
-                           applier_factory: Callable[[], Applier], now_us: int,
+                           applier_factory: Callable[[], Applier], clock: Callable[[], int],
                            on_invalid: InvalidRecordHandler | None = None, accept_lost: bool = False) -> Takeover:
     """Finish what the previous owner left, after :func:`claim`: replay the window it left open as its
     writer W (same shards, same timestamp, values completed from each shard's ``through_offset``), retire W
     and the previous owner, close the window by LWT naming the new mutator. A crash anywhere leaves a row the
     next claimant finishes the same way. The consumer runs it in the background while the new mutator applies.
+    ``clock`` (microseconds since the epoch) is read as each retirement is written.
 
     ``on_invalid`` is awaited for each invalid record of a replayed window before the window is closed: the
     writer may have died before its dead letters were delivered, and closing the window is what makes its
@@ -450,12 +451,16 @@ async def finish_take_over(store: Store, source: RecordSource, claimed: Claim,
     if row.window_mutator is not None and row.window_mutator != new.id:
         # Only the window's writer has shards, stamped born_us(W) + seq: its retire time must exceed them
         # even when this machine's clock is behind W's.
-        await store.retire_mutator(row.window_mutator, retire_time((row.window_born_us or 0) + row.flush_seq, now_us))
+        # The clock is read now, not when the takeover began: a retirement must land within the GC's grace of its
+        # time. One landing later (a replay of minutes) may be missed by a run whose cutoff is already above it
+        # while another run sees it, and both fold a key at the same timestamp, with different contents: a tie
+        # Cassandra settles by the bytes, which may keep the fold without W's shards and delete them all the same.
+        await store.retire_mutator(row.window_mutator, retire_time((row.window_born_us or 0) + row.flush_seq, clock()))
         retired.append(row.window_mutator)
     if row.owner is not None and row.owner not in (new.id, row.window_mutator):
         # A claimant that died before writing anything (a claimant writes nothing until its takeover is
         # finished, so one fenced by this claim has no shards either).
-        await store.retire_mutator(row.owner, now_us)
+        await store.retire_mutator(row.owner, clock())
         retired.append(row.owner)
     if not await store.close_window(pid, new.id, new.born_us, row.intent_offset):
         raise FencedError(f"{pid} was claimed by another mutator during takeover")

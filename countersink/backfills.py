@@ -390,7 +390,7 @@ async def backfill_partition(store: Store, source: RecordSource, make_applier: C
         applier = make_applier()
         await record_start(store, claimed, (c.name for c in applier.counters.for_topic(span.topic)))
         await applier.warm_up(source, start)
-        await finish_take_over(store, source, claimed, make_applier, clock(), on_invalid=replayed_invalid)
+        await finish_take_over(store, source, claimed, make_applier, clock, on_invalid=replayed_invalid)
         mutator = Mutator(entry, PartitionId(group, span.topic, span.partition), applier,
                           applied_through=start - 1, flushed_through=start - 1)
         if start < span.end:

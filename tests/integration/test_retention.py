@@ -189,7 +189,7 @@ retain = "1m"
         async with CassandraClient(cassandra) as client:
             first = MutatorEntry(uuid.uuid4(), "g", topic, 0, "first", time.time_ns() // 1000, 10**18)
             claimed = await claim(CassandraStore(client), first, -1)
-            await finish_take_over(CassandraStore(client), source, claimed, applier, first.born_us)
+            await finish_take_over(CassandraStore(client), source, claimed, applier, lambda: first.born_us)
             mutator = Mutator(first, PartitionId("g", topic, 0), applier(), applied_through=-1, flushed_through=-1)
             mutator.apply_batch(await source.read(topic, 0, 0, 8))
             assert (len(late), mutator.states[("views", _key(expired))].value()) == (3, 4)
@@ -200,7 +200,7 @@ retain = "1m"
             second = MutatorEntry(uuid.uuid4(), "g", topic, 0, "second", time.time_ns() // 1000 + 1, 10**18)
             result = await finish_take_over(CassandraStore(client), source,
                                             await claim(CassandraStore(client), second, -1), applier,
-                                            second.born_us)
+                                            lambda: second.born_us)
             assert (result.replayed_records, len(late)) == (9, 6)  # the same three late again, no more
             reader = CounterReader(client)
             assert await reader.get("views", _key(live)) == 2

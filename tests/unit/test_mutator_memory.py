@@ -49,7 +49,7 @@ def _owner(store: MemoryStore) -> Mutator:
     def applier() -> Applier:
         return Applier(EventRouter(COUNTERS), COUNTERS, "t", 0, RetryWindow(0))
 
-    run(finish_take_over(store, MemoryLog([]), run(claim(store, entry, -1)), applier, 1_000))
+    run(finish_take_over(store, MemoryLog([]), run(claim(store, entry, -1)), applier, lambda: 1_000))
     return Mutator(entry, PartitionId("g", "t", 0), applier(), applied_through=-1, flushed_through=-1)
 
 

@@ -24,7 +24,7 @@ import dataclasses
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import pytest
@@ -206,7 +206,7 @@ async def take_over(store: MemoryStore, source: MemoryLog, new: MutatorEntry,
     """A takeover's two halves back to back, for the scenario tests below: :func:`claim`, then
     :func:`finish_take_over`. (The model runs :class:`Ownership`, which applies records in between.)"""
     claimed = await claim(store, new, initial_last_offset)
-    return await finish_take_over(store, source, claimed, applier_factory, now_us)
+    return await finish_take_over(store, source, claimed, applier_factory, lambda: now_us)
 
 
 def applier() -> Applier:
@@ -1260,11 +1260,37 @@ def test_a_claimant_applies_before_its_takeover_is_finished() -> None:
     assert not claimed.finished
     for record in log.records[3:]:
         b.apply(record)
-    result: Takeover = run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20))
+    result: Takeover = run(finish_take_over(store, log, claimed, applier, lambda: EPOCH_US + 20))
     assert result.replayed_records == 3
     assert run(flush(store, b, EPOCH_US + 30)) == 2  # trades and shares of IBM
     assert _stored(store, a.id) == (3, 2)
     assert _stored(store, b.id) == (3, 5)
+
+
+def test_a_takeover_retires_the_windows_writer_at_the_time_its_replay_ended() -> None:
+    """A replay can take minutes. The writer's retirement must land within the GC's grace of its time: retired at
+    the time the takeover began, it landed later than that, and a GC run whose cutoff was already above it would
+    miss it while another saw it, both folding a key at one timestamp with different contents (Cassandra keeps
+    the larger bytes: the fold without the writer's shards could win, and its shards were deleted either way)."""
+    store, log = MemoryStore(), _ibm_log(6)
+    a, a_task = _owner(store, log, 1, EPOCH_US)
+    _consume_and_flush(store, log, a, a_task.finish().result, 2, EPOCH_US)  # A dies with 0..2's window open
+    _, claimed = _claimed_mutator(store, log, 2, EPOCH_US + 10)
+    now = [EPOCH_US + 20]
+    replay_us = 600 * 10**6
+
+    class SlowLog(MemoryLog):
+        async def stream(self, topic: str, partition: int, first: int, last: int) -> AsyncIterator[list[Record]]:
+            async for records in super().stream(topic, partition, first, last):
+                now[0] += replay_us
+                yield records
+
+    slow = SlowLog([])
+    slow.records = log.records
+    result: Takeover = run(finish_take_over(store, slow, claimed, applier, lambda: now[0]))
+    assert result.replayed_records == 3
+    assert result.retired == (a.id,)
+    assert store.mutators[a.id].retired_us == now[0] >= EPOCH_US + 20 + replay_us
 
 
 def test_a_claimant_fenced_before_finishing_its_takeover_writes_nothing() -> None:
@@ -1277,9 +1303,9 @@ def test_a_claimant_fenced_before_finishing_its_takeover_writes_nothing() -> Non
     for record in log.records[3:]:
         b.apply(record)
     c, c_claim = _claimed_mutator(store, log, 3, EPOCH_US + 20)
-    lost = Task("b.finish", finish_take_over(store, log, b_claim, applier, EPOCH_US + 30)).finish()
+    lost = Task("b.finish", finish_take_over(store, log, b_claim, applier, lambda: EPOCH_US + 30)).finish()
     assert isinstance(lost.error, FencedError)
-    run(finish_take_over(store, log, c_claim, applier, EPOCH_US + 40))
+    run(finish_take_over(store, log, c_claim, applier, lambda: EPOCH_US + 40))
     for record in log.records[3:]:
         c.apply(record)
     run(flush(store, c, EPOCH_US + 50))
@@ -1319,7 +1345,7 @@ def test_a_replay_hands_every_invalid_record_of_its_window_to_the_dead_letter_ho
     async def dead_letter(record: object, error: object) -> None:
         sent.append(record.offset)  # type: ignore[attr-defined]
 
-    run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20, on_invalid=dead_letter))
+    run(finish_take_over(store, log, claimed, applier, lambda: EPOCH_US + 20, on_invalid=dead_letter))
     assert sent == [2, 7]
     assert not store.partitions[PID].window_open
 
@@ -1334,9 +1360,9 @@ def test_a_replay_whose_records_left_the_log_says_which() -> None:
     log.start = 2
     _, claimed = _claimed_mutator(store, log, 2, EPOCH_US + 10)
     with pytest.raises(RecordsLostError) as lost:
-        run(finish_take_over(store, log, claimed, applier, EPOCH_US + 20))
+        run(finish_take_over(store, log, claimed, applier, lambda: EPOCH_US + 20))
     assert (lost.value.first, lost.value.last) == (0, 1)
-    result: Takeover = run(finish_take_over(store, log, claimed, applier, EPOCH_US + 30, accept_lost=True))
+    result: Takeover = run(finish_take_over(store, log, claimed, applier, lambda: EPOCH_US + 30, accept_lost=True))
     assert result.replayed_records == 4
 
 

@@ -132,7 +132,7 @@ def test_a_flush_marks_each_write_with_its_buckets_expiry_and_a_replay_does_too(
         return Applier(EventRouter(COUNTERS), COUNTERS, "t", 0, RetryWindow(10))
 
     entry = MutatorEntry(uuid.UUID(int=1), "g", "t", 0, "h", born_us=1_000, expires_us=10**15)
-    run(finish_take_over(store, log, run(claim(store, entry, -1)), applier, 1_000))
+    run(finish_take_over(store, log, run(claim(store, entry, -1)), applier, lambda: 1_000))
     mutator = Mutator(entry, PartitionId("g", "t", 0), applier(), applied_through=-1, flushed_through=-1)
     mutator.apply_batch(log.records)
     run(flush(store, mutator, 2_000))
@@ -141,7 +141,7 @@ def test_a_flush_marks_each_write_with_its_buckets_expiry_and_a_replay_does_too(
     assert timeseries.expiry(COUNTERS["views"], f"home|{timeseries.iso(T0)[:16]}Z") == T0 + 3 * HOUR
     written.clear()
     successor = MutatorEntry(uuid.UUID(int=2), "g", "t", 0, "h", born_us=10**9, expires_us=10**15)
-    run(finish_take_over(store, log, run(claim(store, successor, -1)), applier, 10**9))  # replays 0..0
+    run(finish_take_over(store, log, run(claim(store, successor, -1)), applier, lambda: 10**9))  # replays 0..0
     assert sorted(written) == expected
 
 
