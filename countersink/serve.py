@@ -368,7 +368,8 @@ class ReadApi:
     async def _definition(self, name: str) -> CounterDefinition | None:
         definition = self.counters.get(name) if self.counters else None
         if definition is None and self.registry is not None:
-            definition = (await self.registry.lookup(name))[1]
+            async with self._cassandra_answers():  # a refresh of the registry may read it now
+                definition = (await self.registry.lookup(name))[1]
         return definition
 
     @contextlib.asynccontextmanager

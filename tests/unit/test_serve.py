@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import cast
 
 import aiohttp
 import pytest
@@ -19,8 +20,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
-from countersink.cassandra import CassandraClient
+from countersink.cassandra import CassandraClient, CassandraUnavailableError
 from countersink.reader import to_jsonable
+from countersink.registry import CounterRegistry
 from countersink.serve import ReadApi, api_runner, openapi_document
 from countersink.serve import run as serve_command
 from countersink.settings import CassandraSettings, ServeSettings, Settings
@@ -504,3 +506,32 @@ async def test_admin_tokens_alone_guard_the_reads_too() -> None:
         # Past the guard with the admin token: the request reaches validation (a bad name, before any read).
         answer = await http.get("/counters/Likes/p1", headers={"Authorization": "Bearer " + "a" * 24})
         assert answer.status == 400
+
+
+class RegistryAwayAfterFirstLookup:
+    """A registry that knows ``likes`` once, then has to read Cassandra again and finds too few replicas."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    async def lookup(self, name: str) -> tuple[bool, object]:
+        self.lookups += 1
+        if self.lookups > 1:
+            raise CassandraUnavailableError("too few replicas")
+        return True, None
+
+
+@pytest.mark.parametrize("path", ["/counters/likes/p1/series?from=now-1h&to=now",
+                                  "/counters/likes/series?from=now-1h&to=now"])
+async def test_a_registry_read_that_fails_inside_a_request_is_a_problem_document(path: str) -> None:
+    """Without a definitions file, serve looks counters up in the registry, which may read Cassandra on any
+    look-up: a failure there is answered as every read's failure is (503, Retry-After), not as aiohttp's 500."""
+    registry = RegistryAwayAfterFirstLookup()
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), None,
+                  registry=cast(CounterRegistry, registry))
+    async with TestClient(TestServer(api.app())) as client:
+        response = await client.get(path)
+        assert response.status == 503
+        assert response.content_type == "application/problem+json"
+        assert response.headers["Retry-After"] == "2"
+    assert registry.lookups == 2
