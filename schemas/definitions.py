@@ -143,14 +143,22 @@ def _check_path(path: str) -> str:
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Turn TOML's dotted keys (``user.kind = "pro"`` is a nested table) back into field paths."""
+    """Turn TOML's dotted keys (``user.kind = "pro"`` is a nested table) back into field paths. A path given
+    twice (``a.b = "x"`` beside ``"a.b" = "y"``: two keys to TOML, one field) or a table of no entries (a filter
+    of nothing) is refused: either would drop an entry the file gives, without a word."""
     flat: dict[str, Any] = {}
     for k, v in table.items():
         path = f"{prefix}{k}"
         if isinstance(v, Mapping):
-            flat.update(_flatten(v, path + "."))
+            if not v:
+                raise ValueError(f"where.{path} is a table of no entries: give it values, or leave it out")
+            inner = _flatten(v, path + ".")
         else:
-            flat[path] = v
+            inner = {path: v}
+        for name, values in inner.items():
+            if name in flat:
+                raise ValueError(f"where names {name} twice (a dotted key and a quoted one are the same field)")
+            flat[name] = values
     return flat
 
 

@@ -267,3 +267,16 @@ def test_a_copy_with_other_fields_works_out_its_own_derived_values() -> None:
     assert copied.bucket.seconds == 86400
     assert original.retain_seconds == 2 * 86400
     assert original.bucket.seconds == 3600
+
+
+@pytest.mark.parametrize(("where", "reason"), [
+    ('{ a.b = "x", "a.b" = "y" }', "where names a.b twice"),
+    ('{ "a.b" = "y", a = { b = "x" } }', "where names a.b twice"),
+    ("{ a = {} }", "where.a is a table of no entries"),
+    ("{ a.b = {} }", "where.a.b is a table of no entries"),
+])
+def test_a_filter_that_would_lose_an_entry_is_refused(where: str, reason: str) -> None:
+    """A dotted key and a quoted one name one field (TOML keeps both), and an empty table filters nothing: either
+    dropped an entry of the file silently (the last of the two won; the empty table was no filter)."""
+    with pytest.raises(DefinitionError, match=reason):
+        parse_definitions(f'[[counter]]\nname = "c"\ntopics = ["t"]\nkind = "count"\nwhere = {where}\n')
