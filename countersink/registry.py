@@ -2,7 +2,9 @@
 
 Recording is a lightweight transaction per counter (``INSERT ... IF NOT EXISTS``), so two consumers starting
 at once with different meanings under one name cannot both win: the second sees the first's record and
-refuses to start. A record is never overwritten: a changed meaning is a new counter with a new name.
+refuses to start. A record's meaning is never overwritten: a changed meaning is a new counter with a new name.
+Its topics may change under the same meaning: those a consumer counts are added to the record (never removed),
+so that a reset reaches every topic the counter is counted on.
 
 Each record also holds the consumer group that counts it: one group per keyspace, because reads merge the
 shards of every group and a second group would count the retained log again into the same values. A record
@@ -19,7 +21,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from countersink.cassandra import CassandraClient, as_dicts
+from countersink.cassandra import CassandraClient, CassandraError, as_dicts
 from countersink.logs import get_logger
 from countersink.settings import Consistency
 from schemas import registry
@@ -29,6 +31,8 @@ from schemas.formats import TopicFormat
 
 log = get_logger(__name__)
 
+# Compare-and-set attempts at adding a counter's topics while other consumers change its record too.
+_TOPIC_ATTEMPTS = 5
 # How long a reader trusts its copy before it reads the registry again to look for a name it does not know.
 REFRESH_S = 5.0
 
@@ -86,7 +90,36 @@ class CounterRegistry:
             if row is not None and formats[name] is not None and row.get("topic_formats") != formats[name]:
                 await self.client.execute("UPDATE counters SET topic_formats = ? WHERE name = ? IF EXISTS",
                                           [formats[name], name], idempotent=False)
+        for definition in counters:
+            row = answers[definition.name]
+            if row is not None and definition.name not in backfill and row.get("definition") is not None:
+                await self._add_topics(definition, str(row["definition"]))
         return registered
+
+    async def _add_topics(self, definition: CounterDefinition, recorded_text: str) -> None:
+        """Add to the recorded definition the topics ``definition`` counts that it lacks (``topics`` may change
+        under the same meaning): a reset publishes its control records to the recorded topics, and a topic it
+        missed would read nothing of the counter from the reset on. Topics are only added (a consumer of an
+        older file, in a rolling deploy, may still count one removed since), by a compare-and-set on the text,
+        read again when another consumer added some first."""
+        for _ in range(_TOPIC_ATTEMPTS):
+            recorded = registry.from_record(recorded_text)
+            added = tuple(topic for topic in definition.topics if topic not in recorded.topics)
+            if not added:
+                return
+            result = await self.client.execute(
+                "UPDATE counters SET definition = ? WHERE name = ? IF definition = ?",
+                [registry.to_record(recorded.model_copy(update={"topics": (*recorded.topics, *added)})),
+                 definition.name, recorded_text], idempotent=False)
+            rows = as_dicts(result)
+            if rows and rows[0].get("[applied]"):
+                log.info("counter_topics_recorded", counter=definition.name, added=list(added))
+                return
+            if not rows or rows[0].get("definition") is None:
+                return  # the row is gone (dropped and released): nothing to add to
+            recorded_text = str(rows[0]["definition"])
+        raise CassandraError(f"the topics of counter {definition.name!r} could not be recorded: other consumers kept "
+                             f"changing its record")
 
     async def check(self, counters: CounterSet) -> None:
         """Raise as :meth:`register` does for counters of ``counters`` dropped, or recorded with another meaning;

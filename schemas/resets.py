@@ -61,9 +61,15 @@ class Reset:
         return not later.keys or (bool(self.keys) and self.keys <= later.keys)
 
     def born_after(self, topic: str, partition: int) -> bool:
-        """Whether (``topic``, ``partition``) did not exist when the reset was recorded."""
+        """Whether (``topic``, ``partition``) was no partition of the counter's topics when the reset was recorded:
+        a partition added to one of them since, or any of a topic the counter was given since (a topic the
+        reset does not name: it got no control record, and the live consumers count the counter in it from its
+        hand-over, later). A reset recorded before partitions were (none named) takes every partition to have
+        been one."""
+        if not self.partitions:
+            return False
         count = dict(self.partitions).get(topic)
-        return count is not None and partition >= count
+        return count is None or partition >= count
 
 
 def cell_name(counter: str, epoch: int) -> str:

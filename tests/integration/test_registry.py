@@ -60,7 +60,15 @@ async def test_recording_is_idempotent_and_readers_see_every_counter(client: Cas
     known = await CounterRegistry(client).counters()
     assert known is not None
     assert {c.name: c.kind for c in known} == {"shares_bought": "sum", "traders": "distinct"}
-    assert known["shares_bought"].topics == ("trades",)  # the first record stays
+    # Its record gains the topic (a reset publishes to the recorded topics); the rest of the first record stays.
+    assert known["shares_bought"].topics == ("trades", "more")
+    assert known["shares_bought"].event_id is None
+    assert known["traders"].topics == ("trades",)
+    # A consumer of the first file (a rolling deploy) removes no topic.
+    await registry.register(parse_definitions(DEFINITIONS, "a.toml"), "host-a")
+    known = await CounterRegistry(client).counters()
+    assert known is not None
+    assert known["shares_bought"].topics == ("trades", "more")
 
 
 async def test_a_changed_meaning_is_refused_naming_every_changed_counter(client: CassandraClient) -> None:

@@ -283,6 +283,47 @@ async def test_a_partition_added_after_a_reset_counts_all_it_holds(
     assert (seen[("trades", "S0")], seen[("shares", "S0")]) == (6, 11)
 
 
+async def test_a_reset_reaches_a_topic_the_counter_was_given_after_it_was_first_recorded(
+    kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
+) -> None:
+    """The counter is recorded on one topic, then given a second. The reset publishes its control records to
+    both (the registry's record gains the second when a consumer with it starts): the second's events after the
+    reset count, in the reset's epoch. Before, they were written in the old epoch, which no reader reads."""
+    first, second = await topic_factory(partitions=1), await topic_factory(partitions=1)
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", first))
+    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+               "counters_file": counters}
+    log = tmp_path / "consumer.log"
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    counters.write_text(DEFINITIONS.replace('"{topic}"', f'"{first}", "{second}"'))
+    process = start_consumer(kafka_settings, cassandra_settings, log, **options)
+    try:
+        await wait_until_started(log, process)
+        await _publish(kafka_settings, second, [(f"a{i}", "S0", 1) for i in range(4)], partitions=1)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {first: 1, second: 1}),
+                                 within_s=90)
+        assert (await _values(cassandra_settings))[("trades", "S0")] == 4
+        printed = await asyncio.to_thread(_reset, kafka_settings, cassandra_settings, "trades", "--json")
+        assert {(p["topic"], p["partition"]) for p in json.loads(printed)["positions"]} == {(first, 0), (second, 0)}
+        await _publish(kafka_settings, second, [(f"b{i}", "S0", 10) for i in range(3)], partitions=1)
+        await _publish(kafka_settings, first, [(f"c{i}", "S0", 100) for i in range(2)], partitions=1)
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {first: 1, second: 1}),
+                                 within_s=90)
+        seen = await _values(cassandra_settings)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert (seen[("trades", "S0")], seen[("shares", "S0")]) == (5, 234)  # trades: 3 + 2 after the reset; shares: all
+
+
 async def test_a_keyspace_made_before_resets_reads_as_before(cassandra_settings: CassandraSettings) -> None:
     """Reads of a keyspace whose schema predates resets (no ``resets`` table until ``countersink schema``
     runs) work as before: no reset is recorded there."""
