@@ -203,6 +203,15 @@ class Backfill:
                       f"counted with since = {recorded_since!r}, which is fixed then: put it back (to count again "
                       f"from another time, use countersink reprocess {self.counter} --from TIME)")
             return False
+        given = self.counters[self.counter].topics
+        others = [t for t in registry.from_record(row["definition"]).topics if t not in given]
+        if others:
+            # Recorded by a consumer whose definitions gave the counter those topics too (the registry never
+            # forgets one: a rolling deploy may still count it). Read as the file says: a topic removed is not
+            # read again, and one still counted is the file's to give.
+            log.warning("topics_not_read", counter=self.counter, topics=others,
+                        note=f"the counter registry records {self.counter!r} on these topics too, which "
+                        f"{self.counters.source} does not give it: this run reads none of them")
         recreated = await self._recreated_topics(client)
         if recreated:
             for error in recreated:

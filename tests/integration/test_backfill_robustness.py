@@ -37,7 +37,7 @@ from countersink.reader import read_state
 from countersink.registry import CounterRegistry
 from countersink.resets import CassandraResets, read_resets
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
-from schemas.definitions import load_definitions
+from schemas.definitions import load_definitions, parse_definitions
 from schemas.events import EventRouter
 from schemas.resets import Reset, cell_name, new_reset_id
 from stack.loading import end_offsets, publish, wait_until_flushed
@@ -290,6 +290,15 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
         assert again == ends
         recorded = await read_handovers(client, group, cell_name("shares_traded", 99))
         assert {tp: h.offset for tp, h in recorded.items()} == ends
+
+    # A topic the counter registry records the counter on (a consumer of other definitions gave it one more),
+    # which this file does not give it: the run says so, and reads only the file's topics.
+    async with CassandraClient(cassandra_settings) as client:
+        wider = parse_definitions(SHARES.replace('"{topic}"', f'"{topic}", "{topic}-more"').replace("{since}", since))
+        await CounterRegistry(client).register(wider, "another-host", group)
+        with capture_logs() as logs:
+            assert await command()._checked(client, since_required=True) is True
+    assert [e["topics"] for e in logs if e.get("event") == "topics_not_read"] == [[f"{topic}-more"]]
 
     # since is fixed at the first start: a file with another one is refused, pointing at reprocess.
     changed = tmp_path / "changed.toml"
