@@ -247,9 +247,11 @@ async def mark_finished(client: CassandraClient, group: str, cell: str, topic: s
 
 
 async def backfill_state(client: CassandraClient, counter: str, group: str | None, since: str | None,
-                         epoch: int) -> str | None:
+                         epoch: int, reset_id: str | None = None) -> str | None:
     """What a reader is told of ``counter``'s backfill: None when none is under way (no ``since`` and no
-    reprocess of its current ``epoch``, or every recorded hand-over finished), else one line."""
+    reprocess of its current ``epoch``, or every recorded hand-over finished), else one line. ``reset_id`` is
+    the reset that made ``epoch``: a reprocess's plan for another reset (one that lost the epoch to it, or was
+    killed before its reset was recorded) is no backfill of this epoch."""
     if group is None:
         return None
     cells = ([counter] if since is not None and epoch == 0 else []) + ([cell_name(counter, epoch)] if epoch else [])
@@ -258,6 +260,8 @@ async def backfill_state(client: CassandraClient, counter: str, group: str | Non
             found = await read_handovers(client, group, cell)
         except Exception:  # a keyspace made before backfills has no table: nothing to say
             return None
+        if cell != counter and reset_id is not None:
+            found = {where: h for where, h in found.items() if h.reset_id is None or h.reset_id == reset_id}
         if cell != counter or found or since is not None:
             done = sum(1 for h in found.values() if h.finished_us is not None)
             if not found and cell == counter:
@@ -286,8 +290,10 @@ async def counter_backfill(client: CassandraClient, counter: str) -> str | None:
     if row is None or row.get("definition") is None:
         return None
     since = registry.from_record(row["definition"]).since
-    epoch = current_epochs(await read_resets(client, counter)).all_keys.get(counter, 0)
-    return await backfill_state(client, counter, row.get("consumer_group"), since, epoch)
+    resets = await read_resets(client, counter)
+    epoch = current_epochs(resets).all_keys.get(counter, 0)
+    made = next((r.reset_id for r in resets if r.epoch == epoch), None)
+    return await backfill_state(client, counter, row.get("consumer_group"), since, epoch, made)
 
 
 async def _check_kept(source: RecordSource, span: Span, through: int, upto: int) -> None:

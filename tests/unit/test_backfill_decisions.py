@@ -308,3 +308,28 @@ def test_every_shape_counts_from_its_handovers_as_if_the_records_began_there() -
         for path in ("batch", "record"):
             assert _states_after(text, records, dict.fromkeys(names, 0), path) == plain, (name, path)
             assert _states_after(text, records, dict.fromkeys(names, 611), path) == from_h, (name, path)
+
+
+def test_a_reprocess_plan_of_a_reset_that_did_not_make_the_epoch_is_no_backfill(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reprocess records its plan under the epoch it means to claim, then claims it: one that lost the epoch
+    to another reset (or was killed before its claim, and another reset took the epoch) left a plan that readers
+    told of as a backfill under way forever, pointing at a reprocess that would reset every key again."""
+    from countersink import backfills
+
+    lost = {("orders", p): backfills.Handover("orders", p, None, 0, None, "trades.3.lost", "2026-11-01T00:00:00Z")
+            for p in range(2)}
+    ours = {("orders", p): backfills.Handover("orders", p, None, 0, None, "trades.3.made", "2026-11-01T00:00:00Z")
+            for p in range(2)}
+    plans = {"lost": lost, "ours": ours}
+    which = ["lost"]
+
+    async def read_handovers(client: object, group: str, cell: str) -> dict[object, backfills.Handover]:
+        return plans[which[0]] if cell == "trades@3" else {}
+
+    monkeypatch.setattr(backfills, "read_handovers", read_handovers)
+    assert run(backfills.backfill_state(None, "trades", "g", None, 3, "trades.3.made")) is None  # type: ignore[arg-type]
+    which[0] = "ours"
+    told = run(backfills.backfill_state(None, "trades", "g", None, 3, "trades.3.made"))  # type: ignore[arg-type]
+    assert told is not None
+    assert told.startswith("backfilling: 0 of 2 partitions done")
