@@ -102,11 +102,21 @@ def control_reset_id(headers: Sequence[tuple[str, bytes | None]]) -> str | None:
     return None
 
 
+# The most a control record's value holds: a reset's keys are listed in it while they fit, else counted. A reset
+# may name a thousand keys of a kilobyte each (three megabytes as escaped JSON): past what a producer sends by
+# default (1 MiB), such a record could never be published, and the reset, recorded first, never completed.
+MAX_CONTROL_VALUE_BYTES = 64 * 1024
+
+
 def control_record(reset: Reset) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The value and headers of the control record of ``reset``: the header names it, the value says what it
-    does for a reader of the topic (the value is informative; the recorded row decides)."""
-    value = json.dumps({"countersink": "reset", "id": reset.reset_id, "counter": reset.counter,
-                        "epoch": reset.epoch, "keys": sorted(reset.keys)}, separators=(",", ":")).encode()
+    does for a reader of the topic (the value is informative; the recorded row decides): its keys, or their
+    number (``key_count``) when listing them would pass :data:`MAX_CONTROL_VALUE_BYTES`."""
+    about: dict[str, object] = {"countersink": "reset", "id": reset.reset_id, "counter": reset.counter,
+                                "epoch": reset.epoch}
+    value = json.dumps({**about, "keys": sorted(reset.keys)}, separators=(",", ":")).encode()
+    if len(value) > MAX_CONTROL_VALUE_BYTES:
+        value = json.dumps({**about, "key_count": len(reset.keys)}, separators=(",", ":")).encode()
     return value, [(CONTROL_HEADER, reset.reset_id.encode())]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -216,3 +217,18 @@ def test_a_reset_is_superseded_by_a_later_one_resetting_every_key_it_does() -> N
     assert superseding(some, [every]) is None  # earlier
     assert superseding(every, later[:3]) is None
     assert superseding(every, later) == later[3]
+
+
+def test_a_control_record_of_many_long_keys_stays_small_enough_to_publish() -> None:
+    """A reset of a thousand keys of a kilobyte of text that is not ASCII listed them all in its control record:
+    three megabytes of escaped JSON, past the 1 MiB a producer sends, so the reset, recorded first, could never
+    be completed. The value counts them instead; the record's header still names the reset."""
+    keys = frozenset(f"{i:04d}" + "é" * 1020 for i in range(1000))
+    reset = Reset(new_reset_id("trades", 7), "trades", 7, keys)
+    value, headers = control_record(reset)
+    assert len(value) <= 1024
+    assert json.loads(value) == {"countersink": "reset", "id": reset.reset_id, "counter": "trades", "epoch": 7,
+                                 "key_count": 1000}
+    assert control_reset_id(headers) == reset.reset_id
+    few = Reset(new_reset_id("trades", 8), "trades", 8, frozenset({"IBM", "MSFT"}))
+    assert json.loads(control_record(few)[0])["keys"] == ["IBM", "MSFT"]
