@@ -204,7 +204,9 @@ async def reset(settings: Settings, counter: str, keys: list[str], *, as_json: b
 
 def _again(counter: str, keys: list[str], request_key: object) -> str:
     """The command that makes or completes the reset of ``keys`` recorded with ``request_key``."""
-    return shlex.join(["countersink", "reset", counter, *keys, "--idempotency-key", str(request_key)])
+    # Keys after "--": a key may start with "-" (-x is an instance key, not an option).
+    return shlex.join(["countersink", "reset", counter, "--idempotency-key", str(request_key),
+                       *(["--", *keys] if keys else [])])
 
 
 def _failed(counter: str, keys: list[str], progress: ResetProgress, request_key: str | None,

@@ -429,7 +429,7 @@ async def test_a_signal_once_a_reset_is_recorded_lets_it_finish_and_a_second_say
         return
     assert code == 130
     failed = next(entry for entry in logs if entry["event"] == "reset_failed")
-    assert f"countersink reset trades S0 --idempotency-key {'k' * 32}" in failed["next_step"]
+    assert f"countersink reset trades --idempotency-key {'k' * 32} -- S0" in failed["next_step"]
     printed.clear()
     await list_resets(settings, "trades")
     assert any(line.startswith("  incomplete: no control record recorded in ") and "--idempotency-key" in line
@@ -495,7 +495,7 @@ async def test_a_reset_cut_short_says_how_to_complete_it_and_its_key_completes_i
 
     assert cut == 1
     log = said.out + said.err
-    assert "countersink reset shares S1 --idempotency-key cut-1" in log, log
+    assert "countersink reset shares --idempotency-key cut-1 -- S1" in log, log
     assert "published to 1 of 2 partitions" in log
     assert completed == 0
     assert (done["epoch"], done["keys"]) == (1, ["S1"])  # the reset recorded by the attempt cut short

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from importlib.metadata import version
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from countersink import cli, reset_cli
 from countersink.cli import SUBCOMMANDS, build_parser
 from countersink.publish_cli import BadLineError, LineFormat, parse_line, parse_record
 from countersink.settings import Settings
@@ -451,3 +453,15 @@ def test_a_value_starting_with_a_dash_is_said_how_to_give(args: list[str], said:
     done = countersink(*args)
     assert done.returncode == 2, done.stderr
     assert said in done.stderr
+
+
+@pytest.mark.parametrize("keys", [["-x", "S1", "a b"], ["--", "-"], []])
+def test_the_command_that_completes_a_reset_parses_back_to_its_keys(keys: list[str]) -> None:
+    """A reset cut short prints the command that completes it: keys starting with "-" were read back as options
+    (argparse refused the command it had printed)."""
+    line = reset_cli._again("shares", keys, "K1")
+    parser, _ = cli.build_parser()
+    args, extra = parser.parse_known_args(shlex.split(line)[1:])
+    if extra:
+        args = cli._late_positionals(parser, args, extra)
+    assert (args.counter, args.keys, args.idempotency_key) == ("shares", keys, "K1")
