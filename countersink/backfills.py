@@ -167,10 +167,13 @@ def registry_look(client: CassandraClient, counter: str, check_s: float) -> Call
     async def look() -> None:
         if time.monotonic() - looked_at[0] < check_s / 2:
             return
+        started = time.monotonic()
         refused = await registry.refused([counter])
         if counter in refused:
             raise CounterDroppedDuringBackfillError(refused[counter])
-        looked_at[0] = time.monotonic()
+        # As old as the read's start, not its end: a read that took the request timeout (seconds) does not
+        # make the look younger than it is (countersink drop waits out looks of registry_check_s at most).
+        looked_at[0] = started
 
     return look
 

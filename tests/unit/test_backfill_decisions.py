@@ -333,3 +333,30 @@ def test_a_reprocess_plan_of_a_reset_that_did_not_make_the_epoch_is_no_backfill(
     told = run(backfills.backfill_state(None, "trades", "g", None, 3, "trades.3.made"))  # type: ignore[arg-type]
     assert told is not None
     assert told.startswith("backfilling: 0 of 2 partitions done")
+
+
+def test_a_backfills_look_at_the_registry_is_as_old_as_the_reads_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look taken as of when its read returned was younger than it is by the read's time (up to the request
+    timeout): ``countersink drop`` waits out looks of ``registry_check_s`` at most, and a backfill went on
+    writing on a look older than that."""
+    import types
+
+    from countersink import backfills
+    from countersink.registry import CounterRegistry
+
+    now = [1000.0]
+    reads: list[float] = []
+
+    async def refused(self: CounterRegistry, names: list[str]) -> dict[str, str]:
+        reads.append(now[0])
+        now[0] += 4.0  # the read takes four seconds
+        return {}
+
+    monkeypatch.setattr(backfills.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(CounterRegistry, "refused", refused)
+    client = types.SimpleNamespace(settings=types.SimpleNamespace(replay_read_consistency=None, read_consistency=None))
+    look = backfills.registry_look(client, "trades", check_s=10.0)  # type: ignore[arg-type]
+    run(look())
+    now[0] = 1000.0 + 5.0 + 0.5  # half of check_s after the read began, not yet after it returned
+    run(look())
+    assert reads == [1000.0, 1005.5]
