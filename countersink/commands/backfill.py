@@ -14,7 +14,9 @@ goes on from what the last one committed. ``backfill`` also resumes a reprocess 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
+import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -173,6 +175,7 @@ class Backfill:
         self._printed: dict[tuple[str, int], float] = {}
         # Called with the name of each step of a reprocess's setup once it is done (a test stops it there).
         self.on_step: Callable[[str], None] = lambda step: None
+        self.reached = ""  # the last step of a reprocess's setup done ("": none)
 
     async def _checked(self, client: CassandraClient, *, since_required: bool) -> bool:
         """The counter is recorded for the live group with this meaning; its backfill group is declared."""
@@ -454,7 +457,30 @@ class Backfill:
         """Reset every key of the counter, then count it again from ``since``. Its plan (the reset it will be,
         ``since`` and each partition's start) is recorded before the reset, each partition's end (the reset's
         point, or a later hand-over) after it: killed at any step, ``countersink backfill COUNTER`` goes on
-        from what was recorded, or refuses to when the reset did not reach every partition."""
+        from what was recorded, or refuses to when the reset did not reach every partition. Interrupted (Ctrl-C),
+        it says which of those it is (``reprocess_interrupted``)."""
+        self.reached = ""
+        try:
+            return await self._reprocess(since, wait_s)
+        except asyncio.CancelledError:
+            log.warning("reprocess_interrupted", counter=self.counter, step=self.reached or "none",
+                        next_step=self._after_interruption(since))
+            raise
+
+    def _reached(self, step: str) -> None:
+        self.reached = step
+        self.on_step(step)
+
+    def _after_interruption(self, since: str) -> str:
+        again = shlex.join(["countersink", "reprocess", self.counter, "--from", since])
+        if self.reached in ("", "planned"):
+            return f"nothing was reset: to count again, run {again}"
+        if self.reached in ("reset", "published"):
+            return (f"the counter reads the new epoch, which holds only what is counted again: run {again} (a new "
+                    "epoch, which supersedes this one)")
+        return f"resume it: countersink backfill {self.counter} (it counts what is left)"
+
+    async def _reprocess(self, since: str, wait_s: int) -> int:
         async with CassandraClient(self.settings.cassandra, app="countersink-reprocess") as client:
             partitions = await self._partitions()
             if not partitions:
@@ -481,13 +507,13 @@ class Backfill:
             for topic, partition in partitions:
                 await record_plan(client, self.group, cell, topic, partition, starts[(topic, partition)],
                                   reset.reset_id, since, requested_by)
-            self.on_step("planned")
+            self._reached("planned")
             if await recorded_then_settled(claim_epoch(client, reset, requested_by, write_cl)) is None:
                 log.error("reprocess_refused", counter=self.counter,
                           error=f"another reset of {self.counter} took epoch {epoch} meanwhile; nothing was reset: "
                           "run the reprocess again")
                 return EXIT_FAILED
-            self.on_step("reset")
+            self._reached("reset")
             producer = make_producer(self.settings.kafka)
             await producer.start()
             try:
@@ -497,10 +523,10 @@ class Backfill:
                 positions = await publish_controls(reset, partitions, send)
             finally:
                 await producer.stop()
-            self.on_step("published")
+            self._reached("published")
             await CassandraResets(client, self.settings.cassandra.replay_read_consistency,
                                   write_cl).record_positions(positions)
-            self.on_step("positions")
+            self._reached("positions")
             print(f"reset every key of {self.counter}: epoch {reset.epoch}, id {reset.reset_id}, by {requested_by}",
                   flush=True)
             points = {(p.topic, p.partition): p.offset for p in positions}
@@ -511,6 +537,6 @@ class Backfill:
                 spans.append(Span(topic, partition, min(starts[where], end), end))
                 print(f"  {topic}/{partition}: control record at {points[where]}; counting "
                       f"{_offsets(min(starts[where], end), end)} again", flush=True)
-                self.on_step(f"end {topic}/{partition}")
+                self._reached(f"end {topic}/{partition}")
             return await self._run(client, cell, Epochs({self.counter: reset.epoch}, {}, {(self.counter, reset.epoch)}),
                                    spans)

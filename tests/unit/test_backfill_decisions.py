@@ -360,3 +360,34 @@ def test_a_backfills_look_at_the_registry_is_as_old_as_the_reads_start(monkeypat
     now[0] = 1000.0 + 5.0 + 0.5  # half of check_s after the read began, not yet after it returned
     run(look())
     assert reads == [1000.0, 1005.5]
+
+
+@pytest.mark.parametrize(("reached", "told"), [
+    ("", "nothing was reset: to count again, run countersink reprocess trades --from earliest"),
+    ("planned", "nothing was reset: to count again, run countersink reprocess trades --from earliest"),
+    ("published", "the counter reads the new epoch, which holds only what is counted again: run countersink "
+                  "reprocess trades --from earliest (a new epoch, which supersedes this one)"),
+    ("positions", "resume it: countersink backfill trades (it counts what is left)"),
+    ("end orders/0", "resume it: countersink backfill trades (it counts what is left)"),
+])
+def test_a_reprocess_interrupted_says_what_to_run_next(monkeypatch: pytest.MonkeyPatch, reached: str,
+                                                        told: str) -> None:
+    """Ctrl-C ended a reprocess with exit 130 and no word: the counter may then read only what was counted
+    again, and the operator had to find out which command goes on."""
+    from structlog.testing import capture_logs
+
+    from countersink.commands.backfill import Backfill
+    from countersink.settings import Settings
+
+    command = Backfill(Settings(), COUNTERS, "trades")
+
+    async def interrupted(since: str, wait_s: int) -> int:
+        if reached:
+            command._reached(reached)
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(command, "_reprocess", interrupted)
+    with capture_logs() as logs, pytest.raises(asyncio.CancelledError):
+        run(command.reprocess("earliest", 30))
+    assert [(e["step"], e["next_step"]) for e in logs if e["event"] == "reprocess_interrupted"] == [
+        (reached or "none", told)]
