@@ -95,6 +95,15 @@ async def _flushed(kafka: KafkaSettings, cassandra: CassandraSettings, group: st
     await wait_until_flushed(cassandra, group, await end_offsets(kafka, {topic: PARTITIONS}), within_s=90)
 
 
+def _consumer_options(tmp_path: Path, topic: str) -> tuple[str, Path, dict[str, Any]]:
+    """A fresh group, the definitions file on ``topic``, and the consumer options of these tests."""
+    group = f"g{os.urandom(4).hex()}"
+    counters = tmp_path / "counters.toml"
+    counters.write_text(DEFINITIONS.replace("{topic}", topic))
+    return group, counters, {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
+                             "counters_file": counters}
+
+
 async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_later_events(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path,
@@ -106,11 +115,7 @@ async def test_a_reset_while_consuming_then_kill_9_and_a_takeover_shows_only_lat
     (shares of S0 and S2), explain shows the same as get, and so does every value after the GC has folded
     the dead consumer's rows."""
     topic = await topic_factory(partitions=PARTITIONS)
-    group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(DEFINITIONS.replace("{topic}", topic))
-    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
-               "counters_file": counters}
+    group, _, options = _consumer_options(tmp_path, topic)
     log = tmp_path / "consumer.log"
     before, after, late = _events("a", 30), _events("b", 24), _events("c", 18)
 
@@ -250,11 +255,7 @@ async def test_a_partition_added_after_a_reset_counts_all_it_holds(
     """A reset records how many partitions the counter's topics have: a partition added later got no control
     record, and everything in it counts (it holds nothing from before the reset)."""
     topic = await topic_factory(partitions=1)
-    group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(DEFINITIONS.replace("{topic}", topic))
-    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
-               "counters_file": counters}
+    group, _, options = _consumer_options(tmp_path, topic)
     log = tmp_path / "consumer.log"
     process = start_consumer(kafka_settings, cassandra_settings, log, **options)
     try:
@@ -291,11 +292,7 @@ async def test_a_reset_reaches_a_topic_the_counter_was_given_after_it_was_first_
     both (the registry's record gains the second when a consumer with it starts): the second's events after the
     reset count, in the reset's epoch. Before, they were written in the old epoch, which no reader reads."""
     first, second = await topic_factory(partitions=1), await topic_factory(partitions=1)
-    group = f"g{os.urandom(4).hex()}"
-    counters = tmp_path / "counters.toml"
-    counters.write_text(DEFINITIONS.replace("{topic}", first))
-    options = {"flush_interval_s": 0.5, "dead_letter_topic": f"dlq-{group}", "group_id": group,
-               "counters_file": counters}
+    group, counters, options = _consumer_options(tmp_path, first)
     log = tmp_path / "consumer.log"
     process = start_consumer(kafka_settings, cassandra_settings, log, **options)
     try:
