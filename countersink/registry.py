@@ -84,15 +84,16 @@ class CounterRegistry:
         # Again with what each insert found: a consumer starting at the same moment may have recorded first.
         await self._judge(counters, group, backfill, answers, adopt=True)
         # The topics' formats as this consumer decodes them, over a record made before formats were recorded or
-        # with other ones (formats may change under the same meaning). A backfill records none: it reads the
-        # topics as the live consumer does, and that one records them.
-        for name, row in answers.items():
-            if row is not None and formats[name] is not None and row.get("topic_formats") != formats[name]:
+        # with other ones (formats may change under the same meaning), and the topics it counts each counter on.
+        # A backfill records neither: it reads the topics as the live consumer does, and that one records them.
+        for definition in counters:
+            name, row = definition.name, answers[definition.name]
+            if row is None or name in backfill:
+                continue
+            if row.get("topic_formats") != formats[name]:
                 await self.client.execute("UPDATE counters SET topic_formats = ? WHERE name = ? IF EXISTS",
                                           [formats[name], name], idempotent=False)
-        for definition in counters:
-            row = answers[definition.name]
-            if row is not None and definition.name not in backfill and row.get("definition") is not None:
+            if row.get("definition") is not None:
                 await self._add_topics(definition, str(row["definition"]))
         return registered
 

@@ -518,7 +518,7 @@ class FastRoute:
         order = {definition.name: n for n, definition in enumerate(counters)}
         buckets: dict[tuple[Any, ...], int] = {}
         for g, ((paths, when), members) in enumerate(groups.items()):
-            # (Paths are the user's text, a header's name any: !a keeps them on the comment's line.)
+            # (Paths are the user's text, a header's name any: ascii() keeps each on the comment's line.)
             lines.append(f"        # key group {g}: {ascii(', '.join(paths)) if paths else '(no key)'}"
                          + ("" if when is None else f", bucket {when[1]} s of {when[0]!a}"))
             lines.append(f"        row{g} = None")
