@@ -209,15 +209,61 @@ async def read_handovers(client: CassandraClient, group: str, cell: str) -> dict
         row.get("reset_id"), row.get("reprocess_from")) for row in rows}
 
 
-async def record_plan(client: CassandraClient, group: str, cell: str, topic: str, partition: int, start: int,
-                      reset_id: str, reprocess_from: str, recorded_by: str) -> None:
-    """Record a reprocess's plan for one partition before its reset is: the reset it will be (``cell`` names
-    its epoch), ``--from`` and where the backfill starts, with no end (:func:`fill_end` records it). A plan
-    left by a run killed before its reset was recorded is written over."""
-    await client.execute(
-        "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by, "
-        "start_offset, finished_us, reset_id, reprocess_from) VALUES (?, ?, ?, ?, null, ?, ?, ?, null, ?, ?)",
-        [group, cell, topic, partition, time.time_ns() // 1000, recorded_by, start, reset_id, reprocess_from])
+# A reprocess's plan rows of one cell share a partition of ``handovers``, so the whole plan is written by one
+# conditional batch, each row on the condition it was read in: no plan is ever half one run's, half another's.
+_PLAN_INSERT = (
+    "INSERT INTO handovers (consumer_group, cell, topic, partition, offset, recorded_us, recorded_by, start_offset, "
+    "finished_us, reset_id, reprocess_from, confirmed_us) VALUES (?, ?, ?, ?, null, ?, ?, ?, null, ?, ?, ?) "
+    "IF NOT EXISTS")
+_PLAN_OVERWRITE = (
+    "UPDATE handovers SET offset = null, recorded_us = ?, recorded_by = ?, start_offset = ?, finished_us = null, "
+    "reset_id = ?, reprocess_from = ?, confirmed_us = ? WHERE consumer_group = ? AND cell = ? AND topic = ? AND "
+    "partition = ? IF reset_id = ? AND confirmed_us = null")
+_PLAN_DELETE = (
+    "DELETE FROM handovers WHERE consumer_group = ? AND cell = ? AND topic = ? AND partition = ? "
+    "IF reset_id = ? AND confirmed_us = null")
+# Rounds of read-then-write lost to other runs writing the same cell's plan before one gives up.
+_PLAN_ROUNDS = 10
+
+
+async def record_plan(client: CassandraClient, group: str, cell: str, starts: Mapping[tuple[str, int], int],
+                      reset_id: str, reprocess_from: str, recorded_by: str, *, claimed_us: int | None = None
+                      ) -> str | None:
+    """Record a reprocess's plan (a row per partition: the reset it will be, whose epoch ``cell`` names,
+    ``--from`` and where the backfill starts, with no end: :func:`fill_end` records it) before its reset is.
+    Return None once recorded, or the id of the reset whose plan holds the cell (it took the epoch: nothing is
+    written). A plan left by a run stopped before its reset was recorded is written over; so is one of a run
+    planning the same epoch at the same time, which then loses the epoch. With ``claimed_us`` (the reset holds
+    its epoch now), the plan is written again if such a run wrote over it meanwhile, and marked as claimed
+    (``confirmed_us``): no later plan writes over it."""
+    for _ in range(_PLAN_ROUNDS):
+        rows = as_dicts(await client.execute(
+            "SELECT topic, partition, reset_id, confirmed_us FROM handovers WHERE consumer_group = ? AND cell = ?",
+            [group, cell], consistency=str(client.settings.serial_consistency)))
+        held = {(row["topic"], int(row["partition"])): row for row in rows}
+        claimed = {row.get("reset_id") for row in rows if row.get("confirmed_us") is not None}
+        if claimed - {reset_id}:
+            return str(min(claimed - {reset_id}, key=str))
+        if claimed:
+            return None  # ours, claimed: its answer lost, then asked again
+        now_us = time.time_ns() // 1000
+        batch: list[tuple[str, list[Any]]] = []
+        for (topic, partition), start in sorted(starts.items()):
+            row = held.get((topic, partition))
+            if row is None:
+                batch.append((_PLAN_INSERT, [group, cell, topic, partition, now_us, recorded_by, start, reset_id,
+                                             reprocess_from, claimed_us]))
+            else:
+                batch.append((_PLAN_OVERWRITE, [now_us, recorded_by, start, reset_id, reprocess_from, claimed_us,
+                                                group, cell, topic, partition, row.get("reset_id")]))
+        for (topic, partition), row in sorted(held.items()):
+            if (topic, partition) not in starts:
+                batch.append((_PLAN_DELETE, [group, cell, topic, partition, row.get("reset_id")]))
+        answer = as_dicts(await client.execute_batch(batch, idempotent=False))
+        if not answer or answer[0].get("[applied]"):
+            return None
+    raise CountersinkError(f"the plan of {cell} kept changing under {_PLAN_ROUNDS} attempts to record it: another "
+                           "reprocess of the counter is writing its own; run one at a time")
 
 
 async def fill_end(client: CassandraClient, group: str, cell: str, topic: str, partition: int, end: int) -> int:

@@ -335,8 +335,10 @@ class CassandraClient:
         logged: bool = False,
         consistency: Consistency | str | None = None,
         timestamp_us: int | None = None,
+        idempotent: bool = True,
     ) -> Any:
-        """Run statements as one batch. An unlogged batch on one partition is applied atomically."""
+        """Run statements as one batch. An unlogged batch on one partition is applied atomically; so is a
+        conditional one (not ``idempotent``: its conditions hold once)."""
         batch = acsylla.create_batch_logged() if logged else acsylla.create_batch_unlogged()
         for cql_text, params in statements:
             # prepared once per process: a flush's rows are looked up, not awaited, one by one
@@ -345,7 +347,7 @@ class CassandraClient:
             statement.bind_list(params if isinstance(params, list) else list(params))
             batch.add_statement(statement)
         batch.set_consistency(_consistency(consistency or self.settings.write_consistency))
-        batch.set_is_idempotent(True)
+        batch.set_is_idempotent(idempotent)
         if timestamp_us is not None:
             batch.set_timestamp(timestamp_us)
         try:

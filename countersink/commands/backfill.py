@@ -73,7 +73,7 @@ from countersink.settings import Settings, given_options, with_options
 from countersink.topic_ids import TopicRecreatedError, recreated_topics
 from schemas import formats, registry
 from schemas.definitions import CounterSet, since_ms
-from schemas.errors import CounterDroppedError, DefinitionChangedError, GroupMismatchError
+from schemas.errors import CounterDroppedError, CountersinkError, DefinitionChangedError, GroupMismatchError
 from schemas.events import EventRouter
 from schemas.resets import Epochs, Reset, cell_name, current_epochs, new_reset_id
 
@@ -504,15 +504,22 @@ class Backfill:
             reset = Reset(new_reset_id(self.counter, epoch), self.counter, epoch, frozenset(),
                           tuple(sorted(counts.items())))
             cell = cell_name(self.counter, epoch)
-            for topic, partition in partitions:
-                await record_plan(client, self.group, cell, topic, partition, starts[(topic, partition)],
-                                  reset.reset_id, since, requested_by)
-            self._reached("planned")
-            if await recorded_then_settled(claim_epoch(client, reset, requested_by, write_cl)) is None:
+            plan = {where: starts[where] for where in partitions}
+            claimed_us = None
+            if await record_plan(client, self.group, cell, plan, reset.reset_id, since, requested_by) is None:
+                self._reached("planned")
+                claimed_us = await recorded_then_settled(claim_epoch(client, reset, requested_by, write_cl))
+            if claimed_us is None:
                 log.error("reprocess_refused", counter=self.counter,
                           error=f"another reset of {self.counter} took epoch {epoch} meanwhile; nothing was reset: "
                           "run the reprocess again")
                 return EXIT_FAILED
+            # The epoch is this reset's: its plan is made its own again (a run planning the same epoch may have
+            # written over it) and claimed, which no other run's plan writes over.
+            taken = await record_plan(client, self.group, cell, plan, reset.reset_id, since, requested_by,
+                                      claimed_us=claimed_us)
+            if taken is not None:
+                raise CountersinkError(f"reset {taken} holds the plan of {cell}, whose epoch is {reset.reset_id}'s")
             self._reached("reset")
             producer = make_producer(self.settings.kafka)
             await producer.start()

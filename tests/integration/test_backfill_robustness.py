@@ -280,8 +280,8 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     # there, the reset applied at their start); else at the point. An end once recorded stays.
     far = Reset(new_reset_id("shares_traded", 99), "shares_traded", 99, frozenset(), ((topic, partitions),))
     async with CassandraClient(cassandra_settings) as client:
-        for p in range(partitions):
-            await record_plan(client, group, cell_name("shares_traded", 99), topic, p, 0, far.reset_id, since, "t")
+        await record_plan(client, group, cell_name("shares_traded", 99), {(topic, p): 0 for p in range(partitions)},
+                          far.reset_id, since, "t")
         unfilled: dict[tuple[str, int], int | None] = {(topic, 0): None, (topic, 1): None}
         points, live_from = {(topic, 0): 5, (topic, 1): 7}, {(topic, 0): 9, (topic, 1): 3}
         ends = await command()._ends(client, far, unfilled, points, live_from)
@@ -321,6 +321,44 @@ async def test_a_reprocess_stopped_at_each_step_of_its_setup_is_resumed_or_refus
     refusals = [e["error"] for e in logs if e.get("event") == "backfill_refused"]
     assert len(refusals) == 1
     assert refusals[0].startswith(f"topic {topic!r} is now another topic")
+
+
+async def test_two_reprocesses_planning_one_epoch_never_leave_a_plan_of_both(
+    cassandra_settings: CassandraSettings,
+) -> None:
+    """Two reprocesses of a counter that read the same next epoch both record a plan for it before either
+    claims it. Each plan is written whole (one conditional batch, here of 1,200 partitions of a 240-character
+    topic); the run that wins the epoch makes the plan its own again, marked claimed, and no plan writes over it
+    after that: the other run is told which reset holds the epoch. A plan left by a run stopped before its
+    claim is written over."""
+    group, cell = f"p{os.urandom(4).hex()}", cell_name("shares_traded", 5)
+    first, second = new_reset_id("shares_traded", 5), new_reset_id("shares_traded", 5)
+    wide = "t" * 240
+
+    async def plan() -> dict[tuple[str, int], tuple[int | None, str | None, str | None]]:
+        found = await read_handovers(client, group, cell)
+        return {tp: (h.start_offset, h.reset_id, h.reprocess_from) for tp, h in found.items()}
+
+    async with CassandraClient(cassandra_settings) as client:
+        starts = {(wide, p): p for p in range(1_200)}
+        assert await record_plan(client, group, cell, starts, second, "earliest", "b") is None
+        assert len(await plan()) == 1_200
+        # The first run plans two partitions; the second, stopped before its claim, is written over whole.
+        assert await record_plan(client, group, cell, {("a", 0): 10, ("a", 1): 11}, first, "-1h", "a") is None
+        assert await plan() == {("a", 0): (10, first, "-1h"), ("a", 1): (11, first, "-1h")}
+        # The second plans again (it read the same epoch), over the first's: a partition more, other starts.
+        racing = {("a", 0): 20, ("a", 1): 21, ("a", 2): 22}
+        assert await record_plan(client, group, cell, racing, second, "-2h", "b") is None
+        assert await plan() == {("a", p): (20 + p, second, "-2h") for p in range(3)}
+        # The first claims the epoch: its plan is its own again, claimed.
+        for _ in range(2):  # asked twice (an answer lost): the same
+            assert await record_plan(client, group, cell, {("a", 0): 10, ("a", 1): 11}, first, "-1h", "a",
+                                     claimed_us=1) is None
+            assert await plan() == {("a", 0): (10, first, "-1h"), ("a", 1): (11, first, "-1h")}
+        # The second's plan, or its claim, no longer writes over it.
+        assert await record_plan(client, group, cell, racing, second, "-2h", "b") == first
+        assert await record_plan(client, group, cell, racing, second, "-2h", "b", claimed_us=2) == first
+        assert await plan() == {("a", 0): (10, first, "-1h"), ("a", 1): (11, first, "-1h")}
 
 
 async def test_a_backfill_of_a_counter_without_since_is_refused_as_a_backfill(
