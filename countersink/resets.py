@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_producer, topic_partitions
+from countersink.logs import get_logger
 from countersink.retry import pause_unless_stopped
 from countersink.settings import Consistency, KafkaSettings
 from schemas import timeseries
@@ -35,6 +36,8 @@ from schemas.resets import (
     row_of_reset_id,
     superseding,
 )
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 MAX_RESET_KEYS = 1000  # keys one reset may name: its row and each control record stay small
@@ -462,9 +465,18 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         partitions = await topic_partitions(kafka, producer, definition.topics)
         counts = {topic: 1 + max((p for t, p in partitions if t == topic), default=-1) for topic in definition.topics}
         missing = sorted(topic for topic, count in counts.items() if count == 0)
-        if missing:
-            # Nothing recorded: a reset whose control records cannot reach a topic would hide its events.
+        if len(missing) == len(counts):
             raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
+        if missing:
+            # A topic the counter was counted on and that is gone (deleted, the counter's file no longer naming
+            # it: the registry keeps every topic it was given), or not made yet. The reset does not name it, so
+            # all a topic of that name holds when counted counts in the reset's epoch (schemas.resets.Reset.
+            # born_after): nothing of it is counted now, and a consumer takes no topic made again under an old
+            # name (countersink.topic_ids).
+            log.warning("reset_topics_absent", counter=definition.name, topics=missing,
+                        note="Kafka has no such topic: the reset does not reach it, and whatever a topic of that "
+                        "name holds if one is made counts in the reset's epoch")
+            counts = {topic: count for topic, count in counts.items() if count}
         progress.stage = RECORDING
         try:
             recorded, at_us = await recorded_then_settled(record_reset(

@@ -20,6 +20,7 @@ from aiokafka.admin import NewPartitions
 from countersink.cassandra import CassandraClient, as_dicts
 from countersink.kafka import make_admin, make_producer
 from countersink.reader import CounterReader, read_state
+from countersink.resets import read_points, read_resets
 from countersink.settings import CassandraSettings, KafkaSettings
 from schemas.cql import TALLY_ROW, slice_key
 from stack.loading import child_env, end_offsets, wait_until_flushed
@@ -332,24 +333,44 @@ async def test_a_keyspace_made_before_resets_reads_as_before(cassandra_settings:
 
 async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_nothing(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
+    topic_factory: Callable[..., Awaitable[str]],
 ) -> None:
-    """A reset whose control records could not reach a topic would hide what that topic's partitions count:
-    the command refuses (exit 1, one line) before recording anything, without waiting out Kafka's request
-    timeout (set here beyond the command's allowed run)."""
+    """A reset whose control records could reach none of the counter's topics would reset nothing: the
+    command refuses (exit 1, one line) before recording anything, without waiting out Kafka's request timeout
+    (set here beyond the command's allowed run). A topic the counter was once given and that Kafka no longer
+    has (the registry keeps it) does not stop the reset of the others: the reset names only the topics that
+    exist, says which it did not reach, and a topic made under that name later counts in the reset's epoch."""
     from countersink.registry import CounterRegistry
     from schemas.definitions import parse_definitions
 
     gone = f"gone-{os.urandom(4).hex()}"
+    env = {**child_env(kafka_settings, cassandra_settings), "COUNTERSINK_KAFKA__REQUEST_TIMEOUT_MS": "300000"}
     async with CassandraClient(cassandra_settings) as client:
         await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace("{topic}", gone)), "test")
     done = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "trades"], cwd=REPO, capture_output=True,
-        env={**child_env(kafka_settings, cassandra_settings), "COUNTERSINK_KAFKA__REQUEST_TIMEOUT_MS": "300000"},
-        timeout=120, check=False)
+        env=env, timeout=120, check=False)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"Kafka knows no partition of {gone}: nothing was reset".encode() in done.stderr
     async with CassandraClient(cassandra_settings) as client:
         assert as_dicts(await client.execute("SELECT * FROM resets")) == []
+
+    # The counter given a topic that exists too (a consumer of a later file added it to the record).
+    topic = await topic_factory(partitions=2)
+    async with CassandraClient(cassandra_settings) as client:
+        await CounterRegistry(client).register(parse_definitions(DEFINITIONS.replace('"{topic}"', f'"{topic}"')),
+                                               "test")
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "reset", "trades"], cwd=REPO, capture_output=True,
+        env=env, timeout=120, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert b"reset_topics_absent" in done.stderr and gone.encode() in done.stderr
+    async with CassandraClient(cassandra_settings) as client:
+        (recorded,) = await read_resets(client, "trades")
+        assert dict(recorded.partitions) == {topic: 2}
+        assert (recorded.born_after(topic, 1), recorded.born_after(gone, 0)) == (False, True)
+        points = await read_points(client, "trades", recorded.epoch, dict(recorded.partitions))
+    assert sorted(points) == [(topic, 0), (topic, 1)]
 
 
 async def test_a_reset_of_a_bucketed_counter_by_a_key_naming_no_bucket_is_refused(
