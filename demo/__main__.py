@@ -7,6 +7,7 @@ only if every value matches both times (sketches within their stated bounds). Ev
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 import subprocess
@@ -196,7 +197,9 @@ async def run() -> int:
         cassandra_node.stop()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No options: the parser is there so that --help says what the demo does instead of starting it.
+    argparse.ArgumentParser(prog="python -m demo", description=__doc__).parse_args(argv)
     configure_logging("WARNING", "console")  # the demo speaks through its own lines; warnings still show
     try:
         return asyncio.run(run())
