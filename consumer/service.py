@@ -116,6 +116,13 @@ class ConsumerService:
         self.schema_cache = schema_cache(settings.schema_registry)
         self.schemas = SchemaLoader(settings.schema_registry, counters, self.schema_cache)
         self.schema_wait: str | None = None  # why records wait for the registry (None: they do not)
+        # While the registry cannot be reached, the partitions whose records name a schema not in the cache wait,
+        # paused and sought back to the first of them (nothing of theirs applied), and the others go on: where
+        # each waits, the ids its topic waits for, and the task that asks the registry again until it answers.
+        self._schema_held: dict[TopicPartition, int] = {}
+        self._schema_wanted: dict[str, set[int]] = {}
+        self._schema_retry: asyncio.Task[None] | None = None
+        self.schema_error: Exception | None = None  # what that task met that asking again does not mend
         self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes,
                                   on_late=lambda counter: METRICS.late_events.labels(counter).inc(),
                                   max_future_skew_s=self.config.max_future_skew_s,
@@ -338,15 +345,20 @@ class ConsumerService:
                 raise self.redefined  # exit 2, with no last flush
             if self.ownership.refusal is not None:
                 raise self.ownership.refusal  # exit 2: a partition is counted for a counter these definitions lack
+            if self.schema_error is not None:
+                raise self.schema_error
             if self.rebalance_error is not None:
                 raise RebalanceFailedError(f"a rebalance callback failed: {self.rebalance_error!r}") from (
                     self.rebalance_error)
             batches = await self.consumer.getmany(timeout_ms=200, max_records=self.config.max_poll_records)
-            if batches and self.schemas.needed and not await self._load_schemas(batches):
-                return  # a stop came while the registry was away: nothing of these batches was applied
+            waiting: dict[TopicPartition, list[int]] = {}
+            if batches and self.schemas.needed:
+                batches, waiting = await self._load_schemas(batches)
             self.ready = True
             offsets = None
             async with self._lock:
+                for tp, ids in waiting.items():
+                    self._hold_for_schemas(tp, ids)
                 for tp, records in batches.items():
                     # None when the partition was revoked after this batch was fetched, or is warming up (then
                     # its partition is read again from its start once it is warm)
@@ -375,29 +387,78 @@ class ConsumerService:
             if offsets:
                 await self._commit_for_lag(offsets)
 
-    async def _load_schemas(self, batches: Mapping[TopicPartition, Sequence[KafkaRecord]]) -> bool:
-        """Load the writer schemas the batches name, waiting (unready, with backoff) while the registry cannot
-        be reached. False when a stop was requested meanwhile."""
-        pauses = Backoff(first_s=0.2, max_s=self.settings.schema_registry.retry_max_s).pauses()
-        while True:
-            try:
-                for tp, records in batches.items():
+    async def _load_schemas(self, batches: Mapping[TopicPartition, Sequence[KafkaRecord]]
+                            ) -> tuple[dict[TopicPartition, Sequence[KafkaRecord]], dict[TopicPartition, list[int]]]:
+        """The batches whose writer schemas are in the cache, once loaded; and the partitions whose batch names
+        one the registry cannot give now, with the ids it names that are not cached (nothing of theirs is
+        applied: they wait, :meth:`_hold_for_schemas`). While the registry is away, a batch naming a schema not
+        cached waits without asking it: the task asking again (:meth:`_ask_registry_again`) asks for it."""
+        ready: dict[TopicPartition, Sequence[KafkaRecord]] = {}
+        waiting: dict[TopicPartition, list[int]] = {}
+        for tp, records in batches.items():
+            if self._schema_retry is None and not waiting:
+                try:
                     # Held for the partition until its next batch: routed after the lock is taken, which a
                     # rebalance waiting out a flush to a server away may hold for longer than the cache's idle_s.
                     await self.schemas.load(tp.topic, (record.value for record in records), tp)
-            except SchemaRegistryUnavailableError as exc:
-                if self.schema_wait is None:
+                except SchemaRegistryUnavailableError as exc:
                     log.warning("schema_registry_unavailable", error=str(exc))
-                self.schema_wait = str(exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), pauses())
-                if self._stopping.is_set():
-                    return False
+                    self.schema_wait = str(exc)
+                    waiting[tp] = self.schemas.uncached(tp.topic, (record.value for record in records))
+                    continue
+            elif missing := self.schemas.uncached(tp.topic, (record.value for record in records), tp):
+                waiting[tp] = missing
                 continue
-            if self.schema_wait is not None:
+            ready[tp] = records
+        return ready, waiting
+
+    def _hold_for_schemas(self, tp: TopicPartition, ids: list[int]) -> None:
+        """Make ``tp`` wait for the registry (under the lock): paused, and read again from what its mutator
+        applied (the position it skips to), until :meth:`_ask_registry_again` has the schemas of ``ids``. A
+        partition no longer applying here (revoked, or warming up: read again from its start then) is left
+        to what reads it next."""
+        mutator = self.ownership.applying(tp)
+        if mutator is None:
+            return
+        self._schema_wanted.setdefault(tp.topic, set()).update(ids)
+        self._schema_held[tp] = mutator.applied_through + 1
+        self.consumer.seek(tp, mutator.applied_through + 1)
+        self.consumer.pause(tp)
+        if self._schema_retry is None:
+            self._schema_retry = asyncio.create_task(self._ask_registry_again())
+
+    async def _ask_registry_again(self) -> None:
+        """Ask the registry for the schemas waited for, with backoff, until it answers; then the partitions
+        waiting go on (those still counted here), read from where they waited."""
+        pauses = Backoff(first_s=0.2, max_s=self.settings.schema_registry.retry_max_s).pauses()
+        answered = False
+        while self._schema_held and not answered:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), pauses())
+            if self._stopping.is_set():
+                return
+            try:
+                for topic, ids in list(self._schema_wanted.items()):
+                    await self.schemas.fetch(topic, sorted(ids))
+                    self._schema_wanted.pop(topic, None)
+            except SchemaRegistryUnavailableError as exc:
+                self.schema_wait = str(exc)
+                continue
+            except Exception as exc:  # raised by the main loop, as when it asked the registry itself
+                self.schema_error = exc  # (the registry refusing the credentials: the consumer ends)
+                return
+            answered = True
+        async with self._lock:
+            for tp in self._schema_held:
+                if self.ownership.applying(tp) is not None:
+                    self.consumer.resume(tp)
+            self._schema_held.clear()
+            self._schema_wanted.clear()
+            self._schema_retry = None
+            # (All that waited revoked meanwhile: nothing waits now, and the next batch asks the registry itself.)
+            if answered:
                 log.info("schema_registry_available")
-                self.schema_wait = None
-            return True
+            self.schema_wait = None
 
     def _registry_fresh(self) -> bool:
         """Whether a flush may start: the counter registry was read within ``registry_check_s``. Once half of
@@ -514,6 +575,7 @@ class ConsumerService:
             for tp in revoked:
                 self.refused.pop(tp, None)
                 self.schema_cache.release(tp)
+                self._schema_held.pop(tp, None)
             await self.ownership.release(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -594,6 +656,8 @@ class ConsumerService:
         self.ownership.cancel_takeovers()
         if self._registry_look is not None:
             self._registry_look.cancel()
+        if self._schema_retry is not None:
+            self._schema_retry.cancel()
         self.dead_letters.abandon()
         stop_source = getattr(self.source, "stop", None)
         closers = [self.health.stop, self.consumer.stop, self.producer.stop, self.cassandra.stop, self.schemas.stop]

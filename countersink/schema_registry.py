@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable
 from typing import Any
 
 from countersink.logs import get_logger
@@ -218,11 +218,20 @@ class SchemaLoader:
         routes them, if not at once) holds them in the cache until its next load or
         :meth:`~schemas.formats.SchemaCache.release`. Raises :class:`SchemaRegistryUnavailableError`
         (retriable) when the registry cannot answer."""
+        await self.fetch(topic, self.uncached(topic, values, holder))
+
+    def uncached(self, topic: str, values: Iterable[bytes | None], holder: Hashable | None = None) -> list[int]:
+        """The schema ids of ``values`` to fetch before they are routed (:meth:`load` without the fetching: no
+        request); ``holder`` holds them all, as with :meth:`load`."""
+        if topic not in self._topics:
+            return []
+        return self.cache.missing(topic, schema_ids(values), holder)
+
+    async def fetch(self, topic: str, missing: Collection[int]) -> None:
+        """Fetch and compile the schemas of ``missing`` (ids of ``topic``) into the cache. Raises
+        :class:`SchemaRegistryUnavailableError` (retriable) when the registry cannot answer."""
         format_ = self._topics.get(topic)
-        if format_ is None or self._client is None:
-            return
-        missing = self.cache.missing(topic, schema_ids(values), holder)
-        if not missing:
+        if format_ is None or self._client is None or not missing:
             return
         # Several look-ups at once: a batch naming hundreds of ids the cache lacks (a producer writing random
         # ids, each a dead letter) waited for one answer after the other, and held every topic of the process.

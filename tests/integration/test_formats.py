@@ -247,11 +247,14 @@ async def test_registry_away_is_a_wait_then_everything_counts(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings, topic_factory: Any,
     private_schema_registry: servers.SchemaRegistryServer, tmp_path: Path,
 ) -> None:
-    """With the registry away (its process frozen: every request times out) the consumer applies nothing and
-    is unready, saying why; no record is dead-lettered. Once the registry answers again every record is counted
-    exactly. (Frozen rather than restarted: the stack's registry keeps schemas in memory, so a restarted one
-    would answer "unknown id" until the schema is registered again, which a record is rightly dead-lettered for.)"""
+    """With the registry away (its process frozen: every request times out) the consumer applies nothing of
+    the Avro topic and is unready, saying why; no record is dead-lettered. A JSON topic the same consumer counts
+    goes on meanwhile: its events are counted and flushed (it waited with the Avro topic before). Once the
+    registry answers again every record is counted exactly. (Frozen rather than restarted: the stack's registry
+    keeps schemas in memory, so a restarted one would answer "unknown id" until the schema is registered again,
+    which a record is rightly dead-lettered for.)"""
     topic = await topic_factory("avro", partitions=2)
+    plain = await topic_factory("json", partitions=2)
     registry = SchemaRegistrySettings(url=private_schema_registry.url)
     async with SchemaRegistryClient(registry) as client:
         schema_id = await client.register(f"{topic}-value", "AVRO", json.dumps(VIEW_V1))
@@ -263,6 +266,7 @@ async def test_registry_away_is_a_wait_then_everything_counts(
         events.append(frame(schema_id, encode({"page": page, "n": i})))
         pages[page] += 1
     await publish(kafka_settings, topic, events)
+    clicks = Counter(f"/c{i % 7}" for i in range(200))
     assert private_schema_registry.process is not None
     registry_pid = private_schema_registry.process.pid
     assert registry_pid is not None
@@ -270,6 +274,8 @@ async def test_registry_away_is_a_wait_then_everything_counts(
     try:
         group = f"g{os.urandom(4).hex()}"
         counters = _views_by_page(tmp_path, topic)
+        counters.write_text(counters.read_text() + f'\n[[counter]]\nname = "clicks_by_page"\ntopics = ["{plain}"]\n'
+                            'kind = "count"\nkey = ["page"]\n')
         settings = _settings(kafka_settings, cassandra_settings, group, counters, private_schema_registry.url)
         settings = settings.model_copy(update={"schema_registry": settings.schema_registry.model_copy(
             update={"timeout_s": 2.0})})
@@ -279,11 +285,16 @@ async def test_registry_away_is_a_wait_then_everything_counts(
             while service.schema_wait is None:
                 assert time.monotonic() < deadline, "the consumer never waited for the registry"
                 await asyncio.sleep(0.2)
-            await asyncio.sleep(2)
+            # Published while the Avro topic waits: counted and flushed all the same.
+            await publish(kafka_settings, plain, [json.dumps({"page": page}).encode()
+                                                  for page, n in clicks.items() for _ in range(n)])
+            await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {plain: 2}))
             assert not service.is_ready
             assert "waiting for the schema registry" in service._why_not_ready()
             assert await _values(cassandra_settings, {"views_by_page": dict(pages)}) == {
                 "views_by_page": dict.fromkeys(pages)}
+            assert await _values(cassandra_settings, {"clicks_by_page": dict(clicks)}) == {
+                "clicks_by_page": dict(clicks)}
             os.kill(registry_pid, signal.SIGCONT)
             await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 2}))
             assert service.schema_wait is None
