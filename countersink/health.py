@@ -101,6 +101,8 @@ class QuietRequestHandler(web.RequestHandler):
         if request.writer.output_size > 0:  # some of a response went out already: the connection is broken
             raise ConnectionError("response already started; cannot send an error answer")
         response = problem_response(status, _parser_detail(status, exc))
+        # Never routed, so no on_response_prepare names the server: aiohttp's default names its and Python's versions.
+        response.headers["Server"] = "countersink"
         response.force_close()
         return response
 

@@ -187,7 +187,7 @@ class ReadApi:
             raise _problem(web.HTTPRequestURITooLong,
                            f"request targets are at most {self.settings.max_url_bytes} bytes")
         _refuse_loose_escapes(request.raw_path)
-        await self._refuse_large_body(request)
+        self._refuse_declared_large_body(request)
         resource = request.match_info.route.resource
         if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
                 and request.method == "POST":
@@ -195,14 +195,20 @@ class ReadApi:
                 request[_ADMIN_NAME] = self._check_admin_token(request, self.admin_tokens)
             except web.HTTPException as exc:
                 # Every refused attempt at a reset leaves a line (never the token): who tried is in the peer.
-                log.warning("reset_refused", counter=request.match_info.get("name"), status=exc.status,
-                            peer=request.remote, error=exc.reason)
+                # (Named only when it is a counter's name: anyone may send any text there, up to the URL's bound.)
+                name = request.match_info.get("name", "")
+                log.warning("reset_refused", counter=name if NAME_PATTERN.fullmatch(name) else "(not a counter name)",
+                            status=exc.status, peer=request.remote, error=exc.reason)
                 raise
         elif request.path not in _OPEN_PATHS and self.guarded:
             self._check_token(request)
+        # A chunked body is read only for a caller the token let in, and for no longer than a connection may idle.
+        await self._refuse_large_body(request)
         if resource is not None:
             _refuse_unknown_parameters(request, self._query_rules.get((request.method, resource.canonical)))
-        if self._handling >= self.settings.max_requests:
+        # The probes are answered however busy the reads are: a liveness probe refused under load would have the
+        # process restarted when Cassandra is slow, which makes matters worse.
+        if self._handling >= self.settings.max_requests and request.path not in _OPEN_PATHS:
             raise _problem(web.HTTPServiceUnavailable,
                            f"more than {self.settings.max_requests} requests at once; try again", retry_after=1)
         self._handling += 1
@@ -210,6 +216,12 @@ class ReadApi:
             return await handler(request)
         finally:
             self._handling -= 1
+
+    def _refuse_declared_large_body(self, request: web.Request) -> None:
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
+                           max_size=limit, actual_size=request.content_length)
 
     async def _refuse_large_body(self, request: web.Request) -> None:
         limit = self.settings.max_body_bytes
@@ -222,7 +234,11 @@ class ReadApi:
             chunks: list[bytes] = []
             while request.body_exists and size <= limit:
                 try:
-                    chunk = await request.content.read(limit + 1 - size)
+                    async with asyncio.timeout(self.settings.idle_timeout_s):
+                        chunk = await request.content.read(limit + 1 - size)
+                except TimeoutError:
+                    raise _problem(web.HTTPRequestTimeout, f"the request body did not come within "
+                                   f"{self.settings.idle_timeout_s} s") from None
                 except (web.RequestPayloadError, ConnectionResetError) as exc:
                     # Broken or cut short by the client, which anyone can do: refused, not a server failure.
                     log.debug("http_request_refused", status=400, error=type(exc).__name__)
@@ -426,6 +442,9 @@ class ReadApi:
                     self._traces.release()
         except TraceRefusedError as exc:
             raise _problem(web.HTTPNotFound, str(exc)) from None
+        except CassandraError as exc:  # the registry, the ownership rows: away, overloaded, or refusing
+            retry = isinstance(exc, CassandraUnavailableError)
+            raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2 if retry else None) from None
         except (SchemaRegistryUnavailableError, KafkaUnavailableError) as exc:
             raise _problem(web.HTTPServiceUnavailable, _unquoted(exc), retry_after=2) from None
         except errors.KafkaError as exc:  # lost while reading the records
@@ -570,7 +589,8 @@ class ReadApi:
     async def openapi(self, request: web.Request) -> web.Response:
         counters = self.counters
         if counters is None and self.registry is not None:
-            counters = await self.registry.counters()
+            async with self._cassandra_answers():
+                counters = await self.registry.counters()
         return web.json_response(openapi_document(self.settings, counters, tracing=self.tracing is not None,
                                                   resetting=self.resetting is not None))
 

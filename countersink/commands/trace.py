@@ -285,6 +285,9 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
     setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
     registry = CounterRegistry(client)
     counters = counters if counters is not None else await _registered(registry, query.topic)
+    if not counters.for_topic(query.topic):
+        # Before any read of Kafka: a trace reads only topics counted (serve's tokens read counters, not Kafka).
+        raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({counters.source})")
     recorded = {} if group is not None else await registry.groups()
     group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id
                 for c in counters.for_topic(query.topic)}

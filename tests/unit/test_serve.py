@@ -535,3 +535,101 @@ async def test_a_registry_read_that_fails_inside_a_request_is_a_problem_document
         assert response.content_type == "application/problem+json"
         assert response.headers["Retry-After"] == "2"
     assert registry.lookups == 2
+
+
+async def test_a_chunked_body_is_read_only_for_a_caller_with_a_token_and_within_the_idle_time() -> None:
+    """The token is checked before a chunked body is read: a caller without one is answered 401 at once, not
+    after a body it never ends (each such connection held a descriptor for good). A caller with one that stops
+    sending its body is answered 408 after the idle time."""
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(tokens=SecretStr(TOKEN), idle_timeout_s=1),
+                  COUNTERS)
+    runner = api_runner(api, shutdown_timeout=1)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        address = runner.addresses[0][:2]
+        started = asyncio.get_running_loop().time()
+        status, _, _ = await exchange(address, b"POST /counters/likes/reset HTTP/1.1\r\nHost: test\r\n"
+                                               b"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"ke")
+        assert status == 401
+        assert asyncio.get_running_loop().time() - started < 0.9
+        status, _, body = await exchange(address, b"POST /counters/likes/reset HTTP/1.1\r\nHost: test\r\n"
+                                                  b"Authorization: Bearer " + SECRET + b"\r\n"
+                                                  b"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"ke")
+        assert status == 408, body
+        assert "did not come within 1" in json.loads(body)["detail"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_probes_are_answered_however_many_reads_are_running() -> None:
+    """At max_requests reads at once, a read is refused 503 but /healthz and /readyz are answered: a liveness
+    probe refused under load had the process restarted while Cassandra was slow."""
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(max_requests=1), COUNTERS)
+    async with TestClient(TestServer(api.app())) as client:
+        api._handling = 1  # as while one read runs
+        assert (await client.get("/counters/likes/p1")).status == 503
+        assert (await client.get("/healthz")).status == 200
+        assert (await client.get("/readyz")).status == 503  # not connected: answered, not refused
+        assert "more than" not in await (await client.get("/readyz")).text()
+
+
+async def test_a_refused_reset_names_no_text_of_the_caller_s_choosing() -> None:
+    """Anyone may send a reset without the admin token: its refusal's line names the counter only when the path
+    names one, never 4 KB of text of the caller's."""
+    from countersink.serve import Resetting, Tokens
+    from countersink.settings import KafkaSettings
+
+    settings = ServeSettings(admin_tokens=SecretStr("ops:" + "a" * 24), admin_cassandra_username="writer")
+    cassandra = CassandraClient(CassandraSettings())
+    api = ReadApi(cassandra, settings, COUNTERS,
+                  resetting=Resetting(Tokens(settings, admin=True), cassandra, KafkaSettings()))
+    async with TestClient(TestServer(api.app())) as client:
+        with capture_logs() as logs:
+            assert (await client.post("/counters/INJECTED" + "A" * 1000 + "/reset")).status == 401
+            assert (await client.post("/counters/likes/reset")).status == 401
+    assert [e["counter"] for e in logs if e["event"] == "reset_refused"] == ["(not a counter name)", "likes"]
+
+
+async def test_a_trace_of_a_topic_no_counter_reads_is_refused_before_kafka_is_read() -> None:
+    """A read token traces records of counted topics only: another topic (Kafka's own among them) is refused
+    404 before anything is read, also when serve is given a definitions file."""
+    from countersink.commands.trace import TraceQuery, TraceRefusedError
+    from countersink.commands.trace import trace as trace_records
+
+    for topic in ("others", "__consumer_offsets"):
+        with pytest.raises(TraceRefusedError, match=f"no counter reads topic '{topic}'"):
+            await trace_records(CassandraClient(CassandraSettings()), Settings(), TraceQuery(topic, offset=(0, 0)),
+                                COUNTERS)
+
+
+async def test_the_document_and_a_trace_answer_503_when_the_registry_cannot_be_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a definitions file, /openapi.json and /trace read the counter registry: Cassandra away is 503
+    with Retry-After, as for every read, not a 500 logged as a failure of the server."""
+    from countersink import serve as serve_module
+
+    class RegistryAway:
+        async def counters(self) -> object:
+            raise CassandraUnavailableError("no host available")
+
+    async def trace_away(client: object, settings: object, query: object, counters: object) -> object:
+        raise CassandraUnavailableError("no host available")
+
+    monkeypatch.setattr(serve_module, "trace_records", trace_away)
+    api = ReadApi(CassandraClient(CassandraSettings()), ServeSettings(), None, tracing=Settings(),
+                  registry=cast(CounterRegistry, RegistryAway()))
+    async with TestClient(TestServer(api.app())) as client:
+        with capture_logs() as logs:
+            for path in ("/openapi.json", "/trace/likes?offset=0:1"):
+                response = await client.get(path)
+                assert (response.status, response.headers.get("Retry-After")) == (503, "2"), path
+    assert [e for e in logs if e["log_level"] == "error"] == []
+
+
+async def test_a_request_the_parser_refuses_names_no_versions(served: tuple[str, int]) -> None:
+    """A request aiohttp's parser refuses is answered by no route: its Server header was aiohttp's own, naming
+    Python's version and aiohttp's."""
+    status, headers, _ = await exchange(served, _request(b"Authorization: Bearer " + SECRET + PAD))
+    assert status == 400
+    assert headers["server"] == "countersink"
