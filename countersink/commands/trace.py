@@ -569,8 +569,8 @@ async def _trace_record(client: CassandraClient, consumer: AIOKafkaConsumer, sou
         if cleared is None:
             continue
         reset, point, epoch = cleared
-        refill = await _reprocessed_by(client, group_of[trace.counter], cell_name(trace.counter, epoch), topic,
-                                       partition, offset, point)
+        refill = await _reprocessed_by(client, group_of[trace.counter], cell_name(trace.counter, epoch), reset,
+                                       topic, partition, offset, point)
         if refill is not None:  # a reprocess's backfill counts it again into the reset's epoch
             await owned_by(trace, refill)
             trace.in_value = bool(trace.in_value and trace.held)
@@ -621,14 +621,18 @@ async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, top
     return reset.reset_id, point, epoch
 
 
-async def _reprocessed_by(client: CassandraClient, live_group: str, cell: str, topic: str, partition: int,
-                          offset: int, point: int | None) -> str | None:
-    """The group of the reprocess's backfill that counts the record at ``offset`` again into ``cell`` (a reset's
-    epoch), when the reprocess planned a span of the partition holding it: from where its backfill starts up to
-    the reset's control record (the plan's end, or ``point`` while it is not recorded)."""
+async def _reprocessed_by(client: CassandraClient, live_group: str, cell: str, reset_id: str, topic: str,
+                          partition: int, offset: int, point: int | None) -> str | None:
+    """The group of the reprocess's backfill that counts the record at ``offset`` again into ``cell`` (the epoch
+    reset ``reset_id`` made), when the reprocess planned a span of the partition holding it: from where its
+    backfill starts up to the reset's control record (the plan's end, or ``point`` while it is not recorded). A
+    plan of another reset (a reprocess that lost the epoch to this one, or stopped before its claim) counts
+    nothing there."""
     try:
         planned = (await read_handovers(client, live_group, cell)).get((topic, partition))
     except Exception:  # a keyspace made before backfills: no reprocess
+        return None
+    if planned is not None and planned.reset_id not in (None, reset_id):
         return None
     end = point if planned is None or planned.offset is None else planned.offset
     if planned is None or planned.start_offset is None or end is None or not planned.start_offset <= offset < end:

@@ -23,6 +23,7 @@ from consumer.kafka_source import KafkaRecordSource
 from consumer.storage import PartitionId
 from countersink.backfills import (
     Span,
+    backfill_group,
     backfill_partition,
     counter_backfill,
     read_handovers,
@@ -32,6 +33,7 @@ from countersink.backfills import (
 from countersink.cassandra import CassandraClient
 from countersink.cli import EXIT_FAILED, EXIT_USAGE
 from countersink.commands.backfill import Backfill
+from countersink.commands.trace import _reprocessed_by
 from countersink.kafka import make_admin
 from countersink.reader import read_state
 from countersink.registry import CounterRegistry
@@ -359,6 +361,10 @@ async def test_two_reprocesses_planning_one_epoch_never_leave_a_plan_of_both(
         assert await record_plan(client, group, cell, racing, second, "-2h", "b") == first
         assert await record_plan(client, group, cell, racing, second, "-2h", "b", claimed_us=2) == first
         assert await plan() == {("a", 0): (10, first, "-1h"), ("a", 1): (11, first, "-1h")}
+        # trace asks which backfill counts a record again into the epoch: only the plan of the reset that made it.
+        assert await _reprocessed_by(client, group, cell, first, "a", 0, 12, None) is None  # no end, no point
+        assert await _reprocessed_by(client, group, cell, first, "a", 0, 12, 20) == backfill_group(group, cell)
+        assert await _reprocessed_by(client, group, cell, second, "a", 0, 12, 20) is None
 
 
 async def test_a_backfill_of_a_counter_without_since_is_refused_as_a_backfill(
