@@ -99,7 +99,7 @@ async def list_resets(settings: Settings, counter: str, *, as_json: bool = False
         recorded = [reset_of(row) for row in rows]
         for row, this in zip(rows, recorded, strict=True):
             partitions = row.get("partitions") or {}
-            points = await read_points(client, counter, int(row["epoch"]), partitions)
+            points = await read_points(client, counter, int(row["epoch"]), partitions, reset_id=this.reset_id)
             # Partitions with no position recorded: a reset cut short before its control record reached them (or
             # before where it landed was recorded). Its idempotency key completes it.
             missing = [{"topic": t, "partition": p} for t, n in sorted(partitions.items()) for p in range(n)

@@ -188,25 +188,33 @@ async def read_reset_rows(client: CassandraClient, counter: str, consistency: Co
                                          consistency=consistency))
 
 
-async def read_points(client: CassandraClient, counter: str, epoch: int, partitions: Mapping[str, int]
-                      ) -> dict[tuple[str, int], int]:
-    """Where ``counter``'s reset of ``epoch`` sits in each partition it was published to (those recorded)."""
+async def read_points(client: CassandraClient, counter: str, epoch: int, partitions: Mapping[str, int], *,
+                      reset_id: str) -> dict[tuple[str, int], int]:
+    """Where ``counter``'s reset of ``epoch`` (``reset_id``) sits in each partition it was published to (those
+    recorded)."""
     points: dict[tuple[str, int], int] = {}
     for topic, count in sorted(partitions.items()):
         for partition in range(count):
-            point = await read_point(client, counter, epoch, topic, partition)
+            point = await read_point(client, counter, epoch, topic, partition, reset_id=reset_id)
             if point is not None:
                 points[(topic, partition)] = point
     return points
 
 
-async def read_point(client: CassandraClient, counter: str, epoch: int, topic: str, partition: int) -> int | None:
-    """Where ``counter``'s reset of ``epoch`` sits in one partition (the least offset recorded), None when no
-    position is recorded there."""
+async def read_point(client: CassandraClient, counter: str, epoch: int, topic: str, partition: int, *,
+                     reset_id: str) -> int | None:
+    """Where ``counter``'s reset of ``epoch`` (``reset_id``) sits in one partition (the least offset recorded of
+    it), None when no position of it is recorded there."""
     rows = as_dicts(await client.execute(
-        "SELECT offset FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
+        "SELECT offset, reset_id FROM reset_positions WHERE topic = ? AND partition = ? AND counter = ? AND epoch = ?",
         [topic, partition, counter, epoch]))
-    return min((int(row["offset"]) for row in rows), default=None)
+    return min((int(row["offset"]) for row in rows if _of_reset(row, reset_id)), default=None)
+
+
+def _of_reset(row: Mapping[str, Any], reset_id: str) -> bool:
+    """Whether a position row is of ``reset_id``'s reset: one written without its reset's id (before the column
+    was) is its epoch's."""
+    return row.get("reset_id") in (None, reset_id)
 
 
 class CassandraResets:
@@ -232,22 +240,24 @@ class CassandraResets:
 
     async def epochs_at(self, topic: str, partition: int, counters: Sequence[str], start: int) -> Epochs:
         rows = as_dicts(await self.client.execute(
-            "SELECT counter, epoch, offset FROM reset_positions WHERE topic = ? AND partition = ?",
+            "SELECT counter, epoch, offset, reset_id FROM reset_positions WHERE topic = ? AND partition = ?",
             [topic, partition], consistency=self.read_cl))
-        least: dict[tuple[str, int], int] = {}
-        for row in rows:
-            where = (row["counter"], int(row["epoch"]))
-            least[where] = min(least.get(where, row["offset"]), row["offset"])
         # Every counter's: a reset recorded before this partition existed has no position here, and applies.
         resets = [r for counter in counters for r in await read_resets(self.client, counter, self.read_cl)]
-        return epochs_at(resets, {r.reset_id: least[(r.counter, r.epoch)] for r in resets
-                                  if (r.counter, r.epoch) in least}, start, topic, partition)
+        least: dict[str, int] = {}
+        for r in resets:
+            offsets = [int(row["offset"]) for row in rows
+                       if (row["counter"], int(row["epoch"])) == (r.counter, r.epoch) and _of_reset(row, r.reset_id)]
+            if offsets:
+                least[r.reset_id] = min(offsets)
+        return epochs_at(resets, least, start, topic, partition)
 
     async def record_positions(self, positions: Sequence[ResetPosition]) -> None:
         for p in positions:
             await self.client.execute(
-                "INSERT INTO reset_positions (topic, partition, counter, epoch, offset) VALUES (?, ?, ?, ?, ?)",
-                [p.topic, p.partition, p.counter, p.epoch, p.offset], consistency=self.write_cl)
+                "INSERT INTO reset_positions (topic, partition, counter, epoch, offset, reset_id) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [p.topic, p.partition, p.counter, p.epoch, p.offset, p.reset_id], consistency=self.write_cl)
 
 
 class ResetRefusedError(CountersinkError):
@@ -518,7 +528,8 @@ async def _repeated(client: CassandraClient, kafka: KafkaSettings, row: dict[str
     await _settle(time.monotonic())
     progress.reset, progress.stage = recorded, PUBLISHING
     progress.requested_us = int(row.get("requested_us") or 0)
-    points = await read_points(client, recorded.counter, recorded.epoch, dict(recorded.partitions))
+    points = await read_points(client, recorded.counter, recorded.epoch, dict(recorded.partitions),
+                               reset_id=recorded.reset_id)
     missing = [(topic, p) for topic, count in recorded.partitions for p in range(count) if (topic, p) not in points]
     later = superseding(recorded, [reset_of(r) for r in await read_reset_rows(client, recorded.counter)]
                         ) if missing else None

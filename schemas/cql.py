@@ -427,13 +427,16 @@ def create_tables(keyspace: str) -> list[str]:
             PRIMARY KEY ((counter), epoch)
         )""",
         # Where each reset sits in a partition: the offset of its control record there, recorded by the reset
-        # command from its acknowledgements and by the mutator that applies it (the least offset counts).
+        # command from its acknowledgements and by the mutator that applies it (the least offset of the reset's
+        # id counts: a counter dropped, forgotten and defined again numbers its epochs from 1 again, and a late
+        # position of the old one's reset must not place the new one's).
         f"""CREATE TABLE IF NOT EXISTS {ks}.reset_positions (
             topic text,
             partition int,
             counter text,
             epoch bigint,
             offset bigint,
+            reset_id text,
             PRIMARY KEY ((topic, partition), counter, epoch, offset)
         )""",
         # Hand-overs (consumer/handovers.py, countersink/backfills.py): per live group and cell (a counter, or
@@ -506,6 +509,8 @@ ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "handovers": (("mutator", "uuid"), ("confirmed_us", "bigint"), ("reset_id", "text"), ("reprocess_from", "text")),
     # A reset's idempotency key (POST /counters/{name}/reset's Idempotency-Key): a repeated request answers it.
     "resets": (("request_key", "text"),),
+    # The reset a position is of (a row without one, written before, is taken as its epoch's reset's).
+    "reset_positions": (("reset_id", "text"),),
     # Where each mutator started and the counters it counts (consumer.protocol.record_start): read by a takeover
     # replaying its window (which counters that window counts) and by countersink trace. COUNTED_NONE stands for
     # an empty set, which Cassandra stores as null, the "recorded none" of an earlier version.

@@ -437,7 +437,7 @@ class Backfill:
             if found is None:
                 return EXIT_FAILED
             live = found
-        points = await read_points(client, self.counter, reset.epoch, dict(reset.partitions))
+        points = await read_points(client, self.counter, reset.epoch, dict(reset.partitions), reset_id=reset.reset_id)
         ends = await self._ends(client, reset, {tp: h.offset for tp, h in plan.items()}, points, live)
         missing = sorted(tp for tp in plan if tp not in ends)
         if missing:

@@ -614,7 +614,7 @@ async def _cleared_by_reset(client: CassandraClient, counter: str, key: str, top
     if epoch == 0:
         return None
     reset = next(r for r in resets if r.epoch == epoch)
-    point = await read_point(client, counter, epoch, topic, partition)
+    point = await read_point(client, counter, epoch, topic, partition, reset_id=reset.reset_id)
     points = {} if point is None else {(reset.reset_id, topic, partition): point}
     if counts_after_resets(resets, points, counter, key, topic, partition, offset):
         return None

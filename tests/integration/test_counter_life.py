@@ -287,3 +287,18 @@ async def test_drop_deletes_every_epoch_and_forget_its_resets_so_the_name_starts
         reader = CounterReader(client)
         assert await reader.get("hits", "a") is None  # epoch 2's cell, read back before
         assert await reader.get("hits2", "a") == 2  # its reset epoch's tally and cell
+
+        # A position of the forgotten epoch 1 written late (a consumer of the old definitions meeting its control
+        # record again in a replay), then the new counter's own epoch 1, whose control record is further on: the
+        # old one's position placed the new reset at offset 5, and a mutator starting at 10 took it as applied.
+        from countersink.resets import CassandraResets, read_point
+        from schemas.resets import ResetPosition
+
+        book = CassandraResets(client, cassandra_settings.replay_read_consistency, cassandra_settings.write_consistency)
+        await book.record_positions([ResetPosition("hits.1.x", "hits", 1, "t", 0, 5)])
+        await client.execute("INSERT INTO resets (counter, epoch, id, keys, partitions) VALUES (?, ?, ?, ?, ?)",
+                             ["hits", 1, "hits.1.y", {"a"}, {"t": 1}])
+        await book.record_positions([ResetPosition("hits.1.y", "hits", 1, "t", 0, 40)])
+        assert await read_point(client, "hits", 1, "t", 0, reset_id="hits.1.y") == 40
+        assert (await book.epochs_at("t", 0, ["hits"], 10)).epoch("hits", "a") == 0
+        assert (await book.epochs_at("t", 0, ["hits"], 41)).epoch("hits", "a") == 1

@@ -370,7 +370,8 @@ async def test_a_reset_of_a_counter_whose_topic_kafka_does_not_know_records_noth
         (recorded,) = await read_resets(client, "trades")
         assert dict(recorded.partitions) == {topic: 2}
         assert (recorded.born_after(topic, 1), recorded.born_after(gone, 0)) == (False, True)
-        points = await read_points(client, "trades", recorded.epoch, dict(recorded.partitions))
+        points = await read_points(client, "trades", recorded.epoch, dict(recorded.partitions),
+                                   reset_id=recorded.reset_id)
     assert sorted(points) == [(topic, 0), (topic, 1)]
 
 
@@ -582,5 +583,6 @@ async def test_a_reset_cut_short_then_covered_by_a_later_one_is_not_completed(
     assert "superseded by epoch 2" in listed, listed
     assert "complete it with" not in listed, listed
     async with CassandraClient(cassandra_settings) as client:
-        points = await resets.read_points(client, "shares", 1, {topic: PARTITIONS})
+        (first,) = [r for r in await resets.read_resets(client, "shares") if r.epoch == 1]
+        points = await resets.read_points(client, "shares", 1, {topic: PARTITIONS}, reset_id=first.reset_id)
     assert points == {}

@@ -107,7 +107,7 @@ async def test_an_idempotency_key_answers_the_recorded_reset_and_completes_it(
         body = await completed.json()
         assert (body["epoch"], body["id"]) == (cut.epoch, cut.reset_id) == (2, cut.reset_id)
         assert sorted(p["partition"] for p in body["positions"]) == list(range(PARTITIONS))
-        assert await read_points(client, "shares", 2, {topic: PARTITIONS}) == {
+        assert await read_points(client, "shares", 2, {topic: PARTITIONS}, reset_id=cut.reset_id) == {
             (topic, p["partition"]): p["offset"] for p in body["positions"]}
 
         for expected in (3, 4):  # no key: each POST a reset of its own
