@@ -115,12 +115,11 @@ class ConsumerService:
         # routed (a registry away is a wait, unready; schemas.formats, countersink.schema_registry).
         self.schema_cache = schema_cache(settings.schema_registry)
         self.schemas = SchemaLoader(settings.schema_registry, counters, self.schema_cache)
-        self.schema_wait: str | None = None  # why records wait for the registry (None: they do not)
         # While the registry cannot be reached, the partitions whose records name a schema not in the cache wait,
-        # paused and sought back to the first of them (nothing of theirs applied), and the others go on: where
-        # each waits, the ids its topic waits for, and the task that asks the registry again until it answers.
-        self._schema_held: dict[TopicPartition, int] = {}
-        self._schema_wanted: dict[str, set[int]] = {}
+        # paused and sought back to what their mutator applied, and the others go on: the ids each waits for,
+        # why the registry last failed, and the task that asks it again while any partition waits.
+        self._schema_held: dict[TopicPartition, set[int]] = {}
+        self._registry_away = ""
         self._schema_retry: asyncio.Task[None] | None = None
         self.schema_error: Exception | None = None  # what that task met that asking again does not mend
         self.router = EventRouter(counters, max_event_bytes=self.config.max_event_bytes,
@@ -402,8 +401,7 @@ class ConsumerService:
                     # rebalance waiting out a flush to a server away may hold for longer than the cache's idle_s.
                     await self.schemas.load(tp.topic, (record.value for record in records), tp)
                 except SchemaRegistryUnavailableError as exc:
-                    log.warning("schema_registry_unavailable", error=str(exc))
-                    self.schema_wait = str(exc)
+                    self._registry_away = str(exc)
                     waiting[tp] = self.schemas.uncached(tp.topic, (record.value for record in records))
                     continue
             elif missing := self.schemas.uncached(tp.topic, (record.value for record in records), tp):
@@ -411,6 +409,11 @@ class ConsumerService:
                 continue
             ready[tp] = records
         return ready, waiting
+
+    @property
+    def schema_wait(self) -> str | None:
+        """Why records wait for the registry; None when no partition waits."""
+        return self._registry_away if self._schema_held else None
 
     def _hold_for_schemas(self, tp: TopicPartition, ids: list[int]) -> None:
         """Make ``tp`` wait for the registry (under the lock): paused, and read again from what its mutator
@@ -420,45 +423,53 @@ class ConsumerService:
         mutator = self.ownership.applying(tp)
         if mutator is None:
             return
-        self._schema_wanted.setdefault(tp.topic, set()).update(ids)
-        self._schema_held[tp] = mutator.applied_through + 1
+        if not self._schema_held:
+            log.warning("schema_registry_unavailable", error=self._registry_away)
+        self._schema_held.setdefault(tp, set()).update(ids)
         self.consumer.seek(tp, mutator.applied_through + 1)
         self.consumer.pause(tp)
         if self._schema_retry is None:
             self._schema_retry = asyncio.create_task(self._ask_registry_again())
 
     async def _ask_registry_again(self) -> None:
-        """Ask the registry for the schemas waited for, with backoff, until it answers; then the partitions
-        waiting go on (those still counted here), read from where they waited."""
+        """While partitions wait: ask the registry, with backoff, for the schemas they wait for (every topic's,
+        each round), and let each go on (if still counted here) once it has all of its own, read from where it
+        waited. Ends when none waits (revoked ones are forgotten)."""
         pauses = Backoff(first_s=0.2, max_s=self.settings.schema_registry.retry_max_s).pauses()
-        answered = False
-        while self._schema_held and not answered:
+        while True:
+            async with self._lock:
+                if not self._schema_held:
+                    self._schema_retry = None
+                    return
+                wanted: dict[str, set[int]] = {}
+                for tp, ids in self._schema_held.items():
+                    wanted.setdefault(tp.topic, set()).update(ids)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), pauses())
             if self._stopping.is_set():
                 return
-            try:
-                for topic, ids in list(self._schema_wanted.items()):
+            fetched: dict[str, set[int]] = {}
+            failed: SchemaRegistryUnavailableError | None = None
+            for topic, ids in wanted.items():
+                try:
                     await self.schemas.fetch(topic, sorted(ids))
-                    self._schema_wanted.pop(topic, None)
-            except SchemaRegistryUnavailableError as exc:
-                self.schema_wait = str(exc)
-                continue
-            except Exception as exc:  # raised by the main loop, as when it asked the registry itself
-                self.schema_error = exc  # (the registry refusing the credentials: the consumer ends)
-                return
-            answered = True
-        async with self._lock:
-            for tp in self._schema_held:
-                if self.ownership.applying(tp) is not None:
-                    self.consumer.resume(tp)
-            self._schema_held.clear()
-            self._schema_wanted.clear()
-            self._schema_retry = None
-            # (All that waited revoked meanwhile: nothing waits now, and the next batch asks the registry itself.)
-            if answered:
-                log.info("schema_registry_available")
-            self.schema_wait = None
+                except SchemaRegistryUnavailableError as exc:
+                    failed = exc
+                    continue
+                except Exception as exc:  # raised by the main loop, as when it asked the registry itself
+                    self.schema_error = exc  # (the registry refusing the credentials: the consumer ends)
+                    return
+                fetched[topic] = ids
+            async with self._lock:
+                for tp, ids in list(self._schema_held.items()):
+                    if ids <= fetched.get(tp.topic, set()):
+                        del self._schema_held[tp]
+                        if self.ownership.applying(tp) is not None:
+                            self.consumer.resume(tp)
+                if failed is not None:
+                    self._registry_away = str(failed)
+                else:
+                    log.info("schema_registry_available")
 
     def _registry_fresh(self) -> bool:
         """Whether a flush may start: the counter registry was read within ``registry_check_s``. Once half of

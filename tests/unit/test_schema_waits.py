@@ -92,15 +92,16 @@ async def test_a_registry_away_holds_only_the_partitions_that_need_it_until_it_a
     service, consumer, schemas = _service()
     batches: dict[TopicPartition, list[Any]] = {AVRO: [Record(50, b"\x03"), Record(51, b"\x04")],
                                                 JSON: [Record(8, b"{}")]}
-    with capture_logs() as logs:
-        ready, waiting = await service._load_schemas(batches)
+    ready, waiting = await service._load_schemas(batches)
     assert ready == {JSON: batches[JSON]}
     assert waiting == {AVRO: [3, 4]}
-    assert [e["event"] for e in logs] == ["schema_registry_unavailable"]
-    assert service.schema_wait == "the schema registry at http://registry did not answer"
+    assert service.schema_wait is None  # nothing waits yet: the partition may be revoked before it is held
     # Held: read again from what its mutator applied (41), not from the batch (50): nothing of it is applied.
     schemas.answers = [SchemaRegistryUnavailableError("still away")]
-    service._hold_for_schemas(AVRO, waiting[AVRO])
+    with capture_logs() as logs:
+        service._hold_for_schemas(AVRO, waiting[AVRO])
+    assert [e["event"] for e in logs] == ["schema_registry_unavailable"]
+    assert service.schema_wait == "the schema registry at http://registry did not answer"
     assert consumer.calls == [("seek", AVRO, 42), ("pause", AVRO, None)]
     assert service._schema_retry is not None
     # While it is away, a batch naming a schema not cached waits without asking; the others are applied.
@@ -129,3 +130,46 @@ async def test_a_refusal_met_while_asking_again_ends_the_loop() -> None:
     service._started = True  # as start() leaves it, without the servers
     with pytest.raises(SchemaRegistryRefusedError, match="refused the credentials"):
         await asyncio.wait_for(service.run(), 5)
+
+
+async def test_a_partition_revoked_before_it_is_held_leaves_the_consumer_ready() -> None:
+    """The registry failed for a batch of a partition revoked before the hold (the rebalance ran while the
+    request waited): nothing waits, and the consumer is ready; it stayed unready for good."""
+    service, consumer, _ = _service()
+    _, waiting = await service._load_schemas({AVRO: [Record(50, b"\x03")]})
+    service.ownership.applying = {}.get  # type: ignore[assignment, method-assign]  # revoked meanwhile
+    service._hold_for_schemas(AVRO, waiting[AVRO])
+    assert (consumer.calls, service._schema_retry, service.schema_wait) == ([], None, None)
+
+
+async def test_a_schema_still_failing_holds_only_the_partitions_that_need_it() -> None:
+    """Two topics wait; the registry answers for one of them and keeps failing for the other: the first goes
+    on, asked for every round; the second stays held until its own schema comes. A partition revoked while it
+    waits is forgotten, and nothing then waits."""
+    service, consumer, schemas = _service()
+    other = TopicPartition("clicks", 0)
+    service.ownership.applying = {AVRO: Mutator(41), other: Mutator(9)}.get  # type: ignore[assignment, method-assign]
+    failing = SchemaRegistryUnavailableError("views: an HTML page, not the registry")
+
+    async def fetch(topic: str, ids: list[int]) -> None:
+        schemas.fetched.append((topic, ids))
+        if topic == "views":
+            raise failing
+
+    schemas.fetch = fetch  # type: ignore[method-assign]
+    service._registry_away = "away"
+    service._hold_for_schemas(AVRO, [3])
+    service._hold_for_schemas(other, [7])
+    task = service._schema_retry
+    assert task is not None
+    for _ in range(200):
+        if other not in service._schema_held:
+            break
+        await asyncio.sleep(0.01)
+    assert ("resume", other, None) in consumer.calls
+    assert ("resume", AVRO, None) not in consumer.calls
+    assert service.schema_wait == "views: an HTML page, not the registry"
+    await service.on_partitions_revoked([AVRO])
+    await asyncio.wait_for(task, 5)
+    assert (service._schema_retry, service.schema_wait) == (None, None)
+    assert {topic for topic, _ in schemas.fetched} == {"views", "clicks"}
