@@ -15,14 +15,18 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition, errors
 
 from countersink.cli import EXIT_USAGE, MAX_OPTION_INT, HelpFormatter, run_async
 from countersink.kafka import make_consumer, make_producer, topic_partitions
 from countersink.logs import get_logger
 from countersink.publish_cli import BadLineError, json_event
 from countersink.settings import Settings
+
+if TYPE_CHECKING:
+    from consumer.dead_letters import Republish
 
 log = get_logger(__name__)
 
@@ -163,6 +167,26 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
             f"the dead letter came from {plan.topic}/{plan.partition}, which no longer exists ("
             + (f"{plan.topic} has {len(source)} partitions)" if source else f"no topic {plan.topic})")))
         return EXIT_USAGE
+    # Sent in a transaction whose id is the dead letter's: a run started meanwhile fences this one (its copy
+    # aborted, never counted) before it looks for an earlier copy, so two runs at once send one copy that counts.
+    producer = None if dry_run else make_producer(settings.kafka, transactional_id=republish_id(origin))
+    try:
+        if producer is not None:
+            await producer.start()
+        return await _send_back(settings, producer, found, plan, origin, dry_run=dry_run, again=again)
+    finally:
+        if producer is not None:
+            await producer.stop()
+
+
+def republish_id(origin: str) -> str:
+    """The transactional id of every run that sends back the dead letter at ``origin`` (topic/partition/offset)."""
+    return f"countersink-republish:{origin}"
+
+
+async def _send_back(settings: Settings, producer: AIOKafkaProducer | None, found: ConsumerRecord[Any, Any],
+                     plan: Republish, origin: str, *, dry_run: bool, again: bool) -> int:
+    topic, partition, offset = origin.rsplit("/", 2)
     if not again:
         # A copy carries the record's own time (plan.timestamp_ms), earlier than the dead letter's.
         since = min(found.timestamp, plan.timestamp_ms if plan.timestamp_ms is not None else found.timestamp)
@@ -181,14 +205,16 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
         # the dead-letter topic (the consumers' user), and its headers choose the topic and the counters.
         shown = _escaped(plan.value[:DRY_RUN_SHOWN])
         line += f": {shown}{' ...' if len(plan.value) > DRY_RUN_SHOWN else ''}"
-    if not dry_run:
-        producer = make_producer(settings.kafka)
+    if producer is not None:
         try:
-            await producer.start()
-            await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
-                                       timestamp_ms=plan.timestamp_ms, headers=plan.headers))
-        finally:
-            await producer.stop()
+            async with producer.transaction():
+                await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
+                                           timestamp_ms=plan.timestamp_ms, headers=plan.headers))
+        except errors.ProducerFenced:
+            log.error("already_republished", dead_letter=origin, error=(
+                f"another run sending {origin} back started meanwhile: this one's copy is not counted, and that "
+                "one sends it (or finds it sent)"))
+            return EXIT_USAGE
     print(line)
     return 0
 

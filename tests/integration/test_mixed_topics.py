@@ -4,6 +4,7 @@ by the record's key and bucketed by its time count exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -201,6 +202,23 @@ async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_lette
         assert await republish(settings, letter.partition, letter.offset, json.dumps(fixed).encode(),
                                dry_run=True, again=True) == 0
         assert json.dumps(fixed)[:40] in capsys.readouterr().out  # what would be sent, shown
+        await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
+        assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
+
+        # Another such purchase sent back by two runs at once (two operators, or a retried job): one copy counts.
+        # Both looked for an earlier copy before either sent, and both sent.
+        second = next(i for i, names in truth.refused.items() if names == ("revenue", "biggest_order") and
+                      i != index and json.loads(records[i].value).get("user") in ("u1", "u2", "u3"))
+        other = by_source[f"{topic}/{where[second][0]}/{where[second][1]}"]
+        mended = {**json.loads(records[second].value), "amount": 7}
+        with capture_logs() as logs:
+            codes = await asyncio.gather(*(republish(settings, other.partition, other.offset,
+                                                     json.dumps(mended).encode()) for _ in range(2)))
+        assert sorted(codes) == [0, 2], logs
+        assert [entry["event"] for entry in logs if entry.get("log_level") == "error"] == ["already_republished"]
+        after = per_counter_truth(counters, topic, [*again, TruthRecord(
+            json.dumps(mended).encode(), partition=records[second].partition,
+            headers=[("countersink.apply-to", b"revenue,biggest_order")])])
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
         assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
 
