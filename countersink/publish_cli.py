@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -233,7 +235,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_USAGE
         choice = SchemaChoice(args.format, args.schema, args.message, args.subject)
     if args.file == "-":
-        return run_async(publish(settings, args.topic, sys.stdin.buffer, form, from_pipe=True, schema=choice))
+        if sys.stdin is None:  # closed (`<&-`): nothing to read, said as such
+            log.error("usage_refused", error="standard input is closed: give a file, or pipe the lines in")
+            return EXIT_USAGE
+        return run_async(publish(settings, args.topic, sys.stdin.buffer, form, from_pipe=_is_pipe(sys.stdin),
+                                 schema=choice))
     try:
         stream = Path(args.file).open("rb")  # noqa: SIM115 - closed below, after the run
     except OSError as exc:
@@ -285,6 +291,7 @@ async def publish(settings: Settings, topic: str, stream: IO[bytes], form: LineF
                 acks.pending.append((number, await producer.send(topic, value, key=key, timestamp_ms=timestamp)))
             except KafkaError as exc:  # refused before sending (a record too large for the producer)
                 acks.failure = acks.failure or (number, exc)
+                acks.unacknowledged.append(number)
                 await acks.settle()
                 return acks.failed()
             progress.update()
@@ -345,6 +352,17 @@ class _Acknowledged:
                   note="every line before the first not published was; Kafka refuses a request whole, so the line "
                   "at fault may be a later one")
         return 1
+
+
+def _is_pipe(stream: IO[str]) -> bool:
+    """Whether ``stream`` is read as a pipe by the event loop (a pipe, a socket or a terminal, which may have
+    nothing new for a while); anything else (a file, /dev/null under cron or ``docker run`` without ``-i``) is
+    read as a file: the event loop cannot watch a character device, and waited on it for good."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stream.isatty()
 
 
 async def _lines(stream: IO[bytes], *, from_pipe: bool, limit: int) -> Any:

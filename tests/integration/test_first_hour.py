@@ -276,3 +276,32 @@ async def test_publish_refused_by_kafka_or_interrupted_says_what_was_published(
             await waiting.wait()
     (interrupted,) = [json.loads(line) for line in err.decode().splitlines() if '"publish_interrupted"' in line]
     assert interrupted["published"] == 1
+
+
+async def test_publish_from_no_input_a_closed_input_or_a_line_the_producer_refuses(
+        kafka_settings: KafkaSettings, topic_factory: Callable[..., Awaitable[str]], tmp_path: Path) -> None:
+    """Standard input from /dev/null (cron, ``docker run`` without ``-i``) publishes nothing and exits 0: it
+    printed a traceback and waited for good. A closed standard input is refused (exit 2), not an AttributeError.
+    A line the producer refuses before sending (past its request size) is named as the first not published; it
+    said none was left."""
+    import json
+
+    topic = await topic_factory("publish", partitions=1)
+    env = {**os.environ, "COUNTERSINK_KAFKA__BOOTSTRAP_SERVERS": ",".join(kafka_settings.bootstrap_servers),
+           "COUNTERSINK_LOG_FORMAT": "json", "COUNTERSINK_CONSUMER__MAX_EVENT_BYTES": str(4 << 20)}
+    command = [sys.executable, "-m", "countersink.cli", "publish", topic]
+    done = await asyncio.to_thread(subprocess.run, command, stdin=subprocess.DEVNULL, cwd=REPO, env=env,
+                                   capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, f"published 0 records to {topic}"), done.stderr
+    assert "Traceback" not in done.stderr
+    closed = await asyncio.to_thread(subprocess.run, ["sh", "-c", '"$@" <&-', "sh", *command], cwd=REPO, env=env,
+                                     capture_output=True, text=True, timeout=60)
+    assert closed.returncode == 2, closed.stderr
+    assert "standard input is closed" in closed.stderr
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text('{"n": 1}\n' + json.dumps({"n": 2, "pad": "x" * (2 << 20)}) + '\n{"n": 3}\n')
+    big = await asyncio.to_thread(subprocess.run, [*command, str(lines)], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=60)
+    assert big.returncode == 1, big.stderr
+    (failed,) = [json.loads(line) for line in big.stderr.splitlines() if '"publish_failed"' in line]
+    assert (failed["published"], failed["first_line_not_published"]) == (1, 2)
