@@ -617,17 +617,22 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
         # The decoded value has the reader's shape when there is one.
         enum_check = _enum_check(writer, writer_named) if reader is None else _enum_check(reader, reader_named)
     needs_plain = _mentions(doc, _NEEDS_PLAIN) or (reader_doc is not None and _mentions(reader_doc, _NEEDS_PLAIN))
-    read = fastavro.schemaless_reader
-    if recursive:
-        # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion
-        # would crash the process on a deep one; fastavro's Python reader raises RecursionError instead.
-        from fastavro._read_py import schemaless_reader as read
+    from fastavro._read_py import schemaless_reader as checked_read
+
+    _bound_python_reader_varints()
+    # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion would
+    # crash the process on a deep one; fastavro's Python reader raises RecursionError instead. The compiled reader
+    # also reads a varint of more than ten bytes (no Avro writer writes one) into a wrapped 64-bit number, counted
+    # as a value: a record holding ten bytes in a row with their high bit set (text that is not ASCII, or such a
+    # varint) is read by the Python one, which refuses it (about twice the time, for those records alone).
+    read = checked_read if recursive else fastavro.schemaless_reader
+    overlong = _TEN_HIGH_BYTES.search
     bytes_io = io.BytesIO
 
     def decode(payload: bytes) -> Any:
         try:
             stream = bytes_io(payload)
-            value = read(stream, writer, reader)
+            value = (checked_read if overlong(payload) is not None else read)(stream, writer, reader)
             if stream.tell() != len(payload):  # bytes after the record: not a record of this schema, whole
                 raise UnparseableEventError("", f"not an Avro record of its writer schema: "
                                                 f"{len(payload) - stream.tell()} bytes after the record")
@@ -649,6 +654,40 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
         return plain(value) if needs_plain else value
 
     return decode
+
+
+_TEN_HIGH_BYTES = re.compile(rb"[\x80-\xff]{10}")
+
+
+def _bound_python_reader_varints() -> None:
+    """Give fastavro's Python reader (records of a type that holds itself) a decoder that refuses a varint (a long,
+    an int, a length, a count, an index) of more than ten bytes, which no Avro writer writes: its own shifted a
+    growing number by each byte, and a record of a 400,000-byte varint took 7 s to refuse, quadratic in its length.
+    The reader makes its decoder from its module's ``BinaryDecoder``, replaced once for the process (only
+    countersink reads with it); ``tests/unit/test_formats.py`` holds fastavro to that."""
+    from fastavro import _read_py
+    from fastavro.io.binary_decoder import BinaryDecoder
+
+    if getattr(_read_py, "BinaryDecoder", None) is not BinaryDecoder:
+        return  # replaced already
+
+    class BoundedDecoder(BinaryDecoder):
+
+        def read_long(self) -> int:
+            number = shift = 0
+            for _ in range(10):
+                byte = self.fo.read(1)
+                if not byte:
+                    raise EOFError
+                number |= (byte[0] & 0x7F) << shift
+                if not byte[0] & 0x80:
+                    return int((number >> 1) ^ -(number & 1))
+                shift += 7
+            raise ValueError("a varint of more than 10 bytes: no long is that long")
+
+        read_int = read_long
+
+    _read_py.BinaryDecoder = BoundedDecoder  # type: ignore[attr-defined]
 
 
 # An Avro decimal of more bytes than this holds more than 150 digits, past what any counter takes (the router
