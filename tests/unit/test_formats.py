@@ -1087,10 +1087,11 @@ def test_a_recursive_avro_record_with_a_varint_longer_than_a_long_is_refused_at_
 
 _WIDE = {"type": "record", "name": "Wide", "fields": [
     {"name": "s", "type": "string"}, {"name": "n", "type": "long"}, {"name": "i", "type": "int"},
-    {"name": "d", "type": "double"}, {"name": "b", "type": "bytes"}, {"name": "f", "type": {"type": "fixed",
-                                                                                              "name": "F", "size": 3}},
+    {"name": "d", "type": "double"}, {"name": "b", "type": "bytes"},
+    {"name": "f", "type": {"type": "fixed", "name": "F", "size": 3}},
     {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["A", "B"]}},
-    {"name": "a", "type": {"type": "array", "items": "string"}}, {"name": "m", "type": {"type": "map", "values": "long"}},
+    {"name": "a", "type": {"type": "array", "items": "string"}},
+    {"name": "m", "type": {"type": "map", "values": "long"}},
     {"name": "u", "type": ["null", "string", "long"]}]}
 
 
