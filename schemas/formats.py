@@ -1199,8 +1199,10 @@ def compile_json_schema(text: str, parse: JsonParser, validate: bool, *, max_byt
     def decode(payload: bytes) -> Any:
         try:
             event = parse(payload)
-        except (ValueError, RecursionError) as exc:
+        except ValueError as exc:
             raise UnparseableEventError("", f"not a UTF-8 JSON document: {exc}") from exc
+        except RecursionError:  # its message names where the stack ran out, which the caller's depth moves
+            raise UnparseableEventError("", "the JSON document is nested too deeply to read") from None
         if validator is not None:
             try:
                 # Room for the digits of any number a counter takes (a Decimal % 0.01 of 30 digits needs more
