@@ -27,7 +27,7 @@ from countersink.cli import (
 from countersink.kafka import broker_topic_defaults, cleanup_policies, raise_topic_errors, start_admin
 from countersink.logs import get_logger
 from countersink.settings import MAX_TOPIC_PARTITIONS, Settings
-from schemas.definitions import TOPIC_PATTERN, CounterSet
+from schemas.definitions import NOT_COUNTABLE_TOPICS, TOPIC_PATTERN, CounterSet
 from schemas.errors import CompactedTopicError
 
 log = get_logger(__name__)
@@ -41,10 +41,24 @@ def _partition_count(text: str) -> int:
     return value
 
 
+# Replicas of a topic: Kafka's CreateTopics request holds a 16-bit number.
+MAX_REPLICATION_FACTOR = 32_767
+
+def _replication_factor(text: str) -> int:
+    """An argparse type: replicas of a new topic, bounded as COUNTERSINK_CONSUMER__TOPIC_REPLICATION_FACTOR is
+    (Kafka's request holds a 16-bit number: 32,768 failed inside the client, exit 1)."""
+    value = positive_int(text)
+    if value > MAX_REPLICATION_FACTOR:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_REPLICATION_FACTOR:,} replicas")
+    return value
+
+
 def _topic_name(text: str) -> str:
-    """An argparse type: a Kafka topic name."""
+    """An argparse type: a Kafka topic name (not "." or "..", which Kafka refuses, nor one of Kafka's own)."""
     if not TOPIC_PATTERN.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a Kafka topic name ([A-Za-z0-9._-], at most 249)")
+    if text in NOT_COUNTABLE_TOPICS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a topic to create: Kafka refuses it, or it is Kafka's own")
     return text
 
 
@@ -60,13 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="create every topic this definitions file names")
     create.add_argument("--partitions", type=_partition_count, default=None, metavar="N",
                         help="partitions of each new topic " + setting_default("consumer.topic_partitions"))
-    create.add_argument("--replication-factor", type=positive_int, default=None, metavar="N",
+    create.add_argument("--replication-factor", type=_replication_factor, default=None, metavar="N",
                         help="replicas of each new topic, at most the number of brokers (default: the broker's "
                         "default.replication.factor, from COUNTERSINK_CONSUMER__TOPIC_REPLICATION_FACTOR)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    topics = list(args.topics)
+    topics = list(dict.fromkeys(args.topics))  # a name given twice is one topic (Kafka refused the request)
     counters = None
     if args.counters is not None:
         counters = load_definitions_or_refuse(args.counters, settings.cassandra.max_row_bytes)
