@@ -615,10 +615,18 @@ class CounterReader:
                     found.append(key)
             return found, result.page_state() if result.has_more_pages() else None
 
+        given = page
         while len(keys) < limit:
             # A page never holds more rows than keys still wanted: the next page starts right after the last
             # row returned, so no key is skipped.
-            found, page = await walk(limit - len(keys), page)
+            try:
+                found, page = await walk(limit - len(keys), page)
+            except Exception as exc:
+                # Cassandra checks the paging state the token carries: a token cut or altered is the caller's.
+                if page is not None and page is given and "paging state" in str(exc):
+                    raise PageTokenError("not a page token of this listing: give one countersink list printed"
+                                         ) from None
+                raise
             for key in found:
                 if key != last:
                     keys.append(key)

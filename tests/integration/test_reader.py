@@ -98,6 +98,11 @@ async def test_list_pages_through_every_key_a_limit_at_a_time(cassandra_settings
                     break
             assert sorted(seen) == sorted([f"k{i:02d}" for i in range(23)] + [f"b{i:02d}|{hour}" for i in range(12)])
             assert pages == expected_pages
+        # A token cut short (a copy and paste that lost its end): refused as the caller's, not a server failure.
+        _, token = await reader.list_instances("likes", limit=5)
+        assert token is not None
+        with pytest.raises(reader_module.PageTokenError, match="not a page token of this listing"):
+            await reader.list_instances("likes", limit=5, page=token[:-12])
 
 
 async def test_command_line_get_and_explain_json(cassandra_settings: CassandraSettings) -> None:
