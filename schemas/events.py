@@ -119,6 +119,8 @@ def _json_type(v: object) -> str:
         return "string"
     if isinstance(v, list):
         return "array"
+    if isinstance(v, bytes | bytearray):  # a proto2 string field that is not UTF-8 comes as its bytes
+        return "bytes that are not UTF-8 text"
     return "object"
 
 

@@ -1242,6 +1242,8 @@ def test_a_proto2_map_key_that_is_not_utf8_is_refused_alike_on_both_paths(body: 
     expected = fast_route_described(fast_route_outcomes(reference, records))
     assert fast_route_described(batched.apply_batch(records)) == expected
     assert "a string is not UTF-8" in str(expected)  # the first record, dead-lettered whole
+    if body.endswith('["m.k"]'):  # the map value read as bytes, named as such (it read "got object")
+        assert "expected a string, integer or boolean, got bytes that are not UTF-8 text" in str(expected)
     assert stored(batched.states) == stored(reference.states)
 
 
