@@ -232,22 +232,24 @@ class ReadApi:
             # is kept for the handler: a reset's keys must not be lost on the way).
             size = 0
             chunks: list[bytes] = []
-            while request.body_exists and size <= limit:
-                try:
-                    async with asyncio.timeout(self.settings.idle_timeout_s):
+            # One deadline for the whole body: a byte sent now and then (anyone may, to the probes) held the
+            # connection for as long as each read's own limit was met.
+            try:
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    while request.body_exists and size <= limit:
                         chunk = await request.content.read(limit + 1 - size)
-                except TimeoutError:
-                    raise _problem(web.HTTPRequestTimeout, f"the request body did not come within "
-                                   f"{self.settings.idle_timeout_s} s") from None
-                except (web.RequestPayloadError, ConnectionResetError) as exc:
-                    # Broken or cut short by the client, which anyone can do: refused, not a server failure.
-                    log.debug("http_request_refused", status=400, error=type(exc).__name__)
-                    raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
-                                   "short") from None
-                if not chunk:
-                    break
-                size += len(chunk)
-                chunks.append(chunk)
+                        if not chunk:
+                            break
+                        size += len(chunk)
+                        chunks.append(chunk)
+            except TimeoutError:
+                raise _problem(web.HTTPRequestTimeout, f"the request body did not come within "
+                               f"{self.settings.idle_timeout_s} s") from None
+            except (web.RequestPayloadError, ConnectionResetError) as exc:
+                # Broken or cut short by the client, which anyone can do: refused, not a server failure.
+                log.debug("http_request_refused", status=400, error=type(exc).__name__)
+                raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
+                               "short") from None
             request[_CHUNKED_BODY] = b"".join(chunks)
         if size > limit:
             raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",

@@ -656,7 +656,9 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     return decode
 
 
-_TEN_HIGH_BYTES = re.compile(rb"[\x80-\xff]{10}")
+# Where a varint past 64 bits may be: ten bytes in a row with their high bit set (eleven bytes or more), or nine
+# then a tenth holding more than the 64th bit. Elsewhere in a record such bytes are text or numbers' bytes.
+_TEN_HIGH_BYTES = re.compile(rb"[\x80-\xff]{9}[\x02-\xff]")
 
 
 def _bound_python_reader_varints() -> None:
@@ -681,9 +683,11 @@ def _bound_python_reader_varints() -> None:
                     raise EOFError
                 number |= (byte[0] & 0x7F) << shift
                 if not byte[0] & 0x80:
+                    if number >> 64:  # a tenth byte past the 64th bit
+                        break
                     return int((number >> 1) ^ -(number & 1))
                 shift += 7
-            raise ValueError("a varint of more than 10 bytes: no long is that long")
+            raise ValueError("a varint of more than 64 bits: no long is that long")
 
         read_int = read_long
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -558,6 +559,22 @@ async def test_a_chunked_body_is_read_only_for_a_caller_with_a_token_and_within_
                                                   b"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"ke")
         assert status == 408, body
         assert "did not come within 1" in json.loads(body)["detail"]
+        # A byte now and then, each within the idle time, to a probe (no token needed): one deadline for the
+        # whole body (each read's own held the connection for as long as the bytes came).
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n")
+        started = asyncio.get_running_loop().time()
+        answer = b""
+        for _ in range(10):
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                answer = await asyncio.wait_for(reader.read(100), 0.6)
+            if answer:
+                break
+            writer.write(b"1\r\nx\r\n")
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert asyncio.get_running_loop().time() - started < 3
     finally:
         await runner.cleanup()
 
