@@ -477,12 +477,19 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
         missing = sorted(topic for topic, count in counts.items() if count == 0)
         if len(missing) == len(counts):
             raise ResetRefusedError(f"Kafka knows no partition of {', '.join(missing)}: nothing was reset")
+        if missing and (counted := await _counted_now(client, definition.name, missing)):
+            # Listed by no broker yet counted: a grant this command's Kafka user lacks (its listing shows only
+            # what it may describe), or a topic deleted moments ago. A reset that skipped it would let those
+            # mutators count on in the old epoch until they next start.
+            raise ResetRefusedError(f"Kafka lists no partition of {', '.join(counted)} to this command, but live "
+                                    "consumers count it (may this Kafka user describe and write it?): nothing was "
+                                    "reset")
         if missing:
             # A topic the counter was counted on and that is gone (deleted, the counter's file no longer naming
-            # it: the registry keeps every topic it was given), or not made yet. The reset does not name it, so
-            # all a topic of that name holds when counted counts in the reset's epoch (schemas.resets.Reset.
-            # born_after): nothing of it is counted now, and a consumer takes no topic made again under an old
-            # name (countersink.topic_ids).
+            # it: the registry keeps every topic it was given), or not made yet, which no live mutator counts.
+            # The reset does not name it, so all a topic of that name holds when counted counts in the reset's
+            # epoch (schemas.resets.Reset.born_after), and a consumer takes no topic made again under an old name
+            # (countersink.topic_ids).
             log.warning("reset_topics_absent", counter=definition.name, topics=missing,
                         note="Kafka has no such topic: the reset does not reach it, and whatever a topic of that "
                         "name holds if one is made counts in the reset's epoch")
@@ -506,6 +513,28 @@ async def reset_counter(client: CassandraClient, kafka: KafkaSettings, definitio
     await CassandraResets(client, positions_read_cl, write_cl).record_positions(positions)
     progress.stage = DONE
     return ResetDone(recorded, tuple(keys), requested_by, at_us, tuple(positions))
+
+
+async def _counted_now(client: CassandraClient, counter: str, topics: Sequence[str]) -> list[str]:
+    """Those of ``topics`` a live mutator of ``counter``'s consumer group owns a partition of (neither retired nor
+    past its expiry), sorted; all of them when the registry records no group for the counter (it cannot say)."""
+    from countersink.registry import CounterRegistry
+
+    row = await CounterRegistry(client).record(counter)
+    group = None if row is None else row.get("consumer_group")
+    if group is None:
+        return sorted(topics)
+    # The ownership table is small (a row per partition counted) and keyed by group, topic and partition together.
+    owners = {row["owner"]: row["topic"] for row in as_dicts(await client.execute(
+        "SELECT consumer_group, topic, owner FROM partitions", page_size=5_000))
+        if row["consumer_group"] == group and row["topic"] in topics and row.get("owner") is not None}
+    now_us = time.time_ns() // 1000
+    counted = set()
+    for owner, topic in owners.items():
+        rows = as_dicts(await client.execute("SELECT retired_us, expires_us FROM mutators WHERE id = ?", [owner]))
+        if rows and rows[0].get("retired_us") is None and (rows[0].get("expires_us") or 0) > now_us:
+            counted.add(topic)
+    return sorted(counted)
 
 
 def _sender(producer: Any) -> Callable[[str, int, bytes, list[tuple[str, bytes]]], Any]:
