@@ -11,6 +11,7 @@ counter. docs/operations.md, Dead letters, shows the steps.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -170,13 +171,47 @@ async def republish(settings: Settings, partition: int, offset: int, payload: by
     # Sent in a transaction whose id is the dead letter's: a run started meanwhile fences this one (its copy
     # aborted, never counted) before it looks for an earlier copy, so two runs at once send one copy that counts.
     producer = None if dry_run else make_producer(settings.kafka, transactional_id=republish_id(origin))
+    # aiokafka waits for Kafka's transaction coordinator without a deadline: a coordinator that never answers
+    # would hold the command for good.
+    wait_s = settings.kafka.request_timeout_ms / 1000
     try:
         if producer is not None:
-            await producer.start()
+            try:
+                async with asyncio.timeout(wait_s):
+                    await producer.start()
+            except TimeoutError:
+                log.error("republish_failed", dead_letter=origin, error=f"Kafka's transaction coordinator did not "
+                          f"answer within {wait_s:g} s (COUNTERSINK_KAFKA__REQUEST_TIMEOUT_MS): nothing was sent")
+                return 1
         return await _send_back(settings, producer, found, plan, origin, dry_run=dry_run, again=again)
     finally:
         if producer is not None:
-            await producer.stop()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(wait_s):
+                    await producer.stop()
+
+
+async def send_in_transaction(producer: AIOKafkaProducer, plan: Republish, wait_s: float) -> str | None:
+    """Send ``plan``'s record in a transaction of ``producer``'s; None once committed, ``"fenced"`` when another
+    run with the same transactional id started meanwhile (this copy aborted), else why it is not known to be sent."""
+    # Not aiokafka's transaction() context: on an error it aborts, waiting for the coordinator without a deadline.
+    try:
+        async with asyncio.timeout(wait_s):
+            await producer.begin_transaction()
+            await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
+                                       timestamp_ms=plan.timestamp_ms, headers=plan.headers))
+            await producer.commit_transaction()
+    except errors.ProducerFenced:
+        return "fenced"  # the run that fenced this one aborted its transaction
+    except TimeoutError:
+        return (f"the copy's transaction did not end within {wait_s:g} s: it may be committed; run the command "
+                "again, which finds a committed copy and sends none")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(wait_s):
+                await producer.abort_transaction()
+        raise
+    return None
 
 
 def republish_id(origin: str) -> str:
@@ -206,15 +241,15 @@ async def _send_back(settings: Settings, producer: AIOKafkaProducer | None, foun
         shown = _escaped(plan.value[:DRY_RUN_SHOWN])
         line += f": {shown}{' ...' if len(plan.value) > DRY_RUN_SHOWN else ''}"
     if producer is not None:
-        try:
-            async with producer.transaction():
-                await (await producer.send(plan.topic, plan.value, key=plan.key, partition=plan.partition,
-                                           timestamp_ms=plan.timestamp_ms, headers=plan.headers))
-        except errors.ProducerFenced:
+        failed = await send_in_transaction(producer, plan, settings.kafka.request_timeout_ms / 1000)
+        if failed == "fenced":
             log.error("already_republished", dead_letter=origin, error=(
                 f"another run sending {origin} back started meanwhile: this one's copy is not counted, and that "
                 "one sends it (or finds it sent)"))
             return EXIT_USAGE
+        if failed is not None:
+            log.error("republish_failed", dead_letter=origin, error=failed)
+            return 1
     print(line)
     return 0
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,10 +30,12 @@ from countersink.reader import read_state
 from countersink.settings import CassandraSettings, ConsumerSettings, KafkaSettings, Settings
 from schemas.definitions import CounterSet, load_definitions
 from schemas.events import EventRouter, apply_updates
-from stack.loading import end_offsets, wait_until_flushed
+from stack.loading import child_env, end_offsets, wait_until_flushed
 from tests.integration.consumer_support import read_topic, running
 from tests.integration.per_counter_truth import TruthRecord, per_counter_truth
 from tests.record_batches import ESCAPED, PLACEHOLDER, REPLACED, batch_bytes
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +149,28 @@ def _expected(truth_values: dict[str, dict[str, int]], vocabulary: dict[str, lis
     return {counter: {key: truth_values[counter].get(key) for key in keys} for counter, keys in vocabulary.items()}
 
 
+# ``countersink`` whose ``dead-letters republish``, once it has looked for an earlier copy, marks that it has
+# (argv[1]) and waits until another run has too (argv[2]); the command's arguments follow.
+_AFTER_BOTH_LOOKED = """
+import asyncio, sys
+from pathlib import Path
+from countersink import dead_letters_cli
+mine, theirs = Path(sys.argv[1]), Path(sys.argv[2])
+looked = dead_letters_cli._sent_back
+async def then_wait(*args, **kwargs):
+    found = await looked(*args, **kwargs)
+    mine.touch()
+    for _ in range(600):
+        if theirs.exists():
+            break
+        await asyncio.sleep(0.05)
+    return found
+dead_letters_cli._sent_back = then_wait
+from countersink.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
 async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_letter_is_not_counted_twice(
     kafka_settings: KafkaSettings, cassandra_settings: CassandraSettings,
     topic_factory: Callable[..., Awaitable[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -205,17 +230,27 @@ async def test_a_mixed_topic_is_counted_per_counter_and_a_republished_dead_lette
         await wait_until_flushed(cassandra_settings, group, await end_offsets(kafka_settings, {topic: 3}))
         assert await _values(cassandra_settings, VOCABULARY) == _expected(after.values, VOCABULARY)
 
-        # Another such purchase sent back by two runs at once (two operators, or a retried job): one copy counts.
-        # Both looked for an earlier copy before either sent, and both sent.
+        # Another such purchase sent back by two runs at once (two operators, or a retried job; two processes,
+        # as they are): one copy counts. Both looked for an earlier copy before either sent, and both sent.
         second = next(i for i, names in truth.refused.items() if names == ("revenue", "biggest_order") and
                       i != index and json.loads(records[i].value).get("user") in ("u1", "u2", "u3"))
         other = by_source[f"{topic}/{where[second][0]}/{where[second][1]}"]
         mended = {**json.loads(records[second].value), "amount": 7}
-        with capture_logs() as logs:
-            codes = await asyncio.gather(*(republish(settings, other.partition, other.offset,
-                                                     json.dumps(mended).encode()) for _ in range(2)))
-        assert sorted(codes) == [0, 2], logs
-        assert [entry["event"] for entry in logs if entry.get("log_level") == "error"] == ["already_republished"]
+        fix = tmp_path / "mended.json"
+        fix.write_text(json.dumps(mended))
+        env = child_env(kafka_settings, cassandra_settings, consumer={"dead_letter_topic": f"dlq-{group}"})
+        # Each run waits, once it has looked for an earlier copy, until the other has looked too: the interleaving
+        # that sent two copies, made certain.
+        runs = [await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _AFTER_BOTH_LOOKED, str(tmp_path / f"looked-{n}"), str(tmp_path / f"looked-{1 - n}"),
+            "dead-letters", "republish", "--partition", str(other.partition), "--offset", str(other.offset),
+            "--payload", str(fix), cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE) for n in range(2)]
+        answers = [await asyncio.wait_for(run.communicate(), 120) for run in runs]
+        codes = [run.returncode for run in runs]
+        assert sorted(codes) == [0, 2], answers
+        refused = b"".join(err for _, err in answers)
+        assert b'"event": "already_republished"' in refused, answers
         after = per_counter_truth(counters, topic, [*again, TruthRecord(
             json.dumps(mended).encode(), partition=records[second].partition,
             headers=[("countersink.apply-to", b"revenue,biggest_order")])])

@@ -105,3 +105,50 @@ def test_a_source_header_whose_partition_is_no_ascii_number_is_not_republished(s
         plan_republish([("countersink.source", source.encode())], b"{}", None)
     with pytest.raises(NotRepublishableError, match=r"^no countersink\.source header: not a dead letter"):
         plan_republish([], b"{}", None)
+
+
+class TransactionalProducer:
+    """A transactional producer's calls, with a coordinator that answers, never ends a commit, or has fenced it."""
+
+    def __init__(self, commit: str = "answers") -> None:
+        self.commit, self.calls = commit, []
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    async def send(self, topic: str, value: bytes, **_: object) -> asyncio.Future[object]:
+        self.calls.append("send")
+        sent: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        sent.set_result(None)
+        return sent
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+        if self.commit == "fenced":
+            from aiokafka.errors import ProducerFenced
+
+            raise ProducerFenced
+        if self.commit == "never":
+            await asyncio.Event().wait()
+
+    async def abort_transaction(self) -> None:
+        self.calls.append("abort")
+        await asyncio.Event().wait()  # a coordinator away: the abort never ends either
+
+
+async def test_a_republished_copy_is_sent_in_a_transaction_that_ends_within_the_request_time() -> None:
+    """Committed: nothing to say. Fenced by a run started meanwhile: said as such. A commit the coordinator
+    never ends: said after the request time (aiokafka waits for it without a deadline), not held for good."""
+    from countersink.dead_letters_cli import send_in_transaction
+
+    plan = plan_republish([("countersink.source", b"t/0/5")], b'{"a": 1}', None, origin="dlq/0/7")
+    for commit, expected in (("answers", None), ("fenced", "fenced")):
+        producer = TransactionalProducer(commit)
+        assert await send_in_transaction(cast(AIOKafkaProducer, producer), plan, 1.0) == expected
+        assert producer.calls == ["begin", "send", "commit"]
+    stuck = TransactionalProducer("never")
+    started = asyncio.get_running_loop().time()
+    failed = await asyncio.wait_for(send_in_transaction(cast(AIOKafkaProducer, stuck), plan, 0.2), 5)
+    assert failed is not None
+    assert "did not end within 0.2 s: it may be committed" in failed
+    assert asyncio.get_running_loop().time() - started < 2
