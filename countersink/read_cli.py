@@ -195,9 +195,10 @@ def run_series(args: argparse.Namespace, settings: Settings) -> int:
                               "step": args.step, "points": to_jsonable(points)}))
             return 0
         for point in points:
-            span = timeseries.iso_datetime(point.start, with_seconds=False)
+            # Seconds only where a range not on a minute puts them (a bucket starts on one).
+            span = timeseries.iso_datetime(point.start, with_seconds=point.start.second != 0)
             if args.step or args.rollup:
-                span += " .. " + timeseries.iso_datetime(point.end, with_seconds=False)
+                span += " .. " + timeseries.iso_datetime(point.end, with_seconds=point.end.second != 0)
             print(f"{args.counter} {quoted_key(key)} {span}: {_render(point.value)}")
         return 0
 

@@ -452,10 +452,10 @@ class CounterReader:
 
     @overload
     async def rollup(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
-                     step: int | str) -> list[SeriesPoint]: ...
+                     step: float | str) -> list[SeriesPoint]: ...
 
     async def rollup(self, counter: CounterDefinition | str, key: str, start: Instant, end: Instant,
-                     step: int | str | None = None) -> SeriesPoint | list[SeriesPoint]:
+                     step: float | str | None = None) -> SeriesPoint | list[SeriesPoint]:
         """The buckets of ``[start, end)`` merged into one value, or, with ``step`` (seconds or ``1d``, a
         multiple of the bucket size), one merged value per step. States merge as CRDTs: sums, counts, min,
         max, mean and variance exactly; distinct, quantiles and top-k as their sketches merge, with bounds."""
@@ -463,6 +463,10 @@ class CounterReader:
             first, last = _seconds(start), _seconds(end)
             points = await self._points(counter, key, first, last, last - first, whole=True)
             return points[0]
+        if isinstance(step, float):  # seconds, as an int is (an AttributeError out of the parser otherwise)
+            if not step.is_integer():
+                raise timeseries.TimeRangeError(f"a step is a whole number of seconds, not {step!r}")
+            step = int(step)
         return await self._points(counter, key, start, end,
                                   step if isinstance(step, int) else timeseries.parse_duration(step))
 

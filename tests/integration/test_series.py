@@ -146,6 +146,9 @@ async def test_series_and_roll_ups_read_the_truth_across_a_gc(
         daily = await reader.rollup("hourly_shares", "IBM", start, end, "1d")
         assert [p.value for p in daily] == [sum(trades.shares[h] for h in range(d * 24, d * 24 + 24))
                                              for d in range(2)]
+        assert await reader.rollup("hourly_shares", "IBM", start, end, float(DAY)) == daily  # seconds, as a float
+        with pytest.raises(TimeRangeError, match="a step is a whole number of seconds"):
+            await reader.rollup("hourly_shares", "IBM", start, end, 3600.5)
         whole = await reader.rollup("hourly_trades", "IBM", start, end)
         assert (whole.value, whole.buckets_counted) == (sum(trades.count.values()), len(trades.count))
         buyers = await reader.rollup("hourly_buyers", "IBM", start, end)
@@ -185,3 +188,13 @@ async def test_series_and_roll_ups_read_the_truth_across_a_gc(
     printed = json.loads(done.stdout)
     assert [p["value"] for p in printed["points"]] == [sum(trades.count[h] for h in range(d * 24, d * 24 + 24))
                                                        for d in range(2)]
+    # A range not on a minute, in text: its ends keep their seconds (they were cut to the minute, and the points
+    # seemed to start and end where they do not).
+    text = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "countersink.cli", "get", "hourly_trades", "IBM",
+                         "--from", "2026-11-20T00:30:30Z", "--to", "2026-11-20T04:15:10Z", "--step", "2h"],
+        cwd=REPO, env=child_env(kafka_settings, cassandra_settings), capture_output=True, text=True, timeout=60)
+    assert text.returncode == 0, text.stderr
+    spans = [line.split(" ", 2)[2].rsplit(":", 1)[0] for line in text.stdout.splitlines()]
+    assert spans == ["2026-11-20T00:30:30Z .. 2026-11-20T02:00Z", "2026-11-20T02:00Z .. 2026-11-20T04:00Z",
+                     "2026-11-20T04:00Z .. 2026-11-20T04:15:10Z"], text.stdout
