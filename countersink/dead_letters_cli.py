@@ -221,7 +221,6 @@ def republish_id(origin: str) -> str:
 
 async def _send_back(settings: Settings, producer: AIOKafkaProducer | None, found: ConsumerRecord[Any, Any],
                      plan: Republish, origin: str, *, dry_run: bool, again: bool) -> int:
-    topic, partition, offset = origin.rsplit("/", 2)
     if not again:
         # A copy carries the record's own time (plan.timestamp_ms), earlier than the dead letter's.
         since = min(found.timestamp, plan.timestamp_ms if plan.timestamp_ms is not None else found.timestamp)
@@ -233,7 +232,7 @@ async def _send_back(settings: Settings, producer: AIOKafkaProducer | None, foun
             return EXIT_USAGE
     restricted = [_escaped(value) for name, value in plan.headers
                   if name == "countersink.apply-to" and value is not None]
-    line = (f"{'would send' if dry_run else 'sent'} {topic}/{partition}/{offset} to {plan.topic}/{plan.partition}"
+    line = (f"{'would send' if dry_run else 'sent'} {origin} to {plan.topic}/{plan.partition}"
             f" for {'counters ' + restricted[0] if restricted else 'every counter'} ({len(plan.value)} bytes)")
     if dry_run:
         # What would be counted, to read before sending: a dead letter is only as trustworthy as whoever may write

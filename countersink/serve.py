@@ -187,7 +187,8 @@ class ReadApi:
             raise _problem(web.HTTPRequestURITooLong,
                            f"request targets are at most {self.settings.max_url_bytes} bytes")
         _refuse_loose_escapes(request.raw_path)
-        self._refuse_declared_large_body(request)
+        if request.content_length is not None:
+            self._refuse_large_body(request.content_length)
         resource = request.match_info.route.resource
         if self.admin_tokens is not None and resource is not None and resource.canonical == _RESET_PATH \
                 and request.method == "POST":
@@ -203,7 +204,8 @@ class ReadApi:
         elif request.path not in _OPEN_PATHS and self.guarded:
             self._check_token(request)
         # A chunked body is read only for a caller the token let in, and for no longer than a connection may idle.
-        await self._refuse_large_body(request)
+        if request.content_length is None:
+            await self._read_chunked_body(request)
         if resource is not None:
             _refuse_unknown_parameters(request, self._query_rules.get((request.method, resource.canonical)))
         # The probes are answered however busy the reads are: a liveness probe refused under load would have the
@@ -217,43 +219,38 @@ class ReadApi:
         finally:
             self._handling -= 1
 
-    def _refuse_declared_large_body(self, request: web.Request) -> None:
+    def _refuse_large_body(self, size: int) -> None:
         limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
-                           max_size=limit, actual_size=request.content_length)
-
-    async def _refuse_large_body(self, request: web.Request) -> None:
-        limit = self.settings.max_body_bytes
-        if request.content_length is not None:
-            size = request.content_length
-        else:
-            # A chunked body announces no length: read at most one byte past the limit to know (what was read
-            # is kept for the handler: a reset's keys must not be lost on the way).
-            size = 0
-            chunks: list[bytes] = []
-            # One deadline for the whole body: a byte sent now and then (anyone may, to the probes) held the
-            # connection for as long as each read's own limit was met.
-            try:
-                async with asyncio.timeout(self.settings.idle_timeout_s):
-                    while request.body_exists and size <= limit:
-                        chunk = await request.content.read(limit + 1 - size)
-                        if not chunk:
-                            break
-                        size += len(chunk)
-                        chunks.append(chunk)
-            except TimeoutError:
-                raise _problem(web.HTTPRequestTimeout, f"the request body did not come within "
-                               f"{self.settings.idle_timeout_s} s") from None
-            except (web.RequestPayloadError, ConnectionResetError) as exc:
-                # Broken or cut short by the client, which anyone can do: refused, not a server failure.
-                log.debug("http_request_refused", status=400, error=type(exc).__name__)
-                raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
-                               "short") from None
-            request[_CHUNKED_BODY] = b"".join(chunks)
         if size > limit:
             raise _problem(web.HTTPRequestEntityTooLarge, f"request bodies are at most {limit} bytes",
                            max_size=limit, actual_size=size)
+
+    async def _read_chunked_body(self, request: web.Request) -> None:
+        """A chunked body announces no length: read at most one byte past the limit to know (what was read is kept
+        for the handler: a reset's keys must not be lost on the way)."""
+        limit = self.settings.max_body_bytes
+        size = 0
+        chunks: list[bytes] = []
+        # One deadline for the whole body: a byte sent now and then (anyone may, to the probes) held the
+        # connection for as long as each read's own limit was met.
+        try:
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                while request.body_exists and size <= limit:
+                    chunk = await request.content.read(limit + 1 - size)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise _problem(web.HTTPRequestTimeout, f"the request body did not come within "
+                           f"{self.settings.idle_timeout_s} s") from None
+        except (web.RequestPayloadError, ConnectionResetError) as exc:
+            # Broken or cut short by the client, which anyone can do: refused, not a server failure.
+            log.debug("http_request_refused", status=400, error=type(exc).__name__)
+            raise _problem(web.HTTPBadRequest, "the request body is not valid chunked coding, or was cut "
+                           "short") from None
+        request[_CHUNKED_BODY] = b"".join(chunks)
+        self._refuse_large_body(size)
 
     @property
     def guarded(self) -> bool:

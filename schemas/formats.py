@@ -622,11 +622,12 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
     _bound_python_reader_varints()
     # Records of a type that holds itself nest as deep as their bytes say: the compiled reader's C recursion would
     # crash the process on a deep one; fastavro's Python reader raises RecursionError instead. The compiled reader
-    # also reads a varint of more than ten bytes (no Avro writer writes one) into a wrapped 64-bit number, counted
-    # as a value: a record holding ten bytes in a row with their high bit set (text that is not ASCII, or such a
-    # varint) is read by the Python one, which refuses it (about twice the time, for those records alone).
+    # also reads a varint past 64 bits (no Avro writer writes one) into a wrapped 64-bit number, counted as a
+    # value: a record where one may be (nine bytes in a row with their high bit set, and one more: text that is
+    # not ASCII, or such a varint) is read by the Python one, which refuses it (about twice the time, for those
+    # records alone).
     read = checked_read if recursive else fastavro.schemaless_reader
-    overlong = _TEN_HIGH_BYTES.search
+    overlong = _MAYBE_OVERLONG_VARINT.search
     bytes_io = io.BytesIO
 
     def decode(payload: bytes) -> Any:
@@ -658,12 +659,12 @@ def compile_avro(text: str, reader_text: str | None = None, *, max_bytes: int = 
 
 # Where a varint past 64 bits may be: ten bytes in a row with their high bit set (eleven bytes or more), or nine
 # then a tenth holding more than the 64th bit. Elsewhere in a record such bytes are text or numbers' bytes.
-_TEN_HIGH_BYTES = re.compile(rb"[\x80-\xff]{9}[\x02-\xff]")
+_MAYBE_OVERLONG_VARINT = re.compile(rb"[\x80-\xff]{9}[\x02-\xff]")
 
 
 def _bound_python_reader_varints() -> None:
     """Give fastavro's Python reader (records of a type that holds itself) a decoder that refuses a varint (a long,
-    an int, a length, a count, an index) of more than ten bytes, which no Avro writer writes: its own shifted a
+    an int, a length, a count, an index) past 64 bits, which no Avro writer writes: its own shifted a
     growing number by each byte, and a record of a 400,000-byte varint took 7 s to refuse, quadratic in its length.
     The reader makes its decoder from its module's ``BinaryDecoder``, replaced once for the process (only
     countersink reads with it); ``tests/unit/test_formats.py`` holds fastavro to that."""
@@ -674,7 +675,6 @@ def _bound_python_reader_varints() -> None:
         return  # replaced already
 
     class BoundedDecoder(BinaryDecoder):
-
         def read_long(self) -> int:
             number = shift = 0
             for _ in range(10):

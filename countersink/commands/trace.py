@@ -285,12 +285,12 @@ async def trace(client: CassandraClient, settings: Settings, query: TraceQuery, 
     setting). Raises :class:`TraceRefusedError` when the query cannot be answered as asked."""
     registry = CounterRegistry(client)
     counters = counters if counters is not None else await _registered(registry, query.topic)
-    if not counters.for_topic(query.topic):
+    on_topic = counters.for_topic(query.topic)
+    if not on_topic:
         # Before any read of Kafka: a trace reads only topics counted (serve's tokens read counters, not Kafka).
         raise TraceRefusedError(f"no counter reads topic {query.topic!r} ({counters.source})")
     recorded = {} if group is not None else await registry.groups()
-    group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id
-                for c in counters.for_topic(query.topic)}
+    group_of = {c.name: group or recorded.get(c.name) or settings.consumer.group_id for c in on_topic}
     consumer = make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
                              auto_offset_reset="earliest", isolation_level="read_committed")
     # The consumer's decoders: Avro, Protobuf and JSON Schema records are decoded as it decodes them, their
